@@ -1,0 +1,366 @@
+"""The Firestore layout and the job spec: the single definition shared by functions/, node_agent/ and the CLI.
+
+Imports no cloud client library, so a Cloud Function, the node agent and the CLI can all use it cheaply.
+
+Layout:
+    jobs/{job}                 {"spec": <JobSpec, user-written>, "status": <JobStatus, controller-written>,
+                                "created_at": timestamp, "cancel_requested": bool}
+    jobs/{job}/events/{event}  one lifecycle transition (JobEvent)
+    nodes/{node}               the node agent's heartbeat (Heartbeat)
+    capacity/{zone}~{accel}    a zone's recent capacity or quota refusal for one accelerator type (CapacityRecord)
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+JOBS = "jobs"
+EVENTS = "events"
+NODES = "nodes"
+CAPACITY = "capacity"
+
+# Node names are `{job}-{attempt}`; attempts up to 6 digits keep every node name within GCE/TPU's 63 characters.
+MAX_ATTEMPT = 999_999
+MAX_JOB_ID_LEN = 63 - 1 - len(str(MAX_ATTEMPT))
+# How long lifecycle events are kept (deploy/ puts a TTL policy on `expire_at`).
+EVENT_RETENTION = timedelta(days=30)
+
+_JOB_ID = re.compile(r"^[a-z](?:[a-z0-9-]*[a-z0-9])?$")
+_ZONE = re.compile(r"^[a-z]+(?:-[a-z]+)*[0-9]+-[a-z]$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9-]*$")
+_IMAGE = re.compile(r"^(projects/[a-z][a-z0-9-]*/global/images/(family/)?[a-z][a-z0-9-]*|[a-z][a-z0-9-]*)$")
+# Labels Respawn sets on every node itself; a user label may not take these keys.
+RESERVED_LABELS = ("respawn-job", "respawn-attempt")
+MAX_USER_LABELS = 64 - len(RESERVED_LABELS)
+
+
+class State(str, enum.Enum):
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
+    WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    INVALID = "INVALID"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.INVALID)
+
+
+class NodeState(str, enum.Enum):
+    """What the agent says in its heartbeat."""
+
+    STARTING = "starting"
+    TRAINING = "training"
+    PREEMPTING = "preempting"
+    EXITED = "exited"
+
+
+def _zone_name(v: str) -> str:
+    if not _ZONE.match(v):
+        raise ValueError(f"{v!r} is not a zone name such as us-central1-a")
+    return v
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class GpuAccelerator(_Strict):
+    """A Compute Engine VM with GPUs attached."""
+
+    kind: Literal["gpu"]
+    machine_type: str = Field(description="e.g. a2-highgpu-1g, g2-standard-8, n1-standard-8")
+    accelerator_type: str | None = Field(
+        default=None, description="e.g. nvidia-tesla-t4; leave out for machine types with built-in GPUs (a2, a3, g2)"
+    )
+    accelerator_count: int = Field(default=1, ge=1, le=16)
+    boot_image: str = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+    boot_disk_gb: int = Field(default=200, ge=10, le=65536)
+
+    @field_validator("machine_type", "accelerator_type")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not _MACHINE_TYPE.match(v):
+            raise ValueError(f"{v!r} is not a Compute Engine type name (lowercase letters, digits and hyphens)")
+        return v
+
+    @field_validator("boot_image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not _IMAGE.match(v):
+            raise ValueError(
+                f"{v!r} is not an image: use projects/P/global/images/NAME or projects/P/global/images/family/F"
+            )
+        return v
+
+
+class TpuAccelerator(_Strict):
+    """A Cloud TPU VM."""
+
+    kind: Literal["tpu"]
+    accelerator_type: str = Field(description="e.g. v5litepod-8, v4-8")
+    runtime_version: str = Field(description="e.g. v2-alpha-tpuv5-lite, tpu-ubuntu2204-base")
+
+    @field_validator("accelerator_type")
+    @classmethod
+    def _tpu_type(cls, v: str) -> str:
+        if not re.match(r"^v[0-9][a-z0-9]*-[0-9]+$", v):
+            raise ValueError(f"{v!r} is not a TPU accelerator type such as v4-8 or v5litepod-16")
+        return v
+
+    @field_validator("runtime_version")
+    @classmethod
+    def _runtime(cls, v: str) -> str:
+        if not re.match(r"^[a-z0-9][a-z0-9.-]*$", v):
+            raise ValueError(f"{v!r} is not a TPU runtime version such as tpu-ubuntu2204-base")
+        return v
+
+
+class Trainer(_Strict):
+    command: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1, description="argv, never a shell string")
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError("must be an argv list such as [python, train.py], not a shell string")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if name.startswith("RESPAWN_"):
+                raise ValueError(f"{name!r}: RESPAWN_* variables are set by the node agent")
+        return v
+
+
+class Placement(_Strict):
+    cooldown_seconds: int = Field(default=600, ge=0, description="how long a zone that refused is skipped")
+    avoid_preempting_zone: bool = Field(default=True, description="skip the zone that just preempted the job")
+    on_demand_fallback: bool = Field(default=False, description="fall back to standard (on-demand) VMs")
+    fallback_after_failures: int = Field(default=3, ge=1, description="consecutive failed attempts before falling back")
+    max_backoff_seconds: int = Field(default=900, ge=1, description="cap of the wait when every zone refused")
+
+
+class JobSpec(_Strict):
+    """What a user writes to register a job. Unknown fields are errors."""
+
+    id: str = Field(min_length=1, max_length=MAX_JOB_ID_LEN)
+    accelerator: Annotated[GpuAccelerator | TpuAccelerator, Field(discriminator="kind")]
+    provisioning: Literal["spot", "preemptible", "standard"] = "spot"
+    termination_action: Literal["STOP", "DELETE"] | None = Field(
+        default=None, validate_default=True, description="GPU Spot VMs only; default STOP"
+    )
+    zones: list[Annotated[str, AfterValidator(_zone_name)]] = Field(min_length=1, description="ordered by preference")
+    trainer: Trainer
+    checkpoint_uri: str
+    max_restarts: int = Field(default=20, ge=0, le=10_000)
+    placement: Placement = Field(default_factory=Placement)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _job_id(cls, v: str) -> str:
+        if not _JOB_ID.match(v):
+            raise ValueError(
+                f"{v!r} is not a valid job id: use lowercase letters, digits and hyphens, "
+                "start with a letter and end with a letter or digit"
+            )
+        return v
+
+    @field_validator("termination_action")
+    @classmethod
+    def _termination_action(cls, v: str | None, info: ValidationInfo) -> str | None:
+        accelerator, provisioning = info.data.get("accelerator"), info.data.get("provisioning")
+        gpu_spot = getattr(accelerator, "kind", None) == "gpu" and provisioning == "spot"
+        if v is None:
+            return "STOP" if gpu_spot else None
+        if accelerator is not None and provisioning is not None and not gpu_spot:
+            raise ValueError("applies only to GPU Spot VMs (accelerator.kind gpu, provisioning spot)")
+        return v
+
+    @field_validator("zones")
+    @classmethod
+    def _zones(cls, v: list[str]) -> list[str]:
+        first: dict[str, int] = {}
+        for i, zone in enumerate(v):
+            if zone in first:
+                raise ValueError(f"zone {zone!r} at position {i} repeats position {first[zone]}")
+            first[zone] = i
+        return v
+
+    @field_validator("checkpoint_uri")
+    @classmethod
+    def _checkpoint_uri(cls, v: str) -> str:
+        if v.startswith("gs://"):
+            bucket = v[5:].split("/", 1)[0]
+            if not _BUCKET.match(bucket):
+                raise ValueError(f"{bucket!r} is not a valid Cloud Storage bucket name")
+            return v.rstrip("/")
+        if v.startswith("file:///"):
+            return v.rstrip("/")
+        raise ValueError("must be gs://BUCKET/PREFIX, or file:///ABSOLUTE/PATH for local runs")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_USER_LABELS:
+            raise ValueError(f"at most {MAX_USER_LABELS} labels")
+        for key, value in v.items():
+            if key in RESERVED_LABELS:
+                raise ValueError(f"label {key!r} is set by Respawn itself")
+            if not _LABEL_KEY.match(key):
+                raise ValueError(f"label key {key!r}: lowercase letters, digits, _ and -, starting with a letter")
+            if not _LABEL_VALUE.match(value):
+                raise ValueError(f"label {key!r} value {value!r}: at most 63 lowercase letters, digits, _ and -")
+        return v
+
+    def to_doc(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class SpecError(ValueError):
+    """A job spec failed validation; `errors` holds one line per problem, each naming the field path."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("invalid job spec:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in ("gpu", "tpu") and path.endswith("accelerator"):
+            continue  # the discriminated union's branch name is noise to a user
+        else:
+            path += ("." if path else "") + str(part)
+    return path or "(job)"
+
+
+def _describe(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown field (check the spelling; unknown fields are not allowed)"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "union_tag_invalid":
+        return "kind must be 'gpu' or 'tpu'"
+    if kind == "union_tag_not_found":
+        return "kind is required: 'gpu' or 'tpu'"
+    if kind == "too_short":
+        return "must not be empty"
+    message = error["msg"]
+    return message.removeprefix("Value error, ")
+
+
+def parse_spec(data: Any) -> JobSpec:
+    """Validate a job spec; raise SpecError naming every bad field."""
+    if not isinstance(data, dict):
+        raise SpecError([f"(job): expected a mapping of fields, got {type(data).__name__}"])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError([f"{_field_path(e['loc'])}: {_describe(e)}" for e in exc.errors()]) from None
+
+
+def node_name(job_id: str, attempt: int) -> str:
+    if not 1 <= attempt <= MAX_ATTEMPT:
+        raise ValueError(f"attempt {attempt} is outside 1..{MAX_ATTEMPT}")
+    return f"{job_id}-{attempt}"
+
+
+def parse_node_name(name: str) -> tuple[str, int] | None:
+    """`{job}-{attempt}` → (job, attempt), or None for a name Respawn did not make."""
+    job, sep, attempt = name.rpartition("-")
+    if not sep or not attempt.isdigit() or not _JOB_ID.match(job) or len(job) > MAX_JOB_ID_LEN:
+        return None
+    return job, int(attempt)
+
+
+def capacity_doc_id(zone: str, accelerator_type: str) -> str:
+    return f"{zone}~{accelerator_type}"
+
+
+class _Record(BaseModel):
+    # Controller-written records tolerate fields written by newer versions.
+    model_config = ConfigDict(extra="allow")
+
+
+class JobStatus(_Record):
+    state: State = State.PENDING
+    message: str = ""
+    attempt: int = 0  # the newest attempt whose node name has been committed; node = {job}-{attempt}
+    node: str | None = None
+    zone: str | None = None
+    provisioning: str | None = None  # the model of the current node: spot, preemptible or standard (fallback)
+    restarts: int = 0
+    consecutive_failures: int = 0
+    last_committed_step: int | None = None
+    total_steps: int | None = None
+    zones_used: list[str] = Field(default_factory=list)
+    preempted_zone: str | None = None
+    preempted_at: datetime | None = None
+    next_attempt_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class Heartbeat(_Record):
+    job_id: str
+    attempt: int
+    zone: str | None = None
+    state: NodeState
+    step: int | None = None
+    committed_step: int | None = None
+    total_steps: int | None = None
+    exit_code: int | None = None
+    output_tail: str | None = None
+    notice: str | None = None  # what told the agent: preempted, maintenance-event, sigterm
+    emergency: dict[str, Any] | None = None  # the trainer's emergency-save outcome
+    started_at: datetime | None = None
+    heartbeat_at: datetime
+
+
+class JobEvent(_Record):
+    at: datetime
+    from_state: State | None
+    to_state: State
+    cause: str
+    details: dict[str, Any] = Field(default_factory=dict)
+    expire_at: datetime | None = None
+
+    @classmethod
+    def new(cls, from_state: State | None, to_state: State, cause: str, **details: Any) -> JobEvent:
+        now = datetime.now(timezone.utc)
+        return cls(
+            at=now, from_state=from_state, to_state=to_state, cause=cause, details=details,
+            expire_at=now + EVENT_RETENTION,
+        )
+
+
+class CapacityRecord(_Record):
+    zone: str
+    accelerator_type: str
+    reason: Literal["capacity", "quota"]
+    code: str
+    message: str = ""
+    recorded_at: datetime
+    until: datetime

@@ -1,0 +1,141 @@
+"""Start and stop the official Firestore and Pub/Sub emulators on free loopback ports.
+
+Used by the test harness and by `respawn demo`. Each emulator runs in its own process group (the wrapper
+scripts start `java` as a child), and stop() ends the whole group.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SDK_ROOTS = [Path("/usr/lib/google-cloud-sdk"), Path("/usr/share/google-cloud-sdk")]
+FIRESTORE_BIN = "platform/cloud-firestore-emulator/cloud_firestore_emulator"
+PUBSUB_BIN = "platform/pubsub-emulator/bin/cloud-pubsub-emulator"
+INSTALL_HINT = (
+    "install it with: apt-get install google-cloud-cli-firestore-emulator google-cloud-cli-pubsub-emulator "
+    "default-jre (see https://cloud.google.com/sdk/docs/install for the apt source); or set {var} to the "
+    "emulator's launcher script"
+)
+
+
+class EmulatorError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _find(relative: str, env_var: str, name: str) -> str:
+    override = os.environ.get(env_var)
+    if override:
+        if not os.access(override, os.X_OK):
+            raise EmulatorError(f"{env_var}={override} is not an executable {name} emulator launcher")
+        return override
+    roots = list(SDK_ROOTS)
+    gcloud = shutil.which("gcloud")
+    if gcloud:
+        roots.insert(0, Path(os.path.realpath(gcloud)).parent.parent)
+    for root in roots:
+        candidate = root / relative
+        if candidate.exists():
+            return str(candidate)
+    if not shutil.which("java"):
+        raise EmulatorError(f"the {name} emulator needs Java, which is not installed; " + INSTALL_HINT.format(var=env_var))
+    raise EmulatorError(f"the {name} emulator is not installed; " + INSTALL_HINT.format(var=env_var))
+
+
+@dataclass
+class Emulator:
+    name: str
+    host: str
+    proc: subprocess.Popen
+    log_path: Path
+    _log: object = field(repr=False, default=None)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        else:
+            # The wrapper may have exited while java lives on in the same group.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._log is not None:
+            self._log.close()
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _start(name: str, argv: list[str], port: int, ready_path: str, timeout: float, log_dir: Path | None) -> Emulator:
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"respawn-{name}-"))
+    log_path = log_dir / f"{name}-emulator.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    emu = Emulator(name=name, host=f"127.0.0.1:{port}", proc=proc, log_path=log_path, _log=log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            emu.stop()
+            raise EmulatorError(f"the {name} emulator exited with code {proc.returncode} while starting:\n{emu.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=1) as r:
+                if r.status == 200:
+                    return emu
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.2)
+    emu.stop()
+    raise EmulatorError(f"the {name} emulator did not answer on 127.0.0.1:{port} within {timeout:.0f} s:\n{emu.log_tail()}")
+
+
+def start_firestore(timeout: float = 60, log_dir: Path | None = None) -> Emulator:
+    launcher = _find(FIRESTORE_BIN, "RESPAWN_FIRESTORE_EMULATOR", "Firestore")
+    port = free_port()
+    argv = [launcher, "start", "--host=127.0.0.1", f"--port={port}"]
+    return _start("firestore", argv, port, "/", timeout, log_dir)
+
+
+def start_pubsub(timeout: float = 60, log_dir: Path | None = None) -> Emulator:
+    launcher = _find(PUBSUB_BIN, "RESPAWN_PUBSUB_EMULATOR", "Pub/Sub")
+    port = free_port()
+    argv = [launcher, "--host=127.0.0.1", f"--port={port}"]
+    return _start("pubsub", argv, port, "/", timeout, log_dir)
+
+
+def reset_firestore(host: str, project: str) -> None:
+    """Delete every document in the emulator's (default) database for `project`."""
+    req = urllib.request.Request(
+        f"http://{host}/emulator/v1/projects/{project}/databases/(default)/documents", method="DELETE"
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        if r.status != 200:
+            raise EmulatorError(f"resetting the Firestore emulator at {host} answered HTTP {r.status}")
