@@ -69,22 +69,9 @@ class Emulator:
     def url(self) -> str:
         return f"http://{self.host}"
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        else:
-            # The wrapper may have exited while java lives on in the same group.
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    def stop(self, timeout: float = 10) -> None:
+        """End the whole process group: the launcher exits on SIGTERM before its java child does."""
+        _stop_group(self.proc, timeout)
         if self._log is not None:
             self._log.close()
 
@@ -93,6 +80,34 @@ class Emulator:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float) -> None:
+    pgid = proc.pid  # started with start_new_session, so the group id is the leader's pid
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is None:
+                time.sleep(0.05)
+                continue
+            if not _group_alive(pgid):
+                return
+            time.sleep(0.05)
+    proc.poll()
 
 
 def _start(name: str, argv: list[str], port: int, ready_path: str, timeout: float, log_dir: Path | None) -> Emulator:

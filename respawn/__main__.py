@@ -1,0 +1,3 @@
+from respawn.cli import main
+
+main()

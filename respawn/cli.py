@@ -1,0 +1,263 @@
+"""The `respawn` command line: register and inspect jobs in Firestore (a real project, or the emulator)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from respawn import schema
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Respawn: hands-off training on Spot GPUs and TPUs.")
+jobs_app = typer.Typer(no_args_is_help=True, help="Register and inspect jobs.")
+app.add_typer(jobs_app, name="jobs")
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+ProjectOpt = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", help="Google Cloud project (default: ADC's)")
+SweepTopicOpt = typer.Option("respawn-sweep", "--sweep-topic", help="Pub/Sub topic the controller's sweep listens on")
+# With the emulator any project id works; this one is the demo's.
+EMULATOR_PROJECT = "respawn-local"
+
+
+class CliError(Exception):
+    """A failure the user can act on: printed without a traceback."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _db(project: str | None):
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import firestore
+
+    if os.environ.get("FIRESTORE_EMULATOR_HOST"):
+        return firestore.Client(project=project or EMULATOR_PROJECT)
+    try:
+        return firestore.Client(project=project)
+    except DefaultCredentialsError:
+        raise CliError(
+            "no Google Cloud credentials: run `gcloud auth application-default login`, "
+            "or set FIRESTORE_EMULATOR_HOST for a local emulator"
+        ) from None
+    except OSError as exc:  # e.g. no project could be determined
+        raise CliError(f"cannot reach Firestore: {exc}; pass --project") from None
+
+
+def _load_spec_file(path: Path) -> schema.JobSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}", code=2) from None
+    try:
+        data = yaml.safe_load(text)  # YAML is a superset of JSON
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path} is neither valid YAML nor JSON: {exc}", code=2) from None
+    try:
+        return schema.parse_spec(data)
+    except schema.SpecError as exc:
+        raise CliError(f"{path}: {exc}", code=2) from None
+
+
+def _fmt_time(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return "" if value is None else str(value)
+
+
+def _get_job(db, job_id: str) -> dict[str, Any]:
+    snap = db.collection(schema.JOBS).document(job_id).get()
+    if not snap.exists:
+        raise CliError(f"no job {job_id!r}; `respawn jobs list` shows the registered jobs")
+    return snap.to_dict()
+
+
+def _run(fn, *args) -> None:
+    try:
+        fn(*args)
+    except CliError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(exc.code) from None
+    except Exception as exc:  # a cloud error: name it, without a traceback
+        from google.api_core import exceptions as gexc
+
+        if isinstance(exc, gexc.GoogleAPIError):
+            err.print(f"[red]error:[/red] Firestore call failed: {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        raise
+
+
+@jobs_app.command("register")
+def register(
+    file: Path = typer.Argument(..., help="job spec, YAML or JSON"),
+    project: Optional[str] = ProjectOpt,
+) -> None:
+    """Validate a job spec and write it to Firestore. Refuses to overwrite an existing job."""
+
+    def go() -> None:
+        spec = _load_spec_file(file)
+        from google.api_core.exceptions import AlreadyExists, Conflict
+        from google.cloud import firestore
+
+        db = _db(project)
+        ref = db.collection(schema.JOBS).document(spec.id)
+        try:
+            ref.create(
+                {
+                    "spec": spec.to_doc(),
+                    "status": schema.JobStatus(updated_at=datetime.now(timezone.utc)).model_dump(),
+                    "cancel_requested": False,
+                    "created_at": firestore.SERVER_TIMESTAMP,
+                }
+            )
+        except (AlreadyExists, Conflict):
+            raise CliError(f"job {spec.id!r} already exists; pick another id (a finished job keeps its record)") from None
+        ref.collection(schema.EVENTS).add(
+            schema.JobEvent.new(None, schema.State.PENDING, "registered", file=str(file)).model_dump()
+        )
+        out.print(f"registered [bold]{spec.id}[/bold]: {spec.accelerator.kind} {spec.provisioning} over {', '.join(spec.zones)}")
+
+    _run(go)
+
+
+@jobs_app.command("list")
+def list_jobs(
+    project: Optional[str] = ProjectOpt,
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per job"),
+) -> None:
+    """A table of jobs: id, state, zone, node, restarts, last committed step, updated."""
+
+    def go() -> None:
+        db = _db(project)
+        rows = []
+        for snap in db.collection(schema.JOBS).stream():
+            doc = snap.to_dict() or {}
+            status = schema.JobStatus.model_validate(doc.get("status") or {})
+            rows.append((snap.id, status))
+        if as_json:
+            for job_id, status in rows:
+                print(json.dumps({"id": job_id, **status.model_dump(mode="json")}))
+            return
+        if not rows:
+            out.print("no jobs registered")
+            return
+        table = Table("id", "state", "zone", "node", "restarts", "committed step", "updated")
+        for job_id, st in rows:
+            table.add_row(
+                job_id, st.state.value, st.zone or "-", st.node or "-", str(st.restarts),
+                "-" if st.last_committed_step is None else str(st.last_committed_step), _fmt_time(st.updated_at),
+            )
+        out.print(table)
+
+    _run(go)
+
+
+@jobs_app.command("describe")
+def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
+    """The job's spec and status."""
+
+    def go() -> None:
+        doc = _get_job(_db(project), job_id)
+        status = schema.JobStatus.model_validate(doc.get("status") or {})
+        body = {
+            "id": job_id,
+            "cancel_requested": bool(doc.get("cancel_requested")),
+            "created_at": _fmt_time(doc.get("created_at")),
+            "status": status.model_dump(mode="json", exclude_none=True),
+            "spec": doc.get("spec"),
+        }
+        out.print(yaml.safe_dump(body, sort_keys=False), highlight=False, end="")
+
+    _run(go)
+
+
+@jobs_app.command("events")
+def events(job_id: str, project: Optional[str] = ProjectOpt, limit: int = typer.Option(50, min=1)) -> None:
+    """The job's lifecycle transitions, oldest first."""
+
+    def go() -> None:
+        db = _db(project)
+        _get_job(db, job_id)
+        query = db.collection(schema.JOBS).document(job_id).collection(schema.EVENTS).order_by("at").limit_to_last(limit)
+        table = Table("at", "from", "to", "cause", "details")
+        for snap in query.get():
+            ev = schema.JobEvent.model_validate(snap.to_dict())
+            table.add_row(
+                _fmt_time(ev.at), ev.from_state.value if ev.from_state else "-", ev.to_state.value, ev.cause,
+                json.dumps(ev.details, default=str) if ev.details else "",
+            )
+        out.print(table)
+
+    _run(go)
+
+
+@jobs_app.command("cancel")
+def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = SweepTopicOpt) -> None:
+    """Ask the controller to delete the job's node and mark it CANCELLED."""
+
+    def go() -> None:
+        from google.cloud import firestore
+
+        db = _db(project)
+        ref = db.collection(schema.JOBS).document(job_id)
+
+        @firestore.transactional
+        def request(txn) -> schema.State:
+            snap = ref.get(transaction=txn)
+            if not snap.exists:
+                raise CliError(f"no job {job_id!r}; `respawn jobs list` shows the registered jobs")
+            state = schema.JobStatus.model_validate((snap.to_dict() or {}).get("status") or {}).state
+            if state.terminal:
+                raise CliError(f"job {job_id!r} is already {state.value}; nothing to cancel")
+            txn.update(ref, {"cancel_requested": True})
+            return state
+
+        state = request(db.transaction())
+        ref.collection(schema.EVENTS).add(schema.JobEvent.new(state, state, "cancel requested").model_dump())
+        woke = _wake_controller(db.project, sweep_topic, job_id)
+        out.print(
+            f"cancel requested for [bold]{job_id}[/bold] (was {state.value}); "
+            + ("the controller is deleting its node" if woke else "the next scheduled sweep deletes its node")
+        )
+
+    _run(go)
+
+
+def _wake_controller(project: str, topic: str, job_id: str) -> bool:
+    """Nudge the controller's sweep for one job; without it the scheduled sweep acts within its period."""
+    try:
+        from google.cloud import pubsub_v1
+    except ImportError:
+        return False
+    try:
+        publisher = pubsub_v1.PublisherClient()
+        data = json.dumps({"task": "sweep", "job_id": job_id}).encode()
+        publisher.publish(publisher.topic_path(project, topic), data).result(timeout=10)
+        return True
+    except Exception as exc:  # the cancel itself is recorded; only the nudge failed
+        err.print(f"[yellow]note:[/yellow] could not publish to topic {topic!r} ({exc.__class__.__name__})", highlight=False)
+        return False
+
+
+@jobs_app.command("validate")
+def validate(file: Path = typer.Argument(..., help="job spec, YAML or JSON")) -> None:
+    """Validate a job spec without touching Firestore."""
+    _run(lambda: out.print(f"{file}: valid job spec for [bold]{_load_spec_file(file).id}[/bold]"))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

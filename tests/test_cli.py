@@ -1,0 +1,126 @@
+"""The `respawn jobs` CLI, run as a real process against the Firestore emulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from respawn import schema
+
+SPEC = {
+    "id": "cli-job",
+    "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"},
+    "zones": ["us-central1-a", "us-central1-b"],
+    "trainer": {"command": ["python", "train.py"]},
+    "checkpoint_uri": "gs://ckpt-bucket/cli-job",
+}
+
+
+def respawn(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "respawn", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(SPEC))
+    return path
+
+
+def test_register_list_describe_cancel_round_trip(firestore_db, project, spec_file):
+    r = respawn("jobs", "register", str(spec_file), "--project", project)
+    assert r.returncode == 0, r.stderr
+    assert "registered cli-job" in r.stdout
+
+    doc = firestore_db.collection(schema.JOBS).document("cli-job").get().to_dict()
+    assert doc["spec"]["zones"] == ["us-central1-a", "us-central1-b"]
+    assert doc["spec"]["termination_action"] == "STOP"  # the documented default for GPU Spot
+    assert doc["status"]["state"] == "PENDING"
+    assert doc["cancel_requested"] is False
+
+    r = respawn("jobs", "list", "--project", project)
+    assert r.returncode == 0, r.stderr
+    assert "cli-job" in r.stdout and "PENDING" in r.stdout
+    r = respawn("jobs", "list", "--json", "--project", project)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(row["id"], row["state"], row["restarts"]) for row in rows] == [("cli-job", "PENDING", 0)]
+
+    r = respawn("jobs", "describe", "cli-job", "--project", project)
+    assert r.returncode == 0, r.stderr
+    described = yaml.safe_load(r.stdout)
+    assert described["status"]["state"] == "PENDING"
+    assert described["spec"]["checkpoint_uri"] == "gs://ckpt-bucket/cli-job"
+
+    # The sweep topic does not exist on a bare project: cancel still records the request.
+    r = respawn("jobs", "cancel", "cli-job", "--project", project)
+    assert r.returncode == 0, r.stderr
+    assert firestore_db.collection(schema.JOBS).document("cli-job").get().get("cancel_requested") is True
+
+    r = respawn("jobs", "events", "cli-job", "--project", project)
+    assert r.returncode == 0, r.stderr
+    assert "registered" in r.stdout and "cancel requested" in r.stdout
+
+
+def test_register_twice_is_refused_and_keeps_the_first(firestore_db, project, spec_file, tmp_path):
+    assert respawn("jobs", "register", str(spec_file), "--project", project).returncode == 0
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump({**SPEC, "zones": ["europe-west4-a"]}))
+    r = respawn("jobs", "register", str(changed), "--project", project)
+    assert r.returncode == 1
+    assert "already exists" in r.stderr
+    assert "Traceback" not in r.stderr
+    doc = firestore_db.collection(schema.JOBS).document("cli-job").get().to_dict()
+    assert doc["spec"]["zones"] == ["us-central1-a", "us-central1-b"]
+
+
+def test_invalid_spec_is_not_written_and_names_the_field(firestore_db, project, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**SPEC, "zones": ["us-central1-a", "us-central1-a"], "max_restart": 3}))
+    r = respawn("jobs", "register", str(bad), "--project", project)
+    assert r.returncode == 2
+    assert "zones: zone 'us-central1-a' at position 1 repeats position 0" in r.stderr
+    assert "max_restart: unknown field" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert list(firestore_db.collection(schema.JOBS).stream()) == []
+
+
+def test_unknown_job_and_terminal_cancel(firestore_db, project, spec_file):
+    r = respawn("jobs", "describe", "nope", "--project", project)
+    assert r.returncode == 1 and "no job 'nope'" in r.stderr
+    r = respawn("jobs", "cancel", "nope", "--project", project)
+    assert r.returncode == 1 and "no job 'nope'" in r.stderr
+
+    assert respawn("jobs", "register", str(spec_file), "--project", project).returncode == 0
+    firestore_db.collection(schema.JOBS).document("cli-job").update({"status.state": "SUCCEEDED"})
+    r = respawn("jobs", "cancel", "cli-job", "--project", project)
+    assert r.returncode == 1 and "already SUCCEEDED" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("id: [unclosed", "neither valid YAML nor JSON"),
+        ("- just\n- a list\n", "expected a mapping of fields, got list"),
+    ],
+)
+def test_unreadable_files_get_clear_errors(tmp_path, content, message):
+    path = tmp_path / "job.yaml"
+    path.write_text(content)
+    r = respawn("jobs", "validate", str(path))
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    r = respawn("jobs", "validate", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_example_job_files_are_valid():
+    for path in sorted(Path(__file__).parent.parent.joinpath("examples", "jobs").glob("*.yaml")):
+        schema.parse_spec(yaml.safe_load(path.read_text()))

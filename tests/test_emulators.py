@@ -1,0 +1,70 @@
+"""The emulator harness: clear failures when an emulator is missing, isolation between runs, clean stops."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sim import emulators
+
+
+def test_missing_emulator_fails_with_install_hint(monkeypatch, tmp_path):
+    monkeypatch.setenv("RESPAWN_FIRESTORE_EMULATOR", str(tmp_path / "no-such-launcher"))
+    with pytest.raises(emulators.EmulatorError) as info:
+        emulators.start_firestore()
+    assert "RESPAWN_FIRESTORE_EMULATOR" in str(info.value)
+
+
+def test_not_installed_anywhere_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.delenv("RESPAWN_PUBSUB_EMULATOR", raising=False)
+    monkeypatch.setattr(emulators, "SDK_ROOTS", [tmp_path])
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcloud, no java
+    with pytest.raises(emulators.EmulatorError) as info:
+        emulators.start_pubsub()
+    assert "apt-get install google-cloud-cli-firestore-emulator google-cloud-cli-pubsub-emulator" in str(info.value)
+
+
+def test_emulator_that_dies_at_start_reports_its_log(monkeypatch, tmp_path):
+    launcher = tmp_path / "broken"
+    launcher.write_text("#!/bin/sh\necho 'java.lang.OutOfMemoryError' >&2\nexit 3\n")
+    launcher.chmod(0o755)
+    monkeypatch.setenv("RESPAWN_FIRESTORE_EMULATOR", str(launcher))
+    with pytest.raises(emulators.EmulatorError) as info:
+        emulators.start_firestore(timeout=20)
+    assert "exited with code 3" in str(info.value) and "OutOfMemoryError" in str(info.value)
+
+
+def test_two_firestore_emulators_run_side_by_side_and_stop_completely(project):
+    from google.cloud import firestore
+
+    first, second = emulators.start_firestore(), emulators.start_firestore()
+    try:
+        assert first.host != second.host
+        saved = os.environ.get("FIRESTORE_EMULATOR_HOST")
+        try:
+            os.environ["FIRESTORE_EMULATOR_HOST"] = first.host
+            firestore.Client(project=project).collection("c").document("d").set({"where": "first"})
+            os.environ["FIRESTORE_EMULATOR_HOST"] = second.host
+            assert not firestore.Client(project=project).collection("c").document("d").get().exists
+        finally:
+            if saved is None:
+                os.environ.pop("FIRESTORE_EMULATOR_HOST", None)
+            else:
+                os.environ["FIRESTORE_EMULATOR_HOST"] = saved
+    finally:
+        first.stop()
+        second.stop()
+    for emu in (first, second):
+        with pytest.raises(ProcessLookupError):
+            os.killpg(emu.proc.pid, 0)  # the whole group, java included, is gone
+
+
+def test_firestore_is_empty_at_the_start_of_each_test(firestore_db):
+    assert list(firestore_db.collection("leftover").stream()) == []
+    firestore_db.collection("leftover").document("x").set({"v": 1})
+
+
+def test_firestore_is_empty_again(firestore_db):
+    assert list(firestore_db.collection("leftover").stream()) == []
+    firestore_db.collection("leftover").document("x").set({"v": 1})

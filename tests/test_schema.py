@@ -1,0 +1,225 @@
+"""Every job-spec validation rule, with valid and invalid examples; node names; record models."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from respawn import schema
+from respawn.schema import SpecError, parse_spec
+
+GPU = {
+    "id": "train-1",
+    "accelerator": {"kind": "gpu", "machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4",
+                    "accelerator_count": 2},
+    "zones": ["us-central1-a", "europe-west4-b"],
+    "trainer": {"command": ["python", "train.py"], "env": {"LR": "0.1"}},
+    "checkpoint_uri": "gs://my-bucket/runs/train-1",
+}
+TPU = {
+    "id": "tpu-1",
+    "accelerator": {"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"},
+    "provisioning": "preemptible",
+    "zones": ["us-west4-a"],
+    "trainer": {"command": ["python", "-m", "train"]},
+    "checkpoint_uri": "file:///tmp/ckpt",
+}
+
+
+def with_(base: dict, path: str, value) -> dict:
+    """A copy of `base` with the dotted `path` set to `value` (value `...` deletes it)."""
+    doc = copy.deepcopy(base)
+    *parents, last = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is ...:
+        del node[last]
+    else:
+        node[last] = value
+    return doc
+
+
+def errors_of(doc) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(doc)
+    return info.value.errors
+
+
+def test_minimal_gpu_spec_gets_documented_defaults():
+    spec = parse_spec(GPU)
+    assert spec.provisioning == "spot"
+    assert spec.termination_action == "STOP"
+    assert spec.max_restarts == 20
+    assert spec.placement.cooldown_seconds == 600
+    assert spec.placement.avoid_preempting_zone is True
+    assert spec.placement.on_demand_fallback is False
+    assert spec.accelerator.boot_disk_gb == 200
+    assert spec.labels == {}
+
+
+def test_tpu_spec_has_no_termination_action():
+    spec = parse_spec(TPU)
+    assert spec.accelerator.kind == "tpu" and spec.termination_action is None
+
+
+def test_spec_round_trips_through_its_document():
+    spec = parse_spec(GPU)
+    assert parse_spec(spec.to_doc()) == spec
+
+
+@pytest.mark.parametrize("job_id", ["a", "job-1", "a" * schema.MAX_JOB_ID_LEN, "x9-y8"])
+def test_valid_job_ids(job_id):
+    assert parse_spec(with_(GPU, "id", job_id)).id == job_id
+
+
+@pytest.mark.parametrize(
+    "job_id, fragment",
+    [
+        ("Job", "not a valid job id"),
+        ("1job", "not a valid job id"),
+        ("job-", "not a valid job id"),
+        ("job_1", "not a valid job id"),
+        ("", "at least 1 character"),
+        ("a" * (schema.MAX_JOB_ID_LEN + 1), f"at most {schema.MAX_JOB_ID_LEN} characters"),
+    ],
+)
+def test_invalid_job_ids(job_id, fragment):
+    (error,) = errors_of(with_(GPU, "id", job_id))
+    assert error.startswith("id: ") and fragment in error
+
+
+def test_longest_job_id_still_gives_valid_node_names():
+    name = schema.node_name("a" * schema.MAX_JOB_ID_LEN, schema.MAX_ATTEMPT)
+    assert len(name) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
+
+
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        ("accelerator.kind", "fpga", "accelerator: kind must be 'gpu' or 'tpu'"),
+        ("accelerator.kind", ..., "accelerator: kind is required: 'gpu' or 'tpu'"),
+        ("accelerator.machine_type", ..., "accelerator.machine_type: required field is missing"),
+        ("accelerator.machine_type", "N1_Standard", "accelerator.machine_type: 'N1_Standard' is not a Compute Engine type"),
+        ("accelerator.accelerator_count", 0, "accelerator.accelerator_count: Input should be greater than or equal to 1"),
+        ("accelerator.accelerator_count", 17, "accelerator.accelerator_count: Input should be less than or equal to 16"),
+        ("accelerator.boot_disk_gb", 5, "accelerator.boot_disk_gb: Input should be greater than or equal to 10"),
+        ("accelerator.boot_image", "ubuntu:22.04", "accelerator.boot_image: 'ubuntu:22.04' is not an image"),
+        ("accelerator.gpus", 1, "accelerator.gpus: unknown field"),
+        ("provisioning", "cheap", "provisioning: Input should be 'spot', 'preemptible' or 'standard'"),
+        ("termination_action", "HIBERNATE", "termination_action: Input should be 'STOP' or 'DELETE'"),
+        ("zones", [], "zones: must not be empty"),
+        ("zones", "us-central1-a", "zones: Input should be a valid list"),
+        ("zones", ["us-central1-a", "US-CENTRAL1-B"], "zones[1]: 'US-CENTRAL1-B' is not a zone name"),
+        ("zones", ["us-central1"], "zones[0]: 'us-central1' is not a zone name"),
+        ("zones", ["us-central1-a", "us-central1-b", "us-central1-a"],
+         "zones: zone 'us-central1-a' at position 2 repeats position 0"),
+        ("trainer.command", "python train.py", "trainer.command: must be an argv list"),
+        ("trainer.command", [], "trainer.command: must not be empty"),
+        ("trainer.command", ["python", ""], "trainer.command[1]: String should have at least 1 character"),
+        ("trainer.env", {"BAD-NAME": "x"}, "trainer.env: 'BAD-NAME' is not a valid environment variable name"),
+        ("trainer.env", {"RESPAWN_JOB_ID": "x"}, "trainer.env: 'RESPAWN_JOB_ID': RESPAWN_* variables are set by the node agent"),
+        ("trainer.env", {"N": 3}, "trainer.env.N: Input should be a valid string"),
+        ("trainer", ..., "trainer: required field is missing"),
+        ("checkpoint_uri", "s3://bucket/x", "checkpoint_uri: must be gs://BUCKET/PREFIX, or file:///ABSOLUTE/PATH"),
+        ("checkpoint_uri", "file://relative", "checkpoint_uri: must be gs://BUCKET/PREFIX"),
+        ("checkpoint_uri", "gs://Bad_Bucket/x", "checkpoint_uri: 'Bad_Bucket' is not a valid Cloud Storage bucket name"),
+        ("max_restarts", -1, "max_restarts: Input should be greater than or equal to 0"),
+        ("max_restarts", "many", "max_restarts: Input should be a valid integer"),
+        ("placement.cooldown", 5, "placement.cooldown: unknown field"),
+        ("placement.fallback_after_failures", 0, "placement.fallback_after_failures: Input should be greater than or equal to 1"),
+        ("labels", {"Team": "x"}, "labels: label key 'Team'"),
+        ("labels", {"team": "Research"}, "labels: label 'team' value 'Research'"),
+        ("labels", {"respawn-job": "x"}, "labels: label 'respawn-job' is set by Respawn itself"),
+        ("labels", {f"k{i}": "v" for i in range(schema.MAX_USER_LABELS + 1)}, f"labels: at most {schema.MAX_USER_LABELS} labels"),
+        ("zone", ["us-central1-a"], "zone: unknown field"),
+    ],
+)
+def test_invalid_fields_are_named(path, value, expected):
+    errors = errors_of(with_(GPU, path, value))
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        ("accelerator.accelerator_type", "v4", "accelerator.accelerator_type: 'v4' is not a TPU accelerator type"),
+        ("accelerator.runtime_version", ..., "accelerator.runtime_version: required field is missing"),
+        ("accelerator.runtime_version", "Bad Version", "accelerator.runtime_version: 'Bad Version' is not a TPU runtime"),
+        ("accelerator.machine_type", "n1-standard-8", "accelerator.machine_type: unknown field"),
+        ("termination_action", "STOP", "termination_action: applies only to GPU Spot VMs"),
+    ],
+)
+def test_invalid_tpu_fields_are_named(path, value, expected):
+    errors = errors_of(with_(TPU, path, value))
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_termination_action_only_for_gpu_spot():
+    assert parse_spec(with_(GPU, "termination_action", "DELETE")).termination_action == "DELETE"
+    standard = with_(with_(GPU, "provisioning", "standard"), "termination_action", "STOP")
+    assert errors_of(standard) == ["termination_action: applies only to GPU Spot VMs (accelerator.kind gpu, provisioning spot)"]
+    assert parse_spec(with_(GPU, "provisioning", "standard")).termination_action is None
+
+
+def test_every_problem_is_reported_at_once():
+    doc = with_(with_(with_(GPU, "id", "Bad"), "zones", []), "extra", 1)
+    errors = errors_of(doc)
+    assert [e.split(":")[0] for e in errors] == ["id", "zones", "extra"]
+
+
+@pytest.mark.parametrize("doc", [None, [], "id: x", 3])
+def test_non_mapping_documents(doc):
+    assert errors_of(doc) == [f"(job): expected a mapping of fields, got {type(doc).__name__}"]
+
+
+ZONE = st.from_regex(r"[a-z]{2,8}-[a-z]{3,9}[1-9]-[a-f]", fullmatch=True)
+
+
+@given(st.lists(ZONE, min_size=1, max_size=8, unique=True))
+def test_any_unique_zone_list_is_kept_in_order(zones):
+    assert parse_spec(with_(GPU, "zones", zones)).zones == zones
+
+
+@given(st.lists(ZONE, min_size=1, max_size=6), st.data())
+def test_a_repeated_zone_is_always_refused(zones, data):
+    dup = data.draw(st.sampled_from(zones))
+    errors = errors_of(with_(GPU, "zones", zones + [dup]))
+    assert any("listed" in e or "repeats position" in e for e in errors)
+
+
+@given(st.from_regex(r"[a-z]([a-z0-9-]{0,40}[a-z0-9])?", fullmatch=True), st.integers(1, schema.MAX_ATTEMPT))
+def test_node_names_parse_back(job_id, attempt):
+    assert schema.parse_node_name(schema.node_name(job_id, attempt)) == (job_id, attempt)
+
+
+@pytest.mark.parametrize("name", ["t1v-n-abc123-w-0x", "job", "job-", "-3", "Job-3", "job-abc"])
+def test_foreign_node_names_do_not_parse(name):
+    assert schema.parse_node_name(name) is None
+
+
+def test_node_name_rejects_attempts_out_of_range():
+    with pytest.raises(ValueError):
+        schema.node_name("job", 0)
+    with pytest.raises(ValueError):
+        schema.node_name("job", schema.MAX_ATTEMPT + 1)
+
+
+def test_terminal_states():
+    assert {s for s in schema.State if s.terminal} == {
+        schema.State.SUCCEEDED, schema.State.FAILED, schema.State.CANCELLED, schema.State.INVALID
+    }
+
+
+def test_records_tolerate_fields_from_newer_versions():
+    status = schema.JobStatus.model_validate({"state": "RUNNING", "future_field": 1})
+    assert status.state is schema.State.RUNNING
+
+
+def test_events_expire_for_the_ttl_policy():
+    ev = schema.JobEvent.new(schema.State.RUNNING, schema.State.PREEMPTED, "audit:compute.instances.preempted")
+    assert ev.expire_at - ev.at == schema.EVENT_RETENTION
