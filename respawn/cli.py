@@ -20,7 +20,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Respawn: han
 jobs_app = typer.Typer(no_args_is_help=True, help="Register and inspect jobs.")
 app.add_typer(jobs_app, name="jobs")
 
-out = Console(soft_wrap=True)
+# Piped output keeps whole table rows rather than an 80-column guess.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 ProjectOpt = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", help="Google Cloud project (default: ADC's)")
@@ -253,6 +254,92 @@ def _wake_controller(project: str, topic: str, job_id: str) -> bool:
 def validate(file: Path = typer.Argument(..., help="job spec, YAML or JSON")) -> None:
     """Validate a job spec without touching Firestore."""
     _run(lambda: out.print(f"{file}: valid job spec for [bold]{_load_spec_file(file).id}[/bold]"))
+
+
+def _parse_settings(pairs: list[str]) -> dict[str, float]:
+    from dataclasses import fields
+
+    from respawn.plan import PlanInputs
+
+    known = {f.name: f.type for f in fields(PlanInputs)}
+    settings: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in known:
+            raise CliError(f"--set {pair!r}: expected NAME=VALUE with NAME one of: {', '.join(known)}", code=2)
+        try:
+            settings[name] = int(value) if known[name] in (int, "int") else float(value)
+        except ValueError:
+            raise CliError(f"--set {pair!r}: {value!r} is not a number", code=2) from None
+    return settings
+
+
+@app.command("plan")
+def plan_cmd(
+    job_hours: float = typer.Option(24.0, help="compute hours the job needs on one healthy node"),
+    mtbp_hours: float = typer.Option(6.0, help="mean hours between preemptions"),
+    state_gb: float = typer.Option(10.0, help="checkpoint size in GB"),
+    checkpoint_interval_min: float = typer.Option(30.0, help="periodic checkpoint interval, minutes"),
+    boot_s: float = typer.Option(90.0, help="seconds from create call to a training node"),
+    sink_delay_s: float = typer.Option(10.0, help="audit log → Pub/Sub → function, seconds"),
+    spot_price: float = typer.Option(1.47, help="$/h on Spot"),
+    on_demand_price: float = typer.Option(3.67, help="$/h on demand"),
+    runs: int = typer.Option(500, min=1, help="simulated runs per strategy"),
+    seed: int = typer.Option(0, help="random seed"),
+    settings: list[str] = typer.Option([], "--set", help="any other input as NAME=VALUE (see docs/plan.md)"),
+    bench_json: Optional[Path] = typer.Option(None, help="take checkpoint costs from `python -m bench.checkpoint --json` output"),
+    plot: Optional[Path] = typer.Option(None, help="write an SVG chart here"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Goodput and cost of a Spot job under three recovery strategies, by Monte Carlo simulation."""
+
+    def go() -> None:
+        from respawn.plan import PlanInputs, max_emergency_state_gb, plan, svg_chart, with_bench
+
+        inputs = PlanInputs(
+            job_hours=job_hours, mtbp_hours=mtbp_hours, state_gb=state_gb, checkpoint_interval_min=checkpoint_interval_min,
+            boot_s=boot_s, sink_delay_s=sink_delay_s, spot_price=spot_price, on_demand_price=on_demand_price,
+            runs=runs, seed=seed,
+        )
+        from dataclasses import replace
+
+        inputs = replace(inputs, **_parse_settings(settings))
+        if bench_json is not None:
+            try:
+                bench = json.loads(bench_json.read_text().strip().splitlines()[-1])
+            except (OSError, ValueError, IndexError) as exc:
+                raise CliError(f"{bench_json}: not a bench.checkpoint --json output ({exc})", code=2) from None
+            inputs = with_bench(inputs, bench)
+        try:
+            result = plan(inputs)
+        except ValueError as exc:
+            raise CliError(str(exc), code=2) from None
+        if plot is not None:
+            plot.write_text(svg_chart(result))
+        if as_json:
+            print(json.dumps(result.to_json()))
+            return
+        table = Table("strategy", "goodput", "wall h", "p90 wall h", "downtime h", "redone h", "checkpoint h",
+                      "preemptions", "emergency saved", "cost $", "vs on-demand",
+                      title=f"{inputs.job_hours:g} h job, a preemption every {inputs.mtbp_hours:g} h, "
+                            f"{inputs.state_gb:g} GB state, {inputs.runs} runs each")
+        for r in result.results:
+            table.add_row(
+                r.strategy, f"{r.goodput:.1%}", f"{r.wall_hours:.2f}", f"{r.p90_wall_hours:.2f}", f"{r.downtime_hours:.2f}",
+                f"{r.redone_hours:.2f}", f"{r.checkpoint_hours:.2f}", f"{r.preemptions:.1f}", f"{r.emergency_saved:.0%}",
+                f"{r.cost:.2f}", f"{r.cost_vs_on_demand:.0%}",
+            )
+        out.print(table)
+        out.print(f"on demand: {inputs.job_hours:g} h at ${inputs.on_demand_price:g}/h = ${result.on_demand_cost:.2f}")
+        out.print(
+            f"an emergency checkpoint fits the {inputs.notice_budget_s:g} s notice budget for state up to "
+            f"{max_emergency_state_gb(inputs):.1f} GB at this disk speed"
+        )
+        if plot is not None:
+            out.print(f"chart written to {plot}")
+
+    _run(go)
 
 
 def main() -> None:
