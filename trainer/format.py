@@ -1,0 +1,230 @@
+"""The on-disk checkpoint format (one for PyTorch and JAX).
+
+    <root>/step_{step:012d}/
+        data-00000.bin ...   raw array bytes, arrays packed back to back (see serialize.py)
+        tree.pkl             the pickled skeleton of the state (everything that is not an array)
+        manifest.json        step, kind, framework, created_at, durable, files {name: {size, checksum}}, arrays
+        COMMITTED            written last: {"step", "manifest_checksum"}; without it the directory does not exist
+
+Every file and the directory are fsync'd before the marker is written, and the marker is fsync'd too. A reader
+trusts a step only if the marker exists, the manifest's checksum matches the marker, and every file has the size
+and checksum the manifest lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+
+from . import checksum
+from .serialize import Payload
+
+FORMAT = "respawn-checkpoint"
+VERSION = 1
+MARKER = "COMMITTED"
+MANIFEST = "manifest.json"
+SKELETON = "tree.pkl"
+STEP_RE = re.compile(r"^step_(\d{12})$")
+CHUNK = 8 << 20
+DEFAULT_SHARD_BYTES = 256 << 20
+
+
+def step_dirname(step: int) -> str:
+    return f"step_{step:012d}"
+
+
+def parse_step(name: str) -> int | None:
+    m = STEP_RE.match(name.rstrip("/"))
+    return int(m.group(1)) if m else None
+
+
+class Abandoned(Exception):
+    """A write stopped before its marker because of the deadline or a cancel; nothing committed was touched."""
+
+
+class CorruptCheckpoint(Exception):
+    """A step directory that must not be restored (torn, missing marker, bad checksum, unreadable)."""
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durable(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def marker_bytes(step: int, manifest_data: bytes, algorithm: str) -> bytes:
+    return json.dumps({"step": step, "manifest_checksum": checksum.of_bytes(manifest_data, algorithm),
+                       "checksum_algorithm": algorithm}).encode()
+
+
+@dataclass
+class WriteControl:
+    """Stops a write between chunks: at `deadline` (time.monotonic()) or when `cancelled()` turns true."""
+
+    deadline: float | None = None
+    cancel: object = None  # a threading.Event
+    progress: object = None  # callable(bytes_written)
+
+    def check(self, what: str) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Abandoned(f"cancelled while {what}")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise Abandoned(f"deadline reached while {what}")
+
+
+def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durable: str = "local",
+                     extra: dict | None = None, control: WriteControl | None = None,
+                     shard_bytes: int = DEFAULT_SHARD_BYTES, algorithm: str = checksum.DEFAULT_ALGORITHM) -> dict:
+    """Write and commit step_{step}/ under `root`. Returns the manifest. Raises Abandoned (the partial directory
+    is removed) if the control stops it; any committed directory, including another step's, is left alone."""
+    control = control or WriteControl()
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, step_dirname(step))
+    if os.path.exists(os.path.join(final, MARKER)):
+        raise FileExistsError(f"step {step} is already committed in {root}")
+    if os.path.exists(final):
+        shutil.rmtree(final)  # an uncommitted leftover of an earlier attempt at this step
+    os.makedirs(final)
+    try:
+        control.check("starting")
+        files: dict[str, dict] = {}
+        entries: list[dict] = []
+        written = 0
+        shard_index, shard_f, shard_sum, shard_size, shard_name = 0, None, None, 0, None
+
+        def close_shard():
+            nonlocal shard_f
+            if shard_f is not None:
+                shard_f.flush()
+                os.fsync(shard_f.fileno())
+                shard_f.close()
+                files[shard_name] = {"size": shard_size, "checksum": shard_sum.hexdigest()}
+                shard_f = None
+
+        for item in payload.arrays:
+            if shard_f is None or (shard_size > 0 and shard_size + item.nbytes > shard_bytes):
+                close_shard()
+                shard_name = f"data-{shard_index:05d}.bin"
+                shard_index += 1
+                shard_f = open(os.path.join(final, shard_name), "wb", buffering=0)
+                shard_sum, shard_size = checksum.Checksum(algorithm), 0
+            view = item.host_bytes()
+            entries.append({**item.meta, "file": shard_name, "offset": shard_size, "nbytes": item.nbytes})
+            for start in range(0, len(view), CHUNK):
+                control.check(f"writing step {step} ({written} of {payload.nbytes} bytes)")
+                chunk = view[start:start + CHUNK]
+                shard_sum.update(chunk)
+                n = 0
+                while n < len(chunk):
+                    n += shard_f.write(chunk[n:])
+                shard_size += len(chunk)
+                written += len(chunk)
+                if control.progress:
+                    control.progress(written)
+        close_shard()
+        control.check(f"finishing step {step}")
+        write_file_durable(os.path.join(final, SKELETON), payload.skeleton)
+        files[SKELETON] = {"size": len(payload.skeleton), "checksum": checksum.of_bytes(payload.skeleton, algorithm)}
+        manifest = {
+            "format": FORMAT, "version": VERSION, "step": step, "kind": kind, "framework": payload.framework,
+            "created_at": time.time(), "durable": durable, "checksum_algorithm": algorithm,
+            "total_bytes": sum(f["size"] for f in files.values()), "files": files, "arrays": entries,
+            **(extra or {}),
+        }
+        manifest_data = json.dumps(manifest, indent=1).encode()
+        write_file_durable(os.path.join(final, MANIFEST), manifest_data)
+        fsync_dir(final)
+        control.check(f"committing step {step}")
+        write_file_durable(os.path.join(final, MARKER), marker_bytes(step, manifest_data, algorithm))
+        fsync_dir(final)
+        fsync_dir(root)
+        return manifest
+    except BaseException:
+        shutil.rmtree(final, ignore_errors=True)
+        raise
+
+
+def read_manifest(step_dir: str) -> dict:
+    """The manifest of a step directory, checked against its commit marker. Raises CorruptCheckpoint."""
+    try:
+        with open(os.path.join(step_dir, MARKER), "rb") as f:
+            marker = json.loads(f.read())
+    except FileNotFoundError:
+        raise CorruptCheckpoint("no commit marker (torn or in-progress save)") from None
+    except (ValueError, OSError) as exc:
+        raise CorruptCheckpoint(f"unreadable commit marker: {exc}") from None
+    try:
+        with open(os.path.join(step_dir, MANIFEST), "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CorruptCheckpoint(f"manifest missing: {exc}") from None
+    algorithm = marker.get("checksum_algorithm", "crc32")
+    if checksum.of_bytes(data, algorithm) != marker.get("manifest_checksum"):
+        raise CorruptCheckpoint("manifest checksum does not match the commit marker")
+    try:
+        manifest = json.loads(data)
+    except ValueError as exc:
+        raise CorruptCheckpoint(f"manifest is not JSON: {exc}") from None
+    if manifest.get("format") != FORMAT or manifest.get("step") != marker.get("step"):
+        raise CorruptCheckpoint("manifest format/step does not match the commit marker")
+    return manifest
+
+
+def verify(step_dir: str) -> dict:
+    """Full check of a committed step directory (marker, manifest, sizes, checksums). Returns the manifest."""
+    manifest = read_manifest(step_dir)
+    algorithm = manifest["checksum_algorithm"]
+    for name, want in manifest["files"].items():
+        path = os.path.join(step_dir, name)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            raise CorruptCheckpoint(f"data file {name} is missing") from None
+        if size != want["size"]:
+            raise CorruptCheckpoint(f"data file {name} has {size} bytes, manifest says {want['size']} (truncated?)")
+        _, got = checksum.of_file(path, algorithm)
+        if got != want["checksum"]:
+            raise CorruptCheckpoint(f"data file {name} checksum {got} != manifest {want['checksum']}")
+    return manifest
+
+
+def load(step_dir: str, manifest: dict | None = None):
+    """Read a verified step directory back into the saved state."""
+    from .serialize import allocate, finish, unflatten
+
+    manifest = manifest or verify(step_dir)
+    arrays = []
+    handles: dict[str, object] = {}
+    try:
+        for entry in manifest["arrays"]:
+            arr, view = allocate(entry)
+            f = handles.get(entry["file"])
+            if f is None:
+                f = handles[entry["file"]] = open(os.path.join(step_dir, entry["file"]), "rb", buffering=0)
+            f.seek(entry["offset"])
+            got = 0
+            while got < entry["nbytes"]:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise CorruptCheckpoint(f"{entry['file']} ended early")
+                got += n
+            arrays.append(finish(entry, arr))
+    finally:
+        for f in handles.values():
+            f.close()
+    with open(os.path.join(step_dir, SKELETON), "rb") as f:
+        skeleton = f.read()
+    return unflatten(skeleton, arrays)

@@ -1,0 +1,413 @@
+"""CheckpointManager: periodic asynchronous saves, the preemption notice and the deadline-bound emergency save,
+restore with fallback, retention, progress reporting. Framework-neutral: the state is any nesting of
+dicts/lists/tuples holding PyTorch tensors, JAX arrays, NumPy arrays and picklable objects (see serialize.py);
+trainer.torch_state and trainer.jax_state build such states from models, optimizers and RNGs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from . import _log, format as fmt
+from .serialize import SnapshotBuffers, flatten
+from .status import StatusWriter
+from .storage import LocalStore, open_store
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on a preemption notice, training not finished; restart me.
+DEFAULT_NOTICE_BUDGET_S = 25.0
+DEFAULT_KEEP = 3
+
+ENV_JOB_ID = "RESPAWN_JOB_ID"
+ENV_ATTEMPT = "RESPAWN_ATTEMPT"
+ENV_CHECKPOINT_URI = "RESPAWN_CHECKPOINT_URI"
+ENV_LOCAL_DIR = "RESPAWN_LOCAL_CHECKPOINT_DIR"
+ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"
+ENV_NOTICE_BUDGET = "RESPAWN_NOTICE_BUDGET_S"
+
+
+def plan_retention(steps: dict[int, bool], kinds: dict[int, str], keep: int, protect: set[int]) -> list[int]:
+    """Steps to delete: keep the newest `keep` committed, the newest committed emergency one, and anything in
+    `protect`; delete the other committed steps and every uncommitted leftover."""
+    committed = sorted((s for s, c in steps.items() if c), reverse=True)
+    keep_set = set(committed[:max(keep, 1)]) | set(protect)
+    emergencies = [s for s in committed if kinds.get(s) == "emergency"]
+    if emergencies:
+        keep_set.add(emergencies[0])
+    return sorted(s for s in steps if s not in keep_set)
+
+
+class CheckpointManager:
+    """One per training process.
+
+    checkpoint_uri: where checkpoints must end up (gs://bucket/prefix, file:///abs/path or a path).
+    local_dir: the node's own disk; every save is written and committed here first, then copied to
+    checkpoint_uri (skipped when both are the same directory). Defaults to a temp dir for a gs:// URI.
+    """
+
+    def __init__(self, checkpoint_uri: str | None = None, local_dir: str | None = None, *, keep: int = DEFAULT_KEEP,
+                 notice_budget_s: float | None = None, status_file: str | None = None,
+                 total_steps: int | None = None, install_signal_handler: bool = True,
+                 shard_bytes: int = fmt.DEFAULT_SHARD_BYTES, job_id: str | None = None,
+                 attempt: int | None = None) -> None:
+        if checkpoint_uri is None and local_dir is None:
+            raise ValueError("CheckpointManager needs checkpoint_uri or local_dir (or use from_env)")
+        remote = open_store(checkpoint_uri) if checkpoint_uri else None
+        if local_dir is None:
+            if isinstance(remote, LocalStore):
+                local_dir, remote = remote.root, None
+            else:
+                local_dir = tempfile.mkdtemp(prefix="respawn-ckpt-")
+        self.local = LocalStore(local_dir)
+        if isinstance(remote, LocalStore) and remote.root == self.local.root:
+            remote = None
+        self.remote = remote
+        os.makedirs(self.local.root, exist_ok=True)
+        self.keep = keep
+        self.notice_budget_s = DEFAULT_NOTICE_BUDGET_S if notice_budget_s is None else float(notice_budget_s)
+        self.shard_bytes = shard_bytes
+        self.job_id, self.attempt = job_id, attempt
+        self.status = StatusWriter(status_file, total_steps)
+        self._buffers = SnapshotBuffers()
+        self._lock = threading.Lock()
+        self._inflight: dict | None = None  # {"step", "thread", "cancel", "result"}
+        self._kinds: dict[tuple[str, int], str] = {}
+        self._remote_committed: set[int] = set()
+        self._notice_at: float | None = None
+        self._notice_reason: str | None = None
+        self._notice_logged = False
+        self._step = 0
+        self.last_error: str | None = None
+        if install_signal_handler:
+            self.install_notice_handler()
+        self.status.update()
+
+    @classmethod
+    def from_env(cls, default_dir: str = "./respawn-checkpoints", **kwargs) -> "CheckpointManager":
+        """Configure from the RESPAWN_* variables the node agent sets; without them, checkpoints go to
+        `default_dir` so that the same script runs by hand."""
+        env = os.environ
+        uri = env.get(ENV_CHECKPOINT_URI) or None
+        local = env.get(ENV_LOCAL_DIR) or None
+        if uri is None and local is None:
+            local = os.path.abspath(default_dir)
+        budget = env.get(ENV_NOTICE_BUDGET)
+        attempt = env.get(ENV_ATTEMPT)
+        kwargs.setdefault("notice_budget_s", float(budget) if budget else None)
+        kwargs.setdefault("status_file", env.get(ENV_STATUS_FILE) or None)
+        kwargs.setdefault("job_id", env.get(ENV_JOB_ID) or None)
+        kwargs.setdefault("attempt", int(attempt) if attempt and attempt.isdigit() else None)
+        return cls(uri, local, **kwargs)
+
+    # ---- the notice -------------------------------------------------------------------------------------------
+
+    def install_notice_handler(self, signals=(signal.SIGTERM,)) -> bool:
+        """SIGTERM only sets a flag; the loop acts on it at the next step boundary. Main thread only."""
+        if threading.current_thread() is not threading.main_thread():
+            _log.warning("not in the main thread: SIGTERM handler not installed; call request_preemption()")
+            return False
+        for sig in signals:
+            signal.signal(sig, self._on_signal)
+        return True
+
+    def _on_signal(self, signum, frame) -> None:
+        # Async-signal context: record, nothing else (no logging, no I/O).
+        if self._notice_at is None:
+            self._notice_at = time.monotonic()
+            self._notice_reason = f"signal {signal.Signals(signum).name}"
+
+    def request_preemption(self, reason: str = "requested", notice_at: float | None = None) -> None:
+        """The in-process way to deliver the notice (what the SIGTERM handler does). notice_at is a
+        time.monotonic() value; the deadline is notice_at + notice_budget_s."""
+        if self._notice_at is None:
+            self._notice_at = time.monotonic() if notice_at is None else notice_at
+            self._notice_reason = reason
+
+    @property
+    def preemption_requested(self) -> bool:
+        if self._notice_at is not None and not self._notice_logged:
+            self._notice_logged = True
+            _log.warning("preemption notice received; emergency checkpoint at this step boundary",
+                         reason=self._notice_reason, step=self._step, budget_s=self.notice_budget_s)
+        return self._notice_at is not None
+
+    def should_stop(self) -> bool:
+        return self.preemption_requested
+
+    def deadline(self) -> float:
+        """The emergency save's deadline (time.monotonic())."""
+        start = self._notice_at if self._notice_at is not None else time.monotonic()
+        return start + self.notice_budget_s
+
+    # ---- progress ---------------------------------------------------------------------------------------------
+
+    def report_step(self, step: int) -> None:
+        """Call once per step; the status file is rewritten at most a few times per second."""
+        self._step = step
+        self.status.update(force=False, step=step)
+
+    def _committed(self, step: int, kind: str, durable: str) -> None:
+        current = self.status.snapshot()
+        if current["committed_step"] is None or step >= current["committed_step"]:
+            self.status.update(committed_step=step, committed_kind=kind, committed_durable=durable)
+
+    # ---- saving ---------------------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, *, blocking: bool = False, kind: str = "periodic") -> None:
+        """Periodic checkpoint. The caller blocks only for the in-memory snapshot (plus the previous save if it
+        has not finished: snapshot buffers are reused); writing, committing, uploading and retention run on a
+        background thread. blocking=True waits for all of it (e.g. the final checkpoint)."""
+        if self._inflight is not None and self._inflight["thread"].is_alive():
+            _log.warning("previous checkpoint still being written; waiting for it (checkpoint less often?)",
+                         step=step, previous=self._inflight["step"])
+        self.wait()
+        self._step = max(self._step, step)
+        if self.local.steps().get(step):
+            return  # already committed (e.g. resumed exactly here)
+        payload = flatten(state, copy=True, buffers=self._buffers)
+        cancel = threading.Event()
+        job = {"step": step, "cancel": cancel, "result": None}
+
+        def run():
+            job["result"] = self._write_and_ship(step, kind, payload, fmt.WriteControl(cancel=cancel), retention=True)
+
+        job["thread"] = threading.Thread(target=run, name=f"respawn-save-{step}", daemon=True)
+        self._inflight = job
+        job["thread"].start()
+        if blocking:
+            self.wait()
+
+    def wait(self, timeout: float | None = None) -> dict | None:
+        """Wait for the in-flight periodic save; returns its result."""
+        job = self._inflight
+        if job is None:
+            return None
+        job["thread"].join(timeout)
+        if not job["thread"].is_alive():
+            self._inflight = None
+        return job["result"]
+
+    def _write_and_ship(self, step, kind, payload, control, retention) -> dict:
+        """Commit locally, then copy to the remote store. Returns {"state", "step", "durable", "reason"}."""
+        durable_here = "remote" if self.remote is None else "local"
+        started = time.monotonic()
+        try:
+            manifest = fmt.write_checkpoint(self.local.root, step, kind, payload, durable=durable_here,
+                                            control=control, shard_bytes=self.shard_bytes,
+                                            extra={"job_id": self.job_id, "attempt": self.attempt})
+        except fmt.Abandoned as exc:
+            _log.warning("checkpoint abandoned; the previous committed checkpoint stays the newest",
+                         step=step, kind=kind, reason=str(exc))
+            return {"state": "abandoned", "step": step, "durable": None, "reason": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - a failed save must not kill training; it is reported
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            _log.error("checkpoint failed (if this is an OSError: check space and permissions of the local checkpoint dir)",
+                       step=step, kind=kind, dir=self.local.root, error=self.last_error)
+            return {"state": "failed", "step": step, "durable": None, "reason": self.last_error}
+        self._kinds[(self.local.uri, step)] = kind
+        local_s = time.monotonic() - started
+        self._committed(step, kind, durable_here)
+        _log.info("checkpoint committed", step=step, kind=kind, durable=durable_here, bytes=manifest["total_bytes"],
+                  seconds=round(local_s, 3), dir=self.local.step_dir(step))
+        result = {"state": "committed", "step": step, "durable": durable_here, "reason": None,
+                  "bytes": manifest["total_bytes"], "local_seconds": local_s}
+        if self.remote is not None:
+            result.update(self._ship(step, kind, manifest, control))
+        if retention:
+            self.apply_retention(protect={step})
+        return result
+
+    def _ship(self, step: int, kind: str, manifest: dict, control) -> dict:
+        try:
+            self.remote.put_step(self.local.step_dir(step), step, manifest, control)
+        except fmt.Abandoned as exc:
+            _log.warning("upload abandoned; the checkpoint is durable on local disk only "
+                         "(trainer.upload_pending uploads it after a restart in place)",
+                         step=step, remote=self.remote.uri, reason=str(exc))
+            return {"durable": "local", "reason": f"upload: {exc}"}
+        except Exception as exc:  # noqa: BLE001 - a failed upload keeps the local copy; it is reported
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            _log.error("upload failed; the checkpoint is durable on local disk only; check the bucket and "
+                       "credentials (trainer.upload_pending retries later)", step=step, remote=self.remote.uri,
+                       error=self.last_error)
+            return {"durable": "local", "reason": f"upload: {self.last_error}"}
+        self._remote_committed.add(step)
+        self._kinds[(self.remote.uri, step)] = kind
+        self._committed(step, kind, "remote")
+        _log.info("checkpoint uploaded", step=step, kind=kind, remote=self.remote.uri)
+        return {"durable": "remote"}
+
+    def emergency_save(self, step: int, state: Any) -> dict:
+        """Save `state` as step `step` within the notice deadline. Returns and records the outcome:
+        {"state": "committed"|"abandoned"|"failed", "step", "durable": "local"|"remote"|None, "reason"}."""
+        deadline = self.deadline()
+        self._step = max(self._step, step)
+        self.status.update(step=step, emergency={"state": "saving", "step": step})
+        _log.info("emergency checkpoint started", step=step, seconds_left=round(deadline - time.monotonic(), 3))
+        started = time.monotonic()
+        job = self._inflight
+        if job is not None and job["thread"].is_alive():
+            if job["step"] == step:
+                # The periodic save of this very step is already under way: let it finish within the deadline.
+                job["thread"].join(max(0.0, deadline - time.monotonic()))
+            else:
+                job["cancel"].set()  # an older step: free the disk for this one
+                job["thread"].join(max(0.0, deadline - time.monotonic()))
+        control = fmt.WriteControl(deadline=deadline)
+        if self.local.steps().get(step):
+            outcome = {"state": "committed", "step": step, "durable": "local", "reason": None}
+            if self.remote is None:
+                outcome["durable"] = "remote"
+            elif step in self._remote_committed:
+                outcome["durable"] = "remote"
+            else:
+                try:
+                    manifest = fmt.read_manifest(self.local.step_dir(step))
+                    outcome.update(self._ship(step, manifest["kind"], manifest, control))
+                except fmt.CorruptCheckpoint as exc:
+                    outcome = {"state": "failed", "step": step, "durable": None, "reason": str(exc)}
+        else:
+            try:
+                payload = flatten(state, copy=False)
+            except Exception as exc:  # noqa: BLE001 - reported in the outcome
+                payload = None
+                outcome = {"state": "failed", "step": step, "durable": None,
+                           "reason": f"cannot serialize state: {type(exc).__name__}: {exc}"}
+            if payload is not None:
+                outcome = self._write_and_ship(step, "emergency", payload, control, retention=False)
+        outcome["seconds"] = round(time.monotonic() - started, 3)
+        outcome = {k: outcome.get(k) for k in ("state", "step", "durable", "reason", "seconds")}
+        self.status.update(emergency={"state": outcome["state"], "step": step, "reason": outcome["reason"]})
+        log = _log.info if outcome["state"] == "committed" else _log.error
+        log("emergency checkpoint " + outcome["state"], **outcome,
+            newest_committed=self.status.snapshot()["committed_step"])
+        return outcome
+
+    def exit_preempted(self) -> None:
+        """Leave the process after an emergency save: exit code PREEMPTED_EXIT_CODE (not 0: not finished)."""
+        self.status.flush()
+        sys.stdout.flush()
+        sys.exit(PREEMPTED_EXIT_CODE)
+
+    def finish(self, step: int) -> None:
+        """Record the final step and wait for pending saves; call before a successful exit (code 0)."""
+        self.wait()
+        self.status.update(step=step)
+
+    # ---- restore --------------------------------------------------------------------------------------------
+
+    def restore(self) -> tuple[int, Any] | None:
+        """(step, state) of the highest committed step whose checksums verify, looking at the local dir and
+        the remote store; falls back step by step past torn or corrupt ones. None if there is none."""
+        local_steps = {s for s, c in self.local.steps().items() if c}
+        remote_steps: set[int] = set()
+        if self.remote is not None:
+            try:
+                remote_steps = {s for s, c in self.remote.steps().items() if c}
+            except Exception as exc:  # noqa: BLE001 - local copies may still do
+                _log.error("cannot list the remote checkpoint store; trying local copies only",
+                           remote=self.remote.uri, error=f"{type(exc).__name__}: {exc}")
+        self._remote_committed = set(remote_steps)
+        for step in sorted(local_steps | remote_steps, reverse=True):
+            sources = ([self.local] if step in local_steps else []) + ([self.remote] if step in remote_steps else [])
+            for store in sources:
+                try:
+                    step_dir = store.get_step(step, self.local.root)
+                    manifest = fmt.verify(step_dir)
+                    state = fmt.load(step_dir, manifest)
+                except (fmt.CorruptCheckpoint, OSError, ValueError, EOFError) as exc:
+                    _log.warning("checkpoint unusable; falling back to an older one", step=step, store=store.uri,
+                                 reason=f"{type(exc).__name__}: {exc}" if not isinstance(exc, fmt.CorruptCheckpoint)
+                                 else str(exc))
+                    continue
+                except Exception as exc:  # noqa: BLE001 - e.g. a network error on one store: try the next
+                    _log.warning("checkpoint could not be read; falling back", step=step, store=store.uri,
+                                 reason=f"{type(exc).__name__}: {exc}")
+                    continue
+                durable = "remote" if (self.remote is None or step in remote_steps) else "local"
+                self._step = step
+                self.status.update(step=step, committed_step=step, committed_kind=manifest["kind"],
+                                   committed_durable=durable)
+                _log.info("restored checkpoint", step=step, kind=manifest["kind"], store=store.uri, durable=durable,
+                          framework=manifest["framework"], bytes=manifest["total_bytes"])
+                return step, state
+        _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri,
+                  remote=self.remote.uri if self.remote else None)
+        return None
+
+    # ---- retention ------------------------------------------------------------------------------------------
+
+    def _kind(self, store, step: int) -> str | None:
+        key = (store.uri, step)
+        if key not in self._kinds:
+            try:
+                if isinstance(store, LocalStore):
+                    with open(os.path.join(store.step_dir(step), fmt.MANIFEST), "rb") as f:
+                        self._kinds[key] = json.loads(f.read())["kind"]
+                else:
+                    blob = store.bucket.blob(store._name(step, fmt.MANIFEST))
+                    self._kinds[key] = json.loads(blob.download_as_bytes())["kind"]
+            except Exception:  # noqa: BLE001 - unknown kind counts as periodic
+                return None
+        return self._kinds[key]
+
+    def apply_retention(self, protect: set[int] = frozenset()) -> list[tuple[str, int]]:
+        """Delete old committed checkpoints and uncommitted leftovers (see plan_retention) in both stores.
+        Local copies that are newer than everything committed remotely are kept (not uploaded yet)."""
+        removed = []
+        protect = set(protect)
+        job = self._inflight
+        if job is not None and job["thread"].is_alive() and job["thread"] is not threading.current_thread():
+            protect.add(job["step"])
+        stores = [self.local] + ([self.remote] if self.remote is not None else [])
+        remote_newest = max(self._remote_committed, default=-1)
+        for store in stores:
+            try:
+                steps = store.steps()
+                kinds = {s: self._kind(store, s) for s, c in steps.items() if c}
+                extra = set()
+                if store is self.local and self.remote is not None:
+                    extra = {s for s, c in steps.items() if c and s > remote_newest}
+                for s in plan_retention(steps, kinds, self.keep, protect | extra):
+                    store.delete_step(s)
+                    removed.append((store.uri, s))
+            except Exception as exc:  # noqa: BLE001 - retention is housekeeping; report and go on
+                _log.warning("retention failed", store=store.uri, error=f"{type(exc).__name__}: {exc}")
+        if removed:
+            _log.info("retention removed checkpoints", removed=[f"{u}#{s}" for u, s in removed])
+        return removed
+
+    def close(self) -> None:
+        self.wait()
+        self.status.flush()
+
+
+def upload_pending(local_dir: str, checkpoint_uri: str) -> list[int]:
+    """Upload committed checkpoints that exist only in `local_dir` (left by a previous life of this node) to
+    `checkpoint_uri`. Only steps newer than the newest remote committed step are uploaded (older ones would
+    never be restored). Each is verified before upload; corrupt ones are skipped with a warning. Returns the
+    uploaded steps, ascending."""
+    local = LocalStore(local_dir)
+    remote = open_store(checkpoint_uri)
+    if isinstance(remote, LocalStore) and remote.root == local.root:
+        return []
+    remote_committed = {s for s, c in remote.steps().items() if c}
+    newest_remote = max(remote_committed, default=-1)
+    uploaded = []
+    for step in sorted(s for s, c in local.steps().items() if c and s > newest_remote):
+        try:
+            manifest = fmt.verify(local.step_dir(step))
+        except fmt.CorruptCheckpoint as exc:
+            _log.warning("local checkpoint is corrupt; not uploading it", step=step, dir=local.step_dir(step),
+                         reason=str(exc))
+            continue
+        remote.put_step(local.step_dir(step), step, manifest)
+        uploaded.append(step)
+        _log.info("uploaded pending local checkpoint", step=step, kind=manifest["kind"], remote=remote.uri)
+    return uploaded

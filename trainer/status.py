@@ -1,0 +1,96 @@
+"""The progress file the node agent reads (path in RESPAWN_STATUS_FILE).
+
+A small JSON object, replaced atomically (temp file in the same directory + fsync + rename), written at most
+a few times per second for step updates and immediately on a commit or an emergency-save state change:
+
+    {"step": int,                       # steps completed so far in this process
+     "committed_step": int | null,      # newest committed checkpoint
+     "committed_kind": "periodic" | "emergency" | null,
+     "committed_durable": "local" | "remote" | null,   # remote = in RESPAWN_CHECKPOINT_URI's store
+     "emergency": {"state": "idle" | "saving" | "committed" | "abandoned" | "failed",
+                   "step": int | null, "reason": str | null},
+     "total_steps": int | null, "updated_at": float (unix time), "pid": int}
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+import time
+
+EMERGENCY_STATES = ("idle", "saving", "committed", "abandoned", "failed")
+
+
+def read_status(path: str) -> dict | None:
+    """The last complete status object at `path`, or None if the file is missing, empty or not (yet) valid
+    JSON. Cheap: one small read, no locking (the writer replaces the file by rename)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+    except OSError:
+        return None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+class StatusWriter:
+    """Keeps the status object in memory and writes it out; thread-safe (the async saver updates it too)."""
+
+    def __init__(self, path: str | None, total_steps: int | None = None, min_interval_s: float = 0.25) -> None:
+        self.path = path
+        self.min_interval_s = min_interval_s
+        self._lock = threading.Lock()
+        self._last_write = 0.0
+        self._dirty = False
+        self.state = {
+            "step": 0, "committed_step": None, "committed_kind": None, "committed_durable": None,
+            "emergency": {"state": "idle", "step": None, "reason": None},
+            "total_steps": total_steps, "updated_at": time.time(), "pid": os.getpid(),
+        }
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return copy.deepcopy(self.state)
+
+    def update(self, *, force: bool = True, emergency: dict | None = None, **fields) -> None:
+        with self._lock:
+            self.state.update(fields)
+            if emergency is not None:
+                self.state["emergency"] = {"state": "idle", "step": None, "reason": None, **emergency}
+            self._dirty = True
+            now = time.monotonic()
+            if not force and now - self._last_write < self.min_interval_s:
+                return
+            self._write_locked(now)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._dirty:
+                self._write_locked(time.monotonic())
+
+    def _write_locked(self, now: float) -> None:
+        self._last_write = now
+        self._dirty = False
+        if not self.path:
+            return
+        self.state["updated_at"] = time.time()
+        self.state["pid"] = os.getpid()
+        directory = os.path.dirname(os.path.abspath(self.path))
+        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump(self.state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            from . import _log
+
+            _log.warning("cannot write the status file; the agent will see stale progress",
+                         path=self.path, error=str(exc))

@@ -1,0 +1,265 @@
+"""Checkpoint stores: a local directory (`file:///abs/path` or a plain path) and `gs://bucket/prefix`.
+
+Checkpoints are always written to a local directory first (format.write_checkpoint); a store other than that
+directory receives a committed step by `put_step`, which copies the data files (in parallel for GCS), then the
+manifest, then the commit marker, so a cut transfer leaves an uncommitted directory that restore ignores and
+retention removes. `get_step` is the reverse, marker last too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from urllib.parse import urlparse
+
+from . import checksum, format as fmt
+
+UPLOAD_WORKERS = 8
+
+
+def _run_parallel(jobs, control: fmt.WriteControl | None, workers: int, what: str) -> None:
+    """Run callables on daemon threads (a process that exits on a deadline must not wait for them), stopping
+    at the control's deadline/cancel. Re-raises the first error."""
+    pending = list(jobs)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    done = threading.Event()
+    remaining = [len(pending)]
+    if not pending:
+        return
+
+    def worker():
+        while True:
+            with lock:
+                if not pending or errors:
+                    return
+                job = pending.pop(0)
+            try:
+                if control is not None:
+                    control.check(what)
+                job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                with lock:
+                    errors.append(exc)
+                done.set()
+                return
+            with lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+    for _ in range(min(workers, len(pending))):
+        threading.Thread(target=worker, daemon=True, name="respawn-transfer").start()
+    while not done.wait(0.05):
+        if control is not None:
+            try:
+                control.check(what)
+            except fmt.Abandoned:
+                with lock:
+                    pending.clear()
+                raise
+    if errors:
+        raise errors[0]
+
+
+def remote_manifest(manifest: dict) -> bytes:
+    m = dict(manifest, durable="remote", uploaded_at=time.time())
+    return json.dumps(m, indent=1).encode()
+
+
+class LocalStore:
+    """A directory of step_* directories."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.uri = "file://" + self.root
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root})"
+
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.root, fmt.step_dirname(step))
+
+    def steps(self) -> dict[int, bool]:
+        """{step: has commit marker} for every step directory present."""
+        out: dict[int, bool] = {}
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            step = fmt.parse_step(name)
+            if step is not None:
+                out[step] = os.path.exists(os.path.join(self.root, name, fmt.MARKER))
+        return out
+
+    def delete_step(self, step: int) -> None:
+        path = self.step_dir(step)
+        # Marker first, so a crash half-way through leaves an uncommitted (ignored) directory, never a torn
+        # directory that still claims to be committed.
+        try:
+            os.remove(os.path.join(path, fmt.MARKER))
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+
+    def put_step(self, src_dir: str, step: int, manifest: dict, control=None) -> None:
+        dst = self.step_dir(step)
+        if os.path.exists(dst):
+            self.delete_step(step)
+        os.makedirs(dst)
+
+        def copy(name):
+            with open(os.path.join(src_dir, name), "rb") as s, open(os.path.join(dst, name), "wb") as d:
+                shutil.copyfileobj(s, d, fmt.CHUNK)
+                d.flush()
+                os.fsync(d.fileno())
+
+        _run_parallel([lambda n=n: copy(n) for n in manifest["files"]], control, 2, f"copying step {step}")
+        data = remote_manifest(manifest)
+        fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), data)
+        fmt.fsync_dir(dst)
+        if control is not None:
+            control.check(f"committing copy of step {step}")
+        fmt.write_file_durable(os.path.join(dst, fmt.MARKER),
+                               fmt.marker_bytes(step, data, manifest["checksum_algorithm"]))
+        fmt.fsync_dir(dst)
+        fmt.fsync_dir(self.root)
+
+    def get_step(self, step: int, local_root: str, control=None) -> str:
+        """A local directory holding this step (for a local store: the directory itself, nothing copied)."""
+        return self.step_dir(step)
+
+
+class GCSStore:
+    """gs://bucket/prefix through google-cloud-storage (STORAGE_EMULATOR_HOST is honoured)."""
+
+    def __init__(self, uri: str, client=None, workers: int = UPLOAD_WORKERS) -> None:
+        parsed = urlparse(uri)
+        if parsed.scheme != "gs" or not parsed.netloc:
+            raise ValueError(f"not a gs:// URI: {uri!r} (expected gs://bucket/prefix)")
+        self.uri = uri.rstrip("/")
+        self.bucket_name = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.workers = workers
+        self._client = client
+        self._bucket = None
+
+    def __repr__(self) -> str:
+        return f"GCSStore({self.uri})"
+
+    @property
+    def bucket(self):
+        if self._bucket is None:
+            if self._client is None:
+                try:
+                    from google.cloud import storage
+                except ImportError:
+                    raise RuntimeError("gs:// checkpoints need google-cloud-storage: pip install 'respawn[storage]'") from None
+                if os.environ.get("STORAGE_EMULATOR_HOST"):
+                    from google.auth.credentials import AnonymousCredentials
+
+                    self._client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "respawn-local"),
+                                                  credentials=AnonymousCredentials())
+                else:
+                    self._client = storage.Client()
+            self._bucket = self._client.bucket(self.bucket_name)
+        return self._bucket
+
+    def _name(self, step: int, file: str = "") -> str:
+        parts = [p for p in (self.prefix, fmt.step_dirname(step), file) if p]
+        return "/".join(parts)
+
+    def steps(self) -> dict[int, bool]:
+        out: dict[int, bool] = {}
+        base = self.prefix + "/" if self.prefix else ""
+        for blob in self.bucket.client.list_blobs(self.bucket_name, prefix=base):
+            rel = blob.name[len(base):].split("/")
+            if len(rel) != 2:
+                continue
+            step = fmt.parse_step(rel[0])
+            if step is None:
+                continue
+            out[step] = out.get(step, False) or rel[1] == fmt.MARKER
+        return out
+
+    def delete_step(self, step: int) -> None:
+        from google.api_core import exceptions
+
+        try:
+            self.bucket.blob(self._name(step, fmt.MARKER)).delete()
+        except exceptions.NotFound:
+            pass
+        for blob in list(self.bucket.client.list_blobs(self.bucket_name, prefix=self._name(step) + "/")):
+            try:
+                blob.delete()
+            except exceptions.NotFound:
+                pass
+
+    def put_step(self, src_dir: str, step: int, manifest: dict, control=None) -> None:
+        self.delete_step(step)  # an uncommitted leftover of an earlier attempt
+
+        def upload(name):
+            self.bucket.blob(self._name(step, name)).upload_from_filename(os.path.join(src_dir, name))
+
+        _run_parallel([lambda n=n: upload(n) for n in manifest["files"]], control, self.workers,
+                      f"uploading step {step} to {self.uri}")
+        data = remote_manifest(manifest)
+        self.bucket.blob(self._name(step, fmt.MANIFEST)).upload_from_string(data)
+        if control is not None:
+            control.check(f"committing upload of step {step}")
+        self.bucket.blob(self._name(step, fmt.MARKER)).upload_from_string(
+            fmt.marker_bytes(step, data, manifest["checksum_algorithm"]))
+
+    def get_step(self, step: int, local_root: str, control=None) -> str:
+        """Download a committed step into local_root/step_*/ (marker last) and return that directory."""
+        from google.api_core import exceptions
+
+        dst = os.path.join(local_root, fmt.step_dirname(step))
+        shutil.rmtree(dst, ignore_errors=True)
+        os.makedirs(dst)
+        try:
+            marker = self.bucket.blob(self._name(step, fmt.MARKER)).download_as_bytes()
+            manifest_data = self.bucket.blob(self._name(step, fmt.MANIFEST)).download_as_bytes()
+        except exceptions.NotFound as exc:
+            raise fmt.CorruptCheckpoint(f"remote step {step} lacks its marker or manifest: {exc}") from None
+        try:
+            names = list(json.loads(manifest_data)["files"])
+        except (ValueError, KeyError) as exc:
+            raise fmt.CorruptCheckpoint(f"remote manifest of step {step} is unreadable: {exc}") from None
+
+        def download(name):
+            path = os.path.join(dst, name)
+            try:
+                self.bucket.blob(self._name(step, name)).download_to_filename(path)
+            except exceptions.NotFound:
+                return  # verify() reports the missing file
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+
+        _run_parallel([lambda n=n: download(n) for n in names], control, self.workers,
+                      f"downloading step {step} from {self.uri}")
+        fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), manifest_data)
+        fmt.write_file_durable(os.path.join(dst, fmt.MARKER), marker)
+        fmt.fsync_dir(dst)
+        return dst
+
+
+def open_store(uri: str):
+    """A store for `gs://...`, `file:///abs/path` or a plain local path."""
+    if uri.startswith("gs://"):
+        return GCSStore(uri)
+    if uri.startswith("file://"):
+        path = urlparse(uri).path
+        if not path.startswith("/"):
+            raise ValueError(f"file:// checkpoint URI must be absolute: {uri!r} (e.g. file:///var/ckpt)")
+        return LocalStore(path)
+    if "://" in uri:
+        raise ValueError(f"unsupported checkpoint URI {uri!r}: use gs://bucket/prefix or file:///abs/path")
+    return LocalStore(uri)
+
+
+__all__ = ["LocalStore", "GCSStore", "open_store", "checksum"]
