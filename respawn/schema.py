@@ -279,7 +279,12 @@ def parse_spec(data: Any) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError([f"{_field_path(e['loc'])}: {_describe(e)}" for e in exc.errors()]) from None
+        raise SpecError(error_lines(exc)) from None
+
+
+def error_lines(exc: ValidationError) -> list[str]:
+    """One `field.path: what is wrong` line per validation error."""
+    return [f"{_field_path(e['loc'])}: {_describe(e)}" for e in exc.errors()]
 
 
 def node_name(job_id: str, attempt: int) -> str:
@@ -321,6 +326,17 @@ class JobStatus(_Record):
     preempted_at: datetime | None = None
     next_attempt_at: datetime | None = None
     updated_at: datetime | None = None
+    # Controller bookkeeping (functions/decide.py); all optional so older documents still load.
+    revision: int = 0  # bumped by every controller write: the optimistic-concurrency check of reconcile
+    create_state: Literal["pending", "created", "failed"] | None = None  # of the current attempt's create call
+    node_started_at: datetime | None = None  # when the current node was created or restarted in place
+    tried_zones: list[str] = Field(default_factory=list)  # zones that refused during the current placement round
+    in_place_restarts: int = 0  # restarts in place of the current node (STOP-terminated Spot VM)
+    recovering: bool = False  # a node was lost and its replacement has not run yet
+    last_cause: str | None = None
+    last_step: int | None = None  # the newest step a heartbeat reported
+    steps_lost: int | None = None  # at the last loss: last step seen minus the newest committed step
+    exit_code: int | None = None
 
 
 class Heartbeat(_Record):
