@@ -1,0 +1,80 @@
+"""A small PyTorch MLP regression trainer on locally generated data that resumes from the newest committed
+checkpoint and saves an emergency checkpoint on SIGTERM.
+
+    python -m trainer.examples.torch_mlp --steps 300 --checkpoint-every 50 --state-mb 64
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trainer import CheckpointManager
+from trainer.examples._common import exit_with, parse_args, run_loop
+from trainer.torch_state import load_torch_state, torch_state
+
+N, D_IN, HIDDEN, BATCH = 4096, 32, 64, 64
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, ballast_elems: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(D_IN, HIDDEN), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                       torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1))
+        # Ballast: part of the state (checkpointed, touched every step) but not of the computation.
+        self.register_buffer("ballast", torch.zeros(ballast_elems))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def main(argv=None) -> int:
+    args = parse_args("torch_mlp", argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    data_gen = torch.Generator().manual_seed(args.seed + 1000)
+    x = torch.randn(N, D_IN, generator=data_gen)
+    teacher = torch.randn(D_IN, 1, generator=data_gen)
+    y = torch.sin(x @ teacher) + 0.1 * torch.randn(N, 1, generator=data_gen)
+
+    model = MLP(max(1, int(args.state_mb * (1 << 20)) // 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.9)
+    shuffle = torch.Generator().manual_seed(args.seed + 1)
+    data = {"epoch": 0, "pos": 0, "perm": torch.randperm(N, generator=shuffle)}
+
+    mgr = CheckpointManager.from_env(default_dir=args.checkpoint_dir, total_steps=args.steps, keep=args.keep)
+    start = 0
+    restored = mgr.restore()
+    if restored is not None:
+        start, state = restored
+        load_torch_state(state, model, opt, sched, generators={"shuffle": shuffle})
+        data = state["data"]
+
+    def get_state():
+        return torch_state(model, opt, sched, data=data, generators={"shuffle": shuffle})
+
+    def train_step(step: int) -> float:
+        if data["pos"] + BATCH > N:  # new epoch: reshuffle from the checkpointed generator
+            data.update(epoch=data["epoch"] + 1, pos=0, perm=torch.randperm(N, generator=shuffle))
+        idx = data["perm"][data["pos"]:data["pos"] + BATCH]
+        data["pos"] += BATCH
+        model.train()
+        loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            model.ballast[step % model.ballast.numel()] += loss.detach()
+        return float(loss)
+
+    code = run_loop(args, mgr, start, train_step, get_state, "torch_mlp")
+    if args.final_params:
+        arrays = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+        np.savez(args.final_params, **arrays)
+    return code
+
+
+if __name__ == "__main__":
+    exit_with(main())
