@@ -1,0 +1,146 @@
+"""Demo scenarios: what `respawn demo --scenario FILE` runs, validated strictly (a typo is an error).
+
+A scenario names the zones and their capacity timelines, the job (its spec, valid or deliberately invalid), the
+trainer, what to inject (preemptions, host errors, faults) and the state the job must end in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from respawn.schema import State, error_lines
+
+DEFAULT_ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CapacityChange(_Strict):
+    """From this moment on, the zone holds `count` more nodes of the job's accelerator (null: unlimited)."""
+
+    at_seconds: float | None = Field(default=None, ge=0, description="seconds after the job is registered")
+    after_preemption: int | None = Field(default=None, ge=1, description="right after the Nth injected preemption")
+    count: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> CapacityChange:
+        if (self.at_seconds is None) == (self.after_preemption is None):
+            raise ValueError("give exactly one of at_seconds or after_preemption")
+        return self
+
+
+class Zone(_Strict):
+    name: str
+    capacity: list[CapacityChange] = Field(default_factory=list, description="unlimited unless changed")
+
+
+class Preemption(_Strict):
+    """Preempt (or host-error) the node running the job at a training step or a time."""
+
+    at_step: int | None = Field(default=None, ge=1)
+    at_seconds: float | None = Field(default=None, ge=0)
+    kind: Literal["preempted", "host_error"] = "preempted"
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> Preemption:
+        if (self.at_step is None) == (self.at_seconds is None):
+            raise ValueError("give exactly one of at_step or at_seconds")
+        return self
+
+
+class SlackFault(_Strict):
+    status: Literal[429, 500, 503] = 500
+    count: int = Field(default=3, ge=1, description="how many posts fail before Slack recovers")
+
+
+class Faults(_Strict):
+    duplicate_events: int = Field(default=0, ge=0, le=10, description="each audit event delivered N extra times")
+    drop_events: list[int] = Field(default_factory=list, description="drop these audit events (1 = the first)")
+    slack: SlackFault | None = None
+    api_error_rate: float = Field(default=0.0, ge=0, le=0.9, description="share of create calls answered 503")
+
+
+class TrainerSettings(_Strict):
+    framework: Literal["torch", "jax"] = "torch"
+    steps: int = Field(default=300, ge=10)
+    state_mb: float = Field(default=2, gt=0, le=4096)
+    checkpoint_every: int = Field(default=50, ge=1)
+    step_seconds: float = Field(default=0.05, ge=0, le=5)
+    seed: int = 0
+
+
+class Expect(_Strict):
+    state: State = State.SUCCEEDED
+    lost_steps: int | None = Field(default=None, ge=0, description="if set, lost steps must equal this")
+
+
+class Scenario(_Strict):
+    name: str
+    description: str = ""
+    zones: list[Zone] = Field(default_factory=lambda: [Zone(name=z) for z in DEFAULT_ZONES], min_length=1)
+    accelerator: Literal["gpu", "tpu"] = "gpu"
+    job: dict[str, Any] = Field(default_factory=dict, description="job spec fields laid over the demo's default spec")
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    preemptions: list[Preemption] = Field(default_factory=list)
+    faults: Faults = Field(default_factory=Faults)
+    notice_seconds: float = Field(default=6, gt=0, le=120, description="the sim's notice window (30 s on GCE)")
+    notice_budget_seconds: float = Field(default=4, gt=0, description="the trainer's emergency-save budget")
+    sweep_seconds: float = Field(default=5, gt=0, description="Cloud Scheduler period")
+    stale_after_seconds: float = Field(default=10, gt=0, description="heartbeat age the sweep calls stale")
+    heartbeat_seconds: float = Field(default=1, gt=0)
+    timeout_seconds: float = Field(default=110, gt=0)
+    expect: Expect = Field(default_factory=Expect)
+
+    @model_validator(mode="after")
+    def _budget_fits_notice(self) -> Scenario:
+        if self.notice_budget_seconds >= self.notice_seconds:
+            raise ValueError("notice_budget_seconds must be shorter than notice_seconds, to leave time to exit")
+        return self
+
+
+class ScenarioError(ValueError):
+    def __init__(self, source: str, errors: list[str]):
+        self.errors = errors
+        super().__init__(f"{source}: invalid scenario:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(source, [f"(scenario): expected a mapping of fields, got {type(data).__name__}"])
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(source, error_lines(exc)) from None
+
+
+def load_scenario(path: Path) -> Scenario:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ScenarioError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(str(path), [f"not valid YAML: {exc}"]) from None
+    return parse_scenario(data, str(path))
+
+
+def default_scenario() -> Scenario:
+    """A PyTorch job over three zones, preempted twice; the first zone stocks out after the first preemption."""
+    return parse_scenario(
+        {
+            "name": "default",
+            "description": "PyTorch over three zones, two preemptions; the first zone stocks out after the first",
+            "zones": [
+                {"name": "us-central1-a", "capacity": [{"after_preemption": 1, "count": 0}]},
+                {"name": "us-central1-b"},
+                {"name": "us-central1-c"},
+            ],
+            "preemptions": [{"at_step": 80}, {"at_step": 200}],
+        },
+        "default scenario",
+    )

@@ -1,0 +1,128 @@
+"""What a demo run measured, computed from what the runner recorded: heartbeats over time, node lifetimes from the
+sim, the job's final status and the Slack payloads. Pure functions, tested without any process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class HeartbeatSample:
+    t: float  # seconds since the job was registered
+    node: str
+    life: str  # tells two agent lives on one node apart (restart in place): the agent's started_at
+    state: str
+    step: int | None
+    committed_step: int | None
+    resumed_from: int | None = None
+
+
+@dataclass
+class Lifetime:
+    """One instance or TPU node: alive (billing an accelerator) from `start` to `end` (None: still alive)."""
+
+    name: str
+    zone: str
+    start: float
+    end: float | None
+    end_reason: str = ""
+
+
+@dataclass
+class Life:
+    node: str
+    life: str
+    first_t: float
+    last_t: float
+    first_step: int
+    last_step: int
+    resumed_from: int | None
+    last_committed: int | None
+
+
+@dataclass
+class RunRecord:
+    job_id: str
+    total_steps: int
+    wall_seconds: float
+    state: str
+    restarts: int
+    samples: list[HeartbeatSample] = field(default_factory=list)
+    lifetimes: list[Lifetime] = field(default_factory=list)
+    alerts: list[str] = field(default_factory=list)
+
+
+def lives(samples: list[HeartbeatSample]) -> list[Life]:
+    """Trainer lives in order, from the heartbeats that reported a step."""
+    by_key: dict[tuple[str, str], Life] = {}
+    for s in sorted(samples, key=lambda s: s.t):
+        if s.step is None:
+            continue
+        key = (s.node, s.life)
+        life = by_key.get(key)
+        if life is None:
+            by_key[key] = Life(s.node, s.life, s.t, s.t, s.step, s.step, s.resumed_from, s.committed_step)
+            continue
+        life.last_t, life.last_step = s.t, max(life.last_step, s.step)
+        life.first_step = min(life.first_step, s.step)
+        if s.committed_step is not None:
+            life.last_committed = s.committed_step
+        if life.resumed_from is None and s.resumed_from is not None:
+            life.resumed_from = s.resumed_from
+    return sorted(by_key.values(), key=lambda life: life.first_t)
+
+
+def lost_steps(ordered: list[Life]) -> int:
+    """Steps trained twice: how far each life got beyond the step the next one resumed from."""
+    lost = 0
+    for prev, nxt in zip(ordered, ordered[1:]):
+        resumed = nxt.resumed_from
+        if resumed is None:  # an agent that did not report it: the next life started from the newest commit
+            resumed = prev.last_committed if prev.last_committed is not None else 0
+        lost += max(0, prev.last_step - resumed)
+    return lost
+
+
+def max_live(lifetimes: list[Lifetime], until: float) -> int:
+    points = []
+    for lt in lifetimes:
+        points.append((lt.start, 1))
+        points.append((lt.end if lt.end is not None else until, -1))
+    # At equal times an end comes before a start: a replacement created as its predecessor dies is not overlap.
+    live = peak = 0
+    for _, delta in sorted(points, key=lambda p: (p[0], p[1])):
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def zones_in_order(lifetimes: list[Lifetime]) -> list[str]:
+    return [lt.zone for lt in sorted(lifetimes, key=lambda lt: lt.start)]
+
+
+def goodput(ordered: list[Life], final_step: int, wall_seconds: float) -> float:
+    """Share of wall time spent on steps that were not redone, at the run's measured seconds per step."""
+    trained_steps = sum(life.last_step - life.first_step for life in ordered)
+    trained_time = sum(life.last_t - life.first_t for life in ordered)
+    if trained_steps <= 0 or wall_seconds <= 0:
+        return 0.0
+    return min(1.0, final_step * (trained_time / trained_steps) / wall_seconds)
+
+
+def summarize(rec: RunRecord) -> dict:
+    ordered = lives(rec.samples)
+    final_step = ordered[-1].last_step if ordered else 0
+    return {
+        "job_id": rec.job_id,
+        "state": rec.state,
+        "final_step": final_step,
+        "total_steps": rec.total_steps,
+        "restarts": rec.restarts,
+        "zones": zones_in_order(rec.lifetimes),
+        "lost_steps": lost_steps(ordered),
+        "max_live_nodes": max_live(rec.lifetimes, rec.wall_seconds),
+        "alerts": rec.alerts,
+        "wall_seconds": round(rec.wall_seconds, 2),
+        "goodput": round(goodput(ordered, final_step, rec.wall_seconds), 4),
+    }

@@ -1,0 +1,98 @@
+"""The demo's timeline picture: one self-contained HTML file with an inline SVG.
+
+Rows are zones; bars are node lifetimes; red marks are preemption notices; the bottom panel is training progress
+(steps over time) with its checkpoints; grey bands are downtime, when no node was training.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+
+@dataclass
+class NodeSpan:
+    name: str
+    zone: str
+    start: float
+    end: float
+    end_reason: str = ""  # preempted, host-error, deleted, running
+
+
+@dataclass
+class Mark:
+    t: float
+    kind: str  # notice, checkpoint, emergency, restart
+    label: str = ""
+    zone: str | None = None
+
+
+@dataclass
+class Timeline:
+    title: str
+    wall_seconds: float
+    zones: list[str]
+    nodes: list[NodeSpan] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    downtime: list[tuple[float, float]] = field(default_factory=list)
+    steps: list[tuple[float, int]] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+
+_W, _LEFT, _ROW, _TOP, _PROGRESS = 1000, 130, 34, 40, 150
+_COLOURS = {"notice": "#d62728", "checkpoint": "#2ca02c", "emergency": "#ff7f0e", "restart": "#1f77b4"}
+
+
+def render_html(tl: Timeline) -> str:
+    span = max(tl.wall_seconds, 1e-6)
+    x = lambda t: _LEFT + (_W - _LEFT - 20) * max(0.0, min(t, span)) / span  # noqa: E731
+    zones_h = _ROW * len(tl.zones)
+    height = _TOP + zones_h + 30 + _PROGRESS + 50
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" font-size="12">']
+    for t0, t1 in tl.downtime:
+        svg.append(f'<rect x="{x(t0):.1f}" y="{_TOP - 10}" width="{max(1.0, x(t1) - x(t0)):.1f}" '
+                   f'height="{zones_h + 40 + _PROGRESS}" fill="#eeeeee"><title>downtime {t1 - t0:.1f} s</title></rect>')
+    for i, zone in enumerate(tl.zones):
+        y = _TOP + i * _ROW
+        svg.append(f'<text x="8" y="{y + _ROW / 2 + 4}">{html.escape(zone)}</text>')
+        svg.append(f'<line x1="{_LEFT}" y1="{y + _ROW}" x2="{_W - 20}" y2="{y + _ROW}" stroke="#dddddd"/>')
+    for n in tl.nodes:
+        if n.zone not in tl.zones:
+            continue
+        y = _TOP + tl.zones.index(n.zone) * _ROW + 6
+        w = max(2.0, x(n.end) - x(n.start))
+        tip = f"{n.name}: {n.start:.1f}–{n.end:.1f} s ({n.end_reason or 'running'})"
+        svg.append(f'<rect x="{x(n.start):.1f}" y="{y}" width="{w:.1f}" height="{_ROW - 12}" rx="3" fill="#9ecae1" '
+                   f'stroke="#3182bd"><title>{html.escape(tip)}</title></rect>')
+        svg.append(f'<text x="{x(n.start) + 4:.1f}" y="{y + _ROW / 2}">{html.escape(n.name)}</text>')
+    py0 = _TOP + zones_h + 30
+    svg.append(f'<text x="8" y="{py0 + _PROGRESS / 2}">step</text>')
+    svg.append(f'<rect x="{_LEFT}" y="{py0}" width="{_W - 20 - _LEFT}" height="{_PROGRESS}" fill="none" stroke="#cccccc"/>')
+    top_step = max([s for _, s in tl.steps] + [1])
+    yv = lambda s: py0 + _PROGRESS - _PROGRESS * s / top_step  # noqa: E731
+    if tl.steps:
+        pts = " ".join(f"{x(t):.1f},{yv(s):.1f}" for t, s in tl.steps)
+        svg.append(f'<polyline points="{pts}" fill="none" stroke="#555555" stroke-width="1.5"/>')
+    svg.append(f'<text x="{_LEFT - 40}" y="{py0 + 10}">{top_step}</text>')
+    for m in tl.marks:
+        colour = _COLOURS.get(m.kind, "#555555")
+        tip = html.escape(f"{m.kind} at {m.t:.1f} s {m.label}".strip())
+        if m.kind in ("checkpoint", "emergency"):
+            svg.append(f'<circle cx="{x(m.t):.1f}" cy="{py0 + _PROGRESS + 8}" r="4" fill="{colour}"><title>{tip}</title></circle>')
+        else:
+            svg.append(f'<line x1="{x(m.t):.1f}" y1="{_TOP - 10}" x2="{x(m.t):.1f}" y2="{py0 + _PROGRESS}" '
+                       f'stroke="{colour}" stroke-dasharray="4,3"><title>{tip}</title></line>')
+    for k in range(6):
+        t = span * k / 5
+        svg.append(f'<text x="{x(t) - 10:.1f}" y="{height - 12}">{t:.0f} s</text>')
+    svg.append("</svg>")
+    legend = " · ".join(f'<span style="color:{c}">■</span> {k}' for k, c in _COLOURS.items())
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in tl.summary.items())
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(tl.title)}</title>"
+        "<style>body{font-family:sans-serif;margin:20px}th{text-align:left;padding-right:12px}</style></head><body>"
+        f"<h2>{html.escape(tl.title)}</h2>{''.join(svg)}"
+        f"<p>{legend} · <span style='color:#bbbbbb'>■</span> downtime · bars: node lifetimes per zone</p>"
+        f"<table>{rows}</table></body></html>"
+    )
