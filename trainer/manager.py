@@ -305,14 +305,20 @@ class CheckpointManager:
     def restore(self) -> tuple[int, Any] | None:
         """(step, state) of the highest committed step whose checksums verify, looking at the local dir and
         the remote store; falls back step by step past torn or corrupt ones. None if there is none."""
-        local_steps = {s for s, c in self.local.steps().items() if c}
-        remote_steps: set[int] = set()
+        listing = {self.local: self.local.steps()}
         if self.remote is not None:
             try:
-                remote_steps = {s for s, c in self.remote.steps().items() if c}
+                listing[self.remote] = self.remote.steps()
             except Exception as exc:  # noqa: BLE001 - local copies may still do
                 _log.error("cannot list the remote checkpoint store; trying local copies only",
                            remote=self.remote.uri, error=f"{type(exc).__name__}: {exc}")
+        local_steps = {s for s, c in listing[self.local].items() if c}
+        remote_steps = {s for s, c in listing.get(self.remote, {}).items() if c} if self.remote else set()
+        newest = max(local_steps | remote_steps, default=-1)
+        for store, steps in listing.items():
+            for s in sorted((s for s, c in steps.items() if not c and s > newest), reverse=True):
+                _log.warning("checkpoint has no commit marker (torn or interrupted save); falling back to an "
+                             "older one", step=s, store=store.uri)
         self._remote_committed = set(remote_steps)
         for step in sorted(local_steps | remote_steps, reverse=True):
             sources = ([self.local] if step in local_steps else []) + ([self.remote] if step in remote_steps else [])
