@@ -1,7 +1,7 @@
 """The on-disk checkpoint format (one for PyTorch and JAX).
 
     <root>/step_{step:012d}/
-        data-00000.bin ...   raw array bytes, arrays packed back to back (see serialize.py)
+        data-00000.bin ...   raw array bytes, packed back to back; a large array spans several files
         tree.pkl             the pickled skeleton of the state (everything that is not an array)
         manifest.json        step, kind, framework, created_at, durable, files {name: {size, checksum}}, arrays
         COMMITTED            written last: {"step", "manifest_checksum"}; without it the directory does not exist
@@ -114,26 +114,38 @@ def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durab
                 files[shard_name] = {"size": shard_size, "checksum": shard_sum.hexdigest()}
                 shard_f = None
 
+        def open_shard():
+            nonlocal shard_f, shard_sum, shard_size, shard_name, shard_index
+            close_shard()
+            shard_name = f"data-{shard_index:05d}.bin"
+            shard_index += 1
+            shard_f = open(os.path.join(final, shard_name), "wb", buffering=0)
+            shard_sum, shard_size = checksum.Checksum(algorithm), 0
+
+        open_shard()
         for item in payload.arrays:
-            if shard_f is None or (shard_size > 0 and shard_size + item.nbytes > shard_bytes):
-                close_shard()
-                shard_name = f"data-{shard_index:05d}.bin"
-                shard_index += 1
-                shard_f = open(os.path.join(final, shard_name), "wb", buffering=0)
-                shard_sum, shard_size = checksum.Checksum(algorithm), 0
             view = item.host_bytes()
-            entries.append({**item.meta, "file": shard_name, "offset": shard_size, "nbytes": item.nbytes})
-            for start in range(0, len(view), CHUNK):
-                control.check(f"writing step {step} ({written} of {payload.nbytes} bytes)")
-                chunk = view[start:start + CHUNK]
-                shard_sum.update(chunk)
-                n = 0
-                while n < len(chunk):
-                    n += shard_f.write(chunk[n:])
-                shard_size += len(chunk)
-                written += len(chunk)
-                if control.progress:
-                    control.progress(written)
+            parts: list[dict] = []
+            start = 0
+            while start < len(view) or not parts:
+                if shard_size >= shard_bytes:
+                    open_shard()  # large arrays span several files: parallel transfers, bounded fsyncs
+                n_part = min(len(view) - start, shard_bytes - shard_size)
+                parts.append({"file": shard_name, "offset": shard_size, "nbytes": n_part})
+                end = start + n_part
+                while start < end:
+                    control.check(f"writing step {step} ({written} of {payload.nbytes} bytes)")
+                    chunk = view[start:min(end, start + CHUNK)]
+                    shard_sum.update(chunk)
+                    n = 0
+                    while n < len(chunk):
+                        n += shard_f.write(chunk[n:])
+                    shard_size += len(chunk)
+                    written += len(chunk)
+                    start += len(chunk)
+                    if control.progress:
+                        control.progress(written)
+            entries.append({**item.meta, "nbytes": item.nbytes, "parts": parts})
         close_shard()
         control.check(f"finishing step {step}")
         write_file_durable(os.path.join(final, SKELETON), payload.skeleton)
@@ -211,16 +223,20 @@ def load(step_dir: str, manifest: dict | None = None):
     try:
         for entry in manifest["arrays"]:
             arr, view = allocate(entry)
-            f = handles.get(entry["file"])
-            if f is None:
-                f = handles[entry["file"]] = open(os.path.join(step_dir, entry["file"]), "rb", buffering=0)
-            f.seek(entry["offset"])
             got = 0
-            while got < entry["nbytes"]:
-                n = f.readinto(view[got:])
-                if not n:
-                    raise CorruptCheckpoint(f"{entry['file']} ended early")
-                got += n
+            for part in entry["parts"]:
+                f = handles.get(part["file"])
+                if f is None:
+                    f = handles[part["file"]] = open(os.path.join(step_dir, part["file"]), "rb", buffering=0)
+                f.seek(part["offset"])
+                end = got + part["nbytes"]
+                while got < end:
+                    n = f.readinto(view[got:end])
+                    if not n:
+                        raise CorruptCheckpoint(f"{part['file']} ended early")
+                    got += n
+            if got != entry["nbytes"]:
+                raise CorruptCheckpoint(f"manifest parts of an array cover {got} of {entry['nbytes']} bytes")
             arrays.append(finish(entry, arr))
     finally:
         for f in handles.values():
