@@ -1,0 +1,101 @@
+"""Alert messages: the JSON the core publishes to the alerts topic, and its Slack rendering (Block Kit with a
+plain-text fallback). Pure: no I/O.
+
+Alert JSON (one object per message; fields beyond these may appear and are shown as-is):
+    {"type": "recovered" | "waiting_for_capacity" | "failed" | "invalid_spec" | "succeeded" | "crashed",
+     "severity": "info" | "warning" | "error", "job_id": str, "at": ISO-8601 UTC, "message": str,
+     "attempt": int, "restarts": int, "cause": str | null,
+     # recovered: "old_zone", "new_zone", "downtime_seconds", "steps_lost", "committed_step", "in_place"
+     # waiting_for_capacity: "next_attempt_at", "zones"; failed / invalid_spec: "errors" (list[str]) when known
+     # succeeded: "committed_step", "zone"; crashed: "exit_code", "output_tail"}
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed")
+_SEVERITY = {"recovered": "info", "succeeded": "info", "waiting_for_capacity": "warning", "crashed": "warning",
+             "failed": "error", "invalid_spec": "error"}
+_ICON = {"info": ":white_check_mark:", "warning": ":warning:", "error": ":x:"}
+_TITLE = {"recovered": "recovered", "waiting_for_capacity": "waiting for capacity", "failed": "failed",
+          "invalid_spec": "has an invalid spec", "succeeded": "succeeded", "crashed": "trainer crashed, restarting"}
+
+
+class BadAlert(ValueError):
+    pass
+
+
+def make(kind: str, job_id: str, at: datetime, message: str, **fields: Any) -> dict[str, Any]:
+    if kind not in TYPES:
+        raise ValueError(f"unknown alert type {kind!r}; one of {', '.join(TYPES)}")
+    alert = {"type": kind, "severity": _SEVERITY[kind], "job_id": job_id, "at": at.isoformat(), "message": message}
+    alert.update({k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in fields.items()})
+    return alert
+
+
+def _duration(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "unknown"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, sec = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
+    kind = alert["type"]
+    facts: list[tuple[str, str]] = []
+    if kind == "recovered":
+        move = f"{alert.get('old_zone') or '?'} → {alert.get('new_zone') or '?'}"
+        if alert.get("in_place"):
+            move += " (restarted in place)"
+        facts += [("Zone", move), ("Downtime", _duration(alert.get("downtime_seconds"))),
+                  ("Steps lost", "unknown" if alert.get("steps_lost") is None else str(alert["steps_lost"])),
+                  ("Restarts", str(alert.get("restarts", "?")))]
+        if alert.get("cause"):
+            facts.append(("Cause", str(alert["cause"])))
+    elif kind == "waiting_for_capacity":
+        facts += [("Zones", ", ".join(alert.get("zones") or []) or "?"), ("Next try", str(alert.get("next_attempt_at", "?")))]
+    elif kind == "succeeded":
+        facts += [("Zone", str(alert.get("zone") or "?")), ("Restarts", str(alert.get("restarts", 0)))]
+        if alert.get("committed_step") is not None:
+            facts.append(("Committed step", str(alert["committed_step"])))
+    elif kind == "crashed":
+        facts += [("Exit code", str(alert.get("exit_code"))), ("Restarts", str(alert.get("restarts", "?")))]
+    elif kind == "failed":
+        facts += [("Restarts", str(alert.get("restarts", "?")))]
+        if alert.get("cause"):
+            facts.append(("Cause", str(alert["cause"])))
+    return facts
+
+
+def to_slack(alert: Any) -> dict[str, Any]:
+    """Alert JSON → Slack webhook payload {"text": fallback, "blocks": [...]}; BadAlert if it is not an alert."""
+    if not isinstance(alert, dict) or not isinstance(alert.get("type"), str) or not isinstance(alert.get("job_id"), str):
+        raise BadAlert("an alert is a JSON object with string fields 'type' and 'job_id'")
+    kind = alert["type"]
+    severity = alert.get("severity") or _SEVERITY.get(kind, "info")
+    title = f"Job *{alert['job_id']}* {_TITLE.get(kind, kind)}"
+    message = str(alert.get("message") or "")
+    facts = _facts(alert)
+    text = title.replace("*", "") + (f": {message}" if message else "")
+    if facts:
+        text += " (" + "; ".join(f"{k.lower()}: {v}" for k, v in facts) + ")"
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"{_ICON.get(severity, '')} {title}".strip()}}
+    ]
+    if message:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": message[:2900]}})
+    if facts:
+        blocks.append({"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in facts[:10]]})
+    tail = alert.get("output_tail") or ""
+    if tail:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "```" + str(tail)[-2800:] + "```"}})
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"Respawn · {alert.get('at', '')}"}]})
+    return {"text": text, "blocks": blocks}

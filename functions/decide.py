@@ -1,0 +1,399 @@
+"""The decision core: a pure function from what reconcile observed to at most one action plus the status to record.
+
+All recovery policy lives here (and in placement.py, which it calls). No cloud library, no I/O, no clock: `now`
+is part of the observation. reconcile.py commits `Decision.status` in a Firestore transaction *before* it performs
+`Decision.action`, and every action is idempotent, so a crash or a duplicate delivery repeats nothing harmful.
+
+Lifecycle (ARCHITECTURE.md "Job lifecycle"): PENDING → PROVISIONING → RUNNING → SUCCEEDED; a lost node (preempted,
+terminated, stopped, gone, stale heartbeat, crashed trainer) → PREEMPTED while the dead node is deleted → PROVISIONING
+(a STOP-terminated Spot VM may instead be started in place: → PROVISIONING directly); every zone refused →
+WAITING_FOR_CAPACITY → PROVISIONING after a backoff; FAILED after max_restarts or a non-retryable error;
+CANCELLED on request; INVALID when the spec does not validate. A terminal job's node is always deleted.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping
+
+from functions import alerts, placement
+from respawn.schema import Heartbeat, JobSpec, JobStatus, NodeState, State, node_name
+
+
+class Phase(str, enum.Enum):
+    """A node's real state, normalised over Compute Engine instance statuses and Cloud TPU node states."""
+
+    ABSENT = "ABSENT"  # the API says 404
+    BOOTING = "BOOTING"  # PROVISIONING, STAGING, CREATING, STARTING, RESTARTING, REIMAGING, REPAIRING
+    RUNNING = "RUNNING"  # RUNNING, READY
+    STOPPING = "STOPPING"  # STOPPING, SUSPENDING: on its way to a dead state
+    DELETING = "DELETING"
+    DEAD = "DEAD"  # TERMINATED, STOPPED, SUSPENDED, PREEMPTED, HIDDEN...: not serving, must be deleted (or started)
+    UNKNOWN = "UNKNOWN"
+
+
+GCE_PHASES = {
+    "PROVISIONING": Phase.BOOTING, "STAGING": Phase.BOOTING, "RUNNING": Phase.RUNNING, "STOPPING": Phase.STOPPING,
+    "SUSPENDING": Phase.STOPPING, "STOPPED": Phase.DEAD, "SUSPENDED": Phase.DEAD, "TERMINATED": Phase.DEAD,
+    "REPAIRING": Phase.BOOTING,
+}
+TPU_PHASES = {
+    "CREATING": Phase.BOOTING, "READY": Phase.RUNNING, "RESTARTING": Phase.BOOTING, "REIMAGING": Phase.BOOTING,
+    "DELETING": Phase.DELETING, "REPAIRING": Phase.BOOTING, "STOPPED": Phase.DEAD, "STOPPING": Phase.STOPPING,
+    "STARTING": Phase.BOOTING, "PREEMPTED": Phase.DEAD, "TERMINATED": Phase.DEAD, "HIDING": Phase.DEAD,
+    "HIDDEN": Phase.DEAD, "UNHIDING": Phase.BOOTING, "UNKNOWN": Phase.UNKNOWN, "STATE_UNSPECIFIED": Phase.UNKNOWN,
+}
+
+
+def phase_of(kind: str, raw_state: str | None) -> Phase:
+    """kind gpu|tpu, the API's state string (None: 404) → Phase."""
+    if raw_state is None:
+        return Phase.ABSENT
+    table = TPU_PHASES if kind == "tpu" else GCE_PHASES
+    return table.get(raw_state.upper(), Phase.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class NodeObs:
+    phase: Phase
+    raw_state: str | None = None
+
+    @property
+    def present(self) -> bool:
+        return self.phase is not Phase.ABSENT
+
+
+ABSENT = NodeObs(Phase.ABSENT)
+
+
+@dataclass(frozen=True)
+class Settings:
+    stale_heartbeat_seconds: float = 120  # agents beat every 15 s
+    boot_grace_seconds: float = 900  # first heartbeat may take this long after create (image boot, agent install)
+    backoff_base_seconds: float = 30
+    max_in_place_restarts: int = 1  # per node; then the node is replaced (a new name, maybe a new zone)
+
+
+@dataclass(frozen=True)
+class Observation:
+    job_id: str
+    spec: JobSpec | None
+    spec_errors: tuple[str, ...]
+    status: JobStatus
+    cancel_requested: bool
+    node: NodeObs  # the API's view of status.node in status.zone
+    heartbeat: Heartbeat | None  # nodes/{status.node}
+    now: datetime
+    hint: str | None = None  # the cause an event gave for the current node (e.g. "preempted")
+    blocked: Mapping[str, datetime] = field(default_factory=dict)  # zone → cooldown end, for this accelerator
+    settings: Settings = Settings()
+
+
+class Act(str, enum.Enum):
+    NONE = "none"
+    CREATE = "create"  # create node `node` in `zone` (attempt `attempt`, model `provisioning`); 409 → adopt
+    START = "start"  # start the stopped node in place
+    DELETE = "delete"  # delete the node; 404 is success
+    POLL = "poll"  # a transition is under way: look again shortly (within this invocation's budget)
+    WAIT = "wait"  # nothing to do before `until` (the sweep comes back)
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: Act
+    zone: str | None = None
+    node: str | None = None
+    attempt: int | None = None
+    provisioning: str | None = None
+    until: datetime | None = None
+
+
+NONE = Action(Act.NONE)
+POLL = Action(Act.POLL)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    status: JobStatus | None = None  # to commit before acting; None: unchanged
+    cause: str | None = None  # the event cause when the state changes
+    alert: dict[str, Any] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _age(now: datetime, then: datetime | None) -> float | None:
+    return None if then is None else (now - then).total_seconds()
+
+
+def relevant_heartbeat(o: Observation) -> Heartbeat | None:
+    """The heartbeat of the current node's current life: same attempt, not older than the node's (re)start."""
+    hb, s = o.heartbeat, o.status
+    if hb is None or hb.attempt != s.attempt:
+        return None
+    if s.node_started_at is not None and hb.heartbeat_at < s.node_started_at:
+        return None
+    return hb
+
+
+def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:
+    return s.model_copy(update={**changes, "updated_at": now, "revision": s.revision + 1})
+
+
+def _delete(o: Observation) -> Action:
+    return Action(Act.DELETE, zone=o.status.zone, node=o.status.node, attempt=o.status.attempt)
+
+
+def decide(o: Observation) -> Decision:
+    s, now = o.status, o.now
+    state = s.state
+
+    if state.terminal:
+        # Nothing may keep billing after the end: a node left by a crash between record and delete goes now.
+        if o.node.present and o.node.phase is not Phase.DELETING:
+            return Decision(_delete(o))
+        return Decision(POLL if o.node.phase is Phase.DELETING else NONE)
+
+    if o.spec is None:
+        msg = "invalid job spec: " + "; ".join(o.spec_errors)
+        st = _upd(s, now, state=State.INVALID, message=msg)
+        alert = alerts.make("invalid_spec", o.job_id, now, msg, errors=list(o.spec_errors))
+        return Decision(_delete(o) if o.node.present else NONE, st, "invalid_spec", alert)
+    spec = o.spec
+
+    if o.cancel_requested:
+        st = _upd(s, now, state=State.CANCELLED, message="cancelled by the user")
+        return Decision(_delete(o) if o.node.present else NONE, st, "cancel_requested")
+
+    hb = relevant_heartbeat(o)
+    if hb is not None and hb.state is NodeState.EXITED and hb.exit_code == 0:
+        committed = hb.committed_step if hb.committed_step is not None else s.last_committed_step
+        st = _upd(s, now, state=State.SUCCEEDED, message="trainer exited 0", exit_code=0,
+                  last_committed_step=committed, last_step=hb.step if hb.step is not None else s.last_step,
+                  total_steps=hb.total_steps if hb.total_steps is not None else s.total_steps, recovering=False)
+        alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0; node deleted", zone=s.zone,
+                            restarts=s.restarts, attempt=s.attempt, committed_step=committed)
+        return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert)
+
+    if state is State.PENDING:
+        return _provision(o, spec, s, cause="job_created")
+
+    if state is State.WAITING_FOR_CAPACITY:
+        if o.node.present:  # a leftover of the refused attempt: it must go before anything else counts
+            return Decision(POLL if o.node.phase is Phase.DELETING else _delete(o))
+        if s.next_attempt_at is not None and now < s.next_attempt_at:
+            return Decision(Action(Act.WAIT, until=s.next_attempt_at))
+        return _provision(o, spec, s, cause="capacity_retry")
+
+    if state is State.PREEMPTED:
+        # The lost node is being removed; the replacement is created only once the API says it is gone.
+        if o.node.phase is Phase.ABSENT:
+            return _provision(o, spec, s, cause=s.last_cause or "replacement")
+        if o.node.phase in (Phase.DELETING,):
+            return Decision(POLL)
+        return Decision(_delete(o))
+
+    phase = o.node.phase
+    if state is State.PROVISIONING:
+        if phase is Phase.ABSENT:
+            if s.create_state == "pending":
+                # Committed but never confirmed: the create call may not have happened (a crash). Re-issue it:
+                # same name, same zone, so a create that did happen answers 409 and is adopted.
+                return Decision(Action(Act.CREATE, zone=s.zone, node=s.node, attempt=s.attempt, provisioning=s.provisioning))
+            if s.create_state == "failed":
+                return _provision(o, spec, s, cause="zone_refused")
+            return _lose(o, spec, hb, o.hint or "node_gone")
+        if phase is Phase.RUNNING:
+            return _running(o, s, hb)
+        if phase is Phase.DEAD:
+            return _lose(o, spec, hb, o.hint or _dead_cause(o))
+        if phase is Phase.STOPPING and not _in_place_candidate(o, spec):
+            return _lose(o, spec, hb, o.hint or "node_stopping")
+        return Decision(POLL)  # BOOTING, STOPPING (restart-in-place candidate), DELETING, UNKNOWN
+
+    # RUNNING
+    if phase is Phase.RUNNING and o.hint is not None:
+        # The audit event is written as the loss begins; the API may still say RUNNING for a moment.
+        return Decision(POLL)
+    if phase is Phase.RUNNING:
+        if hb is not None and hb.state is NodeState.EXITED and hb.exit_code not in (None, 0) and not _noticed(hb):
+            return _lose(o, spec, hb, "trainer_crashed")
+        if hb is None:
+            age = _age(now, s.node_started_at)
+            if age is not None and age > o.settings.boot_grace_seconds:
+                return _lose(o, spec, hb, "no_heartbeat")
+            return Decision(NONE)
+        if (now - hb.heartbeat_at).total_seconds() > o.settings.stale_heartbeat_seconds:
+            return _lose(o, spec, hb, "stale_heartbeat")
+        return _progress(o, s, hb)
+    if phase in (Phase.ABSENT, Phase.DEAD):
+        return _lose(o, spec, hb, o.hint or ("node_gone" if phase is Phase.ABSENT else _dead_cause(o)))
+    if phase is Phase.STOPPING and not _in_place_candidate(o, spec):
+        return _lose(o, spec, hb, o.hint or "node_stopping")
+    return Decision(POLL)  # BOOTING (restarting), STOPPING before a restart in place, DELETING, UNKNOWN
+
+
+def _noticed(hb: Heartbeat) -> bool:
+    """The agent saw a preemption/maintenance notice: an exit now is the preemption, not a crash."""
+    return hb.notice is not None or hb.state is NodeState.PREEMPTING
+
+
+def _dead_cause(o: Observation) -> str:
+    raw = (o.node.raw_state or "").upper()
+    return "preempted" if raw == "PREEMPTED" else f"node_{raw.lower() or 'dead'}"
+
+
+def _progress(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
+    """A healthy running node: record its progress when it changed (no event, no action)."""
+    changes: dict[str, Any] = {}
+    if hb.committed_step is not None and hb.committed_step != s.last_committed_step:
+        changes["last_committed_step"] = hb.committed_step
+    if hb.step is not None and hb.step != s.last_step:
+        changes["last_step"] = hb.step
+    if hb.total_steps is not None and hb.total_steps != s.total_steps:
+        changes["total_steps"] = hb.total_steps
+    if not changes:
+        return Decision(NONE)
+    return Decision(NONE, _upd(s, o.now, **changes))
+
+
+def _running(o: Observation, s: JobStatus, hb: Heartbeat | None) -> Decision:
+    """The API says the node serves: the job runs. After a loss this is the recovery, and Slack hears of it."""
+    now = o.now
+    st = _upd(s, now, state=State.RUNNING, create_state="created", consecutive_failures=0, tried_zones=[],
+              recovering=False, next_attempt_at=None, message=f"running on {s.node} in {s.zone}")
+    alert = None
+    if s.recovering:
+        downtime = _age(now, s.preempted_at)
+        alert = alerts.make(
+            "recovered", o.job_id, now, f"{s.node} is running in {s.zone}",
+            old_zone=s.preempted_zone, new_zone=s.zone, downtime_seconds=downtime, steps_lost=s.steps_lost,
+            committed_step=s.last_committed_step, restarts=s.restarts, attempt=s.attempt, cause=s.last_cause,
+            in_place=s.in_place_restarts > 0 and s.preempted_zone == s.zone,
+        )
+    return Decision(NONE, st, "node_running", alert)
+
+
+def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
+    """A STOP-terminated Spot GPU VM keeps its disk (and the emergency checkpoint on it): start it again in place
+    when its zone is not under a capacity cooldown and it has not been restarted in place too often."""
+    s = o.status
+    if spec.accelerator.kind != "gpu" or spec.termination_action != "STOP" or s.provisioning != "spot":
+        return False
+    until = o.blocked.get(s.zone or "")
+    if until is not None and until > o.now:
+        return False
+    return s.in_place_restarts < o.settings.max_in_place_restarts
+
+
+def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str) -> Decision:
+    """The current node no longer serves. Count a restart (or give up), then restart it in place, delete it, or —
+    when it is already gone — provision the replacement right away."""
+    s, now = o.status, o.now
+    restarts = s.restarts + 1
+    committed = s.last_committed_step
+    last_step = s.last_step
+    exit_code = s.exit_code
+    if hb is not None:
+        committed = hb.committed_step if hb.committed_step is not None else committed
+        last_step = hb.step if hb.step is not None else last_step
+        exit_code = hb.exit_code if hb.exit_code is not None else exit_code
+    steps_lost = last_step - committed if last_step is not None and committed is not None else None
+    if steps_lost is not None and steps_lost < 0:
+        steps_lost = 0
+    lost = dict(restarts=restarts, last_cause=cause, last_committed_step=committed, last_step=last_step,
+                steps_lost=steps_lost, preempted_zone=s.zone, preempted_at=now, recovering=True, exit_code=exit_code)
+    crash_alert = None
+    if cause == "trainer_crashed":
+        crash_alert = alerts.make("crashed", o.job_id, now, f"trainer exited {exit_code} on {s.node}; restarting",
+                                  exit_code=exit_code, output_tail=(hb.output_tail if hb else None),
+                                  restarts=restarts, attempt=s.attempt, cause=cause)
+
+    if restarts > spec.max_restarts:
+        msg = f"gave up after {spec.max_restarts} restarts (last cause: {cause})"
+        st = _upd(s, now, state=State.FAILED, message=msg, **{**lost, "restarts": s.restarts, "recovering": False})
+        alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, attempt=s.attempt, cause=cause)
+        return Decision(_delete(o) if o.node.present else NONE, st, cause, alert, {"max_restarts": spec.max_restarts})
+
+    if o.node.phase is Phase.DEAD and _in_place_candidate(o, spec):
+        st = _upd(s, now, state=State.PROVISIONING, message=f"restarting {s.node} in place in {s.zone}",
+                  create_state="created", node_started_at=now, in_place_restarts=s.in_place_restarts + 1, **lost)
+        return Decision(Action(Act.START, zone=s.zone, node=s.node, attempt=s.attempt), st, cause, crash_alert,
+                        {"in_place": True})
+
+    if o.node.present:
+        st = _upd(s, now, state=State.PREEMPTED, message=f"{s.node} lost ({cause}); deleting it before the replacement",
+                  **lost)
+        return Decision(_delete(o), st, cause, crash_alert, {"node_state": o.node.raw_state})
+
+    base = s.model_copy(update=lost)
+    d = _provision(o, spec, base, cause=cause)
+    if crash_alert is not None and d.alert is None:
+        d = Decision(d.action, d.status, d.cause, crash_alert, d.details)
+    return d
+
+
+def _provision(o: Observation, spec: JobSpec, s: JobStatus, cause: str) -> Decision:
+    """Choose a zone and commit the next attempt's node name before creating it; or wait when every zone refused."""
+    now = o.now
+    choice = placement.choose_zone(spec, s, o.blocked, now)
+    if choice.zone is None:
+        failures = s.consecutive_failures + (1 if s.state is State.WAITING_FOR_CAPACITY else 0)
+        waiting = s.model_copy(update={"consecutive_failures": failures})
+        until = placement.backoff(spec, waiting, o.blocked, now, o.settings.backoff_base_seconds)
+        msg = f"every zone refused ({', '.join(spec.zones)}); next try at {until.isoformat()}"
+        st = _upd(s, now, state=State.WAITING_FOR_CAPACITY, message=msg, next_attempt_at=until,
+                  consecutive_failures=failures, tried_zones=[], create_state=None)
+        alert = None
+        if s.state is not State.WAITING_FOR_CAPACITY:  # alert on entering the wait, not on every retry
+            alert = alerts.make("waiting_for_capacity", o.job_id, now, msg, next_attempt_at=until, zones=list(spec.zones),
+                                restarts=s.restarts, attempt=s.attempt, cause=cause)
+        return Decision(Action(Act.WAIT, until=until), st, "no_capacity", alert, {"skipped": list(choice.skipped)})
+    attempt = s.attempt + 1
+    node = node_name(o.job_id, attempt)
+    zones_used = s.zones_used if s.zones_used[-1:] == [choice.zone] else [*s.zones_used, choice.zone]
+    st = _upd(s, now, state=State.PROVISIONING, attempt=attempt, node=node, zone=choice.zone,
+              provisioning=choice.provisioning, create_state="pending", node_started_at=now, in_place_restarts=0,
+              zones_used=zones_used[-50:], next_attempt_at=None,
+              message=f"creating {node} in {choice.zone} ({choice.provisioning})")
+    return Decision(Action(Act.CREATE, zone=choice.zone, node=node, attempt=attempt, provisioning=choice.provisioning),
+                    st, cause, None, {"skipped": list(choice.skipped)})
+
+
+# Outcomes of an action, recorded after it (pure as well).
+
+def after_create_refused(s: JobStatus, attempt: int, zone: str, kind: str, message: str, now: datetime) -> JobStatus | None:
+    """The create of `attempt` in `zone` was refused for capacity or quota: remember the zone for this round and
+    count the failure. None when the status has moved on (a stale outcome)."""
+    if s.attempt != attempt or s.zone != zone or s.create_state != "pending" or s.state is not State.PROVISIONING:
+        return None
+    return _upd(s, now, create_state="failed", consecutive_failures=s.consecutive_failures + 1,
+                tried_zones=[*s.tried_zones, zone], message=f"{zone} refused {s.node} ({kind}): {message}"[:1000])
+
+
+def after_start_refused(s: JobStatus, attempt: int, zone: str, message: str, now: datetime) -> JobStatus | None:
+    """A restart in place was refused: the stopped node is deleted (PREEMPTED: the restart was already counted)
+    and the replacement goes to another zone of the list."""
+    if s.attempt != attempt or s.zone != zone or s.state is not State.PROVISIONING:
+        return None
+    return _upd(s, now, state=State.PREEMPTED, tried_zones=[*s.tried_zones, zone],
+                consecutive_failures=s.consecutive_failures + 1,
+                message=f"{zone} refused to restart {s.node} in place: {message}"[:1000])
+
+
+def after_create_failed(job_id: str, s: JobStatus, attempt: int, message: str, now: datetime) -> Decision | None:
+    """A create failed for a reason no zone change fixes (bad machine type, permission): the job fails."""
+    if s.attempt != attempt or s.state.terminal:
+        return None
+    msg = f"creating {s.node} in {s.zone} failed: {message}"[:1000]
+    st = _upd(s, now, state=State.FAILED, message=msg, recovering=False)
+    return Decision(NONE, st, "create_failed",
+                    alerts.make("failed", job_id, now, msg, restarts=s.restarts, attempt=attempt, cause="create_failed"))
+
+
+def after_created(s: JobStatus, attempt: int, node: str, now: datetime) -> JobStatus | None:
+    """The create of `attempt` finished (or met 409 and adopted the node)."""
+    if s.attempt != attempt or s.node != node or s.create_state != "pending":
+        return None
+    return _upd(s, now, create_state="created")

@@ -1,0 +1,149 @@
+"""Placement policy: which zone (and which provisioning model) the next node goes to, and what a failed create
+means. Pure: no cloud library is imported; exceptions are read by their shape (google.api_core exceptions carry
+`.code` (HTTP status), `.errors`, `.message`; Compute errors are proto messages or dicts with a `code`/`reason`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Literal, Mapping
+
+from respawn.schema import JobSpec, JobStatus
+
+Kind = Literal["capacity", "quota", "exists", "not_found", "fatal", "transient"]
+
+# Compute Engine operation error codes (gcp-facts §4) meaning "this zone cannot take the node now".
+CAPACITY_CODES = {
+    "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "REGION_RESOURCE_POOL_EXHAUSTED",
+    "GPU_STOCKOUT", "INSUFFICIENTCAPACITY", "UNSUPPORTED_OPERATION", "RESOURCE_NOT_FOUND",
+    "RESOURCE_OPERATION_RATE_EXCEEDED", "RESOURCE_AVAILABILITY", "STOCKOUT",
+}
+QUOTA_CODES = {"QUOTA_EXCEEDED", "QUOTAEXCEEDED", "RATELIMITEXCEEDED"}
+CAPACITY_PHRASES = (
+    "does not have enough resources", "no more capacity", "stockout", "resource_availability",
+    "insufficient reserved capacity", "currently unavailable", "resource pool exhausted",
+)
+QUOTA_PHRASES = ("quota", "exhausted. limit")
+
+
+@dataclass(frozen=True)
+class Classified:
+    kind: Kind
+    code: str
+    message: str
+
+
+def _field(item: Any, name: str) -> Any:
+    if isinstance(item, Mapping):
+        return item.get(name)
+    return getattr(item, name, None)
+
+
+def _codes(exc: BaseException) -> list[str]:
+    codes = []
+    for item in getattr(exc, "errors", None) or []:
+        for name in ("code", "reason"):
+            value = _field(item, name)
+            if isinstance(value, str) and value:
+                codes.append(value)
+    return codes
+
+
+def classify(exc: BaseException) -> Classified:
+    """What a failed create/start means for placement.
+
+    capacity / quota: skip the zone for a cooldown. exists: the node is already there (a retried create): adopt it.
+    fatal: the request itself is wrong (bad machine type, permission): the job fails with the message.
+    transient: our dependency hiccuped: raise so the platform retries the delivery.
+    """
+    message = str(getattr(exc, "message", None) or exc)
+    codes = _codes(exc)
+    upper = {c.upper() for c in codes}
+    lower = message.lower()
+    http = getattr(exc, "code", None)
+    http = http if isinstance(http, int) else None
+    first = codes[0] if codes else (type(exc).__name__)
+    if upper & QUOTA_CODES:
+        return Classified("quota", next(c for c in codes if c.upper() in QUOTA_CODES), message)
+    if upper & CAPACITY_CODES:
+        return Classified("capacity", next(c for c in codes if c.upper() in CAPACITY_CODES), message)
+    if http == 409 or type(exc).__name__ in ("Conflict", "AlreadyExists") or "already exists" in lower:
+        return Classified("exists", first, message)
+    if http == 404:
+        return Classified("not_found", first, message)
+    # Cloud TPU (google.longrunning → gRPC status): RESOURCE_EXHAUSTED (HTTP 429) is a stockout or a quota,
+    # FAILED_PRECONDITION "Insufficient reserved capacity" is capacity.
+    if any(p in lower for p in QUOTA_PHRASES) and (http in (403, 429) or type(exc).__name__ in ("Forbidden", "ResourceExhausted", "TooManyRequests")):
+        return Classified("quota", first, message)
+    if any(p in lower for p in CAPACITY_PHRASES):
+        return Classified("capacity", first, message)
+    if type(exc).__name__ == "ResourceExhausted":
+        return Classified("capacity", "RESOURCE_EXHAUSTED", message)
+    if http is not None and (http >= 500 or http == 429):
+        return Classified("transient", first, message)
+    if http is not None and 400 <= http < 500:
+        return Classified("fatal", first, message)
+    return Classified("transient", first, message)
+
+
+@dataclass(frozen=True)
+class Choice:
+    zone: str | None  # None: every zone refused: wait
+    provisioning: str
+    skipped: tuple[str, ...] = ()
+
+
+def provisioning_model(spec: JobSpec, status: JobStatus) -> str:
+    """The spec's model, or standard (on-demand) after N consecutive failures when the spec allows it."""
+    p = spec.placement
+    if spec.provisioning != "standard" and p.on_demand_fallback and status.consecutive_failures >= p.fallback_after_failures:
+        return "standard"
+    return spec.provisioning
+
+
+def choose_zone(spec: JobSpec, status: JobStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
+    """Walk the ordered zone list: skip zones under a capacity/quota cooldown (shared by every job) and zones that
+    refused this job in the current round; the zone that just preempted the job goes last (tried only when no
+    other zone is left, so a single-zone job still recovers)."""
+    model = provisioning_model(spec, status)
+    skipped = []
+    eligible = []
+    for zone in spec.zones:
+        until = blocked.get(zone)
+        if (until is not None and until > now) or zone in status.tried_zones:
+            skipped.append(zone)
+        else:
+            eligible.append(zone)
+    if spec.placement.avoid_preempting_zone and status.preempted_zone in eligible and len(eligible) > 1:
+        eligible.remove(status.preempted_zone)
+        eligible.append(status.preempted_zone)
+    return Choice(eligible[0] if eligible else None, model, tuple(skipped))
+
+
+def backoff(spec: JobSpec, status: JobStatus, blocked: Mapping[str, datetime], now: datetime, base_seconds: float) -> datetime:
+    """When to try again after every zone refused: exponential in the consecutive failures, capped by the spec;
+    when zones are under a cooldown, not before the first one ends (nothing could succeed earlier), within the cap."""
+    cap = spec.placement.max_backoff_seconds
+    exp = min(cap, base_seconds * (2 ** min(max(status.consecutive_failures - 1, 0), 20)))
+    ends = [until for zone, until in blocked.items() if zone in spec.zones and until > now]
+    if ends:
+        exp = max(exp, min(cap, (min(ends) - now).total_seconds()))
+    return now + timedelta(seconds=exp)
+
+
+def cooldown_until(spec: JobSpec, now: datetime) -> datetime:
+    return now + timedelta(seconds=spec.placement.cooldown_seconds)
+
+
+def accelerator_key(spec: JobSpec) -> str:
+    """The accelerator a capacity record is about: the GPU type (or the machine type for built-in GPUs) or the TPU
+    type, so one job's stockout steers every job that asks for the same thing."""
+    acc = spec.accelerator
+    if acc.kind == "tpu":
+        return acc.accelerator_type
+    return acc.accelerator_type or acc.machine_type
+
+
+def zones_of(specs: Iterable[JobSpec]) -> set[str]:
+    return {z for s in specs for z in s.zones}

@@ -1,0 +1,38 @@
+"""functions/alerts.py: alert JSON composition and its Slack rendering (Block Kit plus a text fallback)."""
+
+from datetime import datetime, timezone
+
+import pytest
+
+from functions import alerts
+
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def test_recovered_alert_says_where_from_where_to_downtime_and_steps_lost():
+    a = alerts.make("recovered", "llama", NOW, "llama-4 is running", old_zone="us-central1-a", new_zone="us-central1-b",
+                    downtime_seconds=95.2, steps_lost=12, restarts=3, attempt=4, cause="preempted")
+    assert a["severity"] == "info" and a["at"] == "2025-01-01T12:00:00+00:00"
+    msg = alerts.to_slack(a)
+    assert "us-central1-a → us-central1-b" in msg["text"] and "1m35s" in msg["text"] and "steps lost: 12" in msg["text"]
+    assert msg["blocks"][0]["type"] == "section" and "*llama*" in msg["blocks"][0]["text"]["text"]
+    fields = {f["text"].split("\n")[0]: f["text"].split("\n")[1] for f in msg["blocks"][2]["fields"]}
+    assert fields["*Restarts*"] == "3" and fields["*Downtime*"] == "1m35s"
+
+
+@pytest.mark.parametrize("kind", alerts.TYPES)
+def test_every_alert_type_renders_with_a_fallback_text(kind):
+    msg = alerts.to_slack(alerts.make(kind, "j", NOW, "something happened", output_tail="Traceback ..."))
+    assert msg["text"].startswith("Job j ") and msg["blocks"][-1]["type"] == "context"
+
+
+def test_unknown_types_are_refused_at_composition_and_rendered_plainly_when_received():
+    with pytest.raises(ValueError, match="unknown alert type"):
+        alerts.make("exploded", "j", NOW, "")
+    assert alerts.to_slack({"type": "future_kind", "job_id": "j"})["text"] == "Job j future_kind"
+
+
+@pytest.mark.parametrize("bad", [None, [], {"type": "recovered"}, {"job_id": "j"}, {"type": 3, "job_id": "j"}])
+def test_non_alerts_are_rejected(bad):
+    with pytest.raises(alerts.BadAlert):
+        alerts.to_slack(bad)

@@ -1,0 +1,274 @@
+"""functions/decide.py: the pure decision core, table-driven. No fakes: an Observation in, a Decision out.
+
+Two layers: an explicit table of the rows that carry the policy (state × node phase × heartbeat → action, new state,
+alert), and an exhaustive sweep over every state × phase × heartbeat × cancel × hint that checks the invariants
+that make recovery safe (never create while a node exists, never act on a finished job except to delete, …).
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from functions.decide import (
+    Act, NodeObs, Observation, Phase, Settings, after_create_failed, after_create_refused, after_created,
+    after_start_refused, decide, phase_of,
+)
+from respawn.schema import Heartbeat, JobStatus, NodeState, State, node_name, parse_spec
+
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
+ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
+SETTINGS = Settings(stale_heartbeat_seconds=60, boot_grace_seconds=600, backoff_base_seconds=30, max_in_place_restarts=1)
+
+
+def make_spec(**over):
+    base = {"id": "job", "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"}, "zones": ZONES,
+            "trainer": {"command": ["python", "t.py"]}, "checkpoint_uri": "gs://bucket/job", "max_restarts": 5}
+    base.update(over)
+    return parse_spec(base)
+
+
+GPU_STOP = make_spec()  # spot, termination_action STOP (the default)
+GPU_DELETE = make_spec(termination_action="DELETE")
+TPU = make_spec(accelerator={"kind": "tpu", "accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
+
+
+def hb(state="training", age=5, attempt=3, **kw):
+    return Heartbeat(job_id="job", attempt=attempt, state=NodeState(state), heartbeat_at=NOW - timedelta(seconds=age), **kw)
+
+
+HEARTBEATS = {
+    "none": None,
+    "fresh": hb(step=120, committed_step=100),
+    "stale": hb(age=600, step=120, committed_step=100),
+    "exit0": hb("exited", exit_code=0, step=500, committed_step=500),
+    "crash": hb("exited", exit_code=1, step=130, committed_step=100, output_tail="Traceback: boom"),
+    "noticed": hb("preempting", notice="preempted", step=131, committed_step=131),
+    "old_attempt": hb(attempt=2, step=9),
+}
+
+
+def status(state, **kw):
+    base = dict(state=State(state), attempt=3, node="job-3", zone="us-central1-a", provisioning="spot",
+                create_state="created", node_started_at=NOW - timedelta(seconds=3600), restarts=1, revision=7,
+                last_committed_step=90, last_step=95)
+    if state == "PENDING":
+        base = dict(state=State.PENDING)
+    base.update(kw)
+    return JobStatus(**base)
+
+
+def obs(state, raw="RUNNING", heartbeat="fresh", spec=GPU_STOP, cancel=False, hint=None, blocked=None, **st):
+    kind = spec.accelerator.kind if spec is not None else "gpu"
+    return Observation(
+        job_id="job", spec=spec, spec_errors=() if spec is not None else ("zones: must not be empty",),
+        status=status(state, **st), cancel_requested=cancel, node=NodeObs(phase_of(kind, raw), raw),
+        heartbeat=HEARTBEATS[heartbeat], now=NOW, hint=hint, blocked=blocked or {}, settings=SETTINGS,
+    )
+
+
+def new_state(d, o):
+    return (d.status.state if d.status else o.status.state).value
+
+
+def alert_type(d):
+    return d.alert["type"] if d.alert else None
+
+
+BLOCK_ALL = {z: NOW + timedelta(seconds=300) for z in ZONES}
+
+# id, observation, expected action, expected state afterwards, expected alert
+ROWS = [
+    # A new job: first attempt in the first zone.
+    ("pending creates attempt 1", obs("PENDING", raw=None, heartbeat="none"), Act.CREATE, "PROVISIONING", None),
+    ("pending skips a zone in cooldown", obs("PENDING", raw=None, heartbeat="none", blocked={ZONES[0]: NOW + timedelta(60)}),
+     Act.CREATE, "PROVISIONING", None),
+    ("pending, every zone in cooldown: wait", obs("PENDING", raw=None, heartbeat="none", blocked=BLOCK_ALL),
+     Act.WAIT, "WAITING_FOR_CAPACITY", "waiting_for_capacity"),
+    ("invalid spec", obs("PENDING", raw=None, heartbeat="none", spec=None), Act.NONE, "INVALID", "invalid_spec"),
+    # Provisioning.
+    ("provisioning, create unconfirmed, node absent: re-issue the same create",
+     obs("PROVISIONING", raw=None, heartbeat="none", create_state="pending"), Act.CREATE, "PROVISIONING", None),
+    ("provisioning, zone refused: next attempt",
+     obs("PROVISIONING", raw=None, heartbeat="none", create_state="failed", tried_zones=[ZONES[0]]), Act.CREATE, "PROVISIONING", None),
+    ("provisioning, every zone refused: wait",
+     obs("PROVISIONING", raw=None, heartbeat="none", create_state="failed", tried_zones=ZONES), Act.WAIT, "WAITING_FOR_CAPACITY",
+     "waiting_for_capacity"),
+    ("provisioning, node booting: poll", obs("PROVISIONING", raw="STAGING", heartbeat="none"), Act.POLL, "PROVISIONING", None),
+    ("provisioning, node running: RUNNING", obs("PROVISIONING", raw="RUNNING", heartbeat="none"), Act.NONE, "RUNNING", None),
+    ("provisioning after a loss, node running: recovered alert",
+     obs("PROVISIONING", raw="RUNNING", heartbeat="none", recovering=True, preempted_zone=ZONES[0], zone=ZONES[1],
+         preempted_at=NOW - timedelta(seconds=90), steps_lost=7), Act.NONE, "RUNNING", "recovered"),
+    ("provisioning, created node vanished: replace", obs("PROVISIONING", raw=None, heartbeat="none"), Act.CREATE,
+     "PROVISIONING", None),
+    ("provisioning, node preempted while booting (DELETE action): delete first",
+     obs("PROVISIONING", raw="TERMINATED", heartbeat="none", spec=GPU_DELETE), Act.DELETE, "PREEMPTED", None),
+    # Running and healthy.
+    ("running healthy records progress", obs("RUNNING"), Act.NONE, "RUNNING", None),
+    ("running, heartbeat from an older attempt ignored: no heartbeat yet",
+     obs("RUNNING", heartbeat="old_attempt", node_started_at=NOW - timedelta(seconds=60)), Act.NONE, "RUNNING", None),
+    ("running, only an older attempt's heartbeat past boot grace: replace", obs("RUNNING", heartbeat="old_attempt"),
+     Act.DELETE, "PREEMPTED", None),
+    ("running, no heartbeat within boot grace", obs("RUNNING", heartbeat="none", node_started_at=NOW - timedelta(seconds=60)),
+     Act.NONE, "RUNNING", None),
+    # Running, node lost.
+    ("running, GCE spot STOP preempted: restart in place", obs("RUNNING", raw="TERMINATED", hint="preempted"),
+     Act.START, "PROVISIONING", None),
+    ("running, STOP preempted, zone in cooldown: delete", obs("RUNNING", raw="TERMINATED", blocked={ZONES[0]: NOW + timedelta(60)}),
+     Act.DELETE, "PREEMPTED", None),
+    ("running, STOP preempted, in-place restarts used up: delete", obs("RUNNING", raw="TERMINATED", in_place_restarts=1),
+     Act.DELETE, "PREEMPTED", None),
+    ("running, STOPPING, in-place candidate: wait for TERMINATED", obs("RUNNING", raw="STOPPING"), Act.POLL, "RUNNING", None),
+    ("running, STOPPING, DELETE action: delete now", obs("RUNNING", raw="STOPPING", spec=GPU_DELETE), Act.DELETE, "PREEMPTED", None),
+    ("running, spot DELETE action, node gone: replace", obs("RUNNING", raw=None, spec=GPU_DELETE, hint="preempted"),
+     Act.CREATE, "PROVISIONING", None),
+    ("running, TPU PREEMPTED: delete (it holds quota)", obs("RUNNING", raw="PREEMPTED", spec=TPU), Act.DELETE, "PREEMPTED", None),
+    ("running, TPU TERMINATED: delete", obs("RUNNING", raw="TERMINATED", spec=TPU), Act.DELETE, "PREEMPTED", None),
+    ("running, TPU DELETING: poll", obs("RUNNING", raw="DELETING", spec=TPU), Act.POLL, "RUNNING", None),
+    ("running, API RUNNING but audit hint: poll for the transition", obs("RUNNING", hint="preempted"), Act.POLL, "RUNNING", None),
+    ("running, stale heartbeat: replace the node", obs("RUNNING", heartbeat="stale"), Act.DELETE, "PREEMPTED", None),
+    ("running, no heartbeat past boot grace", obs("RUNNING", heartbeat="none"), Act.DELETE, "PREEMPTED", None),
+    ("running, trainer crashed: restart with an alert", obs("RUNNING", heartbeat="crash"), Act.DELETE, "PREEMPTED", "crashed"),
+    ("running, exit after a notice is no crash", obs("RUNNING", heartbeat="noticed"), Act.NONE, "RUNNING", None),
+    ("running, trainer exited 0: succeeded, delete", obs("RUNNING", heartbeat="exit0"), Act.DELETE, "SUCCEEDED", "succeeded"),
+    ("running, exited 0 and node already stopped", obs("RUNNING", raw="TERMINATED", heartbeat="exit0"), Act.DELETE, "SUCCEEDED",
+     "succeeded"),
+    ("running, max restarts reached: failed, delete", obs("RUNNING", raw="TERMINATED", restarts=5), Act.DELETE, "FAILED", "failed"),
+    ("running, cancel requested: cancelled, delete", obs("RUNNING", cancel=True), Act.DELETE, "CANCELLED", None),
+    # Preempted: the dead node goes before the replacement counts.
+    ("preempted, dead node still there: delete", obs("PREEMPTED", raw="TERMINATED", spec=GPU_DELETE), Act.DELETE, "PREEMPTED", None),
+    ("preempted, deleting: poll", obs("PREEMPTED", raw="DELETING", spec=TPU), Act.POLL, "PREEMPTED", None),
+    ("preempted, node gone: create the next attempt", obs("PREEMPTED", raw=None, preempted_zone=ZONES[0]), Act.CREATE,
+     "PROVISIONING", None),
+    # Waiting for capacity.
+    ("waiting, before next try: wait", obs("WAITING_FOR_CAPACITY", raw=None, next_attempt_at=NOW + timedelta(seconds=30)),
+     Act.WAIT, "WAITING_FOR_CAPACITY", None),
+    ("waiting, time is up: create", obs("WAITING_FOR_CAPACITY", raw=None, next_attempt_at=NOW - timedelta(seconds=1)),
+     Act.CREATE, "PROVISIONING", None),
+    ("waiting, still no zone: wait longer, no second alert",
+     obs("WAITING_FOR_CAPACITY", raw=None, blocked=BLOCK_ALL, next_attempt_at=NOW - timedelta(seconds=1)),
+     Act.WAIT, "WAITING_FOR_CAPACITY", None),
+    # Finished jobs keep nothing billing.
+    ("succeeded, node left over: delete", obs("SUCCEEDED"), Act.DELETE, "SUCCEEDED", None),
+    ("cancelled, node gone: nothing", obs("CANCELLED", raw=None), Act.NONE, "CANCELLED", None),
+    ("failed, node deleting: poll", obs("FAILED", raw="DELETING", spec=TPU), Act.POLL, "FAILED", None),
+    ("invalid, nothing", obs("INVALID", raw=None, spec=None), Act.NONE, "INVALID", None),
+]
+
+
+@pytest.mark.parametrize("name,o,action,state,alert", ROWS, ids=[r[0] for r in ROWS])
+def test_policy_table(name, o, action, state, alert):
+    d = decide(o)
+    assert (d.action.kind, new_state(d, o), alert_type(d)) == (action, state, alert)
+
+
+def test_create_commits_the_next_attempt_and_its_node_name():
+    d = decide(obs("PREEMPTED", raw=None, preempted_zone=ZONES[0], attempt=3))
+    assert d.action.attempt == 4 and d.action.node == node_name("job", 4) == d.status.node
+    assert d.action.zone == ZONES[1]  # the zone that just preempted the job goes last
+    assert d.status.create_state == "pending" and d.status.revision == 8
+
+
+def test_a_loss_counts_a_restart_and_the_steps_it_cost():
+    d = decide(obs("RUNNING", raw="TERMINATED", spec=GPU_DELETE, heartbeat="fresh", hint="preempted"))
+    assert d.status.restarts == 2 and d.status.steps_lost == 20 and d.status.preempted_zone == ZONES[0]
+    assert d.cause == "preempted" and d.status.recovering
+
+
+def test_restart_in_place_keeps_the_node_name_and_counts_a_restart():
+    d = decide(obs("RUNNING", raw="TERMINATED", hint="preempted"))
+    assert d.action.node == "job-3" and d.status.attempt == 3 and d.status.restarts == 2 and d.status.in_place_restarts == 1
+    assert d.status.node_started_at == NOW  # heartbeats of the node's previous life no longer count
+
+
+def test_on_demand_fallback_after_failures():
+    sp = make_spec(placement={"on_demand_fallback": True, "fallback_after_failures": 2})
+    d = decide(obs("PROVISIONING", raw=None, heartbeat="none", spec=sp, create_state="failed", consecutive_failures=2,
+                   tried_zones=[ZONES[0]]))
+    assert d.action.provisioning == "standard" and d.status.provisioning == "standard"
+
+
+def test_waiting_backoff_grows_with_each_refused_round():
+    first = decide(obs("PROVISIONING", raw=None, heartbeat="none", create_state="failed", tried_zones=ZONES,
+                       consecutive_failures=3))
+    assert first.action.until == NOW + timedelta(seconds=30 * 4)
+    again = decide(obs("WAITING_FOR_CAPACITY", raw=None, blocked=BLOCK_ALL, next_attempt_at=NOW, consecutive_failures=3))
+    assert again.status.consecutive_failures == 4 and again.action.until >= NOW + timedelta(seconds=300)
+
+
+def test_outcome_records_ignore_stale_attempts():
+    s = status("PROVISIONING", create_state="pending")
+    refused = after_create_refused(s, 3, ZONES[0], "capacity", "stockout", NOW)
+    assert refused.create_state == "failed" and refused.tried_zones == [ZONES[0]] and refused.consecutive_failures == 1
+    assert after_create_refused(s, 2, ZONES[0], "capacity", "x", NOW) is None
+    assert after_created(s, 3, "job-3", NOW).create_state == "created"
+    assert after_created(s.model_copy(update={"create_state": "created"}), 3, "job-3", NOW) is None
+    failed = after_create_failed("job", s, 3, "Invalid value for machineType", NOW)
+    assert failed.status.state is State.FAILED and failed.alert["type"] == "failed"
+    started = after_start_refused(s, 3, ZONES[0], "stockout", NOW)
+    assert started.state is State.PREEMPTED and ZONES[0] in started.tried_zones
+
+
+# The exhaustive sweep: every state × real node state × heartbeat × cancel × hint.
+RAW_STATES = {"gpu": [None, "PROVISIONING", "STAGING", "RUNNING", "STOPPING", "STOPPED", "SUSPENDED", "TERMINATED",
+                      "REPAIRING", "WEIRD"],
+              "tpu": [None, "CREATING", "READY", "DELETING", "PREEMPTED", "TERMINATED", "STOPPED", "REPAIRING", "UNKNOWN"]}
+GRID = [
+    (state, spec_name, raw, hbk, cancel, hint, create_state)
+    for state in State
+    for spec_name, sp in (("gpu_stop", GPU_STOP), ("gpu_delete", GPU_DELETE), ("tpu", TPU), ("invalid", None))
+    for raw in RAW_STATES["tpu" if sp is TPU else "gpu"]
+    for hbk in HEARTBEATS
+    for cancel in (False, True)
+    for hint in (None, "preempted")
+    for create_state in ("pending", "created", "failed")
+    if state is not State.PENDING or raw is None  # a pending job has no node name yet, so nothing to observe
+]
+SPECS = {"gpu_stop": GPU_STOP, "gpu_delete": GPU_DELETE, "tpu": TPU, "invalid": None}
+
+
+def test_grid_covers_every_state_and_phase():
+    assert {g[0] for g in GRID} == set(State)
+    phases = {phase_of("tpu" if g[1] == "tpu" else "gpu", g[2]) for g in GRID}
+    assert phases == set(Phase)
+
+
+@pytest.mark.parametrize("state", list(State), ids=[s.value for s in State])
+def test_invariants_over_every_observation(state):
+    for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
+        o = obs(state.value, raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
+                create_state=create_state if state is not State.PENDING else None)
+        d = decide(o)
+        where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
+        after = d.status.state if d.status else state
+        # Never a second live node: a create only when the API says the current node does not exist.
+        if d.action.kind is Act.CREATE:
+            assert not o.node.present, where
+            assert d.action.node == node_name("job", d.action.attempt), where
+            final = d.status or o.status
+            assert (final.attempt, final.node, final.zone) == (d.action.attempt, d.action.node, d.action.zone), where
+            assert d.action.attempt in (o.status.attempt, o.status.attempt + 1), where
+        if d.action.kind is Act.START:
+            assert o.node.phase is Phase.DEAD and SPECS[spec_name] is GPU_STOP, where
+        # A finished job never gets a node again, and a node of a finished job is deleted.
+        if after.terminal:
+            assert d.action.kind in (Act.NONE, Act.DELETE, Act.POLL), where
+            if o.node.present and o.node.phase is not Phase.DELETING:
+                assert d.action.kind is Act.DELETE, where
+        # Terminal states stay terminal; the user's cancel and an invalid spec always win over recovery.
+        if state.terminal:
+            assert d.status is None, where
+        elif cancel and SPECS[spec_name] is not None:
+            assert after is State.CANCELLED, where
+        elif SPECS[spec_name] is None:
+            assert after is State.INVALID, where
+        # Every recorded change bumps the revision exactly once (the optimistic-concurrency check).
+        if d.status is not None:
+            assert d.status.revision == o.status.revision + 1 and d.status.updated_at == NOW, where
+        # A state change always names its cause; a wait always says until when.
+        if after is not state:
+            assert d.cause, where
+        if d.action.kind is Act.WAIT:
+            assert d.action.until is not None and d.action.until > NOW or after is State.WAITING_FOR_CAPACITY, where

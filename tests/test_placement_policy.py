@@ -1,0 +1,109 @@
+"""functions/placement.py: error classification from the real exception shapes, and the zone walk."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.cloud import compute_v1
+
+from functions import placement
+from respawn.schema import JobStatus, parse_spec
+
+NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+
+def spec(**over):
+    base = {
+        "id": "job", "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"}, "zones": ["z1-a", "z1-b", "z1-c"],
+        "trainer": {"command": ["python", "t.py"]}, "checkpoint_uri": "gs://bucket/job",
+    }
+    base.update(over)
+    return parse_spec({**base, "zones": [z.replace("z1", "us-central1") for z in base["zones"]]})
+
+
+def op_error(code, message, http=503):
+    """What ExtendedOperation.result() raises for a finished operation with an error (python-api-core)."""
+    errors = [compute_v1.Errors(code=code, message=message)]
+    return gexc.from_http_status(http, message, errors=errors)
+
+
+STOCKOUT = ("The zone 'projects/p/zones/us-central1-a' does not have enough resources available to fulfill the "
+            "request.  Try a different zone, or try again later.")
+
+
+@pytest.mark.parametrize(
+    "exc,kind,code",
+    [
+        (op_error("ZONE_RESOURCE_POOL_EXHAUSTED", STOCKOUT), "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED"),
+        (op_error("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", STOCKOUT + " (resource type:compute)"), "capacity",
+         "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"),
+        (op_error("QUOTA_EXCEEDED", "Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 1.0 in region us-central1.", 403),
+         "quota", "QUOTA_EXCEEDED"),
+        (op_error("UNSUPPORTED_OPERATION", "Instance was preempted during creation", 400), "capacity", "UNSUPPORTED_OPERATION"),
+        (gexc.Forbidden("quota", errors=[{"reason": "quotaExceeded", "message": "Quota exceeded"}]), "quota", "quotaExceeded"),
+        (gexc.ServiceUnavailable("x", errors=[{"code": "insufficientCapacity"}]), "capacity", "insufficientCapacity"),
+        (gexc.ResourceExhausted('There is no more capacity in the zone "europe-west4-a"; you can try in another zone '
+                                "where Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x1]"),
+         "capacity", "ResourceExhausted"),
+        (gexc.FailedPrecondition("Insufficient reserved capacity. Contact customer support to increase your reservation."),
+         "capacity", "FailedPrecondition"),
+        (gexc.ResourceExhausted("Quota 'TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI' exhausted. Limit 32 in region "
+                                "europe-west4"), "quota", "ResourceExhausted"),
+        (gexc.Conflict("The resource 'projects/p/zones/z/instances/job-1' already exists"), "exists", "Conflict"),
+        (gexc.AlreadyExists("node already exists"), "exists", "AlreadyExists"),
+        (gexc.NotFound("gone"), "not_found", "NotFound"),
+        (gexc.BadRequest("Invalid value for field 'resource.machineType': 'zzz'."), "fatal", "BadRequest"),
+        (gexc.InternalServerError("backend error"), "transient", "InternalServerError"),
+        (gexc.ServiceUnavailable("try again"), "transient", "ServiceUnavailable"),
+        (ConnectionError("reset by peer"), "transient", "ConnectionError"),
+    ],
+)
+def test_classify_real_error_shapes(exc, kind, code):
+    c = placement.classify(exc)
+    assert (c.kind, c.code) == (kind, code)
+
+
+def test_zone_walk_follows_the_list_and_skips_cooldowns_and_tried_zones():
+    s = spec()
+    assert placement.choose_zone(s, JobStatus(), {}, NOW).zone == "us-central1-a"
+    blocked = {"us-central1-a": NOW + timedelta(seconds=5)}
+    assert placement.choose_zone(s, JobStatus(), blocked, NOW).zone == "us-central1-b"
+    expired = {"us-central1-a": NOW - timedelta(seconds=1)}
+    assert placement.choose_zone(s, JobStatus(), expired, NOW).zone == "us-central1-a"
+    tried = JobStatus(tried_zones=["us-central1-a", "us-central1-b"])
+    assert placement.choose_zone(s, tried, {}, NOW).zone == "us-central1-c"
+    all_tried = JobStatus(tried_zones=["us-central1-a", "us-central1-b", "us-central1-c"])
+    assert placement.choose_zone(s, all_tried, {}, NOW).zone is None
+
+
+def test_the_preempting_zone_goes_last_when_avoidance_is_on():
+    s = spec()
+    st = JobStatus(preempted_zone="us-central1-a")
+    assert placement.choose_zone(s, st, {}, NOW).zone == "us-central1-b"
+    only = spec(zones=["z1-a"])
+    assert placement.choose_zone(only, st, {}, NOW).zone == "us-central1-a"  # a one-zone job still recovers
+    off = spec(placement={"avoid_preempting_zone": False})
+    assert placement.choose_zone(off, st, {}, NOW).zone == "us-central1-a"
+
+
+def test_on_demand_fallback_after_n_failures_only_when_allowed():
+    allowed = spec(placement={"on_demand_fallback": True, "fallback_after_failures": 2})
+    assert placement.provisioning_model(allowed, JobStatus(consecutive_failures=1)) == "spot"
+    assert placement.provisioning_model(allowed, JobStatus(consecutive_failures=2)) == "standard"
+    assert placement.provisioning_model(spec(), JobStatus(consecutive_failures=99)) == "spot"
+
+
+def test_backoff_grows_exponentially_is_capped_and_waits_for_the_first_cooldown_end():
+    s = spec(placement={"max_backoff_seconds": 100})
+    waits = [(placement.backoff(s, JobStatus(consecutive_failures=n), {}, NOW, 10) - NOW).total_seconds() for n in range(1, 7)]
+    assert waits == [10, 20, 40, 80, 100, 100]
+    blocked = {"us-central1-b": NOW + timedelta(seconds=60)}
+    assert (placement.backoff(s, JobStatus(consecutive_failures=1), blocked, NOW, 10) - NOW).total_seconds() == 60
+
+
+def test_accelerator_key_names_what_a_capacity_record_is_about():
+    assert placement.accelerator_key(spec()) == "g2-standard-8"
+    gpu = spec(accelerator={"kind": "gpu", "machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4"})
+    assert placement.accelerator_key(gpu) == "nvidia-tesla-t4"
+    tpu = spec(accelerator={"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"})
+    assert placement.accelerator_key(tpu) == "v5litepod-8"
