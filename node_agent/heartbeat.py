@@ -1,0 +1,123 @@
+"""The heartbeat: what nodes/{node} says (composed purely from what the agent knows), and the thread that writes
+it every `interval` seconds with backoff, so Firestore trouble never holds up anything else."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from respawn.logs import log
+from respawn.schema import NODES, Heartbeat, NodeState
+
+from .firestore_rest import FirestoreError, FirestoreWriter
+from .metadata import TRANSPORT_ERRORS
+
+
+def read_status(path: str) -> dict[str, Any] | None:
+    """The trainer's status file (trainer/status.py writes it atomically), or None if missing or not valid yet.
+    Read here rather than through trainer.status: importing the trainer package pulls in NumPy (about 9 MB)."""
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: NodeState,
+                      status: dict[str, Any] | None, started_at: datetime | None, notice: str | None = None,
+                      exit_code: int | None = None, output_tail: str | None = None,
+                      now: datetime | None = None) -> dict[str, Any]:
+    """The nodes/{node} document as a dict of Python values (datetimes stay datetimes), validated against
+    respawn.schema.Heartbeat. `status` is the trainer's status file, or None before it exists."""
+    status = status or {}
+    emergency = status.get("emergency")
+    hb = Heartbeat(
+        job_id=job_id,
+        attempt=attempt,
+        zone=zone,
+        state=state,
+        step=_int_or_none(status.get("step")),
+        committed_step=_int_or_none(status.get("committed_step")),
+        total_steps=_int_or_none(status.get("total_steps")),
+        exit_code=exit_code,
+        output_tail=output_tail,
+        notice=notice,
+        emergency=emergency if isinstance(emergency, dict) else None,
+        started_at=started_at,
+        heartbeat_at=now or datetime.now(timezone.utc),
+    )
+    return hb.model_dump(mode="python")
+
+
+class Heartbeater(threading.Thread):
+    """Writes `snapshot()` to nodes/{node} every `interval` s. Failures back off (1 s doubling, capped at four
+    intervals) and are logged once per streak. `stop_periodic()` ends the loop; `write()` is the one-off write
+    the notice and exit paths use, serialised with the periodic one so that an older state never lands last."""
+
+    def __init__(self, writer: FirestoreWriter, node: str, snapshot: Callable[[], dict[str, Any]], *,
+                 interval: float):
+        super().__init__(name="heartbeat", daemon=True)
+        self.writer, self.node, self.snapshot, self.interval = writer, node, snapshot, interval
+        self._halt = threading.Event()
+        self._write_lock = threading.Lock()
+        self.writes = 0
+
+    def stop_periodic(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        delay_on_error, failures = 1.0, 0
+        while not self._halt.is_set():
+            try:
+                self.write(self.snapshot(), timeout=min(5.0, max(1.0, self.interval)), lock_timeout=0)
+            except (FirestoreError, *TRANSPORT_ERRORS) as exc:
+                failures += 1
+                if failures == 1 or failures % 10 == 0:
+                    log("WARNING", "heartbeat write failed; backing off", node=self.node, error=str(exc) or repr(exc),
+                        failures=failures, retry_in_s=delay_on_error)
+                self._halt.wait(delay_on_error)
+                delay_on_error = min(delay_on_error * 2, 4 * self.interval)
+                continue
+            if failures:
+                log("INFO", "heartbeat writes working again", node=self.node, after_failures=failures)
+            failures, delay_on_error = 0, 1.0
+            self._halt.wait(self.interval)
+
+    def write(self, doc: dict[str, Any], *, timeout: float, lock_timeout: float = -1) -> bool:
+        """One write. Returns False without writing if another write holds the lock past `lock_timeout` (0 for
+        the periodic loop: skip a beat rather than queue behind a final write); raises on failure."""
+        if not self._write_lock.acquire(timeout=lock_timeout):  # -1: wait as long as it takes
+            return False
+        try:
+            if self._halt.is_set() and lock_timeout == 0:
+                return False  # the periodic loop was stopped while this beat was being composed
+            self.writer.set(NODES, self.node, doc, server_timestamps=("heartbeat_at",), timeout=timeout)
+            self.writes += 1
+            return True
+        finally:
+            self._write_lock.release()
+
+    def write_until(self, make_doc: Callable[[], dict[str, Any]], deadline: float, *, what: str) -> bool:
+        """Retry a one-off write until it lands or the monotonic `deadline` passes. True if written."""
+        delay = 0.2
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log("ERROR", f"{what} heartbeat not written before the deadline", node=self.node)
+                return False
+            try:
+                if self.write(make_doc(), timeout=max(0.5, min(5.0, remaining)), lock_timeout=remaining):
+                    return True
+            except (FirestoreError, *TRANSPORT_ERRORS) as exc:
+                log("WARNING", f"{what} heartbeat write failed; retrying", node=self.node,
+                    error=str(exc) or repr(exc))
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 5.0)

@@ -1,0 +1,68 @@
+"""A previous life's checkpoints: after a restart in place, committed checkpoints that exist only on this node's
+disk (an emergency save that had no time to reach the checkpoint store) are uploaded before the trainer resumes.
+
+The work is trainer.upload_pending's; it runs in a child process (`python -m node_agent.previous_life LOCAL URI`)
+so that the storage client and NumPy it imports never enlarge the long-running agent.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from respawn.logs import log
+
+
+def has_local_checkpoints(local_dir: str) -> bool:
+    try:
+        return any(name.startswith("step_") for name in os.listdir(local_dir))
+    except OSError:
+        return False
+
+
+def upload_previous_life(local_dir: str, checkpoint_uri: str, *, timeout: float,
+                         interrupted: Callable[[], bool]) -> bool:
+    """Run the upload in a child; stop early (the checkpoints stay on disk for the next life) if `interrupted()`
+    turns true, e.g. on a notice. True when the upload finished successfully or there was nothing to upload."""
+    if not has_local_checkpoints(local_dir):
+        return True
+    log("INFO", "uploading checkpoints left on this disk by a previous life", local_dir=local_dir,
+        checkpoint_uri=checkpoint_uri)
+    child = subprocess.Popen([sys.executable, "-m", "node_agent.previous_life", local_dir, checkpoint_uri],
+                             stdin=subprocess.DEVNULL, process_group=0)
+    deadline = time.monotonic() + timeout
+    while child.poll() is None:
+        if interrupted() or time.monotonic() > deadline:
+            log("WARNING", "previous-life upload stopped early; the checkpoints stay on the local disk",
+                reason="notice" if interrupted() else f"took longer than {timeout:.0f} s")
+            child.terminate()
+            try:
+                child.wait(5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            return False
+        time.sleep(0.1)
+    if child.returncode != 0:
+        log("ERROR", "previous-life upload failed; the trainer resumes from the newest checkpoint in the store",
+            exit_code=child.returncode, local_dir=local_dir, checkpoint_uri=checkpoint_uri)
+        return False
+    return True
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m node_agent.previous_life LOCAL_DIR CHECKPOINT_URI", file=sys.stderr)
+        return 2
+    from trainer import upload_pending
+
+    steps = upload_pending(argv[0], argv[1])
+    log("INFO", "previous-life upload done", uploaded_steps=steps, checkpoint_uri=argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

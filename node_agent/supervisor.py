@@ -1,0 +1,249 @@
+"""The trainer process: start it, find it again after an agent restart, signal it, learn how it ended.
+
+The trainer runs in its own process group under a tiny /bin/sh wrapper that records its exit status in
+`trainer.exit`. Its output goes straight to `trainer.log` in the node directory (never through a pipe to the
+agent), so the trainer does not depend on the agent: an agent that crashes or is restarted leaves the trainer
+running, and the next agent adopts it (pid, start time and boot id in `trainer.json` rule out a recycled pid) and
+still learns its exit status from `trainer.exit`. The agent forwards new lines of trainer.log to its own stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from respawn.logs import log
+
+RECORD = "trainer.json"
+EXIT_FILE = "trainer.exit"
+LOG_FILE = "trainer.log"
+STATUS_FILE = "status.json"
+CHECKPOINT_DIR = "checkpoints"
+TAIL_LINES = 50
+TAIL_BYTES = 4096
+
+# sh traps TERM/INT/HUP with a no-op so it outlives the trainer to record the status; a trapped (not ignored)
+# signal is reset to its default in the exec'd trainer, which therefore gets the notice as usual.
+_WRAPPER = (
+    'f=$1; shift; trap : TERM INT HUP; "$@"; rc=$?; '
+    'printf "%s\\n" "$rc" > "$f.tmp" && mv -f "$f.tmp" "$f"; exit $rc'
+)
+
+
+def boot_id() -> str:
+    """The kernel's boot id. RESPAWN_BOOT_ID overrides it so a simulated node can have a new "boot" on each start."""
+    if os.environ.get("RESPAWN_BOOT_ID"):
+        return os.environ["RESPAWN_BOOT_ID"]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), or None if the process is gone or a
+    zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+    if fields[0] == "Z":
+        return None
+    return fields[19]
+
+
+def normalize_exit(returncode: int) -> int:
+    """Popen's -N (killed by signal N) as the shell's 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class TrainerRecord:
+    """trainer.json: the trainer this node started, kept across agent restarts and reboots (the node's disk)."""
+
+    pid: int  # the wrapper's pid = the trainer's process group id
+    start_time: str | None
+    boot_id: str
+    job_id: str
+    attempt: int
+    log_offset: int  # where this run's output starts in trainer.log
+    started_at: str  # ISO 8601 UTC
+    notice: str | None = None  # set when an agent handled a notice for this run
+
+    def save(self, node_dir: str) -> None:
+        path = os.path.join(node_dir, RECORD)
+        with open(path + ".tmp", "w") as f:
+            json.dump(asdict(self), f)
+        os.replace(path + ".tmp", path)
+
+    @staticmethod
+    def load(node_dir: str) -> TrainerRecord | None:
+        try:
+            with open(os.path.join(node_dir, RECORD)) as f:
+                return TrainerRecord(**json.load(f))
+        except (OSError, ValueError, TypeError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log("WARNING", "ignoring an unreadable trainer record", path=os.path.join(node_dir, RECORD),
+                    error=str(exc))
+            return None
+
+    @staticmethod
+    def clear(node_dir: str) -> None:
+        """Keep the last record for people (trainer.last.json) and forget it for the agent."""
+        path = os.path.join(node_dir, RECORD)
+        try:
+            os.replace(path, os.path.join(node_dir, "trainer.last.json"))
+        except FileNotFoundError:
+            pass
+
+    def alive(self) -> bool:
+        return self.boot_id == boot_id() and _proc_start_time(self.pid) == self.start_time
+
+
+def read_exit_file(node_dir: str) -> int | None:
+    try:
+        with open(os.path.join(node_dir, EXIT_FILE)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class TrainerProcess:
+    """A running (or finished) trainer: either our child, or adopted from a previous agent."""
+
+    def __init__(self, node_dir: str, record: TrainerRecord, child: subprocess.Popen | None):
+        self.node_dir, self.record, self.child = node_dir, record, child
+        self._exit: int | None = None
+        self._done = False
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    @classmethod
+    def start(cls, node_dir: str, argv: list[str], env: dict[str, str], *, job_id: str, attempt: int,
+              started_at: str) -> TrainerProcess:
+        for stale in (EXIT_FILE, STATUS_FILE):
+            try:
+                os.unlink(os.path.join(node_dir, stale))  # the previous run's outcome must not read as this one's
+            except FileNotFoundError:
+                pass
+        log_path = os.path.join(node_dir, LOG_FILE)
+        with open(log_path, "ab") as out:
+            offset = out.tell()
+            child = subprocess.Popen(
+                ["/bin/sh", "-c", _WRAPPER, "respawn-trainer", os.path.join(node_dir, EXIT_FILE), *argv],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=node_dir,
+                process_group=0,
+            )
+        record = TrainerRecord(pid=child.pid, start_time=_proc_start_time(child.pid), boot_id=boot_id(),
+                               job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at)
+        record.save(node_dir)
+        log("INFO", "trainer started", pid=child.pid, argv=argv, log=log_path)
+        return cls(node_dir, record, child)
+
+    def poll(self) -> tuple[bool, int | None]:
+        """(ended, exit status). The status is None when an adopted trainer's wrapper left none (it was killed)."""
+        if self._done:
+            return True, self._exit
+        if self.child is not None:
+            rc = self.child.poll()
+            if rc is None:
+                return False, None
+            self._exit = normalize_exit(rc)
+        else:
+            if self.record.alive():
+                return False, None
+            self._exit = read_exit_file(self.node_dir)
+        self._done = True
+        return True, self._exit
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:  # a recycled pgid owned by someone else: never signal it
+            log("ERROR", "cannot signal the trainer's process group", pgid=self.pid, error=str(exc))
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.poll()[0]:
+                return True
+            time.sleep(0.05)
+        return self.poll()[0]
+
+    def output_tail(self) -> str:
+        return log_tail(os.path.join(self.node_dir, LOG_FILE), self.record.log_offset)
+
+
+def log_tail(path: str, start: int = 0, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
+    """The last `lines` lines (and at most `max_bytes` bytes) of `path` after offset `start`."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            begin = max(start, size - 64 * 1024)
+            f.seek(begin)
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if begin > start:
+        text = text.split("\n", 1)[-1]  # drop a partial first line
+    tail = "\n".join(text.rstrip("\n").split("\n")[-lines:])
+    encoded = tail.encode("utf-8")
+    if len(encoded) > max_bytes:
+        tail = encoded[-max_bytes:].decode("utf-8", errors="ignore")
+    return tail
+
+
+class OutputForwarder(threading.Thread):
+    """Copies new complete lines of trainer.log (from `offset`) to the agent's stdout, so `journalctl -u
+    respawn-agent` and the local demo show the trainer's output too."""
+
+    def __init__(self, path: str, offset: int, *, interval: float = 0.5, stream: Any = None):
+        super().__init__(name="forward-trainer-output", daemon=True)
+        self.path, self.offset, self.interval = path, offset, interval
+        self.stream = stream or sys.stdout
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        while True:
+            stopping = self._halt.wait(self.interval)
+            self.pump(final=stopping)
+            if stopping:
+                return
+
+    def pump(self, final: bool = False) -> None:
+        try:
+            size = os.path.getsize(self.path)
+            if size <= self.offset:
+                return
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(min(size - self.offset, 1 << 20))
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1 if not final else len(data)
+        if end <= 0:
+            return
+        self.offset += end
+        try:
+            self.stream.write(data[:end].decode("utf-8", errors="replace"))
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
