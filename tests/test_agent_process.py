@@ -1,0 +1,128 @@
+"""The node agent's own mechanics, with real processes: the agent (`python -m node_agent`), the sim metadata
+server, the Firestore emulator and a tiny trainer that follows the trainer library's contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (fixture)
+
+
+def _tiny(env, *flags: str) -> list[str]:
+    return [sys.executable, str(env.tiny_trainer), *flags]
+
+
+def _setup(env, node: str, command: list[str], **extra):
+    job, attempt = node.rsplit("-", 1)
+    s = settings(command, f"file://{env.tmp}/store", **extra)
+    md = env.metadata(node, attributes(job, int(attempt), env.project, s))
+    return md, env.tmp / node
+
+
+def test_already_preempted_at_boot_is_a_notice_and_no_trainer_starts(agent_env):
+    # A node flagged before the agent looked must not wait for a change that never comes.
+    md, node_dir = _setup(agent_env, "boot-1", _tiny(agent_env))
+    md.set("instance/preempted", "TRUE")
+    agent = agent_env.agent(md, node_dir)
+    assert agent.wait(60) == 0
+    hb = agent_env.heartbeat("boot-1")
+    assert hb["state"] == "exited" and hb["notice"] == "preempted"
+    assert not agent.has("trainer started")
+
+
+def test_agent_restart_adopts_the_running_trainer_instead_of_starting_a_second(agent_env):
+    md, node_dir = _setup(agent_env, "adopt-1", _tiny(agent_env))
+    first = agent_env.agent(md, node_dir)
+    wait_for(lambda: (agent_env.heartbeat("adopt-1") or {}).get("step"), 60, "the first agent's heartbeat with a step")
+    pid = first.trainer_record()["pid"]
+    os.killpg(first.proc.pid, signal.SIGKILL)  # the agent dies hard; the trainer is in its own group
+    first.proc.wait(10)
+    os.kill(pid, 0)  # still running
+
+    second = agent_env.agent(md, node_dir)
+    wait_for(lambda: second.has("adopting the trainer a previous agent started"), 60, "adoption")
+    assert not second.has("trainer started")
+    assert second.trainer_record()["pid"] == pid
+    md.set("instance/preempted", "TRUE")
+    assert second.wait(60) == 0
+    hb = agent_env.heartbeat("adopt-1")
+    # An adopted trainer is not the agent's child; its exit status comes from the wrapper's exit file.
+    assert hb["state"] == "exited" and hb["exit_code"] == 75
+    assert hb["emergency"]["state"] == "committed" and hb["committed_step"] == hb["emergency"]["step"]
+
+
+def test_trainer_that_ended_while_no_agent_watched_is_reported_not_restarted(agent_env):
+    md, node_dir = _setup(agent_env, "gap-1", _tiny(agent_env, "--steps", "40"))
+    first = agent_env.agent(md, node_dir)
+    wait_for(lambda: first.trainer_record(), 60, "the trainer record")
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(10)
+    wait_for(lambda: (node_dir / "trainer.exit").exists(), 60, "the trainer to finish on its own")
+
+    second = agent_env.agent(md, node_dir)
+    assert second.wait(60) == 0
+    assert second.has("the trainer ended while no agent was watching; reporting it, starting nothing")
+    assert not second.has("trainer started")
+    hb = agent_env.heartbeat("gap-1")
+    assert hb["state"] == "exited" and hb["exit_code"] == 0
+
+
+def test_notice_is_handled_while_firestore_is_unreachable(agent_env):
+    # Heartbeats fail (nothing listens there); the notice must still reach the trainer and be waited for.
+    from sim.emulators import free_port
+
+    md, node_dir = _setup(agent_env, "nofs-1", _tiny(agent_env), notice_budget_seconds=10)
+    agent = agent_env.agent(md, node_dir, FIRESTORE_EMULATOR_HOST=f"127.0.0.1:{free_port()}")
+    wait_for(lambda: agent.has("heartbeat write failed; backing off"), 60, "a failed heartbeat")
+    wait_for(lambda: (node_dir / "status.json").exists(), 60, "the trainer's first step")
+    md.set("instance/preempted", "TRUE")
+    assert agent.wait(60) == 0
+    status = json.loads((node_dir / "status.json").read_text())
+    assert status["emergency"]["state"] == "committed"
+    done = [e for e in agent.events() if e["message"] == "notice handled; agent exiting"][0]
+    assert done["exit_code"] == 75 and done["final_heartbeat_written"] is False
+
+
+def test_trainer_that_ignores_the_notice_is_killed_at_the_deadline(agent_env):
+    md, node_dir = _setup(agent_env, "stuck-1", _tiny(agent_env, "--ignore-notice"), notice_budget_seconds=2)
+    agent = agent_env.agent(md, node_dir)
+    wait_for(lambda: (agent_env.heartbeat("stuck-1") or {}).get("state") == "training", 60, "training")
+    md.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
+    assert agent.wait(60) == 0
+    assert agent.has("the trainer did not exit within the notice budget; killing its process group")
+    hb = agent_env.heartbeat("stuck-1")
+    assert hb["state"] == "exited" and hb["notice"] == "maintenance-event"
+    assert hb["exit_code"] == 137  # the wrapper was SIGKILLed with the group: 128 + 9
+
+
+def test_migrate_maintenance_is_not_a_notice(agent_env):
+    md, node_dir = _setup(agent_env, "migr-1", _tiny(agent_env, "--steps", "150"))
+    agent = agent_env.agent(md, node_dir)
+    wait_for(lambda: agent.has("trainer started"), 60, "the trainer")
+    md.set("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE")
+    assert agent.wait(60) == 0
+    hb = agent_env.heartbeat("migr-1")
+    assert hb["notice"] is None and hb["exit_code"] == 0
+
+
+def test_missing_attribute_is_named_and_exits_non_zero(agent_env):
+    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store")
+    attrs = attributes("cfg", 1, agent_env.project, s)
+    del attrs["respawn-project"]
+    md = agent_env.metadata("cfg-1", attrs)
+    agent = agent_env.agent(md, agent_env.tmp / "cfg-1")
+    assert agent.wait(60) == 2
+    errors = [e for e in agent.events() if e["severity"] == "ERROR"]
+    assert errors and errors[0]["attribute"] == "respawn-project" and "respawn-project" in errors[0]["message"]
+
+
+def test_invalid_settings_are_named(agent_env):
+    attrs = attributes("bad", 1, agent_env.project, {"command": "python train.py", "checkpoint_uri": "file:///x"})
+    md = agent_env.metadata("bad-1", attrs)
+    agent = agent_env.agent(md, agent_env.tmp / "bad-1")
+    assert agent.wait(60) == 2
+    error = [e for e in agent.events() if e["severity"] == "ERROR"][0]
+    assert error["attribute"] == "respawn-settings" and "argv list" in error["message"]
