@@ -124,7 +124,7 @@ class MetadataServer:
         handler = _make_handler(self)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"metadata-{self.host}", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"metadata-{self.host}", daemon=True)
         self._thread.start()
         return self
 

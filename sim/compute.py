@@ -1,0 +1,415 @@
+"""The Compute Engine v1 subset: zonal instances and zone operations, with the lifecycle our code depends on.
+
+Instance status: PROVISIONING -> STAGING -> RUNNING (insert/start), RUNNING -> STOPPING -> TERMINATED (stop, or
+preemption with termination action STOP), deleted (delete, or preemption with termination action DELETE).
+Operations progress on the scheduler; an insert/start operation is DONE when the instance is RUNNING.
+Capacity and quota refusals are decided when the request arrives and reported inside the operation, as the real
+API does: ZONE_RESOURCE_POOL_EXHAUSTED with httpErrorStatusCode 503, QUOTA_EXCEEDED with 403.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sim import audit_entries
+from sim.capacity import region_of
+from sim.core import ApiError, NodeRecord, SimError, compute_error, rfc3339
+from sim.nodes import NodeRuntime
+
+if TYPE_CHECKING:
+    from sim.server import SimServer
+
+BASE = "https://www.googleapis.com/compute/v1"
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+LIVE = ("PROVISIONING", "STAGING", "RUNNING", "STOPPING")
+
+
+def _last(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def quota_metric(accelerator: str, model: str) -> str:
+    if accelerator.startswith("nvidia-"):
+        short = accelerator.removeprefix("nvidia-").removeprefix("tesla-").replace("-", "_").upper()
+        metric = f"NVIDIA_{short}_GPUS"
+    else:
+        metric = "CPUS"
+    return ("PREEMPTIBLE_" if model == "SPOT" else "") + metric
+
+
+@dataclass
+class Instance:
+    zone: str
+    name: str
+    body: dict
+    status: str
+    record: NodeRecord
+    runtime: NodeRuntime
+    accelerator: str
+    model: str
+    gen: int = 0  # bumped by every state change, so stale scheduled steps do nothing
+    shutdown: threading.Thread | None = None
+
+    @property
+    def id(self) -> str:
+        return self.body["id"]
+
+    @property
+    def termination_action(self) -> str:
+        return self.body.get("scheduling", {}).get("instanceTerminationAction") or "STOP"
+
+
+@dataclass
+class Operation:
+    zone: str
+    body: dict
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class ComputeService:
+    def __init__(self, sim: "SimServer") -> None:
+        self.sim = sim
+        self.instances: dict[tuple[str, str], Instance] = {}
+        self.operations: dict[tuple[str, str], Operation] = {}
+        self._ids = random.Random(1)
+
+    # --- helpers --------------------------------------------------------------------------------------------
+
+    def _path(self, zone: str, name: str) -> str:
+        return f"projects/{self.sim.project}/zones/{zone}/instances/{name}"
+
+    def _get(self, zone: str, name: str) -> Instance:
+        inst = self.instances.get((zone, name))
+        if inst is None:
+            raise compute_error(404, "notFound", f"The resource '{self._path(zone, name)}' was not found")
+        return inst
+
+    def _new_id(self) -> str:
+        return str(self._ids.randrange(10**18, 10**19))
+
+    def _new_op(self, zone: str, op_type: str, target: str, target_id: str, *, system: bool = False) -> Operation:
+        now = time.time()
+        name = (f"systemevent-{int(now * 1000)}-" if system else "operation-") + f"{int(now * 1000)}-{self._new_id()[:8]}"
+        op = Operation(zone, {
+            "kind": "compute#operation", "id": self._new_id(), "name": name,
+            "zone": f"{BASE}/projects/{self.sim.project}/zones/{zone}",
+            "operationType": op_type, "targetLink": f"{BASE}/{target}", "targetId": target_id,
+            "status": "RUNNING", "user": "system" if system else "respawn@sim", "progress": 0,
+            "insertTime": rfc3339(now), "startTime": rfc3339(now),
+            "selfLink": f"{BASE}/projects/{self.sim.project}/zones/{zone}/operations/{name}",
+        })
+        self.operations[(zone, name)] = op
+        return op
+
+    def _finish(self, op: Operation, error: dict | None = None, http: tuple[int, str] | None = None) -> None:
+        with self.sim.cond:
+            op.body.update(status="DONE", progress=100, endTime=rfc3339())
+            if error:
+                op.body["error"] = {"errors": [error]}
+                op.body["httpErrorStatusCode"], op.body["httpErrorMessage"] = http
+            op.done.set()
+            self.sim.cond.notify_all()
+
+    def _set_status(self, inst: Instance, status: str) -> None:
+        inst.status = status
+        inst.gen += 1
+        inst.body["status"] = status
+        inst.record.transition(self.sim.now(), status, status in LIVE)
+
+    def _refusal(self, zone: str, accelerator: str, model: str, machine_type: str, count: int) -> tuple[dict, tuple] | None:
+        """A quota or capacity error for adding one node now, or None."""
+        t = self.sim.now()
+        region = region_of(zone)
+        limit, specific = self.sim.quota.limit(region, accelerator, model, t)
+        if limit is not None:
+            used = self.sim.usage("quota", region, accelerator, model if specific else None)
+            if used + 1 > limit:
+                metric = quota_metric(accelerator, model)
+                message = f"Quota '{metric}' exceeded.  Limit: {float(limit)} in region {region}."
+                return ({"code": "QUOTA_EXCEEDED", "message": message, "errorDetails": [
+                    {"quotaInfo": {"metricName": f"compute.googleapis.com/{metric.lower()}", "limitName": f"{metric}-per-project-region",
+                                   "dimensions": {"region": region}, "limit": float(limit)}},
+                ]}, (403, "FORBIDDEN"))
+        limit, specific = self.sim.capacity.limit(zone, accelerator, model, t)
+        if limit is not None:
+            used = self.sim.usage("capacity", zone, accelerator, model if specific else None)
+            if used + 1 > limit:
+                what = (f"A {machine_type} VM instance with {count} {accelerator} accelerator(s)" if count
+                        else f"A {machine_type} VM instance")
+                message = (f"The zone 'projects/{self.sim.project}/zones/{zone}' does not have enough resources "
+                           "available to fulfill the request.  Try a different zone, or try again later.")
+                return ({"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": message, "errorDetails": [
+                    {"errorInfo": {"reason": "resource_availability", "domain": "compute.googleapis.com",
+                                   "metadatas": {"zone": zone, "vmType": machine_type, "attachment": f"{accelerator}:{count}"}}},
+                    {"localizedMessage": {"locale": "en-US", "message": f"{what} is currently unavailable in the {zone} zone."}},
+                ]}, (503, "SERVICE UNAVAILABLE"))
+        return None
+
+    # --- API ------------------------------------------------------------------------------------------------
+
+    def insert(self, zone: str, body: dict) -> dict:
+        name = body.get("name", "")
+        if not NAME_RE.match(name):
+            raise compute_error(400, "invalid", f"Invalid value for field 'resource.name': '{name}'. "
+                                "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
+        if not body.get("machineType"):
+            raise compute_error(400, "invalid", "Invalid value for field 'resource.machineType': ''. A machine type is required.")
+        with self.sim.cond:
+            if (zone, name) in self.instances:
+                raise compute_error(409, "alreadyExists", f"The resource '{self._path(zone, name)}' already exists")
+            machine_type = _last(body["machineType"])
+            accels = body.get("guestAccelerators") or []
+            accelerator = _last(accels[0]["acceleratorType"]) if accels else machine_type
+            count = int(accels[0].get("acceleratorCount", 1)) if accels else 0
+            scheduling = dict(body.get("scheduling") or {})
+            model = "SPOT" if scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible") else "STANDARD"
+            iid = self._new_id()
+            op = self._new_op(zone, "insert", self._path(zone, name), iid)
+            refusal = self._refusal(zone, accelerator, model, machine_type, count)
+            if refusal:
+                self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op, *refusal)
+                return dict(op.body)
+            if model == "SPOT":
+                scheduling.setdefault("provisioningModel", "SPOT")
+                scheduling.setdefault("instanceTerminationAction", "STOP")
+                scheduling.setdefault("automaticRestart", False)
+            scheduling.setdefault("onHostMaintenance", "TERMINATE" if accels or model == "SPOT" else "MIGRATE")
+            resource = dict(body)
+            resource.update({
+                "kind": "compute#instance", "id": iid, "creationTimestamp": rfc3339(),
+                "zone": f"{BASE}/projects/{self.sim.project}/zones/{zone}",
+                "machineType": f"{BASE}/projects/{self.sim.project}/zones/{zone}/machineTypes/{machine_type}",
+                "selfLink": f"{BASE}/{self._path(zone, name)}", "scheduling": scheduling,
+                "guestAccelerators": [
+                    {"acceleratorType": f"{BASE}/projects/{self.sim.project}/zones/{zone}/acceleratorTypes/{_last(a['acceleratorType'])}",
+                     "acceleratorCount": int(a.get("acceleratorCount", 1))} for a in accels],
+                "metadata": {"kind": "compute#metadata", "fingerprint": "c2ltLW1ldGFkYXRh",
+                             "items": list((body.get("metadata") or {}).get("items") or [])},
+                "labels": dict(body.get("labels") or {}), "labelFingerprint": "c2ltLWxhYmVscw==",
+            })
+            if not accels:
+                resource.pop("guestAccelerators")
+            record = NodeRecord("instance", zone, name, dict(resource["labels"]), accelerator, model, self.sim.now())
+            runtime = self.sim.make_runtime("compute", zone, name, self._metadata_kwargs(zone, name, iid, machine_type, resource))
+            inst = Instance(zone, name, resource, "", record, runtime, accelerator, model)
+            self.instances[(zone, name)] = inst
+            self.sim.records.append(record)
+            self._set_status(inst, "PROVISIONING")
+            self.sim.scheduler.call_later(self.sim.op_delay, self._to_staging, inst, inst.gen, op)
+        self.sim.emit(audit_entries.activity("v1.compute.instances.insert", project=self.sim.project,
+                                             resource_name=self._path(zone, name)))
+        return dict(op.body)
+
+    def _metadata_kwargs(self, zone: str, name: str, iid: str, machine_type: str, resource: dict) -> dict:
+        items = resource["metadata"]["items"]
+        return {"name": name, "zone": zone, "project": self.sim.project, "instance_id": iid,
+                "machine_type": machine_type, "attributes": {i["key"]: i.get("value", "") for i in items}}
+
+    def _to_staging(self, inst: Instance, gen: int, op: Operation) -> None:
+        with self.sim.cond:
+            if inst.gen != gen or self.instances.get((inst.zone, inst.name)) is not inst:
+                return
+            self._set_status(inst, "STAGING")
+            self.sim.scheduler.call_later(self.sim.op_delay, self._to_running, inst, inst.gen, op)
+
+    def _to_running(self, inst: Instance, gen: int, op: Operation) -> None:
+        with self.sim.cond:
+            if inst.gen != gen or self.instances.get((inst.zone, inst.name)) is not inst:
+                self._finish(op)
+                return
+            self._set_status(inst, "RUNNING")
+            inst.body["lastStartTimestamp"] = rfc3339()
+            inst.record.boots += 1
+            inst.runtime.boot()
+        self._finish(op)
+
+    def get(self, zone: str, name: str) -> dict:
+        with self.sim.cond:
+            return dict(self._get(zone, name).body)
+
+    def list(self, zone: str, filter_text: str | None) -> dict:
+        with self.sim.cond:
+            items = [dict(i.body) for (z, _), i in sorted(self.instances.items()) if z == zone]
+        if filter_text:
+            items = [i for i in items if _match_filter(i, filter_text)]
+        return {"kind": "compute#instanceList", "id": f"projects/{self.sim.project}/zones/{zone}/instances",
+                "items": items, "selfLink": f"{BASE}/projects/{self.sim.project}/zones/{zone}/instances"}
+
+    def start(self, zone: str, name: str) -> dict:
+        with self.sim.cond:
+            inst = self._get(zone, name)
+            op = self._new_op(zone, "start", self._path(zone, name), inst.id)
+            if inst.status == "STOPPING":
+                raise compute_error(400, "resourceNotReady", f"The resource '{self._path(zone, name)}' is not ready")
+            if inst.status != "TERMINATED":
+                self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op)
+                return dict(op.body)
+            refusal = self._refusal(zone, inst.accelerator, inst.model, _last(inst.body["machineType"]),
+                                    sum(a["acceleratorCount"] for a in inst.body.get("guestAccelerators", [])))
+            if refusal:
+                self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op, *refusal)
+                return dict(op.body)
+            self._set_status(inst, "STAGING")
+            self.sim.scheduler.call_later(self.sim.op_delay, self._to_running, inst, inst.gen, op)
+        return dict(op.body)
+
+    def stop(self, zone: str, name: str) -> dict:
+        with self.sim.cond:
+            inst = self._get(zone, name)
+            op = self._new_op(zone, "stop", self._path(zone, name), inst.id)
+            if inst.status in ("TERMINATED", "STOPPING"):
+                self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op)
+                return dict(op.body)
+            self._set_status(inst, "STOPPING")
+            self._shutdown(inst, self.sim.notice_seconds, then=lambda: self._stopped(inst, op))
+        return dict(op.body)
+
+    def delete(self, zone: str, name: str) -> dict:
+        with self.sim.cond:
+            inst = self._get(zone, name)
+            op = self._new_op(zone, "delete", self._path(zone, name), inst.id)
+            if inst.status in LIVE:
+                self._set_status(inst, "STOPPING")
+            pending = inst.shutdown
+            threading.Thread(target=self._delete, args=(inst, op, pending), name=f"delete-{name}", daemon=True).start()
+        self.sim.emit(audit_entries.activity("v1.compute.instances.delete", project=self.sim.project,
+                                             resource_name=self._path(zone, name)))
+        return dict(op.body)
+
+    def _delete(self, inst: Instance, op: Operation, pending: threading.Thread | None) -> None:
+        if pending is not None:
+            pending.join()
+        inst.runtime.power_off(self.sim.delete_grace)
+        inst.runtime.destroy()
+        with self.sim.cond:
+            if self.instances.get((inst.zone, inst.name)) is inst:
+                del self.instances[(inst.zone, inst.name)]
+                inst.gen += 1
+                inst.record.transition(self.sim.now(), "DELETED", False)
+                inst.record.deleted_at = self.sim.now()
+        self._finish(op)
+
+    def _shutdown(self, inst: Instance, grace: float, then) -> None:
+        """ACPI soft off in the background; `then` runs once the guest is gone (under no lock)."""
+        def run():
+            inst.runtime.power_off(grace)
+            then()
+        inst.shutdown = threading.Thread(target=run, name=f"shutdown-{inst.name}", daemon=True)
+        inst.shutdown.start()
+
+    def _stopped(self, inst: Instance, op: Operation | None) -> None:
+        with self.sim.cond:
+            if self.instances.get((inst.zone, inst.name)) is inst and inst.status == "STOPPING":
+                self._set_status(inst, "TERMINATED")
+                inst.body["lastStopTimestamp"] = rfc3339()
+            inst.shutdown = None
+        if op is not None:
+            self._finish(op)
+
+    def get_operation(self, zone: str, name: str) -> dict:
+        with self.sim.cond:
+            op = self.operations.get((zone, name))
+            if op is None:
+                raise compute_error(404, "notFound",
+                                    f"The resource 'projects/{self.sim.project}/zones/{zone}/operations/{name}' was not found")
+            return dict(op.body)
+
+    def wait_operation(self, zone: str, name: str, timeout: float = 120) -> dict:
+        self.get_operation(zone, name)
+        op = self.operations[(zone, name)]
+        op.done.wait(timeout)
+        return self.get_operation(zone, name)
+
+    def list_operations(self, zone: str, filter_text: str | None) -> dict:
+        with self.sim.cond:
+            items = [dict(o.body) for (z, _), o in self.operations.items() if z == zone]
+        if filter_text:
+            items = [i for i in items if _match_filter(i, filter_text)]
+        return {"kind": "compute#operationList", "items": items,
+                "selfLink": f"{BASE}/projects/{self.sim.project}/zones/{zone}/operations"}
+
+    # --- system events ----------------------------------------------------------------------------------------
+
+    def preempt(self, zone: str, name: str) -> None:
+        with self.sim.cond:
+            inst = self.instances.get((zone, name))
+            if inst is None or inst.status not in ("PROVISIONING", "STAGING", "RUNNING"):
+                raise SimError(f"cannot preempt instance {zone}/{name}: it is "
+                               f"{'absent' if inst is None else inst.status}; only a live instance can be preempted")
+            op = self._new_op(zone, "compute.instances.preempted", self._path(zone, name), inst.id, system=True)
+            if inst.runtime.metadata is not None:
+                inst.runtime.metadata.set("instance/preempted", "TRUE")
+            self._set_status(inst, "STOPPING")
+            entry = audit_entries.compute_system_event("compute.instances.preempted", project=self.sim.project, zone=zone, instance_name=name,
+                                                       instance_id=inst.id)
+            early = self.sim.audit_timing == "start"
+        if early:
+            self.sim.emit(entry)
+
+        def after():
+            if inst.termination_action == "DELETE":
+                self._delete(inst, op, None)
+            else:
+                self._stopped(inst, op)
+            if not early:
+                self.sim.emit(entry)
+        self._shutdown(inst, self.sim.notice_seconds, then=after)
+
+    def host_error(self, zone: str, name: str) -> None:
+        with self.sim.cond:
+            inst = self.instances.get((zone, name))
+            if inst is None or inst.status not in ("STAGING", "RUNNING"):
+                raise SimError(f"cannot inject a host error into instance {zone}/{name}: it is "
+                               f"{'absent' if inst is None else inst.status}; only a running instance has a host")
+            self._new_op(zone, "compute.instances.hostError", self._path(zone, name), inst.id, system=True)
+            inst.runtime.crash()
+            restart = bool(inst.body["scheduling"].get("automaticRestart")) and inst.model != "SPOT"
+            self._set_status(inst, "TERMINATED")
+            inst.body["lastStopTimestamp"] = rfc3339()
+            if restart:
+                self._set_status(inst, "STAGING")
+                self.sim.scheduler.call_later(self.sim.op_delay, self._to_running, inst, inst.gen,
+                                              self._new_op(zone, "compute.instances.automaticRestart",
+                                                           self._path(zone, name), inst.id, system=True))
+            entry = audit_entries.compute_system_event("compute.instances.hostError", project=self.sim.project,
+                                                       zone=zone, instance_name=name, instance_id=inst.id)
+        self.sim.emit(entry)
+
+    def maintenance_event(self, zone: str, name: str, value: str) -> None:
+        with self.sim.cond:
+            inst = self.instances.get((zone, name))
+            if inst is None or inst.runtime.metadata is None:
+                raise SimError(f"instance {zone}/{name} is not running, so it has no metadata server to notify")
+            inst.runtime.metadata.set("instance/maintenance-event", value)
+
+    def usage(self, zone_or_region: str, accelerator: str, model: str | None, by_region: bool) -> int:
+        return sum(
+            1 for i in self.instances.values()
+            if (region_of(i.zone) if by_region else i.zone) == zone_or_region
+            and i.accelerator == accelerator and (model is None or i.model == model) and i.status in LIVE
+        )
+
+
+_TERM = re.compile(r'^\s*\(?\s*([A-Za-z0-9_.\-]+)\s*(=|eq|!=|ne)\s*"?([^")]*)"?\s*\)?\s*$')
+
+
+def _match_filter(item: dict, text: str) -> bool:
+    """The filter forms our code uses on list calls: `field = value` terms joined by AND
+    (e.g. `labels.respawn-job = "job-a" AND status = RUNNING`)."""
+    for term in re.split(r"\s+AND\s+", text.strip()):
+        m = _TERM.match(term)
+        if not m:
+            raise compute_error(400, "invalid", f"Invalid list filter expression '{text}'")
+        field_path, op, value = m.groups()
+        current = item
+        for part in field_path.split("."):
+            current = current.get(part) if isinstance(current, dict) else None
+        equal = str(current) == value if current is not None else False
+        if (op in ("=", "eq")) != equal:
+            return False
+    return True

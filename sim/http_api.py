@@ -1,0 +1,201 @@
+"""HTTP routing for the SimServer: the Compute Engine v1 and Cloud TPU v2 REST paths the real client libraries
+call, plus the control API under /sim/ (documented in sim/README.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
+
+from sim.core import ApiError, SimError, compute_error, rpc_error
+
+if TYPE_CHECKING:
+    from sim.server import SimServer
+
+_C = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
+_T = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+
+ROUTES = [
+    ("POST", _C + r"/instances", "c_insert"),
+    ("GET", _C + r"/instances", "c_list"),
+    ("GET", _C + r"/instances/(?P<name>[^/]+)", "c_get"),
+    ("DELETE", _C + r"/instances/(?P<name>[^/]+)", "c_delete"),
+    ("POST", _C + r"/instances/(?P<name>[^/]+)/start", "c_start"),
+    ("POST", _C + r"/instances/(?P<name>[^/]+)/stop", "c_stop"),
+    ("GET", _C + r"/operations", "c_ops"),
+    ("GET", _C + r"/operations/(?P<op>[^/]+)", "c_op"),
+    ("POST", _C + r"/operations/(?P<op>[^/]+)/wait", "c_wait"),
+    ("POST", _T + r"/nodes", "t_create"),
+    ("GET", _T + r"/nodes", "t_list"),
+    ("GET", _T + r"/nodes/(?P<name>[^/:]+)", "t_get"),
+    ("DELETE", _T + r"/nodes/(?P<name>[^/:]+)", "t_delete"),
+    ("GET", _T + r"/operations/(?P<op>[^/]+)", "t_op"),
+    ("GET", r"/sim/instances", "s_instances"),
+    ("GET", r"/sim/history", "s_history"),
+    ("GET", r"/sim/audit", "s_audit"),
+    ("GET", r"/sim/clock", "s_clock"),
+    ("GET", r"/sim/capacity", "s_capacity_get"),
+    ("POST", r"/sim/capacity", "s_capacity"),
+    ("POST", r"/sim/quota", "s_quota"),
+    ("POST", r"/sim/preempt", "s_preempt"),
+    ("POST", r"/sim/host-error", "s_host_error"),
+    ("POST", r"/sim/maintenance-event", "s_maintenance"),
+    ("POST", r"/sim/faults", "s_faults"),
+]
+_COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
+
+# Which fault-injector method name each API call answers to.
+FAULT_NAMES = {"c_insert": "insert", "c_delete": "delete", "c_start": "start", "c_stop": "stop", "c_get": "get",
+               "c_list": "list", "t_create": "create", "t_delete": "delete", "t_get": "get", "t_list": "list"}
+
+
+def make_handler(sim: "SimServer"):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):
+            pass
+
+        def _send(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            return json.loads(raw) if raw.strip() else {}
+
+        def _dispatch(self, method: str) -> None:
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            for m, pattern, handler in _COMPILED:
+                match = pattern.match(url.path)
+                if m == method and match:
+                    break
+            else:
+                self._send(404, {"error": {"code": 404, "message": f"sim does not serve {method} {url.path}",
+                                           "status": "NOT_FOUND"}})
+                return
+            args = match.groupdict()
+            try:
+                body = self._body() if method == "POST" else {}
+                if "project" in args and args.pop("project") != sim.project:
+                    msg = f"The sim serves project '{sim.project}' only"
+                    raise compute_error(404, "notFound", msg) if handler.startswith("c_") else rpc_error(403, msg)
+                fault = FAULT_NAMES.get(handler)
+                if fault and sim.take_api_fault(fault):
+                    status = sim.api_faults["status"]
+                    raise (compute_error(status, "backendError", "Internal error. Please try again or contact Google Support.")
+                           if handler.startswith("c_") else rpc_error(status, "The service is currently unavailable."))
+                status, result = 200, getattr(self, handler)(body=body, query=query, **args)
+            except ApiError as exc:
+                status, result = exc.status, exc.body
+            except SimError as exc:
+                status, result = 409, {"error": {"code": 409, "message": str(exc)}}
+            except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
+                status, result = 400, {"error": {"code": 400, "message": f"bad request: {exc!r}", "status": "INVALID_ARGUMENT"}}
+            self._send(status, result)
+
+        def do_GET(self):
+            self._dispatch("GET")
+
+        def do_POST(self):
+            self._dispatch("POST")
+
+        def do_DELETE(self):
+            self._dispatch("DELETE")
+
+        # --- Compute ---
+        def c_insert(self, zone, body, query):
+            return sim.compute.insert(zone, body)
+
+        def c_list(self, zone, body, query):
+            return sim.compute.list(zone, query.get("filter"))
+
+        def c_get(self, zone, name, body, query):
+            return sim.compute.get(zone, name)
+
+        def c_delete(self, zone, name, body, query):
+            return sim.compute.delete(zone, name)
+
+        def c_start(self, zone, name, body, query):
+            return sim.compute.start(zone, name)
+
+        def c_stop(self, zone, name, body, query):
+            return sim.compute.stop(zone, name)
+
+        def c_ops(self, zone, body, query):
+            return sim.compute.list_operations(zone, query.get("filter"))
+
+        def c_op(self, zone, op, body, query):
+            return sim.compute.get_operation(zone, op)
+
+        def c_wait(self, zone, op, body, query):
+            return sim.compute.wait_operation(zone, op)
+
+        # --- TPU ---
+        def t_create(self, zone, body, query):
+            return sim.tpu.create(zone, query.get("nodeId", ""), body)
+
+        def t_list(self, zone, body, query):
+            return sim.tpu.list(zone)
+
+        def t_get(self, zone, name, body, query):
+            return sim.tpu.get(zone, name)
+
+        def t_delete(self, zone, name, body, query):
+            return sim.tpu.delete(zone, name)
+
+        def t_op(self, zone, op, body, query):
+            return sim.tpu.get_operation(f"projects/{sim.project}/locations/{zone}/operations/{op}")
+
+        # --- control ---
+        def s_instances(self, body, query):
+            return {"instances": sim.instances(), "live": sim.live_nodes()}
+
+        def s_history(self, body, query):
+            return {"nodes": sim.history()}
+
+        def s_audit(self, body, query):
+            return {"entries": list(sim.audit_log)}
+
+        def s_clock(self, body, query):
+            return {"now": sim.now()}
+
+        def s_capacity_get(self, body, query):
+            return {"capacity": sim.capacity.snapshot(), "quota": sim.quota.snapshot()}
+
+        def s_capacity(self, body, query):
+            sim.set_capacity(body["zone"], body["acceleratorType"], body.get("count"), at=body.get("at"),
+                             provisioning_model=body.get("provisioningModel"))
+            return {}
+
+        def s_quota(self, body, query):
+            sim.set_quota(body["region"], body["acceleratorType"], body.get("limit"), at=body.get("at"),
+                          provisioning_model=body.get("provisioningModel"))
+            return {}
+
+        def s_preempt(self, body, query):
+            sim.preempt(body["zone"], body["name"])
+            return {}
+
+        def s_host_error(self, body, query):
+            sim.host_error(body["zone"], body["name"])
+            return {}
+
+        def s_maintenance(self, body, query):
+            sim.maintenance_event(body["zone"], body["name"], body.get("value", "TERMINATE_ON_HOST_MAINTENANCE"))
+            return {}
+
+        def s_faults(self, body, query):
+            sim.set_api_faults(rate=float(body.get("rate", 0.0)), count=int(body.get("count", 0)),
+                               status=int(body.get("status", 503)), methods=tuple(body.get("methods", ("insert", "create"))))
+            return {}
+
+    return Handler

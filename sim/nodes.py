@@ -1,0 +1,121 @@
+"""A simulated node's guest side: its disk (a directory), its metadata server, and what its systemd unit runs.
+
+Booting starts the metadata server and, when a boot command is configured, runs it as its own process group with
+cwd = the node's directory and env = os.environ + node_env + GCE_METADATA_HOST/GCE_METADATA_IP + RESPAWN_NODE_DIR.
+The directory survives stop/start (a persistent disk) and is removed on delete. The console output of every boot
+is appended to `<node dir>.console.log`, next to (not inside) the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from sim.metadata import MetadataServer
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class NodeRuntime:
+    def __init__(self, *, directory: Path, boot_command: list[str] | None, node_env: dict | None,
+                 metadata_kwargs: dict) -> None:
+        self.directory = directory
+        self.console_log = directory.with_name(directory.name + ".console.log")
+        self.boot_command = boot_command
+        self.node_env = dict(node_env or {})
+        self.metadata_kwargs = metadata_kwargs
+        self.metadata: MetadataServer | None = None
+        self.proc: subprocess.Popen | None = None
+        self.exit_codes: list[int | None] = []  # one per boot, in order
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def running(self) -> bool:
+        return self.proc is not None and (self.proc.poll() is None or group_alive(self.proc.pid))
+
+    def boot(self) -> None:
+        """Power on: a fresh metadata server (preempted=FALSE) and the boot command, if any."""
+        with self._lock:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.metadata = MetadataServer(**self.metadata_kwargs).start()
+            if not self.boot_command:
+                return
+            env = dict(os.environ)
+            env.update({k: str(v) for k, v in self.node_env.items()})
+            env["GCE_METADATA_HOST"] = self.metadata.host
+            env["GCE_METADATA_IP"] = self.metadata.host  # google-auth pings this one
+            env["RESPAWN_NODE_DIR"] = str(self.directory)
+            with open(self.console_log, "ab") as log:
+                self.proc = subprocess.Popen(
+                    self.boot_command, cwd=self.directory, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait_gone(self, timeout: float) -> bool:
+        """Wait until the whole process group has exited; True if it did within `timeout`."""
+        if self.proc is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while True:
+            self.proc.poll()  # reap the leader, or the group never looks empty
+            if self.proc.returncode is not None and not group_alive(self.proc.pid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def power_off(self, grace: float) -> bool:
+        """ACPI soft off, then mechanical off after `grace` seconds. Returns True if the guest exited in time."""
+        clean = True
+        if self.proc is not None:
+            self.signal(signal.SIGTERM)
+            clean = self.wait_gone(grace)
+            if not clean:
+                self.signal(signal.SIGKILL)
+                self.wait_gone(10)
+            self.exit_codes.append(self.proc.returncode)
+            self.proc = None
+        self.stop_metadata()
+        return clean
+
+    def crash(self) -> None:
+        """Host error: everything dies at once."""
+        if self.proc is not None:
+            self.signal(signal.SIGKILL)
+            self.wait_gone(10)
+            self.exit_codes.append(self.proc.returncode)
+            self.proc = None
+        self.stop_metadata()
+
+    def stop_metadata(self) -> None:
+        if self.metadata is not None:
+            self.metadata.stop()
+            self.metadata = None
+
+    def destroy(self) -> None:
+        """Delete: nothing of the node is left."""
+        self.crash()
+        shutil.rmtree(self.directory, ignore_errors=True)

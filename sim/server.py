@@ -1,0 +1,296 @@
+"""SimServer: a local Google Cloud for Compute Engine and Cloud TPU, on 127.0.0.1.
+
+    with SimServer("respawn-test", notice_seconds=2, op_delay=0.05, boot_command=[...]) as sim:
+        sim.endpoint            # "http://127.0.0.1:PORT": give it to the real clients as api_endpoint
+        sim.set_capacity("us-central1-a", "nvidia-tesla-t4", 0)      # stock out now
+        sim.set_capacity("us-central1-a", "nvidia-tesla-t4", None, at=30)  # recover 30 s into the run
+        sim.preempt("us-central1-a", "job-1")
+
+See sim/README.md for the whole surface, the HTTP control API and the Compute client's operation-polling catch.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import threading
+import time
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+
+from sim.capacity import Timeline
+from sim.compute import ComputeService
+from sim.core import NodeRecord, Scheduler, SimError
+from sim.http_api import make_handler
+from sim.metadata import MetadataServer
+from sim.nodes import NodeRuntime
+from sim.tpu import TpuService
+
+LABEL_JOB = "respawn-job"
+
+
+class SimServer:
+    def __init__(
+        self,
+        project: str,
+        *,
+        notice_seconds: float = 30,
+        op_delay: float = 0.2,
+        boot_command: list[str] | None = None,
+        node_env: dict | None = None,
+        nodes_root: Path | None = None,
+        audit_sink: Callable[[dict], None] | None = None,
+        port: int = 0,
+        delete_grace: float | None = None,
+        audit_timing: str = "end",
+        seed: int = 0,
+    ) -> None:
+        """
+        notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
+        op_delay: seconds per asynchronous lifecycle step (PROVISIONING -> STAGING -> RUNNING, CREATING -> READY).
+        boot_command: what the node's systemd unit runs (the node agent); None boots nodes with no process.
+        node_env: extra environment for node processes.
+        nodes_root: where node directories live (default: a temporary directory removed at stop()).
+        audit_sink: called with every LogEntry dict the sim writes (e.g. an AuditRouter).
+        port: 0 = a free port.
+        delete_grace: SIGTERM..SIGKILL grace on delete (default: min(notice_seconds, 5)).
+        audit_timing: "end" writes a system event when the node is down (TERMINATED/PREEMPTED/deleted);
+            "start" writes it when the preemption begins.
+        """
+        if audit_timing not in ("start", "end"):
+            raise ValueError(f"audit_timing must be 'start' or 'end', not {audit_timing!r}")
+        self.project = project
+        self.notice_seconds = float(notice_seconds)
+        self.op_delay = float(op_delay)
+        self.boot_command = list(boot_command) if boot_command else None
+        self.node_env = dict(node_env or {})
+        self._own_root = nodes_root is None
+        self.nodes_root = Path(nodes_root) if nodes_root is not None else None
+        self.audit_sink = audit_sink
+        self.delete_grace = float(delete_grace) if delete_grace is not None else min(self.notice_seconds, 5.0)
+        self.audit_timing = audit_timing
+        self._port = port
+        self.cond = threading.Condition(threading.RLock())
+        self.capacity = Timeline()
+        self.quota = Timeline()
+        self.records: list[NodeRecord] = []
+        self.audit_log: list[dict] = []
+        self.api_faults = {"rate": 0.0, "count": 0, "status": 503, "methods": ()}
+        self._rng = random.Random(seed)
+        self.compute = ComputeService(self)
+        self.tpu = TpuService(self)
+        self._t0 = time.monotonic()
+        self._http: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.scheduler: Scheduler | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    def start(self) -> "SimServer":
+        if self._own_root:
+            self.nodes_root = Path(tempfile.mkdtemp(prefix="respawn-sim-nodes-"))
+        self.nodes_root.mkdir(parents=True, exist_ok=True)
+        self.scheduler = Scheduler()
+        self._t0 = time.monotonic()
+        self._http = ThreadingHTTPServer(("127.0.0.1", self._port), make_handler(self))
+        self._http.daemon_threads = True
+        self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, name="sim-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, then end every node's process group and metadata server."""
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._thread.join(timeout=5)
+            self._http = None
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        with self.cond:
+            runtimes = [i.runtime for i in self.compute.instances.values()] + [n.runtime for n in self.tpu.nodes.values()]
+        for runtime in runtimes:
+            runtime.crash()
+        if self._own_root and self.nodes_root is not None:
+            shutil.rmtree(self.nodes_root, ignore_errors=True)
+
+    def __enter__(self) -> "SimServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        if self._http is None:
+            raise RuntimeError("the sim is not serving: call start() first")
+        return f"http://127.0.0.1:{self._http.server_address[1]}"
+
+    @property
+    def port(self) -> int:
+        return self._http.server_address[1]
+
+    def now(self) -> float:
+        """Seconds on the sim clock (since start()); capacity timelines and node history use it."""
+        return time.monotonic() - self._t0
+
+    # --- used by the services -------------------------------------------------------------------------------
+
+    def make_runtime(self, kind: str, zone: str, name: str, metadata_kwargs: dict) -> NodeRuntime:
+        return NodeRuntime(directory=self.nodes_root / kind / zone / name, boot_command=self.boot_command,
+                           node_env=self.node_env, metadata_kwargs=metadata_kwargs)
+
+    def usage(self, what: str, scope: str, accelerator: str, model: str | None) -> int:
+        by_region = what == "quota"
+        return (self.compute.usage(scope, accelerator, model, by_region)
+                + self.tpu.usage(scope, accelerator, model, by_region))
+
+    def emit(self, entry: dict) -> None:
+        """Write one LogEntry: kept in `audit_log` and handed to the audit sink (never under the state lock)."""
+        with self.cond:
+            self.audit_log.append(entry)
+        if self.audit_sink is not None:
+            self.audit_sink(entry)
+
+    def take_api_fault(self, method: str) -> bool:
+        with self.cond:
+            f = self.api_faults
+            if method not in f["methods"]:
+                return False
+            if f["count"] > 0:
+                f["count"] -= 1
+                return True
+            return f["rate"] > 0 and self._rng.random() < f["rate"]
+
+    # --- control surface ------------------------------------------------------------------------------------
+
+    def set_capacity(self, zone: str, accelerator_type: str, count: int | None = None, at: float | None = None,
+                     provisioning_model: str | None = None) -> None:
+        """From sim time `at` (default: now) on, at most `count` nodes of `accelerator_type` (a GPU type such as
+        nvidia-tesla-t4, a machine type for VMs without GPUs, or a TPU type such as v5litepod-8) may hold
+        hardware in `zone`; None = unlimited. `provisioning_model` "SPOT"/"STANDARD" limits only that model."""
+        self.capacity.set(zone, accelerator_type, count, self.now() if at is None else float(at), provisioning_model)
+
+    def set_capacity_timeline(self, zone: str, accelerator_type: str, steps: list[tuple[float, int | None]],
+                              provisioning_model: str | None = None) -> None:
+        for at, count in steps:
+            self.capacity.set(zone, accelerator_type, count, float(at), provisioning_model)
+
+    def set_quota(self, region: str, accelerator_type: str, limit: int | None = None, at: float | None = None,
+                  provisioning_model: str | None = None) -> None:
+        """At most `limit` nodes of `accelerator_type` in `region` (e.g. us-central1); None = unlimited. A
+        preempted TPU node counts until it is deleted; a TERMINATED VM does not."""
+        self.quota.set(region, accelerator_type, limit, self.now() if at is None else float(at), provisioning_model)
+
+    def set_api_faults(self, rate: float = 0.0, count: int = 0, status: int = 503,
+                       methods: tuple[str, ...] = ("insert", "create")) -> None:
+        """Answer API calls with HTTP `status` itself (not inside an operation): the next `count` calls, then a
+        `rate` fraction. methods: insert, delete, start, stop, get, list (Compute); create, delete, get, list (TPU)."""
+        with self.cond:
+            self.api_faults = {"rate": rate, "count": count, "status": status, "methods": tuple(methods)}
+
+    def _kind(self, zone: str, name: str) -> str:
+        with self.cond:
+            if (zone, name) in self.compute.instances:
+                return "instance"
+            if (zone, name) in self.tpu.nodes:
+                return "tpu"
+        raise SimError(f"no instance or TPU node named {name!r} in zone {zone}")
+
+    def preempt(self, zone: str, name: str) -> None:
+        """Preemption: instance/preempted=TRUE, SIGTERM to the node's processes, SIGKILL after notice_seconds,
+        then TERMINATED (termination action STOP), deleted (DELETE), or PREEMPTED (TPU); audit entries follow."""
+        if self._kind(zone, name) == "instance":
+            self.compute.preempt(zone, name)
+        else:
+            self.tpu.preempt(zone, name)
+
+    def host_error(self, zone: str, name: str) -> None:
+        """compute.instances.hostError: the node's processes die at once; the instance is TERMINATED (or
+        restarted, for a non-Spot instance with automaticRestart)."""
+        if self._kind(zone, name) != "instance":
+            raise SimError(f"host_error applies to Compute instances; {zone}/{name} is a TPU node: use preempt()")
+        self.compute.host_error(zone, name)
+
+    def maintenance_event(self, zone: str, name: str, value: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
+        if self._kind(zone, name) == "instance":
+            self.compute.maintenance_event(zone, name, value)
+        else:
+            self.tpu.maintenance_event(zone, name, value)
+
+    # --- observation ----------------------------------------------------------------------------------------
+
+    def instances(self) -> list[dict]:
+        """Every existing Compute instance and TPU node: kind, zone, name, status, labels, attributes, node dir,
+        metadata host and process id."""
+        with self.cond:
+            out = []
+            for i in self.compute.instances.values():
+                out.append(self._snap("instance", i.zone, i.name, i.status, i.body.get("labels", {}), i.runtime,
+                                      {it["key"]: it.get("value", "") for it in i.body["metadata"]["items"]}))
+            for n in self.tpu.nodes.values():
+                out.append(self._snap("tpu", n.zone, n.name, n.state, n.body.get("labels", {}), n.runtime,
+                                      dict(n.body.get("metadata", {}))))
+            return out
+
+    @staticmethod
+    def _snap(kind, zone, name, status, labels, runtime: NodeRuntime, attributes) -> dict:
+        return {"kind": kind, "zone": zone, "name": name, "status": status, "labels": dict(labels),
+                "attributes": attributes, "nodeDir": str(runtime.directory),
+                "metadataHost": runtime.metadata.host if runtime.metadata else None,
+                "pid": runtime.pid, "processRunning": runtime.running()}
+
+    def live_nodes(self, job: str | None = None, label: str = LABEL_JOB) -> list[dict]:
+        """Nodes holding hardware now (PROVISIONING..STOPPING, CREATING/READY/DELETING), optionally of one job."""
+        return [r for r in self.history()
+                if r["live"] and r["live"][-1][1] is None and (job is None or r["labels"].get(label) == job)]
+
+    def history(self) -> list[dict]:
+        """Every node that ever existed, with its state changes and live periods (sim-clock seconds)."""
+        with self.cond:
+            return [r.as_dict() for r in self.records]
+
+    def max_live(self, job: str | None = None, label: str = LABEL_JOB) -> int:
+        """The largest number of nodes (of one job, by label) that were ever live at the same moment."""
+        points = []
+        for r in self.history():
+            if job is not None and r["labels"].get(label) != job:
+                continue
+            for start, end in r["live"]:
+                points.append((start, 1))
+                points.append((end if end is not None else float("inf"), -1))
+        best = current = 0
+        for _, delta in sorted(points, key=lambda p: (p[0], p[1])):  # ends before starts at the same instant
+            current += delta
+            best = max(best, current)
+        return best
+
+    def node_dir(self, zone: str, name: str) -> Path:
+        return self.nodes_root / ("compute" if self._kind(zone, name) == "instance" else "tpu") / zone / name
+
+    def metadata_server(self, zone: str, name: str) -> MetadataServer | None:
+        """The running node's metadata server (None while it is not running)."""
+        with self.cond:
+            node = self.compute.instances.get((zone, name)) or self.tpu.nodes.get((zone, name))
+            if node is None:
+                raise SimError(f"no instance or TPU node named {name!r} in zone {zone}")
+            return node.runtime.metadata
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
+        """Poll `predicate` until true; raises TimeoutError naming `what` (for tests and the demo)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sim: {what} did not happen within {timeout} s")
+            time.sleep(0.02)
+
+    def status_of(self, zone: str, name: str) -> str | None:
+        """The current status/state of an instance or TPU node; None if it does not exist."""
+        with self.cond:
+            if (zone, name) in self.compute.instances:
+                return self.compute.instances[(zone, name)].status
+            if (zone, name) in self.tpu.nodes:
+                return self.tpu.nodes[(zone, name)].state
+            return None
