@@ -94,6 +94,7 @@ class Watcher(threading.Thread):
         self.wait_seconds, self.min_cycle = wait_seconds, min_cycle
         self.backoff = Backoff(cap=retry_cap)
         self.stopped = threading.Event()
+        self._last_reason: str | None = None
 
     def stop(self) -> None:
         self.stopped.set()
@@ -121,6 +122,7 @@ class Watcher(threading.Thread):
         if self.backoff.failures:
             log("INFO", "metadata server answering again", path=w.path, after_failures=self.backoff.failures)
         self.backoff.ok()
+        self._last_reason = None
         notice, changed = w.on_answer(value, etag)
         if notice:
             log("WARNING", "notice from the metadata server", path=w.path, value=w.value, notice=w.notice)
@@ -135,8 +137,10 @@ class Watcher(threading.Thread):
 
     def _failed(self, reason: str, slow: bool = False) -> None:
         delay = 30.0 if slow else self.backoff.fail()
-        # Quiet: the first failure of a streak and every 20th after it.
-        if self.backoff.failures <= 1 or self.backoff.failures % 20 == 0 or slow:
+        # Quiet: the first failure of a streak, a new kind of failure, and every 20th.
+        kind = reason.split(":")[0]
+        if kind != self._last_reason or self.backoff.failures % 20 == 0 or slow:
+            self._last_reason = kind
             log("WARNING", "metadata watch failed; reconnecting", path=self.watch.path, reason=reason,
                 failures=self.backoff.failures, retry_in_s=delay)
         self.stopped.wait(delay)
