@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import checksum
@@ -98,21 +99,36 @@ def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durab
     if os.path.exists(final):
         shutil.rmtree(final)  # an uncommitted leftover of an earlier attempt at this step
     os.makedirs(final)
+    # The writer thread only issues write()s; checksums and per-file fsyncs run on two helper threads (both
+    # release the GIL), so the disk never waits for the CPU and the flush runs at disk speed.
+    hash_ex = ThreadPoolExecutor(1, thread_name_prefix="respawn-crc")
+    sync_ex = ThreadPoolExecutor(1, thread_name_prefix="respawn-fsync")
+    futures: list = []
+    shard_f = None
     try:
         control.check("starting")
         files: dict[str, dict] = {}
         entries: list[dict] = []
         written = 0
-        shard_index, shard_f, shard_sum, shard_size, shard_name = 0, None, None, 0, None
+        shard_index, shard_sum, shard_size, shard_name = 0, None, 0, None
 
         def close_shard():
             nonlocal shard_f
             if shard_f is not None:
-                shard_f.flush()
-                os.fsync(shard_f.fileno())
-                shard_f.close()
-                files[shard_name] = {"size": shard_size, "checksum": shard_sum.hexdigest()}
+                f, name, size, summer = shard_f, shard_name, shard_size, shard_sum
                 shard_f = None
+
+                def record():
+                    files[name] = {"size": size, "checksum": summer.hexdigest()}
+
+                def sync():
+                    try:
+                        os.fsync(f.fileno())
+                    finally:
+                        f.close()
+
+                futures.append(hash_ex.submit(record))
+                futures.append(sync_ex.submit(sync))
 
         def open_shard():
             nonlocal shard_f, shard_sum, shard_size, shard_name, shard_index
@@ -136,7 +152,7 @@ def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durab
                 while start < end:
                     control.check(f"writing step {step} ({written} of {payload.nbytes} bytes)")
                     chunk = view[start:min(end, start + CHUNK)]
-                    shard_sum.update(chunk)
+                    futures.append(hash_ex.submit(shard_sum.update, chunk))
                     n = 0
                     while n < len(chunk):
                         n += shard_f.write(chunk[n:])
@@ -147,13 +163,16 @@ def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durab
                         control.progress(written)
             entries.append({**item.meta, "nbytes": item.nbytes, "parts": parts})
         close_shard()
+        for fu in futures:
+            fu.result()  # re-raises a checksum or fsync error
         control.check(f"finishing step {step}")
         write_file_durable(os.path.join(final, SKELETON), payload.skeleton)
         files[SKELETON] = {"size": len(payload.skeleton), "checksum": checksum.of_bytes(payload.skeleton, algorithm)}
         manifest = {
             "format": FORMAT, "version": VERSION, "step": step, "kind": kind, "framework": payload.framework,
             "created_at": time.time(), "durable": durable, "checksum_algorithm": algorithm,
-            "total_bytes": sum(f["size"] for f in files.values()), "files": files, "arrays": entries,
+            "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())),
+            "arrays": entries,
             **(extra or {}),
         }
         manifest_data = json.dumps(manifest, indent=1).encode()
@@ -165,8 +184,15 @@ def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durab
         fsync_dir(root)
         return manifest
     except BaseException:
+        hash_ex.shutdown(wait=True, cancel_futures=True)
+        sync_ex.shutdown(wait=True)
+        if shard_f is not None:
+            shard_f.close()
         shutil.rmtree(final, ignore_errors=True)
         raise
+    finally:
+        hash_ex.shutdown(wait=False)
+        sync_ex.shutdown(wait=False)
 
 
 def read_manifest(step_dir: str) -> dict:
@@ -195,8 +221,10 @@ def read_manifest(step_dir: str) -> dict:
     return manifest
 
 
-def verify(step_dir: str) -> dict:
-    """Full check of a committed step directory (marker, manifest, sizes, checksums). Returns the manifest."""
+def verify(step_dir: str, data: bool = True) -> dict:
+    """Check a committed step directory: marker, manifest, file sizes, and (data=True) every file's checksum;
+    with data=False only the skeleton's checksum (load() checks the data files while it reads them).
+    Returns the manifest; raises CorruptCheckpoint."""
     manifest = read_manifest(step_dir)
     algorithm = manifest["checksum_algorithm"]
     for name, want in manifest["files"].items():
@@ -207,40 +235,66 @@ def verify(step_dir: str) -> dict:
             raise CorruptCheckpoint(f"data file {name} is missing") from None
         if size != want["size"]:
             raise CorruptCheckpoint(f"data file {name} has {size} bytes, manifest says {want['size']} (truncated?)")
-        _, got = checksum.of_file(path, algorithm)
-        if got != want["checksum"]:
-            raise CorruptCheckpoint(f"data file {name} checksum {got} != manifest {want['checksum']}")
+        if data or name == SKELETON:
+            _, got = checksum.of_file(path, algorithm)
+            if got != want["checksum"]:
+                raise CorruptCheckpoint(f"data file {name} checksum {got} != manifest {want['checksum']}")
     return manifest
 
 
 def load(step_dir: str, manifest: dict | None = None):
-    """Read a verified step directory back into the saved state."""
+    """Read a step directory back into the saved state in one pass: data-file checksums are computed from the
+    bytes as they are read (on a helper thread) and checked before the state is returned."""
     from .serialize import allocate, finish, unflatten
 
-    manifest = manifest or verify(step_dir)
+    manifest = manifest or verify(step_dir, data=False)
+    algorithm = manifest["checksum_algorithm"]
+    sums: dict[str, checksum.Checksum] = {}
+    covered: dict[str, int] = {}
     arrays = []
     handles: dict[str, object] = {}
+    hash_ex = ThreadPoolExecutor(1, thread_name_prefix="respawn-crc")
+    futures = []
     try:
         for entry in manifest["arrays"]:
             arr, view = allocate(entry)
             got = 0
             for part in entry["parts"]:
-                f = handles.get(part["file"])
+                name = part["file"]
+                if covered.get(name, 0) != part["offset"] or name not in manifest["files"]:
+                    raise CorruptCheckpoint(f"manifest parts of {name} are not contiguous")
+                f = handles.get(name)
                 if f is None:
-                    f = handles[part["file"]] = open(os.path.join(step_dir, part["file"]), "rb", buffering=0)
+                    f = handles[name] = open(os.path.join(step_dir, name), "rb", buffering=0)
+                    sums[name] = checksum.Checksum(algorithm)
                 f.seek(part["offset"])
+                start = got
                 end = got + part["nbytes"]
                 while got < end:
                     n = f.readinto(view[got:end])
                     if not n:
-                        raise CorruptCheckpoint(f"{part['file']} ended early")
+                        raise CorruptCheckpoint(f"{name} ended early")
                     got += n
+                covered[name] = part["offset"] + part["nbytes"]
+                if end > start:
+                    futures.append(hash_ex.submit(sums[name].update, view[start:end]))
             if got != entry["nbytes"]:
                 raise CorruptCheckpoint(f"manifest parts of an array cover {got} of {entry['nbytes']} bytes")
-            arrays.append(finish(entry, arr))
+            arrays.append((entry, arr))
+        for fu in futures:
+            fu.result()
     finally:
+        hash_ex.shutdown(wait=True)
         for f in handles.values():
             f.close()
+    for name, want in manifest["files"].items():
+        if name == SKELETON:
+            continue
+        if covered.get(name, 0) != want["size"]:
+            raise CorruptCheckpoint(f"manifest arrays cover {covered.get(name, 0)} of {want['size']} bytes of {name}")
+        got_sum = sums[name].hexdigest() if name in sums else checksum.of_bytes(b"", algorithm)
+        if got_sum != want["checksum"]:
+            raise CorruptCheckpoint(f"data file {name} checksum {got_sum} != manifest {want['checksum']}")
     with open(os.path.join(step_dir, SKELETON), "rb") as f:
         skeleton = f.read()
-    return unflatten(skeleton, arrays)
+    return unflatten(skeleton, [finish(entry, arr) for entry, arr in arrays])

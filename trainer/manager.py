@@ -325,8 +325,8 @@ class CheckpointManager:
             for store in sources:
                 try:
                     step_dir = store.get_step(step, self.local.root)
-                    manifest = fmt.verify(step_dir)
-                    state = fmt.load(step_dir, manifest)
+                    manifest = fmt.verify(step_dir, data=False)
+                    state = fmt.load(step_dir, manifest)  # checks the data checksums as it reads
                 except (fmt.CorruptCheckpoint, OSError, ValueError, EOFError) as exc:
                     _log.warning("checkpoint unusable; falling back to an older one", step=step, store=store.uri,
                                  reason=f"{type(exc).__name__}: {exc}" if not isinstance(exc, fmt.CorruptCheckpoint)
