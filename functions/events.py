@@ -11,16 +11,18 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from respawn import audit
 from respawn.schema import parse_node_name
 
-# methodName -> the cause recorded on the job. These are the node-loss signals of gcp-facts §1 and §2.
+# methodName (the routed set, respawn/audit.py) -> the cause recorded on the job (gcp-facts §1 and §2).
 CAUSES = {
-    "compute.instances.preempted": "preempted",
-    "compute.instances.hostError": "host_error",
-    "compute.instances.guestTerminate": "guest_terminate",
-    "compute.instances.terminateOnHostMaintenance": "host_maintenance",
-    "tpu.nodes.terminate": "tpu_terminated",
+    audit.PREEMPTED: "preempted",
+    audit.HOST_ERROR: "host_error",
+    audit.GUEST_TERMINATE: "guest_terminate",
+    audit.TERMINATE_ON_HOST_MAINTENANCE: "host_maintenance",
+    audit.TPU_NODE_TERMINATE: "tpu_terminated",
 }
+assert set(CAUSES) == set(audit.METHODS), "respawn/audit.py routes a method functions/events.py does not decode"
 # Resource names: Compute Engine `projects/P/zones/Z/instances/N`; Cloud TPU `projects/P/locations/Z/nodes/N`.
 _INSTANCE = re.compile(r"(?:^|/)projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$")
 _TPU_NODE = re.compile(r"(?:^|/)projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)/nodes/(?P<name>[^/]+)$")
@@ -46,10 +48,6 @@ class Signal:
 
 class Undecodable(ValueError):
     """The entry is not a node-loss event Respawn acts on; the message says why (for the log line)."""
-
-
-def routed_methods() -> tuple[str, ...]:
-    return tuple(CAUSES)
 
 
 def decode(entry: Any) -> Signal:

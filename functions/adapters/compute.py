@@ -1,0 +1,115 @@
+"""Compute Engine GPU VMs through google-cloud-compute (REST), built by functions.clients.
+
+Every call is idempotent in effect: create meets 409 and adopts; delete of a missing node is success; start of a
+running node is a no-op. Errors are the library's own exceptions (google.api_core.exceptions.*, with `.errors`
+from the operation), so placement.classify reads the real shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from google.api_core import exceptions as gexc
+from google.api_core import extended_operation
+from google.cloud import compute_v1
+
+from functions import nodespec
+from respawn.schema import JobSpec
+
+OP_TIMEOUT = float(os.environ.get("RESPAWN_OP_TIMEOUT_SECONDS", "300"))
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+
+
+class _ComputeOperation(extended_operation.ExtendedOperation):
+    """compute_v1's own error mapping: the HTTP status and message of a finished operation with an error."""
+
+    @property
+    def error_message(self):
+        return self._extended_operation.http_error_message
+
+    @property
+    def error_code(self):
+        return self._extended_operation.http_error_status_code
+
+
+class ComputeProvider:
+    kind = "gpu"
+
+    def __init__(self, clients):
+        self.clients = clients
+        self.project = clients.project
+
+    def _wait(self, zone: str, op) -> None:
+        ops = self.clients.zone_operations()
+        request = compute_v1.GetZoneOperationRequest(project=self.project, zone=zone, operation=op.name)
+        _ComputeOperation.make(functools.partial(ops.get, request), lambda: None, op).result(timeout=OP_TIMEOUT)
+
+    def get(self, zone: str, name: str) -> str | None:
+        """The instance status (PROVISIONING … TERMINATED), or None when it does not exist."""
+        try:
+            return self.clients.instances().get(project=self.project, zone=zone, instance=name).status
+        except gexc.NotFound:
+            return None
+
+    def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str):
+        acc = spec.accelerator
+        if provisioning == "spot":
+            scheduling = compute_v1.Scheduling(
+                provisioning_model="SPOT", instance_termination_action=spec.termination_action or "STOP",
+                on_host_maintenance="TERMINATE", automatic_restart=False)
+        elif provisioning == "preemptible":
+            scheduling = compute_v1.Scheduling(preemptible=True, on_host_maintenance="TERMINATE", automatic_restart=False)
+        else:
+            # On-demand GPUs cannot live-migrate either. Restarts stay with the control plane (automatic_restart off)
+            # so that one place decides what a lost node means.
+            scheduling = compute_v1.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE",
+                                               automatic_restart=False)
+        image = acc.boot_image if acc.boot_image.startswith("projects/") else f"projects/{self.project}/global/images/{acc.boot_image}"
+        accelerators = []
+        if acc.accelerator_type:
+            accelerators.append(compute_v1.AcceleratorConfig(
+                accelerator_type=f"zones/{zone}/acceleratorTypes/{acc.accelerator_type}",
+                accelerator_count=acc.accelerator_count))
+        nic = compute_v1.NetworkInterface(network=os.environ.get("RESPAWN_NETWORK", "global/networks/default"))
+        if os.environ.get("RESPAWN_SUBNETWORK"):
+            nic.subnetwork = os.environ["RESPAWN_SUBNETWORK"]
+        if os.environ.get("RESPAWN_EXTERNAL_IP", "1") != "0":
+            nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+        items = [compute_v1.Items(key=k, value=v)
+                 for k, v in nodespec.metadata(spec, attempt, self.project, startup_script).items()]
+        return compute_v1.Instance(
+            name=name,
+            machine_type=f"zones/{zone}/machineTypes/{acc.machine_type}",
+            guest_accelerators=accelerators,
+            scheduling=scheduling,
+            disks=[compute_v1.AttachedDisk(
+                boot=True, auto_delete=True, type_="PERSISTENT",
+                initialize_params=compute_v1.AttachedDiskInitializeParams(source_image=image, disk_size_gb=acc.boot_disk_gb))],
+            network_interfaces=[nic],
+            metadata=compute_v1.Metadata(items=items),
+            labels=nodespec.labels(spec, attempt),
+            service_accounts=[compute_v1.ServiceAccount(
+                email=os.environ.get("RESPAWN_NODE_SERVICE_ACCOUNT", "default"), scopes=SCOPES)],
+        )
+
+    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:
+        """Create and wait until the operation is done. False: it already existed (409) and is adopted."""
+        body = self.instance(spec, zone, name, attempt, provisioning, startup_script)
+        try:
+            op = self.clients.instances().insert_unary(project=self.project, zone=zone, instance_resource=body)
+            self._wait(zone, op)
+        except gexc.Conflict:
+            return False
+        return True
+
+    def start(self, zone: str, name: str) -> None:
+        op = self.clients.instances().start_unary(project=self.project, zone=zone, instance=name)
+        self._wait(zone, op)
+
+    def delete(self, zone: str, name: str) -> None:
+        try:
+            op = self.clients.instances().delete_unary(project=self.project, zone=zone, instance=name)
+            self._wait(zone, op)
+        except gexc.NotFound:
+            return

@@ -1,0 +1,74 @@
+"""Cloud TPU VMs through google-cloud-tpu (tpu_v2, REST), built by functions.clients.
+
+Create meets 409 (AlreadyExists) and adopts; delete of a missing node is success. A preempted TPU is never started
+again (Cloud TPU: delete and recreate), and it keeps holding quota until deleted, so decide.py always deletes it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from google.api_core import exceptions as gexc
+from google.cloud import tpu_v2
+
+from functions import nodespec
+from respawn.schema import JobSpec
+
+OP_TIMEOUT = float(os.environ.get("RESPAWN_OP_TIMEOUT_SECONDS", "600"))
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+
+
+class TpuProvider:
+    kind = "tpu"
+
+    def __init__(self, clients):
+        self.clients = clients
+        self.project = clients.project
+
+    def _name(self, zone: str, name: str) -> str:
+        return f"projects/{self.project}/locations/{zone}/nodes/{name}"
+
+    def get(self, zone: str, name: str) -> str | None:
+        """The node state name (CREATING, READY, PREEMPTED, …), or None when it does not exist."""
+        try:
+            node = self.clients.tpu().get_node(name=self._name(zone, name))
+        except gexc.NotFound:
+            return None
+        return tpu_v2.Node.State(node.state).name
+
+    def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str):
+        acc = spec.accelerator
+        network = tpu_v2.NetworkConfig(enable_external_ips=os.environ.get("RESPAWN_EXTERNAL_IP", "1") != "0")
+        if os.environ.get("RESPAWN_NETWORK"):
+            network.network = os.environ["RESPAWN_NETWORK"]
+        if os.environ.get("RESPAWN_SUBNETWORK"):
+            network.subnetwork = os.environ["RESPAWN_SUBNETWORK"]
+        node = tpu_v2.Node(
+            accelerator_type=acc.accelerator_type,
+            runtime_version=acc.runtime_version,
+            scheduling_config=tpu_v2.SchedulingConfig(spot=provisioning == "spot", preemptible=provisioning == "preemptible"),
+            network_config=network,
+            labels=nodespec.labels(spec, attempt),
+            metadata=nodespec.metadata(spec, attempt, self.project, startup_script),
+        )
+        if os.environ.get("RESPAWN_NODE_SERVICE_ACCOUNT"):  # unset: the project's default compute service account
+            node.service_account = tpu_v2.ServiceAccount(email=os.environ["RESPAWN_NODE_SERVICE_ACCOUNT"], scope=SCOPES)
+        return node
+
+    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:
+        body = self.node(spec, attempt, provisioning, startup_script)
+        try:
+            op = self.clients.tpu().create_node(parent=f"projects/{self.project}/locations/{zone}", node_id=name, node=body)
+            op.result(timeout=OP_TIMEOUT)
+        except (gexc.AlreadyExists, gexc.Conflict):
+            return False
+        return True
+
+    def start(self, zone: str, name: str) -> None:
+        raise gexc.FailedPrecondition(f"TPU node {name} in {zone}: a preempted TPU is recreated, never started in place")
+
+    def delete(self, zone: str, name: str) -> None:
+        try:
+            self.clients.tpu().delete_node(name=self._name(zone, name)).result(timeout=OP_TIMEOUT)
+        except gexc.NotFound:
+            return

@@ -1,0 +1,129 @@
+"""The one factory that builds every Google client the control plane uses, from an endpoint and credentials.
+
+Real Google Cloud: no endpoint variables set; clients use their default endpoints and Application Default
+Credentials (the function's service account). Local runs (tests, `respawn demo`): RESPAWN_COMPUTE_ENDPOINT /
+RESPAWN_TPU_ENDPOINT point at sim/ ("http://127.0.0.1:PORT") and FIRESTORE_EMULATOR_HOST / PUBSUB_EMULATOR_HOST at
+the emulators (the client libraries read those themselves). A loopback endpoint gets anonymous credentials.
+
+Compute's ExtendedOperation.result() would poll through an operations client that ignores client_options (so it
+would leave the sim for the real API): the Compute adapter uses the `*_unary` calls and polls with the
+ZoneOperationsClient built here, on the same endpoint.
+
+Every google.cloud import happens inside a method, so importing this module (and functions.main) stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+
+def project_from_env() -> str:
+    project = os.environ.get("RESPAWN_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("GCP_PROJECT")
+    if not project:
+        raise RuntimeError("no project: set RESPAWN_PROJECT (or GOOGLE_CLOUD_PROJECT) in the function's environment")
+    return project
+
+
+def _loopback(endpoint: str | None) -> bool:
+    return bool(endpoint) and endpoint.startswith(("http://127.0.0.1", "http://localhost", "http://[::1]"))
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    project: str
+    compute: str | None = None
+    tpu: str | None = None
+
+    @classmethod
+    def from_env(cls) -> "Endpoints":
+        return cls(project_from_env(), os.environ.get("RESPAWN_COMPUTE_ENDPOINT") or None,
+                   os.environ.get("RESPAWN_TPU_ENDPOINT") or None)
+
+
+class Clients:
+    """Lazily built, cached, thread-safe Google clients for one set of endpoints."""
+
+    def __init__(self, endpoints: Endpoints, credentials: Any = None):
+        self.endpoints = endpoints
+        self.project = endpoints.project
+        self._credentials = credentials
+        self._lock = threading.Lock()
+        self._cache: dict[str, Any] = {}
+
+    def _get(self, key: str, build) -> Any:
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = build()
+            return self._cache[key]
+
+    def _kwargs(self, endpoint: str | None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"transport": "rest"}
+        if endpoint:
+            from google.api_core.client_options import ClientOptions
+
+            kwargs["client_options"] = ClientOptions(api_endpoint=endpoint)
+        credentials = self._credentials
+        if credentials is None and _loopback(endpoint):
+            from google.auth.credentials import AnonymousCredentials
+
+            credentials = AnonymousCredentials()
+        if credentials is not None:
+            kwargs["credentials"] = credentials
+        return kwargs
+
+    def instances(self):
+        def build():
+            from google.cloud import compute_v1
+
+            return compute_v1.InstancesClient(**self._kwargs(self.endpoints.compute))
+
+        return self._get("instances", build)
+
+    def zone_operations(self):
+        def build():
+            from google.cloud import compute_v1
+
+            return compute_v1.ZoneOperationsClient(**self._kwargs(self.endpoints.compute))
+
+        return self._get("zone_operations", build)
+
+    def tpu(self):
+        def build():
+            from google.cloud import tpu_v2
+
+            return tpu_v2.TpuClient(**self._kwargs(self.endpoints.tpu))
+
+        return self._get("tpu", build)
+
+    def firestore(self):
+        def build():
+            from google.cloud import firestore
+
+            return firestore.Client(project=self.project)
+
+        return self._get("firestore", build)
+
+    def publisher(self):
+        def build():
+            from google.cloud import pubsub_v1
+
+            return pubsub_v1.PublisherClient()
+
+        return self._get("publisher", build)
+
+
+_default: dict[Endpoints, Clients] = {}
+_default_lock = threading.Lock()
+
+
+def default() -> Clients:
+    """The process-wide clients for the endpoints the environment names (re-read on every call, so a test or the
+    demo can point a running process at other endpoints)."""
+    endpoints = Endpoints.from_env()
+    with _default_lock:
+        if endpoints not in _default:
+            _default[endpoints] = Clients(endpoints)
+        return _default[endpoints]

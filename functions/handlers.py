@@ -1,0 +1,93 @@
+"""What each entry point does once its trigger is parsed. Every path ends in reconcile() (or Slack for alerts).
+
+Acknowledge (return) what a retry cannot fix: malformed payloads, nodes no job owns, a job that does not exist.
+Raise what a retry can fix: our own dependencies failing (Firestore, the Compute/TPU API, Slack 429/5xx).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from functions import events
+from respawn import logs
+from respawn.schema import State
+
+
+def job_created(job_id: str) -> None:
+    from functions.reconcile import reconcile
+
+    reconcile(job_id)
+
+
+def log_event(entry: Any) -> None:
+    try:
+        sig = events.decode(entry)
+    except events.Undecodable as exc:
+        logs.info(f"log entry ignored: {exc}")
+        return
+    from functions.reconcile import Deps, reconcile
+
+    if not sig.tpu_worker:
+        result = reconcile(sig.job_id, hint=sig.cause, hint_node=sig.node)
+        if not result.found:
+            logs.info(f"{sig.method} for {sig.node} in {sig.zone}: no job {sig.job_id} owns it; acknowledged",
+                      node=sig.node, zone=sig.zone)
+        return
+    # A TPU worker VM (t1v-n-<hash>-w-<i>) does not carry the node name: one indexed lookup (status.zone ==)
+    # finds the TPU jobs placed in its zone; reconcile asks the TPU API which of them lost its node.
+    deps = Deps.default()
+    owners = [job_id for job_id, doc in deps.store.jobs_in_zone(sig.zone)
+              if ((doc.get("spec") or {}).get("accelerator") or {}).get("kind") == "tpu"
+              and not State((doc.get("status") or {}).get("state", "PENDING")).terminal]
+    if not owners:
+        logs.info(f"{sig.method} for TPU worker {sig.node} in {sig.zone}: no active TPU job there; acknowledged",
+                  node=sig.node, zone=sig.zone)
+    for job_id in owners:
+        reconcile(job_id, deps=deps)
+
+
+def sweep(message: Any) -> None:
+    """{"task": "sweep"}: every active job. {"task": "sweep", "job_id": ID}: that job (the CLI's cancel nudge)."""
+    from functions.reconcile import Deps, reconcile
+
+    if not isinstance(message, dict) or message.get("task") != "sweep":
+        logs.warning(f"sweep message ignored: expected {{'task': 'sweep'}}, got {message!r}")
+        return
+    job_id = message.get("job_id")
+    if job_id is not None:
+        if not isinstance(job_id, str) or not job_id:
+            logs.warning(f"sweep message ignored: job_id must be a non-empty string, got {job_id!r}")
+            return
+        reconcile(job_id)
+        return
+    deps = Deps.default()
+    failures = []
+    for job in deps.store.active_jobs():
+        try:
+            reconcile(job, deps=deps)
+        except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the sweep of the others
+            failures.append(job)
+            logs.error(f"sweep: reconciling {job} failed: {type(exc).__name__}: {exc}", job_id=job)
+    if failures:
+        # The next scheduled sweep retries them; redelivering this message would re-sweep every job.
+        logs.error(f"sweep: {len(failures)} job(s) failed and wait for the next sweep: {', '.join(failures)}")
+
+
+def alert(message: Any) -> None:
+    from functions import alerts
+    from functions.adapters import slack
+
+    try:
+        payload = alerts.to_slack(message)
+    except alerts.BadAlert as exc:
+        logs.warning(f"alert message ignored: {exc}")
+        return
+    url = os.environ.get("SLACK_WEBHOOK_URL")
+    if not url:
+        logs.warning("alert not sent: SLACK_WEBHOOK_URL is not set (deploy sets it from Secret Manager)", alert=message)
+        return
+    attempts = int(os.environ.get("RESPAWN_SLACK_ATTEMPTS", "4"))
+    backoff = float(os.environ.get("RESPAWN_SLACK_BACKOFF_SECONDS", "1"))
+    if slack.post(url, payload, attempts=attempts, backoff=backoff):
+        logs.info(f"alert sent to Slack: {message.get('type')} for {message.get('job_id')}")

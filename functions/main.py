@@ -1,0 +1,65 @@
+"""Cloud Functions (2nd gen) entry points. Each parses its trigger and hands over to the core; nothing else.
+
+    on_job_created  Firestore document created (jobs/{job}), Eventarc CloudEvent with protobuf DocumentEventData
+    on_log_event    Pub/Sub: the Logging sink's audit LogEntry (system events: preemption, host error, TPU terminate)
+    on_sweep        Pub/Sub: Cloud Scheduler's {"task": "sweep"} (or the CLI's {"task": "sweep", "job_id": ID})
+    on_alert        Pub/Sub: an alert JSON → Slack
+
+Malformed or foreign payloads are logged and acknowledged; transient failures of our own dependencies raise, so the
+platform (deployed with --retry) redelivers. Importing this module loads no Google client library.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# The Functions Framework puts only this file's folder on sys.path; the shared packages live one level up.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import functions_framework  # noqa: E402
+
+from functions import handlers, triggers  # noqa: E402
+from respawn import logs  # noqa: E402
+
+
+@functions_framework.cloud_event
+def on_job_created(cloud_event) -> None:
+    try:
+        job_id = triggers.firestore_job_id(cloud_event.data, cloud_event.get_attributes())
+    except triggers.Malformed as exc:
+        logs.warning(f"on_job_created: event ignored: {exc}", event_id=cloud_event["id"])
+        return
+    handlers.job_created(job_id)
+
+
+@functions_framework.cloud_event
+def on_log_event(cloud_event) -> None:
+    try:
+        entry = triggers.pubsub_json(cloud_event.data)
+    except triggers.Malformed as exc:
+        logs.warning(f"on_log_event: message ignored: {exc}", event_id=cloud_event["id"])
+        return
+    handlers.log_event(entry)
+
+
+@functions_framework.cloud_event
+def on_sweep(cloud_event) -> None:
+    try:
+        message = triggers.pubsub_json(cloud_event.data)
+    except triggers.Malformed as exc:
+        logs.warning(f"on_sweep: message ignored: {exc}", event_id=cloud_event["id"])
+        return
+    handlers.sweep(message)
+
+
+@functions_framework.cloud_event
+def on_alert(cloud_event) -> None:
+    try:
+        message = triggers.pubsub_json(cloud_event.data)
+    except triggers.Malformed as exc:
+        logs.warning(f"on_alert: message ignored: {exc}", event_id=cloud_event["id"])
+        return
+    handlers.alert(message)

@@ -1,0 +1,270 @@
+"""reconcile(job_id): observe → decide → record → act, repeated until there is nothing left to do right now.
+
+Observe: the job document, the current node's heartbeat, the node's real state from the Compute Engine or Cloud
+TPU API, and the zones under a capacity cooldown. Decide: functions/decide.py (pure). Record: the new status is
+committed in a Firestore transaction that checks the status revision observed, *before* the side effect; a
+transaction that finds the revision changed (a concurrent delivery got there first) commits nothing and the loop
+observes again. Act: create (409 → adopt), start, delete (404 → done): all idempotent.
+
+Errors: capacity/quota refusals are recorded (capacity/{zone}~{accel}, and the job's round) and placement goes on;
+a request that no zone can satisfy fails the job; anything transient propagates, so the platform redelivers the
+event and the next delivery resumes from what was recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from functions import decide as core
+from functions import placement
+from functions.decide import Act, Decision, NodeObs, Observation, Settings
+from respawn import logs
+from respawn.schema import CapacityRecord, Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise RuntimeError(f"{name}={raw!r} is not a number of seconds; fix the function's environment") from None
+
+
+@dataclass(frozen=True)
+class Config:
+    settings: Settings = Settings()
+    poll_seconds: float = 5.0  # how often a transition under way is looked at again
+    poll_budget_seconds: float = 120.0  # how long one invocation waits on transitions before leaving it to the sweep
+    max_passes: int = 40
+
+    @classmethod
+    def from_env(cls) -> "Config":
+        s = Settings(
+            stale_heartbeat_seconds=_env_float("RESPAWN_STALE_HEARTBEAT_SECONDS", 120),
+            boot_grace_seconds=_env_float("RESPAWN_BOOT_GRACE_SECONDS", 900),
+            backoff_base_seconds=_env_float("RESPAWN_BACKOFF_BASE_SECONDS", 30),
+            max_in_place_restarts=int(_env_float("RESPAWN_MAX_IN_PLACE_RESTARTS", 1)),
+        )
+        return cls(s, _env_float("RESPAWN_POLL_SECONDS", 5), _env_float("RESPAWN_POLL_BUDGET_SECONDS", 120))
+
+
+@dataclass
+class Deps:
+    """What reconcile talks to; built from functions.clients (adapters imported here, lazily)."""
+
+    store: Any
+    providers: dict[str, Any]  # "gpu" → ComputeProvider, "tpu" → TpuProvider
+    publish: Callable[[dict], Any]
+    project: str
+    startup_script: Callable[[], str]
+    config: Config = field(default_factory=Config)
+    now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+    sleep: Callable[[float], None] = time.sleep
+
+    @classmethod
+    def default(cls) -> "Deps":
+        from functions import clients, startup
+        from functions.adapters import pubsub
+        from functions.adapters.compute import ComputeProvider
+        from functions.adapters.firestore_store import Store
+        from functions.adapters.tpu import TpuProvider
+
+        c = clients.default()
+        return cls(store=Store(c.firestore()), providers={"gpu": ComputeProvider(c), "tpu": TpuProvider(c)},
+                   publish=lambda alert: pubsub.publish_alert(c, alert), project=c.project,
+                   startup_script=startup.startup_script, config=Config.from_env())
+
+
+@dataclass
+class Result:
+    job_id: str
+    found: bool = True
+    state: str | None = None
+    actions: list[str] = field(default_factory=list)
+
+
+# Crash injection for the tests of "a function dies between recording and acting": called with
+# ("after_record", job_id, action) once a decision is committed and before its side effect, and with
+# ("after_create", job_id, action) once a create returned and before its outcome is recorded. None in production.
+fault_hook: Callable[[str, str, Any], None] | None = None
+
+
+def _fault(point: str, job_id: str, action: Any) -> None:
+    if fault_hook is not None:
+        fault_hook(point, job_id, action)
+
+
+def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None) -> tuple[Observation, JobSpec | None] | None:
+    doc = deps.store.job(job_id)
+    if doc is None:
+        return None
+    try:
+        status = JobStatus.model_validate(doc.get("status") or {})
+    except ValidationError as exc:
+        logs.error(f"job {job_id}: status is unreadable ({exc.error_count()} errors); starting from an empty status",
+                   job_id=job_id)
+        status = JobStatus()
+    spec, errors = None, ()
+    try:
+        spec = parse_spec(doc.get("spec"))
+        if spec.id != job_id:
+            raise SpecError([f"id: {spec.id!r} does not match the document id {job_id!r}"])
+    except SpecError as exc:
+        spec, errors = None, tuple(exc.errors)
+    kind = spec.accelerator.kind if spec else "gpu"
+    node = core.ABSENT
+    heartbeat = None
+    if status.node and status.zone:
+        provider = deps.providers[kind]
+        raw = provider.get(status.zone, status.node)
+        node = NodeObs(core.phase_of(kind, raw), raw)
+        hb = deps.store.heartbeat(status.node)
+        if hb is not None:
+            try:
+                heartbeat = Heartbeat.model_validate(hb)
+            except ValidationError as exc:
+                logs.warning(f"heartbeat of {status.node} is unreadable ({exc.error_count()} errors); ignored",
+                             job_id=job_id, node=status.node)
+    blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec)) if spec else {}
+    o = Observation(
+        job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=bool(doc.get("cancel_requested")),
+        node=node, heartbeat=heartbeat, now=deps.now(), hint=hint if hint_node and hint_node == status.node else None,
+        blocked=blocked, settings=deps.config.settings,
+    )
+    return o, spec
+
+
+def _event(o: Observation, d: Decision) -> JobEvent | None:
+    if d.status is None or d.status.state == o.status.state and d.cause not in ("zone_refused",):
+        return None
+    details = dict(d.details)
+    details.update({k: v for k, v in (("node", d.status.node), ("zone", d.status.zone), ("attempt", d.status.attempt)) if v})
+    return JobEvent.new(o.status.state, d.status.state, d.cause or "reconcile", **details)
+
+
+def _commit(deps: Deps, job_id: str, before: JobStatus, after: JobStatus, event: JobEvent | None) -> bool:
+    return deps.store.commit(job_id, before.revision, after.model_dump(), event)
+
+
+def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = None, deps: Deps | None = None) -> Result:
+    deps = deps or Deps.default()
+    cfg = deps.config
+    result = Result(job_id)
+    poll_deadline = time.monotonic() + cfg.poll_budget_seconds
+    for _ in range(cfg.max_passes):
+        observed = observe(deps, job_id, hint, hint_node)
+        if observed is None:
+            result.found = False
+            logs.info(f"no job {job_id}: nothing to reconcile", job_id=job_id)
+            return result
+        o, spec = observed
+        d = core.decide(o)
+        result.state = (d.status or o.status).state.value
+        if d.status is not None:
+            if not _commit(deps, job_id, o.status, d.status, _event(o, d)):
+                logs.info(f"job {job_id}: status changed concurrently; observing again", job_id=job_id)
+                continue
+            if d.status.state != o.status.state:
+                logs.info(f"job {job_id}: {o.status.state.value} → {d.status.state.value} ({d.cause})", job_id=job_id,
+                          node=d.status.node, zone=d.status.zone, attempt=d.status.attempt, action=d.action.kind.value)
+        a = d.action
+        if a.kind in (Act.CREATE, Act.START, Act.DELETE):
+            _fault("after_record", job_id, a)
+        if a.kind in (Act.CREATE, Act.START, Act.DELETE):
+            result.actions.append(f"{a.kind.value} {a.node} in {a.zone}")
+            hint = None  # the event described the node before this action; from here on only observation counts
+            _act(deps, o, spec, d)
+        if d.alert is not None:
+            deps.publish(d.alert)
+        if a.kind is Act.POLL:
+            if time.monotonic() + cfg.poll_seconds > poll_deadline:
+                logs.info(f"job {job_id}: {o.status.node} still in transition ({o.node.raw_state}); the sweep will "
+                          "look again", job_id=job_id)
+                return result
+            deps.sleep(cfg.poll_seconds)
+            continue
+        if a.kind in (Act.NONE, Act.WAIT) and d.status is None:
+            return result
+        if a.kind is Act.WAIT:
+            return result
+    logs.warning(f"job {job_id}: still changing after {cfg.max_passes} passes; the next event or sweep continues",
+                 job_id=job_id)
+    return result
+
+
+def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
+    a = d.action
+    kind = spec.accelerator.kind if spec else "gpu"
+    provider = deps.providers[kind]
+    if a.kind is Act.DELETE:
+        provider.delete(a.zone, a.node)
+        logs.info(f"deleted {a.node} in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
+        return
+    assert spec is not None  # decide only creates or starts for a valid spec
+    try:
+        if a.kind is Act.CREATE:
+            created = provider.create(spec, a.zone, a.node, a.attempt, a.provisioning, deps.startup_script())
+            logs.info(f"{'created' if created else 'adopted existing'} {a.node} in {a.zone} ({a.provisioning})",
+                      job_id=o.job_id, node=a.node, zone=a.zone, attempt=a.attempt)
+            _fault("after_create", o.job_id, a)
+            _after_created(deps, o.job_id, a, provider)
+        else:
+            provider.start(a.zone, a.node)
+            logs.info(f"started {a.node} in place in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
+    except Exception as exc:  # noqa: BLE001 - classified below; anything unknown is re-raised
+        c = placement.classify(exc)
+        if c.kind == "transient":
+            raise
+        now = deps.now()
+        job = deps.store.job(o.job_id) or {}
+        current = JobStatus.model_validate(job.get("status") or {})
+        if c.kind in ("capacity", "quota"):
+            deps.store.record_capacity(CapacityRecord(
+                zone=a.zone, accelerator_type=placement.accelerator_key(spec), reason=c.kind, code=c.code,
+                message=c.message[:500], recorded_at=now, until=placement.cooldown_until(spec, now)))
+            logs.warning(f"{a.zone} refused {a.node}: {c.kind} ({c.code}); the zone cools down for "
+                         f"{spec.placement.cooldown_seconds} s", job_id=o.job_id, zone=a.zone, code=c.code)
+            if a.kind is Act.CREATE:
+                new = core.after_create_refused(current, a.attempt, a.zone, c.kind, c.message, now)
+            else:
+                new = core.after_start_refused(current, a.attempt, a.zone, c.message, now)
+            if new is not None:
+                event = JobEvent.new(current.state, new.state, f"zone_refused_{c.kind}", zone=a.zone, code=c.code,
+                                     node=a.node)
+                _commit(deps, o.job_id, current, new, event)
+            return
+        if c.kind == "not_found" and a.kind is Act.START:
+            return  # the stopped node vanished meanwhile: the next pass sees it absent
+        if c.kind == "exists":
+            _after_created(deps, o.job_id, a, provider)
+            return
+        failed = core.after_create_failed(o.job_id, current, a.attempt, f"{c.code}: {c.message}", now)
+        logs.error(f"{a.kind.value} of {a.node} in {a.zone} failed and no other zone can fix it: {c.code}: {c.message}",
+                   job_id=o.job_id)
+        if failed is not None and _commit(deps, o.job_id, current, failed.status,
+                                          JobEvent.new(current.state, State.FAILED, "create_failed", code=c.code,
+                                                       message=c.message[:500])):
+            deps.publish(failed.alert)
+
+
+def _after_created(deps: Deps, job_id: str, a, provider) -> None:
+    """Record that the create finished. If the job moved on meanwhile (another delivery placed a different node),
+    the node just made is an orphan: delete it, so there is never a second live node."""
+    job = deps.store.job(job_id) or {}
+    current = JobStatus.model_validate(job.get("status") or {})
+    new = core.after_created(current, a.attempt, a.node, deps.now())
+    if new is not None:
+        _commit(deps, job_id, current, new, None)
+        return
+    if (current.node, current.zone) != (a.node, a.zone):
+        logs.warning(f"{a.node} in {a.zone} was created for a placement the job has left ({current.node} in "
+                     f"{current.zone}); deleting it", job_id=job_id)
+        provider.delete(a.zone, a.node)
