@@ -1,0 +1,116 @@
+"""deploy/vm: the systemd unit that runs the node agent and the startup script that installs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from node_agent.agent import DETACH_EXIT_CODE, FINAL_WRITE_GRACE_S
+from node_agent.config import DEFAULT_NOTICE_BUDGET_SECONDS
+from node_agent.main import CONFIG_ERROR_EXIT_CODE
+from sim.metadata import MetadataServer
+
+VM = Path(__file__).resolve().parent.parent / "deploy" / "vm"
+UNIT = VM / "respawn-agent.service"
+STARTUP = VM / "startup.sh"
+
+
+def _unit_entries(text: str) -> dict[str, list[str]]:
+    """{"Section.Key": [values]}; systemd allows repeated keys (Environment=)."""
+    entries: dict[str, list[str]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        entries.setdefault(f"{section}.{key.strip()}", []).append(value.strip())
+    return entries
+
+
+def test_unit_has_what_the_agent_relies_on():
+    u = _unit_entries(UNIT.read_text())
+    assert u["Service.ExecStart"] == ["/opt/respawn/venv/bin/python -m node_agent"]
+    assert "RESPAWN_NODE_DIR=/var/lib/respawn" in u["Service.Environment"]
+    # Only the agent gets SIGTERM; the trainer survives an agent restart and is adopted.
+    assert u["Service.KillMode"] == ["process"] and u["Service.KillSignal"] == ["SIGTERM"]
+    assert int(u["Service.TimeoutStopSec"][0]) > DEFAULT_NOTICE_BUDGET_SECONDS + FINAL_WRITE_GRACE_S
+    assert u["Service.Restart"] == ["on-failure"]
+    assert u["Service.RestartPreventExitStatus"] == [str(CONFIG_ERROR_EXIT_CODE)]
+    assert DETACH_EXIT_CODE != 0  # SIGHUP's exit must count as a failure so that systemd restarts the agent
+    assert "network-online.target" in u["Unit.After"][0]
+    assert u["Install.WantedBy"] == ["multi-user.target"]
+
+
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    # verify checks that ExecStart exists: point it at this interpreter, keep everything else as shipped.
+    unit = tmp_path / "respawn-agent.service"
+    unit.write_text(UNIT.read_text().replace("/opt/respawn/venv/bin/python", sys.executable))
+    tool = shutil.which("systemd-analyze")
+    assert tool, "systemd-analyze is needed for this test (apt-get install systemd)"
+    r = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    problems = [l for l in (r.stdout + r.stderr).splitlines() if "respawn-agent" in l]
+    assert r.returncode == 0 and not problems, r.stdout + r.stderr
+
+
+def test_startup_script_is_valid_bash_and_embeds_the_unit_verbatim():
+    subprocess.run(["bash", "-n", str(STARTUP)], check=True)
+    embedded = re.search(r"<<'UNIT_FILE'\n(.*?)\nUNIT_FILE\n", STARTUP.read_text(), re.S).group(1)
+    assert embedded + "\n" == UNIT.read_text()
+
+
+def _run_startup(tmp_path, md_host: str, active: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+    calls = tmp_path / "systemctl.calls"
+    fake = tmp_path / "systemctl"
+    # Records its arguments; `is-active` answers as told.
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n[ "$1" = is-active ] && exit {0 if active else 3}\nexit 0\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, GCE_METADATA_HOST=md_host, RESPAWN_ROOT=str(tmp_path / "opt"),
+               SYSTEMD_UNIT_DIR=str(tmp_path / "units"), SYSTEMCTL=str(fake),
+               PYTHON=getattr(sys, "_base_executable", sys.executable))
+    r = subprocess.run(["bash", str(STARTUP)], env=env, capture_output=True, text=True, timeout=300)
+    return r, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_startup_script_installs_once_writes_the_unit_and_never_restarts_a_running_agent(tmp_path):
+    # "pip" is a requirement every fresh venv already satisfies: the run is real but needs no package index.
+    with MetadataServer(attributes={"respawn-install": "pip"}) as md:
+        r, calls = _run_startup(tmp_path, md.host, active=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "installing pip" in r.stdout
+        assert (tmp_path / "opt" / "venv" / "bin" / "python").exists()
+        assert (tmp_path / "units" / "respawn-agent.service").read_text() == UNIT.read_text()
+        assert [c for c in calls if not c.startswith("is-active")] == [
+            "daemon-reload", "enable --now respawn-agent.service"]
+
+        # Next boot (restart in place), agent already running: nothing reinstalled, no signal sent.
+        r, calls = _run_startup(tmp_path, md.host, active=True)
+        assert r.returncode == 0 and "already installed" in r.stdout, r.stdout + r.stderr
+        assert calls[-2:] == ["daemon-reload", "enable --now respawn-agent.service"]
+        assert not any("restart" in c or "kill" in c for c in calls)
+
+
+def test_startup_script_upgrade_hands_over_with_sighup_not_sigterm(tmp_path):
+    with MetadataServer(attributes={"respawn-install": "pip"}) as md:
+        assert _run_startup(tmp_path, md.host, active=False)[0].returncode == 0
+        md.set_attribute("respawn-install", "pip>=1")
+        r, calls = _run_startup(tmp_path, md.host, active=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "kill --kill-who=main --signal=SIGHUP respawn-agent.service" in calls
+        assert not any("restart" in c or "SIGTERM" in c for c in calls)
+
+
+def test_startup_script_without_install_attribute_fails_with_a_clear_message(tmp_path):
+    with MetadataServer() as md:
+        env = dict(os.environ, GCE_METADATA_HOST=md.host, RESPAWN_ROOT=str(tmp_path / "opt"),
+                   SYSTEMD_UNIT_DIR=str(tmp_path / "units"), SYSTEMCTL="false")
+        r = subprocess.run(["bash", str(STARTUP)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "respawn-install is missing" in r.stdout
