@@ -1,24 +1,15 @@
-"""Streaming checksums for checkpoint files.
-
-crc32c (the checksum GCS itself uses) when the google-crc32c C extension is present, zlib's crc32 otherwise. The
-manifest records which one wrote it, so either side can verify either kind.
-"""
+"""Streaming checksums for checkpoint files. The manifest records the algorithm that wrote it (crc32 by default;
+crc32c is accepted when verifying), so either kind can be verified."""
 
 from __future__ import annotations
 
 import zlib
 
 
-def _crc32c_c():
-    try:
-        import google_crc32c
-    except ImportError:
-        return None
-    return google_crc32c if getattr(google_crc32c, "implementation", "") == "c" else None
-
-
-_CRC32C = _crc32c_c()
-DEFAULT_ALGORITHM = "crc32c" if _CRC32C is not None else "crc32"
+# zlib's crc32 is the default: it reads any buffer without a copy and releases the GIL, so it runs on a helper
+# thread beside the writer at ~1.8 GB/s per core. google-crc32c's C extension is faster per byte but only takes
+# `bytes` (one GIL-holding copy per chunk), which measured slower on a busy 2-core VM. crc32c stays readable.
+DEFAULT_ALGORITHM = "crc32"
 
 
 class Checksum:

@@ -75,6 +75,7 @@ class CheckpointManager:
         self.job_id, self.attempt = job_id, attempt
         self.status = StatusWriter(status_file, total_steps)
         self._buffers = SnapshotBuffers()
+        self._prepare_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._inflight: dict | None = None  # {"step", "thread", "cancel", "result"}
         self._kinds: dict[tuple[str, int], str] = {}
@@ -159,6 +160,14 @@ class CheckpointManager:
 
     # ---- saving ---------------------------------------------------------------------------------------------
 
+    def prepare_snapshot(self, state: Any) -> None:
+        """Optional: allocate and pre-fault the periodic-snapshot buffers on a background thread (call once after
+        restore), so that the first periodic save stalls no longer than the later ones."""
+        payload = flatten(state, copy=False)
+        self._prepare_thread = threading.Thread(target=self._buffers.prepare, args=(payload.arrays,),
+                                                name="respawn-prepare", daemon=True)
+        self._prepare_thread.start()
+
     def save(self, step: int, state: Any, *, blocking: bool = False, kind: str = "periodic") -> None:
         """Periodic checkpoint. The caller blocks only for the in-memory snapshot (plus the previous save if it
         has not finished: snapshot buffers are reused); writing, committing, uploading and retention run on a
@@ -170,6 +179,9 @@ class CheckpointManager:
         self._step = max(self._step, step)
         if self.local.steps().get(step):
             return  # already committed (e.g. resumed exactly here)
+        if self._prepare_thread is not None:
+            self._prepare_thread.join()
+            self._prepare_thread = None
         payload = flatten(state, copy=True, buffers=self._buffers)
         cancel = threading.Event()
         job = {"step": step, "cancel": cancel, "result": None}

@@ -158,6 +158,22 @@ class SnapshotBuffers:
             np.copyto(buf, a)
         return buf
 
+    def prepare(self, items: list["ArrayItem"]) -> None:
+        """Allocate and pre-fault the buffers a snapshot of these arrays will use (run off the training loop)."""
+        for index, item in enumerate(items):
+            src = item.source
+            if _is_torch_tensor(src):
+                import torch
+
+                pin = src.device.type == "cuda"
+                buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pin)
+                buf.reshape(-1).view(torch.uint8).zero_()  # touch every page now, not during the first save
+                self._bufs[index] = buf
+            elif isinstance(src, np.ndarray):
+                buf = np.empty(src.shape, dtype=src.dtype)
+                buf.reshape(-1).view(np.uint8).fill(0)
+                self._bufs[index] = buf
+
     def clear(self) -> None:
         self._bufs.clear()
 
