@@ -1,0 +1,1 @@
+"""What cloudbuild.yaml applies. `python -m deploy.render` writes the build's generated inputs (see render.py)."""

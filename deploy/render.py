@@ -1,0 +1,159 @@
+"""Write what the build's gcloud steps read, from the single definitions in the repository.
+
+    python -m deploy.render --project P --region R --bucket B --slack-secret S --build-id ID --wheel-dir D --out O
+
+O/names.env            shell variables: resource names (respawn/deployment.py), service account emails, release URI
+O/sink-filter.txt      respawn.audit.sink_filter(P): the Logging sink's filter
+O/function-env.yaml    the functions' environment (--env-vars-file)
+O/roles/ROLE.yaml      each custom role of deploy/iam/permissions.yaml (--file of gcloud iam roles create|update)
+O/bindings.tsv         kind, resource, member, role: every IAM binding the build adds before deploying
+O/indexes.json         the composite indexes of deploy/firestore/indexes.yaml
+O/function-source/     the uploaded function source (deploy/stage.py)
+Every failure names the input to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from deploy import iam, stage
+from respawn import audit, deployment
+
+ROOT = Path(__file__).resolve().parent.parent
+INDEXES_FILE = ROOT / "deploy" / "firestore" / "indexes.yaml"
+# How long a Compute or TPU operation may be waited on inside one invocation: below the functions' 540 s timeout,
+# so a slow create ends in a retried delivery rather than a killed instance.
+OP_TIMEOUT_SECONDS = 480
+
+_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+
+
+class RenderError(ValueError):
+    pass
+
+
+def _check(value: str, pattern: re.Pattern, what: str, hint: str) -> str:
+    if not value or not pattern.match(value):
+        raise RenderError(f"{what} {value!r} is not valid: {hint}")
+    return value
+
+
+def emails(project: str) -> dict[str, str]:
+    return {key: deployment.service_account_email(account, project) for key, account in
+            (("controller", deployment.CONTROLLER_SA), ("notifier", deployment.NOTIFIER_SA),
+             ("trigger", deployment.TRIGGER_SA), ("node", deployment.NODE_SA))}
+
+
+def names(project: str, region: str, bucket: str, slack_secret: str, release_uri: str, wheel: Path) -> dict[str, str]:
+    sa = emails(project)
+    return {
+        "PROJECT": project, "REGION": region, "BUCKET": bucket, "SLACK_SECRET": slack_secret,
+        "LOG_EVENTS_TOPIC": deployment.LOG_EVENTS_TOPIC, "ALERTS_TOPIC": deployment.ALERTS_TOPIC,
+        "SWEEP_TOPIC": deployment.SWEEP_TOPIC, "SINK": deployment.SINK,
+        "SCHEDULER_JOB": deployment.SCHEDULER_JOB, "SWEEP_SCHEDULE": deployment.SWEEP_SCHEDULE,
+        "SWEEP_MESSAGE": deployment.SWEEP_MESSAGE,
+        "CONTROLLER_SA": deployment.CONTROLLER_SA, "NOTIFIER_SA": deployment.NOTIFIER_SA,
+        "TRIGGER_SA": deployment.TRIGGER_SA, "NODE_SA": deployment.NODE_SA,
+        "CONTROLLER_EMAIL": sa["controller"], "NOTIFIER_EMAIL": sa["notifier"], "TRIGGER_EMAIL": sa["trigger"],
+        "NODE_EMAIL": sa["node"],
+        "TTL_COLLECTION_GROUP": deployment.TTL_COLLECTION_GROUP, "TTL_FIELD": deployment.TTL_FIELD,
+        "JOB_DOCUMENT_PATTERN": deployment.JOB_DOCUMENT_PATTERN, "JOB_CREATED_EVENT": deployment.JOB_CREATED_EVENT,
+        "WHEEL": str(wheel), "RELEASE_URI": release_uri,
+        "ROLES": " ".join(r.id for r in iam.roles()),
+    }
+
+
+def function_env(project: str, region: str, node_email: str, install: str, build_id: str) -> dict[str, str]:
+    return {
+        deployment.ENV_PROJECT: project,
+        deployment.ENV_REGION: region,
+        deployment.ENV_ALERTS_TOPIC: deployment.ALERTS_TOPIC,
+        deployment.ENV_NODE_SERVICE_ACCOUNT: node_email,
+        deployment.ENV_INSTALL: install,
+        deployment.ENV_VERSION: build_id,
+        "RESPAWN_OP_TIMEOUT_SECONDS": str(OP_TIMEOUT_SECONDS),
+    }
+
+
+def bindings(project: str, bucket: str, slack_secret: str) -> list[tuple[str, str, str, str]]:
+    """(kind, resource, member, role) for every binding made before the functions exist."""
+    sa = emails(project)
+    resource = {"project": ("project", project),
+                "node-service-account": ("service-account", sa["node"]),
+                "alerts-topic": ("topic", deployment.ALERTS_TOPIC),
+                "checkpoint-bucket": ("bucket", f"gs://{bucket}"),
+                "slack-secret": ("secret", slack_secret)}
+    out = [(*resource[r.scope], f"serviceAccount:{sa[r.member]}", f"projects/{project}/roles/{r.id}")
+           for r in iam.roles()]
+    for p in iam.load()["predefined"]:
+        if p["scope"] in resource:  # each-function and log-events-topic are bound in their own build steps
+            out.append((*resource[p["scope"]], f"serviceAccount:{sa[p['member']]}", p["role"]))
+    return out
+
+
+def indexes(path: Path = INDEXES_FILE) -> list[dict]:
+    data = yaml.safe_load(path.read_text()) or {}
+    out = []
+    for ix in data.get("indexes") or []:
+        fields = [f"field-path={f['field']},order={f.get('order', 'ascending')}" for f in ix["fields"]]
+        out.append({"collection_group": ix["collection_group"], "field_config": fields})
+    return out
+
+
+def render(project: str, region: str, bucket: str, slack_secret: str, build_id: str, wheel_dir: Path,
+           out: Path) -> Path:
+    _check(project, _PROJECT, "project", "set the _PROJECT substitution to a project ID")
+    _check(region, _REGION, "region", "set _REGION to a Cloud Functions region such as us-central1")
+    _check(bucket, _BUCKET, "checkpoint bucket",
+           "pass --substitutions=_CHECKPOINT_BUCKET=NAME (the bucket name, without gs://)")
+    _check(slack_secret, _SECRET, "Slack secret", "set _SLACK_SECRET to the Secret Manager secret's name")
+    if not build_id:
+        raise RenderError("build id is empty: Cloud Build sets $BUILD_ID")
+    wheels = sorted(Path(wheel_dir).glob("respawn-*.whl"))
+    if len(wheels) != 1:
+        raise RenderError(f"expected one respawn wheel in {wheel_dir}, found {[w.name for w in wheels]}: "
+                          "the build step runs `pip wheel` into an empty folder first")
+    wheel = wheels[0]
+    out = Path(out)
+    (out / "roles").mkdir(parents=True, exist_ok=True)
+    release_uri = f"gs://{bucket}/{deployment.RELEASES_PREFIX}/{build_id}/{wheel.name}"
+    env_names = names(project, region, bucket, slack_secret, release_uri, wheel)
+    (out / "names.env").write_text(
+        "# Generated by deploy/render.py\n" + "".join(f"{k}={shlex.quote(v)}\n" for k, v in env_names.items()))
+    (out / "sink-filter.txt").write_text(audit.sink_filter(project))
+    install = deployment.release_requirement(bucket, build_id, wheel.name)
+    env = function_env(project, region, env_names["NODE_EMAIL"], install, build_id)
+    (out / "function-env.yaml").write_text(yaml.safe_dump(env, default_flow_style=False, sort_keys=True))
+    for role in iam.roles():
+        (out / "roles" / f"{role.id}.yaml").write_text(yaml.safe_dump(role.definition(), sort_keys=False))
+    (out / "bindings.tsv").write_text("".join("\t".join(b) + "\n" for b in bindings(project, bucket, slack_secret)))
+    (out / "indexes.json").write_text(json.dumps(indexes(), indent=1))
+    stage.stage(ROOT, out / "function-source")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m deploy.render", description=__doc__.split("\n")[0])
+    for flag in ("project", "region", "bucket", "slack-secret", "build-id", "wheel-dir", "out"):
+        ap.add_argument(f"--{flag}", required=True)
+    a = ap.parse_args(argv)
+    try:
+        render(a.project, a.region, a.bucket, a.slack_secret, a.build_id, Path(a.wheel_dir), Path(a.out))
+    except (RenderError, stage.StageError) as exc:
+        print(f"deploy.render: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

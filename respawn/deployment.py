@@ -1,0 +1,96 @@
+"""The names a Respawn deployment gives its Google Cloud resources, and the environment the functions get.
+
+The single definition: cloudbuild.yaml reads these (through `python -m deploy.render`, which writes them as shell
+variables), the functions and the CLI import them. Imports nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Pub/Sub topics.
+LOG_EVENTS_TOPIC = "respawn-log-events"  # fed by the Logging sink (audit system events)
+ALERTS_TOPIC = "respawn-alerts"  # the core publishes alert JSON here; on_alert posts it to Slack
+SWEEP_TOPIC = "respawn-sweep"  # Cloud Scheduler publishes {"task": "sweep"}; the CLI nudges it on cancel
+
+SINK = "respawn-system-events"  # the Logging sink that routes respawn.audit.sink_filter() to LOG_EVENTS_TOPIC
+SCHEDULER_JOB = "respawn-sweep"
+SWEEP_SCHEDULE = "*/2 * * * *"  # a lost audit event delays recovery by at most this period
+SWEEP_MESSAGE = '{"task":"sweep"}'
+
+# Service account IDs (emails are {id}@{project}.iam.gserviceaccount.com).
+CONTROLLER_SA = "respawn-controller"  # runs on_job_created, on_log_event, on_sweep
+NOTIFIER_SA = "respawn-notifier"  # runs on_alert: reads the Slack secret, nothing else
+TRIGGER_SA = "respawn-trigger"  # the identity Eventarc and Pub/Sub use to invoke the functions
+NODE_SA = "respawn-node"  # attached to every GPU VM and TPU VM: the agent and the trainer
+
+# Firestore TTL on event history (respawn.schema.JobEvent.expire_at).
+TTL_COLLECTION_GROUP = "events"
+TTL_FIELD = "expire_at"
+
+# Where releases of the agent and trainer go, under the checkpoint bucket: gs://{bucket}/{RELEASES_PREFIX}/{build}/.
+RELEASES_PREFIX = "respawn/releases"
+# The extras a node installs: the agent, and the trainer's gs:// checkpoint store.
+NODE_EXTRAS = "agent,storage"
+
+# Environment variables deploy/ sets on every function (values: deploy/render.py).
+ENV_PROJECT = "RESPAWN_PROJECT"  # the project holding Firestore, the nodes and the topics
+ENV_REGION = "RESPAWN_REGION"  # where the functions run
+ENV_ALERTS_TOPIC = "RESPAWN_ALERTS_TOPIC"  # ALERTS_TOPIC
+ENV_NODE_SERVICE_ACCOUNT = "RESPAWN_NODE_SERVICE_ACCOUNT"  # email to attach to every node
+ENV_INSTALL = "RESPAWN_INSTALL"  # pip requirement for the deployed agent+trainer -> node metadata respawn-install
+ENV_VERSION = "RESPAWN_VERSION"  # the Cloud Build ID that deployed this code
+ENV_SLACK_WEBHOOK_URL = "SLACK_WEBHOOK_URL"  # on_alert only, from Secret Manager
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str  # the Cloud Functions name (a Cloud Run service name: lowercase and hyphens)
+    entry_point: str  # the function in functions/main.py
+    trigger: str  # "firestore" (jobs/{jobId} created) or a Pub/Sub topic name
+    service_account: str
+
+
+FUNCTIONS: tuple[Function, ...] = (
+    Function("respawn-on-job-created", "on_job_created", "firestore", CONTROLLER_SA),
+    Function("respawn-on-log-event", "on_log_event", LOG_EVENTS_TOPIC, CONTROLLER_SA),
+    Function("respawn-on-sweep", "on_sweep", SWEEP_TOPIC, CONTROLLER_SA),
+    Function("respawn-on-alert", "on_alert", ALERTS_TOPIC, NOTIFIER_SA),
+)
+# The Firestore trigger's document path pattern (respawn.schema.JOBS).
+JOB_DOCUMENT_PATTERN = "jobs/{jobId}"
+JOB_CREATED_EVENT = "google.cloud.firestore.document.v1.created"
+
+# The VM side (owned by node_agent; deploy/vm/): what the control plane puts into node metadata `startup-script`.
+STARTUP_SCRIPT = "deploy/vm/startup.sh"
+AGENT_UNIT = "deploy/vm/respawn-agent.service"
+
+
+def service_account_email(account_id: str, project: str) -> str:
+    return f"{account_id}@{project}.iam.gserviceaccount.com"
+
+
+def source_root() -> Path:
+    """The repository root, or the root of the deployed function source (deploy/stage.py keeps the same layout)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def startup_script() -> str:
+    """The node startup script's text, for metadata `startup-script`. Raises FileNotFoundError naming the path."""
+    path = source_root() / STARTUP_SCRIPT
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{path}: the node startup script is missing; deploy/stage.py copies {STARTUP_SCRIPT} into the "
+            "function source, so redeploy with cloudbuild.yaml (or run from a full checkout)"
+        ) from None
+
+
+def release_requirement(bucket: str, build_id: str, wheel_name: str) -> str:
+    """The pip requirement a node installs: `respawn[agent,storage] @ gs://BUCKET/respawn/releases/BUILD/WHEEL`.
+
+    pip cannot fetch gs:// itself: the startup script downloads the wheel with the node's own credentials and
+    installs the local file (see docs/deploy.md)."""
+    return f"respawn[{NODE_EXTRAS}] @ gs://{bucket}/{RELEASES_PREFIX}/{build_id}/{wheel_name}"
