@@ -107,25 +107,12 @@ def register(
 
     def go() -> None:
         spec = _load_spec_file(file)
-        from google.api_core.exceptions import AlreadyExists, Conflict
-        from google.cloud import firestore
+        from respawn.jobs import JobExists, register as write_job
 
-        db = _db(project)
-        ref = db.collection(schema.JOBS).document(spec.id)
         try:
-            ref.create(
-                {
-                    "spec": spec.to_doc(),
-                    "status": schema.JobStatus(updated_at=datetime.now(timezone.utc)).model_dump(),
-                    "cancel_requested": False,
-                    "created_at": firestore.SERVER_TIMESTAMP,
-                }
-            )
-        except (AlreadyExists, Conflict):
+            write_job(_db(project), spec, source=str(file))
+        except JobExists:
             raise CliError(f"job {spec.id!r} already exists; pick another id (a finished job keeps its record)") from None
-        ref.collection(schema.EVENTS).add(
-            schema.JobEvent.new(None, schema.State.PENDING, "registered", file=str(file)).model_dump()
-        )
         out.print(f"registered [bold]{spec.id}[/bold]: {spec.accelerator.kind} {spec.provisioning} over {', '.join(spec.zones)}")
 
     _run(go)
