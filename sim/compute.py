@@ -213,6 +213,7 @@ class ComputeService:
     def _to_staging(self, inst: Instance, gen: int, op: Operation) -> None:
         with self.sim.cond:
             if inst.gen != gen or self.instances.get((inst.zone, inst.name)) is not inst:
+                self._finish(op)  # deleted or preempted while provisioning: the insert still ends
                 return
             self._set_status(inst, "STAGING")
             self.sim.scheduler.call_later(self.sim.op_delay, self._to_running, inst, inst.gen, op)

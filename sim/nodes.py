@@ -67,53 +67,61 @@ class NodeRuntime:
                     stdin=subprocess.DEVNULL, start_new_session=True,
                 )
 
-    def signal(self, sig: int) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
+    @staticmethod
+    def _signal(proc: subprocess.Popen, sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
-    def wait_gone(self, timeout: float) -> bool:
+    @staticmethod
+    def _wait_gone(proc: subprocess.Popen, timeout: float) -> bool:
         """Wait until the whole process group has exited; True if it did within `timeout`."""
-        if self.proc is None:
-            return True
         deadline = time.monotonic() + timeout
         while True:
-            self.proc.poll()  # reap the leader, or the group never looks empty
-            if self.proc.returncode is not None and not group_alive(self.proc.pid):
+            proc.poll()  # reap the leader, or the group never looks empty
+            if proc.returncode is not None and not group_alive(proc.pid):
                 return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
 
+    def _take_proc(self) -> subprocess.Popen | None:
+        with self._lock:
+            proc, self.proc = self.proc, None
+            return proc
+
     def power_off(self, grace: float) -> bool:
-        """ACPI soft off, then mechanical off after `grace` seconds. Returns True if the guest exited in time."""
+        """ACPI soft off, then mechanical off after `grace` seconds. Returns True if the guest exited in time.
+        The process is taken first, so a concurrent crash() or stop never signals a stale group."""
         clean = True
-        if self.proc is not None:
-            self.signal(signal.SIGTERM)
-            clean = self.wait_gone(grace)
-            if not clean:
-                self.signal(signal.SIGKILL)
-                self.wait_gone(10)
-            self.exit_codes.append(self.proc.returncode)
-            self.proc = None
+        with self._lock:
+            proc = self.proc
+        if proc is not None:
+            self._signal(proc, signal.SIGTERM)
+            clean = self._wait_gone(proc, grace)
+            if self._take_proc() is proc:
+                if not clean:
+                    self._signal(proc, signal.SIGKILL)
+                    self._wait_gone(proc, 10)
+                self.exit_codes.append(proc.returncode)
         self.stop_metadata()
         return clean
 
     def crash(self) -> None:
-        """Host error: everything dies at once."""
-        if self.proc is not None:
-            self.signal(signal.SIGKILL)
-            self.wait_gone(10)
-            self.exit_codes.append(self.proc.returncode)
-            self.proc = None
+        """Host error (or the sim stopping): everything dies at once."""
+        proc = self._take_proc()
+        if proc is not None:
+            self._signal(proc, signal.SIGKILL)
+            self._wait_gone(proc, 10)
+            self.exit_codes.append(proc.returncode)
         self.stop_metadata()
 
     def stop_metadata(self) -> None:
-        if self.metadata is not None:
-            self.metadata.stop()
-            self.metadata = None
+        with self._lock:
+            metadata, self.metadata = self.metadata, None
+        if metadata is not None:
+            metadata.stop()
 
     def destroy(self) -> None:
         """Delete: nothing of the node is left."""
