@@ -1,10 +1,10 @@
 """reconcile(job_id): observe → decide → record → act, repeated until there is nothing left to do right now.
 
 Observe: the job document, the current node's heartbeat, the node's real state from the Compute Engine or Cloud
-TPU API, and the zones under a capacity cooldown. Decide: functions/decide.py (pure). Record: the new status is
-committed in a Firestore transaction that checks the status revision observed, *before* the side effect; a
-transaction that finds the revision changed (a concurrent delivery got there first) commits nothing and the loop
-observes again. Act: create (409 → adopt), start, delete (404 → done): all idempotent.
+TPU API, and the zones under a capacity cooldown. Decide: functions/decide.py (pure). Record: the new status (and
+its lifecycle event) is committed atomically, conditional on the job document being unchanged since it was
+observed (an optimistic transaction, see adapters/firestore_store.py), *before* the side effect; if it changed
+(a concurrent delivery got there first, the user cancelled) nothing is written and the loop observes again. Act: create (409 → adopt), start, delete (404 → done): all idempotent.
 
 Errors: capacity/quota refusals are recorded (capacity/{zone}~{accel}, and the job's round) and placement goes on;
 a request that no zone can satisfy fails the job; anything transient propagates, so the platform redelivers the
@@ -102,10 +102,12 @@ def _fault(point: str, job_id: str, action: Any) -> None:
         fault_hook(point, job_id, action)
 
 
-def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None) -> tuple[Observation, JobSpec | None] | None:
-    doc = deps.store.job(job_id)
-    if doc is None:
+def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None) -> tuple[Observation, JobSpec | None, Any] | None:
+    """What decide() needs, plus the job document's version (its update_time) that a commit is conditional on."""
+    found = deps.store.job(job_id)
+    if found is None:
         return None
+    doc, version = found
     try:
         status = JobStatus.model_validate(doc.get("status") or {})
     except ValidationError as exc:
@@ -139,7 +141,7 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None) ->
         node=node, heartbeat=heartbeat, now=deps.now(), hint=hint if hint_node and hint_node == status.node else None,
         blocked=blocked, settings=deps.config.settings,
     )
-    return o, spec
+    return o, spec, version
 
 
 def _event(o: Observation, d: Decision) -> JobEvent | None:
@@ -150,8 +152,26 @@ def _event(o: Observation, d: Decision) -> JobEvent | None:
     return JobEvent.new(o.status.state, d.status.state, d.cause or "reconcile", **details)
 
 
-def _commit(deps: Deps, job_id: str, before: JobStatus, after: JobStatus, event: JobEvent | None) -> bool:
-    return deps.store.commit(job_id, before.revision, after.model_dump(), event)
+def _commit(deps: Deps, job_id: str, version: Any, after: JobStatus, event: JobEvent | None) -> bool:
+    return deps.store.commit(job_id, version, after.model_dump(), event)
+
+
+def _record_outcome(deps: Deps, job_id: str, update: Callable[[JobStatus], tuple[JobStatus, JobEvent | None] | None]
+                    ) -> tuple[JobStatus, bool]:
+    """Record an action's outcome on the current status: (status read last, whether `update` was committed).
+    `update` returns None when the outcome no longer applies (the job moved on)."""
+    for _ in range(5):
+        found = deps.store.job(job_id)
+        if found is None:
+            return JobStatus(), False
+        doc, version = found
+        current = JobStatus.model_validate(doc.get("status") or {})
+        change = update(current)
+        if change is None:
+            return current, False
+        if _commit(deps, job_id, version, change[0], change[1]):
+            return change[0], True
+    return current, False  # still contended: the next pass observes and decides afresh
 
 
 def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = None, deps: Deps | None = None) -> Result:
@@ -165,11 +185,11 @@ def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = N
             result.found = False
             logs.info(f"no job {job_id}: nothing to reconcile", job_id=job_id)
             return result
-        o, spec = observed
+        o, spec, version = observed
         d = core.decide(o)
         result.state = (d.status or o.status).state.value
         if d.status is not None:
-            if not _commit(deps, job_id, o.status, d.status, _event(o, d)):
+            if not _commit(deps, job_id, version, d.status, _event(o, d)):
                 logs.info(f"job {job_id}: status changed concurrently; observing again", job_id=job_id)
                 continue
             if d.status.state != o.status.state:
@@ -224,47 +244,49 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         if c.kind == "transient":
             raise
         now = deps.now()
-        job = deps.store.job(o.job_id) or {}
-        current = JobStatus.model_validate(job.get("status") or {})
         if c.kind in ("capacity", "quota"):
             deps.store.record_capacity(CapacityRecord(
                 zone=a.zone, accelerator_type=placement.accelerator_key(spec), reason=c.kind, code=c.code,
                 message=c.message[:500], recorded_at=now, until=placement.cooldown_until(spec, now)))
             logs.warning(f"{a.zone} refused {a.node}: {c.kind} ({c.code}); the zone cools down for "
                          f"{spec.placement.cooldown_seconds} s", job_id=o.job_id, zone=a.zone, code=c.code)
-            if a.kind is Act.CREATE:
-                new = core.after_create_refused(current, a.attempt, a.zone, c.kind, c.message, now)
-            else:
-                new = core.after_start_refused(current, a.attempt, a.zone, c.message, now)
-            if new is not None:
-                event = JobEvent.new(current.state, new.state, f"zone_refused_{c.kind}", zone=a.zone, code=c.code,
-                                     node=a.node)
-                _commit(deps, o.job_id, current, new, event)
+
+            def refused(cur: JobStatus):
+                new = (core.after_create_refused(cur, a.attempt, a.zone, c.kind, c.message, now) if a.kind is Act.CREATE
+                       else core.after_start_refused(cur, a.attempt, a.zone, c.message, now))
+                if new is None:
+                    return None
+                return new, JobEvent.new(cur.state, new.state, f"zone_refused_{c.kind}", zone=a.zone, code=c.code,
+                                         node=a.node)
+
+            _record_outcome(deps, o.job_id, refused)
             return
         if c.kind == "not_found" and a.kind is Act.START:
             return  # the stopped node vanished meanwhile: the next pass sees it absent
         if c.kind == "exists":
             _after_created(deps, o.job_id, a, provider)
             return
-        failed = core.after_create_failed(o.job_id, current, a.attempt, f"{c.code}: {c.message}", now)
         logs.error(f"{a.kind.value} of {a.node} in {a.zone} failed and no other zone can fix it: {c.code}: {c.message}",
                    job_id=o.job_id)
-        if failed is not None and _commit(deps, o.job_id, current, failed.status,
-                                          JobEvent.new(current.state, State.FAILED, "create_failed", code=c.code,
-                                                       message=c.message[:500])):
-            deps.publish(failed.alert)
+        alert: list[dict] = []
+
+        def failed(cur: JobStatus):
+            d = core.after_create_failed(o.job_id, cur, a.attempt, f"{c.code}: {c.message}", now)
+            if d is None:
+                return None
+            alert.append(d.alert)
+            return d.status, JobEvent.new(cur.state, State.FAILED, "create_failed", code=c.code, message=c.message[:500])
+
+        if _record_outcome(deps, o.job_id, failed)[1]:
+            deps.publish(alert[-1])
 
 
 def _after_created(deps: Deps, job_id: str, a, provider) -> None:
     """Record that the create finished. If the job moved on meanwhile (another delivery placed a different node),
     the node just made is an orphan: delete it, so there is never a second live node."""
-    job = deps.store.job(job_id) or {}
-    current = JobStatus.model_validate(job.get("status") or {})
-    new = core.after_created(current, a.attempt, a.node, deps.now())
-    if new is not None:
-        _commit(deps, job_id, current, new, None)
-        return
-    if (current.node, current.zone) != (a.node, a.zone):
+    current, _ = _record_outcome(deps, job_id, lambda cur: (lambda new: (new, None) if new else None)(
+        core.after_created(cur, a.attempt, a.node, deps.now())))
+    if current.node is not None and (current.node, current.zone) != (a.node, a.zone):
         logs.warning(f"{a.node} in {a.zone} was created for a placement the job has left ({current.node} in "
                      f"{current.zone}); deleting it", job_id=job_id)
         provider.delete(a.zone, a.node)

@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -33,7 +33,7 @@ T4 = "nvidia-tesla-t4"
 FAST_ENV = {
     "RESPAWN_POLL_SECONDS": "0.05",
     "RESPAWN_POLL_BUDGET_SECONDS": "15",
-    "RESPAWN_STALE_HEARTBEAT_SECONDS": "2",
+    "RESPAWN_STALE_HEARTBEAT_SECONDS": "5",
     "RESPAWN_BOOT_GRACE_SECONDS": "30",
     "RESPAWN_BACKOFF_BASE_SECONDS": "1",
     "RESPAWN_SLACK_BACKOFF_SECONDS": "0.01",
@@ -151,11 +151,13 @@ class Controller:
         snaps = self.db.collection(JOBS).document(job_id).collection(EVENTS).stream()
         return sorted((s.to_dict() for s in snaps), key=lambda e: e["at"])
 
-    def heartbeat(self, node: str, *, state: str = "training", step: int = 10, committed_step: int = 5, **kw) -> None:
+    def heartbeat(self, node: str, *, state: str = "training", step: int = 10, committed_step: int = 5,
+                  age: float = 0, **kw) -> None:
+        """Write nodes/{node} as the agent does; `age` seconds in the past (a node that went silent)."""
         job, _, attempt = node.rpartition("-")
         self.db.collection(NODES).document(node).set({
             "job_id": job, "attempt": int(attempt), "state": state, "step": step, "committed_step": committed_step,
-            "heartbeat_at": datetime.now(timezone.utc), **kw})
+            "heartbeat_at": datetime.now(timezone.utc) - timedelta(seconds=age), **kw})
 
     def cancel(self, job_id: str) -> None:
         self.db.collection(JOBS).document(job_id).update({"cancel_requested": True})
@@ -184,6 +186,17 @@ class Controller:
                 time.sleep(0.1)
         sub.close()
         return got
+
+    def system_events(self, node: str | None = None) -> list[dict]:
+        """The audit entries the sim wrote that the Logging sink would route (respawn.audit's filter)."""
+        from respawn import audit
+
+        return [e for e in list(self.sim.audit_log) if audit.matches(e, self.project)
+                and (node is None or e["protoPayload"]["resourceName"].endswith("/" + node))]
+
+    def wait_system_event(self, node: str, timeout: float = 20) -> dict:
+        self.sim.wait_for(lambda: bool(self.system_events(node)), timeout=timeout, what=f"a system event for {node}")
+        return self.system_events(node)[-1]
 
     def live(self, job_id: str) -> list[dict]:
         """The job's nodes holding hardware now, as the sim sees them (with status, labels, metadata attributes)."""

@@ -25,3 +25,107 @@ def test_job_created_places_a_spot_vm_in_the_first_zone_with_the_agent_contract(
                         "checkpoint_uri": "gs://respawn-ckpt/train", "heartbeat_seconds": 15, "notice_budget_seconds": 25}
     events = [(e["from_state"], e["to_state"], e["cause"]) for e in controller.events(job)]
     assert events == [("PENDING", "PROVISIONING", "job_created"), ("PROVISIONING", "RUNNING", "node_running")]
+
+
+def _running(controller, spec):
+    job = controller.register(spec)
+    assert controller.job_created(job) == 200
+    return job, controller.wait_state(job, "RUNNING")
+
+
+def test_stop_terminated_spot_vm_is_restarted_in_place_and_slack_hears_it(controller):
+    job, st = _running(controller, gpu_spec("inplace"))
+    controller.heartbeat(st.node, step=40, committed_step=30)
+    controller.sweep()  # records progress
+    controller.sim.preempt(st.zone, st.node)
+    entry = controller.wait_system_event(st.node)
+    assert controller.log_event(entry) == 200
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.node, after.zone, after.attempt, after.restarts, after.in_place_restarts) == (st.node, st.zone, 1, 1, 1)
+    assert after.steps_lost == 10 and after.last_cause == "preempted"
+    [node] = controller.live(job)
+    assert node["status"] == "RUNNING"
+    [alert] = controller.alerts(want=1)
+    assert alert["type"] == "recovered" and alert["in_place"] is True
+    assert (alert["old_zone"], alert["new_zone"], alert["steps_lost"], alert["restarts"]) == (st.zone, st.zone, 10, 1)
+
+
+def test_preempted_vm_is_deleted_and_replaced_in_the_next_zone(controller):
+    job, st = _running(controller, gpu_spec("moves", termination_action="DELETE"))
+    controller.heartbeat(st.node, step=100, committed_step=96)
+    controller.sim.preempt(st.zone, st.node)
+    assert controller.log_event(controller.wait_system_event(st.node)) == 200
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.attempt, after.node, after.zone, after.restarts) == (2, "moves-2", ZONES[1], 1)
+    assert [n["name"] for n in controller.live(job)] == ["moves-2"]
+    assert controller.sim.max_live("moves") == 1
+    [alert] = controller.alerts(want=1)
+    assert (alert["type"], alert["old_zone"], alert["new_zone"], alert["steps_lost"]) == ("recovered", ZONES[0], ZONES[1], 4)
+    assert alert["downtime_seconds"] >= 0
+    causes = [(e["from_state"], e["to_state"], e["cause"]) for e in controller.events(job)][-2:]
+    assert causes == [("RUNNING", "PROVISIONING", "preempted"), ("PROVISIONING", "RUNNING", "node_running")]
+
+
+def test_preempted_tpu_is_deleted_before_its_replacement_so_it_never_holds_quota(controller):
+    # One TPU of quota in the region: the replacement can only be created once the preempted node is gone.
+    controller.sim.set_quota("us-central1", "v5litepod-8", 1)
+    job, st = _running(controller, tpu_spec("jax"))
+    controller.sim.preempt(st.zone, st.node)
+    entry = controller.wait_system_event(st.node)
+    assert entry["protoPayload"]["methodName"] == "tpu.nodes.terminate"
+    assert controller.log_event(entry) == 200
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.attempt, after.node, after.zone) == (2, "jax-2", ZONES[1])
+    assert [n["name"] for n in controller.live(job)] == ["jax-2"]
+    assert controller.sim.status_of(st.zone, st.node) is None
+    assert controller.sim.max_live("jax") == 1
+
+
+def test_trainer_exit_0_succeeds_and_deletes_the_node(controller):
+    job, st = _running(controller, gpu_spec("done"))
+    controller.heartbeat(st.node, state="exited", exit_code=0, step=500, committed_step=500)
+    assert controller.sweep() == 200
+    after = controller.wait_state(job, "SUCCEEDED")
+    assert after.last_committed_step == 500
+    assert controller.live(job) == [] and controller.sim.status_of(st.zone, st.node) is None
+    [alert] = controller.alerts(want=1)
+    assert alert["type"] == "succeeded" and alert["committed_step"] == 500
+
+
+def test_trainer_crash_restarts_on_a_new_node_with_an_alert(controller):
+    job, st = _running(controller, gpu_spec("crashy"))
+    controller.heartbeat(st.node, state="exited", exit_code=3, step=70, committed_step=60, output_tail="ValueError: nan")
+    assert controller.sweep() == 200
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.attempt, after.restarts, after.last_cause, after.exit_code) == (2, 1, "trainer_crashed", 3)
+    assert [n["name"] for n in controller.live(job)] == ["crashy-2"]
+    kinds = [a["type"] for a in controller.alerts(want=2)]
+    assert kinds == ["crashed", "recovered"]
+
+
+def test_cancel_deletes_the_node(controller):
+    job, st = _running(controller, gpu_spec("stopme"))
+    controller.cancel(job)
+    assert controller.sweep(job) == 200
+    controller.wait_state(job, "CANCELLED")
+    assert controller.live(job) == []
+
+
+def test_invalid_spec_is_recorded_with_the_field_and_alerted(controller):
+    job = controller.register({**gpu_spec("broken"), "zones": []})
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "INVALID")
+    assert "zones" in st.message
+    [alert] = controller.alerts(want=1)
+    assert alert["type"] == "invalid_spec" and any("zones" in e for e in alert["errors"])
+    assert controller.sim.history() == []
+
+
+def test_max_restarts_reached_fails_the_job_and_deletes_the_node(controller):
+    job, st = _running(controller, gpu_spec("fragile", max_restarts=0))
+    controller.sim.preempt(st.zone, st.node)
+    assert controller.log_event(controller.wait_system_event(st.node)) == 200
+    after = controller.wait_state(job, "FAILED")
+    assert "gave up after 0 restarts" in after.message
+    assert controller.sim.status_of(st.zone, st.node) is None
+    assert [a["type"] for a in controller.alerts(want=1)] == ["failed"]

@@ -1,5 +1,11 @@
-"""The job store on Firestore (layout: respawn/schema.py): read what reconcile observes, commit decisions in a
-transaction guarded by the status revision, record zone refusals shared by every job.
+"""The job store on Firestore (layout: respawn/schema.py): read what reconcile observes, commit decisions, record
+zone refusals shared by every job.
+
+A decision is committed as one atomic write (status update + lifecycle event in a single Commit) with the
+precondition that the job document is unchanged since it was observed (its update_time): an optimistic
+transaction. A concurrent delivery that committed first, a user's cancel, anything written in between makes the
+precondition fail; nothing is written and reconcile observes again. (Read-write transactions would hold locks
+across the decision, and concurrent deliveries then wait on lock timeouts, as the emulator shows.)
 """
 
 from __future__ import annotations
@@ -8,6 +14,7 @@ import enum
 from datetime import datetime
 from typing import Any, Iterable
 
+from google.api_core import exceptions as gexc
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
@@ -31,9 +38,10 @@ class Store:
     def __init__(self, db: firestore.Client):
         self.db = db
 
-    def job(self, job_id: str) -> dict[str, Any] | None:
+    def job(self, job_id: str) -> tuple[dict[str, Any], Any] | None:
+        """(document, its update_time: the version a commit is conditional on), or None if there is no such job."""
         snap = self.db.collection(JOBS).document(job_id).get()
-        return snap.to_dict() if snap.exists else None
+        return (snap.to_dict(), snap.update_time) if snap.exists else None
 
     def heartbeat(self, node: str) -> dict[str, Any] | None:
         snap = self.db.collection(NODES).document(node).get()
@@ -50,25 +58,18 @@ class Store:
                     out[doc.get("zone") or snap.id.split("~")[0]] = doc["until"]
         return out
 
-    def commit(self, job_id: str, expected_revision: int, status: dict[str, Any], event: JobEvent | None) -> bool:
-        """Write the new status (and its lifecycle event) iff nobody changed the status since it was observed."""
+    def commit(self, job_id: str, version: Any, status: dict[str, Any], event: JobEvent | None) -> bool:
+        """Write the new status (and its lifecycle event) atomically iff the job document is still at `version`."""
         ref = self.db.collection(JOBS).document(job_id)
-        event_ref = ref.collection(EVENTS).document()
-
-        @firestore.transactional
-        def run(transaction) -> bool:
-            snap = ref.get(transaction=transaction)
-            if not snap.exists:
-                return False
-            current = (snap.to_dict().get("status") or {}).get("revision", 0)
-            if current != expected_revision:
-                return False
-            transaction.update(ref, {"status": _plain(status)})
-            if event is not None:
-                transaction.set(event_ref, _plain(event.model_dump()))
-            return True
-
-        return run(self.db.transaction())
+        batch = self.db.batch()
+        batch.update(ref, {"status": _plain(status)}, option=self.db.write_option(last_update_time=version))
+        if event is not None:
+            batch.set(ref.collection(EVENTS).document(), _plain(event.model_dump()))
+        try:
+            batch.commit()
+        except (gexc.FailedPrecondition, gexc.NotFound, gexc.Aborted, gexc.Conflict):
+            return False
+        return True
 
     def record_capacity(self, record: CapacityRecord) -> None:
         ref = self.db.collection(CAPACITY).document(capacity_doc_id(record.zone, record.accelerator_type))
