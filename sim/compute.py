@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from sim import audit_entries
 from sim.capacity import region_of
-from sim.core import ApiError, NodeRecord, SimError, compute_error, rfc3339
+from sim.core import NodeRecord, SimError, compute_error, rfc3339
 from sim.nodes import NodeRuntime
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sim import audit_entries
 from sim.capacity import region_of
-from sim.core import ApiError, NodeRecord, SimError, rfc3339, rpc_error
+from sim.core import NodeRecord, SimError, rfc3339, rpc_error
 from sim.nodes import NodeRuntime
 
 if TYPE_CHECKING:
@@ -266,4 +266,4 @@ class TpuService:
         )
 
 
-__all__ = ["TpuService", "ApiError", "worker_name"]
+__all__ = ["TpuService", "worker_name"]
