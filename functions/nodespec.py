@@ -25,7 +25,7 @@ def settings_json(spec: JobSpec) -> str:
         "env": dict(spec.trainer.env),
         "checkpoint_uri": spec.checkpoint_uri,
         "heartbeat_seconds": int(os.environ.get("RESPAWN_HEARTBEAT_SECONDS", HEARTBEAT_SECONDS)),
-        "notice_budget_seconds": NOTICE_BUDGET_SECONDS,
+        "notice_budget_seconds": float(os.environ.get("RESPAWN_NOTICE_BUDGET_SECONDS", NOTICE_BUDGET_SECONDS)),
     }, sort_keys=True)
 
 

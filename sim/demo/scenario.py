@@ -61,7 +61,7 @@ class SlackFault(_Strict):
 
 class Faults(_Strict):
     duplicate_events: int = Field(default=0, ge=0, le=10, description="each audit event delivered N extra times")
-    drop_events: list[int] = Field(default_factory=list, description="drop these audit events (1 = the first)")
+    drop_events: int = Field(default=0, ge=0, description="drop the first N audit events the sink routes")
     slack: SlackFault | None = None
     api_error_rate: float = Field(default=0.0, ge=0, le=0.9, description="share of create calls answered 503")
 

@@ -1,0 +1,418 @@
+"""`respawn demo`: the whole flow on one machine.
+
+Starts the Firestore and Pub/Sub emulators, the sim (Compute Engine, Cloud TPU, metadata servers, the audit-log
+sink), the real function code served by the Functions Framework behind Pub/Sub push subscriptions, the Eventarc and
+Scheduler bridges and a Slack receiver; registers the scenario's job as a user does; runs real node agents and real
+trainers as processes; injects what the scenario says; and ends with a summary and a timeline. Everything it
+started is stopped on the way out, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from respawn import deployment, schema
+from sim import emulators
+from sim.demo.scenario import Scenario
+from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, summarize
+from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
+
+PROJECT = "respawn-demo"
+REPO = Path(__file__).resolve().parents[2]
+GPU_MACHINE = "g2-standard-8"  # one L4 built in: the sim keys its capacity by the machine type
+TPU_TYPE = "v5litepod-8"
+
+
+class DemoError(RuntimeError):
+    """A part of the demo could not start or run; the message says which and where its log is."""
+
+
+@dataclass
+class Progress:
+    """What the live view shows; refreshed by the runner's loop."""
+
+    scenario: str
+    job_id: str
+    t: float = 0.0
+    state: str = "PENDING"
+    zone: str | None = None
+    node: str | None = None
+    step: int | None = None
+    committed: int | None = None
+    total_steps: int = 0
+    restarts: int = 0
+    live_nodes: int = 0
+    events: list[str] = field(default_factory=list)
+    alerts: int = 0
+
+
+class Stack:
+    """Stops what was started, newest first; a failing stop is reported, the others still run."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self._items: list[tuple[str, Callable[[], None]]] = []
+        self._say = say
+
+    def push(self, name: str, stop: Callable[[], None]) -> None:
+        self._items.append((name, stop))
+
+    def close(self) -> None:
+        while self._items:
+            name, stop = self._items.pop()
+            try:
+                stop()
+            except Exception as exc:  # keep stopping the rest
+                self._say(f"stopping {name} failed: {exc}")
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoError(f"{what} exited with code {proc.returncode} while starting; see {log}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise DemoError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log}")
+
+
+def _stop_process_group(proc: subprocess.Popen, timeout: float = 10) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def job_spec(sc: Scenario, checkpoint_dir: Path) -> dict[str, Any]:
+    """The job document's spec: the demo's defaults for the scenario's trainer, with `sc.job` laid over them."""
+    t = sc.trainer
+    module = {"torch": "trainer.examples.torch_mlp", "jax": "trainer.examples.jax_mlp"}[t.framework]
+    command = [sys.executable, "-m", module, "--steps", str(t.steps), "--state-mb", str(t.state_mb),
+               "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
+               "--seed", str(t.seed), "--log-every", "25"]
+    if sc.accelerator == "gpu":
+        accelerator = {"kind": "gpu", "machine_type": GPU_MACHINE}
+    else:
+        accelerator = {"kind": "tpu", "accelerator_type": TPU_TYPE, "runtime_version": "v2-alpha-tpuv5-lite"}
+    base = {
+        "id": re.sub(r"[^a-z0-9-]+", "-", f"demo-{sc.name}".lower()).strip("-")[: schema.MAX_JOB_ID_LEN],
+        "accelerator": accelerator,
+        "provisioning": "spot",
+        "zones": [z.name for z in sc.zones],
+        "trainer": {"command": command, "env": {"PYTHONUNBUFFERED": "1"}},
+        "checkpoint_uri": checkpoint_dir.resolve().as_uri(),
+        "max_restarts": 10,
+        # Short enough that a stocked-out zone list recovers within a demo's minute.
+        "placement": {"cooldown_seconds": 20, "max_backoff_seconds": 8},
+    }
+    return _merge(base, sc.job)
+
+
+def capacity_key(spec: dict[str, Any]) -> str:
+    """What the sim counts capacity by: the GPU type, the machine type of a VM with built-in GPUs, the TPU type."""
+    acc = spec.get("accelerator") or {}
+    if acc.get("kind") == "tpu":
+        return acc.get("accelerator_type") or TPU_TYPE
+    return acc.get("accelerator_type") or acc.get("machine_type") or GPU_MACHINE
+
+
+class DemoRun:
+    def __init__(self, sc: Scenario, out_dir: Path, *, on_progress: Callable[[Progress], None],
+                 say: Callable[[str], None]):
+        self.sc = sc
+        self.out = out_dir
+        self.on_progress = on_progress
+        self.say = say
+        self.stack = Stack(say)
+        self.env: dict[str, str] = {}
+
+    # --- start-up -----------------------------------------------------------------------------------------------
+
+    def _emulators(self) -> None:
+        self.say("starting the Firestore and Pub/Sub emulators")
+        fs = emulators.start_firestore(log_dir=self.out)
+        self.stack.push("Firestore emulator", fs.stop)
+        ps = emulators.start_pubsub(log_dir=self.out)
+        self.stack.push("Pub/Sub emulator", ps.stop)
+        os.environ["FIRESTORE_EMULATOR_HOST"] = fs.host
+        os.environ["PUBSUB_EMULATOR_HOST"] = ps.host
+        self.env.update(FIRESTORE_EMULATOR_HOST=fs.host, PUBSUB_EMULATOR_HOST=ps.host)
+
+    def _sim(self) -> None:
+        from sim.audit_router import AuditRouter
+        from sim.server import SimServer
+        from sim.slack import SlackReceiver
+
+        sc = self.sc
+        self.slack = SlackReceiver().start()
+        self.stack.push("Slack receiver", self.slack.stop)
+        if sc.faults.slack:
+            self.slack.fail(status=sc.faults.slack.status, count=sc.faults.slack.count, retry_after=1)
+        self.router = AuditRouter(PROJECT, topic=deployment.LOG_EVENTS_TOPIC, duplicates=sc.faults.duplicate_events)
+        self.stack.push("audit router", self.router.close)
+        if sc.faults.drop_events:
+            self.router.drop_next(sc.faults.drop_events)
+        node_env = {**self.env, "PYTHONUNBUFFERED": "1"}
+        self.sim = SimServer(PROJECT, notice_seconds=sc.notice_seconds, op_delay=0.3,
+                             boot_command=[sys.executable, "-m", "node_agent"], node_env=node_env,
+                             nodes_root=self.out / "nodes", audit_sink=self.router).start()
+        self.stack.push("sim", self.sim.stop)
+        if sc.faults.api_error_rate:
+            self.sim.set_api_faults(rate=sc.faults.api_error_rate, methods=("insert", "create"))
+
+    def _functions(self) -> dict[str, str]:
+        """Serve each entry point with the Functions Framework; returns target → URL."""
+        from google.cloud import pubsub_v1
+
+        sc = self.sc
+        env = {
+            **os.environ, **self.env,
+            "RESPAWN_PROJECT": PROJECT,
+            "RESPAWN_COMPUTE_ENDPOINT": self.sim.endpoint,
+            "RESPAWN_TPU_ENDPOINT": self.sim.endpoint,
+            "RESPAWN_ALERTS_TOPIC": deployment.ALERTS_TOPIC,
+            "SLACK_WEBHOOK_URL": self.slack.url,
+            "RESPAWN_SLACK_BACKOFF_SECONDS": "0.5",
+            "RESPAWN_HEARTBEAT_SECONDS": str(sc.heartbeat_seconds),
+            "RESPAWN_NOTICE_BUDGET_SECONDS": str(sc.notice_budget_seconds),
+            "RESPAWN_STALE_HEARTBEAT_SECONDS": str(sc.stale_after_seconds),
+            "RESPAWN_BOOT_GRACE_SECONDS": "30",
+            "RESPAWN_BACKOFF_BASE_SECONDS": "2",
+            "RESPAWN_POLL_SECONDS": "0.5",
+            "RESPAWN_POLL_BUDGET_SECONDS": "30",
+            "RESPAWN_OP_TIMEOUT_SECONDS": "60",
+            "PYTHONUNBUFFERED": "1",
+        }
+        ff = Path(sys.executable).with_name("functions-framework")
+        if not ff.exists():
+            raise DemoError(f"{ff} is missing: install the functions extra (pip install -e '.[dev]')")
+        urls: dict[str, str] = {}
+        procs = []
+        self.say("starting the four functions with the Functions Framework")
+        for fn in deployment.FUNCTIONS:
+            port = emulators.free_port()
+            log = self.out / f"function-{fn.entry_point}.log"
+            handle = open(log, "wb")
+            proc = subprocess.Popen(
+                [str(ff), "--target", fn.entry_point, "--source", str(REPO / "functions" / "main.py"),
+                 "--signature-type", "cloudevent", "--host", "127.0.0.1", "--port", str(port)],
+                stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO,
+                start_new_session=True,
+            )
+            self.stack.push(f"function {fn.entry_point}", lambda p=proc, h=handle: (_stop_process_group(p), h.close()))
+            procs.append((fn, port, proc, log))
+            urls[fn.entry_point] = f"http://127.0.0.1:{port}/"
+        for fn, port, proc, log in procs:
+            _wait_port(port, proc, f"function {fn.entry_point}", log)
+        # Pub/Sub push subscriptions deliver each topic to its function, as Eventarc's Pub/Sub triggers do.
+        publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        for fn in deployment.FUNCTIONS:
+            if fn.trigger == "firestore":
+                continue
+            topic = publisher.topic_path(PROJECT, fn.trigger)
+            try:
+                publisher.create_topic(name=topic)
+            except Exception as exc:
+                if exc.__class__.__name__ != "AlreadyExists":
+                    raise
+            subscriber.create_subscription(
+                name=subscriber.subscription_path(PROJECT, f"{fn.name}-push"), topic=topic,
+                push_config={"push_endpoint": urls[fn.entry_point]}, ack_deadline_seconds=120,
+            )
+        return urls
+
+    def _bridges(self, urls: dict[str, str]) -> None:
+        from sim.bridges import EventarcBridge, SweepScheduler
+
+        bridge = EventarcBridge(PROJECT, urls["on_job_created"]).start()
+        self.stack.push("Eventarc bridge", bridge.stop)
+        sweep = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=self.sc.sweep_seconds).start()
+        self.stack.push("sweep scheduler", sweep.stop)
+
+    # --- the run ------------------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            self.say("stopping everything the demo started")
+            self.stack.close()
+
+    def _run(self) -> dict[str, Any]:
+        from google.cloud import firestore
+
+        from respawn.jobs import write_document
+
+        sc = self.sc
+        self._emulators()
+        self._sim()
+        urls = self._functions()
+        self._bridges(urls)
+
+        spec = job_spec(sc, self.out / "checkpoints")
+        job_id = spec["id"]
+        key = capacity_key(spec)
+        for zone in sc.zones:
+            for change in zone.capacity:
+                if change.at_seconds is not None:
+                    self.sim.set_capacity(zone.name, key, change.count, at=self.sim.now() + change.at_seconds)
+        db = firestore.Client(project=PROJECT)
+        self.stack.push("Firestore client", db.close)
+        self.say(f"registering job {job_id} (a Firestore document, as `respawn jobs register` writes it)")
+        sim_t0 = self.sim.now()
+        t0 = time.monotonic()
+        write_document(db, job_id, spec, source=f"scenario {sc.name}")
+
+        progress = Progress(scenario=sc.name, job_id=job_id, total_steps=sc.trainer.steps)
+        samples: list[HeartbeatSample] = []
+        marks: list[Mark] = []
+        seen_events: set[str] = set()
+        pending = list(sc.preemptions)
+        injected = 0
+        job_ref = db.collection(schema.JOBS).document(job_id)
+        status = schema.JobStatus()
+        last_poll_events = 0.0
+        while True:
+            now = time.monotonic() - t0
+            if now > sc.timeout_seconds:
+                self.say(f"the job did not finish within the scenario's {sc.timeout_seconds:g} s")
+                break
+            snap = job_ref.get()
+            status = schema.JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
+            beats = {}
+            for doc in db.collection(schema.NODES).where("job_id", "==", job_id).stream():
+                hb = doc.to_dict() or {}
+                beats[doc.id] = hb
+                started = hb.get("started_at")
+                samples.append(HeartbeatSample(
+                    t=now, node=doc.id, life=str(started.timestamp() if isinstance(started, datetime) else started),
+                    state=str(hb.get("state")), step=hb.get("step"), committed_step=hb.get("committed_step"),
+                    resumed_from=hb.get("resumed_from"),
+                ))
+            current = beats.get(status.node or "") or {}
+            live = self.sim.live_nodes(job=job_id)
+            if now - last_poll_events > 1.0:
+                last_poll_events = now
+                for ev in job_ref.collection(schema.EVENTS).order_by("at").stream():
+                    if ev.id in seen_events:
+                        continue
+                    seen_events.add(ev.id)
+                    e = ev.to_dict()
+                    line = f"{e.get('from_state') or '-'} → {e.get('to_state')}: {e.get('cause')}"
+                    progress.events.append(line)
+                    self.say(f"event: {line}")
+                    if e.get("to_state") == "PROVISIONING" and e.get("from_state") in ("PREEMPTED", "RUNNING"):
+                        marks.append(Mark(now, "restart", e.get("cause", "")))
+
+            # Inject the next preemption when its moment has come and the job has a node training.
+            if pending and status.node and current.get("state") == "training":
+                p = pending[0]
+                step = current.get("step") or 0
+                due = (p.at_step is not None and step >= p.at_step) or (p.at_seconds is not None and now >= p.at_seconds)
+                if due:
+                    pending.pop(0)
+                    injected += 1
+                    zone = status.zone or ""
+                    self.say(f"injecting {p.kind} of {status.node} in {zone} at step {step}")
+                    try:
+                        (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, status.node)
+                        marks.append(Mark(now, "notice", f"{p.kind} {status.node} at step {step}", zone))
+                    except Exception as exc:
+                        self.say(f"could not inject {p.kind} of {status.node}: {exc}")
+                    for z in sc.zones:
+                        for change in z.capacity:
+                            if change.after_preemption == injected:
+                                self.sim.set_capacity(z.name, key, change.count)
+                                self.say(f"capacity of {z.name} is now {change.count if change.count is not None else 'unlimited'}")
+
+            progress.t, progress.state = now, status.state.value
+            progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts
+            progress.step, progress.committed = current.get("step"), current.get("committed_step")
+            progress.live_nodes, progress.alerts = len(live), len(self.slack.payloads)
+            self.on_progress(progress)
+            if status.state.terminal:
+                break
+            time.sleep(0.25)
+
+        wall = time.monotonic() - t0
+        self._drain_alerts()
+        return self._finish(job_id, status, samples, marks, sim_t0, wall)
+
+    def _drain_alerts(self, quiet: float = 2.0, cap: float = 15.0) -> None:
+        """Give on_alert (and its Slack retries) time to deliver the last alerts."""
+        deadline, last_count, last_change = time.monotonic() + cap, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            count = len(self.slack.payloads)
+            if count != last_count:
+                last_count, last_change = count, time.monotonic()
+            elif time.monotonic() - last_change >= quiet:
+                return
+            time.sleep(0.2)
+
+    def _finish(self, job_id, status, samples, marks, sim_t0, wall) -> dict[str, Any]:
+        history = [h for h in self.sim.history() if (h.get("labels") or {}).get("respawn-job") == job_id]
+        lifetimes, spans = [], []
+        for h in history:
+            for start, end in h["live"]:
+                s, e = start - sim_t0, (None if end is None else end - sim_t0)
+                final = h["states"][-1][1] if h["states"] else ""
+                lifetimes.append(Lifetime(h["name"], h["zone"], s, e, final))
+                spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running"))
+        alerts = [p.get("text", "") for p in self.slack.payloads]
+        rec = RunRecord(job_id=job_id, total_steps=self.sc.trainer.steps, wall_seconds=wall, state=status.state.value,
+                        restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts)
+        result = summarize(rec)
+        ordered = lives(samples)
+        for prev, nxt in zip(ordered, ordered[1:]):
+            downtime = (prev.last_t, nxt.first_t)
+            marks.append(Mark(prev.last_t, "emergency" if prev.last_committed == prev.last_step else "checkpoint",
+                              f"committed step {prev.last_committed}"))
+            marks.append(Mark(nxt.first_t, "restart", f"{nxt.node} resumed"))
+            result.setdefault("_downtime", []).append(downtime)
+        committed_seen: set[int] = set()
+        for s in samples:
+            if s.committed_step and s.committed_step not in committed_seen:
+                committed_seen.add(s.committed_step)
+                marks.append(Mark(s.t, "checkpoint", f"step {s.committed_step}"))
+        downtime = result.pop("_downtime", [])
+        if ordered:
+            downtime.insert(0, (0.0, ordered[0].first_t))
+        steps = sorted((s.t, s.step) for s in samples if s.step is not None)
+        timeline = Timeline(title=f"respawn demo: {self.sc.name}", wall_seconds=wall, zones=[z.name for z in self.sc.zones],
+                            nodes=spans, marks=marks, downtime=downtime, steps=steps,
+                            summary={k: v for k, v in result.items() if k != "alerts"})
+        (self.out / "timeline.html").write_text(render_html(timeline))
+        result["expected_state"] = self.sc.expect.state.value
+        result["timeline"] = str(self.out / "timeline.html")
+        (self.out / "summary.json").write_text(json.dumps(result, indent=2))
+        return result
