@@ -1,0 +1,264 @@
+"""cloudbuild.yaml, run step by step against a recording stand-in for gcloud: valid, complete, and idempotent."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+import yaml
+
+from deploy import iam
+from respawn import audit, deployment, schema
+from tests.deploy_fixtures import (CLOUDBUILD, ROOT, SINK_WRITER, Standin, SubstitutionError, calls, check_against_cli,
+                                   cli_tree, copy_source, load_build, referenced, run_steps, seeded_state, substitute,
+                                   substitutions)
+
+PROJECT, BUCKET, BUILD_ID = "respawn-proj", "ckpt-bucket", "build-1"
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """The build run twice on one stand-in state: (workspace, standin, calls of run 1, calls of run 2)."""
+    tmp = tmp_path_factory.mktemp("build")
+    workspace = copy_source(tmp / "workspace")
+    standin = Standin(tmp)
+    build = load_build()
+    subs = substitutions(build, PROJECT, BUCKET, BUILD_ID)
+    runs = []
+    for n in (1, 2):
+        log = tmp / f"run{n}.jsonl"
+        results = run_steps(build, workspace, standin, subs, log)
+        failed = [r for r in results if r.rc != 0]
+        assert not failed, f"run {n}: step {failed[0].id} failed:\n{failed[0].stdout}\n{failed[0].stderr}"
+        assert [r.id for r in results] == [s["id"] for s in build["steps"]]
+        runs.append(calls(log))
+    return workspace, standin, runs[0], runs[1]
+
+
+def _mutations(run):
+    return [c for c in run if c["verb"] not in ("describe", "list")]
+
+
+def _one(run, group, verb, name):
+    found = [c for c in run if c["group"] == group and c["verb"] == verb and c["name"] == name]
+    assert len(found) == 1, f"expected one `gcloud {group} {verb} {name}`, got {len(found)}"
+    return found[0]["argv"]
+
+
+def _flag(argv, name):
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    assert values, f"--{name} missing from {argv}"
+    return values
+
+
+# ------------------------------------------------------------------------------------------------ the YAML itself
+
+
+def test_yaml_is_a_valid_build_config():
+    build = load_build()
+    assert set(build) <= {"steps", "substitutions", "options", "timeout", "images", "artifacts", "tags",
+                          "serviceAccount", "logsBucket", "availableSecrets"}
+    ids = [s["id"] for s in build["steps"]]
+    assert len(ids) == len(set(ids)), "step ids must be unique"
+    for i, step in enumerate(build["steps"]):
+        assert step["name"], f"step {step['id']} has no image"
+        assert step.get("entrypoint") in ("bash", "gcloud"), f"step {step['id']}: entrypoint bash or gcloud"
+        if step["entrypoint"] == "bash":
+            assert step["args"][0] == "-c" and len(step["args"]) == 2, f"step {step['id']}: args must be [-c, SCRIPT]"
+        # Running steps in file order must respect every waitFor (the local runner relies on it).
+        for dep in step.get("waitFor", []):
+            assert dep in ids[:i], f"step {step['id']} waits for {dep}, which is not an earlier step"
+    assert build["options"]["logging"] == "CLOUD_LOGGING_ONLY"
+
+
+def test_substitutions_are_all_defined_and_all_used():
+    build = load_build()
+    text = CLOUDBUILD.read_text()
+    body = text.split("\nsteps:", 1)[1] + "\n".join((build["options"].get("env") or []))
+    user = set(build["substitutions"])
+    assert {"_PROJECT", "_REGION", "_CHECKPOINT_BUCKET", "_SLACK_SECRET"} <= user
+    used = referenced(body)
+    assert user <= used, f"substitutions defined but unused (Cloud Build rejects them): {user - used}"
+    builtin = {"PROJECT_ID", "BUILD_ID", "PROJECT_NUMBER", "LOCATION"}
+    assert used <= user | builtin, f"unknown substitutions (escape a shell $ as $$): {used - user - builtin}"
+    # Every step's text substitutes cleanly.
+    subs = substitutions(build, PROJECT, BUCKET, BUILD_ID)
+    for step in build["steps"]:
+        for arg in step["args"]:
+            substitute(arg, subs)
+
+
+def test_substitution_rejects_an_unescaped_shell_variable():
+    with pytest.raises(SubstitutionError, match=r"write \$\$"):
+        substitute('echo "$HOME"', {"_PROJECT": "p"})
+    assert substitute('echo "$$HOME" ${_PROJECT}', {"_PROJECT": "p"}) == 'echo "$HOME" p'
+
+
+# ----------------------------------------------------------------------------------------------- the first run
+
+
+def test_every_gcloud_call_is_a_real_command_with_real_flags(deployed):
+    _, _, run1, run2 = deployed
+    tree = cli_tree()
+    problems = sorted({p for c in run1 + run2 for p in check_against_cli(c["argv"], tree)})
+    assert not problems, "\n".join(problems)
+
+
+def test_cli_check_catches_a_wrong_flag():
+    tree = cli_tree()
+    assert check_against_cli(["functions", "deploy", "f", "--gen2", "--trigger-topc=t"], tree)
+    assert check_against_cli(["functions", "deploy", "f", "--region", "r"], tree)  # value flag without =
+    assert check_against_cli(["pubsub", "topicz", "create", "t"], tree)
+    assert not check_against_cli(["pubsub", "topics", "create", "t", "--project=p"], tree)
+
+
+def test_topics_sink_and_writer_grant(deployed):
+    _, standin, run1, _ = deployed
+    state = standin.state()
+    assert set(state["pubsub topics"]) == {deployment.LOG_EVENTS_TOPIC, deployment.ALERTS_TOPIC, deployment.SWEEP_TOPIC}
+    argv = _one(run1, "logging sinks", "create", deployment.SINK)
+    assert f"pubsub.googleapis.com/projects/{PROJECT}/topics/{deployment.LOG_EVENTS_TOPIC}" in argv
+    # The filter is the single definition's, verbatim.
+    assert _flag(argv, "log-filter") == [audit.sink_filter(PROJECT)]
+    assert ["pubsub topics", deployment.LOG_EVENTS_TOPIC, SINK_WRITER, "roles/pubsub.publisher"] in state["bindings"]
+
+
+def test_functions_match_the_single_definition_and_their_triggers_exist(deployed):
+    _, standin, run1, _ = deployed
+    main_src = (ROOT / "functions" / "main.py").read_text()
+    defined = {n.name for n in ast.parse(main_src).body if isinstance(n, ast.FunctionDef)}
+    topics_created = {c["name"] for c in run1 if c["group"] == "pubsub topics" and c["verb"] == "create"}
+    assert {f.name for f in deployment.FUNCTIONS} == set(standin.state()["functions"])
+    for fn in deployment.FUNCTIONS:
+        argv = _one(run1, "functions", "deploy", fn.name)
+        assert "--gen2" in argv and "--retry" in argv, f"{fn.name}: 2nd gen with retries on"
+        assert _flag(argv, "entry-point") == [fn.entry_point]
+        assert fn.entry_point in defined, f"functions/main.py has no {fn.entry_point}"
+        assert _flag(argv, "service-account") == [deployment.service_account_email(fn.service_account, PROJECT)]
+        assert _flag(argv, "trigger-service-account") == [deployment.service_account_email(deployment.TRIGGER_SA, PROJECT)]
+        for setting in ("memory", "timeout", "concurrency", "max-instances"):
+            _flag(argv, setting)
+        source = _flag(argv, "source")[0]
+        assert source == ".respawn-build/function-source"
+        if fn.trigger == "firestore":
+            filters = _flag(argv, "trigger-event-filters")
+            assert f"type={deployment.JOB_CREATED_EVENT}" in filters and "database=(default)" in filters
+            assert _flag(argv, "trigger-event-filters-path-pattern") == [f"document={deployment.JOB_DOCUMENT_PATTERN}"]
+            assert deployment.JOB_DOCUMENT_PATTERN.split("/")[0] == schema.JOBS
+            assert _flag(argv, "trigger-location") == ["nam5"]  # the database's own location
+        else:
+            assert _flag(argv, "trigger-topic") == [fn.trigger]
+            assert fn.trigger in topics_created
+        _one(run1, "functions", "add-invoker-policy-binding", fn.name)
+    alert = _one(run1, "functions", "deploy", "respawn-on-alert")
+    assert _flag(alert, "set-secrets") == ["SLACK_WEBHOOK_URL=respawn-slack-webhook:latest"]
+    assert deployment.ENV_SLACK_WEBHOOK_URL == "SLACK_WEBHOOK_URL"
+
+
+def test_function_environment(deployed):
+    workspace, standin, _, _ = deployed
+    env = yaml.safe_load((workspace / ".respawn-build" / "function-env.yaml").read_text())
+    wheel = "respawn-0.1.0-py3-none-any.whl"
+    release = f"gs://{BUCKET}/{deployment.RELEASES_PREFIX}/{BUILD_ID}/{wheel}"
+    assert env[deployment.ENV_PROJECT] == PROJECT
+    assert env[deployment.ENV_ALERTS_TOPIC] == deployment.ALERTS_TOPIC
+    assert env[deployment.ENV_NODE_SERVICE_ACCOUNT] == f"respawn-node@{PROJECT}.iam.gserviceaccount.com"
+    assert env[deployment.ENV_INSTALL] == f"respawn[{deployment.NODE_EXTRAS}] @ {release}"
+    assert all(isinstance(v, str) for v in env.values()), "env vars files take strings only"
+    # The release the nodes install was uploaded where the requirement points.
+    assert release in standin.state()["storage objects"]
+
+
+def test_scheduler_sweep(deployed):
+    _, _, run1, _ = deployed
+    argv = _one(run1, "scheduler jobs", "create", deployment.SCHEDULER_JOB)
+    assert argv[:4] == ["scheduler", "jobs", "create", "pubsub"]
+    assert _flag(argv, "topic") == [deployment.SWEEP_TOPIC]
+    assert json.loads(_flag(argv, "message-body")[0]) == {"task": "sweep"}
+    assert _flag(argv, "schedule") == [deployment.SWEEP_SCHEDULE]
+
+
+def test_firestore_ttl_on_event_history(deployed):
+    _, _, run1, _ = deployed
+    argv = _one(run1, "firestore fields ttls", "update", deployment.TTL_FIELD)
+    assert _flag(argv, "collection-group") == [schema.EVENTS] and "--enable-ttl" in argv
+    assert deployment.TTL_FIELD in schema.JobEvent.model_fields
+
+
+def test_roles_and_bindings(deployed):
+    _, standin, run1, _ = deployed
+    state = standin.state()
+    for role in iam.roles():
+        argv = _one(run1, "iam roles", "create", role.id)
+        body = yaml.safe_load((deployed[0] / _flag(argv, "file")[0]).read_text())
+        assert body["includedPermissions"] == role.permissions
+        member = f"serviceAccount:{deployment.service_account_email(getattr(deployment, role.member.upper() + '_SA'), PROJECT)}"
+        bound = [b for b in state["bindings"] if b[2] == member and b[3] == f"projects/{PROJECT}/roles/{role.id}"]
+        assert len(bound) == 1, f"{role.id} must be bound once, on its {role.scope}; got {bound}"
+        expected_group = {"project": "projects", "node-service-account": "iam service-accounts",
+                          "alerts-topic": "pubsub topics", "checkpoint-bucket": "storage buckets"}[role.scope]
+        assert bound[0][0] == expected_group
+    # Nothing but Respawn's own roles and the listed predefined ones is ever granted.
+    predefined = {p["role"] for p in iam.load()["predefined"]}
+    for group, _name, _member, role in state["bindings"]:
+        assert role.startswith(f"projects/{PROJECT}/roles/") or role in predefined, f"unexpected grant {role}"
+    assert ["secrets", "respawn-slack-webhook", f"serviceAccount:respawn-notifier@{PROJECT}.iam.gserviceaccount.com",
+            "roles/secretmanager.secretAccessor"] in state["bindings"]
+
+
+# ---------------------------------------------------------------------------------------------- the second run
+
+
+def test_second_run_only_creates_or_updates(deployed):
+    _, _, run1, run2 = deployed
+    for n, run in ((1, run1), (2, run2)):
+        deletes = [c["argv"] for c in run if c["verb"] == "delete"]
+        assert not deletes, f"run {n} deleted something: {deletes}"
+        recreated = [c["argv"] for c in run if c["verb"] == "create" and c["existed"]]
+        assert not recreated, f"run {n} created what already existed: {recreated}"
+    creates = [c["argv"] for c in run2 if c["verb"] == "create"]
+    assert not creates, f"the second run must find everything in place, yet created: {creates}"
+    # The same resources are touched both times (updates keep them in step with the repository).
+    assert {(c["group"], c["name"]) for c in _mutations(run1)} <= {(c["group"], c["name"]) for c in run2}
+
+
+# ------------------------------------------------------------------------------------- failing early, by name
+
+
+def _run_only(deployed, tmp_path, state, steps):
+    workspace, _, _, _ = deployed
+    standin = Standin(tmp_path, state)
+    build = load_build()
+    return run_steps(build, workspace, standin, substitutions(build, PROJECT, BUCKET, BUILD_ID),
+                     tmp_path / "log.jsonl", only=steps), standin
+
+
+@pytest.mark.parametrize("missing, hint", [
+    ("storage buckets", "gcloud storage buckets create gs://ckpt-bucket"),
+    ("firestore databases", "gcloud firestore databases create"),
+    ("secrets", "gcloud secrets create respawn-slack-webhook"),
+])
+def test_missing_prerequisite_fails_with_the_command_that_fixes_it(deployed, tmp_path, missing, hint):
+    state = seeded_state()
+    del state[missing]
+    results, _ = _run_only(deployed, tmp_path, state, {"preconditions"})
+    assert results[-1].rc != 0
+    assert hint in results[-1].stderr
+
+
+def test_a_recently_deleted_role_is_undeleted_not_recreated(deployed, tmp_path):
+    state = seeded_state()
+    state["iam roles"] = {"respawnController": {"deleted": True}}
+    results, standin = _run_only(deployed, tmp_path, state, {"roles"})
+    assert results[-1].rc == 0, results[-1].stderr
+    log = calls(tmp_path / "log.jsonl")
+    assert [c["verb"] for c in log if c["name"] == "respawnController"] == ["describe", "undelete", "update"]
+
+
+def test_render_names_the_missing_bucket(tmp_path):
+    from deploy import render
+
+    with pytest.raises(render.RenderError, match="_CHECKPOINT_BUCKET"):
+        render.render(PROJECT, "us-central1", "", "s", "b", tmp_path, tmp_path / "out")
+
