@@ -45,6 +45,14 @@ DETACH_EXIT_CODE = 75
 # After the notice budget, this long is left to write the final heartbeat (a Spot VM gets 30 s in all).
 FINAL_WRITE_GRACE_S = 3.0
 PREEMPTING_WRITE_S = 3.0
+FIRST_READ_WAIT_S = 10.0
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _iso_now() -> str:
@@ -131,7 +139,9 @@ class Agent:
             record = None
         if record is not None and record.alive():
             log("INFO", "adopting the trainer a previous agent started", pid=record.pid, started_at=record.started_at)
-            self._attach(TrainerProcess(self.node_dir, record, child=None))
+            # Its earlier output was forwarded by the previous agent already: follow from the current end.
+            self._attach(TrainerProcess(self.node_dir, record, child=None),
+                         forward_from=_size(os.path.join(self.node_dir, LOG_FILE)))
             return None
         if record is not None and record.boot_id == boot_id() and record.notice is None:
             code = read_exit_file(self.node_dir)
@@ -140,6 +150,13 @@ class Agent:
             self.started_at = datetime.fromisoformat(record.started_at)
             self.trainer = TrainerProcess(self.node_dir, record, child=None)
             return True, code
+        # A node flagged before the agent looked must not start a trainer: wait for the first reads (bounded, in
+        # case the metadata server is down; the watchers keep trying in the background).
+        deadline = time.monotonic() + FIRST_READ_WAIT_S
+        for w in self.watchers:
+            w.first_answer.wait(max(0.0, deadline - time.monotonic()))
+        if self.notice is not None:
+            return None
         upload_previous_life(self.local_ckpt_dir, self.settings.checkpoint_uri,
                              timeout=self.upload_timeout_seconds, interrupted=lambda: self.notice is not None)
         if self.notice is not None:
@@ -150,10 +167,11 @@ class Agent:
         self._attach(trainer)
         return None
 
-    def _attach(self, trainer: TrainerProcess) -> None:
+    def _attach(self, trainer: TrainerProcess, forward_from: int | None = None) -> None:
         self.trainer = trainer
         self.started_at = datetime.fromisoformat(trainer.record.started_at)
-        self.forwarder = OutputForwarder(os.path.join(self.node_dir, LOG_FILE), trainer.record.log_offset)
+        offset = trainer.record.log_offset if forward_from is None else forward_from
+        self.forwarder = OutputForwarder(os.path.join(self.node_dir, LOG_FILE), offset)
         self.forwarder.start()
         self.state = NodeState.TRAINING
 

@@ -114,7 +114,10 @@ class Heartbeater(threading.Thread):
                 log("ERROR", f"{what} heartbeat not written before the deadline", node=self.node)
                 return False
             try:
-                if self.write(make_doc(), timeout=max(0.5, min(5.0, remaining)), lock_timeout=remaining):
+                doc = make_doc()
+                if self.write(doc, timeout=max(0.5, min(5.0, remaining)), lock_timeout=remaining):
+                    log("INFO", f"{what} heartbeat written", node=self.node, state=doc["state"],
+                        committed_step=doc["committed_step"], exit_code=doc["exit_code"])
                     return True
             except (FirestoreError, *TRANSPORT_ERRORS) as exc:
                 log("WARNING", f"{what} heartbeat write failed; retrying", node=self.node,

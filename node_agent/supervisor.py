@@ -215,7 +215,8 @@ class OutputForwarder(threading.Thread):
     def __init__(self, path: str, offset: int, *, interval: float = 0.5, stream: Any = None):
         super().__init__(name="forward-trainer-output", daemon=True)
         self.path, self.offset, self.interval = path, offset, interval
-        self.stream = stream or sys.stdout
+        # The process's real stdout: not main's tee, so trainer output is not copied into agent.log as well.
+        self.stream = stream or sys.__stdout__
         self._halt = threading.Event()
 
     def stop(self) -> None:

@@ -95,6 +95,7 @@ class Watcher(threading.Thread):
         self.backoff = Backoff(cap=retry_cap)
         self.stopped = threading.Event()
         self._last_reason: str | None = None
+        self.first_answer = threading.Event()  # set once the key has been read (the agent starts nothing before)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -114,6 +115,8 @@ class Watcher(threading.Thread):
             else:
                 value, etag = self.md.wait_for_change(w.path, w.etag, wait_seconds=self.wait_seconds)
         except MetadataError as exc:
+            if exc.status == 404:
+                self.first_answer.set()  # no such key here: nothing to wait for before starting
             self._failed(f"HTTP {exc.status}", slow=exc.status == 404)
             return False
         except TRANSPORT_ERRORS as exc:
@@ -127,7 +130,9 @@ class Watcher(threading.Thread):
         if notice:
             log("WARNING", "notice from the metadata server", path=w.path, value=w.value, notice=w.notice)
             self.on_notice(w.notice, w.value or "")
+            self.first_answer.set()  # after on_notice: whoever waits on it then sees the notice
             return True
+        self.first_answer.set()
         if changed and w.value not in (None, "FALSE", "NONE"):
             log("INFO", "metadata value changed (no notice)", path=w.path, value=w.value)
         # Guard against a hot loop: no ETag to wait on, or a server answering at once without any change.

@@ -49,6 +49,9 @@ def test_notice_gets_emergency_checkpoint_committed_and_reported(agent_env, sour
         os.kill(agent.proc.pid, signal.SIGTERM)  # systemd stopping the unit at shutdown
     assert agent.wait(60) == 0
 
+    # `preempting` was recorded (in the background) before the final `exited` heartbeat.
+    written = [e["state"] for e in agent.events() if e["message"].endswith("heartbeat written")]
+    assert written == ["preempting", "exited"], written
     hb = agent_env.heartbeat(node)
     assert hb["state"] == "exited" and hb["notice"] == source
     emergency = hb["emergency"]
