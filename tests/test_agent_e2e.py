@@ -114,3 +114,17 @@ def test_restart_in_place_uploads_local_only_checkpoint_then_resumes_and_succeed
     hb = agent_env.heartbeat("life-1")
     assert hb["state"] == "exited" and hb["exit_code"] == 0 and hb["notice"] is None
     assert hb["committed_step"] == 400 and hb["step"] == 400
+
+
+def test_jax_example_gets_the_same_treatment(agent_env):
+    job_store = agent_env.tmp / "store"
+    command = [sys.executable, "-m", "trainer.examples.jax_mlp", "--steps", "100000", "--step-seconds", "0.01",
+               "--checkpoint-every", "50", "--threads", "1"]
+    md = agent_env.metadata("jax-1", attributes("jax", 1, agent_env.project, settings(command, f"file://{job_store}")))
+    agent = agent_env.agent(md, agent_env.tmp / "jax-1")
+    _training_past(agent_env, "jax-1", 30)
+    md.set("instance/preempted", "TRUE")
+    assert agent.wait(60) == 0
+    hb = agent_env.heartbeat("jax-1")
+    assert hb["state"] == "exited" and hb["exit_code"] == 75 and hb["emergency"]["state"] == "committed"
+    assert hb["committed_step"] == hb["emergency"]["step"] >= 30
