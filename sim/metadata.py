@@ -20,8 +20,10 @@ import hashlib
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
+
+from sim.loopback_http import LoopbackHTTPServer
 
 PREFIX = "/computeMetadata/v1/"
 # The real server caps a hanging GET; without timeout_sec we cap it too, so no request waits forever.
@@ -53,7 +55,7 @@ class MetadataServer:
         self._fail: list[int] = []  # HTTP statuses to answer, one per request
         self._drop = 0
         self.requests: list[str] = []  # paths asked for, in order (for assertions)
-        self._server: ThreadingHTTPServer | None = None
+        self._server: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None
         base = {
             "instance/preempted": "FALSE",
@@ -122,8 +124,7 @@ class MetadataServer:
 
     def start(self) -> "MetadataServer":
         handler = _make_handler(self)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
+        self._server = LoopbackHTTPServer(0, handler)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"metadata-{self.host}", daemon=True)
         self._thread.start()
         return self

@@ -16,7 +16,6 @@ import shutil
 import tempfile
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +23,7 @@ from sim.capacity import Timeline
 from sim.compute import ComputeService
 from sim.core import NodeRecord, Scheduler, SimError
 from sim.http_api import make_handler
+from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
 from sim.nodes import NodeRuntime
 from sim.tpu import TpuService
@@ -82,7 +82,7 @@ class SimServer:
         self.compute = ComputeService(self)
         self.tpu = TpuService(self)
         self._t0 = time.monotonic()
-        self._http: ThreadingHTTPServer | None = None
+        self._http: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.scheduler: Scheduler | None = None
 
@@ -94,8 +94,7 @@ class SimServer:
         self.nodes_root.mkdir(parents=True, exist_ok=True)
         self.scheduler = Scheduler()
         self._t0 = time.monotonic()
-        self._http = ThreadingHTTPServer(("127.0.0.1", self._port), make_handler(self))
-        self._http.daemon_threads = True
+        self._http = LoopbackHTTPServer(self._port, make_handler(self))
         self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, name="sim-http", daemon=True)
         self._thread.start()
         return self

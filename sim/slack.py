@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from sim.loopback_http import LoopbackHTTPServer
 
 ERROR_BODIES = {400: "invalid_payload", 403: "action_prohibited", 404: "channel_not_found", 410: "channel_is_archived",
                 429: "rate_limited", 500: "rollup_error", 503: "service_unavailable"}
@@ -25,7 +27,7 @@ class SlackReceiver:
         self._fail_status: int | None = None
         self._fail_count = 0  # -1 = until cleared
         self._retry_after = 1
-        self._server: ThreadingHTTPServer | None = None
+        self._server: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._delivered = threading.Condition(self._lock)
 
@@ -94,8 +96,7 @@ class SlackReceiver:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = LoopbackHTTPServer(0, Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="slack-receiver", daemon=True)
         self._thread.start()

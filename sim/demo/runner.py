@@ -222,11 +222,13 @@ class DemoRun:
         for fn in deployment.FUNCTIONS:
             port = emulators.free_port()
             log = self.out / f"function-{fn.entry_point}.log"
+            home = self.out / "functions-home" / fn.entry_point  # gunicorn keeps a control socket under $HOME
+            home.mkdir(parents=True, exist_ok=True)
             handle = open(log, "wb")
             proc = subprocess.Popen(
                 [str(ff), "--target", fn.entry_point, "--source", str(REPO / "functions" / "main.py"),
                  "--signature-type", "cloudevent", "--host", "127.0.0.1", "--port", str(port)],
-                stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO,
+                stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**env, "HOME": str(home)}, cwd=REPO,
                 start_new_session=True,
             )
             self.stack.push(f"function {fn.entry_point}", lambda p=proc, h=handle: (_stop_process_group(p), h.close()))
@@ -270,6 +272,7 @@ class DemoRun:
 
     def _run(self) -> dict[str, Any]:
         from google.cloud import firestore
+        from google.cloud.firestore_v1.base_query import FieldFilter
 
         from respawn.jobs import write_document
 
@@ -310,7 +313,7 @@ class DemoRun:
             snap = job_ref.get()
             status = schema.JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
             beats = {}
-            for doc in db.collection(schema.NODES).where("job_id", "==", job_id).stream():
+            for doc in db.collection(schema.NODES).where(filter=FieldFilter("job_id", "==", job_id)).stream():
                 hb = doc.to_dict() or {}
                 beats[doc.id] = hb
                 started = hb.get("started_at")
