@@ -103,15 +103,17 @@ def provisioning_model(spec: JobSpec, status: JobStatus) -> str:
 
 
 def choose_zone(spec: JobSpec, status: JobStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
-    """Walk the ordered zone list: skip zones under a capacity/quota cooldown (shared by every job) and zones that
-    refused this job in the current round; the zone that just preempted the job goes last (tried only when no
+    """Walk the ordered zone list: skip zones under a capacity/quota cooldown (shared by every job, whatever the
+    provisioning model) and zones that refused this job in the current round; the zone that just preempted the job goes last (tried only when no
     other zone is left, so a single-zone job still recovers)."""
     model = provisioning_model(spec, status)
+    # Zones that refused this round refused the model tried then: falling back to on-demand starts a new round.
+    tried = status.tried_zones if status.provisioning in (None, model) else []
     skipped = []
     eligible = []
     for zone in spec.zones:
         until = blocked.get(zone)
-        if (until is not None and until > now) or zone in status.tried_zones:
+        if (until is not None and until > now) or zone in tried:
             skipped.append(zone)
         else:
             eligible.append(zone)

@@ -107,3 +107,13 @@ def test_accelerator_key_names_what_a_capacity_record_is_about():
     assert placement.accelerator_key(gpu) == "nvidia-tesla-t4"
     tpu = spec(accelerator={"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"})
     assert placement.accelerator_key(tpu) == "v5litepod-8"
+
+
+def test_falling_back_to_on_demand_starts_a_new_round_of_zones():
+    allowed = spec(placement={"on_demand_fallback": True, "fallback_after_failures": 3})
+    spot_round = JobStatus(consecutive_failures=3, provisioning="spot",
+                           tried_zones=["us-central1-a", "us-central1-b", "us-central1-c"])
+    choice = placement.choose_zone(allowed, spot_round, {}, NOW)
+    assert (choice.zone, choice.provisioning) == ("us-central1-a", "standard")
+    standard_round = spot_round.model_copy(update={"provisioning": "standard"})
+    assert placement.choose_zone(allowed, standard_round, {}, NOW).zone is None
