@@ -130,6 +130,10 @@ class CheckpointManager:
             self._notice_at = time.monotonic() if notice_at is None else notice_at
             self._notice_reason = reason
 
+    def clear_preemption(self) -> None:
+        """Forget a notice (e.g. a maintenance event that passed without stopping the VM)."""
+        self._notice_at, self._notice_reason, self._notice_logged = None, None, False
+
     @property
     def preemption_requested(self) -> bool:
         if self._notice_at is not None and not self._notice_logged:
