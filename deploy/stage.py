@@ -2,7 +2,7 @@
 
 The Functions Framework puts only the entry file's own folder on sys.path, and the buildpack wants requirements.txt
 and main.py at the source root (reference/gcp-facts.md §5). So the staged source mirrors the repository layout
-(functions/, respawn/, deploy/vm/) with a generated main.py at its root that re-exports the entry points of
+(functions/ whole, the respawn/ modules it imports, deploy/vm/) with a generated main.py at its root that re-exports the entry points of
 functions/main.py; `import functions`, `import respawn` then resolve inside the upload, with no
 GOOGLE_FUNCTION_SOURCE and no sys.path edits. requirements.txt is the base dependencies plus the `functions` extra of
 pyproject.toml, so the deployed function installs exactly what the repository declares.
@@ -10,6 +10,7 @@ pyproject.toml, so the deployed function installs exactly what the repository de
 
 from __future__ import annotations
 
+import ast
 import shutil
 import tomllib
 from pathlib import Path
@@ -17,8 +18,11 @@ from pathlib import Path
 from respawn import deployment
 
 PACKAGES = ("functions", "respawn")
+# functions/ goes up whole; of respawn/ only the modules functions/ imports (not the CLI, which pulls in sim/).
+WHOLE = "functions"
 # The node startup script and unit travel with the control plane, which puts the script into node metadata.
-FILES = (deployment.STARTUP_SCRIPT, deployment.AGENT_UNIT)
+# respawn/deployment.py reads the script from there (deployment.startup_script()), so it always goes up too.
+FILES = (deployment.STARTUP_SCRIPT, deployment.AGENT_UNIT, "respawn/deployment.py")
 
 
 class StageError(RuntimeError):
@@ -35,6 +39,39 @@ def requirements(root: Path) -> list[str]:
         if req not in out:
             out.append(req)
     return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every absolute module name a file imports, at any depth (lazy imports inside functions included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def local_modules(root: Path) -> list[Path]:
+    """The .py files of PACKAGES that functions/ reaches through imports, relative to root."""
+    todo = sorted((root / WHOLE).rglob("*.py"))
+    todo += [root / p / "__init__.py" for p in PACKAGES]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        rel = path.relative_to(root)
+        if rel in seen or "__pycache__" in rel.parts:
+            continue
+        seen.add(rel)
+        for name in _imports(path):
+            if name.split(".")[0] not in PACKAGES:
+                continue
+            base = root.joinpath(*name.split("."))
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    todo.append(candidate)
+    return sorted(seen)
 
 
 def main_py() -> str:
@@ -55,10 +92,7 @@ def stage(root: Path, out: Path) -> Path:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    for package in PACKAGES:
-        shutil.copytree(root / package, out / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-    for rel in FILES:
+    for rel in (*local_modules(root), *map(Path, FILES)):
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, out / rel)
     (out / "requirements.txt").write_text("\n".join(requirements(root)) + "\n")

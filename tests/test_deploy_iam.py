@@ -1,0 +1,141 @@
+"""Least privilege: every API method the code calls is granted, and nothing is granted that no code calls.
+
+The calls are read from the source itself: the controller's adapters (functions/adapters/*.py) through the
+functions.clients factory (`clients.instances().insert_unary(...)`, `ops = clients.zone_operations(); ops.get`) and
+the Firestore client's methods; the node's REST commit (node_agent/) and the trainer's Cloud Storage calls."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from deploy import iam
+from tests.deploy_fixtures import ROOT
+
+CALLS = iam.load()["calls"]
+FACTORIES = {key.split(".")[0] for key in CALLS["controller"]}
+
+
+def _factory_call(node: ast.AST) -> str | None:
+    """`X.clients.instances()` / `clients.tpu()` → the factory name."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES:
+        return node.func.attr
+    return None
+
+
+def controller_calls(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    aliases: dict[str, str] = {}  # local name -> factory, for `ops = self.clients.zone_operations()`
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            factory = _factory_call(node.value)
+            if factory:
+                aliases[node.targets[0].id] = factory
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        factory = _factory_call(node.value)
+        if factory is None and isinstance(node.value, ast.Name):
+            factory = aliases.get(node.value.id)
+        if factory:
+            key = f"{factory}.{node.attr}"
+            assert key in CALLS["controller"], (
+                f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} calls {key}: add it to deploy/iam/permissions.yaml `calls.controller` with "
+                "the API methods it makes, and grant their permissions")
+            found.add(key)
+    if "google.cloud import firestore" in path.read_text() or "google.cloud.firestore" in path.read_text():
+        names = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "transactional"}
+        if "transactional" in names:
+            names.add("transaction")
+        found |= {f"firestore:{m}" for m in names if m in CALLS["firestore"]}
+    return found
+
+
+def _methods(keys: set[str]) -> set[str]:
+    out = set()
+    for key in keys:
+        if key.startswith("firestore:"):
+            out.update(CALLS["firestore"][key.split(":", 1)[1]])
+        else:
+            out.update(CALLS["controller"][key])
+    return out
+
+
+def called_by_controller() -> set[str]:
+    keys = set()
+    for path in sorted((ROOT / "functions" / "adapters").glob("*.py")):
+        keys |= controller_calls(path)
+    return _methods(keys)
+
+
+def called_by_node() -> set[str]:
+    methods = set(CALLS["node"]["guest-logging-agent"])  # the node's journal shipped by the guest logging agent
+    agent = "\n".join(p.read_text() for p in sorted((ROOT / "node_agent").glob("*.py")))
+    for rest in ("documents:commit", "documents:batchGet"):
+        if rest in agent:
+            methods.update(CALLS["node"][rest])
+    storage = (ROOT / "trainer" / "storage.py").read_text()
+    for name, api in CALLS["node"].items():
+        if ":" not in name and name != "guest-logging-agent" and re.search(rf"\.{re.escape(name)}\(", storage):
+            methods.update(api)
+    return methods
+
+
+def test_the_scan_sees_the_contract_calls():
+    # If the adapters stop going through the factory, the scan would see nothing and prove nothing.
+    called = called_by_controller()
+    assert {"compute.instances.insert", "compute.instances.get", "tpu.nodes.create", "pubsub.topics.publish",
+            "firestore.documents.runQuery"} <= called, called
+
+
+def test_controller_holds_exactly_what_the_adapters_call():
+    called, granted = called_by_controller(), iam.granted_methods("controller")
+    assert called - granted == set(), f"called but not granted (deploy/iam/permissions.yaml): {sorted(called - granted)}"
+    assert granted - called == set(), f"granted but no adapter calls them: {sorted(granted - called)}"
+
+
+def test_node_holds_exactly_what_the_agent_and_trainer_call():
+    called, granted = called_by_node(), iam.granted_methods("node")
+    assert called - granted == set(), f"called but not granted: {sorted(called - granted)}"
+    assert granted - called == set(), f"granted but unused: {sorted(granted - called)}"
+
+
+def test_notifier_and_trigger_hold_no_custom_permissions():
+    assert not iam.granted_methods("notifier") and not iam.granted_methods("trigger")
+
+
+def test_acting_as_the_node_is_granted_on_the_node_account_only():
+    for role in iam.roles():
+        if "iam.serviceAccounts.actAs" in role.permissions:
+            assert role.scope == "node-service-account" and role.permissions == ["iam.serviceAccounts.actAs"]
+        if any(p.startswith("storage.") for p in role.permissions):
+            assert role.scope == "checkpoint-bucket"
+        if any(p.startswith("pubsub.") for p in role.permissions):
+            assert role.scope == "alerts-topic"
+
+
+def test_every_method_grants_something_and_roles_are_well_formed():
+    data = iam.load()
+    for role in iam.roles(data):
+        assert role.member in ("controller", "notifier", "trigger", "node")
+        assert re.fullmatch(r"[a-zA-Z0-9_.]{3,64}", role.id), role.id
+        for method, perms in role.methods.items():
+            assert perms, f"{role.id}: {method} grants nothing"
+            for p in perms:
+                assert re.fullmatch(r"[a-z]+\.[a-zA-Z]+\.[a-zA-Z]+", p), f"{role.id}: {p!r} is not a permission name"
+    for p in data["predefined"]:
+        assert p["role"].startswith("roles/") and p["why"]
+
+
+def test_scan_finds_a_new_unlisted_call(tmp_path):
+    bad = tmp_path / "x.py"
+    bad.write_text("def f(self):\n    self.clients.instances().set_labels(project='p')\n")
+    try:
+        controller_calls(bad)
+    except AssertionError as exc:
+        assert "instances.set_labels" in str(exc)
+    else:
+        raise AssertionError("an unlisted client call must fail the scan")
