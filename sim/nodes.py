@@ -14,9 +14,27 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from sim.metadata import MetadataServer
+
+
+def guest_pids(boot_id: str) -> list[int]:
+    """Every process of one boot of a node: they all carry its RESPAWN_BOOT_ID, whatever process group or session
+    they moved to (the agent starts the trainer in a group of its own). A real power-off takes them all."""
+    marker = f"RESPAWN_BOOT_ID={boot_id}".encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    pids.append(int(entry.name))
+        except OSError:  # gone, or a zombie
+            continue
+    return pids
 
 
 def group_alive(pgid: int) -> bool:
@@ -40,6 +58,7 @@ class NodeRuntime:
         self.metadata: MetadataServer | None = None
         self.proc: subprocess.Popen | None = None
         self.exit_codes: list[int | None] = []  # one per boot, in order
+        self.boot_id: str | None = None
         self._lock = threading.Lock()
 
     @property
@@ -47,7 +66,9 @@ class NodeRuntime:
         return self.proc.pid if self.proc is not None else None
 
     def running(self) -> bool:
-        return self.proc is not None and (self.proc.poll() is None or group_alive(self.proc.pid))
+        if self.proc is None:
+            return False
+        return self.proc.poll() is None or group_alive(self.proc.pid) or bool(guest_pids(self.boot_id or ""))
 
     def boot(self) -> None:
         """Power on: a fresh metadata server (preempted=FALSE) and the boot command, if any."""
@@ -61,6 +82,8 @@ class NodeRuntime:
             env["GCE_METADATA_HOST"] = self.metadata.host
             env["GCE_METADATA_IP"] = self.metadata.host  # google-auth pings this one
             env["RESPAWN_NODE_DIR"] = str(self.directory)
+            # A fresh id per boot, as the kernel's boot_id: the agent tells a reboot from its own restart by it.
+            self.boot_id = env["RESPAWN_BOOT_ID"] = uuid.uuid4().hex
             with open(self.console_log, "ab") as log:
                 self.proc = subprocess.Popen(
                     self.boot_command, cwd=self.directory, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -74,17 +97,25 @@ class NodeRuntime:
         except ProcessLookupError:
             pass
 
-    @staticmethod
-    def _wait_gone(proc: subprocess.Popen, timeout: float) -> bool:
-        """Wait until the whole process group has exited; True if it did within `timeout`."""
+    def _kill_guest(self, proc: subprocess.Popen) -> None:
+        """Mechanical off: every process of this boot, in any process group."""
+        self._signal(proc, signal.SIGKILL)
+        for pid in guest_pids(self.boot_id or ""):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _wait_gone(self, proc: subprocess.Popen, timeout: float) -> bool:
+        """Wait until every process of this boot has exited; True if they did within `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
             proc.poll()  # reap the leader, or the group never looks empty
-            if proc.returncode is not None and not group_alive(proc.pid):
+            if proc.returncode is not None and not group_alive(proc.pid) and not guest_pids(self.boot_id or ""):
                 return True
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.02)
+            time.sleep(0.05)
 
     def _take_proc(self) -> subprocess.Popen | None:
         with self._lock:
@@ -102,7 +133,7 @@ class NodeRuntime:
             clean = self._wait_gone(proc, grace)
             if self._take_proc() is proc:
                 if not clean:
-                    self._signal(proc, signal.SIGKILL)
+                    self._kill_guest(proc)
                     self._wait_gone(proc, 10)
                 self.exit_codes.append(proc.returncode)
         self.stop_metadata()
@@ -112,7 +143,7 @@ class NodeRuntime:
         """Host error (or the sim stopping): everything dies at once."""
         proc = self._take_proc()
         if proc is not None:
-            self._signal(proc, signal.SIGKILL)
+            self._kill_guest(proc)
             self._wait_gone(proc, 10)
             self.exit_codes.append(proc.returncode)
         self.stop_metadata()

@@ -2,7 +2,8 @@
 
 Run as a node's boot command: `python -m sim.probe_guest [--ignore-sigterm]`. In its cwd (the node's disk) it
 - appends one line per boot to `boots.log`,
-- writes `boot-<n>.json`: its pid, a child's pid (to show the whole process group is ended), GCE_METADATA_HOST,
+- writes `boot-<n>.json`: its pid, a child's pid (the child runs in a session of its own, as the agent's trainer
+  does, to show that a power-off ends every process of the guest), RESPAWN_BOOT_ID, GCE_METADATA_HOST,
   RESPAWN_NODE_DIR, and what the metadata server says for instance/name and instance/attributes/,
 - on SIGTERM appends `sigterm preempted=<instance/preempted>` to `events.log`, then exits, or keeps running with
   --ignore-sigterm (so the sim must kill it after the notice window).
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> int:
     with open(here / "boots.log", "a") as f:
         f.write(f"{time.time()}\n")
     boot = len((here / "boots.log").read_text().splitlines())
-    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"], start_new_session=True)
 
     def on_term(signum, frame):
         with open(here / "events.log", "a") as f:
@@ -46,6 +47,7 @@ def main(argv: list[str]) -> int:
     info = {
         "pid": os.getpid(), "child_pid": child.pid, "cwd": str(here),
         "GCE_METADATA_HOST": os.environ.get("GCE_METADATA_HOST"), "RESPAWN_NODE_DIR": os.environ.get("RESPAWN_NODE_DIR"),
+        "RESPAWN_BOOT_ID": os.environ.get("RESPAWN_BOOT_ID"),
         "name": metadata("instance/name"), "attributes": json.loads(metadata("instance/attributes/", "?recursive=true")),
     }
     tmp = here / f"boot-{boot}.json.tmp"

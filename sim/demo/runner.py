@@ -355,8 +355,9 @@ class DemoRun:
                     for z in sc.zones:
                         for change in z.capacity:
                             if change.after_preemption == injected:
-                                self.sim.set_capacity(z.name, key, change.count)
-                                self.say(f"capacity of {z.name} is now {change.count if change.count is not None else 'unlimited'}")
+                                self.sim.set_capacity(z.name, key, change.count, at=self.sim.now() + change.delay_seconds)
+                                when = f"in {change.delay_seconds:g} s" if change.delay_seconds else "now"
+                                self.say(f"capacity of {z.name} {when}: {change.count if change.count is not None else 'unlimited'}")
 
             progress.t, progress.state = now, status.state.value
             progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts

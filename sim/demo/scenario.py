@@ -26,12 +26,15 @@ class CapacityChange(_Strict):
 
     at_seconds: float | None = Field(default=None, ge=0, description="seconds after the job is registered")
     after_preemption: int | None = Field(default=None, ge=1, description="right after the Nth injected preemption")
+    delay_seconds: float = Field(default=0, ge=0, description="with after_preemption: this long after it")
     count: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _one_trigger(self) -> CapacityChange:
         if (self.at_seconds is None) == (self.after_preemption is None):
             raise ValueError("give exactly one of at_seconds or after_preemption")
+        if self.delay_seconds and self.after_preemption is None:
+            raise ValueError("delay_seconds applies only with after_preemption")
         return self
 
 
