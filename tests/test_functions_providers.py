@@ -1,0 +1,117 @@
+"""The Compute Engine and Cloud TPU providers against sim/ through the real clients, built by functions.clients;
+and the light import of functions.main."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1, tpu_v2
+
+from functions import clients as factory
+from functions.adapters.compute import ComputeProvider
+from functions.adapters.tpu import TpuProvider
+from functions_fixtures import T4, gpu_spec, tpu_spec
+from respawn.schema import parse_spec
+from sim_fixtures import PROJECT, sim_factory, sim_server  # noqa: F401
+
+ZONE = "us-central1-a"
+
+
+@pytest.fixture
+def made(sim_server):
+    return factory.Clients(factory.Endpoints(PROJECT, sim_server.endpoint, sim_server.endpoint))
+
+
+@pytest.mark.parametrize(
+    "provisioning,expect",
+    [
+        ("spot", {"provisioning_model": "SPOT", "instance_termination_action": "STOP", "preemptible": False}),
+        ("preemptible", {"preemptible": True}),
+        ("standard", {"provisioning_model": "STANDARD", "preemptible": False}),
+    ],
+)
+def test_gpu_vm_is_created_with_the_requested_scheduling_and_contract(made, provisioning, expect):
+    spec = parse_spec(gpu_spec("vm", provisioning=provisioning,
+                               **({} if provisioning == "spot" else {"termination_action": None})))
+    gce = ComputeProvider(made)
+    assert gce.create(spec, ZONE, "vm-1", 1, provisioning, "#!/bin/bash\ntrue\n") is True
+    assert gce.create(spec, ZONE, "vm-1", 1, provisioning, "#!/bin/bash\ntrue\n") is False  # 409: adopted
+    inst = made.instances().get(project=PROJECT, zone=ZONE, instance="vm-1")
+    assert inst.status == "RUNNING" == gce.get(ZONE, "vm-1")
+    for field, value in expect.items():
+        assert getattr(inst.scheduling, field) == value, field
+    assert inst.scheduling.on_host_maintenance == "TERMINATE" and inst.scheduling.automatic_restart is False
+    assert inst.machine_type.endswith("/machineTypes/n1-standard-8")
+    assert inst.guest_accelerators[0].accelerator_type.endswith(f"/acceleratorTypes/{T4}")
+    attrs = {i.key: i.value for i in inst.metadata.items}
+    assert set(attrs) == {"startup-script", "respawn-job-id", "respawn-attempt", "respawn-project", "respawn-settings"}
+    assert json.loads(attrs["respawn-settings"])["command"] == ["python", "-m", "trainer.examples.torch_mlp"]
+    assert dict(inst.labels) == {"respawn-job": "vm", "respawn-attempt": "1"}
+    gce.delete(ZONE, "vm-1")
+    assert gce.get(ZONE, "vm-1") is None
+    gce.delete(ZONE, "vm-1")  # deleting what is gone is success
+
+
+def test_gpu_vm_body_has_boot_disk_network_and_service_account(made):
+    spec = parse_spec(gpu_spec("vm", labels={"team": "research"}))
+    body = ComputeProvider(made).instance(spec, ZONE, "vm-2", 2, "spot", "#!/bin/bash\n")
+    disk = body.disks[0]
+    assert disk.boot and disk.auto_delete and disk.initialize_params.disk_size_gb == 200
+    assert disk.initialize_params.source_image == spec.accelerator.boot_image
+    assert body.service_accounts[0].scopes == ["https://www.googleapis.com/auth/cloud-platform"]
+    assert body.network_interfaces[0].access_configs[0].type_ == "ONE_TO_ONE_NAT"
+    assert dict(body.labels) == {"team": "research", "respawn-job": "vm", "respawn-attempt": "2"}
+
+
+def test_capacity_refusal_raises_the_real_exception_shape(made, sim_server):
+    from google.api_core import exceptions as gexc
+
+    from functions import placement
+
+    sim_server.set_capacity(ZONE, T4, 0)
+    spec = parse_spec(gpu_spec("vm"))
+    with pytest.raises(gexc.ServiceUnavailable) as info:
+        ComputeProvider(made).create(spec, ZONE, "vm-1", 1, "spot", "#!/bin/bash\n")
+    assert placement.classify(info.value).code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+
+
+@pytest.mark.parametrize("provisioning", ["spot", "preemptible"])
+def test_tpu_vm_is_created_spot_or_preemptible_and_deleted(made, provisioning):
+    spec = parse_spec(tpu_spec("tpu", provisioning=provisioning))
+    tpu = TpuProvider(made)
+    assert tpu.create(spec, ZONE, "tpu-1", 1, provisioning, "#!/bin/bash\n") is True
+    assert tpu.create(spec, ZONE, "tpu-1", 1, provisioning, "#!/bin/bash\n") is False
+    node = made.tpu().get_node(name=f"projects/{PROJECT}/locations/{ZONE}/nodes/tpu-1")
+    assert (node.accelerator_type, node.runtime_version) == ("v5litepod-8", "v2-alpha-tpuv5-lite")
+    assert node.scheduling_config.spot is (provisioning == "spot")
+    assert node.scheduling_config.preemptible is (provisioning == "preemptible")
+    assert node.metadata["respawn-job-id"] == "tpu" and node.labels["respawn-attempt"] == "1"
+    assert tpu.get(ZONE, "tpu-1") == "READY"
+    tpu.delete(ZONE, "tpu-1")
+    assert tpu.get(ZONE, "tpu-1") is None
+
+
+def test_the_factory_builds_loopback_clients_anonymously_and_real_ones_with_adc(monkeypatch):
+    local = factory.Clients(factory.Endpoints("p", "http://127.0.0.1:9", "http://127.0.0.1:9"))
+    assert isinstance(local.instances()._transport._credentials, AnonymousCredentials)
+    assert local.instances()._transport._host == "http://127.0.0.1:9"
+    assert local.zone_operations()._transport._host == "http://127.0.0.1:9"
+    assert local.tpu()._transport._host == "http://127.0.0.1:9"
+    assert local.instances() is local.instances()  # cached
+    monkeypatch.setenv("RESPAWN_PROJECT", "p1")
+    monkeypatch.setenv("RESPAWN_COMPUTE_ENDPOINT", "http://127.0.0.1:7")
+    monkeypatch.delenv("RESPAWN_TPU_ENDPOINT", raising=False)
+    assert factory.Endpoints.from_env() == factory.Endpoints("p1", "http://127.0.0.1:7", None)
+    assert factory.default() is factory.default()
+
+
+def test_importing_functions_main_loads_no_google_cloud_client():
+    code = ("import sys, functions.main; "
+            "print(sorted(m for m in sys.modules if m.startswith(('google.cloud.compute', 'google.cloud.tpu', "
+            "'google.cloud.firestore', 'google.cloud.pubsub', 'grpc'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
