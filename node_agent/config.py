@@ -5,7 +5,9 @@
     respawn-project    the GCP project that holds Firestore
     respawn-settings   JSON: {"command": [argv], "env": {...}, "checkpoint_uri": "gs://... | file:///...",
                               "heartbeat_seconds": 15, "notice_budget_seconds": 25}
-and instance/name, instance/zone (projects/NUM/zones/ZONE: the last segment is kept).
+and instance/zone (projects/NUM/zones/ZONE: the last segment is kept). The node's name — the key of its heartbeat
+document — is `{job}-{attempt}`, the name the control plane gave the VM or TPU node; `instance/name` is not used
+for it, because on a TPU VM it names the worker (`t1v-n-…-w-0`), not the TPU node.
 
 Missing or invalid attributes raise ConfigError naming the attribute; a metadata server that is not reachable
 yet (boot, maintenance) is retried for a while first.
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from respawn.logs import log
+from respawn.schema import node_name
 
 from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError
 
@@ -144,7 +147,10 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
     attempt = parse_attempt(_read(md, attr + ATTR_ATTEMPT, ATTR_ATTEMPT, retry_seconds))
     project = _read(md, attr + ATTR_PROJECT, ATTR_PROJECT, retry_seconds).strip()
     settings = parse_settings(_read(md, attr + ATTR_SETTINGS, ATTR_SETTINGS, retry_seconds))
-    node = _read(md, "instance/name", "instance/name", retry_seconds).strip()
+    try:
+        node = node_name(job_id, attempt)
+    except ValueError as exc:
+        raise ConfigError(ATTR_ATTEMPT, str(exc)) from None
     zone = zone_from_metadata(_read(md, "instance/zone", "instance/zone", retry_seconds))
     return AgentConfig(
         job_id=job_id, attempt=attempt, project=project, node=node, zone=zone, settings=settings,

@@ -126,3 +126,14 @@ def test_invalid_settings_are_named(agent_env):
     assert agent.wait(60) == 2
     error = [e for e in agent.events() if e["severity"] == "ERROR"][0]
     assert error["attribute"] == "respawn-settings" and "argv list" in error["message"]
+
+
+def test_a_tpu_worker_heartbeats_under_the_tpu_node_name(agent_env):
+    # On a TPU VM instance/name is the worker VM (t1v-n-…-w-0); the controller knows the node as {job}-{attempt}.
+    s = settings(_tiny(agent_env, "--steps", "20"), f"file://{agent_env.tmp}/store")
+    md = agent_env.metadata("t1v-n-4f2a9c1e-w-0", attributes("tpujob", 3, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "tpujob-3")
+    assert agent.wait(60) == 0
+    hb = agent_env.heartbeat("tpujob-3")
+    assert hb["job_id"] == "tpujob" and hb["attempt"] == 3 and hb["exit_code"] == 0
+    assert agent_env.heartbeat("t1v-n-4f2a9c1e-w-0") is None
