@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from respawn import audit
@@ -40,6 +41,7 @@ class Signal:
     job_id: str | None = None  # from the node name; None for a TPU worker VM (the caller looks the job up)
     attempt: int | None = None
     detail: str = ""  # status message / TPU terminateReason, for the event record
+    at: datetime | None = None  # the entry's timestamp: a hint older than the node's (re)start is stale
 
     @property
     def tpu_worker(self) -> bool:
@@ -85,5 +87,17 @@ def decode(entry: Any) -> Signal:
         job_id, attempt = parsed
     return Signal(
         zone=zone, node=name, cause=CAUSES[method], method=method, project=match["project"],
-        job_id=job_id, attempt=attempt, detail=detail,
+        job_id=job_id, attempt=attempt, detail=detail, at=_timestamp(entry.get("timestamp")),
     )
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    text = value.replace("Z", "+00:00")
+    # fromisoformat takes at most 6 fractional digits; Cloud Logging writes up to 9.
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text)
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None

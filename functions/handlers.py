@@ -29,7 +29,7 @@ def log_event(entry: Any) -> None:
     from functions.reconcile import Deps, reconcile
 
     if not sig.tpu_worker:
-        result = reconcile(sig.job_id, hint=sig.cause, hint_node=sig.node)
+        result = reconcile(sig.job_id, hint=sig.cause, hint_node=sig.node, hint_at=sig.at)
         if not result.found:
             logs.info(f"{sig.method} for {sig.node} in {sig.zone}: no job {sig.job_id} owns it; acknowledged",
                       node=sig.node, zone=sig.zone)

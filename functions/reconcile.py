@@ -102,7 +102,8 @@ def _fault(point: str, job_id: str, action: Any) -> None:
         fault_hook(point, job_id, action)
 
 
-def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None) -> tuple[Observation, JobSpec | None, Any] | None:
+def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
+            hint_at: datetime | None = None) -> tuple[Observation, JobSpec | None, Any] | None:
     """What decide() needs, plus the job document's version (its update_time) that a commit is conditional on."""
     found = deps.store.job(job_id)
     if found is None:
@@ -136,9 +137,13 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None) ->
                 logs.warning(f"heartbeat of {status.node} is unreadable ({exc.error_count()} errors); ignored",
                              job_id=job_id, node=status.node)
     blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec)) if spec else {}
+    # An event is a hint about the node it names, and only about that node's life at the time of the event.
+    if hint_node != status.node or (hint_at is not None and status.node_started_at is not None
+                                    and hint_at < status.node_started_at):
+        hint = None
     o = Observation(
         job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=bool(doc.get("cancel_requested")),
-        node=node, heartbeat=heartbeat, now=deps.now(), hint=hint if hint_node and hint_node == status.node else None,
+        node=node, heartbeat=heartbeat, now=deps.now(), hint=hint,
         blocked=blocked, settings=deps.config.settings,
     )
     return o, spec, version
@@ -174,13 +179,14 @@ def _record_outcome(deps: Deps, job_id: str, update: Callable[[JobStatus], tuple
     return current, False  # still contended: the next pass observes and decides afresh
 
 
-def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = None, deps: Deps | None = None) -> Result:
+def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = None, hint_at: datetime | None = None,
+              deps: Deps | None = None) -> Result:
     deps = deps or Deps.default()
     cfg = deps.config
     result = Result(job_id)
     poll_deadline = time.monotonic() + cfg.poll_budget_seconds
     for _ in range(cfg.max_passes):
-        observed = observe(deps, job_id, hint, hint_node)
+        observed = observe(deps, job_id, hint, hint_node, hint_at)
         if observed is None:
             result.found = False
             logs.info(f"no job {job_id}: nothing to reconcile", job_id=job_id)

@@ -92,3 +92,12 @@ def test_contradicting_zone_labels_are_rejected():
     e["resource"]["labels"]["zone"] = "us-east1-b"
     with pytest.raises(events.Undecodable, match="contradicts"):
         events.decode(e)
+
+
+def test_the_entry_timestamp_is_kept_with_nanoseconds_cut_to_micro():
+    e = entry()
+    e["timestamp"] = "2023-09-16T10:42:31.325309123Z"
+    at = events.decode(e).at
+    assert at.isoformat() == "2023-09-16T10:42:31.325309+00:00"
+    e["timestamp"] = "yesterday"
+    assert events.decode(e).at is None
