@@ -72,6 +72,26 @@ def sweep(message: Any) -> None:
     if failures:
         # The next scheduled sweep retries them; redelivering this message would re-sweep every job.
         logs.error(f"sweep: {len(failures)} job(s) failed and wait for the next sweep: {', '.join(failures)}")
+    try:
+        delete_orphans(deps)
+    except Exception as exc:  # noqa: BLE001 - the next sweep scans again
+        logs.error(f"sweep: orphan scan failed: {type(exc).__name__}: {exc}")
+
+
+def delete_orphans(deps) -> None:
+    """List the labelled nodes in every zone any job uses, then read the jobs, then delete what no placement owns."""
+    from functions.orphans import Seen, orphans
+
+    before = deps.store.all_jobs()
+    scan = {(((doc.get("spec") or {}).get("accelerator") or {}).get("kind") or "gpu", zone)
+            for doc in before.values() for zone in ((doc.get("spec") or {}).get("zones") or [])}
+    seen = [Seen(kind, zone, name, labels) for kind, zone in sorted(scan)
+            for name, labels in deps.providers[kind].list_labelled(zone)]
+    jobs = {job_id: (doc.get("status") or {}) for job_id, doc in deps.store.all_jobs().items()}
+    for n in orphans(seen, jobs):
+        logs.warning(f"sweep: deleting orphan node {n.name} in {n.zone} (job {n.labels.get('respawn-job')} does not "
+                     "own it now)", node=n.name, zone=n.zone)
+        deps.providers[n.kind].delete(n.zone, n.name)
 
 
 def alert(message: Any) -> None:

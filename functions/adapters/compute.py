@@ -52,6 +52,11 @@ class ComputeProvider:
         except gexc.NotFound:
             return None
 
+    def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
+        """(name, labels) of every instance in `zone` that carries the respawn-job label."""
+        return [(i.name, dict(i.labels)) for i in self.clients.instances().list(project=self.project, zone=zone)
+                if nodespec.LABEL_JOB in i.labels]
+
     def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str):
         acc = spec.accelerator
         if provisioning == "spot":

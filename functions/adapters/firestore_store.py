@@ -80,6 +80,11 @@ class Store:
         query = self.db.collection(JOBS).where(filter=FieldFilter("status.state", "in", ACTIVE_STATES))
         return [snap.id for snap in query.select(["status.state"]).stream()]
 
+    def all_jobs(self) -> dict[str, dict[str, Any]]:
+        """job id → {"spec": {"zones", "accelerator.kind"}, "status": {...}} for the orphan scan."""
+        query = self.db.collection(JOBS).select(["spec.zones", "spec.accelerator.kind", "status"])
+        return {snap.id: snap.to_dict() for snap in query.stream()}
+
     def jobs_in_zone(self, zone: str) -> list[tuple[str, dict[str, Any]]]:
         """The one indexed lookup for a TPU worker VM event: jobs whose current node is in `zone`."""
         query = self.db.collection(JOBS).where(filter=FieldFilter("status.zone", "==", zone))

@@ -36,6 +36,11 @@ class TpuProvider:
             return None
         return tpu_v2.Node.State(node.state).name
 
+    def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
+        """(name, labels) of every TPU node in `zone` that carries the respawn-job label."""
+        nodes = self.clients.tpu().list_nodes(parent=f"projects/{self.project}/locations/{zone}")
+        return [(n.name.rsplit("/", 1)[-1], dict(n.labels)) for n in nodes if nodespec.LABEL_JOB in n.labels]
+
     def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str):
         acc = spec.accelerator
         network = tpu_v2.NetworkConfig(enable_external_ips=os.environ.get("RESPAWN_EXTERNAL_IP", "1") != "0")

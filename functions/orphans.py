@@ -1,0 +1,43 @@
+"""Which labelled nodes belong to no current placement (pure). The sweep deletes them: defence in depth for the
+one invariant that costs money, "never more than one live node per job".
+
+A node labelled `respawn-job=J, respawn-attempt=A` is an orphan when job J does not exist any more, or J is
+finished, or (A, zone) is not J's current (attempt, zone). Decide never commits a new attempt before the previous
+node is gone, so such a node can only come from a create that finished after its job moved on and whose function
+died before deleting it, or from a job document deleted while its node ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from functions.nodespec import LABEL_ATTEMPT, LABEL_JOB
+from respawn.schema import MAX_ATTEMPT, State, node_name
+
+
+@dataclass(frozen=True)
+class Seen:
+    kind: str  # gpu | tpu
+    zone: str
+    name: str
+    labels: Mapping[str, str]
+
+
+def orphans(nodes: list[Seen], jobs: Mapping[str, Mapping[str, Any]]) -> list[Seen]:
+    """nodes: what the APIs listed in the scanned zones; jobs: job id → its `status` map (every job document),
+    read *after* the listing: a create always follows the commit of its attempt, so a listed node's attempt is
+    never newer than the status read afterwards (no in-flight create is mistaken for an orphan)."""
+    out = []
+    for n in nodes:
+        job = n.labels.get(LABEL_JOB)
+        attempt = n.labels.get(LABEL_ATTEMPT, "")
+        if not job or not attempt.isdigit() or not 1 <= int(attempt) <= MAX_ATTEMPT or n.name != node_name(job, int(attempt)):
+            continue  # not a Respawn node (or labels edited by hand): leave it alone
+        status = jobs.get(job)
+        if status is None:
+            out.append(n)  # its job document is gone
+            continue
+        if State(status.get("state", "PENDING")).terminal or (status.get("node"), status.get("zone")) != (n.name, n.zone):
+            out.append(n)
+    return out
