@@ -6,7 +6,7 @@ import pytest
 
 from sim.demo.scenario import ScenarioError, default_scenario, parse_scenario
 from sim.demo.summary import HeartbeatSample as S
-from sim.demo.summary import Lifetime, RunRecord, lives, lost_steps, max_live, summarize
+from sim.demo.summary import Lifetime, RunRecord, lives, lost_steps, max_live, summarize, zones_in_order
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
 
 
@@ -44,6 +44,12 @@ def test_max_live_nodes_counts_overlap_only():
     assert max_live(back_to_back, 50) == 1
     overlapping = [Lifetime("j-1", "a", 0, 10), Lifetime("j-2", "b", 9, None)]
     assert max_live(overlapping, 50) == 2
+
+
+def test_zones_in_order_of_use():
+    spans = [Lifetime("j-1", "us-a", 0, 10), Lifetime("j-1", "us-a", 12, 13), Lifetime("j-2", "us-b", 14, 30),
+             Lifetime("j-2", "us-b", 35, 40), Lifetime("j-3", "us-a", 41, None)]
+    assert zones_in_order(spans) == ["us-a", "us-b", "us-a"]
 
 
 def test_summary_fields():

@@ -98,7 +98,12 @@ def max_live(lifetimes: list[Lifetime], until: float) -> int:
 
 
 def zones_in_order(lifetimes: list[Lifetime]) -> list[str]:
-    return [lt.zone for lt in sorted(lifetimes, key=lambda lt: lt.start)]
+    """Zones as the job moved through them; a node live twice (restarted in place, or deleting) counts once."""
+    zones: list[str] = []
+    for lt in sorted(lifetimes, key=lambda lt: lt.start):
+        if not zones or zones[-1] != lt.zone:
+            zones.append(lt.zone)
+    return zones
 
 
 def goodput(ordered: list[Life], final_step: int, wall_seconds: float) -> float:
