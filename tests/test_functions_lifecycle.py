@@ -129,3 +129,14 @@ def test_max_restarts_reached_fails_the_job_and_deletes_the_node(controller):
     assert "gave up after 0 restarts" in after.message
     assert controller.sim.status_of(st.zone, st.node) is None
     assert [a["type"] for a in controller.alerts(want=1)] == ["failed"]
+
+
+def test_the_eventarc_bridges_full_document_event_is_understood(controller):
+    # The exact CloudEvent sim/bridges.py (Eventarc, played locally) sends: every field of the created document.
+    from sim.bridges import cloudevent_headers, document_event_data
+
+    job = controller.register(gpu_spec("bridged"))
+    snap = controller.db.collection("jobs").document(job).get()
+    body = document_event_data(snap, controller.project)
+    assert controller.deliver("on_job_created", cloudevent_headers(controller.project, f"jobs/{job}"), body) == 200
+    assert controller.wait_state(job, "RUNNING").node == "bridged-1"
