@@ -35,31 +35,25 @@ def on_job_created(cloud_event) -> None:
     handlers.job_created(job_id)
 
 
+def _pubsub(cloud_event, name: str, handle) -> None:
+    try:
+        body = triggers.pubsub_json(cloud_event.data)
+    except triggers.Malformed as exc:
+        logs.warning(f"{name}: message ignored: {exc}", event_id=cloud_event["id"])
+        return
+    handle(body)
+
+
 @functions_framework.cloud_event
 def on_log_event(cloud_event) -> None:
-    try:
-        entry = triggers.pubsub_json(cloud_event.data)
-    except triggers.Malformed as exc:
-        logs.warning(f"on_log_event: message ignored: {exc}", event_id=cloud_event["id"])
-        return
-    handlers.log_event(entry)
+    _pubsub(cloud_event, "on_log_event", handlers.log_event)
 
 
 @functions_framework.cloud_event
 def on_sweep(cloud_event) -> None:
-    try:
-        message = triggers.pubsub_json(cloud_event.data)
-    except triggers.Malformed as exc:
-        logs.warning(f"on_sweep: message ignored: {exc}", event_id=cloud_event["id"])
-        return
-    handlers.sweep(message)
+    _pubsub(cloud_event, "on_sweep", handlers.sweep)
 
 
 @functions_framework.cloud_event
 def on_alert(cloud_event) -> None:
-    try:
-        message = triggers.pubsub_json(cloud_event.data)
-    except triggers.Malformed as exc:
-        logs.warning(f"on_alert: message ignored: {exc}", event_id=cloud_event["id"])
-        return
-    handlers.alert(message)
+    _pubsub(cloud_event, "on_alert", handlers.alert)

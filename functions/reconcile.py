@@ -86,9 +86,7 @@ class Deps:
 @dataclass
 class Result:
     job_id: str
-    found: bool = True
-    state: str | None = None
-    actions: list[str] = field(default_factory=list)
+    found: bool = True  # False: no such job (the event was about a node no job owns)
 
 
 # Crash injection for the tests of "a function dies between recording and acting": called with
@@ -150,7 +148,8 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
 
 
 def _event(o: Observation, d: Decision) -> JobEvent | None:
-    if d.status is None or d.status.state == o.status.state and d.cause not in ("zone_refused",):
+    """The lifecycle event of a decision: a state change, or a move to the next zone while provisioning."""
+    if d.status is None or (d.status.state == o.status.state and d.cause != "zone_refused"):
         return None
     details = dict(d.details)
     details.update({k: v for k, v in (("node", d.status.node), ("zone", d.status.zone), ("attempt", d.status.attempt)) if v})
@@ -193,7 +192,6 @@ def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = N
             return result
         o, spec, version = observed
         d = core.decide(o)
-        result.state = (d.status or o.status).state.value
         if d.status is not None:
             if not _commit(deps, job_id, version, d.status, _event(o, d)):
                 logs.info(f"job {job_id}: status changed concurrently; observing again", job_id=job_id)
@@ -204,8 +202,6 @@ def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = N
         a = d.action
         if a.kind in (Act.CREATE, Act.START, Act.DELETE):
             _fault("after_record", job_id, a)
-        if a.kind in (Act.CREATE, Act.START, Act.DELETE):
-            result.actions.append(f"{a.kind.value} {a.node} in {a.zone}")
             hint = None  # the event described the node before this action; from here on only observation counts
             _act(deps, o, spec, d)
         if d.alert is not None:
