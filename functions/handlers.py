@@ -13,6 +13,8 @@ from functions import events
 from respawn import logs
 from respawn.schema import State
 
+ACTIVE = {s.value for s in State if not s.terminal}
+
 
 def job_created(job_id: str) -> None:
     from functions.reconcile import reconcile
@@ -39,7 +41,7 @@ def log_event(entry: Any) -> None:
     deps = Deps.default()
     owners = [job_id for job_id, doc in deps.store.jobs_in_zone(sig.zone)
               if ((doc.get("spec") or {}).get("accelerator") or {}).get("kind") == "tpu"
-              and not State((doc.get("status") or {}).get("state", "PENDING")).terminal]
+              and (doc.get("status") or {}).get("state", "PENDING") in ACTIVE]
     if not owners:
         logs.info(f"{sig.method} for TPU worker {sig.node} in {sig.zone}: no active TPU job there; acknowledged",
                   node=sig.node, zone=sig.zone)

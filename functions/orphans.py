@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from functions.nodespec import LABEL_ATTEMPT, LABEL_JOB
 from respawn.schema import MAX_ATTEMPT, State, node_name
 
+FINISHED = {s.value for s in State if s.terminal}
+
 
 @dataclass(frozen=True)
 class Seen:
@@ -38,6 +40,7 @@ def orphans(nodes: list[Seen], jobs: Mapping[str, Mapping[str, Any]]) -> list[Se
         if status is None:
             out.append(n)  # its job document is gone
             continue
-        if State(status.get("state", "PENDING")).terminal or (status.get("node"), status.get("zone")) != (n.name, n.zone):
+        finished = status.get("state") in FINISHED
+        if finished or (status.get("node"), status.get("zone")) != (n.name, n.zone):
             out.append(n)
     return out
