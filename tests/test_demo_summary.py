@@ -46,6 +46,13 @@ def test_max_live_nodes_counts_overlap_only():
     assert max_live(overlapping, 50) == 2
 
 
+def test_a_dead_nodes_unchanging_heartbeat_does_not_stretch_its_life():
+    samples = [S(0, "j-1", "a", "training", 0, None, 0), S(10, "j-1", "a", "exited", 100, 100),
+               S(50, "j-1", "a", "exited", 100, 100), S(90, "j-1", "a", "exited", 100, 100)]
+    (life,) = lives(samples)
+    assert (life.first_t, life.last_t) == (0, 10)
+
+
 def test_zones_in_order_of_use():
     spans = [Lifetime("j-1", "us-a", 0, 10), Lifetime("j-1", "us-a", 12, 13), Lifetime("j-2", "us-b", 14, 30),
              Lifetime("j-2", "us-b", 35, 40), Lifetime("j-3", "us-a", 41, None)]

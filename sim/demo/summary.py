@@ -64,7 +64,8 @@ def lives(samples: list[HeartbeatSample]) -> list[Life]:
         if life is None:
             by_key[key] = Life(s.node, s.life, s.t, s.t, s.step, s.step, s.resumed_from, s.committed_step)
             continue
-        life.last_t, life.last_step = s.t, max(life.last_step, s.step)
+        if s.step > life.last_step:  # a finished node's document keeps its last step: only progress counts
+            life.last_t, life.last_step = s.t, s.step
         life.first_step = min(life.first_step, s.step)
         if s.committed_step is not None:
             life.last_committed = s.committed_step
