@@ -300,6 +300,7 @@ class DemoRun:
         samples: list[HeartbeatSample] = []
         marks: list[Mark] = []
         seen_events: set[str] = set()
+        transitions: list[dict[str, str]] = []
         pending = list(sc.preemptions)
         injected = 0
         job_ref = db.collection(schema.JOBS).document(job_id)
@@ -326,16 +327,7 @@ class DemoRun:
             live = self.sim.live_nodes(job=job_id)
             if now - last_poll_events > 1.0:
                 last_poll_events = now
-                for ev in job_ref.collection(schema.EVENTS).order_by("at").stream():
-                    if ev.id in seen_events:
-                        continue
-                    seen_events.add(ev.id)
-                    e = ev.to_dict()
-                    line = f"{e.get('from_state') or '-'} → {e.get('to_state')}: {e.get('cause')}"
-                    progress.events.append(line)
-                    self.say(f"event: {line}")
-                    if e.get("to_state") == "PROVISIONING" and e.get("from_state") in ("PREEMPTED", "RUNNING"):
-                        marks.append(Mark(now, "restart", e.get("cause", "")))
+                transitions += self._new_events(job_ref, seen_events, progress, marks, now)
 
             # Inject the next preemption when its moment has come and the job has a node training.
             if pending and status.node and current.get("state") == "training":
@@ -370,7 +362,26 @@ class DemoRun:
 
         wall = time.monotonic() - t0
         self._drain_alerts()
-        return self._finish(job_id, status, samples, marks, sim_t0, wall)
+        transitions += self._new_events(job_ref, seen_events, progress, marks, wall)
+        result = self._finish(job_id, status, samples, marks, sim_t0, wall)
+        result["transitions"] = transitions
+        return result
+
+    def _new_events(self, job_ref, seen: set[str], progress: Progress, marks: list[Mark], now: float) -> list[dict]:
+        """The job's lifecycle events not seen before, oldest first; each is shown and kept for the summary."""
+        fresh = []
+        for ev in job_ref.collection(schema.EVENTS).order_by("at").stream():
+            if ev.id in seen:
+                continue
+            seen.add(ev.id)
+            e = ev.to_dict()
+            line = f"{e.get('from_state') or '-'} → {e.get('to_state')}: {e.get('cause')}"
+            progress.events.append(line)
+            self.say(f"event: {line}")
+            if e.get("to_state") == "PROVISIONING" and e.get("from_state") in ("PREEMPTED", "RUNNING"):
+                marks.append(Mark(now, "restart", e.get("cause", "")))
+            fresh.append({"from": e.get("from_state"), "to": e.get("to_state"), "cause": e.get("cause")})
+        return fresh
 
     def _drain_alerts(self, quiet: float = 2.0, cap: float = 15.0) -> None:
         """Give on_alert (and its Slack retries) time to deliver the last alerts."""

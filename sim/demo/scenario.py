@@ -97,7 +97,7 @@ class Scenario(_Strict):
     sweep_seconds: float = Field(default=5, gt=0, description="Cloud Scheduler period")
     stale_after_seconds: float = Field(default=10, gt=0, description="heartbeat age the sweep calls stale")
     heartbeat_seconds: float = Field(default=1, gt=0)
-    timeout_seconds: float = Field(default=110, gt=0)
+    timeout_seconds: float = Field(default=240, gt=0, description="give up on the job after this long")
     expect: Expect = Field(default_factory=Expect)
 
     @model_validator(mode="after")
