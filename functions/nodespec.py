@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from respawn import deployment
 from respawn.schema import JobSpec
 
 ATTR_JOB_ID = "respawn-job-id"
@@ -13,6 +14,7 @@ ATTR_ATTEMPT = "respawn-attempt"
 ATTR_PROJECT = "respawn-project"
 ATTR_SETTINGS = "respawn-settings"
 ATTR_STARTUP = "startup-script"
+ATTR_INSTALL = "respawn-install"  # the pip requirement deploy/vm/startup.sh installs (env RESPAWN_INSTALL)
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
 HEARTBEAT_SECONDS = 15
@@ -30,13 +32,17 @@ def settings_json(spec: JobSpec) -> str:
 
 
 def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str) -> dict[str, str]:
-    return {
+    items = {
         ATTR_STARTUP: startup_script,
         ATTR_JOB_ID: spec.id,
         ATTR_ATTEMPT: str(attempt),
         ATTR_PROJECT: project,
         ATTR_SETTINGS: settings_json(spec),
     }
+    install = os.environ.get(deployment.ENV_INSTALL)
+    if install:  # always set by deploy/; local runs (sim/) start the agent without the startup script
+        items[ATTR_INSTALL] = install
+    return items
 
 
 def labels(spec: JobSpec, attempt: int) -> dict[str, str]:

@@ -115,3 +115,15 @@ def test_importing_functions_main_loads_no_google_cloud_client():
             "'google.cloud.firestore', 'google.cloud.pubsub', 'grpc'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_install_requirement_travels_in_metadata_when_deploy_sets_it(monkeypatch):
+    from functions import nodespec, startup
+
+    spec = parse_spec(gpu_spec("vm"))
+    monkeypatch.delenv("RESPAWN_INSTALL", raising=False)
+    assert "respawn-install" not in nodespec.metadata(spec, 1, "p", "#!/bin/bash\n")
+    monkeypatch.setenv("RESPAWN_INSTALL", "respawn[agent,storage]==0.1.0")
+    md = nodespec.metadata(spec, 1, "p", startup.startup_script())
+    assert md["respawn-install"] == "respawn[agent,storage]==0.1.0"
+    assert md["startup-script"].startswith("#!/bin/bash") and "respawn-install" in md["startup-script"]
