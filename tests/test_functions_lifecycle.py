@@ -140,3 +140,14 @@ def test_the_eventarc_bridges_full_document_event_is_understood(controller):
     body = document_event_data(snap, controller.project)
     assert controller.deliver("on_job_created", cloudevent_headers(controller.project, f"jobs/{job}"), body) == 200
     assert controller.wait_state(job, "RUNNING").node == "bridged-1"
+
+
+def test_host_error_event_replaces_the_node_and_records_the_cause(controller):
+    job, st = _running(controller, gpu_spec("hosterr", termination_action="DELETE"))
+    controller.sim.host_error(st.zone, st.node)
+    entry = controller.wait_system_event(st.node)
+    assert entry["protoPayload"]["methodName"] == "compute.instances.hostError"
+    assert controller.log_event(entry) == 200
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.attempt, after.last_cause, after.restarts) == (2, "host_error", 1)
+    assert controller.sim.status_of(st.zone, st.node) is None and controller.sim.max_live(job) == 1
