@@ -71,7 +71,7 @@ class Emulator:
 
     def stop(self, timeout: float = 10) -> None:
         """End the whole process group: the launcher exits on SIGTERM before its java child does."""
-        _stop_group(self.proc, timeout)
+        stop_group(self.proc, timeout)
         if self._log is not None:
             self._log.close()
 
@@ -82,7 +82,7 @@ class Emulator:
             return ""
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True
@@ -92,7 +92,8 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def _stop_group(proc: subprocess.Popen, timeout: float) -> None:
+def stop_group(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM a process group started with start_new_session, SIGKILL it if it outlives `timeout`."""
     pgid = proc.pid  # started with start_new_session, so the group id is the leader's pid
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -104,7 +105,7 @@ def _stop_group(proc: subprocess.Popen, timeout: float) -> None:
             if proc.poll() is None:
                 time.sleep(0.05)
                 continue
-            if not _group_alive(pgid):
+            if not group_alive(pgid):
                 return
             time.sleep(0.05)
     proc.poll()

@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+from sim.emulators import group_alive
 from sim.metadata import MetadataServer
 
 
@@ -35,16 +36,6 @@ def guest_pids(boot_id: str) -> list[int]:
         except OSError:  # gone, or a zombie
             continue
     return pids
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 class NodeRuntime:

@@ -13,7 +13,6 @@ import copy
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -88,19 +87,6 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout:
         except OSError:
             time.sleep(0.1)
     raise DemoError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log}")
-
-
-def _stop_process_group(proc: subprocess.Popen, timeout: float = 10) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -231,7 +217,7 @@ class DemoRun:
                 stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**env, "HOME": str(home)}, cwd=REPO,
                 start_new_session=True,
             )
-            self.stack.push(f"function {fn.entry_point}", lambda p=proc, h=handle: (_stop_process_group(p), h.close()))
+            self.stack.push(f"function {fn.entry_point}", lambda p=proc, h=handle: (emulators.stop_group(p), h.close()))
             procs.append((fn, port, proc, log))
             urls[fn.entry_point] = f"http://127.0.0.1:{port}/"
         for fn, port, proc, log in procs:
