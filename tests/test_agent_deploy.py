@@ -13,6 +13,7 @@ from node_agent.agent import DETACH_EXIT_CODE, FINAL_WRITE_GRACE_S
 from node_agent.config import DEFAULT_NOTICE_BUDGET_SECONDS
 from node_agent.main import CONFIG_ERROR_EXIT_CODE
 from sim.metadata import MetadataServer
+from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401
 
 VM = Path(__file__).resolve().parent.parent / "deploy" / "vm"
 UNIT = VM / "respawn-agent.service"
@@ -66,7 +67,7 @@ def test_startup_script_is_valid_bash_and_embeds_the_unit_verbatim():
     assert embedded + "\n" == UNIT.read_text()
 
 
-def _run_startup(tmp_path, md_host: str, active: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _run_startup(tmp_path, md_host: str, active: bool, **extra_env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     calls = tmp_path / "systemctl.calls"
     fake = tmp_path / "systemctl"
     # Records its arguments; `is-active` answers as told.
@@ -74,7 +75,7 @@ def _run_startup(tmp_path, md_host: str, active: bool) -> tuple[subprocess.Compl
     fake.chmod(0o755)
     env = dict(os.environ, GCE_METADATA_HOST=md_host, RESPAWN_ROOT=str(tmp_path / "opt"),
                SYSTEMD_UNIT_DIR=str(tmp_path / "units"), SYSTEMCTL=str(fake),
-               PYTHON=getattr(sys, "_base_executable", sys.executable))
+               PYTHON=getattr(sys, "_base_executable", sys.executable), **extra_env)
     r = subprocess.run(["bash", str(STARTUP)], env=env, capture_output=True, text=True, timeout=300)
     return r, calls.read_text().splitlines() if calls.exists() else []
 
@@ -114,3 +115,53 @@ def test_startup_script_without_install_attribute_fails_with_a_clear_message(tmp
         r = subprocess.run(["bash", str(STARTUP)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "respawn-install is missing" in r.stdout
+
+
+def _probe_wheel(directory: Path) -> Path:
+    """A minimal pure-Python wheel (package respawn_probe) that pip installs without any index."""
+    import zipfile
+
+    dist = "respawn_probe-1.0.dist-info"
+    files = {
+        "respawn_probe/__init__.py": "VERSION = '1.0'\n",
+        f"{dist}/METADATA": "Metadata-Version: 2.1\nName: respawn-probe\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
+    wheel = directory / "respawn_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return wheel
+
+
+def test_startup_script_installs_a_release_wheel_from_a_private_bucket(tmp_path, gcs):
+    # The deployed requirement is `NAME @ gs://BUCKET/...whl` (respawn.deployment.release_requirement): pip cannot
+    # fetch gs://, so the script downloads it with the metadata server's token through the Storage JSON API.
+    wheel = _probe_wheel(tmp_path)
+    gcs.bucket(BUCKET).blob(f"respawn/releases/b1/{wheel.name}").upload_from_filename(str(wheel))
+    requirement = f"respawn-probe @ gs://{BUCKET}/respawn/releases/b1/{wheel.name}"
+    with MetadataServer(attributes={"respawn-install": requirement}) as md:
+        r, calls = _run_startup(tmp_path, md.host, active=False,
+                                RESPAWN_STORAGE_HOST=os.environ["STORAGE_EMULATOR_HOST"])
+        token_requests = [p for p in md.requests if "service-accounts/default/token" in p]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert token_requests, "the wheel must be fetched with the VM's service-account token"
+    venv_python = tmp_path / "opt" / "venv" / "bin" / "python"
+    out = subprocess.run([str(venv_python), "-c", "import respawn_probe; print(respawn_probe.__file__)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert str(tmp_path / "opt" / "venv") in out
+    assert (tmp_path / "opt" / "installed").read_text() == requirement
+    assert "enable --now respawn-agent.service" in calls
+
+
+def test_startup_script_names_the_release_it_cannot_download(tmp_path, gcs):
+    missing = f"gs://{BUCKET}/respawn/releases/gone/respawn-0.1.0-py3-none-any.whl"
+    with MetadataServer(attributes={"respawn-install": f"respawn[agent,storage] @ {missing}"}) as md:
+        r, calls = _run_startup(tmp_path, md.host, active=False,
+                                RESPAWN_STORAGE_HOST=os.environ["STORAGE_EMULATOR_HOST"])
+    assert r.returncode != 0
+    assert f"could not download {missing}" in r.stdout + r.stderr
+    assert "respawnCheckpoints" in r.stdout + r.stderr
+    assert not (tmp_path / "opt" / "installed").exists()
+    assert not any("enable" in c for c in calls)  # no agent is started without its install

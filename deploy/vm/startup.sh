@@ -2,12 +2,14 @@
 # Respawn VM startup script (the instance's `startup-script` metadata; runs as root on every boot).
 #
 # Installs the Respawn node agent into a virtual environment at the version the control plane asks for
-# (metadata attribute respawn-install: a pip requirement, e.g. "respawn[agent,torch]==0.1.0" or
-# "respawn[agent,jax] @ https://.../respawn-0.1.0-py3-none-any.whl"), writes the systemd unit and starts it.
+# (metadata attribute respawn-install: a pip requirement, e.g. "respawn[agent,torch]==0.1.0", or the deployed
+# release "respawn[agent,storage] @ gs://BUCKET/respawn/releases/BUILD/respawn-0.1.0-py3-none-any.whl", which pip
+# cannot fetch itself: the wheel is downloaded with the VM's service-account token from the Storage JSON API and
+# installed from the local file), writes the systemd unit and starts it.
 # Idempotent: on a restart in place the same install is skipped and a running agent is left alone (a restart
 # would send it SIGTERM, which is a preemption notice).
 #
-# Overridable for tests: GCE_METADATA_HOST, RESPAWN_ROOT, SYSTEMD_UNIT_DIR, SYSTEMCTL, PYTHON.
+# Overridable for tests: GCE_METADATA_HOST, RESPAWN_STORAGE_HOST, RESPAWN_ROOT, SYSTEMD_UNIT_DIR, SYSTEMCTL, PYTHON.
 set -euo pipefail
 
 METADATA="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
@@ -15,6 +17,7 @@ ROOT="${RESPAWN_ROOT:-/opt/respawn}"
 UNIT_DIR="${SYSTEMD_UNIT_DIR:-/etc/systemd/system}"
 SYSTEMCTL="${SYSTEMCTL:-systemctl}"
 PYTHON="${PYTHON:-python3}"
+STORAGE="${RESPAWN_STORAGE_HOST:-https://storage.googleapis.com}"
 UNIT=respawn-agent.service
 
 say() { printf '{"severity": "%s", "message": "respawn startup: %s"}\n' "$1" "$2"; }
@@ -22,6 +25,33 @@ say() { printf '{"severity": "%s", "message": "respawn startup: %s"}\n' "$1" "$2
 attr() {
   curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -H "Metadata-Flavor: Google" \
     "$METADATA/instance/attributes/$1"
+}
+
+# "NAME @ gs://BUCKET/OBJECT" -> "NAME @ file:///local/wheel" (or the requirement unchanged when not gs://).
+local_requirement() {
+  local re='^(.*[^[:space:]])[[:space:]]*@[[:space:]]*gs://([^/[:space:]]+)/([^[:space:]]+)$'
+  if ! [[ "$1" =~ $re ]]; then
+    printf '%s' "$1"
+    return
+  fi
+  local name="${BASH_REMATCH[1]}" bucket="${BASH_REMATCH[2]}" object="${BASH_REMATCH[3]}"
+  local wheel="$ROOT/wheels/${object##*/}" token quoted
+  mkdir -p "$ROOT/wheels"
+  token="$(curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -H "Metadata-Flavor: Google" \
+    "$METADATA/instance/service-accounts/default/token" \
+    | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')" || {
+    say ERROR "no access token from the metadata server; the VM needs a service account (the control plane attaches the node service account)" >&2
+    return 1
+  }
+  quoted="$("$PYTHON" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$object")"
+  if ! curl -fsS --retry 5 --retry-delay 2 -H "Authorization: Bearer $token" -o "$wheel.part" \
+      "$STORAGE/storage/v1/b/$bucket/o/$quoted?alt=media"; then
+    rm -f "$wheel.part"
+    say ERROR "could not download gs://$bucket/$object; check that the release exists (gcloud storage ls gs://$bucket/$object) and that the node service account may read the bucket (role respawnCheckpoints, deploy/iam/permissions.yaml)" >&2
+    return 1
+  fi
+  mv -f "$wheel.part" "$wheel"
+  printf '%s @ file://%s' "$name" "$wheel"
 }
 
 if ! INSTALL="$(attr respawn-install)" || [ -z "$INSTALL" ]; then
@@ -43,7 +73,8 @@ else
     "$PYTHON" -m venv --system-site-packages "$VENV"
   fi
   # --system-site-packages: a Deep Learning VM image's CUDA-matched torch (or a TPU image's jax) is reused.
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$INSTALL"
+  REQUIREMENT="$(local_requirement "$INSTALL")"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$REQUIREMENT"
   printf '%s' "$INSTALL" > "$MARKER"
   CHANGED=1
 fi
