@@ -123,6 +123,13 @@ class Decision:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def needs_capacity(status: JobStatus, node: NodeObs) -> bool:
+    """Whether decide() may consult the zone cooldowns (Observation.blocked) for a job in `status` whose node is
+    `node`: only when it may place a node or weigh a restart in place. observe() skips those reads otherwise."""
+    return (status.state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
+            or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING))
+
+
 def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else (now - then).total_seconds()
 

@@ -134,7 +134,9 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
             except ValidationError as exc:
                 logs.warning(f"heartbeat of {status.node} is unreadable ({exc.error_count()} errors); ignored",
                              job_id=job_id, node=status.node)
-    blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec)) if spec else {}
+    blocked = {}
+    if spec is not None and core.needs_capacity(status, node):
+        blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
     # An event is a hint about the node it names, and only about that node's life at the time of the event.
     if hint_node != status.node or (hint_at is not None and status.node_started_at is not None
                                     and hint_at < status.node_started_at):
@@ -181,6 +183,16 @@ def _record_outcome(deps: Deps, job_id: str, update: Callable[[JobStatus], tuple
 def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = None, hint_at: datetime | None = None,
               deps: Deps | None = None) -> Result:
     deps = deps or Deps.default()
+    reads, writes, started = deps.store.reads, deps.store.writes, time.monotonic()
+    try:
+        return _reconcile(deps, job_id, hint, hint_node, hint_at)
+    finally:
+        # Per invocation: what it cost in Firestore operations and time (bench/controller.py sums these).
+        logs.info(f"job {job_id}: reconcile finished", job_id=job_id, firestore_reads=deps.store.reads - reads,
+                  firestore_writes=deps.store.writes - writes, duration_ms=round((time.monotonic() - started) * 1000, 1))
+
+
+def _reconcile(deps: Deps, job_id: str, hint: str | None, hint_node: str | None, hint_at: datetime | None) -> Result:
     cfg = deps.config
     result = Result(job_id)
     poll_deadline = time.monotonic() + cfg.poll_budget_seconds

@@ -6,12 +6,16 @@ created document to a function URL as the CloudEvent Eventarc sends for
 body a serialized `google.events.cloud.firestore.DocumentEventData`. A delivery that does not answer 2xx is
 retried (as with `--retry`) up to `max_attempts`.
 
+pubsub_cloudevent: a Pub/Sub message as Eventarc delivers it to a Pub/Sub-triggered function (in-process callers:
+tests and bench/controller.py).
+
 SweepScheduler: publishes `{"task": "sweep"}` to a Pub/Sub topic every `interval` seconds, as the
 `gcloud scheduler jobs create pubsub sweep` job does; `fire()` publishes one at once.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import threading
@@ -93,6 +97,21 @@ def cloudevent_headers(project: str, document_path: str, *, database: str = "(de
         "ce-location": location,
         "content-type": "application/protobuf",
     }
+
+
+def pubsub_cloudevent(data: bytes, topic: str = "projects/p/topics/t") -> tuple[dict, bytes]:
+    """(headers, body) of the structured CloudEvent `google.cloud.pubsub.topic.v1.messagePublished` for `data`."""
+    from cloudevents.conversion import to_structured
+    from cloudevents.http import CloudEvent
+
+    event = CloudEvent(
+        {"type": "google.cloud.pubsub.topic.v1.messagePublished", "source": f"//pubsub.googleapis.com/{topic}",
+         "id": str(uuid.uuid4())},
+        {"message": {"data": base64.b64encode(data).decode(), "messageId": str(uuid.uuid4()),
+                     "publishTime": dt.datetime.now(dt.timezone.utc).isoformat()},
+         "subscription": "projects/p/subscriptions/s"},
+    )
+    return to_structured(event)
 
 
 class EventarcBridge:

@@ -10,7 +10,6 @@ the Firestore and Pub/Sub emulators, and a SimServer reached through the real Co
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
@@ -19,10 +18,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from cloudevents.conversion import to_binary, to_structured
+from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
 from respawn.schema import EVENTS, JOBS, NODES, JobStatus, State, parse_spec
+from sim.bridges import pubsub_cloudevent
 
 SOURCE = "functions/main.py"
 ENTRY_POINTS = ("on_job_created", "on_log_event", "on_sweep", "on_alert")
@@ -64,15 +64,7 @@ def tpu_spec(job_id: str = "jax", **over: Any) -> dict[str, Any]:
 
 def pubsub_event(body: Any, *, raw: bytes | None = None) -> tuple[dict, bytes]:
     """A structured Pub/Sub CloudEvent as Eventarc delivers it to a Pub/Sub-triggered function."""
-    data = raw if raw is not None else json.dumps(body).encode()
-    event = CloudEvent(
-        {"type": "google.cloud.pubsub.topic.v1.messagePublished", "source": "//pubsub.googleapis.com/projects/p/topics/t",
-         "id": str(uuid.uuid4())},
-        {"message": {"data": base64.b64encode(data).decode(), "messageId": str(uuid.uuid4()),
-                     "publishTime": datetime.now(timezone.utc).isoformat()},
-         "subscription": "projects/p/subscriptions/s"},
-    )
-    return to_structured(event)
+    return pubsub_cloudevent(raw if raw is not None else json.dumps(body).encode())
 
 
 def firestore_created_event(project: str, job_id: str, *, data: bytes | None = None) -> tuple[dict, bytes]:

@@ -14,7 +14,7 @@ import pytest
 
 from functions.decide import (
     Act, NodeObs, Observation, Phase, Settings, after_create_failed, after_create_refused, after_created,
-    after_start_refused, decide, phase_of,
+    after_start_refused, decide, needs_capacity, phase_of,
 )
 from respawn.schema import Heartbeat, JobStatus, NodeState, State, node_name, parse_spec
 
@@ -272,3 +272,21 @@ def test_invariants_over_every_observation(state):
             assert d.cause, where
         if d.action.kind is Act.WAIT:
             assert d.action.until is not None and d.action.until > NOW or after is State.WAITING_FOR_CAPACITY, where
+
+
+@pytest.mark.parametrize("state", list(State), ids=[s.value for s in State])
+def test_capacity_reads_are_skipped_only_where_decide_ignores_them(state):
+    # observe() reads the zone cooldowns only when needs_capacity() says so: everywhere else the decision must be the
+    # same whether every zone is blocked or none is.
+    skipped = 0
+    for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
+        kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
+                  create_state=create_state if state is not State.PENDING else None)
+        o = obs(state.value, **kw)
+        if needs_capacity(o.status, o.node):
+            continue
+        skipped += 1
+        where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
+        assert decide(o) == decide(obs(state.value, blocked=BLOCK_ALL, **kw)), where
+    # The reads are skipped on the polls of a healthy or booting node, the passes that dominate a recovery.
+    assert skipped > 0 or state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)

@@ -6,6 +6,10 @@ precondition that the job document is unchanged since it was observed (its updat
 transaction. A concurrent delivery that committed first, a user's cancel, anything written in between makes the
 precondition fail; nothing is written and reconcile observes again. (Read-write transactions would hold locks
 across the decision, and concurrent deliveries then wait on lock timeouts, as the emulator shows.)
+
+`reads` and `writes` count the document operations this store made (a get is one read whether or not the document
+exists, a query one per document returned and at least one): an upper bound on what Firestore bills. reconcile logs
+them per invocation.
 """
 
 from __future__ import annotations
@@ -37,20 +41,25 @@ def _plain(value: Any) -> Any:
 class Store:
     def __init__(self, db: firestore.Client):
         self.db = db
+        self.reads = 0
+        self.writes = 0
 
     def job(self, job_id: str) -> tuple[dict[str, Any], Any] | None:
         """(document, its update_time: the version a commit is conditional on), or None if there is no such job."""
         snap = self.db.collection(JOBS).document(job_id).get()
+        self.reads += 1
         return (snap.to_dict(), snap.update_time) if snap.exists else None
 
     def heartbeat(self, node: str) -> dict[str, Any] | None:
         snap = self.db.collection(NODES).document(node).get()
+        self.reads += 1
         return snap.to_dict() if snap.exists else None
 
     def blocked(self, zones: Iterable[str], accelerator: str) -> dict[str, datetime]:
         """zone → end of its capacity/quota cooldown for this accelerator (one batched read)."""
         refs = [self.db.collection(CAPACITY).document(capacity_doc_id(z, accelerator)) for z in zones]
         out = {}
+        self.reads += len(refs)
         for snap in self.db.get_all(refs):
             if snap.exists:
                 doc = snap.to_dict()
@@ -69,23 +78,29 @@ class Store:
             batch.commit()
         except (gexc.FailedPrecondition, gexc.NotFound, gexc.Aborted, gexc.Conflict):
             return False
+        self.writes += 1 if event is None else 2
         return True
 
     def record_capacity(self, record: CapacityRecord) -> None:
         ref = self.db.collection(CAPACITY).document(capacity_doc_id(record.zone, record.accelerator_type))
         ref.set(_plain(record.model_dump()))
+        self.writes += 1
 
     def active_jobs(self) -> list[str]:
         """Every job the sweep must look at (single-field `in` query: Firestore's automatic index)."""
         query = self.db.collection(JOBS).where(filter=FieldFilter("status.state", "in", ACTIVE_STATES))
-        return [snap.id for snap in query.select(["status.state"]).stream()]
+        return self._counted([snap.id for snap in query.select(["status.state"]).stream()])
 
     def all_jobs(self) -> dict[str, dict[str, Any]]:
         """job id → {"spec": {"zones", "accelerator.kind"}, "status": {...}} for the orphan scan."""
         query = self.db.collection(JOBS).select(["spec.zones", "spec.accelerator.kind", "status"])
-        return {snap.id: snap.to_dict() for snap in query.stream()}
+        return self._counted({snap.id: snap.to_dict() for snap in query.stream()})
 
     def jobs_in_zone(self, zone: str) -> list[tuple[str, dict[str, Any]]]:
         """The one indexed lookup for a TPU worker VM event: jobs whose current node is in `zone`."""
         query = self.db.collection(JOBS).where(filter=FieldFilter("status.zone", "==", zone))
-        return [(snap.id, snap.to_dict()) for snap in query.stream()]
+        return self._counted([(snap.id, snap.to_dict()) for snap in query.stream()])
+
+    def _counted(self, results):
+        self.reads += max(1, len(results))
+        return results
