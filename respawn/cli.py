@@ -276,7 +276,8 @@ def plan_cmd(
     runs: int = typer.Option(500, min=1, help="simulated runs per strategy"),
     seed: int = typer.Option(0, help="random seed"),
     settings: list[str] = typer.Option([], "--set", help="any other input as NAME=VALUE (see docs/plan.md)"),
-    bench_json: Optional[Path] = typer.Option(None, help="take checkpoint costs from `python -m bench.checkpoint --json` output"),
+    bench_json: list[Path] = typer.Option(
+        [], help="measured figures: `python -m bench.checkpoint --json` or `bench.controller --json` output (repeatable)"),
     plot: Optional[Path] = typer.Option(None, help="write an SVG chart here"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -293,12 +294,12 @@ def plan_cmd(
         from dataclasses import replace
 
         inputs = replace(inputs, **_parse_settings(settings))
-        if bench_json is not None:
+        for path in bench_json:
             try:
-                bench = json.loads(bench_json.read_text().strip().splitlines()[-1])
-            except (OSError, ValueError, IndexError) as exc:
-                raise CliError(f"{bench_json}: not a bench.checkpoint --json output ({exc})", code=2) from None
-            inputs = with_bench(inputs, bench)
+                inputs = with_bench(inputs, json.loads(path.read_text().strip().splitlines()[-1]))
+            except (OSError, ValueError, IndexError, AttributeError, TypeError) as exc:
+                raise CliError(f"{path}: not the --json output of bench.checkpoint or bench.controller ({exc})",
+                               code=2) from None
         try:
             result = plan(inputs)
         except ValueError as exc:

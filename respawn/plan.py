@@ -211,18 +211,23 @@ def plan(p: PlanInputs, strategies: tuple[str, ...] = STRATEGIES) -> Plan:
 
 
 def with_bench(p: PlanInputs, bench: dict) -> PlanInputs:
-    """Take checkpoint costs from a `python -m bench.checkpoint --json` object."""
+    """Take measured figures from a benchmark's --json object: checkpoint costs from `python -m bench.checkpoint`
+    (stall_ratio, flush_vs_disk, raw_write_MBps, restore_seconds of size_mb MiB), the controller's time per event
+    from `python -m bench.controller` (p50_ms). Keys a benchmark does not report leave the input as it was."""
     changes = {}
     if "stall_ratio" in bench:
         changes["stall_ratio"] = float(bench["stall_ratio"])
     if "flush_vs_disk" in bench:
         changes["flush_vs_disk"] = float(bench["flush_vs_disk"])
-    for key in ("disk_mbps", "disk_write_mbps", "raw_write_mbps"):
-        if key in bench:
-            changes["write_gbps"] = float(bench[key]) / 1000
-            break
-    if "restore_seconds" in bench and bench.get("state_mb"):
-        changes["read_gbps"] = float(bench["state_mb"]) / 1000 / max(float(bench["restore_seconds"]), 1e-6)
+    if "raw_write_MBps" in bench:
+        changes["write_gbps"] = float(bench["raw_write_MBps"]) / 1000
+    if "restore_seconds" in bench and bench.get("size_mb"):
+        changes["read_gbps"] = float(bench["size_mb"]) * (1 << 20) / 1e9 / max(float(bench["restore_seconds"]), 1e-6)
+    if "p50_ms" in bench:
+        changes["function_s"] = float(bench["p50_ms"]) / 1000
+    if not changes:
+        raise ValueError("no figure respawn plan uses (expected the --json output of bench.checkpoint or "
+                         "bench.controller)")
     return replace(p, **changes)
 
 

@@ -71,10 +71,14 @@ def test_bad_inputs_are_named(field, value, message):
 
 
 def test_bench_figures_feed_the_plan():
-    p = with_bench(PlanInputs(), {"stall_ratio": 0.02, "flush_vs_disk": 0.95, "disk_write_mbps": 700,
-                                  "restore_seconds": 2.0, "state_mb": 1024})
+    # The keys bench.checkpoint --json and bench.controller --json print (their smoke tests run the real thing).
+    p = with_bench(PlanInputs(), {"stall_ratio": 0.02, "flush_vs_disk": 0.95, "raw_write_MBps": 700.0,
+                                  "restore_seconds": 2.0, "size_mb": 1024.0})
     assert (p.stall_ratio, p.flush_vs_disk, p.write_gbps) == (0.02, 0.95, 0.7)
-    assert p.read_gbps == pytest.approx(0.512)
+    assert p.read_gbps == pytest.approx(1024 * 2**20 / 1e9 / 2)
+    assert with_bench(p, {"p50_ms": 250.0, "storm_seconds": 9.0}).function_s == 0.25
+    with pytest.raises(ValueError, match="no figure"):
+        with_bench(p, {"something": 1})
 
 
 def test_plan_command_prints_json_and_writes_a_chart(tmp_path):
