@@ -214,6 +214,10 @@ def decide(o: Observation) -> Decision:
         if phase is Phase.RUNNING:
             return _running(o, s, hb)
         if phase is Phase.DEAD:
+            if s.create_state == "starting" and _stop_spot(spec):
+                # A restart in place was recorded but not (yet) seen to take: another delivery may be starting it
+                # right now. Starting again is idempotent; counting a new loss would delete the node being started.
+                return Decision(Action(Act.START, zone=s.zone, node=s.node, attempt=s.attempt))
             return _lose(o, spec, hb, o.hint or _dead_cause(o))
         if phase is Phase.STOPPING and not _in_place_candidate(o, spec):
             return _lose(o, spec, hb, o.hint or "node_stopping")
@@ -282,11 +286,16 @@ def _running(o: Observation, s: JobStatus, hb: Heartbeat | None) -> Decision:
     return Decision(NONE, st, "node_running", alert)
 
 
+def _stop_spot(spec: JobSpec) -> bool:
+    """A GPU Spot VM that a preemption stops (keeping its disk) rather than deletes."""
+    return spec.accelerator.kind == "gpu" and spec.termination_action == "STOP"
+
+
 def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
     """A STOP-terminated Spot GPU VM keeps its disk (and the emergency checkpoint on it): start it again in place
     when its zone is not under a capacity cooldown and it has not been restarted in place too often."""
     s = o.status
-    if spec.accelerator.kind != "gpu" or spec.termination_action != "STOP" or s.provisioning != "spot":
+    if not _stop_spot(spec) or s.provisioning != "spot":
         return False
     until = o.blocked.get(s.zone or "")
     if until is not None and until > o.now:
@@ -325,7 +334,7 @@ def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str) -> De
 
     if o.node.phase is Phase.DEAD and _in_place_candidate(o, spec):
         st = _upd(s, now, state=State.PROVISIONING, message=f"restarting {s.node} in place in {s.zone}",
-                  create_state="created", node_started_at=now, in_place_restarts=s.in_place_restarts + 1, **lost)
+                  create_state="starting", node_started_at=now, in_place_restarts=s.in_place_restarts + 1, **lost)
         return Decision(Action(Act.START, zone=s.zone, node=s.node, attempt=s.attempt), st, cause, crash_alert,
                         {"in_place": True})
 
@@ -400,7 +409,7 @@ def after_create_failed(job_id: str, s: JobStatus, attempt: int, message: str, n
 
 
 def after_created(s: JobStatus, attempt: int, node: str, now: datetime) -> JobStatus | None:
-    """The create of `attempt` finished (or met 409 and adopted the node)."""
-    if s.attempt != attempt or s.node != node or s.create_state != "pending":
+    """The create of `attempt` finished (or met 409 and adopted the node), or its restart in place did."""
+    if s.attempt != attempt or s.node != node or s.create_state not in ("pending", "starting"):
         return None
     return _upd(s, now, create_state="created")

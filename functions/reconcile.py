@@ -253,6 +253,7 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         else:
             provider.start(a.zone, a.node)
             logs.info(f"started {a.node} in place in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
+            _record_confirmed(deps, o.job_id, a)
     except Exception as exc:  # noqa: BLE001 - classified below; anything unknown is re-raised
         c = placement.classify(exc)
         if c.kind == "transient":
@@ -295,11 +296,16 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
             deps.publish(alert[-1])
 
 
+def _record_confirmed(deps: Deps, job_id: str, a) -> JobStatus:
+    """Record that the create (or the restart in place) of `a` finished; the status read last."""
+    return _record_outcome(deps, job_id, lambda cur: (lambda new: (new, None) if new else None)(
+        core.after_created(cur, a.attempt, a.node, deps.now())))[0]
+
+
 def _after_created(deps: Deps, job_id: str, a, provider) -> None:
     """Record that the create finished. If the job moved on meanwhile (another delivery placed a different node),
     the node just made is an orphan: delete it, so there is never a second live node."""
-    current, _ = _record_outcome(deps, job_id, lambda cur: (lambda new: (new, None) if new else None)(
-        core.after_created(cur, a.attempt, a.node, deps.now())))
+    current = _record_confirmed(deps, job_id, a)
     if current.node is not None and (current.node, current.zone) != (a.node, a.zone):
         logs.warning(f"{a.node} in {a.zone} was created for a placement the job has left ({current.node} in "
                      f"{current.zone}); deleting it", job_id=job_id)

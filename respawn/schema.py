@@ -328,7 +328,8 @@ class JobStatus(_Record):
     updated_at: datetime | None = None
     # Controller bookkeeping (functions/decide.py); all optional so older documents still load.
     revision: int = 0  # bumped by every controller write: the optimistic-concurrency check of reconcile
-    create_state: Literal["pending", "created", "failed"] | None = None  # of the current attempt's create call
+    # Of the current attempt's create call ("starting": a restart in place issued, its outcome not yet recorded).
+    create_state: Literal["pending", "starting", "created", "failed"] | None = None
     node_started_at: datetime | None = None  # when the current node was created or restarted in place
     tried_zones: list[str] = Field(default_factory=list)  # zones that refused during the current placement round
     in_place_restarts: int = 0  # restarts in place of the current node (STOP-terminated Spot VM)

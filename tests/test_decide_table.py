@@ -8,6 +8,7 @@ that make recovery safe (never create while a node exists, never act on a finish
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -120,6 +121,10 @@ ROWS = [
      Act.DELETE, "PREEMPTED", None),
     ("running, STOP preempted, in-place restarts used up: delete", obs("RUNNING", raw="TERMINATED", in_place_restarts=1),
      Act.DELETE, "PREEMPTED", None),
+    ("provisioning, restart in place recorded, node still TERMINATED: start again, no new loss",
+     obs("PROVISIONING", raw="TERMINATED", create_state="starting", in_place_restarts=1), Act.START, "PROVISIONING", None),
+    ("provisioning, restart in place confirmed, node TERMINATED again: a new loss",
+     obs("PROVISIONING", raw="TERMINATED", create_state="created", in_place_restarts=1), Act.DELETE, "PREEMPTED", None),
     ("running, STOPPING, in-place candidate: wait for TERMINATED", obs("RUNNING", raw="STOPPING"), Act.POLL, "RUNNING", None),
     ("running, STOPPING, DELETE action: delete now", obs("RUNNING", raw="STOPPING", spec=GPU_DELETE), Act.DELETE, "PREEMPTED", None),
     ("running, spot DELETE action, node gone: replace", obs("RUNNING", raw=None, spec=GPU_DELETE, hint="preempted"),
@@ -181,6 +186,11 @@ def test_restart_in_place_keeps_the_node_name_and_counts_a_restart():
     d = decide(obs("RUNNING", raw="TERMINATED", hint="preempted"))
     assert d.action.node == "job-3" and d.status.attempt == 3 and d.status.restarts == 2 and d.status.in_place_restarts == 1
     assert d.status.node_started_at == NOW  # heartbeats of the node's previous life no longer count
+    # A second delivery that observes the node before the start took effect starts it again and counts nothing.
+    again = decide(replace(obs("PROVISIONING", raw="TERMINATED"), status=d.status, hint="preempted"))
+    assert again.action.kind is Act.START and again.status is None
+    confirmed = after_created(d.status, 3, "job-3", NOW)
+    assert confirmed.create_state == "created" and confirmed.restarts == d.status.restarts
 
 
 def test_on_demand_fallback_after_failures():
@@ -223,7 +233,7 @@ GRID = [
     for hbk in HEARTBEATS
     for cancel in (False, True)
     for hint in (None, "preempted")
-    for create_state in ("pending", "created", "failed")
+    for create_state in ("pending", "starting", "created", "failed")
     if state is not State.PENDING or raw is None  # a pending job has no node name yet, so nothing to observe
 ]
 SPECS = {"gpu_stop": GPU_STOP, "gpu_delete": GPU_DELETE, "tpu": TPU, "invalid": None}

@@ -149,3 +149,20 @@ def test_malformed_triggers_are_acknowledged(controller):
     assert controller.sweep() == 200  # nothing to sweep
     assert controller.deliver("on_sweep", *__import__("functions_fixtures").pubsub_event({"task": "dance"})) == 200
     assert controller.alert({"no": "type"}) == 200
+
+
+def test_crash_between_recording_a_restart_in_place_and_starting_it(controller):
+    # The redelivery sees the restart recorded but the node still TERMINATED: it starts it again. Counting that as a
+    # second loss would delete the node another delivery may be starting and bill a restart that never happened.
+    job, st = _running(controller, gpu_spec("crash4"))
+    controller.sim.preempt(st.zone, st.node)
+    entry = controller.wait_system_event(st.node)
+    reconcile.fault_hook, crashed = _crash_once("after_record")
+    assert controller.log_event(entry) == 500
+    assert crashed[0].kind.value == "start"
+    mid = controller.status(job)
+    assert (mid.state.value, mid.create_state, mid.restarts) == ("PROVISIONING", "starting", 1)
+    assert controller.log_event(entry) == 200
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.restarts, after.node, after.attempt, after.create_state) == (1, st.node, st.attempt, "created")
+    assert [r["name"] for r in controller.sim.history()] == [st.node] and controller.sim.max_live(job) == 1
