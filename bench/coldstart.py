@@ -167,20 +167,9 @@ class Bench:
     @staticmethod
     def _request(entry: dict) -> dict:
         """The Pub/Sub push the Logging sink's topic makes: a structured CloudEvent whose message data is the entry."""
-        import base64
-        import uuid
-        from datetime import datetime, timezone
+        from sim.bridges import pubsub_cloudevent
 
-        from cloudevents.conversion import to_structured
-        from cloudevents.http import CloudEvent
-
-        event = CloudEvent(
-            {"type": "google.cloud.pubsub.topic.v1.messagePublished", "id": str(uuid.uuid4()),
-             "source": f"//pubsub.googleapis.com/projects/{PROJECT}/topics/preemptions"},
-            {"message": {"data": base64.b64encode(json.dumps(entry).encode()).decode(), "messageId": str(uuid.uuid4()),
-                         "publishTime": datetime.now(timezone.utc).isoformat()},
-             "subscription": f"projects/{PROJECT}/subscriptions/on-log-event"})
-        headers, body = to_structured(event)
+        headers, body = pubsub_cloudevent(json.dumps(entry).encode(), f"projects/{PROJECT}/topics/preemptions")
         return {"headers": dict(headers), "body": body.decode(), "watched": list(WATCHED)}
 
     def prepare_preemption(self, job_id: str) -> dict:

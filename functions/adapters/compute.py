@@ -41,9 +41,11 @@ class ComputeProvider:
         self.project = clients.project
 
     def _wait(self, zone: str, op) -> None:
+        # zoneOperations.wait returns as soon as the operation is DONE (or near its 2-minute deadline, and the
+        # poller calls it again); polling with get would sleep 1 s and more between looks.
         ops = self.clients.zone_operations()
-        request = compute_v1.GetZoneOperationRequest(project=self.project, zone=zone, operation=op.name)
-        _ComputeOperation.make(functools.partial(ops.get, request), lambda: None, op).result(timeout=OP_TIMEOUT)
+        request = compute_v1.WaitZoneOperationRequest(project=self.project, zone=zone, operation=op.name)
+        _ComputeOperation.make(functools.partial(ops.wait, request), lambda: None, op).result(timeout=OP_TIMEOUT)
 
     def get(self, zone: str, name: str) -> str | None:
         """The instance status (PROVISIONING … TERMINATED), or None when it does not exist."""
