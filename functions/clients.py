@@ -6,7 +6,7 @@ RESPAWN_TPU_ENDPOINT point at sim/ ("http://127.0.0.1:PORT") and FIRESTORE_EMULA
 the emulators (the client libraries read those themselves). A loopback endpoint gets anonymous credentials.
 
 Compute's ExtendedOperation.result() would poll through an operations client that ignores client_options (so it
-would leave the sim for the real API): the Compute adapter uses the `*_unary` calls and polls with the
+would leave the sim for the real API): the Compute adapter uses the `*_unary` calls and waits (zoneOperations.wait) through the
 ZoneOperationsClient built here, on the same endpoint.
 
 Every google.cloud import happens inside a method, so importing this module (and functions.main) stays light.

@@ -1,7 +1,7 @@
 """The decision core: a pure function from what reconcile observed to at most one action plus the status to record.
 
 All recovery policy lives here (and in placement.py, which it calls). No cloud library, no I/O, no clock: `now`
-is part of the observation. reconcile.py commits `Decision.status` in a Firestore transaction *before* it performs
+is part of the observation. reconcile.py commits `Decision.status` with a conditional write *before* it performs
 `Decision.action`, and every action is idempotent, so a crash or a duplicate delivery repeats nothing harmful.
 
 Lifecycle (ARCHITECTURE.md "Job lifecycle"): PENDING → PROVISIONING → RUNNING → SUCCEEDED; a lost node (preempted,
