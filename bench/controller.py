@@ -44,6 +44,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+import functions_framework
+from google.cloud import firestore
+from google.cloud import pubsub_v1
+
+from functions import clients
+from functions.adapters.compute import ComputeProvider
+from respawn import audit, jobs
+from respawn.schema import JOBS, node_name, parse_spec
+from sim import emulators
+from sim.bridges import cloudevent_headers, document_event_data, pubsub_cloudevent
+from sim.server import SimServer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = "respawn-bench"
 T4 = "nvidia-tesla-t4"
@@ -117,31 +129,23 @@ class Cloud:
     """The emulators, the sim (instant latencies) and the functions, served in-process."""
 
     def __init__(self, stack: ExitStack, log_dir: str):
-        from sim import emulators
-        from sim.server import SimServer
-
         say("starting the Firestore and Pub/Sub emulators and the sim ...")
-        firestore = emulators.start_firestore(log_dir=Path(log_dir))
-        stack.callback(firestore.stop)
+        firestore_emulator = emulators.start_firestore(log_dir=Path(log_dir))
+        stack.callback(firestore_emulator.stop)
         pubsub = emulators.start_pubsub(log_dir=Path(log_dir))
         stack.callback(pubsub.stop)
         self.entries: queue.Queue = queue.Queue()
         self.sim = SimServer(PROJECT, notice_seconds=0, op_delay=0, audit_sink=self._sink).start()
         stack.callback(self.sim.stop)
         os.environ.update({
-            "FIRESTORE_EMULATOR_HOST": firestore.host, "PUBSUB_EMULATOR_HOST": pubsub.host,
+            "FIRESTORE_EMULATOR_HOST": firestore_emulator.host, "PUBSUB_EMULATOR_HOST": pubsub.host,
             "RESPAWN_PROJECT": PROJECT, "RESPAWN_COMPUTE_ENDPOINT": self.sim.endpoint,
             "RESPAWN_TPU_ENDPOINT": self.sim.endpoint, "RESPAWN_ALERTS_TOPIC": ALERTS_TOPIC,
             # A transition under way is looked at again after 20 ms instead of 5 s: the sim has none to wait for.
             "RESPAWN_POLL_SECONDS": "0.02",
         })
-        from google.cloud import firestore as fs
-        from google.cloud import pubsub_v1
-
         pubsub_v1.PublisherClient().create_topic(name=f"projects/{PROJECT}/topics/{ALERTS_TOPIC}")
-        self.db = fs.Client(project=PROJECT)
-        import functions_framework
-
+        self.db = firestore.Client(project=PROJECT)
         self.apps = {
             "on_job_created": functions_framework.create_app(target="on_job_created", source=f"{ROOT}/functions/main.py",
                                                              signature_type="cloudevent"),
@@ -157,8 +161,6 @@ class Cloud:
         self.apps["seed"].logger.disabled = True
 
     def _sink(self, entry: dict) -> None:
-        from respawn import audit
-
         if audit.matches(entry, PROJECT):  # what the Logging sink's filter lets through
             self.entries.put(entry)
 
@@ -166,26 +168,17 @@ class Cloud:
         return self.apps[app].test_client().post("/", headers=headers, data=body).status_code
 
     def log_event(self, app: str, entry: dict) -> int:
-        from sim.bridges import pubsub_cloudevent
-
         return self.post(app, *pubsub_cloudevent(json.dumps(entry).encode()))
 
     def job_created(self, job_id: str) -> int:
-        from sim.bridges import cloudevent_headers, document_event_data
-        from respawn.schema import JOBS
-
         snap = self.db.collection(JOBS).document(job_id).get()
         return self.post("on_job_created", cloudevent_headers(PROJECT, f"{JOBS}/{job_id}"),
                          document_event_data(snap, PROJECT))
 
     def sweep(self) -> int:
-        from sim.bridges import pubsub_cloudevent
-
         return self.post("on_sweep", *pubsub_cloudevent(b'{"task": "sweep"}'))
 
     def status(self, job_id: str) -> dict:
-        from respawn.schema import JOBS
-
         return (self.db.collection(JOBS).document(job_id).get().to_dict() or {}).get("status") or {}
 
     def next_entry(self, timeout: float = 30) -> dict:
@@ -218,9 +211,6 @@ def parallel(n: int, items: list, work: Callable[[Any], Any], what: str) -> list
 
 def start_respawn_jobs(cloud: Cloud, prefix: str, count: int, zones: list[str], concurrency: int) -> list[str]:
     """Register `count` jobs and let on_job_created place each one (in zones[0], which has room)."""
-    from respawn import jobs
-    from respawn.schema import parse_spec
-
     ids = [f"{prefix}-{i:03d}" for i in range(count)]
     for job_id in ids:
         jobs.register(cloud.db, parse_spec(spec_doc(job_id, zones)), source="bench")
@@ -237,10 +227,6 @@ def start_respawn_jobs(cloud: Cloud, prefix: str, count: int, zones: list[str], 
 
 def start_seed_nodes(cloud: Cloud, prefix: str, count: int, zone: str, concurrency: int) -> list[str]:
     """The baseline's nodes: created directly (the seeds launch them by hand), named and labelled as Respawn's."""
-    from functions import clients
-    from functions.adapters.compute import ComputeProvider
-    from respawn.schema import node_name, parse_spec
-
     provider = ComputeProvider(clients.default())
     ids = [f"{prefix}-{i:03d}" for i in range(count)]
     parallel(concurrency, ids, lambda j: provider.create(parse_spec(spec_doc(j, SEED_ZONES)), zone, node_name(j, 1), 1,
@@ -251,9 +237,9 @@ def start_seed_nodes(cloud: Cloud, prefix: str, count: int, zone: str, concurren
 # --- latency --------------------------------------------------------------------------------------------------
 
 
-def measure_latency(cloud: Cloud, events: int, warmup: int, jobs: int) -> dict[str, Any]:
-    say(f"latency: {jobs} running jobs, {warmup} warm-up + {events} measured preemptions, one at a time")
-    ids = start_respawn_jobs(cloud, "lat", jobs, LATENCY_ZONES, concurrency=min(jobs, 8))
+def measure_latency(cloud: Cloud, events: int, warmup: int, job_count: int) -> dict[str, Any]:
+    say(f"latency: {job_count} running jobs, {warmup} warm-up + {events} measured preemptions, one at a time")
+    ids = start_respawn_jobs(cloud, "lat", job_count, LATENCY_ZONES, concurrency=min(job_count, 8))
     times, reads, writes, failures = [], [], [], []
     capture = LogCapture()
     for i in range(warmup + events):
@@ -469,10 +455,22 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.duplicate_rate <= 1:
         p.error("--duplicate-rate is a share between 0 and 1")
 
-    sys.path.insert(0, ROOT)
     os.environ["SEED_WAIT_SECONDS"] = str(args.baseline_wait)
     os.environ["SEED_TEMPLATE"] = json.dumps(spec_doc("template", SEED_ZONES))
     started = time.monotonic()
+    try:
+        result = run(args, rooms)
+    except (emulators.EmulatorError, RuntimeError) as exc:
+        say(f"bench.controller: {exc}")
+        return 1
+    result["machine"] = (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+                         f"{datetime.now(timezone.utc):%Y-%m-%d}")
+    result["wall_seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(result) if args.json else report(result))
+    return 0
+
+
+def run(args: argparse.Namespace, rooms: list[int]) -> dict[str, Any]:
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="respawn-bench-") as tmp:
         cloud = Cloud(stack, tmp)
         result: dict[str, Any] = measure_latency(cloud, args.events, args.warmup, args.latency_jobs)
@@ -491,11 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     result["config"] = {"events": args.events, "warmup": args.warmup, "latency_jobs": args.latency_jobs,
                         "jobs": args.jobs, "rooms": rooms, "concurrency": args.concurrency,
                         "duplicate_rate": args.duplicate_rate, "baseline_wait": args.baseline_wait}
-    result["machine"] = (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-                         f"{datetime.now(timezone.utc):%Y-%m-%d}")
-    result["wall_seconds"] = round(time.monotonic() - started, 1)
-    print(json.dumps(result) if args.json else report(result))
-    return 0
+    return result
 
 
 if __name__ == "__main__":
