@@ -18,7 +18,7 @@ def test_percentile_is_nearest_rank():
     assert percentile([7.0], 99) == 7.0
 
 
-def test_quick_run_recovers_the_storm_without_double_provisioning():
+def test_quick_run_recovers_the_storm_without_double_provisioning(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench.controller", "--quick", "--json"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -41,3 +41,11 @@ def test_quick_run_recovers_the_storm_without_double_provisioning():
     assert base["storm_recovered"] == 0 and base["storm_seconds"] is None
     assert base["storm_failed_deliveries"] == base["storm_deliveries"] >= 20
     assert "storm (Respawn)" in r.stderr  # progress is shown
+
+    # respawn plan takes the controller's time per event from this output.
+    figures = tmp_path / "ctl.json"
+    figures.write_text(r.stdout)
+    p = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "20", "--json", "--bench-json", str(figures)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1])["inputs"]["function_s"] == out["p50_ms"] / 1000
