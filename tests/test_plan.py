@@ -77,6 +77,8 @@ def test_bench_figures_feed_the_plan():
     assert (p.stall_ratio, p.flush_vs_disk, p.write_gbps) == (0.02, 0.95, 0.7)
     assert p.read_gbps == pytest.approx(1024 * 2**20 / 1e9 / 2)
     assert with_bench(p, {"p50_ms": 250.0, "storm_seconds": 9.0}).function_s == 0.25
+    # An emergency save measured faster than the raw writer is bounded by the disk (the ratio is capped at 1).
+    assert with_bench(p, {"flush_vs_disk": 1.8}).flush_vs_disk == 1.0
     with pytest.raises(ValueError, match="no figure"):
         with_bench(p, {"something": 1})
 
