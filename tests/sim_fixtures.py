@@ -15,11 +15,11 @@ from __future__ import annotations
 import functools
 
 import pytest
-from google.api_core import extended_operation
 from google.api_core.future import polling
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
+from functions.adapters.compute import ComputeOperation
 from sim.server import SimServer
 
 PROJECT = "respawn-test"
@@ -42,25 +42,13 @@ def tpu_client(endpoint: str):
                             client_options=ClientOptions(api_endpoint=endpoint))
 
 
-class _ComputeOperation(extended_operation.ExtendedOperation):
-    """The same error mapping as compute_v1's own ExtendedOperation wrapper."""
-
-    @property
-    def error_message(self):
-        return self._extended_operation.http_error_message
-
-    @property
-    def error_code(self):
-        return self._extended_operation.http_error_status_code
-
-
-def compute_operation(ops_client, project: str, zone: str, op) -> extended_operation.ExtendedOperation:
+def compute_operation(ops_client, project: str, zone: str, op) -> ComputeOperation:
     """Wrap the Operation returned by a `*_unary` call so that `.result()` polls through `ops_client` (built on
     the sim's endpoint) and raises what the real `.result()` raises (ServiceUnavailable, Forbidden, ...)."""
     from google.cloud import compute_v1
 
     request = compute_v1.GetZoneOperationRequest(project=project, zone=zone, operation=op.name)
-    return _ComputeOperation.make(functools.partial(ops_client.get, request), lambda: None, op)
+    return ComputeOperation.make(functools.partial(ops_client.get, request), lambda: None, op)
 
 
 # Poll the sim quickly (the library's default starts at 1 s between polls).

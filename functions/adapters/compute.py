@@ -21,8 +21,9 @@ OP_TIMEOUT = float(os.environ.get("RESPAWN_OP_TIMEOUT_SECONDS", "300"))
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
-class _ComputeOperation(extended_operation.ExtendedOperation):
-    """compute_v1's own error mapping: the HTTP status and message of a finished operation with an error."""
+class ComputeOperation(extended_operation.ExtendedOperation):
+    """compute_v1's own error mapping: the HTTP status and message of a finished operation with an error (the sim
+    tests wrap operations with it too, so they see what the adapter sees)."""
 
     @property
     def error_message(self):
@@ -45,7 +46,7 @@ class ComputeProvider:
         # poller calls it again); polling with get would sleep 1 s and more between looks.
         ops = self.clients.zone_operations()
         request = compute_v1.WaitZoneOperationRequest(project=self.project, zone=zone, operation=op.name)
-        _ComputeOperation.make(functools.partial(ops.wait, request), lambda: None, op).result(timeout=OP_TIMEOUT)
+        ComputeOperation.make(functools.partial(ops.wait, request), lambda: None, op).result(timeout=OP_TIMEOUT)
 
     def get(self, zone: str, name: str) -> str | None:
         """The instance status (PROVISIONING … TERMINATED), or None when it does not exist."""
