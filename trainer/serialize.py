@@ -17,7 +17,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -178,6 +178,25 @@ class SnapshotBuffers:
         self._bufs.clear()
 
 
+def _map_tree(x: Any, replace: Callable[[Any], Any]) -> Any:
+    """Rebuild the containers of `x` (dicts and OrderedDicts, lists, tuples, namedtuples such as optimizer states)
+    with every node for which `replace` returns something other than None replaced by that; anything else is kept
+    as it is (and pickled whole)."""
+    new = replace(x)
+    if new is not None:
+        return new
+    t = type(x)
+    if t is dict or (isinstance(x, dict) and t.__name__ == "OrderedDict"):
+        return t((k, _map_tree(v, replace)) for k, v in x.items())
+    if t is list:
+        return [_map_tree(v, replace) for v in x]
+    if t is tuple:
+        return tuple(_map_tree(v, replace) for v in x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return t(*(_map_tree(v, replace) for v in x))
+    return x
+
+
 def flatten(state: Any, *, copy: bool, buffers: SnapshotBuffers | None = None, framework: str | None = None) -> Payload:
     """Split `state` into skeleton + arrays. copy=True takes a snapshot the training loop may then mutate
     (periodic saves); copy=False references the live arrays (emergency saves: the loop is stopped)."""
@@ -220,22 +239,7 @@ def flatten(state: Any, *, copy: bool, buffers: SnapshotBuffers | None = None, f
             return ArrayRef(index)
         return None
 
-    def walk(x):
-        ref = take(x)
-        if ref is not None:
-            return ref
-        t = type(x)
-        if t is dict or (isinstance(x, dict) and t.__name__ == "OrderedDict"):
-            return t((k, walk(v)) for k, v in x.items())
-        if t is list:
-            return [walk(v) for v in x]
-        if t is tuple:
-            return tuple(walk(v) for v in x)
-        if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple (optimizer states)
-            return t(*(walk(v) for v in x))
-        return x  # anything else is pickled whole
-
-    skeleton = walk(state)
+    skeleton = _map_tree(state, take)
     if cuda_used:
         _torch().cuda.synchronize()  # the non_blocking copies must land before the loop mutates the source
     fw = framework or ("torch" if seen["torch"] else "jax" if seen["jax"] else "numpy")
@@ -277,20 +281,4 @@ def finish(meta: dict, arr):
 
 
 def unflatten(skeleton: bytes, arrays: list) -> Any:
-    tree = pickle.loads(skeleton)
-
-    def walk(x):
-        if isinstance(x, ArrayRef):
-            return arrays[x.index]
-        t = type(x)
-        if t is dict or (isinstance(x, dict) and t.__name__ == "OrderedDict"):
-            return t((k, walk(v)) for k, v in x.items())
-        if t is list:
-            return [walk(v) for v in x]
-        if t is tuple:
-            return tuple(walk(v) for v in x)
-        if isinstance(x, tuple) and hasattr(x, "_fields"):
-            return t(*(walk(v) for v in x))
-        return x
-
-    return walk(tree)
+    return _map_tree(pickle.loads(skeleton), lambda x: arrays[x.index] if isinstance(x, ArrayRef) else None)
