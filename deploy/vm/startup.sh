@@ -22,10 +22,10 @@ UNIT=respawn-agent.service
 
 say() { printf '{"severity": "%s", "message": "respawn startup: %s"}\n' "$1" "$2"; }
 
-attr() {
-  curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -H "Metadata-Flavor: Google" \
-    "$METADATA/instance/attributes/$1"
+metadata() {
+  curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -H "Metadata-Flavor: Google" "$METADATA/$1"
 }
+attr() { metadata "instance/attributes/$1"; }
 
 # "NAME @ gs://BUCKET/OBJECT" -> "NAME @ file:///local/wheel" (or the requirement unchanged when not gs://).
 local_requirement() {
@@ -37,8 +37,7 @@ local_requirement() {
   local name="${BASH_REMATCH[1]}" bucket="${BASH_REMATCH[2]}" object="${BASH_REMATCH[3]}"
   local wheel="$ROOT/wheels/${object##*/}" token quoted
   mkdir -p "$ROOT/wheels"
-  token="$(curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -H "Metadata-Flavor: Google" \
-    "$METADATA/instance/service-accounts/default/token" \
+  token="$(metadata instance/service-accounts/default/token \
     | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')" || {
     say ERROR "no access token from the metadata server; the VM needs a service account (the control plane attaches the node service account)" >&2
     return 1
