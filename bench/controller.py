@@ -306,8 +306,9 @@ def storm(cloud: Cloud, app: str, ids: list[str], zones: list[str], rooms: list[
           duplicate_rate: float, retry: bool, label: str, seed: int = 0) -> StormResult:
     """Preempt every job's node in zones[0] at once and deliver the events to `app`; read the outcome off the sim."""
     sim = cloud.sim
+    wanted = set(ids)
     nodes = {i["labels"].get("respawn-job"): i["name"] for i in sim.instances()
-             if i["zone"] == zones[0] and i["status"] == "RUNNING" and i["labels"].get("respawn-job") in set(ids)}
+             if i["zone"] == zones[0] and i["status"] == "RUNNING" and i["labels"].get("respawn-job") in wanted}
     if len(nodes) != len(ids):
         raise RuntimeError(f"{label}: {len(ids) - len(nodes)} jobs have no running node in {zones[0]} before the storm")
     rng = random.Random(seed)
@@ -334,7 +335,7 @@ def storm(cloud: Cloud, app: str, ids: list[str], zones: list[str], rooms: list[
         sim.set_capacity(zone, T4, room)
     t0 = sim.now()
     stop = threading.Event()
-    monitor = threading.Thread(target=_progress, args=(sim, set(ids), t0, stop, label), daemon=True)
+    monitor = threading.Thread(target=_progress, args=(sim, wanted, t0, stop, label), daemon=True)
     with captured_stdout(capture), ThreadPoolExecutor(max_workers=concurrency) as pool:
         monitor.start()
         for job_id in ids:

@@ -298,8 +298,11 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
 
 def _record_confirmed(deps: Deps, job_id: str, a) -> JobStatus:
     """Record that the create (or the restart in place) of `a` finished; the status read last."""
-    return _record_outcome(deps, job_id, lambda cur: (lambda new: (new, None) if new else None)(
-        core.after_created(cur, a.attempt, a.node, deps.now())))[0]
+    def confirm(cur: JobStatus):
+        new = core.after_created(cur, a.attempt, a.node, deps.now())
+        return (new, None) if new else None
+
+    return _record_outcome(deps, job_id, confirm)[0]
 
 
 def _after_created(deps: Deps, job_id: str, a, provider) -> None:
