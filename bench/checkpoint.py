@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from trainer import CheckpointManager
+    from respawn.ckpt import CheckpointManager
 
     torch.set_num_threads(1)
     work = tempfile.mkdtemp(prefix="respawn-bench-", dir=args.dir)

@@ -5,7 +5,7 @@ Respawn's lazy client imports beside a naive function that imports the Google cl
 
 Every measurement is a fresh Python process (a cold interpreter, as a new function instance is), run in turn for
 two variants:
-  respawn   `import functions.main` (which loads no Google client library), then the first event
+  respawn   `import respawn.control.main` (which loads no Google client library), then the first event
   naive     `import bench.naive_function` (the baseline: google.cloud.compute_v1 and google.cloud.firestore imported
             at module top level, then the same entry point and handler), then the first event
 The first event is served through the Functions Framework exactly as tests/functions_fixtures.py does:
@@ -53,7 +53,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "respawn-bench"
-VARIANTS = {"respawn": ("functions.main", "functions/main.py"),
+VARIANTS = {"respawn": ("respawn.control.main", "functions/main.py"),
             "naive": ("bench.naive_function", "bench/naive_function.py")}
 EVENTS = ("preemption", "foreign")
 METRICS = ("import_s", "first_event_s", "total_s", "rss_after_import_mib", "peak_rss_mib")
@@ -112,7 +112,7 @@ def _progress(text: str) -> None:
 def _spec(job_id: str) -> dict:
     return {"id": job_id, "provisioning": "spot", "zones": list(ZONES), "termination_action": "DELETE",
             "accelerator": {"kind": "gpu", "machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4"},
-            "trainer": {"command": ["python", "-m", "trainer.examples.torch_mlp"]},
+            "trainer": {"command": ["python", "-m", "respawn.ckpt.examples.torch_mlp"]},
             "checkpoint_uri": f"gs://respawn-bench/{job_id}", "max_restarts": 5}
 
 
@@ -176,7 +176,7 @@ class Bench:
         """Register a job, place it (RUNNING), give it a heartbeat, preempt its VM; the sim's audit entry."""
         from google.cloud import firestore
 
-        from functions import handlers
+        from respawn.control import handlers
         from respawn import audit
         from respawn.schema import JOBS, NODES, parse_spec
 
@@ -214,7 +214,7 @@ class Bench:
 
     def clean(self, job_id: str) -> None:
         """Delete the replacement VM so that the sim holds no node of this job for the next child."""
-        from functions.reconcile import Deps
+        from respawn.control.reconcile import Deps
 
         Deps.default().providers["gpu"].delete(ZONES[1], f"{job_id}-2")
 

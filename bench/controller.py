@@ -48,8 +48,8 @@ import functions_framework
 from google.cloud import firestore
 from google.cloud import pubsub_v1
 
-from functions import clients
-from functions.adapters.compute import ComputeProvider
+from respawn.control import clients
+from respawn.control.adapters.compute import ComputeProvider
 from respawn import audit, jobs
 from respawn.schema import JOBS, node_name, parse_spec
 from sim import emulators

@@ -22,4 +22,4 @@ from google.cloud import compute_v1, firestore  # noqa: E402,F401 - eager on pur
 
 import functions_framework  # noqa: E402,F401
 
-from functions.main import on_log_event  # noqa: E402,F401 - the same entry point, parse and handler
+from respawn.control.main import on_log_event  # noqa: E402,F401 - the same entry point, parse and handler

@@ -19,8 +19,8 @@ import time
 
 import functions_framework
 
-from functions import clients, events, triggers
-from functions.adapters.compute import ComputeProvider
+from respawn.control import clients, events, triggers
+from respawn.control.adapters.compute import ComputeProvider
 from respawn import logs
 from respawn.schema import parse_spec
 

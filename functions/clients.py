@@ -9,7 +9,7 @@ Compute's ExtendedOperation.result() would poll through an operations client tha
 would leave the sim for the real API): the Compute adapter uses the `*_unary` calls and waits (zoneOperations.wait) through the
 ZoneOperationsClient built here, on the same endpoint.
 
-Every google.cloud import happens inside a method, so importing this module (and functions.main) stays light.
+Every google.cloud import happens inside a method, so importing this module (and respawn.control.main) stays light.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from functions import alerts, placement
+from respawn.control import alerts, placement
 from respawn.schema import Heartbeat, JobSpec, JobStatus, NodeState, State, node_name
 
 

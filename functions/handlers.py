@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from functions import events
+from respawn.control import events
 from respawn import logs
 from respawn.schema import State
 
@@ -17,7 +17,7 @@ ACTIVE = {s.value for s in State if not s.terminal}
 
 
 def job_created(job_id: str) -> None:
-    from functions.reconcile import reconcile
+    from respawn.control.reconcile import reconcile
 
     reconcile(job_id)
 
@@ -28,7 +28,7 @@ def log_event(entry: Any) -> None:
     except events.Undecodable as exc:
         logs.info(f"log entry ignored: {exc}")
         return
-    from functions.reconcile import Deps, reconcile
+    from respawn.control.reconcile import Deps, reconcile
 
     if not sig.tpu_worker:
         result = reconcile(sig.job_id, hint=sig.cause, hint_node=sig.node, hint_at=sig.at)
@@ -51,7 +51,7 @@ def log_event(entry: Any) -> None:
 
 def sweep(message: Any) -> None:
     """{"task": "sweep"}: every active job. {"task": "sweep", "job_id": ID}: that job (the CLI's cancel nudge)."""
-    from functions.reconcile import Deps, reconcile
+    from respawn.control.reconcile import Deps, reconcile
 
     if not isinstance(message, dict) or message.get("task") != "sweep":
         logs.warning(f"sweep message ignored: expected {{'task': 'sweep'}}, got {message!r}")
@@ -82,7 +82,7 @@ def sweep(message: Any) -> None:
 
 def delete_orphans(deps) -> None:
     """List the labelled nodes in every zone any job uses, then read the jobs, then delete what no placement owns."""
-    from functions.orphans import Seen, orphans
+    from respawn.control.orphans import Seen, orphans
 
     before = deps.store.all_jobs()
     scan = {(((doc.get("spec") or {}).get("accelerator") or {}).get("kind") or "gpu", zone)
@@ -97,8 +97,8 @@ def delete_orphans(deps) -> None:
 
 
 def alert(message: Any) -> None:
-    from functions import alerts
-    from functions.adapters import slack
+    from respawn.control import alerts
+    from respawn.control.adapters import slack
 
     try:
         payload = alerts.to_slack(message)

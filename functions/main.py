@@ -11,18 +11,10 @@ platform (deployed with --retry) redelivers. Importing this module loads no Goog
 
 from __future__ import annotations
 
-import os
-import sys
+import functions_framework
 
-# The Functions Framework puts only this file's folder on sys.path; the shared packages live one level up.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-import functions_framework  # noqa: E402
-
-from functions import handlers, triggers  # noqa: E402
-from respawn import logs  # noqa: E402
+from respawn import logs
+from respawn.control import handlers, triggers
 
 
 @functions_framework.cloud_event

@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from functions import decide as core
-from functions import placement
-from functions.decide import Act, Decision, NodeObs, Observation, Settings
+from respawn.control import decide as core
+from respawn.control import placement
+from respawn.control.decide import Act, Decision, NodeObs, Observation, Settings
 from respawn import logs
 from respawn.schema import CapacityRecord, Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
 
@@ -58,7 +58,7 @@ class Config:
 
 @dataclass
 class Deps:
-    """What reconcile talks to; built from functions.clients (adapters imported here, lazily)."""
+    """What reconcile talks to; built from respawn.control.clients (adapters imported here, lazily)."""
 
     store: Any
     providers: dict[str, Any]  # "gpu" → ComputeProvider, "tpu" → TpuProvider
@@ -71,16 +71,17 @@ class Deps:
 
     @classmethod
     def default(cls) -> "Deps":
-        from functions import clients, startup
-        from functions.adapters import pubsub
-        from functions.adapters.compute import ComputeProvider
-        from functions.adapters.firestore_store import Store
-        from functions.adapters.tpu import TpuProvider
+        from respawn import deployment
+        from respawn.control import clients
+        from respawn.control.adapters import pubsub
+        from respawn.control.adapters.compute import ComputeProvider
+        from respawn.control.adapters.firestore_store import Store
+        from respawn.control.adapters.tpu import TpuProvider
 
         c = clients.default()
         return cls(store=Store(c.firestore()), providers={"gpu": ComputeProvider(c), "tpu": TpuProvider(c)},
                    publish=lambda alert: pubsub.publish_alert(c, alert), project=c.project,
-                   startup_script=startup.startup_script, config=Config.from_env())
+                   startup_script=deployment.startup_script, config=Config.from_env())
 
 
 @dataclass

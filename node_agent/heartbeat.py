@@ -18,7 +18,7 @@ from .metadata import TRANSPORT_ERRORS
 
 def read_status(path: str) -> dict[str, Any] | None:
     """The trainer's status file (trainer/status.py writes it atomically), or None if missing or not valid yet.
-    Read here rather than through trainer.status: importing the trainer package pulls in NumPy (about 9 MB)."""
+    Read here rather than through respawn.ckpt.status: importing the trainer package pulls in NumPy (about 9 MB)."""
     try:
         with open(path, "rb") as f:
             obj = json.loads(f.read(1 << 20))

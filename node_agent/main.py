@@ -1,4 +1,4 @@
-"""Entry point: `python -m node_agent` (systemd's ExecStart on a VM; the sim runs the same command).
+"""Entry point: `python -m respawn.agent` (systemd's ExecStart on a VM; the sim runs the same command).
 
 Environment: GCE_METADATA_HOST (metadata server, as google-auth reads it; default metadata.google.internal),
 RESPAWN_NODE_DIR (the node's own disk: local checkpoints, status file, trainer log, agent log; default

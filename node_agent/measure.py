@@ -1,6 +1,6 @@
 """Measure a running agent's footprint: resident memory and CPU use over a window.
 
-    python -m node_agent.measure --pid $(systemctl show -p MainPID --value respawn-agent) --seconds 10
+    python -m respawn.agent.measure --pid $(systemctl show -p MainPID --value respawn-agent) --seconds 10
 
 Reads /proc/PID/status (VmRSS, VmHWM), /proc/PID/smaps_rollup (Pss: RSS with shared pages divided among
 their users) and the utime+stime ticks in /proc/PID/stat at the start and end of the window; threads included.
@@ -61,7 +61,7 @@ def measure(pid: int, seconds: float = 10.0) -> dict[str, float | int | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m node_agent.measure", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m respawn.agent.measure", description=__doc__.splitlines()[0])
     p.add_argument("--pid", type=int, required=True, help="the agent's pid")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the CPU window (default 10)")
     args = p.parse_args(argv)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,7 +14,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from respawn import schema
+from respawn import deployment, schema
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Respawn: hands-off training on Spot GPUs and TPUs.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Register and inspect jobs.")
@@ -84,7 +83,7 @@ def _get_job(db, job_id: str) -> dict[str, Any]:
     return snap.to_dict()
 
 
-def _run(fn, *args) -> None:
+def run_reporting_errors(fn, *args) -> None:
     try:
         fn(*args)
     except CliError as exc:
@@ -116,7 +115,7 @@ def register(
             raise CliError(f"job {spec.id!r} already exists; pick another id (a finished job keeps its record)") from None
         out.print(f"registered [bold]{spec.id}[/bold]: {spec.accelerator.kind} {spec.provisioning} over {', '.join(spec.zones)}")
 
-    _run(go)
+    run_reporting_errors(go)
 
 
 @jobs_app.command("list")
@@ -148,7 +147,7 @@ def list_jobs(
             )
         out.print(table)
 
-    _run(go)
+    run_reporting_errors(go)
 
 
 @jobs_app.command("describe")
@@ -167,7 +166,7 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
         }
         out.print(yaml.safe_dump(body, sort_keys=False), highlight=False, end="")
 
-    _run(go)
+    run_reporting_errors(go)
 
 
 @jobs_app.command("events")
@@ -187,7 +186,7 @@ def events(job_id: str, project: Optional[str] = ProjectOpt, limit: int = typer.
             )
         out.print(table)
 
-    _run(go)
+    run_reporting_errors(go)
 
 
 @jobs_app.command("cancel")
@@ -219,7 +218,7 @@ def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = 
             + ("the controller is deleting its node" if woke else "the next scheduled sweep deletes its node")
         )
 
-    _run(go)
+    run_reporting_errors(go)
 
 
 def _wake_controller(project: str, topic: str, job_id: str) -> bool:
@@ -241,7 +240,7 @@ def _wake_controller(project: str, topic: str, job_id: str) -> bool:
 @jobs_app.command("validate")
 def validate(file: Path = typer.Argument(..., help="job spec, YAML or JSON")) -> None:
     """Validate a job spec without touching Firestore."""
-    _run(lambda: out.print(f"{file}: valid job spec for [bold]{_load_spec_file(file).id}[/bold]"))
+    run_reporting_errors(lambda: out.print(f"{file}: valid job spec for [bold]{_load_spec_file(file).id}[/bold]"))
 
 
 def _parse_settings(pairs: list[str]) -> dict[str, float]:
@@ -328,61 +327,22 @@ def plan_cmd(
         if plot is not None:
             out.print(f"chart written to {plot}")
 
-    _run(go)
+    run_reporting_errors(go)
 
 
-@app.command("demo")
-def demo(
-    scenario: Optional[Path] = typer.Option(None, "--scenario", help="a scenario YAML (see examples/scenarios/)"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="where logs, summary.json and timeline.html go"),
-    as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON object: the summary"),
-    live: bool = typer.Option(True, "--live/--no-live", help="the live terminal view (plain lines when not a terminal)"),
-) -> None:
-    """Run the whole flow on this machine: emulators, sim, real functions, agents and trainers."""
-
-    def go() -> None:
-        from sim.demo.live import LiveView
-        from sim.demo.runner import DemoError, DemoRun
-        from sim.demo.scenario import ScenarioError, default_scenario, load_scenario
-        from sim.emulators import EmulatorError
-
-        try:
-            sc = load_scenario(scenario) if scenario else default_scenario()
-        except ScenarioError as exc:
-            raise CliError(str(exc), code=2) from None
-        base = out_dir or Path("respawn-demo-out") / f"{sc.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-        base.mkdir(parents=True, exist_ok=True)
-        view = LiveView(enabled=live and not as_json)
-
-        def on_term(signum, frame):
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, on_term)
-        try:
-            with view:
-                view.say(f"scenario {sc.name}: {sc.description or 'no description'}; output in {base}")
-                result = DemoRun(sc, base, on_progress=view.update, say=view.say).run()
-        except (DemoError, EmulatorError) as exc:
-            raise CliError(f"demo failed: {exc}") from None
-        except KeyboardInterrupt:
-            raise CliError("demo interrupted; everything it started has been stopped", code=130) from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        ok = result["state"] == result["expected_state"]
-        table = Table("", "", title=f"respawn demo: {sc.name}", show_header=False)
-        for key in ("job_id", "state", "expected_state", "final_step", "total_steps", "restarts", "zones",
-                    "lost_steps", "max_live_nodes", "wall_seconds", "goodput", "timeline"):
-            value = result[key]
-            table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
-        for text in result["alerts"]:
-            table.add_row("Slack", text)
-        err.print(table)
-        if as_json:
-            print(json.dumps(result))
-        if not ok:
-            raise CliError(f"the job ended {result['state']}, the scenario expected {result['expected_state']}")
-
-    _run(go)
+@app.command("demo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def demo(ctx: typer.Context) -> None:
+    """Run the whole flow on this machine: emulators, sim, real functions, agents and trainers (`respawn demo --help`)."""
+    # The demo and its stand-ins (sim/) live in the source checkout and are never installed: run them from there.
+    checkout = deployment.source_root()
+    if not (checkout / "sim" / "demo" / "__main__.py").is_file():
+        err.print("respawn demo runs from a source checkout of Respawn (its local stand-ins for Google Cloud are not "
+                  "installed): in the checkout, run `pip install -e '.[dev]' && respawn demo`", highlight=False)
+        raise typer.Exit(2)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "sim.demo", *ctx.args], env)
 
 
 def main() -> None:

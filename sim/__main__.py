@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--project", default="respawn-demo")
     serve.add_argument("--notice-seconds", type=float, default=30.0)
     serve.add_argument("--op-delay", type=float, default=0.2)
-    serve.add_argument("--boot-command", default=None, help="what each node runs, e.g. 'python -m node_agent'")
+    serve.add_argument("--boot-command", default=None, help="what each node runs, e.g. 'python -m respawn.agent'")
     serve.add_argument("--nodes-root", type=Path, default=None, help="node directories (default: a temporary one)")
     serve.add_argument("--audit-topic", default=None,
                        help="publish sink-selected audit entries to this Pub/Sub topic (needs PUBSUB_EMULATOR_HOST)")

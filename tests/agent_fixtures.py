@@ -1,5 +1,5 @@
 """Helpers for the node agent tests: a per-test metadata server (sim.metadata), the agent as a real process
-(`python -m node_agent`, as the sim and systemd run it), and a tiny trainer that follows the trainer library's
+(`python -m respawn.agent`, as the sim and systemd run it), and a tiny trainer that follows the trainer library's
 contract (status file, SIGTERM → emergency checkpoint → exit 75) for the agent's own mechanics."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import pytest
 
-from node_agent.supervisor import TrainerRecord
+from respawn.agent.supervisor import TrainerRecord
 from sim.metadata import MetadataServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,7 +93,7 @@ def _kill_group(pgid: int) -> None:
 
 
 class AgentProcess:
-    """One `python -m node_agent` process with its own process group and cwd = the node directory."""
+    """One `python -m respawn.agent` process with its own process group and cwd = the node directory."""
 
     def __init__(self, node_dir: Path, metadata_host: str, extra_env: dict[str, str] | None = None):
         self.node_dir = node_dir
@@ -103,7 +103,7 @@ class AgentProcess:
                    PYTHONPATH=str(REPO))
         env.update(extra_env or {})
         self._out = open(self.stdout_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "node_agent"], cwd=node_dir, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "respawn.agent"], cwd=node_dir, env=env,
                                      stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout: float = 60) -> int:

@@ -46,7 +46,7 @@ def gpu_spec(job_id: str = "train", **over: Any) -> dict[str, Any]:
         "accelerator": {"kind": "gpu", "machine_type": "n1-standard-8", "accelerator_type": T4},
         "provisioning": "spot",
         "zones": list(ZONES),
-        "trainer": {"command": ["python", "-m", "trainer.examples.torch_mlp"], "env": {"SEED": "1"}},
+        "trainer": {"command": ["python", "-m", "respawn.ckpt.examples.torch_mlp"], "env": {"SEED": "1"}},
         "checkpoint_uri": f"gs://respawn-ckpt/{job_id}",
         "max_restarts": 5,
         "placement": {"cooldown_seconds": 300},
@@ -222,6 +222,6 @@ def controller(monkeypatch, firestore_db, pubsub_emulator, project, sim_server):
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
     yield Controller(project, firestore_db, sim_server, sub)
-    from functions import reconcile
+    from respawn.control import reconcile
 
     reconcile.fault_hook = None

@@ -19,7 +19,7 @@ from google.api_core.future import polling
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 
-from functions.adapters.compute import ComputeOperation
+from respawn.control.adapters.compute import ComputeOperation
 from sim.server import SimServer
 
 PROJECT = "respawn-test"

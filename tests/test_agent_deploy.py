@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from node_agent.agent import DETACH_EXIT_CODE, FINAL_WRITE_GRACE_S
-from node_agent.config import DEFAULT_NOTICE_BUDGET_SECONDS
-from node_agent.main import CONFIG_ERROR_EXIT_CODE
+from respawn.agent.agent import DETACH_EXIT_CODE, FINAL_WRITE_GRACE_S
+from respawn.agent.config import DEFAULT_NOTICE_BUDGET_SECONDS
+from respawn.agent.main import CONFIG_ERROR_EXIT_CODE
 from sim.metadata import MetadataServer
 from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401
 
@@ -38,7 +38,7 @@ def _unit_entries(text: str) -> dict[str, list[str]]:
 
 def test_unit_has_what_the_agent_relies_on():
     u = _unit_entries(UNIT.read_text())
-    assert u["Service.ExecStart"] == ["/opt/respawn/venv/bin/python -m node_agent"]
+    assert u["Service.ExecStart"] == ["/opt/respawn/venv/bin/python -m respawn.agent"]
     assert "RESPAWN_NODE_DIR=/var/lib/respawn" in u["Service.Environment"]
     # Only the agent gets SIGTERM; the trainer survives an agent restart and is adopted.
     assert u["Service.KillMode"] == ["process"] and u["Service.KillSignal"] == ["SIGTERM"]

@@ -1,4 +1,4 @@
-"""The node agent with the real example trainer (trainer.examples.torch_mlp), the sim metadata server and the
+"""The node agent with the real example trainer (respawn.ckpt.examples.torch_mlp), the sim metadata server and the
 Firestore emulator, all as real processes: the notice from each source, a flapping metadata server, a crash,
 success, and a restart in place that uploads the previous life's local-only emergency checkpoint."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (fixture)
 
-TRAINER = [sys.executable, "-m", "trainer.examples.torch_mlp", "--checkpoint-every", "50", "--log-every", "50",
+TRAINER = [sys.executable, "-m", "respawn.ckpt.examples.torch_mlp", "--checkpoint-every", "50", "--log-every", "50",
            "--threads", "1"]
 
 
@@ -118,7 +118,7 @@ def test_restart_in_place_uploads_local_only_checkpoint_then_resumes_and_succeed
 
 def test_jax_example_gets_the_same_treatment(agent_env):
     job_store = agent_env.tmp / "store"
-    command = [sys.executable, "-m", "trainer.examples.jax_mlp", "--steps", "100000", "--step-seconds", "0.01",
+    command = [sys.executable, "-m", "respawn.ckpt.examples.jax_mlp", "--steps", "100000", "--step-seconds", "0.01",
                "--checkpoint-every", "50", "--threads", "1"]
     md = agent_env.metadata("jax-1", attributes("jax", 1, agent_env.project, settings(command, f"file://{job_store}")))
     agent = agent_env.agent(md, agent_env.tmp / "jax-1")

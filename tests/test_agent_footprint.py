@@ -1,5 +1,5 @@
 """The agent stays small: an idle agent (default 15 s heartbeat, 60 s metadata waits, a trainer that sleeps)
-measured with node_agent.measure. Run with -s to see the figures recorded in node_agent/README.md. Memory is
+measured with respawn.agent.measure. Run with -s to see the figures recorded in node_agent/README.md. Memory is
 asserted (the 60 MB goal: e.g. importing google-cloud-firestore alone would break it); CPU is only reported."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (fixture)
-from node_agent.measure import measure
+from respawn.agent.measure import measure
 
 RSS_GOAL_MB = 60
 

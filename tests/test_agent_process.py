@@ -1,4 +1,4 @@
-"""The node agent's own mechanics, with real processes: the agent (`python -m node_agent`), the sim metadata
+"""The node agent's own mechanics, with real processes: the agent (`python -m respawn.agent`), the sim metadata
 server, the Firestore emulator and a tiny trainer that follows the trainer library's contract."""
 
 from __future__ import annotations

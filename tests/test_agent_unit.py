@@ -8,12 +8,12 @@ from datetime import datetime, timezone
 
 import pytest
 
-from node_agent.config import ATTR_ATTEMPT, ATTR_SETTINGS, ConfigError, parse_attempt, parse_settings, zone_from_metadata
-from node_agent.firestore_rest import encode_value
-from node_agent.heartbeat import compose_heartbeat, read_status
-from node_agent.metadata import metadata_host
-from node_agent.supervisor import log_tail, normalize_exit
-from node_agent.watcher import Backoff, is_preempted, is_terminating_maintenance, maintenance_watch, preempted_watch
+from respawn.agent.config import ATTR_ATTEMPT, ATTR_SETTINGS, ConfigError, parse_attempt, parse_settings, zone_from_metadata
+from respawn.agent.firestore_rest import encode_value
+from respawn.agent.heartbeat import compose_heartbeat, read_status
+from respawn.agent.metadata import metadata_host
+from respawn.agent.supervisor import log_tail, normalize_exit
+from respawn.agent.watcher import Backoff, is_preempted, is_terminating_maintenance, maintenance_watch, preempted_watch
 from respawn.schema import Heartbeat, NodeState
 
 GOOD = {"command": ["python", "train.py"], "checkpoint_uri": "gs://bucket/run"}

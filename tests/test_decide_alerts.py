@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from functions import alerts
+from respawn.control import alerts
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 

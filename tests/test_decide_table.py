@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from functions.decide import (
+from respawn.control.decide import (
     Act, NodeObs, Observation, Phase, Settings, after_create_failed, after_create_refused, after_created,
     after_start_refused, decide, needs_capacity, phase_of,
 )

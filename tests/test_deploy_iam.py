@@ -1,7 +1,7 @@
 """Least privilege: every API method the code calls is granted, and nothing is granted that no code calls.
 
 The calls are read from the source itself: the controller's adapters (functions/adapters/*.py) through the
-functions.clients factory (`clients.instances().insert_unary(...)`, `ops = clients.zone_operations(); ops.get`) and
+respawn.control.clients factory (`clients.instances().insert_unary(...)`, `ops = clients.zone_operations(); ops.get`) and
 the Firestore client's methods; the node's REST commit (node_agent/) and the trainer's Cloud Storage calls."""
 
 from __future__ import annotations

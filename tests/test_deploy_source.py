@@ -55,9 +55,11 @@ def _serve(staged: Path, target: str, body: dict, env: dict[str, str], cwd: Path
 
 def test_staged_layout(staged):
     assert (staged / "main.py").is_file() and (staged / "requirements.txt").is_file()
-    for rel in ("functions/main.py", "respawn/schema.py", deployment.STARTUP_SCRIPT, deployment.AGENT_UNIT):
+    for rel in ("respawn/control/main.py", "respawn/control/adapters/compute.py", "respawn/schema.py", deployment.STARTUP_SCRIPT, deployment.AGENT_UNIT):
         assert (staged / rel).is_file(), rel
     assert not list(staged.rglob("__pycache__"))
+    # The node side and the CLI are not part of the control plane's upload.
+    assert not (staged / "respawn" / "agent").exists() and not (staged / "respawn" / "cli.py").exists()
     tree = ast.parse((staged / "main.py").read_text())
     exported = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
     assert exported == {f.entry_point for f in deployment.FUNCTIONS}
@@ -106,7 +108,7 @@ def test_uploaded_source_serves_a_sweep_against_firestore(staged, tmp_path, fire
     result = _serve(staged, "on_sweep", {"task": "sweep"}, env, tmp_path)
     assert result["status"] == 200, result["log"]
     # The sweep reached the store adapter: the lazily imported parts of the control plane are in the upload too.
-    assert "functions.adapters.firestore_store" in result["modules"]
+    assert "respawn.control.adapters.firestore_store" in result["modules"]
 
 
 # ------------------------------------------------------------------------------ requirements.txt covers imports
@@ -183,7 +185,14 @@ def test_requirements_cover_every_import_of_the_uploaded_source(staged):
 
 
 def test_stage_names_a_missing_file(tmp_path):
-    (tmp_path / "repo").mkdir()
-    with pytest.raises(stage.StageError, match="functions/__init__.py is missing"):
-        stage.stage(tmp_path / "repo", tmp_path / "out")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    with pytest.raises(stage.StageError, match="pyproject.toml is missing"):
+        stage.stage(repo, tmp_path / "out")
+    (repo / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    for rel in ("respawn/__init__.py", "respawn/deployment.py", "functions/__init__.py"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text("")
+    with pytest.raises(stage.StageError, match="respawn.control.main is missing"):
+        stage.stage(repo, tmp_path / "out")
 

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from functions import events
+from respawn.control import events
 
 PREEMPTED = {
     "protoPayload": {

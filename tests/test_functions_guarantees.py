@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from functions import reconcile
+from respawn.control import reconcile
 from functions_fixtures import ZONES, controller, gpu_spec, tpu_spec  # noqa: F401
 from sim_fixtures import sim_factory, sim_server  # noqa: F401
 

@@ -1,5 +1,5 @@
-"""The Compute Engine and Cloud TPU providers against sim/ through the real clients, built by functions.clients;
-and the light import of functions.main."""
+"""The Compute Engine and Cloud TPU providers against sim/ through the real clients, built by respawn.control.clients;
+and the light import of respawn.control.main."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, tpu_v2
 
-from functions import clients as factory
-from functions.adapters.compute import ComputeProvider
-from functions.adapters.tpu import TpuProvider
+from respawn.control import clients as factory
+from respawn.control.adapters.compute import ComputeProvider
+from respawn.control.adapters.tpu import TpuProvider
 from functions_fixtures import T4, gpu_spec, tpu_spec
 from respawn.schema import parse_spec
 from sim_fixtures import PROJECT, sim_factory, sim_server  # noqa: F401
@@ -49,7 +49,7 @@ def test_gpu_vm_is_created_with_the_requested_scheduling_and_contract(made, prov
     assert inst.guest_accelerators[0].accelerator_type.endswith(f"/acceleratorTypes/{T4}")
     attrs = {i.key: i.value for i in inst.metadata.items}
     assert set(attrs) == {"startup-script", "respawn-job-id", "respawn-attempt", "respawn-project", "respawn-settings"}
-    assert json.loads(attrs["respawn-settings"])["command"] == ["python", "-m", "trainer.examples.torch_mlp"]
+    assert json.loads(attrs["respawn-settings"])["command"] == ["python", "-m", "respawn.ckpt.examples.torch_mlp"]
     assert dict(inst.labels) == {"respawn-job": "vm", "respawn-attempt": "1"}
     gce.delete(ZONE, "vm-1")
     assert gce.get(ZONE, "vm-1") is None
@@ -70,7 +70,7 @@ def test_gpu_vm_body_has_boot_disk_network_and_service_account(made):
 def test_capacity_refusal_raises_the_real_exception_shape(made, sim_server):
     from google.api_core import exceptions as gexc
 
-    from functions import placement
+    from respawn.control import placement
 
     sim_server.set_capacity(ZONE, T4, 0)
     spec = parse_spec(gpu_spec("vm"))
@@ -110,7 +110,7 @@ def test_the_factory_builds_loopback_clients_anonymously_and_real_ones_with_adc(
 
 
 def test_importing_functions_main_loads_no_google_cloud_client():
-    code = ("import sys, functions.main; "
+    code = ("import sys, respawn.control.main; "
             "print(sorted(m for m in sys.modules if m.startswith(('google.cloud.compute', 'google.cloud.tpu', "
             "'google.cloud.firestore', 'google.cloud.pubsub', 'grpc'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -118,12 +118,13 @@ def test_importing_functions_main_loads_no_google_cloud_client():
 
 
 def test_the_install_requirement_travels_in_metadata_when_deploy_sets_it(monkeypatch):
-    from functions import nodespec, startup
+    from respawn import deployment
+    from respawn.control import nodespec
 
     spec = parse_spec(gpu_spec("vm"))
     monkeypatch.delenv("RESPAWN_INSTALL", raising=False)
     assert "respawn-install" not in nodespec.metadata(spec, 1, "p", "#!/bin/bash\n")
     monkeypatch.setenv("RESPAWN_INSTALL", "respawn[agent,storage]==0.1.0")
-    md = nodespec.metadata(spec, 1, "p", startup.startup_script())
+    md = nodespec.metadata(spec, 1, "p", deployment.startup_script())
     assert md["respawn-install"] == "respawn[agent,storage]==0.1.0"
     assert md["startup-script"].startswith("#!/bin/bash") and "respawn-install" in md["startup-script"]

@@ -6,7 +6,7 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
-from functions import placement
+from respawn.control import placement
 from respawn.schema import JobStatus, parse_spec
 
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from google.cloud import compute_v1
 
-from functions.orphans import Seen, orphans
+from respawn.control.orphans import Seen, orphans
 from functions_fixtures import ZONES, controller, gpu_spec  # noqa: F401
 from sim_fixtures import compute_clients, compute_result, sim_factory, sim_server  # noqa: F401
 

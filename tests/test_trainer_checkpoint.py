@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from trainer import CheckpointManager, PREEMPTED_EXIT_CODE, plan_retention, read_status
-from trainer import format as fmt
-from trainer.serialize import flatten
+from respawn.ckpt import CheckpointManager, PREEMPTED_EXIT_CODE, plan_retention, read_status
+from respawn.ckpt import format as fmt
+from respawn.ckpt.serialize import flatten
 
 
 def make_state(seed: int, mb: float = 1.0) -> dict:
@@ -230,7 +230,7 @@ def test_status_file_and_read_status(tmp_path):
 
 def test_import_trainer_without_torch_or_jax():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['jax'] = None\n"
-            "import trainer, trainer.examples._common\n"
+            "import respawn.ckpt, respawn.ckpt.examples._common\n"
             "import numpy as np, tempfile\n"
             "m = trainer.CheckpointManager(local_dir=tempfile.mkdtemp(), install_signal_handler=False)\n"
             "m.save(1, {'a': np.arange(3)}, blocking=True); assert m.restore()[0] == 1\n"
@@ -242,7 +242,7 @@ def test_import_trainer_without_torch_or_jax():
 
 def test_torch_state_roundtrip_bit_exact(tmp_path):
     torch = pytest.importorskip("torch")
-    from trainer.torch_state import load_torch_state, torch_state
+    from respawn.ckpt.torch_state import load_torch_state, torch_state
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
@@ -274,7 +274,7 @@ def test_jax_state_roundtrip_bit_exact(tmp_path):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from trainer.jax_state import to_template
+    from respawn.ckpt.jax_state import to_template
 
     state = {"params": [{"w": jax.random.normal(jax.random.PRNGKey(0), (4, 3)), "b": jnp.zeros(3, jnp.bfloat16)}],
              "opt": {"t": jnp.array(5, jnp.int32)}, "key": jax.random.key(7), "raw_key": jax.random.PRNGKey(3),

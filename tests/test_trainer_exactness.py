@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from trainer import PREEMPTED_EXIT_CODE, read_status
+from respawn.ckpt import PREEMPTED_EXIT_CODE, read_status
 
 STEPS, EVERY = 200, 50
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ def start(module, tmp_path, name, *extra, env_extra=None):
                RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/{name}/local",
                RESPAWN_STATUS_FILE=f"{tmp_path}/{name}/status.json", RESPAWN_NOTICE_BUDGET_S="25")
     env.update(env_extra or {})
-    cmd = [sys.executable, "-m", f"trainer.examples.{module}", "--steps", str(STEPS), "--checkpoint-every",
+    cmd = [sys.executable, "-m", f"respawn.ckpt.examples.{module}", "--steps", str(STEPS), "--checkpoint-every",
            str(EVERY), "--seed", "3", "--state-mb", "1", "--final-params", f"{tmp_path}/{name}.npz", *extra]
     os.makedirs(f"{tmp_path}/{name}", exist_ok=True)
     out = open(f"{tmp_path}/{name}/out.log", "ab")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer import CheckpointManager, read_status, upload_pending
-from trainer import format as fmt
+from respawn.ckpt import CheckpointManager, read_status, upload_pending
+from respawn.ckpt import format as fmt
 from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401 - fixtures
 
 PREFIX = "jobs/gcs-test"

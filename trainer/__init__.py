@@ -1,7 +1,7 @@
 """Respawn trainer library: checkpoints that survive preemption, for PyTorch and JAX.
 
-Importing `trainer` imports neither torch nor jax (see trainer.torch_state / trainer.jax_state for the
-framework helpers). Interface for the node agent: trainer.status.read_status, trainer.upload_pending,
+Importing `trainer` imports neither torch nor jax (see respawn.ckpt.torch_state / respawn.ckpt.jax_state for the
+framework helpers). Interface for the node agent: respawn.ckpt.status.read_status, trainer.upload_pending,
 trainer.PREEMPTED_EXIT_CODE. See trainer/README.md.
 """
 

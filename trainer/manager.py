@@ -1,7 +1,7 @@
 """CheckpointManager: periodic asynchronous saves, the preemption notice and the deadline-bound emergency save,
 restore with fallback, retention, progress reporting. Framework-neutral: the state is any nesting of
 dicts/lists/tuples holding PyTorch tensors, JAX arrays, NumPy arrays and picklable objects (see serialize.py);
-trainer.torch_state and trainer.jax_state build such states from models, optimizers and RNGs.
+respawn.ckpt.torch_state and respawn.ckpt.jax_state build such states from models, optimizers and RNGs.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ Environment=PYTHONUNBUFFERED=1
 EnvironmentFile=-/etc/respawn/agent.env
 StateDirectory=respawn
 WorkingDirectory=/var/lib/respawn
-ExecStart=/opt/respawn/venv/bin/python -m node_agent
+ExecStart=/opt/respawn/venv/bin/python -m respawn.agent
 # SIGTERM (shutdown, preemption) is a notice: the agent tells the trainer, waits for its emergency checkpoint
 # and writes the final heartbeat. Only the agent gets the signal: the trainer is told by the agent, and when
 # the agent crashes or is restarted the trainer keeps running and the next agent adopts it.

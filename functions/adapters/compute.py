@@ -1,4 +1,4 @@
-"""Compute Engine GPU VMs through google-cloud-compute (REST), built by functions.clients.
+"""Compute Engine GPU VMs through google-cloud-compute (REST), built by respawn.control.clients.
 
 Every call is idempotent in effect: create meets 409 and adopts; delete of a missing node is success; start of a
 running node is a no-op. Errors are the library's own exceptions (google.api_core.exceptions.*, with `.errors`
@@ -14,7 +14,7 @@ from google.api_core import exceptions as gexc
 from google.api_core import extended_operation
 from google.cloud import compute_v1
 
-from functions import nodespec
+from respawn.control import nodespec
 from respawn.schema import JobSpec
 
 OP_TIMEOUT = float(os.environ.get("RESPAWN_OP_TIMEOUT_SECONDS", "300"))

@@ -1,4 +1,4 @@
-"""Cloud TPU VMs through google-cloud-tpu (tpu_v2, REST), built by functions.clients.
+"""Cloud TPU VMs through google-cloud-tpu (tpu_v2, REST), built by respawn.control.clients.
 
 Create meets 409 (AlreadyExists) and adopts; delete of a missing node is success. A preempted TPU is never started
 again (Cloud TPU: delete and recreate), and it keeps holding quota until deleted, so decide.py always deletes it.
@@ -11,7 +11,7 @@ import os
 from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 
-from functions import nodespec
+from respawn.control import nodespec
 from respawn.schema import JobSpec
 
 OP_TIMEOUT = float(os.environ.get("RESPAWN_OP_TIMEOUT_SECONDS", "600"))

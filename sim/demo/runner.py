@@ -102,7 +102,7 @@ def _merge(base: dict, over: dict) -> dict:
 def job_spec(sc: Scenario, checkpoint_dir: Path) -> dict[str, Any]:
     """The job document's spec: the demo's defaults for the scenario's trainer, with `sc.job` laid over them."""
     t = sc.trainer
-    module = {"torch": "trainer.examples.torch_mlp", "jax": "trainer.examples.jax_mlp"}[t.framework]
+    module = {"torch": "respawn.ckpt.examples.torch_mlp", "jax": "respawn.ckpt.examples.jax_mlp"}[t.framework]
     command = [sys.executable, "-m", module, "--steps", str(t.steps), "--state-mb", str(t.state_mb),
                "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
                "--seed", str(t.seed), "--log-every", "25"]
@@ -170,7 +170,7 @@ class DemoRun:
             self.router.drop_next(sc.faults.drop_events)
         node_env = {**self.env, "PYTHONUNBUFFERED": "1"}
         self.sim = SimServer(PROJECT, notice_seconds=sc.notice_seconds, op_delay=0.3,
-                             boot_command=[sys.executable, "-m", "node_agent"], node_env=node_env,
+                             boot_command=[sys.executable, "-m", "respawn.agent"], node_env=node_env,
                              nodes_root=self.out / "nodes", audit_sink=self.router).start()
         self.stack.push("sim", self.sim.stop)
         if sc.faults.api_error_rate:

@@ -1,1 +1,1 @@
-"""Runnable example trainers: `python -m trainer.examples.torch_mlp` and `python -m trainer.examples.jax_mlp`."""
+"""Runnable example trainers: `python -m respawn.ckpt.examples.torch_mlp` and `python -m respawn.ckpt.examples.jax_mlp`."""

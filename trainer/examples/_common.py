@@ -7,11 +7,11 @@ import os
 import sys
 import time
 
-from trainer import PREEMPTED_EXIT_CODE, CheckpointManager
+from respawn.ckpt import PREEMPTED_EXIT_CODE, CheckpointManager
 
 
 def parse_args(name: str, argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m trainer.examples.{name}",
+    p = argparse.ArgumentParser(prog=f"python -m respawn.ckpt.examples.{name}",
                                 description="Example trainer that survives preemption (see trainer/README.md). "
                                 "Configured by RESPAWN_* environment variables when the node agent runs it.")
     p.add_argument("--steps", type=int, default=300, help="total training steps (default 300)")

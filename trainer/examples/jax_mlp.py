@@ -1,14 +1,14 @@
 """A small JAX MLP regression trainer (hand-written Adam, dropout with a checkpointed PRNG key, NumPy-shuffled
 data) that resumes from the newest committed checkpoint and saves an emergency checkpoint on SIGTERM.
 
-    python -m trainer.examples.jax_mlp --steps 300 --checkpoint-every 50 --state-mb 64
+    python -m respawn.ckpt.examples.jax_mlp --steps 300 --checkpoint-every 50 --state-mb 64
 """
 
 from __future__ import annotations
 
 import os
 
-from trainer.examples._common import exit_with, parse_args
+from respawn.ckpt.examples._common import exit_with, parse_args
 
 N, D_IN, HIDDEN, BATCH, LR = 4096, 32, 64, 64, 1e-3
 
@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from trainer import CheckpointManager
+    from respawn.ckpt import CheckpointManager
 
     data_key = jax.random.PRNGKey(args.seed + 1000)
     kx, kt, kn = jax.random.split(data_key, 3)
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
                                                                     x[idx], y[idx])
         return float(loss)
 
-    from trainer.examples._common import run_loop
+    from respawn.ckpt.examples._common import run_loop
 
     code = run_loop(args, mgr, start, train_step, lambda: state, "jax_mlp")
     if args.final_params:

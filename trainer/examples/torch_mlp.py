@@ -1,7 +1,7 @@
 """A small PyTorch MLP regression trainer on locally generated data that resumes from the newest committed
 checkpoint and saves an emergency checkpoint on SIGTERM.
 
-    python -m trainer.examples.torch_mlp --steps 300 --checkpoint-every 50 --state-mb 64
+    python -m respawn.ckpt.examples.torch_mlp --steps 300 --checkpoint-every 50 --state-mb 64
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainer import CheckpointManager
-from trainer.examples._common import exit_with, parse_args, run_loop
-from trainer.torch_state import load_torch_state, torch_state
+from respawn.ckpt import CheckpointManager
+from respawn.ckpt.examples._common import exit_with, parse_args, run_loop
+from respawn.ckpt.torch_state import load_torch_state, torch_state
 
 N, D_IN, HIDDEN, BATCH = 4096, 32, 64, 64
 
