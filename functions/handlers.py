@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from respawn.contract import LABEL_JOB
 from respawn.control import events
 from respawn import logs
 from respawn.schema import State
@@ -91,7 +92,7 @@ def delete_orphans(deps) -> None:
             for name, labels in deps.providers[kind].list_labelled(zone)]
     jobs = {job_id: (doc.get("status") or {}) for job_id, doc in deps.store.all_jobs().items()}
     for n in orphans(seen, jobs):
-        logs.warning(f"sweep: deleting orphan node {n.name} in {n.zone} (job {n.labels.get('respawn-job')} does not "
+        logs.warning(f"sweep: deleting orphan node {n.name} in {n.zone} (job {n.labels.get(LABEL_JOB)} does not "
                      "own it now)", node=n.name, zone=n.zone)
         deps.providers[n.kind].delete(n.zone, n.name)
 

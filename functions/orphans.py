@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from respawn.control.nodespec import LABEL_ATTEMPT, LABEL_JOB
+from respawn.contract import LABEL_ATTEMPT, LABEL_JOB
 from respawn.schema import MAX_ATTEMPT, State, node_name
 
 FINISHED = {s.value for s in State if s.terminal}

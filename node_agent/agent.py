@@ -14,7 +14,8 @@ Life of one agent:
    + notice_budget_seconds; then SIGKILL), final heartbeat `exited` with the committed step, exit 0;
    or the trainer exits on its own → final heartbeat `exited` with its exit code (and the tail of its output if
    it failed), exit 0 — what to do next is the controller's decision;
-   or SIGHUP → leave the trainer running and exit 75 so that systemd restarts the agent, which adopts it.
+   or SIGHUP → leave the trainer running and exit EXIT_AGENT_DETACH so that systemd restarts the agent, which
+   adopts it.
 """
 
 from __future__ import annotations
@@ -26,22 +27,18 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from respawn import contract
 from respawn.logs import log
 from respawn.schema import NodeState
 
 from .config import AgentConfig
 from .firestore_rest import FirestoreWriter
-from .heartbeat import Heartbeater, compose_heartbeat, read_status
+from .heartbeat import Heartbeater, compose_heartbeat
 from .metadata import MetadataClient
 from .previous_life import upload_previous_life
-from .supervisor import (CHECKPOINT_DIR, LOG_FILE, STATUS_FILE, OutputForwarder, TrainerProcess, TrainerRecord,
-                         boot_id, read_exit_file)
+from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id, read_exit_file
 from .watcher import NOTICE_SIGTERM, Watcher, maintenance_watch, preempted_watch
 
-# trainer.PREEMPTED_EXIT_CODE: the trainer stopped as asked on a notice (not imported: see heartbeat.read_status).
-TRAINER_PREEMPTED_EXIT_CODE = 75
-# The agent's own exit status after SIGHUP: EX_TEMPFAIL, so systemd's Restart=on-failure starts a new agent.
-DETACH_EXIT_CODE = 75
 # After the notice budget, this long is left to write the final heartbeat (a Spot VM gets 30 s in all).
 FINAL_WRITE_GRACE_S = 3.0
 PREEMPTING_WRITE_S = 3.0
@@ -67,8 +64,8 @@ class Agent:
         self.final_report_seconds = final_report_seconds
         self.upload_timeout_seconds = upload_timeout_seconds
         self.node_dir = cfg.node_dir
-        self.status_path = os.path.join(self.node_dir, STATUS_FILE)
-        self.local_ckpt_dir = os.path.join(self.node_dir, CHECKPOINT_DIR)
+        self.status_path = os.path.join(self.node_dir, contract.STATUS_FILE)
+        self.local_ckpt_dir = os.path.join(self.node_dir, contract.LOCAL_CHECKPOINT_DIR)
         self.wake = threading.Event()
         self._lock = threading.Lock()
         self.notice: str | None = None
@@ -102,7 +99,7 @@ class Agent:
     def snapshot(self) -> dict[str, Any]:
         return compose_heartbeat(
             job_id=self.cfg.job_id, attempt=self.cfg.attempt, zone=self.cfg.zone, state=self.state,
-            status=read_status(self.status_path), started_at=self.started_at, notice=self.notice,
+            status=contract.read_status(self.status_path), started_at=self.started_at, notice=self.notice,
             exit_code=self.exit_code, output_tail=self.output_tail,
         )
 
@@ -180,12 +177,12 @@ class Agent:
         env.setdefault("PYTHONUNBUFFERED", "1")  # the output log should follow the trainer live
         env.update(self.settings.env)
         env.update({
-            "RESPAWN_JOB_ID": self.cfg.job_id,
-            "RESPAWN_ATTEMPT": str(self.cfg.attempt),
-            "RESPAWN_CHECKPOINT_URI": self.settings.checkpoint_uri,
-            "RESPAWN_LOCAL_CHECKPOINT_DIR": self.local_ckpt_dir,
-            "RESPAWN_STATUS_FILE": self.status_path,
-            "RESPAWN_NOTICE_BUDGET_S": f"{self.settings.notice_budget_seconds:g}",
+            contract.ENV_JOB_ID: self.cfg.job_id,
+            contract.ENV_ATTEMPT: str(self.cfg.attempt),
+            contract.ENV_CHECKPOINT_URI: self.settings.checkpoint_uri,
+            contract.ENV_LOCAL_CHECKPOINT_DIR: self.local_ckpt_dir,
+            contract.ENV_STATUS_FILE: self.status_path,
+            contract.ENV_NOTICE_BUDGET: f"{self.settings.notice_budget_seconds:g}",
         })
         return env
 
@@ -212,7 +209,7 @@ class Agent:
         preempting.start()
         code = self._wait_for_trainer(deadline) if running else (trainer.poll()[1] if trainer else None)
         self.exit_code = code
-        if code not in (0, TRAINER_PREEMPTED_EXIT_CODE) and trainer is not None:
+        if code not in (0, contract.EXIT_PREEMPTED) and trainer is not None:
             self.output_tail = trainer.output_tail()
         self.state = NodeState.EXITED
         status = read_status(self.status_path) or {}
@@ -269,7 +266,7 @@ class Agent:
             trainer_pid=self.trainer.pid if self.trainer else None)
         self.heartbeater.stop_periodic()
         self._stop_forwarding()
-        return DETACH_EXIT_CODE
+        return contract.EXIT_AGENT_DETACH
 
     def _stop_forwarding(self) -> None:
         if self.forwarder is not None:

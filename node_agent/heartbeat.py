@@ -3,7 +3,6 @@ it every `interval` seconds with backoff, so Firestore trouble never holds up an
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from datetime import datetime, timezone
@@ -16,17 +15,6 @@ from .firestore_rest import FirestoreError, FirestoreWriter
 from .metadata import TRANSPORT_ERRORS
 
 
-def read_status(path: str) -> dict[str, Any] | None:
-    """The trainer's status file (trainer/status.py writes it atomically), or None if missing or not valid yet.
-    Read here rather than through respawn.ckpt.status: importing the trainer package pulls in NumPy (about 9 MB)."""
-    try:
-        with open(path, "rb") as f:
-            obj = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -36,7 +24,7 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
                       exit_code: int | None = None, output_tail: str | None = None,
                       now: datetime | None = None) -> dict[str, Any]:
     """The nodes/{node} document as a dict of Python values (datetimes stay datetimes), validated against
-    respawn.schema.Heartbeat. `status` is the trainer's status file, or None before it exists."""
+    respawn.schema.Heartbeat. `status` is the trainer's status file (respawn.contract.read_status), or None before it exists."""
     status = status or {}
     emergency = status.get("emergency")
     hb = Heartbeat(

@@ -4,9 +4,9 @@ Environment: GCE_METADATA_HOST (metadata server, as google-auth reads it; defaul
 RESPAWN_NODE_DIR (the node's own disk: local checkpoints, status file, trainer log, agent log; default
 /var/lib/respawn), FIRESTORE_EMULATOR_HOST (local runs). Everything else comes from metadata attributes.
 
-Exit status: 0 after the trainer's end or a notice has been reported; 1 if the final heartbeat could not be
-written (systemd restarts the agent, which reports again); 2 for missing or invalid metadata attributes;
-75 after SIGHUP (restart me, the trainer keeps running).
+Exit status (respawn.contract): 0 after the trainer's end or a notice has been reported; 1 if the final heartbeat
+could not be written (systemd restarts the agent, which reports again); EXIT_CONFIG_ERROR for missing or invalid
+metadata attributes; EXIT_AGENT_DETACH after SIGHUP (restart me, the trainer keeps running).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import signal
 import sys
 from typing import TextIO
 
+from respawn.contract import EXIT_CONFIG_ERROR
 from respawn.logs import log
 
 from .config import ConfigError, load_config
@@ -23,7 +24,6 @@ from .firestore_rest import FirestoreWriter
 from .metadata import MetadataClient
 
 AGENT_LOG = "agent.log"
-CONFIG_ERROR_EXIT_CODE = 2
 
 
 class _Tee:
@@ -62,13 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         log("ERROR", "cannot use the node directory; set RESPAWN_NODE_DIR to a writable directory",
             node_dir=node_dir, error=str(exc))
-        return CONFIG_ERROR_EXIT_CODE
+        return EXIT_CONFIG_ERROR
     try:
         cfg = load_config(md, node_dir=node_dir)
     except ConfigError as exc:
         log("ERROR", str(exc), attribute=exc.attribute, metadata=md.host,
             hint="the control plane sets respawn-* attributes when it creates the node; recreate the node")
-        return CONFIG_ERROR_EXIT_CODE
+        return EXIT_CONFIG_ERROR
     agent = Agent(cfg, md, FirestoreWriter(cfg.project, md))
     install_signal_handlers(agent)
     if early:

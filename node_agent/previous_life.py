@@ -1,8 +1,8 @@
 """A previous life's checkpoints: after a restart in place, committed checkpoints that exist only on this node's
 disk (an emergency save that had no time to reach the checkpoint store) are uploaded before the trainer resumes.
 
-The work is respawn.ckpt.upload_pending's; it runs in a child process (`python -m respawn.agent.previous_life LOCAL URI`)
-so that the storage client and NumPy it imports never enlarge the long-running agent.
+The work is respawn.ckpt.upload_pending's; it runs in a child process (`python -m respawn.ckpt upload-pending LOCAL
+URI`), so that the checkpoint library, the storage client and NumPy never enter the long-running agent.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def upload_previous_life(local_dir: str, checkpoint_uri: str, *, timeout: float,
         return True
     log("INFO", "uploading checkpoints left on this disk by a previous life", local_dir=local_dir,
         checkpoint_uri=checkpoint_uri)
-    child = subprocess.Popen([sys.executable, "-m", "respawn.agent.previous_life", local_dir, checkpoint_uri],
+    child = subprocess.Popen([sys.executable, "-m", "respawn.ckpt", "upload-pending", local_dir, checkpoint_uri],
                              stdin=subprocess.DEVNULL, process_group=0)
     deadline = time.monotonic() + timeout
     while child.poll() is None:
@@ -51,18 +51,3 @@ def upload_previous_life(local_dir: str, checkpoint_uri: str, *, timeout: float,
             exit_code=child.returncode, local_dir=local_dir, checkpoint_uri=checkpoint_uri)
         return False
     return True
-
-
-def _main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m respawn.agent.previous_life LOCAL_DIR CHECKPOINT_URI", file=sys.stderr)
-        return 2
-    from respawn.ckpt import upload_pending
-
-    steps = upload_pending(argv[0], argv[1])
-    log("INFO", "previous-life upload done", uploaded_steps=steps, checkpoint_uri=argv[1])
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

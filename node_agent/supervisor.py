@@ -19,13 +19,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from respawn import contract
 from respawn.logs import log
 
 RECORD = "trainer.json"
 EXIT_FILE = "trainer.exit"
 LOG_FILE = "trainer.log"
-STATUS_FILE = "status.json"
-CHECKPOINT_DIR = "checkpoints"
 TAIL_LINES = 50
 TAIL_BYTES = 4096
 
@@ -133,7 +132,7 @@ class TrainerProcess:
     @classmethod
     def start(cls, node_dir: str, argv: list[str], env: dict[str, str], *, job_id: str, attempt: int,
               started_at: str) -> TrainerProcess:
-        for stale in (EXIT_FILE, STATUS_FILE):
+        for stale in (EXIT_FILE, contract.STATUS_FILE):
             try:
                 os.unlink(os.path.join(node_dir, stale))  # the previous run's outcome must not read as this one's
             except FileNotFoundError:

@@ -25,9 +25,7 @@ out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 ProjectOpt = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", help="Google Cloud project (default: ADC's)")
-SweepTopicOpt = typer.Option("respawn-sweep", "--sweep-topic", help="Pub/Sub topic the controller's sweep listens on")
-# With the emulator any project id works; this one is the demo's.
-EMULATOR_PROJECT = "respawn-local"
+SweepTopicOpt = typer.Option(deployment.SWEEP_TOPIC, "--sweep-topic", help="Pub/Sub topic the controller's sweep listens on")
 
 
 class CliError(Exception):
@@ -38,21 +36,18 @@ class CliError(Exception):
         self.code = code
 
 
-def _db(project: str | None):
-    from google.auth.exceptions import DefaultCredentialsError
-    from google.cloud import firestore
+def _store(project: str | None):
+    """The job store (imported here: `respawn --help` and `jobs validate` load no Google client)."""
+    from respawn.control.adapters.firestore_store import Store, StoreError
 
-    if os.environ.get("FIRESTORE_EMULATOR_HOST"):
-        return firestore.Client(project=project or EMULATOR_PROJECT)
     try:
-        return firestore.Client(project=project)
-    except DefaultCredentialsError:
-        raise CliError(
-            "no Google Cloud credentials: run `gcloud auth application-default login`, "
-            "or set FIRESTORE_EMULATOR_HOST for a local emulator"
-        ) from None
-    except OSError as exc:  # e.g. no project could be determined
-        raise CliError(f"cannot reach Firestore: {exc}; pass --project") from None
+        return Store.open(project)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _no_such_job(job_id: str) -> CliError:
+    return CliError(f"no job {job_id!r}; `respawn jobs list` shows the registered jobs")
 
 
 def _load_spec_file(path: Path) -> schema.JobSpec:
@@ -76,13 +71,6 @@ def _fmt_time(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _get_job(db, job_id: str) -> dict[str, Any]:
-    snap = db.collection(schema.JOBS).document(job_id).get()
-    if not snap.exists:
-        raise CliError(f"no job {job_id!r}; `respawn jobs list` shows the registered jobs")
-    return snap.to_dict()
-
-
 def run_reporting_errors(fn, *args) -> None:
     try:
         fn(*args)
@@ -90,9 +78,12 @@ def run_reporting_errors(fn, *args) -> None:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(exc.code) from None
     except Exception as exc:  # a cloud error: name it, without a traceback
-        from google.api_core import exceptions as gexc
+        from respawn.control.adapters.firestore_store import NoSuchJob, Store
 
-        if isinstance(exc, gexc.GoogleAPIError):
+        if isinstance(exc, NoSuchJob):
+            err.print(f"[red]error:[/red] {_no_such_job(str(exc))}", highlight=False)
+            raise typer.Exit(1) from None
+        if Store.is_api_error(exc):
             err.print(f"[red]error:[/red] Firestore call failed: {exc}", highlight=False)
             raise typer.Exit(1) from None
         raise
@@ -107,10 +98,10 @@ def register(
 
     def go() -> None:
         spec = _load_spec_file(file)
-        from respawn.jobs import JobExists, register as write_job
+        from respawn.control.adapters.firestore_store import JobExists
 
         try:
-            write_job(_db(project), spec, source=str(file))
+            _store(project).register(spec.id, spec.to_doc(), source=str(file))
         except JobExists:
             raise CliError(f"job {spec.id!r} already exists; pick another id (a finished job keeps its record)") from None
         out.print(f"registered [bold]{spec.id}[/bold]: {spec.accelerator.kind} {spec.provisioning} over {', '.join(spec.zones)}")
@@ -126,12 +117,7 @@ def list_jobs(
     """A table of jobs: id, state, zone, node, restarts, last committed step, updated."""
 
     def go() -> None:
-        db = _db(project)
-        rows = []
-        for snap in db.collection(schema.JOBS).stream():
-            doc = snap.to_dict() or {}
-            status = schema.JobStatus.model_validate(doc.get("status") or {})
-            rows.append((snap.id, status))
+        rows = _store(project).job_statuses()
         if as_json:
             for job_id, status in rows:
                 print(json.dumps({"id": job_id, **status.model_dump(mode="json")}))
@@ -155,7 +141,7 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
     """The job's spec and status."""
 
     def go() -> None:
-        doc = _get_job(_db(project), job_id)
+        doc = _store(project).job_document(job_id)
         status = schema.JobStatus.model_validate(doc.get("status") or {})
         body = {
             "id": job_id,
@@ -174,12 +160,8 @@ def events(job_id: str, project: Optional[str] = ProjectOpt, limit: int = typer.
     """The job's lifecycle transitions, oldest first."""
 
     def go() -> None:
-        db = _db(project)
-        _get_job(db, job_id)
-        query = db.collection(schema.JOBS).document(job_id).collection(schema.EVENTS).order_by("at").limit_to_last(limit)
         table = Table("at", "from", "to", "cause", "details")
-        for snap in query.get():
-            ev = schema.JobEvent.model_validate(snap.to_dict())
+        for ev in _store(project).job_events(job_id, limit):
             table.add_row(
                 _fmt_time(ev.at), ev.from_state.value if ev.from_state else "-", ev.to_state.value, ev.cause,
                 json.dumps(ev.details, default=str) if ev.details else "",
@@ -194,25 +176,14 @@ def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = 
     """Ask the controller to delete the job's node and mark it CANCELLED."""
 
     def go() -> None:
-        from google.cloud import firestore
+        from respawn.control.adapters.firestore_store import JobFinished
 
-        db = _db(project)
-        ref = db.collection(schema.JOBS).document(job_id)
-
-        @firestore.transactional
-        def request(txn) -> schema.State:
-            snap = ref.get(transaction=txn)
-            if not snap.exists:
-                raise CliError(f"no job {job_id!r}; `respawn jobs list` shows the registered jobs")
-            state = schema.JobStatus.model_validate((snap.to_dict() or {}).get("status") or {}).state
-            if state.terminal:
-                raise CliError(f"job {job_id!r} is already {state.value}; nothing to cancel")
-            txn.update(ref, {"cancel_requested": True})
-            return state
-
-        state = request(db.transaction())
-        ref.collection(schema.EVENTS).add(schema.JobEvent.new(state, state, "cancel requested").model_dump())
-        woke = _wake_controller(db.project, sweep_topic, job_id)
+        store = _store(project)
+        try:
+            state = store.request_cancel(job_id)
+        except JobFinished as exc:
+            raise CliError(f"job {job_id!r} is already {exc.state.value}; nothing to cancel") from None
+        woke = _wake_controller(store.project, sweep_topic, job_id)
         out.print(
             f"cancel requested for [bold]{job_id}[/bold] (was {state.value}); "
             + ("the controller is deleting its node" if woke else "the next scheduled sweep deletes its node")
@@ -338,7 +309,7 @@ def demo(ctx: typer.Context) -> None:
     checkout = deployment.source_root()
     if not (checkout / "sim" / "demo" / "__main__.py").is_file():
         err.print("respawn demo runs from a source checkout of Respawn (its local stand-ins for Google Cloud are not "
-                  "installed): in the checkout, run `pip install -e '.[dev]' && respawn demo`", highlight=False)
+                  "installed): in the checkout, run `pip install -e '.[dev]' && respawn demo`", markup=False, highlight=False)
         raise typer.Exit(2)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
     sys.stdout.flush()

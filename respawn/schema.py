@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from respawn.contract import LABEL_ATTEMPT, LABEL_JOB
+
 JOBS = "jobs"
 EVENTS = "events"
 NODES = "nodes"
@@ -39,7 +41,7 @@ _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9-]*$")
 _IMAGE = re.compile(r"^(projects/[a-z][a-z0-9-]*/global/images/(family/)?[a-z][a-z0-9-]*|[a-z][a-z0-9-]*)$")
 # Labels Respawn sets on every node itself; a user label may not take these keys.
-RESERVED_LABELS = ("respawn-job", "respawn-attempt")
+RESERVED_LABELS = (LABEL_JOB, LABEL_ATTEMPT)
 MAX_USER_LABELS = 64 - len(RESERVED_LABELS)
 
 

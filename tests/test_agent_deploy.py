@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from respawn.agent.agent import DETACH_EXIT_CODE, FINAL_WRITE_GRACE_S
-from respawn.agent.config import DEFAULT_NOTICE_BUDGET_SECONDS
-from respawn.agent.main import CONFIG_ERROR_EXIT_CODE
+from respawn.agent.agent import FINAL_WRITE_GRACE_S
+from respawn.contract import DEFAULT_NOTICE_BUDGET_SECONDS, EXIT_AGENT_DETACH, EXIT_CONFIG_ERROR
 from sim.metadata import MetadataServer
 from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401
 
@@ -44,8 +43,8 @@ def test_unit_has_what_the_agent_relies_on():
     assert u["Service.KillMode"] == ["process"] and u["Service.KillSignal"] == ["SIGTERM"]
     assert int(u["Service.TimeoutStopSec"][0]) > DEFAULT_NOTICE_BUDGET_SECONDS + FINAL_WRITE_GRACE_S
     assert u["Service.Restart"] == ["on-failure"]
-    assert u["Service.RestartPreventExitStatus"] == [str(CONFIG_ERROR_EXIT_CODE)]
-    assert DETACH_EXIT_CODE != 0  # SIGHUP's exit must count as a failure so that systemd restarts the agent
+    assert u["Service.RestartPreventExitStatus"] == [str(EXIT_CONFIG_ERROR)]
+    assert EXIT_AGENT_DETACH != 0  # SIGHUP's exit must count as a failure so that systemd restarts the agent
     assert "network-online.target" in u["Unit.After"][0]
     assert u["Install.WantedBy"] == ["multi-user.target"]
 

@@ -8,12 +8,13 @@ from datetime import datetime, timezone
 
 import pytest
 
-from respawn.agent.config import ATTR_ATTEMPT, ATTR_SETTINGS, ConfigError, parse_attempt, parse_settings, zone_from_metadata
+from respawn.agent.config import ConfigError, parse_attempt, parse_settings, zone_from_metadata
 from respawn.agent.firestore_rest import encode_value
-from respawn.agent.heartbeat import compose_heartbeat, read_status
+from respawn.agent.heartbeat import compose_heartbeat
 from respawn.agent.metadata import metadata_host
 from respawn.agent.supervisor import log_tail, normalize_exit
 from respawn.agent.watcher import Backoff, is_preempted, is_terminating_maintenance, maintenance_watch, preempted_watch
+from respawn.contract import ATTR_ATTEMPT, ATTR_SETTINGS, read_status
 from respawn.schema import Heartbeat, NodeState
 
 GOOD = {"command": ["python", "train.py"], "checkpoint_uri": "gs://bucket/run"}
@@ -21,7 +22,7 @@ GOOD = {"command": ["python", "train.py"], "checkpoint_uri": "gs://bucket/run"}
 
 def test_settings_defaults_and_values():
     s = parse_settings(json.dumps({**GOOD, "env": {"A": "1"}, "heartbeat_seconds": 5, "future_key": True}))
-    assert s.command == ["python", "train.py"] and s.env == {"A": "1"}
+    assert s.command == ("python", "train.py") and s.env == {"A": "1"}
     assert s.heartbeat_seconds == 5 and s.notice_budget_seconds == 25 and s.metadata_wait_seconds == 60
 
 

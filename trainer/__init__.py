@@ -12,7 +12,7 @@ from .manager import (
     plan_retention,
     upload_pending,
 )
-from .status import read_status
+from respawn.contract import read_status
 
 __all__ = [
     "CheckpointManager",

@@ -15,21 +15,16 @@ import threading
 import time
 from typing import Any
 
+from respawn import contract
+
 from . import _log, format as fmt
 from .serialize import SnapshotBuffers, flatten
 from .status import StatusWriter
 from .storage import LocalStore, open_store
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on a preemption notice, training not finished; restart me.
-DEFAULT_NOTICE_BUDGET_S = 25.0
+PREEMPTED_EXIT_CODE = contract.EXIT_PREEMPTED  # stopped on a preemption notice, training not finished; restart me
+DEFAULT_NOTICE_BUDGET_S = contract.DEFAULT_NOTICE_BUDGET_SECONDS
 DEFAULT_KEEP = 3
-
-ENV_JOB_ID = "RESPAWN_JOB_ID"
-ENV_ATTEMPT = "RESPAWN_ATTEMPT"
-ENV_CHECKPOINT_URI = "RESPAWN_CHECKPOINT_URI"
-ENV_LOCAL_DIR = "RESPAWN_LOCAL_CHECKPOINT_DIR"
-ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"
-ENV_NOTICE_BUDGET = "RESPAWN_NOTICE_BUDGET_S"
 
 
 def plan_retention(steps: dict[int, bool], kinds: dict[int, str], keep: int, protect: set[int]) -> list[int]:
@@ -94,15 +89,15 @@ class CheckpointManager:
         """Configure from the RESPAWN_* variables the node agent sets; without them, checkpoints go to
         `default_dir` so that the same script runs by hand."""
         env = os.environ
-        uri = env.get(ENV_CHECKPOINT_URI) or None
-        local = env.get(ENV_LOCAL_DIR) or None
+        uri = env.get(contract.ENV_CHECKPOINT_URI) or None
+        local = env.get(contract.ENV_LOCAL_CHECKPOINT_DIR) or None
         if uri is None and local is None:
             local = os.path.abspath(default_dir)
-        budget = env.get(ENV_NOTICE_BUDGET)
-        attempt = env.get(ENV_ATTEMPT)
+        budget = env.get(contract.ENV_NOTICE_BUDGET)
+        attempt = env.get(contract.ENV_ATTEMPT)
         kwargs.setdefault("notice_budget_s", float(budget) if budget else None)
-        kwargs.setdefault("status_file", env.get(ENV_STATUS_FILE) or None)
-        kwargs.setdefault("job_id", env.get(ENV_JOB_ID) or None)
+        kwargs.setdefault("status_file", env.get(contract.ENV_STATUS_FILE) or None)
+        kwargs.setdefault("job_id", env.get(contract.ENV_JOB_ID) or None)
         kwargs.setdefault("attempt", int(attempt) if attempt and attempt.isdigit() else None)
         return cls(uri, local, **kwargs)
 
@@ -141,9 +136,6 @@ class CheckpointManager:
             _log.warning("preemption notice received; emergency checkpoint at this step boundary",
                          reason=self._notice_reason, step=self._step, budget_s=self.notice_budget_s)
         return self._notice_at is not None
-
-    def should_stop(self) -> bool:
-        return self.preemption_requested
 
     def deadline(self) -> float:
         """The emergency save's deadline (time.monotonic())."""

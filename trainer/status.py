@@ -1,15 +1,6 @@
-"""The progress file the node agent reads (path in RESPAWN_STATUS_FILE).
-
-A small JSON object, replaced atomically (temp file in the same directory + fsync + rename), written at most
-a few times per second for step updates and immediately on a commit or an emergency-save state change:
-
-    {"step": int,                       # steps completed so far in this process
-     "committed_step": int | null,      # newest committed checkpoint
-     "committed_kind": "periodic" | "emergency" | null,
-     "committed_durable": "local" | "remote" | null,   # remote = in RESPAWN_CHECKPOINT_URI's store
-     "emergency": {"state": "idle" | "saving" | "committed" | "abandoned" | "failed",
-                   "step": int | null, "reason": str | null},
-     "total_steps": int | null, "updated_at": float (unix time), "pid": int}
+"""Writes the progress file the node agent reads (path in contract.ENV_STATUS_FILE; schema and reader:
+respawn.contract.TrainerStatus and read_status), replaced atomically (temp file in the same directory + fsync +
+rename), at most a few times per second for step updates and immediately on a commit or an emergency-save change.
 """
 
 from __future__ import annotations
@@ -20,22 +11,7 @@ import os
 import threading
 import time
 
-EMERGENCY_STATES = ("idle", "saving", "committed", "abandoned", "failed")
-
-
-def read_status(path: str) -> dict | None:
-    """The last complete status object at `path`, or None if the file is missing, empty or not (yet) valid
-    JSON. Cheap: one small read, no locking (the writer replaces the file by rename)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(1 << 20)
-    except OSError:
-        return None
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
+from respawn.contract import idle_emergency, new_status
 
 
 class StatusWriter:
@@ -47,11 +23,7 @@ class StatusWriter:
         self._lock = threading.Lock()
         self._last_write = 0.0
         self._dirty = False
-        self.state = {
-            "step": 0, "committed_step": None, "committed_kind": None, "committed_durable": None,
-            "emergency": {"state": "idle", "step": None, "reason": None},
-            "total_steps": total_steps, "updated_at": time.time(), "pid": os.getpid(),
-        }
+        self.state = new_status(total_steps, os.getpid(), time.time())
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -61,7 +33,7 @@ class StatusWriter:
         with self._lock:
             self.state.update(fields)
             if emergency is not None:
-                self.state["emergency"] = {"state": "idle", "step": None, "reason": None, **emergency}
+                self.state["emergency"] = {**idle_emergency(), **emergency}
             self._dirty = True
             now = time.monotonic()
             if not force and now - self._last_write < self.min_interval_s:

@@ -14,6 +14,7 @@ from google.api_core import exceptions as gexc
 from google.api_core import extended_operation
 from google.cloud import compute_v1
 
+from respawn.contract import LABEL_JOB
 from respawn.control import nodespec
 from respawn.schema import JobSpec
 
@@ -58,7 +59,7 @@ class ComputeProvider:
     def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
         """(name, labels) of every instance in `zone` that carries the respawn-job label."""
         return [(i.name, dict(i.labels)) for i in self.clients.instances().list(project=self.project, zone=zone)
-                if nodespec.LABEL_JOB in i.labels]
+                if LABEL_JOB in i.labels]
 
     def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str):
         acc = spec.accelerator

@@ -11,6 +11,7 @@ import os
 from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 
+from respawn.contract import LABEL_JOB
 from respawn.control import nodespec
 from respawn.schema import JobSpec
 
@@ -39,7 +40,7 @@ class TpuProvider:
     def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
         """(name, labels) of every TPU node in `zone` that carries the respawn-job label."""
         nodes = self.clients.tpu().list_nodes(parent=f"projects/{self.project}/locations/{zone}")
-        return [(n.name.rsplit("/", 1)[-1], dict(n.labels)) for n in nodes if nodespec.LABEL_JOB in n.labels]
+        return [(n.name.rsplit("/", 1)[-1], dict(n.labels)) for n in nodes if LABEL_JOB in n.labels]
 
     def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str):
         acc = spec.accelerator

@@ -1,0 +1,159 @@
+"""The node contract: what the control plane, the node agent and the trainer library agree on, defined once.
+
+    control plane ── node metadata (ATTR_*, NodeSettings JSON) ──► node agent
+    node agent ── trainer environment (ENV_*) ──► trainer (respawn.ckpt)
+    trainer ── status file (TrainerStatus, read_status) and exit code (EXIT_*) ──► node agent
+
+Standard library only, and importable by the oldest Python a node image runs: all three sides import it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Optional, Tuple, TypedDict
+
+# ---- node metadata attributes (written by respawn.control.nodespec, read by respawn.agent.config) -------------
+
+ATTR_JOB_ID = "respawn-job-id"
+ATTR_ATTEMPT = "respawn-attempt"  # the node is named {job}-{attempt} (respawn.schema.node_name)
+ATTR_PROJECT = "respawn-project"  # the project that holds Firestore
+ATTR_SETTINGS = "respawn-settings"  # NodeSettings.to_json()
+ATTR_INSTALL = "respawn-install"  # what deploy/vm/startup.sh installs (the deployment's RESPAWN_INSTALL)
+ATTR_STARTUP = "startup-script"  # Compute Engine and Cloud TPU run this at every boot
+LABEL_JOB = "respawn-job"
+LABEL_ATTEMPT = "respawn-attempt"
+
+# ---- the trainer's environment (set by the agent, read by respawn.ckpt) ----------------------------------------
+
+ENV_JOB_ID = "RESPAWN_JOB_ID"
+ENV_ATTEMPT = "RESPAWN_ATTEMPT"
+ENV_CHECKPOINT_URI = "RESPAWN_CHECKPOINT_URI"  # where checkpoints must end up: gs://… or file:///…
+ENV_LOCAL_CHECKPOINT_DIR = "RESPAWN_LOCAL_CHECKPOINT_DIR"  # the node's own disk, written first
+ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # where the trainer writes TrainerStatus
+ENV_NOTICE_BUDGET = "RESPAWN_NOTICE_BUDGET_S"  # seconds from the notice to the emergency save's deadline
+
+# ---- exit codes --------------------------------------------------------------------------------------------
+
+# EX_TEMPFAIL for both: "not finished, run me again".
+EXIT_PREEMPTED = 75  # the trainer stopped on a notice after its emergency save
+EXIT_AGENT_DETACH = 75  # the agent after SIGHUP: systemd (Restart=on-failure) starts a new agent, which adopts the trainer
+EXIT_CONFIG_ERROR = 2  # the agent cannot read its configuration (metadata attributes, node directory)
+
+# ---- files in the node directory (the agent's RESPAWN_NODE_DIR) ----------------------------------------------
+
+STATUS_FILE = "status.json"
+LOCAL_CHECKPOINT_DIR = "checkpoints"
+
+# ---- node settings -----------------------------------------------------------------------------------------
+
+DEFAULT_HEARTBEAT_SECONDS = 15.0
+DEFAULT_NOTICE_BUDGET_SECONDS = 25.0  # of a Spot VM's 30 s notice, leaving time for the final heartbeat
+DEFAULT_METADATA_WAIT_SECONDS = 60.0  # one hanging GET on the metadata server before it is re-issued
+CHECKPOINT_SCHEMES = ("gs://", "file:///")
+
+
+class SettingsError(ValueError):
+    """A NodeSettings value is invalid; the message names the key."""
+
+
+def _seconds(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SettingsError(f"{key} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a node runs and how: metadata attribute ATTR_SETTINGS. The writer (to_json) and the validator
+    (from_json, and construction) are this one class; unknown keys are ignored so an older agent accepts the
+    settings of a newer control plane."""
+
+    command: Tuple[str, ...]
+    checkpoint_uri: str
+    env: Dict[str, str] = field(default_factory=dict)
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+    notice_budget_seconds: float = DEFAULT_NOTICE_BUDGET_SECONDS
+    metadata_wait_seconds: float = DEFAULT_METADATA_WAIT_SECONDS
+
+    def __post_init__(self) -> None:
+        command = self.command
+        if isinstance(command, (str, bytes)) or not isinstance(command, (list, tuple)) or not command \
+                or not all(isinstance(a, str) and a for a in command):
+            raise SettingsError('command must be a non-empty argv list of strings, e.g. ["python", "train.py"]')
+        object.__setattr__(self, "command", tuple(command))
+        env = self.env if self.env is not None else {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise SettingsError("env must be an object of string values")
+        object.__setattr__(self, "env", dict(env))
+        uri = self.checkpoint_uri
+        if not isinstance(uri, str) or not uri.startswith(CHECKPOINT_SCHEMES):
+            raise SettingsError(f"checkpoint_uri must be gs://BUCKET/PREFIX or file:///PATH, got {uri!r}")
+        for key in ("heartbeat_seconds", "notice_budget_seconds", "metadata_wait_seconds"):
+            object.__setattr__(self, key, _seconds(key, getattr(self, key)))
+
+    def to_json(self) -> str:
+        body = asdict(self)
+        body["command"] = list(self.command)
+        return json.dumps(body, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "NodeSettings":
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise SettingsError(f"not valid JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise SettingsError(f"must be a JSON object, got {type(raw).__name__}")
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        for key in ("command", "checkpoint_uri"):
+            if key not in known:
+                raise SettingsError(f"{key} is missing")
+        return cls(**known)
+
+
+# ---- the status file (written by respawn.ckpt.status.StatusWriter, read by the agent) --------------------------
+
+EMERGENCY_STATES = ("idle", "saving", "committed", "abandoned", "failed")
+COMMITTED_KINDS = ("periodic", "emergency")
+DURABILITY = ("local", "remote")  # remote: in ENV_CHECKPOINT_URI's store
+
+
+class EmergencyStatus(TypedDict):
+    state: str  # one of EMERGENCY_STATES
+    step: Optional[int]
+    reason: Optional[str]
+
+
+class TrainerStatus(TypedDict):
+    """The status file: one JSON object, replaced atomically (temp file, fsync, rename)."""
+
+    step: int  # steps completed so far
+    committed_step: Optional[int]  # newest committed checkpoint
+    committed_kind: Optional[str]  # one of COMMITTED_KINDS
+    committed_durable: Optional[str]  # one of DURABILITY
+    emergency: EmergencyStatus
+    total_steps: Optional[int]
+    updated_at: float  # unix time
+    pid: int
+
+
+def idle_emergency() -> EmergencyStatus:
+    return {"state": "idle", "step": None, "reason": None}
+
+
+def new_status(total_steps: Optional[int], pid: int, now: float) -> TrainerStatus:
+    return {"step": 0, "committed_step": None, "committed_kind": None, "committed_durable": None,
+            "emergency": idle_emergency(), "total_steps": total_steps, "updated_at": now, "pid": pid}
+
+
+def read_status(path: str) -> Optional[Dict[str, Any]]:
+    """The last complete status object at `path`, or None if the file is missing, empty or not (yet) valid JSON.
+    One small read, no locking: the writer replaces the file by rename."""
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None

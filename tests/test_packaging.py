@@ -1,0 +1,127 @@
+"""What `pip install respawn` gets: only the respawn.* namespace, usable on its own, and the import rules of
+pyproject.toml (checked by .ci/lint-imports, which CI runs) actually failing on a violation."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEEL_PARTS = ("pyproject.toml", "README.md", "respawn", "functions", "node_agent", "trainer")
+NOT_INSTALLED = ("functions", "node_agent", "trainer", "sim", "bench", "deploy", "tests")
+
+
+def _copy_source(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for part in WHEEL_PARTS:
+        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy2)(
+            ROOT / part, dest / part, **({"ignore": shutil.ignore_patterns("__pycache__")} if (ROOT / part).is_dir() else {}))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("wheel")
+    src = _copy_source(base / "src")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(base / "dist"), str(src)],
+                   check=True, capture_output=True, timeout=300)
+    (found,) = (base / "dist").glob("respawn-*.whl")
+    return found
+
+
+def _expected_files() -> set[str]:
+    """Every module of the installable folders, under its import path (pyproject.toml package-dir)."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {"/".join([*package.split("."), *path.relative_to(ROOT / folder).parts])
+            for package, folder in mapping.items() for path in (ROOT / folder).rglob("*.py")
+            if "__pycache__" not in path.parts}
+
+
+def test_the_wheel_holds_the_respawn_namespace_and_nothing_else(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    outside = [n for n in names if not n.startswith(("respawn/", "respawn-"))]
+    assert not outside, f"the wheel ships files outside respawn/: {outside}"
+    assert {n for n in names if n.endswith(".py")} == _expected_files()
+    # The local stand-ins and benchmarks stay in the checkout.
+    assert not [n for n in names if n.split("/")[1:2] in (["sim"], ["bench"])]
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(wheel, tmp_path_factory) -> Path:
+    """A new virtual environment with the wheel installed (offline, without its dependencies), and this
+    environment's third-party packages visible through a .pth file — but not its editable respawn."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return venv
+
+
+def _run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_installed_wheel_imports_the_library_and_no_top_level_strays(fresh_venv, tmp_path):
+    code = ("import importlib.util, respawn.ckpt, respawn.contract, respawn.agent.agent, respawn.control.main\n"
+            "assert respawn.ckpt.__file__.endswith('site-packages/respawn/ckpt/__init__.py'), respawn.ckpt.__file__\n"
+            f"print([n for n in {NOT_INSTALLED!r} if importlib.util.find_spec(n)])\n")
+    p = _run(str(fresh_venv / "bin" / "python"), "-I", "-c", code, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]", f"importable outside a checkout: {p.stdout}"
+
+
+def test_respawn_demo_from_a_wheel_says_how_to_get_it(fresh_venv, tmp_path):
+    p = _run(str(fresh_venv / "bin" / "respawn"), "demo", cwd=tmp_path)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "source checkout" in p.stderr and "pip install -e '.[dev]'" in p.stderr
+
+
+# ------------------------------------------------------------------------------------------- import contracts
+
+LINT = ROOT / ".ci" / "lint-imports"
+VENV_BIN = {"VENV_BIN": str(Path(sys.executable).parent)}
+
+
+def _lint(source: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(LINT), str(source)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **VENV_BIN})
+
+
+def test_the_import_contracts_hold_and_a_violation_fails_them(tmp_path):
+    kept = _lint(ROOT)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "0 broken" in kept.stdout
+
+    src = _copy_source(tmp_path / "violating")
+    plant = {
+        "functions/decide.py": "from respawn.control.adapters import compute  # planted\n",
+        "node_agent/heartbeat.py": "import numpy  # planted\n",
+        "respawn/cli.py": "import sim.core  # planted\n",
+        "respawn/schema.py": "from google.cloud import firestore  # planted\n",
+    }
+    for rel, line in plant.items():
+        path = src / rel
+        text = path.read_text()
+        cut = text.index("\nfrom __future__ import annotations\n") + len("\nfrom __future__ import annotations\n")
+        path.write_text(text[:cut] + line + text[cut:])
+    broken = _lint(src)
+    assert broken.returncode != 0
+    for contract in ("the pure control core imports no Google client and no adapter",
+                     "the node agent imports neither the checkpoint library nor NumPy",
+                     "nothing installable imports the local stand-ins or the benchmarks",
+                     "google.* is imported only by the adapters and the checkpoint storage module"):
+        assert f"{contract} BROKEN" in broken.stdout, broken.stdout
+    assert "4 broken" in broken.stdout
