@@ -50,7 +50,7 @@ from google.cloud import pubsub_v1
 
 from respawn.control import clients
 from respawn.control.adapters.compute import ComputeProvider
-from respawn.control.adapters.firestore_store import Store
+from respawn.jobstore import JobStore
 from respawn import audit
 from respawn.schema import JOBS, node_name, parse_spec
 from sim import emulators
@@ -214,7 +214,7 @@ def start_respawn_jobs(cloud: Cloud, prefix: str, count: int, zones: list[str], 
     """Register `count` jobs and let on_job_created place each one (in zones[0], which has room)."""
     ids = [f"{prefix}-{i:03d}" for i in range(count)]
     for job_id in ids:
-        Store(cloud.db).register(job_id, parse_spec(spec_doc(job_id, zones)).to_doc(), source="bench")
+        JobStore(cloud.db).register(job_id, parse_spec(spec_doc(job_id, zones)).to_doc(), source="bench")
     capture = LogCapture()
     with captured_stdout(capture):
         codes = parallel(concurrency, ids, cloud.job_created, f"starting {prefix} jobs")

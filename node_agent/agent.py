@@ -212,7 +212,7 @@ class Agent:
         if code not in (0, contract.EXIT_PREEMPTED) and trainer is not None:
             self.output_tail = trainer.output_tail()
         self.state = NodeState.EXITED
-        status = read_status(self.status_path) or {}
+        status = contract.read_status(self.status_path) or {}
         preempting.join(max(0.0, deadline - time.monotonic()))
         written = self.heartbeater.write_until(self.snapshot, deadline + FINAL_WRITE_GRACE_S, what="final")
         self._stop_forwarding()
@@ -228,7 +228,7 @@ class Agent:
             ended, code = self.trainer.poll()
             if ended:
                 return code
-            emergency = (read_status(self.status_path) or {}).get("emergency")
+            emergency = (contract.read_status(self.status_path) or {}).get("emergency")
             state = emergency.get("state") if isinstance(emergency, dict) else None
             if state != seen and state not in (None, "idle"):
                 log("INFO", "emergency checkpoint", state=state, step=emergency.get("step"),

@@ -38,10 +38,10 @@ class CliError(Exception):
 
 def _store(project: str | None):
     """The job store (imported here: `respawn --help` and `jobs validate` load no Google client)."""
-    from respawn.control.adapters.firestore_store import Store, StoreError
+    from respawn.jobstore import JobStore, StoreError
 
     try:
-        return Store.open(project)
+        return JobStore.open(project)
     except StoreError as exc:
         raise CliError(str(exc)) from None
 
@@ -78,12 +78,12 @@ def run_reporting_errors(fn, *args) -> None:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(exc.code) from None
     except Exception as exc:  # a cloud error: name it, without a traceback
-        from respawn.control.adapters.firestore_store import NoSuchJob, Store
+        from respawn.jobstore import NoSuchJob, is_api_error
 
         if isinstance(exc, NoSuchJob):
             err.print(f"[red]error:[/red] {_no_such_job(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
-        if Store.is_api_error(exc):
+        if is_api_error(exc):
             err.print(f"[red]error:[/red] Firestore call failed: {exc}", highlight=False)
             raise typer.Exit(1) from None
         raise
@@ -98,7 +98,7 @@ def register(
 
     def go() -> None:
         spec = _load_spec_file(file)
-        from respawn.control.adapters.firestore_store import JobExists
+        from respawn.jobstore import JobExists
 
         try:
             _store(project).register(spec.id, spec.to_doc(), source=str(file))
@@ -176,7 +176,7 @@ def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = 
     """Ask the controller to delete the job's node and mark it CANCELLED."""
 
     def go() -> None:
-        from respawn.control.adapters.firestore_store import JobFinished
+        from respawn.jobstore import JobFinished
 
         store = _store(project)
         try:
@@ -194,16 +194,12 @@ def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = 
 
 def _wake_controller(project: str, topic: str, job_id: str) -> bool:
     """Nudge the controller's sweep for one job; without it the scheduled sweep acts within its period."""
+    from respawn.jobstore import nudge_sweep
+
     try:
-        from google.cloud import pubsub_v1
-    except ImportError:
-        return False
-    try:
-        publisher = pubsub_v1.PublisherClient()
-        data = json.dumps({"task": "sweep", "job_id": job_id}).encode()
-        publisher.publish(publisher.topic_path(project, topic), data).result(timeout=10)
+        nudge_sweep(project, topic, job_id)
         return True
-    except Exception as exc:  # the cancel itself is recorded; only the nudge failed
+    except Exception as exc:  # noqa: BLE001 - the cancel itself is recorded; only the nudge failed
         err.print(f"[yellow]note:[/yellow] could not publish to topic {topic!r} ({exc.__class__.__name__})", highlight=False)
         return False
 

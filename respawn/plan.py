@@ -1,7 +1,8 @@
 """Goodput and cost planner: Monte Carlo runs of one training job under random preemptions, for three strategies.
 
-- `seeds`: what the project's seed scripts do. A 60 s polling loop notices the node is gone, waits, and recreates
-  it in the same zone (so a stocked-out zone is waited out); periodic synchronous checkpoints only.
+- `poll-and-restart`: what a cron or monitor script does (the project's seed scripts). A 60 s polling loop notices
+  the node is gone, waits, and recreates it in the same zone (so a stocked-out zone is waited out); periodic
+  synchronous checkpoints only.
 - `polling`: a polling controller that relaunches elsewhere without using the notice (SkyPilot managed jobs: a
   15 s status poll, a whole new cluster, failover across zones); periodic synchronous checkpoints only.
 - `respawn`: the audit event reaches a function within the sink delay; the node is recreated in the next usable
@@ -18,7 +19,7 @@ import random
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-STRATEGIES = ("seeds", "polling", "respawn")
+STRATEGIES = ("poll-and-restart", "polling", "respawn")
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ class PlanInputs:
     function_s: float = 2.0  # reconcile: observe, decide, record, create call
     boot_s: float = 90.0  # VM create call → trainer running (GPU VM; a TPU VM takes longer)
     setup_s: float = 60.0  # extra relaunch setup of a whole new cluster (polling controller)
-    seeds_poll_s: float = 60.0  # the seeds' polling loop period
-    seeds_wait_s: float = 60.0  # the seeds' function sleeps this long before recreating
+    restart_poll_s: float = 60.0  # the polling loop period of a poll-and-restart script
+    restart_wait_s: float = 60.0  # such a script sleeps this long before recreating (the seeds: 60 s)
     polling_poll_s: float = 15.0  # SkyPilot's job-status poll
     stockout_probability: float = 0.3  # chance that the preempting zone has no capacity afterwards
     stockout_minutes: float = 30.0  # mean length of such a stockout
@@ -54,7 +55,7 @@ class PlanInputs:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("state_gb", "stall_ratio", "notice_budget_s", "sink_delay_s", "function_s", "boot_s",
-                        "setup_s", "seeds_poll_s", "seeds_wait_s", "polling_poll_s", "stockout_minutes",
+                        "setup_s", "restart_poll_s", "restart_wait_s", "polling_poll_s", "stockout_minutes",
                         "spot_price", "on_demand_price")
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -115,11 +116,11 @@ def _recovery_s(strategy: str, p: PlanInputs, rng: random.Random, stocked_out: b
     """Seconds from the preemption until the replacement is training again (restore included)."""
     restore = p.state_gb / p.read_gbps
     stockout = rng.expovariate(1 / (p.stockout_minutes * 60)) if stocked_out else 0.0
-    if strategy == "seeds":
-        detect = rng.uniform(0, p.seeds_poll_s)
+    if strategy == "poll-and-restart":
+        detect = rng.uniform(0, p.restart_poll_s)
         # Same zone only: the recreate keeps failing until the stockout ends, retried every poll.
-        wait_capacity = math.ceil(stockout / p.seeds_poll_s) * p.seeds_poll_s if stockout else 0.0
-        return 30 + detect + p.seeds_wait_s + wait_capacity + p.boot_s + restore
+        wait_capacity = math.ceil(stockout / p.restart_poll_s) * p.restart_poll_s if stockout else 0.0
+        return 30 + detect + p.restart_wait_s + wait_capacity + p.boot_s + restore
     if strategy == "polling":
         detect = rng.uniform(0, p.polling_poll_s)
         # Fails over to another zone, after one failed launch in the stocked-out zone.

@@ -1,6 +1,7 @@
 """A stand-in guest program for checking the sim's node lifecycle (tests, and `python -m sim serve` smoke runs).
 
-Run as a node's boot command: `python -m sim.probe_guest [--ignore-sigterm]`. In its cwd (the node's disk) it
+Run as a node's boot command: `python PATH/TO/sim/probe_guest.py [--ignore-sigterm]` (by path: a node's cwd is its
+disk, where the checkout's sim package is not importable). In its cwd (the node's disk) it
 - appends one line per boot to `boots.log`,
 - writes `boot-<n>.json`: its pid, a child's pid (the child runs in a session of its own, as the agent's trainer
   does, to show that a power-off ends every process of the guest), RESPAWN_BOOT_ID, GCE_METADATA_HOST,

@@ -23,7 +23,7 @@ def test_without_preemptions_only_checkpoints_cost_goodput():
         assert s.preemptions == 0 and s.redone_hours == 0 and s.downtime_hours == 0
         assert s.goodput == pytest.approx(12.0 / s.wall_hours)
     # Async periodic saves block the loop for a fraction of a synchronous save.
-    assert r["respawn"].checkpoint_hours == pytest.approx(r["seeds"].checkpoint_hours * 0.05, rel=1e-6)
+    assert r["respawn"].checkpoint_hours == pytest.approx(r["poll-and-restart"].checkpoint_hours * 0.05, rel=1e-6)
 
 
 def test_emergency_checkpoint_that_fits_loses_no_work():
@@ -32,8 +32,8 @@ def test_emergency_checkpoint_that_fits_loses_no_work():
     r = by_name(plan(inputs))
     assert r["respawn"].preemptions > 0
     assert r["respawn"].emergency_saved == 1.0 and r["respawn"].redone_hours == 0
-    assert r["seeds"].redone_hours > 0 and r["polling"].redone_hours > 0
-    assert r["respawn"].goodput > r["polling"].goodput > r["seeds"].goodput
+    assert r["poll-and-restart"].redone_hours > 0 and r["polling"].redone_hours > 0
+    assert r["respawn"].goodput > r["polling"].goodput > r["poll-and-restart"].goodput
 
 
 def test_state_too_large_for_the_notice_falls_back_to_periodic_checkpoints():
@@ -46,7 +46,7 @@ def test_same_zone_recreate_waits_out_stockouts():
     r = by_name(plan(PlanInputs(stockout_probability=1.0, stockout_minutes=60, **FAST)))
     no_stockout = by_name(plan(PlanInputs(stockout_probability=0.0, **FAST)))
     per_preemption = {k: v.downtime_hours / v.preemptions for k, v in r.items()}
-    assert per_preemption["seeds"] > 0.5  # about the hour-long stockout, every time
+    assert per_preemption["poll-and-restart"] > 0.5  # about the hour-long stockout, every time
     assert per_preemption["respawn"] < 0.1  # moves to the next zone in the list
     assert r["respawn"].downtime_hours / r["respawn"].preemptions == pytest.approx(
         no_stockout["respawn"].downtime_hours / no_stockout["respawn"].preemptions, rel=0.05
@@ -91,10 +91,10 @@ def test_plan_command_prints_json_and_writes_a_chart(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout.strip().splitlines()[-1])
-    assert set(body["strategies"]) == {"seeds", "polling", "respawn"}
+    assert set(body["strategies"]) == {"poll-and-restart", "polling", "respawn"}
     assert body["inputs"]["state_gb"] == 3.0
     svg = chart.read_text()
-    assert svg.startswith("<svg") and all(name in svg for name in ("seeds", "polling", "respawn"))
+    assert svg.startswith("<svg") and all(name in svg for name in ("poll-and-restart", "polling", "respawn"))
 
 
 def test_plan_command_rejects_unknown_settings():

@@ -17,7 +17,7 @@ from sim.nodes import group_alive
 from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory, tpu_client  # noqa: F401
 from test_sim_compute import ZONE, spot_instance
 
-GUEST = [sys.executable, "-m", "sim.probe_guest"]
+GUEST = [sys.executable, str(Path(__file__).resolve().parent.parent / "sim" / "probe_guest.py")]
 STUBBORN = GUEST + ["--ignore-sigterm"]
 TPU_ZONE = "europe-west4-a"
 H = {"Metadata-Flavor": "Google"}

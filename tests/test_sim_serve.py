@@ -52,7 +52,7 @@ def served(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "sim", "serve", "--host", "127.0.0.1", "--port", "0", "--project", PROJECT,
          "--notice-seconds", "0.5", "--op-delay", "0.02", "--nodes-root", str(tmp_path / "nodes"),
-         "--boot-command", f"{sys.executable} -m sim.probe_guest --ignore-sigterm"],
+         "--boot-command", f"{sys.executable} {Path(__file__).resolve().parent.parent / 'sim' / 'probe_guest.py'} --ignore-sigterm"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     line = proc.stdout.readline()
     assert "serving project" in line, line + proc.stdout.read()

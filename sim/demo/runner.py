@@ -260,7 +260,7 @@ class DemoRun:
         from google.cloud import firestore
         from google.cloud.firestore_v1.base_query import FieldFilter
 
-        from respawn.control.adapters.firestore_store import Store
+        from respawn.jobstore import JobStore
 
         sc = self.sc
         self._emulators()
@@ -280,7 +280,7 @@ class DemoRun:
         self.say(f"registering job {job_id} (a Firestore document, as `respawn jobs register` writes it)")
         sim_t0 = self.sim.now()
         t0 = time.monotonic()
-        Store(db).register(job_id, spec, source=f"scenario {sc.name}")
+        JobStore(db).register(job_id, spec, source=f"scenario {sc.name}")
 
         progress = Progress(scenario=sc.name, job_id=job_id, total_steps=sc.trainer.steps)
         samples: list[HeartbeatSample] = []

@@ -1,0 +1,128 @@
+"""What users do to jobs in Firestore (layout: respawn/schema.py), with their own credentials: register, list,
+describe, events, cancel (and the cancel's nudge to the controller's sweep topic). The `respawn` CLI and the demo use it; it is the CLI's adapter, as
+respawn.control.adapters.firestore_store is the controller's (each runs as its own identity, with its own IAM)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.auth.exceptions import DefaultCredentialsError
+from google.cloud import firestore
+
+from respawn.schema import EVENTS, JOBS, JobEvent, JobStatus, State
+
+# With the emulator any project id works; this one is the demo's.
+EMULATOR_PROJECT = "respawn-local"
+
+
+class StoreError(Exception):
+    """A failure the user can act on (no credentials, no project), said in one line."""
+
+
+class JobExists(Exception):
+    pass
+
+
+class NoSuchJob(Exception):
+    pass
+
+
+class JobFinished(Exception):
+    def __init__(self, state: State):
+        super().__init__(state.value)
+        self.state = state
+
+
+def is_api_error(exc: BaseException) -> bool:
+    """True for a refused or failed Firestore call (reported in one line, not as a traceback)."""
+    return isinstance(exc, gexc.GoogleAPIError)
+
+
+class JobStore:
+    def __init__(self, db: firestore.Client):
+        self.db = db
+
+    @classmethod
+    def open(cls, project: str | None) -> "JobStore":
+        """The store of `project` with Application Default Credentials, or the emulator's when
+        FIRESTORE_EMULATOR_HOST is set. Raises StoreError saying what to do."""
+        if os.environ.get("FIRESTORE_EMULATOR_HOST"):
+            return cls(firestore.Client(project=project or EMULATOR_PROJECT))
+        try:
+            return cls(firestore.Client(project=project))
+        except DefaultCredentialsError:
+            raise StoreError("no Google Cloud credentials: run `gcloud auth application-default login`, "
+                             "or set FIRESTORE_EMULATOR_HOST for a local emulator") from None
+        except OSError as exc:  # e.g. no project could be determined
+            raise StoreError(f"cannot reach Firestore: {exc}; pass --project") from None
+
+    @property
+    def project(self) -> str:
+        return self.db.project
+
+    def register(self, job_id: str, spec: dict[str, Any], source: str = "") -> None:
+        """Create jobs/{job_id} with `spec` as given (a spec that fails validation too, as a hand-written document
+        may: the controller then marks the job INVALID naming the field), a PENDING status and a first event.
+        Raises JobExists rather than overwrite."""
+        ref = self.db.collection(JOBS).document(job_id)
+        try:
+            ref.create({
+                "spec": spec,
+                "status": JobStatus(updated_at=datetime.now(timezone.utc)).model_dump(),
+                "cancel_requested": False,
+                "created_at": firestore.SERVER_TIMESTAMP,
+            })
+        except (gexc.AlreadyExists, gexc.Conflict):
+            raise JobExists(job_id) from None
+        details = {"source": source} if source else {}
+        ref.collection(EVENTS).add(JobEvent.new(None, State.PENDING, "registered", **details).model_dump())
+
+    def job_document(self, job_id: str) -> dict[str, Any]:
+        """Raises NoSuchJob."""
+        snap = self.db.collection(JOBS).document(job_id).get()
+        if not snap.exists:
+            raise NoSuchJob(job_id)
+        return snap.to_dict() or {}
+
+    def job_statuses(self) -> list[tuple[str, JobStatus]]:
+        return [(snap.id, JobStatus.model_validate((snap.to_dict() or {}).get("status") or {}))
+                for snap in self.db.collection(JOBS).stream()]
+
+    def job_events(self, job_id: str, limit: int) -> list[JobEvent]:
+        """The newest `limit` lifecycle events, oldest first. Raises NoSuchJob."""
+        self.job_document(job_id)
+        query = self.db.collection(JOBS).document(job_id).collection(EVENTS).order_by("at").limit_to_last(limit)
+        return [JobEvent.model_validate(snap.to_dict()) for snap in query.get()]
+
+    def request_cancel(self, job_id: str) -> State:
+        """Set cancel_requested (the controller deletes the node and marks the job CANCELLED) and record the
+        request as an event. Returns the state it was in; raises NoSuchJob or JobFinished."""
+        ref = self.db.collection(JOBS).document(job_id)
+
+        @firestore.transactional
+        def request(txn) -> State:
+            snap = ref.get(transaction=txn)
+            if not snap.exists:
+                raise NoSuchJob(job_id)
+            state = JobStatus.model_validate((snap.to_dict() or {}).get("status") or {}).state
+            if state.terminal:
+                raise JobFinished(state)
+            txn.update(ref, {"cancel_requested": True})
+            return state
+
+        state = request(self.db.transaction())
+        ref.collection(EVENTS).add(JobEvent.new(state, state, "cancel requested").model_dump())
+        return state
+
+
+def nudge_sweep(project: str, topic: str, job_id: str, timeout: float = 10.0) -> None:
+    """Publish {"task": "sweep", "job_id": …} to the sweep topic, so that the controller acts on the job now."""
+    from google.cloud import pubsub_v1
+
+    publisher = pubsub_v1.PublisherClient()
+    data = json.dumps({"task": "sweep", "job_id": job_id}).encode()
+    publisher.publish(publisher.topic_path(project, topic), data).result(timeout=timeout)
