@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 SYSTEM_EVENT_LOG_ID = "cloudaudit.googleapis.com/system_event"
 
-# Compute Engine system events after which a node no longer serves (see reference/gcp-facts.md §1).
+# Compute Engine system events after which a node no longer serves (see docs/gcp-facts.md §1).
 PREEMPTED = "compute.instances.preempted"
 HOST_ERROR = "compute.instances.hostError"
 GUEST_TERMINATE = "compute.instances.guestTerminate"

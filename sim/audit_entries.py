@@ -1,4 +1,4 @@
-"""LogEntry dicts in the shape Cloud Audit Logs writes them (reference/gcp-facts.md §1 and §2).
+"""LogEntry dicts in the shape Cloud Audit Logs writes them (docs/gcp-facts.md §1 and §2).
 
 System events (preemption, host error, TPU node terminate) go to the `cloudaudit.googleapis.com/system_event`
 log; user API calls (insert, delete, ...) go to `cloudaudit.googleapis.com/activity`, which the sink filter must

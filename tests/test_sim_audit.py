@@ -13,7 +13,7 @@ from sim.audit_router import AuditRouter
 from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory, tpu_client  # noqa: F401
 from test_sim_compute import ZONE, spot_instance
 
-# The example entry from reference/gcp-facts.md §1, with mock-project/mock-instance replaced by ours.
+# The example entry cited in docs/gcp-facts.md §1, with mock-project/mock-instance replaced by ours.
 EXAMPLE = {
     "protoPayload": {"@type": "type.googleapis.com/google.cloud.audit.AuditLog",
                      "status": {"message": "Instance was preempted."},
