@@ -77,8 +77,7 @@ def main(argv=None) -> int:
         os.remove(os.path.join(work, "sync.pt"))
 
         # A long budget: this measures throughput; the deadline path is covered by the tests.
-        mgr = CheckpointManager(local_dir=os.path.join(work, "ckpt"), keep=1, install_signal_handler=False,
-                                notice_budget_s=3600)
+        mgr = CheckpointManager(local_dir=os.path.join(work, "ckpt"), keep=1, notice_budget_s=3600)
         mgr.prepare_snapshot(state)  # what a trainer does after restore; allocation is off the loop
         mgr._prepare_thread.join()
         stalls, periodic_s = [], []
@@ -103,7 +102,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             outcome = mgr.emergency_save(1000 + r, state)
             emergency_s.append(time.perf_counter() - t0)
-            if outcome["state"] != "committed":
+            if not outcome.committed:
                 print(f"emergency save did not commit: {outcome}", file=sys.stderr)
                 return 1
             if r + 1 < args.repeats:
@@ -112,7 +111,7 @@ def main(argv=None) -> int:
         raw_mbps = size * len(raw_s) / sum(raw_s) / 1e6
         flush_mbps = size * len(emergency_s) / sum(emergency_s) / 1e6
         pair_ratios = [r / e for r, e in zip(raw_s, emergency_s)]
-        fresh = CheckpointManager(local_dir=os.path.join(work, "ckpt"), install_signal_handler=False)
+        fresh = CheckpointManager(local_dir=os.path.join(work, "ckpt"))
         t0 = time.perf_counter()
         step, restored = fresh.restore()
         restore_s = time.perf_counter() - t0

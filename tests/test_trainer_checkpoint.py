@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from respawn.ckpt import CheckpointManager, PREEMPTED_EXIT_CODE, plan_retention, read_status
+from respawn.ckpt import CheckpointManager, PREEMPTED_EXIT_CODE, SaveOutcome, SaveState, plan_retention, read_status
 from respawn.ckpt import format as fmt
 from respawn.ckpt.serialize import flatten
 
@@ -34,7 +34,6 @@ def assert_same(a: dict, b: dict) -> None:
 
 
 def manager(tmp_path, **kw) -> CheckpointManager:
-    kw.setdefault("install_signal_handler", False)
     kw.setdefault("shard_bytes", 256 << 10)  # several data files even for small states
     return CheckpointManager(local_dir=str(tmp_path / "ckpt"), status_file=str(tmp_path / "status.json"), **kw)
 
@@ -139,10 +138,11 @@ def test_emergency_deadline_already_passed_is_abandoned_cleanly(tmp_path):
     m.request_preemption("test", notice_at=time.monotonic() - 60)  # the budget ran out before the step boundary
     assert m.preemption_requested
     outcome = m.emergency_save(11, make_state(11))
-    assert outcome["state"] == "abandoned" and outcome["step"] == 11 and "deadline" in outcome["reason"]
+    assert outcome.state == SaveState.ABANDONED and outcome.step == 11 and "deadline" in outcome.reason
+    assert not outcome.committed and outcome.durable is None
     assert not step_dir(tmp_path, 11).exists(), "an abandoned save must not leave its directory behind"
     status = read_status(str(tmp_path / "status.json"))
-    assert status["emergency"] == {"state": "abandoned", "step": 11, "reason": outcome["reason"]}
+    assert status["emergency"] == {"state": "abandoned", "step": 11, "reason": outcome.reason}
     assert status["committed_step"] == 10
     step, restored = manager(tmp_path).restore()
     assert step == 10
@@ -175,12 +175,13 @@ def test_emergency_save_commits_and_reports(tmp_path):
     m.save(4, make_state(4), blocking=True)
     m.request_preemption("agent")
     outcome = m.emergency_save(6, make_state(6))
-    assert outcome["state"] == "committed" and outcome["step"] == 6 and outcome["durable"] == "remote"
+    assert outcome == SaveOutcome(SaveState.COMMITTED, 6, "remote", None, outcome.seconds, outcome.nbytes)
+    assert outcome.seconds > 0
     status = read_status(str(tmp_path / "status.json"))
     assert status["committed_step"] == 6 and status["committed_kind"] == "emergency"
     assert status["emergency"]["state"] == "committed" and status["emergency"]["step"] == 6
     manifest = json.loads((step_dir(tmp_path, 6) / fmt.MANIFEST).read_text())
-    assert manifest["kind"] == "emergency"
+    assert manifest["kind"] == "emergency" and manifest["total_bytes"] == outcome.nbytes
     assert manager(tmp_path).restore()[0] == 6
 
 
@@ -188,7 +189,7 @@ def test_emergency_at_already_committed_step_reuses_it(tmp_path):
     m = manager(tmp_path)
     m.save(5, make_state(5), blocking=True)
     outcome = m.emergency_save(5, make_state(5))
-    assert outcome["state"] == "committed" and outcome["step"] == 5
+    assert outcome.committed and outcome.step == 5 and outcome.nbytes is None  # nothing written again
 
 
 def test_plan_retention():
@@ -232,9 +233,9 @@ def test_import_trainer_without_torch_or_jax():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['jax'] = None\n"
             "import respawn.ckpt, respawn.ckpt.examples._common\n"
             "import numpy as np, tempfile\n"
-            "m = trainer.CheckpointManager(local_dir=tempfile.mkdtemp(), install_signal_handler=False)\n"
-            "m.save(1, {'a': np.arange(3)}, blocking=True); assert m.restore()[0] == 1\n"
-            "print(trainer.PREEMPTED_EXIT_CODE)")
+            "m = respawn.ckpt.CheckpointManager(local_dir=tempfile.mkdtemp())\n"
+            "assert m.save(1, {'a': np.arange(3)}, blocking=True).committed and m.restore()[0] == 1\n"
+            "print(respawn.ckpt.PREEMPTED_EXIT_CODE)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"importing trainer must not need torch or jax:\n{out.stderr}"
     assert out.stdout.strip() == str(PREEMPTED_EXIT_CODE)

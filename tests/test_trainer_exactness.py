@@ -3,7 +3,6 @@ run with the same seed (PyTorch and JAX examples, real processes)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from respawn.ckpt import CheckpointManager, read_status, upload_pending
+from respawn.ckpt import CheckpointManager, SaveState, read_status, upload_pending
 from respawn.ckpt import format as fmt
 from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401 - fixtures
 
@@ -18,7 +18,6 @@ def state(seed, mb=0.5):
 
 
 def mgr(tmp_path, local, uri, **kw):
-    kw.setdefault("install_signal_handler", False)
     kw.setdefault("shard_bytes", 128 << 10)  # many objects: exercises the parallel transfers
     return CheckpointManager(uri, str(tmp_path / local), status_file=str(tmp_path / f"{local}.status"), **kw)
 
@@ -62,7 +61,8 @@ def test_emergency_lands_locally_when_upload_fails_then_upload_pending(gcs, tmp_
     m = mgr(tmp_path, "node1", uri, notice_budget_s=20)
     m.request_preemption("test")
     outcome = m.emergency_save(7, state(7))
-    assert outcome["state"] == "committed" and outcome["durable"] == "local", outcome
+    assert outcome.state == SaveState.COMMITTED and outcome.durable == "local", outcome
+    assert outcome.reason.startswith("upload: "), outcome
     st = read_status(str(tmp_path / "node1.status"))
     assert st["committed_step"] == 7 and st["committed_durable"] == "local" and st["committed_kind"] == "emergency"
 
@@ -83,7 +83,7 @@ def test_emergency_save_uploads_within_budget(gcs, tmp_path):
     m.save(10, state(10), blocking=True)
     m.request_preemption("test")
     outcome = m.emergency_save(13, state(13))
-    assert outcome["state"] == "committed" and outcome["durable"] == "remote", outcome
+    assert outcome.committed and outcome.durable == "remote" and outcome.reason is None, outcome
     assert fmt.MARKER in remote_steps(gcs, f"{PREFIX}/d")[13]
 
 

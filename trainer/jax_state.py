@@ -28,8 +28,3 @@ def to_template(restored: Any, template: Any) -> Any:
         else:
             placed.append(new)
     return jax.tree_util.tree_unflatten(treedef, placed)
-
-
-def plain_tree(tree: Any) -> Any:
-    """Turn custom pytree nodes into nested lists so that any pytree can be saved (restore with to_template)."""
-    return jax.tree_util.tree_leaves(tree)

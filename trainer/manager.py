@@ -13,7 +13,9 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
+from typing import Any, Literal
 
 from respawn import contract
 
@@ -25,6 +27,32 @@ from .storage import LocalStore, open_store
 PREEMPTED_EXIT_CODE = contract.EXIT_PREEMPTED  # stopped on a preemption notice, training not finished; restart me
 DEFAULT_NOTICE_BUDGET_S = contract.DEFAULT_NOTICE_BUDGET_SECONDS
 DEFAULT_KEEP = 3
+
+
+class SaveState(StrEnum):
+    """How a save ended (the emergency one's is also the status file's `emergency.state`)."""
+
+    COMMITTED = "committed"
+    ABANDONED = "abandoned"  # stopped at the deadline or cancelled; its partial directory is removed
+    FAILED = "failed"  # an error (in `reason`); the previous committed checkpoint stays the newest
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    """The result of one save. durable: "remote" = committed in the checkpoint URI's store (also when that store
+    is the local directory itself), "local" = committed on the node's disk only (upload cut short or failed),
+    None = not committed."""
+
+    state: SaveState
+    step: int
+    durable: Literal["local", "remote"] | None = None
+    reason: str | None = None
+    seconds: float | None = None  # write + commit + upload (emergency: from the call, waiting included)
+    nbytes: int | None = None  # bytes written (the manifest's total_bytes); None when nothing was written
+
+    @property
+    def committed(self) -> bool:
+        return self.state is SaveState.COMMITTED
 
 
 def plan_retention(steps: dict[int, bool], kinds: dict[int, str], keep: int, protect: set[int]) -> list[int]:
@@ -44,11 +72,13 @@ class CheckpointManager:
     checkpoint_uri: where checkpoints must end up (gs://bucket/prefix, file:///abs/path or a path).
     local_dir: the node's own disk; every save is written and committed here first, then copied to
     checkpoint_uri (skipped when both are the same directory). Defaults to a temp dir for a gs:// URI.
+    install_signal_handler: install the SIGTERM handler now, for the rest of the process (TrainingLoop installs
+    it for the loop's duration instead; see also install_notice_handler()).
     """
 
     def __init__(self, checkpoint_uri: str | None = None, local_dir: str | None = None, *, keep: int = DEFAULT_KEEP,
                  notice_budget_s: float | None = None, status_file: str | None = None,
-                 total_steps: int | None = None, install_signal_handler: bool = True,
+                 total_steps: int | None = None, install_signal_handler: bool = False,
                  shard_bytes: int = fmt.DEFAULT_SHARD_BYTES, job_id: str | None = None,
                  attempt: int | None = None) -> None:
         if checkpoint_uri is None and local_dir is None:
@@ -103,14 +133,14 @@ class CheckpointManager:
 
     # ---- the notice -------------------------------------------------------------------------------------------
 
-    def install_notice_handler(self, signals=(signal.SIGTERM,)) -> bool:
-        """SIGTERM only sets a flag; the loop acts on it at the next step boundary. Main thread only."""
+    def install_notice_handler(self, signals=(signal.SIGTERM,)) -> dict | None:
+        """SIGTERM only sets a flag; the loop acts on it at the next step boundary. Main thread only. Returns the
+        previous handlers {signal: handler} (a None handler: one not installed from Python), or None when not in
+        the main thread (nothing installed: deliver the notice with request_preemption())."""
         if threading.current_thread() is not threading.main_thread():
             _log.warning("not in the main thread: SIGTERM handler not installed; call request_preemption()")
-            return False
-        for sig in signals:
-            signal.signal(sig, self._on_signal)
-        return True
+            return None
+        return {sig: signal.signal(sig, self._on_signal) for sig in signals}
 
     def _on_signal(self, signum, frame) -> None:
         # Async-signal context: record, nothing else (no logging, no I/O).
@@ -164,17 +194,19 @@ class CheckpointManager:
                                                 name="respawn-prepare", daemon=True)
         self._prepare_thread.start()
 
-    def save(self, step: int, state: Any, *, blocking: bool = False, kind: str = "periodic") -> None:
+    def save(self, step: int, state: Any, *, blocking: bool = False, kind: str = "periodic") -> SaveOutcome | None:
         """Periodic checkpoint. The caller blocks only for the in-memory snapshot (plus the previous save if it
         has not finished: snapshot buffers are reused); writing, committing, uploading and retention run on a
-        background thread. blocking=True waits for all of it (e.g. the final checkpoint)."""
+        background thread, and wait() returns the outcome. blocking=True waits for all of it (e.g. the final
+        checkpoint) and returns the outcome; otherwise save returns None."""
         if self._inflight is not None and self._inflight["thread"].is_alive():
             _log.warning("previous checkpoint still being written; waiting for it (checkpoint less often?)",
                          step=step, previous=self._inflight["step"])
         self.wait()
         self._step = max(self._step, step)
-        if self.local.steps().get(step):
-            return  # already committed (e.g. resumed exactly here)
+        if self.local.steps().get(step):  # already committed (e.g. resumed exactly here)
+            durable = "remote" if self.remote is None or step in self._remote_committed else "local"
+            return SaveOutcome(SaveState.COMMITTED, step, durable) if blocking else None
         if self._prepare_thread is not None:
             self._prepare_thread.join()
             self._prepare_thread = None
@@ -188,11 +220,11 @@ class CheckpointManager:
         job["thread"] = threading.Thread(target=run, name=f"respawn-save-{step}", daemon=True)
         self._inflight = job
         job["thread"].start()
-        if blocking:
-            self.wait()
+        return self.wait() if blocking else None
 
-    def wait(self, timeout: float | None = None) -> dict | None:
-        """Wait for the in-flight periodic save; returns its result."""
+    def wait(self, timeout: float | None = None) -> SaveOutcome | None:
+        """Wait for the in-flight periodic save; returns its outcome (None if there was none, or if it is still
+        running after `timeout`)."""
         job = self._inflight
         if job is None:
             return None
@@ -201,8 +233,8 @@ class CheckpointManager:
             self._inflight = None
         return job["result"]
 
-    def _write_and_ship(self, step, kind, payload, control, retention) -> dict:
-        """Commit locally, then copy to the remote store. Returns {"state", "step", "durable", "reason"}."""
+    def _write_and_ship(self, step, kind, payload, control, retention) -> SaveOutcome:
+        """Commit locally, then copy to the remote store."""
         durable_here = "remote" if self.remote is None else "local"
         started = time.monotonic()
         try:
@@ -212,48 +244,50 @@ class CheckpointManager:
         except fmt.Abandoned as exc:
             _log.warning("checkpoint abandoned; the previous committed checkpoint stays the newest",
                          step=step, kind=kind, reason=str(exc))
-            return {"state": "abandoned", "step": step, "durable": None, "reason": str(exc)}
+            return SaveOutcome(SaveState.ABANDONED, step, reason=str(exc))
         except Exception as exc:  # noqa: BLE001 - a failed save must not kill training; it is reported
             self.last_error = f"{type(exc).__name__}: {exc}"
             _log.error("checkpoint failed (if this is an OSError: check space and permissions of the local checkpoint dir)",
                        step=step, kind=kind, dir=self.local.root, error=self.last_error)
-            return {"state": "failed", "step": step, "durable": None, "reason": self.last_error}
+            return SaveOutcome(SaveState.FAILED, step, reason=self.last_error)
         self._kinds[(self.local.uri, step)] = kind
         local_s = time.monotonic() - started
         self._committed(step, kind, durable_here)
         _log.info("checkpoint committed", step=step, kind=kind, durable=durable_here, bytes=manifest["total_bytes"],
                   seconds=round(local_s, 3), dir=self.local.step_dir(step))
-        result = {"state": "committed", "step": step, "durable": durable_here, "reason": None,
-                  "bytes": manifest["total_bytes"], "local_seconds": local_s}
+        durable, reason = durable_here, None
         if self.remote is not None:
-            result.update(self._ship(step, kind, manifest, control))
+            durable, reason = self._ship(step, kind, manifest, control)
+        outcome = SaveOutcome(SaveState.COMMITTED, step, durable, reason, round(time.monotonic() - started, 3),
+                              manifest["total_bytes"])
         if retention:
             self.apply_retention(protect={step})
-        return result
+        return outcome
 
-    def _ship(self, step: int, kind: str, manifest: dict, control) -> dict:
+    def _ship(self, step: int, kind: str, manifest: dict, control) -> tuple[str, str | None]:
+        """Upload a locally committed step; returns (durable, reason)."""
         try:
             self.remote.put_step(self.local.step_dir(step), step, manifest, control)
         except fmt.Abandoned as exc:
             _log.warning("upload abandoned; the checkpoint is durable on local disk only "
-                         "(trainer.upload_pending uploads it after a restart in place)",
+                         "(respawn.ckpt.upload_pending uploads it after a restart in place)",
                          step=step, remote=self.remote.uri, reason=str(exc))
-            return {"durable": "local", "reason": f"upload: {exc}"}
+            return "local", f"upload: {exc}"
         except Exception as exc:  # noqa: BLE001 - a failed upload keeps the local copy; it is reported
             self.last_error = f"{type(exc).__name__}: {exc}"
             _log.error("upload failed; the checkpoint is durable on local disk only; check the bucket and "
-                       "credentials (trainer.upload_pending retries later)", step=step, remote=self.remote.uri,
+                       "credentials (respawn.ckpt.upload_pending retries later)", step=step, remote=self.remote.uri,
                        error=self.last_error)
-            return {"durable": "local", "reason": f"upload: {self.last_error}"}
+            return "local", f"upload: {self.last_error}"
         self._remote_committed.add(step)
         self._kinds[(self.remote.uri, step)] = kind
         self._committed(step, kind, "remote")
         _log.info("checkpoint uploaded", step=step, kind=kind, remote=self.remote.uri)
-        return {"durable": "remote"}
+        return "remote", None
 
-    def emergency_save(self, step: int, state: Any) -> dict:
-        """Save `state` as step `step` within the notice deadline. Returns and records the outcome:
-        {"state": "committed"|"abandoned"|"failed", "step", "durable": "local"|"remote"|None, "reason"}."""
+    def emergency_save(self, step: int, state: Any) -> SaveOutcome:
+        """Save `state` as step `step` within the notice deadline. Returns the outcome and records it in the
+        status file (`emergency`) and the log."""
         deadline = self.deadline()
         self._step = max(self._step, step)
         self.status.update(step=step, emergency={"state": "saving", "step": step})
@@ -268,37 +302,34 @@ class CheckpointManager:
                 job["cancel"].set()  # an older step: free the disk for this one
                 job["thread"].join(max(0.0, deadline - time.monotonic()))
         control = fmt.WriteControl(deadline=deadline)
-        if self.local.steps().get(step):
-            outcome = {"state": "committed", "step": step, "durable": "local", "reason": None}
-            if self.remote is None:
-                outcome["durable"] = "remote"
-            elif step in self._remote_committed:
-                outcome["durable"] = "remote"
+        if self.local.steps().get(step):  # committed already (the periodic save of this step, or a resume here)
+            if self.remote is None or step in self._remote_committed:
+                outcome = SaveOutcome(SaveState.COMMITTED, step, "remote")
             else:
                 try:
                     manifest = fmt.read_manifest(self.local.step_dir(step))
-                    outcome.update(self._ship(step, manifest["kind"], manifest, control))
+                    outcome = SaveOutcome(SaveState.COMMITTED, step,
+                                          *self._ship(step, manifest["kind"], manifest, control))
                 except fmt.CorruptCheckpoint as exc:
-                    outcome = {"state": "failed", "step": step, "durable": None, "reason": str(exc)}
+                    outcome = SaveOutcome(SaveState.FAILED, step, reason=str(exc))
         else:
             try:
                 payload = flatten(state, copy=False)
             except Exception as exc:  # noqa: BLE001 - reported in the outcome
                 payload = None
-                outcome = {"state": "failed", "step": step, "durable": None,
-                           "reason": f"cannot serialize state: {type(exc).__name__}: {exc}"}
+                outcome = SaveOutcome(SaveState.FAILED, step,
+                                      reason=f"cannot serialize state: {type(exc).__name__}: {exc}")
             if payload is not None:
                 outcome = self._write_and_ship(step, "emergency", payload, control, retention=False)
-        outcome["seconds"] = round(time.monotonic() - started, 3)
-        outcome = {k: outcome.get(k) for k in ("state", "step", "durable", "reason", "seconds")}
-        self.status.update(emergency={"state": outcome["state"], "step": step, "reason": outcome["reason"]})
-        log = _log.info if outcome["state"] == "committed" else _log.error
-        log("emergency checkpoint " + outcome["state"], **outcome,
+        outcome = replace(outcome, seconds=round(time.monotonic() - started, 3))
+        self.status.update(emergency={"state": outcome.state.value, "step": step, "reason": outcome.reason})
+        log = _log.info if outcome.committed else _log.error
+        log(f"emergency checkpoint {outcome.state.value}", **asdict(outcome),
             newest_committed=self.status.snapshot()["committed_step"])
         return outcome
 
     def exit_preempted(self) -> None:
-        """Leave the process after an emergency save: exit code PREEMPTED_EXIT_CODE (not 0: not finished)."""
+        """Leave the process after an emergency save: SystemExit(PREEMPTED_EXIT_CODE) (not 0: not finished)."""
         self.status.flush()
         sys.stdout.flush()
         sys.exit(PREEMPTED_EXIT_CODE)

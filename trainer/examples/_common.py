@@ -1,13 +1,15 @@
-"""Flags and the training-loop skeleton shared by the examples (framework-neutral)."""
+"""Flags and the printed lines shared by the examples (framework-neutral). The checkpoint protocol itself is
+respawn.ckpt.TrainingLoop's."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
-from respawn.ckpt import PREEMPTED_EXIT_CODE, CheckpointManager
+from respawn.ckpt import Preempted, TrainingLoop
 
 
 def parse_args(name: str, argv=None) -> argparse.Namespace:
@@ -30,34 +32,27 @@ def parse_args(name: str, argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_loop(args, mgr: CheckpointManager, start: int, train_step, get_state, log_name: str) -> int:
-    """Steps start..args.steps-1; checks the notice at every step boundary. Returns the process exit code."""
-    print(f"{log_name}: starting at step {start} of {args.steps}", flush=True)
+@contextmanager
+def progress(name: str, args: argparse.Namespace, loop: TrainingLoop) -> Iterator[Callable[[int, float], None]]:
+    """Prints `<name>: starting at step N of M`, a progress line every --log-every steps (through the function it
+    yields, called after each step with the step just run and its loss; it also sleeps --step-seconds), and
+    `<name>: preempted at step N; ...` or `<name>: done, final step M` (tests and the demo read these lines)."""
+    print(f"{name}: starting at step {loop.start} of {args.steps}", flush=True)
     t0 = time.monotonic()
-    step = start
-    while step < args.steps:
-        loss = train_step(step)
-        step += 1
-        mgr.report_step(step)
+
+    def report(step: int, loss: float) -> None:
+        done = step + 1
         if args.step_seconds > 0:
             time.sleep(args.step_seconds)
-        if mgr.preemption_requested:
-            outcome = mgr.emergency_save(step, get_state())
-            print(f"{log_name}: preempted at step {step}; emergency checkpoint {outcome['state']} "
-                  f"(durable={outcome['durable']}, reason={outcome['reason']}); exiting {PREEMPTED_EXIT_CODE}",
-                  flush=True)
-            mgr.exit_preempted()
-        if step % args.log_every == 0 or step == args.steps:
-            rate = (step - start) / max(time.monotonic() - t0, 1e-9)
-            print(f"{log_name}: step {step}/{args.steps} loss {loss:.6f} ({rate:.0f} steps/s)", flush=True)
-        if step % args.checkpoint_every == 0 and step < args.steps:
-            mgr.save(step, get_state())
-    mgr.save(args.steps, get_state(), blocking=True)
-    mgr.finish(args.steps)
-    print(f"{log_name}: done, final step {args.steps}", flush=True)
-    return 0
+        if done % args.log_every == 0 or done == args.steps:
+            rate = (done - loop.start) / max(time.monotonic() - t0, 1e-9)
+            print(f"{name}: step {done}/{args.steps} loss {loss:.6f} ({rate:.0f} steps/s)", flush=True)
 
-
-def exit_with(code: int) -> None:
-    sys.stdout.flush()
-    sys.exit(code)
+    try:
+        yield report
+    except Preempted as p:
+        o = p.outcome
+        print(f"{name}: preempted at step {o.step}; emergency checkpoint {o.state.value} (durable={o.durable}, "
+              f"reason={o.reason}); exiting {p.code}", flush=True)
+        raise
+    print(f"{name}: done, final step {args.steps}", flush=True)

@@ -1,5 +1,6 @@
 """A small JAX MLP regression trainer (hand-written Adam, dropout with a checkpointed PRNG key, NumPy-shuffled
-data) that resumes from the newest committed checkpoint and saves an emergency checkpoint on SIGTERM.
+data) that resumes from the newest committed checkpoint and saves an emergency checkpoint on SIGTERM
+(respawn.ckpt.TrainingLoop with an immutable state pytree).
 
     python -m respawn.ckpt.examples.jax_mlp --steps 300 --checkpoint-every 50 --state-mb 64
 """
@@ -7,8 +8,9 @@ data) that resumes from the newest committed checkpoint and saves an emergency c
 from __future__ import annotations
 
 import os
+import sys
 
-from respawn.ckpt.examples._common import exit_with, parse_args
+from respawn.ckpt.examples._common import parse_args, progress
 
 N, D_IN, HIDDEN, BATCH, LR = 4096, 32, 64, 64, 1e-3
 
@@ -21,7 +23,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from respawn.ckpt import CheckpointManager
+    from respawn.ckpt import CheckpointManager, TrainingLoop
 
     data_key = jax.random.PRNGKey(args.seed + 1000)
     kx, kt, kn = jax.random.split(data_key, 3)
@@ -58,43 +60,38 @@ def main(argv=None) -> int:
         return params, {"m": m, "v": v, "t": t}, key, loss
 
     params = init(jax.random.PRNGKey(args.seed))
-    rng = np.random.default_rng(args.seed + 1)
-    state = {
+    state = {  # immutable: each step makes a new one
         "params": params,
         "opt": {"m": jax.tree_util.tree_map(jnp.zeros_like, params),
                 "v": jax.tree_util.tree_map(jnp.zeros_like, params), "t": jnp.zeros((), jnp.int32)},
         "key": jax.random.key(args.seed + 2),
-        "data": {"epoch": 0, "pos": 0, "perm": rng.permutation(N), "rng": rng.bit_generator.state},
         # Ballast: checkpointed, never updated (an in-jit update would copy it every step).
         "ballast": jnp.zeros(max(1, int(args.state_mb * (1 << 20)) // 4), jnp.float32),
     }
+    shuffle = np.random.default_rng(args.seed + 1)
+    data = {"epoch": 0, "pos": 0, "perm": shuffle.permutation(N)}  # the data position (restored in place)
+
+    def train_step(state):
+        if data["pos"] + BATCH > N:  # new epoch: reshuffle from the checkpointed generator
+            data.update(epoch=data["epoch"] + 1, pos=0, perm=shuffle.permutation(N))
+        idx = data["perm"][data["pos"]:data["pos"] + BATCH]
+        data["pos"] += BATCH
+        params, opt, key, loss = update(state["params"], state["opt"], state["key"], x[idx], y[idx])
+        return {**state, "params": params, "opt": opt, "key": key}, float(loss)
 
     mgr = CheckpointManager.from_env(default_dir=args.checkpoint_dir, total_steps=args.steps, keep=args.keep)
-    start = 0
-    restored = mgr.restore()
-    if restored is not None:
-        start, state = restored
-        rng.bit_generator.state = state["data"]["rng"]
+    # loop.state is restored from the checkpoint (into `state`'s structure and shardings); data and shuffle in place.
+    with TrainingLoop(args.steps, every=args.checkpoint_every, manager=mgr, state=state, data=data,
+                      shuffle=shuffle) as loop, progress("jax_mlp", args, loop) as report:
+        for step in loop:
+            loop.state, loss = train_step(loop.state)
+            report(step, loss)
 
-    def train_step(step: int) -> float:
-        d = state["data"]
-        if d["pos"] + BATCH > N:
-            d.update(epoch=d["epoch"] + 1, pos=0, perm=rng.permutation(N))
-        idx = d["perm"][d["pos"]:d["pos"] + BATCH]
-        d["pos"] += BATCH
-        d["rng"] = rng.bit_generator.state
-        state["params"], state["opt"], state["key"], loss = update(state["params"], state["opt"], state["key"],
-                                                                    x[idx], y[idx])
-        return float(loss)
-
-    from respawn.ckpt.examples._common import run_loop
-
-    code = run_loop(args, mgr, start, train_step, lambda: state, "jax_mlp")
     if args.final_params:
-        flat = {f"{i}_{k}": np.asarray(v) for i, layer in enumerate(state["params"]) for k, v in layer.items()}
+        flat = {f"{i}_{k}": np.asarray(v) for i, layer in enumerate(loop.state["params"]) for k, v in layer.items()}
         np.savez(args.final_params, **flat)
-    return code
+    return 0
 
 
 if __name__ == "__main__":
-    exit_with(main())
+    sys.exit(main())

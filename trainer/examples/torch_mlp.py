@@ -1,17 +1,18 @@
 """A small PyTorch MLP regression trainer on locally generated data that resumes from the newest committed
-checkpoint and saves an emergency checkpoint on SIGTERM.
+checkpoint and saves an emergency checkpoint on SIGTERM (respawn.ckpt.TrainingLoop).
 
     python -m respawn.ckpt.examples.torch_mlp --steps 300 --checkpoint-every 50 --state-mb 64
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
-from respawn.ckpt import CheckpointManager
-from respawn.ckpt.examples._common import exit_with, parse_args, run_loop
-from respawn.ckpt.torch_state import load_torch_state, torch_state
+from respawn.ckpt import CheckpointManager, TrainingLoop
+from respawn.ckpt.examples._common import parse_args, progress
 
 N, D_IN, HIDDEN, BATCH = 4096, 32, 64, 64
 
@@ -41,18 +42,7 @@ def main(argv=None) -> int:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.9)
     shuffle = torch.Generator().manual_seed(args.seed + 1)
-    data = {"epoch": 0, "pos": 0, "perm": torch.randperm(N, generator=shuffle)}
-
-    mgr = CheckpointManager.from_env(default_dir=args.checkpoint_dir, total_steps=args.steps, keep=args.keep)
-    start = 0
-    restored = mgr.restore()
-    if restored is not None:
-        start, state = restored
-        load_torch_state(state, model, opt, sched, generators={"shuffle": shuffle})
-        data = state["data"]
-
-    def get_state():
-        return torch_state(model, opt, sched, data=data, generators={"shuffle": shuffle})
+    data = {"epoch": 0, "pos": 0, "perm": torch.randperm(N, generator=shuffle)}  # the data position
 
     def train_step(step: int) -> float:
         if data["pos"] + BATCH > N:  # new epoch: reshuffle from the checkpointed generator
@@ -67,14 +57,22 @@ def main(argv=None) -> int:
         sched.step()
         with torch.no_grad():
             model.ballast[step % model.ballast.numel()] += loss.detach()
-        return float(loss)
+        return loss.item()
 
-    code = run_loop(args, mgr, start, train_step, get_state, "torch_mlp")
+    mgr = CheckpointManager.from_env(default_dir=args.checkpoint_dir, total_steps=args.steps, keep=args.keep)
+    # Restores model, optimizer, scheduler, data position, generator and global RNGs in place; saves every
+    # --checkpoint-every steps; on SIGTERM saves at the step boundary and exits 75; final save after the last step.
+    with TrainingLoop(args.steps, every=args.checkpoint_every, manager=mgr, model=model, optimizer=opt,
+                      scheduler=sched, data=data, shuffle=shuffle) as loop, \
+            progress("torch_mlp", args, loop) as report:
+        for step in loop:
+            report(step, train_step(step))
+
     if args.final_params:
         arrays = {k: v.detach().numpy() for k, v in model.state_dict().items()}
         np.savez(args.final_params, **arrays)
-    return code
+    return 0
 
 
 if __name__ == "__main__":
-    exit_with(main())
+    sys.exit(main())
