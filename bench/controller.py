@@ -50,6 +50,7 @@ from google.cloud import pubsub_v1
 
 from respawn.control import clients
 from respawn.control.adapters.compute import ComputeProvider
+from respawn.control.settings import ControlSettings
 from respawn.jobstore import JobStore
 from respawn import audit
 from respawn.schema import JOBS, node_name, parse_spec
@@ -228,7 +229,9 @@ def start_respawn_jobs(cloud: Cloud, prefix: str, count: int, zones: list[str], 
 
 def start_seed_nodes(cloud: Cloud, prefix: str, count: int, zone: str, concurrency: int) -> list[str]:
     """The baseline's nodes: created directly (the seeds launch them by hand), named and labelled as Respawn's."""
-    provider = ComputeProvider(clients.default())
+    settings = ControlSettings.from_env()
+    provider = ComputeProvider(clients.default(settings), op_timeout=settings.compute_op_timeout_seconds,
+                               nodes=settings.nodes)
     ids = [f"{prefix}-{i:03d}" for i in range(count)]
     parallel(concurrency, ids, lambda j: provider.create(parse_spec(spec_doc(j, SEED_ZONES)), zone, node_name(j, 1), 1,
                                                          "spot", ""), f"starting {prefix} nodes")

@@ -1,9 +1,10 @@
 """The one factory that builds every Google client the control plane uses, from an endpoint and credentials.
 
-Real Google Cloud: no endpoint variables set; clients use their default endpoints and Application Default
-Credentials (the function's service account). Local runs (tests, `respawn demo`): RESPAWN_COMPUTE_ENDPOINT /
-RESPAWN_TPU_ENDPOINT point at sim/ ("http://127.0.0.1:PORT") and FIRESTORE_EMULATOR_HOST / PUBSUB_EMULATOR_HOST at
-the emulators (the client libraries read those themselves). A loopback endpoint gets anonymous credentials.
+Real Google Cloud: no endpoint set; clients use their default endpoints and Application Default Credentials (the
+function's service account). Local runs (tests, `respawn demo`): RESPAWN_COMPUTE_ENDPOINT / RESPAWN_TPU_ENDPOINT
+(read by respawn.control.settings, like every variable of the control plane) point at sim/
+("http://127.0.0.1:PORT") and FIRESTORE_EMULATOR_HOST / PUBSUB_EMULATOR_HOST at the emulators (the client libraries
+read those themselves). A loopback endpoint gets anonymous credentials.
 
 Compute's ExtendedOperation.result() would poll through an operations client that ignores client_options (so it
 would leave the sim for the real API): the Compute adapter uses the `*_unary` calls and waits (zoneOperations.wait) through the
@@ -14,17 +15,11 @@ Every google.cloud import happens inside a method, so importing this module (and
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-
-def project_from_env() -> str:
-    project = os.environ.get("RESPAWN_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("GCP_PROJECT")
-    if not project:
-        raise RuntimeError("no project: set RESPAWN_PROJECT (or GOOGLE_CLOUD_PROJECT) in the function's environment")
-    return project
+from respawn.control.settings import ControlSettings
 
 
 def _loopback(endpoint: str | None) -> bool:
@@ -38,9 +33,9 @@ class Endpoints:
     tpu: str | None = None
 
     @classmethod
-    def from_env(cls) -> "Endpoints":
-        return cls(project_from_env(), os.environ.get("RESPAWN_COMPUTE_ENDPOINT") or None,
-                   os.environ.get("RESPAWN_TPU_ENDPOINT") or None)
+    def of(cls, settings: ControlSettings) -> "Endpoints":
+        """The project and endpoints `settings` name; SettingsError when no project is set."""
+        return cls(settings.require_project(), settings.compute_endpoint, settings.tpu_endpoint)
 
 
 class Clients:
@@ -119,10 +114,10 @@ _default: dict[Endpoints, Clients] = {}
 _default_lock = threading.Lock()
 
 
-def default() -> Clients:
-    """The process-wide clients for the endpoints the environment names (re-read on every call, so a test or the
-    demo can point a running process at other endpoints)."""
-    endpoints = Endpoints.from_env()
+def default(settings: ControlSettings | None = None) -> Clients:
+    """The process-wide clients for the endpoints `settings` name (default: the environment, re-read on every call,
+    so a test or the demo can point a running process at other endpoints)."""
+    endpoints = Endpoints.of(settings if settings is not None else ControlSettings.from_env())
     with _default_lock:
         if endpoints not in _default:
             _default[endpoints] = Clients(endpoints)

@@ -6,13 +6,15 @@ Raise what a retry can fix: our own dependencies failing (Firestore, the Compute
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from respawn.contract import LABEL_JOB
 from respawn.control import events
 from respawn import logs
 from respawn.schema import State
+
+if TYPE_CHECKING:
+    from respawn.control.reconcile import Deps
 
 ACTIVE = {s.value for s in State if not s.terminal}
 
@@ -81,7 +83,7 @@ def sweep(message: Any) -> None:
         logs.error(f"sweep: orphan scan failed: {type(exc).__name__}: {exc}")
 
 
-def delete_orphans(deps) -> None:
+def delete_orphans(deps: Deps) -> None:
     """List the labelled nodes in every zone any job uses, then read the jobs, then delete what no placement owns."""
     from respawn.control.orphans import Seen, orphans
 
@@ -100,17 +102,17 @@ def delete_orphans(deps) -> None:
 def alert(message: Any) -> None:
     from respawn.control import alerts
     from respawn.control.adapters import slack
+    from respawn.control.settings import ControlSettings
 
     try:
         payload = alerts.to_slack(message)
     except alerts.BadAlert as exc:
         logs.warning(f"alert message ignored: {exc}")
         return
-    url = os.environ.get("SLACK_WEBHOOK_URL")
+    settings = ControlSettings.from_env()
+    url = settings.slack_webhook_url
     if not url:
         logs.warning("alert not sent: SLACK_WEBHOOK_URL is not set (deploy sets it from Secret Manager)", alert=message)
         return
-    attempts = int(os.environ.get("RESPAWN_SLACK_ATTEMPTS", "4"))
-    backoff = float(os.environ.get("RESPAWN_SLACK_BACKOFF_SECONDS", "1"))
-    if slack.post(url, payload, attempts=attempts, backoff=backoff):
+    if slack.post(url, payload, attempts=settings.slack_attempts, backoff=settings.slack_backoff_seconds):
         logs.info(f"alert sent to Slack: {message.get('type')} for {message.get('job_id')}")

@@ -1,38 +1,38 @@
 """What every node is created with, besides its hardware: the metadata attributes the node agent reads
-(respawn.contract) and the labels. Pure."""
+(respawn.contract) and the labels. Pure: the deployment's values (settings.NodeOptions: the agent's heartbeat
+period and notice budget, what the startup script installs) are passed in."""
 
 from __future__ import annotations
 
-import os
-
-from respawn import deployment
 from respawn.contract import (ATTR_ATTEMPT, ATTR_INSTALL, ATTR_JOB_ID, ATTR_PROJECT, ATTR_SETTINGS, ATTR_STARTUP,
-                              DEFAULT_HEARTBEAT_SECONDS, DEFAULT_NOTICE_BUDGET_SECONDS, LABEL_ATTEMPT, LABEL_JOB,
-                              NodeSettings)
+                              LABEL_ATTEMPT, LABEL_JOB, NodeSettings)
+from respawn.control.settings import NodeOptions
 from respawn.schema import JobSpec
 
+DEFAULTS = NodeOptions()
 
-def settings_json(spec: JobSpec) -> str:
+
+def settings_json(spec: JobSpec, options: NodeOptions = DEFAULTS) -> str:
     return NodeSettings(
         command=tuple(spec.trainer.command),
         env=dict(spec.trainer.env),
         checkpoint_uri=spec.checkpoint_uri,
-        heartbeat_seconds=float(os.environ.get("RESPAWN_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS)),
-        notice_budget_seconds=float(os.environ.get("RESPAWN_NOTICE_BUDGET_SECONDS", DEFAULT_NOTICE_BUDGET_SECONDS)),
+        heartbeat_seconds=options.heartbeat_seconds,
+        notice_budget_seconds=options.notice_budget_seconds,
     ).to_json()
 
 
-def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str) -> dict[str, str]:
+def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str,
+             options: NodeOptions = DEFAULTS) -> dict[str, str]:
     items = {
         ATTR_STARTUP: startup_script,
         ATTR_JOB_ID: spec.id,
         ATTR_ATTEMPT: str(attempt),
         ATTR_PROJECT: project,
-        ATTR_SETTINGS: settings_json(spec),
+        ATTR_SETTINGS: settings_json(spec, options),
     }
-    install = os.environ.get(deployment.ENV_INSTALL)
-    if install:  # always set by deploy/; local runs (sim/) start the agent without the startup script
-        items[ATTR_INSTALL] = install
+    if options.install:  # always set by deploy/ (RESPAWN_INSTALL); local runs (sim/) start the agent without it
+        items[ATTR_INSTALL] = options.install
     return items
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from respawn.schema import JobSpec, JobStatus
 
@@ -145,7 +145,3 @@ def accelerator_key(spec: JobSpec) -> str:
     if acc.kind == "tpu":
         return acc.accelerator_type
     return acc.accelerator_type or acc.machine_type
-
-
-def zones_of(specs: Iterable[JobSpec]) -> set[str]:
-    return {z for s in specs for z in s.zones}

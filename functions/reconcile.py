@@ -4,38 +4,36 @@ Observe: the job document, the current node's heartbeat, the node's real state f
 TPU API, and the zones under a capacity cooldown. Decide: functions/decide.py (pure). Record: the new status (and
 its lifecycle event) is committed atomically, conditional on the job document being unchanged since it was
 observed (an optimistic transaction, see adapters/firestore_store.py), *before* the side effect; if it changed
-(a concurrent delivery got there first, the user cancelled) nothing is written and the loop observes again. Act: create (409 → adopt), start, delete (404 → done): all idempotent.
+(a concurrent delivery got there first, the user cancelled) nothing is written and the loop observes again. Act:
+create (409 → adopt), start, delete (404 → done): all idempotent.
 
-Errors: capacity/quota refusals are recorded (capacity/{zone}~{accel}, and the job's round) and placement goes on;
-a request that no zone can satisfy fails the job; anything transient propagates, so the platform redelivers the
-event and the next delivery resumes from what was recorded.
+Outcomes: _act performs the call and classifies how it ended (decide.Outcome, from placement.classify); what that
+means is pure policy in decide.py: followup() (re-raise, cool the zone down) and after_act() (what to commit on the
+job's status read again, the alert, the delete of a node made for a placement the job has left). So capacity/quota
+refusals are recorded (capacity/{zone}~{accel}, and the job's round) and placement goes on; a request that no zone
+can satisfy fails the job; anything transient propagates, so the platform redelivers the event and the next
+delivery resumes from what was recorded.
+
+Dependencies (Deps) are typed by ports.py's Protocols; their configuration is settings.ControlSettings, read from
+the environment once per Deps.default().
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
 from respawn.control import decide as core
 from respawn.control import placement
-from respawn.control.decide import Act, Decision, NodeObs, Observation, Settings
+from respawn.control.decide import Act, Action, Decision, NodeObs, Observation, Settings
+from respawn.control.ports import ControlStore, NodeProvider
+from respawn.control.settings import ControlSettings
 from respawn import logs
-from respawn.schema import CapacityRecord, Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise RuntimeError(f"{name}={raw!r} is not a number of seconds; fix the function's environment") from None
+from respawn.schema import Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, parse_spec
 
 
 @dataclass(frozen=True)
@@ -46,23 +44,20 @@ class Config:
     max_passes: int = 40
 
     @classmethod
-    def from_env(cls) -> "Config":
-        s = Settings(
-            stale_heartbeat_seconds=_env_float("RESPAWN_STALE_HEARTBEAT_SECONDS", 120),
-            boot_grace_seconds=_env_float("RESPAWN_BOOT_GRACE_SECONDS", 900),
-            backoff_base_seconds=_env_float("RESPAWN_BACKOFF_BASE_SECONDS", 30),
-            max_in_place_restarts=int(_env_float("RESPAWN_MAX_IN_PLACE_RESTARTS", 1)),
-        )
-        return cls(s, _env_float("RESPAWN_POLL_SECONDS", 5), _env_float("RESPAWN_POLL_BUDGET_SECONDS", 120))
+    def from_settings(cls, s: ControlSettings) -> "Config":
+        policy = Settings(stale_heartbeat_seconds=s.stale_heartbeat_seconds, boot_grace_seconds=s.boot_grace_seconds,
+                          backoff_base_seconds=s.backoff_base_seconds, max_in_place_restarts=s.max_in_place_restarts)
+        return cls(policy, s.poll_seconds, s.poll_budget_seconds)
 
 
 @dataclass
 class Deps:
-    """What reconcile talks to; built from respawn.control.clients (adapters imported here, lazily)."""
+    """What reconcile talks to (ports.py); Deps.default() builds it from the environment, through
+    respawn.control.settings and respawn.control.clients (the adapters are imported there, lazily)."""
 
-    store: Any
-    providers: dict[str, Any]  # "gpu" → ComputeProvider, "tpu" → TpuProvider
-    publish: Callable[[dict], Any]
+    store: ControlStore
+    providers: Mapping[str, NodeProvider]  # "gpu" → ComputeProvider, "tpu" → TpuProvider
+    publish: Callable[[dict[str, Any]], Any]
     project: str
     startup_script: Callable[[], str]
     config: Config = field(default_factory=Config)
@@ -70,7 +65,8 @@ class Deps:
     sleep: Callable[[float], None] = time.sleep
 
     @classmethod
-    def default(cls) -> "Deps":
+    def default(cls, settings: ControlSettings | None = None) -> "Deps":
+        """The production dependencies, configured by `settings` (default: read from the environment now)."""
         from respawn import deployment
         from respawn.control import clients
         from respawn.control.adapters import pubsub
@@ -78,10 +74,14 @@ class Deps:
         from respawn.control.adapters.firestore_store import Store
         from respawn.control.adapters.tpu import TpuProvider
 
-        c = clients.default()
-        return cls(store=Store(c.firestore()), providers={"gpu": ComputeProvider(c), "tpu": TpuProvider(c)},
-                   publish=lambda alert: pubsub.publish_alert(c, alert), project=c.project,
-                   startup_script=deployment.startup_script, config=Config.from_env())
+        s = settings if settings is not None else ControlSettings.from_env()
+        c = clients.default(s)
+        providers = {"gpu": ComputeProvider(c, op_timeout=s.compute_op_timeout_seconds, nodes=s.nodes),
+                     "tpu": TpuProvider(c, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes)}
+        return cls(store=Store(c.firestore()), providers=providers,
+                   publish=lambda alert: pubsub.publish_alert(c, alert, topic=s.alerts_topic,
+                                                              timeout=s.alert_publish_timeout_seconds),
+                   project=c.project, startup_script=deployment.startup_script, config=Config.from_settings(s))
 
 
 @dataclass
@@ -163,24 +163,6 @@ def _commit(deps: Deps, job_id: str, version: Any, after: JobStatus, event: JobE
     return deps.store.commit(job_id, version, after.model_dump(), event)
 
 
-def _record_outcome(deps: Deps, job_id: str, update: Callable[[JobStatus], tuple[JobStatus, JobEvent | None] | None]
-                    ) -> tuple[JobStatus, bool]:
-    """Record an action's outcome on the current status: (status read last, whether `update` was committed).
-    `update` returns None when the outcome no longer applies (the job moved on)."""
-    for _ in range(5):
-        found = deps.store.job(job_id)
-        if found is None:
-            return JobStatus(), False
-        doc, version = found
-        current = JobStatus.model_validate(doc.get("status") or {})
-        change = update(current)
-        if change is None:
-            return current, False
-        if _commit(deps, job_id, version, change[0], change[1]):
-            return change[0], True
-    return current, False  # still contended: the next pass observes and decides afresh
-
-
 def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = None, hint_at: datetime | None = None,
               deps: Deps | None = None) -> Result:
     deps = deps or Deps.default()
@@ -236,81 +218,72 @@ def _reconcile(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
 
 
 def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
+    """Perform the action, classify how it ended, and carry out what the policy (decide.followup, decide.after_act)
+    says that outcome means: re-raise, record the zone's refusal, commit the job's status, publish, delete."""
     a = d.action
     kind = spec.accelerator.kind if spec else "gpu"
     provider = deps.providers[kind]
+    error: Exception | None = None
+    try:
+        outcome = _perform(deps, o, spec, a, provider)
+    except Exception as exc:  # noqa: BLE001 - classified; what the policy says to retry is re-raised below
+        error, outcome = exc, core.Outcome.of(placement.classify(exc))
+    else:
+        if a.kind is Act.CREATE:
+            _fault("after_create", o.job_id, a)
+    f = core.followup(spec, a, outcome, deps.now())
+    if f.propagate and error is not None:
+        raise error
+    if f.capacity is not None:
+        deps.store.record_capacity(f.capacity)
+        logs.warning(f"{a.zone} refused {a.node}: {outcome.kind.value} ({outcome.code}); the zone cools down for "
+                     f"{spec.placement.cooldown_seconds if spec else '?'} s", job_id=o.job_id, zone=a.zone,
+                     code=outcome.code)
+    elif error is not None and f.record and outcome.kind is not core.OutcomeKind.EXISTS:
+        logs.error(f"{a.kind.value} of {a.node} in {a.zone} failed and no other zone can fix it: {outcome.code}: "
+                   f"{outcome.message}", job_id=o.job_id)
+    if not f.record:
+        return
+    after, committed, current = _record_outcome(deps, o.job_id, a, outcome)
+    if committed and after.alert is not None:
+        deps.publish(after.alert)
+    if after.action.kind is Act.DELETE:
+        logs.warning(f"{a.node} in {a.zone} was created for a placement the job has left ({current.node} in "
+                     f"{current.zone}); deleting it", job_id=o.job_id)
+        provider.delete(after.action.zone, after.action.node)
+
+
+def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action, provider: NodeProvider) -> core.Outcome:
+    """The provider call of a create, start or delete; raises what the provider raised."""
     if a.kind is Act.DELETE:
         provider.delete(a.zone, a.node)
         logs.info(f"deleted {a.node} in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
-        return
+        return core.DONE
     assert spec is not None  # decide only creates or starts for a valid spec
-    try:
-        if a.kind is Act.CREATE:
-            created = provider.create(spec, a.zone, a.node, a.attempt, a.provisioning, deps.startup_script())
-            logs.info(f"{'created' if created else 'adopted existing'} {a.node} in {a.zone} ({a.provisioning})",
-                      job_id=o.job_id, node=a.node, zone=a.zone, attempt=a.attempt)
-            _fault("after_create", o.job_id, a)
-            _after_created(deps, o.job_id, a, provider)
-        else:
-            provider.start(a.zone, a.node)
-            logs.info(f"started {a.node} in place in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
-            _record_confirmed(deps, o.job_id, a)
-    except Exception as exc:  # noqa: BLE001 - classified below; anything unknown is re-raised
-        c = placement.classify(exc)
-        if c.kind == "transient":
-            raise
-        now = deps.now()
-        if c.kind in ("capacity", "quota"):
-            deps.store.record_capacity(CapacityRecord(
-                zone=a.zone, accelerator_type=placement.accelerator_key(spec), reason=c.kind, code=c.code,
-                message=c.message[:500], recorded_at=now, until=placement.cooldown_until(spec, now)))
-            logs.warning(f"{a.zone} refused {a.node}: {c.kind} ({c.code}); the zone cools down for "
-                         f"{spec.placement.cooldown_seconds} s", job_id=o.job_id, zone=a.zone, code=c.code)
-
-            def refused(cur: JobStatus):
-                new = (core.after_create_refused(cur, a.attempt, a.zone, c.kind, c.message, now) if a.kind is Act.CREATE
-                       else core.after_start_refused(cur, a.attempt, a.zone, c.message, now))
-                if new is None:
-                    return None
-                return new, JobEvent.new(cur.state, new.state, f"zone_refused_{c.kind}", zone=a.zone, code=c.code,
-                                         node=a.node)
-
-            _record_outcome(deps, o.job_id, refused)
-            return
-        if c.kind == "not_found" and a.kind is Act.START:
-            return  # the stopped node vanished meanwhile: the next pass sees it absent
-        if c.kind == "exists":
-            _after_created(deps, o.job_id, a, provider)
-            return
-        logs.error(f"{a.kind.value} of {a.node} in {a.zone} failed and no other zone can fix it: {c.code}: {c.message}",
-                   job_id=o.job_id)
-        alert: list[dict] = []
-
-        def failed(cur: JobStatus):
-            d = core.after_create_failed(o.job_id, cur, a.attempt, f"{c.code}: {c.message}", now)
-            if d is None:
-                return None
-            alert.append(d.alert)
-            return d.status, JobEvent.new(cur.state, State.FAILED, "create_failed", code=c.code, message=c.message[:500])
-
-        if _record_outcome(deps, o.job_id, failed)[1]:
-            deps.publish(alert[-1])
+    if a.kind is Act.CREATE:
+        created = provider.create(spec, a.zone, a.node, a.attempt, a.provisioning, deps.startup_script())
+        logs.info(f"{'created' if created else 'adopted existing'} {a.node} in {a.zone} ({a.provisioning})",
+                  job_id=o.job_id, node=a.node, zone=a.zone, attempt=a.attempt)
+        return core.DONE if created else core.EXISTS
+    provider.start(a.zone, a.node)
+    logs.info(f"started {a.node} in place in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
+    return core.DONE
 
 
-def _record_confirmed(deps: Deps, job_id: str, a) -> JobStatus:
-    """Record that the create (or the restart in place) of `a` finished; the status read last."""
-    def confirm(cur: JobStatus):
-        new = core.after_created(cur, a.attempt, a.node, deps.now())
-        return (new, None) if new else None
-
-    return _record_outcome(deps, job_id, confirm)[0]
-
-
-def _after_created(deps: Deps, job_id: str, a, provider) -> None:
-    """Record that the create finished. If the job moved on meanwhile (another delivery placed a different node),
-    the node just made is an orphan: delete it, so there is never a second live node."""
-    current = _record_confirmed(deps, job_id, a)
-    if current.node is not None and (current.node, current.zone) != (a.node, a.zone):
-        logs.warning(f"{a.node} in {a.zone} was created for a placement the job has left ({current.node} in "
-                     f"{current.zone}); deleting it", job_id=job_id)
-        provider.delete(a.zone, a.node)
+def _record_outcome(deps: Deps, job_id: str, a: Action, outcome: core.Outcome) -> tuple[Decision, bool, JobStatus]:
+    """Commit decide.after_act() on the job's current status: (that decision, whether it was committed, the status
+    read last). A conflicting write in between: read and decide again (the next pass does, after 5)."""
+    after, current = Decision(core.NONE), JobStatus()
+    for _ in range(5):
+        found = deps.store.job(job_id)
+        if found is None:
+            return Decision(core.NONE), False, JobStatus()
+        doc, version = found
+        current = JobStatus.model_validate(doc.get("status") or {})
+        after = core.after_act(job_id, current, a, outcome, deps.now())
+        if after.status is None:
+            return after, False, current
+        event = JobEvent.new(current.state, after.status.state, after.cause, **after.details) if after.cause else None
+        if _commit(deps, job_id, version, after.status, event):
+            return after, True, current
+    return after, False, current  # still contended: the next pass observes and decides afresh

@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from typing import get_args
 
 import pytest
 
+from respawn.control import placement
 from respawn.control.decide import (
-    Act, NodeObs, Observation, Phase, Settings, after_create_failed, after_create_refused, after_created,
-    after_start_refused, decide, needs_capacity, phase_of,
+    Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase, Settings, after_act, after_create_failed,
+    after_create_refused, after_created, after_start_refused, decide, followup, needs_capacity, phase_of,
 )
 from respawn.schema import Heartbeat, JobStatus, NodeState, State, node_name, parse_spec
 
@@ -219,6 +221,142 @@ def test_outcome_records_ignore_stale_attempts():
     assert failed.status.state is State.FAILED and failed.alert["type"] == "failed"
     started = after_start_refused(s, 3, ZONES[0], "stockout", NOW)
     assert started.state is State.PREEMPTED and ZONES[0] in started.tried_zones
+
+
+# What an action's outcome means (decide.followup, decide.after_act): reconcile._act performs the call, classifies
+# how it ended, and carries out exactly this. Each row: the action, its outcome, the status read after it → whether
+# the error is re-raised, the capacity record, whether the job is read again; and what is committed on it.
+CREATE = Action(Act.CREATE, zone=ZONES[0], node="job-3", attempt=3, provisioning="spot")
+START = Action(Act.START, zone=ZONES[0], node="job-3", attempt=3)
+DELETE = Action(Act.DELETE, zone=ZONES[0], node="job-3")
+OUTCOMES = {
+    "done": Outcome(OutcomeKind.DONE),
+    "exists": Outcome(OutcomeKind.EXISTS, "alreadyExists", "The resource 'job-3' already exists"),
+    "not_found": Outcome(OutcomeKind.NOT_FOUND, "notFound", "The resource 'job-3' was not found"),
+    "capacity": Outcome(OutcomeKind.CAPACITY, "ZONE_RESOURCE_POOL_EXHAUSTED", "does not have enough resources"),
+    "quota": Outcome(OutcomeKind.QUOTA, "QUOTA_EXCEEDED", "Quota 'NVIDIA_T4_GPUS' exceeded. Limit: 1.0"),
+    "failed": Outcome(OutcomeKind.FAILED, "invalid", "Invalid value for field 'machineType'"),
+    "transient": Outcome(OutcomeKind.TRANSIENT, "ServiceUnavailable", "503 backend error"),
+}
+PENDING = dict(state="PROVISIONING", create_state="pending")
+STARTING = dict(state="PROVISIONING", create_state="starting", in_place_restarts=1)
+MOVED_ON = dict(state="PROVISIONING", create_state="pending", attempt=4, node="job-4", zone=ZONES[1])
+
+
+class After:
+    """The expected result: followup (propagate, capacity reason, record) and, on the status read after the act,
+    what is committed (state, create_state, consecutive_failures, tried_zones, cause, alert) and the follow-up action."""
+
+    def __init__(self, propagate=False, capacity=None, record=True, state=None, create_state=None, failures=0,
+                 tried=(), cause=None, alert=None, action=Act.NONE):
+        self.propagate, self.capacity, self.record = propagate, capacity, record
+        self.state, self.create_state, self.failures, self.tried = state, create_state, failures, list(tried)
+        self.cause, self.alert, self.action = cause, alert, action
+
+
+NOTHING = After(record=False)
+RETRY = After(propagate=True, record=False)
+CONFIRMED = After(state="PROVISIONING", create_state="created")
+FAILED = After(state="FAILED", create_state="pending", cause="create_failed", alert="failed")
+
+AFTER_ACT_ROWS = [
+    # create
+    ("create done: confirmed", CREATE, "done", PENDING, CONFIRMED),
+    ("create met 409: adopted, confirmed", CREATE, "exists", PENDING, CONFIRMED),
+    ("create done, the job moved on: delete the node made", CREATE, "done", MOVED_ON, After(action=Act.DELETE)),
+    ("create met 409, the job moved on: delete it", CREATE, "exists", MOVED_ON, After(action=Act.DELETE)),
+    ("create done, already confirmed by another delivery", CREATE, "done", dict(state="RUNNING"), After()),
+    ("create refused for capacity: the zone joins the round", CREATE, "capacity", PENDING,
+     After(capacity="capacity", state="PROVISIONING", create_state="failed", failures=1, tried=[ZONES[0]],
+           cause="zone_refused_capacity")),
+    ("create refused for quota", CREATE, "quota", PENDING,
+     After(capacity="quota", state="PROVISIONING", create_state="failed", failures=1, tried=[ZONES[0]],
+           cause="zone_refused_quota")),
+    ("create refused, stale (the job moved on): only the zone cools down", CREATE, "capacity", MOVED_ON,
+     After(capacity="capacity")),
+    ("create failed: the job fails", CREATE, "failed", PENDING, FAILED),
+    ("create 404 (e.g. the image): the job fails", CREATE, "not_found", PENDING, FAILED),
+    ("create failed, the job already finished: nothing", CREATE, "failed", dict(state="CANCELLED"), After()),
+    ("create transient: re-raised", CREATE, "transient", PENDING, RETRY),
+    # start (restart in place)
+    ("start done: confirmed", START, "done", STARTING, CONFIRMED),
+    ("start met 409: confirmed", START, "exists", STARTING, CONFIRMED),
+    ("start refused for capacity: given up, replaced elsewhere", START, "capacity", STARTING,
+     After(capacity="capacity", state="PREEMPTED", create_state="starting", failures=1, tried=[ZONES[0]],
+           cause="zone_refused_capacity")),
+    ("start refused for quota", START, "quota", STARTING,
+     After(capacity="quota", state="PREEMPTED", create_state="starting", failures=1, tried=[ZONES[0]],
+           cause="zone_refused_quota")),
+    ("start 404: the stopped node vanished, the next pass sees it", START, "not_found", STARTING, NOTHING),
+    ("start failed: the job fails", START, "failed", STARTING, After(state="FAILED", create_state="starting",
+                                                                    cause="create_failed", alert="failed")),
+    ("start transient: re-raised", START, "transient", STARTING, RETRY),
+    # delete
+    ("delete done", DELETE, "done", dict(state="PREEMPTED"), NOTHING),
+    ("delete 404 is success", DELETE, "not_found", dict(state="PREEMPTED"), NOTHING),
+    ("delete transient: re-raised", DELETE, "transient", dict(state="PREEMPTED"), RETRY),
+    ("delete failed: re-raised", DELETE, "failed", dict(state="PREEMPTED"), RETRY),
+    ("delete refused for capacity: re-raised", DELETE, "capacity", dict(state="PREEMPTED"), RETRY),
+]
+
+
+@pytest.mark.parametrize("name,action,outcome,st,want", AFTER_ACT_ROWS, ids=[r[0] for r in AFTER_ACT_ROWS])
+def test_after_act_table(name, action, outcome, st, want):
+    out = OUTCOMES[outcome]
+    f = followup(GPU_STOP, action, out, NOW)
+    assert (f.propagate, f.record) == (want.propagate, want.record)
+    if want.capacity is None:
+        assert f.capacity is None
+    else:
+        c = f.capacity
+        assert (c.zone, c.accelerator_type, c.reason, c.code, c.message) == (
+            ZONES[0], "g2-standard-8", want.capacity, out.code, out.message)
+        assert (c.recorded_at, c.until) == (NOW, NOW + timedelta(seconds=GPU_STOP.placement.cooldown_seconds))
+    before = status(**st)
+    d = after_act("job", before, action, out, NOW)
+    assert d.action.kind is want.action
+    if want.action is Act.DELETE:  # the node this create made, where it made it
+        assert (d.action.zone, d.action.node) == (action.zone, action.node)
+    if want.state is None:
+        assert d.status is None and d.cause is None and d.alert is None
+        return
+    after = d.status
+    assert (after.state.value, after.create_state, after.consecutive_failures, after.tried_zones) == (
+        want.state, want.create_state, want.failures, want.tried)
+    # The placement and the restart count are the ones the action was about; the revision is bumped once.
+    assert (after.attempt, after.node, after.zone, after.restarts) == (3, "job-3", ZONES[0], before.restarts)
+    assert after.revision == before.revision + 1 and after.updated_at == NOW
+    assert d.cause == want.cause
+    assert (d.alert["type"] if d.alert else None) == want.alert
+    if want.cause and want.cause.startswith("zone_refused"):
+        assert d.details == {"zone": ZONES[0], "code": out.code, "node": "job-3"}
+        assert ZONES[0] in after.message and out.message in after.message
+    if want.cause == "create_failed":
+        assert d.details == {"code": out.code, "message": out.message}
+        assert after.message == f"creating job-3 in {ZONES[0]} failed: {out.code}: {out.message}"
+        assert d.alert["cause"] == "create_failed" and d.alert["attempt"] == 3
+
+
+def test_after_act_table_covers_every_action_and_outcome():
+    seen = {(r[1].kind, r[2]) for r in AFTER_ACT_ROWS}
+    for act in (Act.CREATE, Act.START):
+        assert {o for a, o in seen if a is act} == set(OUTCOMES), act
+    assert {o for a, o in seen if a is Act.DELETE} >= {"done", "not_found", "transient", "failed"}
+    assert {k.value for k in OutcomeKind} == {o.kind.value for o in OUTCOMES.values()}
+
+
+@pytest.mark.parametrize("kind", get_args(placement.Kind))
+def test_every_classified_error_is_an_outcome(kind):
+    out = Outcome.of(placement.Classified(kind, "CODE", "msg"))
+    assert (out.code, out.message) == ("CODE", "msg")
+    assert out.kind is (OutcomeKind.FAILED if kind == "fatal" else OutcomeKind(kind))
+
+
+def test_outcomes_of_other_actions_are_refused():
+    with pytest.raises(ValueError):
+        followup(GPU_STOP, Action(Act.POLL), OUTCOMES["done"], NOW)
+    with pytest.raises(ValueError):
+        after_act("job", status("RUNNING"), Action(Act.WAIT, until=NOW), OUTCOMES["done"], NOW)
 
 
 # The exhaustive sweep: every state × real node state × heartbeat × cancel × hint.

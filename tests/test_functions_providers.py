@@ -14,6 +14,7 @@ from google.cloud import compute_v1, tpu_v2
 from respawn.control import clients as factory
 from respawn.control.adapters.compute import ComputeProvider
 from respawn.control.adapters.tpu import TpuProvider
+from respawn.control.settings import ControlSettings
 from functions_fixtures import T4, gpu_spec, tpu_spec
 from respawn.schema import parse_spec
 from sim_fixtures import PROJECT, sim_factory, sim_server  # noqa: F401
@@ -105,8 +106,9 @@ def test_the_factory_builds_loopback_clients_anonymously_and_real_ones_with_adc(
     monkeypatch.setenv("RESPAWN_PROJECT", "p1")
     monkeypatch.setenv("RESPAWN_COMPUTE_ENDPOINT", "http://127.0.0.1:7")
     monkeypatch.delenv("RESPAWN_TPU_ENDPOINT", raising=False)
-    assert factory.Endpoints.from_env() == factory.Endpoints("p1", "http://127.0.0.1:7", None)
-    assert factory.default() is factory.default()
+    assert factory.Endpoints.of(ControlSettings.from_env()) == factory.Endpoints("p1", "http://127.0.0.1:7", None)
+    assert factory.default() is factory.default() is factory.default(ControlSettings.from_env())
+    assert factory.default().endpoints.compute == "http://127.0.0.1:7"
 
 
 def test_importing_functions_main_loads_no_google_cloud_client():
@@ -123,8 +125,54 @@ def test_the_install_requirement_travels_in_metadata_when_deploy_sets_it(monkeyp
 
     spec = parse_spec(gpu_spec("vm"))
     monkeypatch.delenv("RESPAWN_INSTALL", raising=False)
-    assert "respawn-install" not in nodespec.metadata(spec, 1, "p", "#!/bin/bash\n")
+    unset = ControlSettings.from_env().nodes
+    assert "respawn-install" not in nodespec.metadata(spec, 1, "p", "#!/bin/bash\n", unset)
     monkeypatch.setenv("RESPAWN_INSTALL", "respawn[agent,storage]==0.1.0")
-    md = nodespec.metadata(spec, 1, "p", deployment.startup_script())
+    md = nodespec.metadata(spec, 1, "p", deployment.startup_script(), ControlSettings.from_env().nodes)
     assert md["respawn-install"] == "respawn[agent,storage]==0.1.0"
     assert md["startup-script"].startswith("#!/bin/bash") and "respawn-install" in md["startup-script"]
+
+
+def test_node_options_reach_the_gpu_vm_and_tpu_bodies(made):
+    # What deploy sets in the environment (settings.py reads it) is what the providers put in the create request.
+    env = {"RESPAWN_NETWORK": "projects/p/global/networks/train", "RESPAWN_SUBNETWORK": "regions/r/subnetworks/s",
+           "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_NODE_SERVICE_ACCOUNT": "node@p.iam.gserviceaccount.com",
+           "RESPAWN_HEARTBEAT_SECONDS": "7", "RESPAWN_NOTICE_BUDGET_SECONDS": "20", "RESPAWN_OP_TIMEOUT_SECONDS": "42"}
+    s = ControlSettings.from_env(env)
+    gce = ComputeProvider(made, op_timeout=s.compute_op_timeout_seconds, nodes=s.nodes)
+    body = gce.instance(parse_spec(gpu_spec("vm")), ZONE, "vm-1", 1, "spot", "#!/bin/bash\n")
+    nic = body.network_interfaces[0]
+    assert (nic.network, nic.subnetwork, list(nic.access_configs)) == (env["RESPAWN_NETWORK"], env["RESPAWN_SUBNETWORK"], [])
+    assert body.service_accounts[0].email == env["RESPAWN_NODE_SERVICE_ACCOUNT"]
+    settings = json.loads({i.key: i.value for i in body.metadata.items}["respawn-settings"])
+    assert (settings["heartbeat_seconds"], settings["notice_budget_seconds"]) == (7.0, 20.0)
+    tpu = TpuProvider(made, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes)
+    node = tpu.node(parse_spec(tpu_spec("tpu")), 1, "spot", "#!/bin/bash\n")
+    assert (node.network_config.network, node.network_config.subnetwork) == (env["RESPAWN_NETWORK"], env["RESPAWN_SUBNETWORK"])
+    assert node.network_config.enable_external_ips is False
+    assert node.service_account.email == env["RESPAWN_NODE_SERVICE_ACCOUNT"]
+    assert gce.op_timeout == tpu.op_timeout == 42.0
+    # Unset: the documented defaults.
+    d = ControlSettings.from_env({})
+    body = ComputeProvider(made, nodes=d.nodes).instance(parse_spec(gpu_spec("vm")), ZONE, "vm-1", 1, "spot", "")
+    assert body.network_interfaces[0].network == "global/networks/default"
+    assert body.service_accounts[0].email == "default"
+    assert not TpuProvider(made, nodes=d.nodes).node(parse_spec(tpu_spec("tpu")), 1, "spot", "").service_account.email
+    assert (ComputeProvider(made).op_timeout, TpuProvider(made).op_timeout) == (300.0, 600.0)
+
+
+def test_the_adapters_satisfy_the_control_planes_ports(made):
+    # Structurally (runtime_checkable), and method by method with the Protocol's parameters.
+    import inspect
+
+    from respawn.control import ports
+    from respawn.control.adapters.firestore_store import Store
+
+    for impl, port in ((Store(None), ports.ControlStore), (ComputeProvider(made), ports.NodeProvider),
+                       (TpuProvider(made), ports.NodeProvider)):
+        assert isinstance(impl, port), (type(impl).__name__, port.__name__)
+        for name, member in vars(port).items():
+            if inspect.isfunction(member) and not name.startswith("_"):
+                want = list(inspect.signature(member).parameters)
+                got = list(inspect.signature(getattr(type(impl), name)).parameters)
+                assert got[:len(want)] == want, (type(impl).__name__, name, got, want)

@@ -8,7 +8,6 @@ from the operation), so placement.classify reads the real shapes.
 from __future__ import annotations
 
 import functools
-import os
 
 from google.api_core import exceptions as gexc
 from google.api_core import extended_operation
@@ -16,9 +15,12 @@ from google.cloud import compute_v1
 
 from respawn.contract import LABEL_JOB
 from respawn.control import nodespec
+from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
 
-OP_TIMEOUT = float(os.environ.get("RESPAWN_OP_TIMEOUT_SECONDS", "300"))
+OP_TIMEOUT = ControlSettings.compute_op_timeout_seconds  # the default; Deps.default() passes RESPAWN_OP_TIMEOUT_SECONDS
+DEFAULT_NETWORK = "global/networks/default"
+DEFAULT_SERVICE_ACCOUNT = "default"  # the project's Compute Engine default service account
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
@@ -38,16 +40,18 @@ class ComputeOperation(extended_operation.ExtendedOperation):
 class ComputeProvider:
     kind = "gpu"
 
-    def __init__(self, clients):
+    def __init__(self, clients, *, op_timeout: float = OP_TIMEOUT, nodes: NodeOptions = NodeOptions()):
         self.clients = clients
         self.project = clients.project
+        self.op_timeout = op_timeout
+        self.nodes = nodes
 
     def _wait(self, zone: str, op) -> None:
         # zoneOperations.wait returns as soon as the operation is DONE (or near its 2-minute deadline, and the
         # poller calls it again); polling with get would sleep 1 s and more between looks.
         ops = self.clients.zone_operations()
         request = compute_v1.WaitZoneOperationRequest(project=self.project, zone=zone, operation=op.name)
-        ComputeOperation.make(functools.partial(ops.wait, request), lambda: None, op).result(timeout=OP_TIMEOUT)
+        ComputeOperation.make(functools.partial(ops.wait, request), lambda: None, op).result(timeout=self.op_timeout)
 
     def get(self, zone: str, name: str) -> str | None:
         """The instance status (PROVISIONING … TERMINATED), or None when it does not exist."""
@@ -80,13 +84,14 @@ class ComputeProvider:
             accelerators.append(compute_v1.AcceleratorConfig(
                 accelerator_type=f"zones/{zone}/acceleratorTypes/{acc.accelerator_type}",
                 accelerator_count=acc.accelerator_count))
-        nic = compute_v1.NetworkInterface(network=os.environ.get("RESPAWN_NETWORK", "global/networks/default"))
-        if os.environ.get("RESPAWN_SUBNETWORK"):
-            nic.subnetwork = os.environ["RESPAWN_SUBNETWORK"]
-        if os.environ.get("RESPAWN_EXTERNAL_IP", "1") != "0":
+        opts = self.nodes
+        nic = compute_v1.NetworkInterface(network=opts.network or DEFAULT_NETWORK)
+        if opts.subnetwork:
+            nic.subnetwork = opts.subnetwork
+        if opts.external_ip:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         items = [compute_v1.Items(key=k, value=v)
-                 for k, v in nodespec.metadata(spec, attempt, self.project, startup_script).items()]
+                 for k, v in nodespec.metadata(spec, attempt, self.project, startup_script, opts).items()]
         return compute_v1.Instance(
             name=name,
             machine_type=f"zones/{zone}/machineTypes/{acc.machine_type}",
@@ -99,7 +104,7 @@ class ComputeProvider:
             metadata=compute_v1.Metadata(items=items),
             labels=nodespec.labels(spec, attempt),
             service_accounts=[compute_v1.ServiceAccount(
-                email=os.environ.get("RESPAWN_NODE_SERVICE_ACCOUNT", "default"), scopes=SCOPES)],
+                email=opts.service_account or DEFAULT_SERVICE_ACCOUNT, scopes=SCOPES)],
         )
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:

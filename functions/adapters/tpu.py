@@ -2,29 +2,31 @@
 
 Create meets 409 (AlreadyExists) and adopts; delete of a missing node is success. A preempted TPU is never started
 again (Cloud TPU: delete and recreate), and it keeps holding quota until deleted, so decide.py always deletes it.
+Configuration (the operation timeout, settings.NodeOptions) comes in through the constructor.
 """
 
 from __future__ import annotations
-
-import os
 
 from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 
 from respawn.contract import LABEL_JOB
 from respawn.control import nodespec
+from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
 
-OP_TIMEOUT = float(os.environ.get("RESPAWN_OP_TIMEOUT_SECONDS", "600"))
+OP_TIMEOUT = ControlSettings.tpu_op_timeout_seconds  # the default; Deps.default() passes RESPAWN_OP_TIMEOUT_SECONDS
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
 class TpuProvider:
     kind = "tpu"
 
-    def __init__(self, clients):
+    def __init__(self, clients, *, op_timeout: float = OP_TIMEOUT, nodes: NodeOptions = NodeOptions()):
         self.clients = clients
         self.project = clients.project
+        self.op_timeout = op_timeout
+        self.nodes = nodes
 
     def _name(self, zone: str, name: str) -> str:
         return f"projects/{self.project}/locations/{zone}/nodes/{name}"
@@ -44,28 +46,29 @@ class TpuProvider:
 
     def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str):
         acc = spec.accelerator
-        network = tpu_v2.NetworkConfig(enable_external_ips=os.environ.get("RESPAWN_EXTERNAL_IP", "1") != "0")
-        if os.environ.get("RESPAWN_NETWORK"):
-            network.network = os.environ["RESPAWN_NETWORK"]
-        if os.environ.get("RESPAWN_SUBNETWORK"):
-            network.subnetwork = os.environ["RESPAWN_SUBNETWORK"]
+        opts = self.nodes
+        network = tpu_v2.NetworkConfig(enable_external_ips=opts.external_ip)
+        if opts.network:
+            network.network = opts.network
+        if opts.subnetwork:
+            network.subnetwork = opts.subnetwork
         node = tpu_v2.Node(
             accelerator_type=acc.accelerator_type,
             runtime_version=acc.runtime_version,
             scheduling_config=tpu_v2.SchedulingConfig(spot=provisioning == "spot", preemptible=provisioning == "preemptible"),
             network_config=network,
             labels=nodespec.labels(spec, attempt),
-            metadata=nodespec.metadata(spec, attempt, self.project, startup_script),
+            metadata=nodespec.metadata(spec, attempt, self.project, startup_script, opts),
         )
-        if os.environ.get("RESPAWN_NODE_SERVICE_ACCOUNT"):  # unset: the project's default compute service account
-            node.service_account = tpu_v2.ServiceAccount(email=os.environ["RESPAWN_NODE_SERVICE_ACCOUNT"], scope=SCOPES)
+        if opts.service_account:  # unset: the project's default compute service account
+            node.service_account = tpu_v2.ServiceAccount(email=opts.service_account, scope=SCOPES)
         return node
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:
         body = self.node(spec, attempt, provisioning, startup_script)
         try:
             op = self.clients.tpu().create_node(parent=f"projects/{self.project}/locations/{zone}", node_id=name, node=body)
-            op.result(timeout=OP_TIMEOUT)
+            op.result(timeout=self.op_timeout)
         except (gexc.AlreadyExists, gexc.Conflict):
             return False
         return True
@@ -75,6 +78,6 @@ class TpuProvider:
 
     def delete(self, zone: str, name: str) -> None:
         try:
-            self.clients.tpu().delete_node(name=self._name(zone, name)).result(timeout=OP_TIMEOUT)
+            self.clients.tpu().delete_node(name=self._name(zone, name)).result(timeout=self.op_timeout)
         except gexc.NotFound:
             return

@@ -1,0 +1,80 @@
+"""The ports the control plane talks through: what reconcile and the handlers need from the job store and from a
+node provider, as typed Protocols. Pure: no Google client and no adapter is imported here; the adapters
+(adapters/firestore_store.Store, adapters/compute.ComputeProvider, adapters/tpu.TpuProvider) satisfy them
+structurally, and tests may hand reconcile anything else that does.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+
+from respawn.schema import CapacityRecord, JobEvent, JobSpec
+
+
+@runtime_checkable
+class ControlStore(Protocol):
+    """The job documents, the node heartbeats and the shared capacity records (layout: respawn/schema.py)."""
+
+    reads: int  # document reads made so far (reconcile logs the difference per invocation)
+    writes: int  # document writes made so far
+
+    def job(self, job_id: str) -> tuple[dict[str, Any], Any] | None:
+        """(the job document, its version: what a commit is conditional on), or None when there is no such job."""
+        ...
+
+    def heartbeat(self, node: str) -> dict[str, Any] | None:
+        """nodes/{node} as the agent wrote it, or None."""
+        ...
+
+    def blocked(self, zones: Iterable[str], accelerator: str) -> Mapping[str, datetime]:
+        """zone → the end of its capacity/quota cooldown for `accelerator`."""
+        ...
+
+    def commit(self, job_id: str, version: Any, status: dict[str, Any], event: JobEvent | None) -> bool:
+        """Write `status` (and `event`) atomically iff the job is still at `version`; False: it changed meanwhile."""
+        ...
+
+    def record_capacity(self, record: CapacityRecord) -> None:
+        """Record a zone's refusal for every job that asks for the same accelerator."""
+        ...
+
+    def active_jobs(self) -> list[str]:
+        """The ids of the jobs in a non-terminal state (the sweep)."""
+        ...
+
+    def all_jobs(self) -> dict[str, dict[str, Any]]:
+        """job id → {"spec": {"zones", "accelerator.kind"}, "status": {...}} (the orphan scan)."""
+        ...
+
+    def jobs_in_zone(self, zone: str) -> list[tuple[str, dict[str, Any]]]:
+        """(job id, document) of the jobs whose current node is in `zone` (a TPU worker VM's event)."""
+        ...
+
+
+@runtime_checkable
+class NodeProvider(Protocol):
+    """GPU VMs (Compute Engine) or TPU VMs (Cloud TPU). Every call is idempotent in effect; a refusal raises the
+    client library's own exception, which placement.classify reads."""
+
+    kind: str  # "gpu" | "tpu": the key in reconcile.Deps.providers
+
+    def get(self, zone: str, name: str) -> str | None:
+        """The API's state string for the node, or None when it does not exist."""
+        ...
+
+    def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
+        """(name, labels) of every node in `zone` that carries the respawn-job label."""
+        ...
+
+    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:
+        """Create the node and wait for the operation. True: created; False: it already existed (409), adopted."""
+        ...
+
+    def start(self, zone: str, name: str) -> None:
+        """Start a stopped node again (a restart in place) and wait for the operation."""
+        ...
+
+    def delete(self, zone: str, name: str) -> None:
+        """Delete the node and wait for the operation; a node that does not exist is success."""
+        ...

@@ -1,0 +1,178 @@
+"""The control plane's configuration: one frozen object built from the environment in one place.
+
+`ControlSettings.from_env()` reads and validates every variable the functions use (functions/README.md,
+"Environment"); a bad value raises SettingsError naming the variable. Nothing else in respawn.control reads
+os.environ: reconcile.Deps.default() and the handlers build one object per invocation (so a test or the demo that
+changes the environment before a call is seen by that call) and pass the values down to the clients factory, the
+adapters and nodespec. Standard library only (with respawn.deployment's variable names and respawn.contract's
+node defaults, both standard library only themselves).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from respawn import deployment
+from respawn.contract import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_NOTICE_BUDGET_SECONDS
+
+# The variable names (functions/README.md's table lists them with their defaults; deploy/ sets those that
+# respawn.deployment names).
+PROJECT_VARS = (deployment.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT", "GCP_PROJECT")  # the first one set wins
+COMPUTE_ENDPOINT = "RESPAWN_COMPUTE_ENDPOINT"
+TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"
+ALERTS_TOPIC = deployment.ENV_ALERTS_TOPIC
+ALERT_PUBLISH_TIMEOUT = "RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS"
+SLACK_WEBHOOK_URL = deployment.ENV_SLACK_WEBHOOK_URL
+SLACK_ATTEMPTS = "RESPAWN_SLACK_ATTEMPTS"
+SLACK_BACKOFF = "RESPAWN_SLACK_BACKOFF_SECONDS"
+STALE_HEARTBEAT = "RESPAWN_STALE_HEARTBEAT_SECONDS"
+BOOT_GRACE = "RESPAWN_BOOT_GRACE_SECONDS"
+BACKOFF_BASE = "RESPAWN_BACKOFF_BASE_SECONDS"
+MAX_IN_PLACE_RESTARTS = "RESPAWN_MAX_IN_PLACE_RESTARTS"
+POLL = "RESPAWN_POLL_SECONDS"
+POLL_BUDGET = "RESPAWN_POLL_BUDGET_SECONDS"
+OP_TIMEOUT = "RESPAWN_OP_TIMEOUT_SECONDS"
+NODE_SERVICE_ACCOUNT = deployment.ENV_NODE_SERVICE_ACCOUNT
+NETWORK = "RESPAWN_NETWORK"
+SUBNETWORK = "RESPAWN_SUBNETWORK"
+EXTERNAL_IP = "RESPAWN_EXTERNAL_IP"
+INSTALL = deployment.ENV_INSTALL
+HEARTBEAT = "RESPAWN_HEARTBEAT_SECONDS"
+NOTICE_BUDGET = "RESPAWN_NOTICE_BUDGET_SECONDS"
+
+NO_PROJECT = "no project: set RESPAWN_PROJECT (or GOOGLE_CLOUD_PROJECT) in the function's environment"
+
+
+class SettingsError(RuntimeError):
+    """An environment variable of the control plane has a bad value; the message names it."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """What every node is created with besides its spec: networking, identity, and what goes into its metadata."""
+
+    service_account: str | None = None  # None: "default" for GPU VMs, the project's default for TPU VMs
+    network: str | None = None  # None: global/networks/default for GPU VMs, the API's default for TPU VMs
+    subnetwork: str | None = None
+    external_ip: bool = True
+    install: str | None = None  # metadata respawn-install (what deploy/vm/startup.sh pip-installs); None: omitted
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS  # into respawn-settings
+    notice_budget_seconds: float = DEFAULT_NOTICE_BUDGET_SECONDS  # into respawn-settings
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    # Clients (respawn.control.clients).
+    project: str | None = None  # required by whatever talks to Google Cloud: require_project()
+    compute_endpoint: str | None = None  # None: the real endpoint; sim/ in local runs
+    tpu_endpoint: str | None = None
+    # Alerts (adapters/pubsub.py, handlers.alert).
+    alerts_topic: str | None = None  # None: alerts are only logged
+    alert_publish_timeout_seconds: float = 10.0
+    slack_webhook_url: str | None = field(default=None, repr=False)  # a secret
+    slack_attempts: int = 4
+    slack_backoff_seconds: float = 1.0
+    # Recovery policy (decide.Settings) and the reconcile loop (reconcile.Config).
+    stale_heartbeat_seconds: float = 120.0
+    boot_grace_seconds: float = 900.0
+    backoff_base_seconds: float = 30.0
+    max_in_place_restarts: int = 1
+    poll_seconds: float = 5.0
+    poll_budget_seconds: float = 120.0
+    # Providers (adapters/compute.py, adapters/tpu.py): one create/start/delete operation's wait.
+    compute_op_timeout_seconds: float = 300.0
+    tpu_op_timeout_seconds: float = 600.0
+    nodes: NodeOptions = NodeOptions()
+
+    def require_project(self) -> str:
+        if not self.project:
+            raise SettingsError(NO_PROJECT)
+        return self.project
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ControlSettings":
+        """Read and validate every variable; unset or empty means the default."""
+        env = _Env(os.environ if environ is None else environ)
+        op_timeout = env.optional_seconds(OP_TIMEOUT, positive=True)  # one variable, each provider its own default
+        return cls(
+            project=next((env.text(name) for name in PROJECT_VARS if env.text(name)), None),
+            compute_endpoint=env.text(COMPUTE_ENDPOINT),
+            tpu_endpoint=env.text(TPU_ENDPOINT),
+            alerts_topic=env.text(ALERTS_TOPIC),
+            alert_publish_timeout_seconds=env.seconds(ALERT_PUBLISH_TIMEOUT, 10.0, positive=True),
+            slack_webhook_url=env.text(SLACK_WEBHOOK_URL),
+            slack_attempts=env.count(SLACK_ATTEMPTS, 4, minimum=1),
+            slack_backoff_seconds=env.seconds(SLACK_BACKOFF, 1.0),
+            stale_heartbeat_seconds=env.seconds(STALE_HEARTBEAT, 120.0, positive=True),
+            boot_grace_seconds=env.seconds(BOOT_GRACE, 900.0),
+            backoff_base_seconds=env.seconds(BACKOFF_BASE, 30.0),
+            max_in_place_restarts=env.count(MAX_IN_PLACE_RESTARTS, 1, minimum=0),
+            poll_seconds=env.seconds(POLL, 5.0, positive=True),
+            poll_budget_seconds=env.seconds(POLL_BUDGET, 120.0),
+            compute_op_timeout_seconds=300.0 if op_timeout is None else op_timeout,
+            tpu_op_timeout_seconds=600.0 if op_timeout is None else op_timeout,
+            nodes=NodeOptions(
+                service_account=env.text(NODE_SERVICE_ACCOUNT),
+                network=env.text(NETWORK),
+                subnetwork=env.text(SUBNETWORK),
+                external_ip=env.flag(EXTERNAL_IP, True),
+                install=env.text(INSTALL),
+                heartbeat_seconds=env.seconds(HEARTBEAT, DEFAULT_HEARTBEAT_SECONDS, positive=True),
+                notice_budget_seconds=env.seconds(NOTICE_BUDGET, DEFAULT_NOTICE_BUDGET_SECONDS, positive=True),
+            ),
+        )
+
+
+class _Env:
+    def __init__(self, environ: Mapping[str, str]):
+        self.environ = environ
+
+    def text(self, name: str) -> str | None:
+        return self.environ.get(name) or None
+
+    def _bad(self, name: str, raw: str, what: str) -> SettingsError:
+        return SettingsError(f"{name}={raw!r} is not {what}; fix the function's environment")
+
+    def seconds(self, name: str, default: float, *, positive: bool = False) -> float:
+        value = self.optional_seconds(name, positive=positive)
+        return default if value is None else value
+
+    def optional_seconds(self, name: str, *, positive: bool = False) -> float | None:
+        raw = self.text(name)
+        if raw is None:
+            return None
+        what = "a positive number of seconds" if positive else "a number of seconds (0 or more)"
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self._bad(name, raw, what) from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise self._bad(name, raw, what)
+        return value
+
+    def count(self, name: str, default: int, *, minimum: int) -> int:
+        raw = self.text(name)
+        if raw is None:
+            return default
+        what = f"a whole number ≥ {minimum}"
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self._bad(name, raw, what) from None
+        if not value.is_integer() or value < minimum:
+            raise self._bad(name, raw, what)
+        return int(value)
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self.text(name)
+        if raw is None:
+            return default
+        word = raw.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("0", "false", "no", "off"):
+            return False
+        raise self._bad(name, raw, "1 or 0 (true/false, yes/no, on/off)")
