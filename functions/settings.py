@@ -17,6 +17,7 @@ from typing import Mapping
 
 from respawn import deployment
 from respawn.contract import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_NOTICE_BUDGET_SECONDS
+from respawn.control.decide import Settings as Policy
 
 # The variable names (functions/README.md's table lists them with their defaults; deploy/ sets those that
 # respawn.deployment names).
@@ -76,10 +77,10 @@ class ControlSettings:
     slack_attempts: int = 4
     slack_backoff_seconds: float = 1.0
     # Recovery policy (decide.Settings) and the reconcile loop (reconcile.Config).
-    stale_heartbeat_seconds: float = 120.0
-    boot_grace_seconds: float = 900.0
-    backoff_base_seconds: float = 30.0
-    max_in_place_restarts: int = 1
+    stale_heartbeat_seconds: float = Policy.stale_heartbeat_seconds
+    boot_grace_seconds: float = Policy.boot_grace_seconds
+    backoff_base_seconds: float = Policy.backoff_base_seconds
+    max_in_place_restarts: int = Policy.max_in_place_restarts
     poll_seconds: float = 5.0
     poll_budget_seconds: float = 120.0
     # Providers (adapters/compute.py, adapters/tpu.py): one create/start/delete operation's wait.
@@ -102,23 +103,23 @@ class ControlSettings:
             compute_endpoint=env.text(COMPUTE_ENDPOINT),
             tpu_endpoint=env.text(TPU_ENDPOINT),
             alerts_topic=env.text(ALERTS_TOPIC),
-            alert_publish_timeout_seconds=env.seconds(ALERT_PUBLISH_TIMEOUT, 10.0, positive=True),
+            alert_publish_timeout_seconds=env.seconds(ALERT_PUBLISH_TIMEOUT, cls.alert_publish_timeout_seconds, positive=True),
             slack_webhook_url=env.text(SLACK_WEBHOOK_URL),
-            slack_attempts=env.count(SLACK_ATTEMPTS, 4, minimum=1),
-            slack_backoff_seconds=env.seconds(SLACK_BACKOFF, 1.0),
-            stale_heartbeat_seconds=env.seconds(STALE_HEARTBEAT, 120.0, positive=True),
-            boot_grace_seconds=env.seconds(BOOT_GRACE, 900.0),
-            backoff_base_seconds=env.seconds(BACKOFF_BASE, 30.0),
-            max_in_place_restarts=env.count(MAX_IN_PLACE_RESTARTS, 1, minimum=0),
-            poll_seconds=env.seconds(POLL, 5.0, positive=True),
-            poll_budget_seconds=env.seconds(POLL_BUDGET, 120.0),
-            compute_op_timeout_seconds=300.0 if op_timeout is None else op_timeout,
-            tpu_op_timeout_seconds=600.0 if op_timeout is None else op_timeout,
+            slack_attempts=env.count(SLACK_ATTEMPTS, cls.slack_attempts, minimum=1),
+            slack_backoff_seconds=env.seconds(SLACK_BACKOFF, cls.slack_backoff_seconds),
+            stale_heartbeat_seconds=env.seconds(STALE_HEARTBEAT, cls.stale_heartbeat_seconds, positive=True),
+            boot_grace_seconds=env.seconds(BOOT_GRACE, cls.boot_grace_seconds),
+            backoff_base_seconds=env.seconds(BACKOFF_BASE, cls.backoff_base_seconds),
+            max_in_place_restarts=env.count(MAX_IN_PLACE_RESTARTS, cls.max_in_place_restarts, minimum=0),
+            poll_seconds=env.seconds(POLL, cls.poll_seconds, positive=True),
+            poll_budget_seconds=env.seconds(POLL_BUDGET, cls.poll_budget_seconds),
+            compute_op_timeout_seconds=cls.compute_op_timeout_seconds if op_timeout is None else op_timeout,
+            tpu_op_timeout_seconds=cls.tpu_op_timeout_seconds if op_timeout is None else op_timeout,
             nodes=NodeOptions(
                 service_account=env.text(NODE_SERVICE_ACCOUNT),
                 network=env.text(NETWORK),
                 subnetwork=env.text(SUBNETWORK),
-                external_ip=env.flag(EXTERNAL_IP, True),
+                external_ip=env.flag(EXTERNAL_IP, NodeOptions.external_ip),
                 install=env.text(INSTALL),
                 heartbeat_seconds=env.seconds(HEARTBEAT, DEFAULT_HEARTBEAT_SECONDS, positive=True),
                 notice_budget_seconds=env.seconds(NOTICE_BUDGET, DEFAULT_NOTICE_BUDGET_SECONDS, positive=True),
