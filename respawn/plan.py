@@ -19,6 +19,8 @@ import random
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
+from respawn.contract import DEFAULT_NOTICE_BUDGET_SECONDS
+
 STRATEGIES = ("poll-and-restart", "polling", "respawn")
 
 
@@ -34,7 +36,7 @@ class PlanInputs:
     read_gbps: float = 0.5  # restore throughput
     stall_ratio: float = 0.05  # block time of an async periodic save / a synchronous save (bench.checkpoint)
     flush_vs_disk: float = 0.9  # emergency-save throughput / raw disk throughput (bench.checkpoint)
-    notice_budget_s: float = 25.0  # time the emergency save may take after the 30 s notice begins
+    notice_budget_s: float = DEFAULT_NOTICE_BUDGET_SECONDS  # what the emergency save may take of the 30 s notice
     sink_delay_s: float = 10.0  # audit log entry → Pub/Sub → function start
     function_s: float = 2.0  # reconcile: observe, decide, record, create call
     boot_s: float = 90.0  # VM create call → trainer running (GPU VM; a TPU VM takes longer)

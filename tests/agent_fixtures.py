@@ -20,7 +20,7 @@ from sim.metadata import MetadataServer
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Follows trainer/status.py's file format and trainer.PREEMPTED_EXIT_CODE. Flags: --steps N, --step-seconds S,
+# Follows the status file and exit code of respawn.contract (TrainerStatus, EXIT_PREEMPTED). Flags: --steps N, --step-seconds S,
 # --crash-at K (print a few lines, exit 3), --ignore-notice (never exits on SIGTERM: the deadline test).
 TINY_TRAINER = r'''
 import argparse, json, os, signal, sys, time

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (fixture)
+from respawn.contract import EXIT_PREEMPTED
 
 TRAINER = [sys.executable, "-m", "respawn.ckpt.examples.torch_mlp", "--checkpoint-every", "50", "--log-every", "50",
            "--threads", "1"]
@@ -60,7 +61,7 @@ def test_notice_gets_emergency_checkpoint_committed_and_reported(agent_env, sour
     # committed on the node's disk (and, time permitting, in the checkpoint store).
     assert hb["committed_step"] == emergency["step"] >= 60
     assert (node_dir / "checkpoints" / f"step_{emergency['step']:012d}" / "COMMITTED").exists()
-    assert hb["exit_code"] == 75  # trainer.PREEMPTED_EXIT_CODE
+    assert hb["exit_code"] == EXIT_PREEMPTED
     # The agent reported the notice within its budget: the deadline kill never happened.
     assert not agent.has("the trainer did not exit within the notice budget; killing its process group")
     assert "preempted at step" in agent.output()  # the trainer's own output, forwarded
@@ -126,5 +127,5 @@ def test_jax_example_gets_the_same_treatment(agent_env):
     md.set("instance/preempted", "TRUE")
     assert agent.wait(60) == 0
     hb = agent_env.heartbeat("jax-1")
-    assert hb["state"] == "exited" and hb["exit_code"] == 75 and hb["emergency"]["state"] == "committed"
+    assert hb["state"] == "exited" and hb["exit_code"] == EXIT_PREEMPTED and hb["emergency"]["state"] == "committed"
     assert hb["committed_step"] == hb["emergency"]["step"] >= 30

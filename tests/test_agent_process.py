@@ -9,6 +9,7 @@ import signal
 import sys
 
 from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (fixture)
+from respawn.contract import EXIT_PREEMPTED
 
 
 def _tiny(env, *flags: str) -> list[str]:
@@ -50,7 +51,7 @@ def test_agent_restart_adopts_the_running_trainer_instead_of_starting_a_second(a
     assert second.wait(60) == 0
     hb = agent_env.heartbeat("adopt-1")
     # An adopted trainer is not the agent's child; its exit status comes from the wrapper's exit file.
-    assert hb["state"] == "exited" and hb["exit_code"] == 75
+    assert hb["state"] == "exited" and hb["exit_code"] == EXIT_PREEMPTED
     assert hb["emergency"]["state"] == "committed" and hb["committed_step"] == hb["emergency"]["step"]
 
 
