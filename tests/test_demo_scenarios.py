@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from sim.demo.scenario import default_scenario, parse_scenario
+from test_demo_summary import assert_each_line_rises
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
 
@@ -46,7 +47,10 @@ def run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, d
 def check_common(r, out, tmp_path):
     assert r.returncode == 0, f"ended {out['state']}, expected {out['expected_state']}:\n{r.stderr[-4000:]}"
     assert out["state"] == out["expected_state"]
-    assert (tmp_path / "out" / "timeline.html").read_text().startswith("<!doctype html>")
+    page = (tmp_path / "out" / "timeline.html").read_text()
+    assert page.startswith("<!doctype html>")
+    if out["final_step"]:
+        assert_each_line_rises(page)
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["state"] == out["state"]
     if out["state"] == "SUCCEEDED":
         assert out["max_live_nodes"] == 1

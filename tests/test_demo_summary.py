@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sim.demo.scenario import ScenarioError, default_scenario, parse_scenario
 from sim.demo.summary import HeartbeatSample as S
-from sim.demo.summary import Lifetime, RunRecord, lives, lost_steps, max_live, summarize, zones_in_order
+from sim.demo.summary import Lifetime, RunRecord, lives, lost_steps, max_live, progress_series, summarize, zones_in_order
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
 
 
@@ -83,8 +85,38 @@ def test_timeline_is_self_contained_html():
     tl = Timeline(title="demo <default>", wall_seconds=60, zones=["us-a", "us-b"],
                   nodes=[NodeSpan("j-1", "us-a", 0, 30, "preempted"), NodeSpan("j-2", "us-b", 35, 60)],
                   marks=[Mark(29, "notice", "j-1"), Mark(29.5, "emergency", "step 100")],
-                  downtime=[(30, 40)], steps=[(1, 0), (29, 100), (41, 100), (60, 300)], summary={"state": "SUCCEEDED"})
+                  downtime=[(30, 40)], progress=[[(1, 0), (29, 100)], [(41, 100), (60, 300)]], total_steps=300,
+                  summary={"state": "SUCCEEDED"})
     page = render_html(tl)
     assert page.startswith("<!doctype html>") and "<svg" in page and "demo &lt;default&gt;" in page
     assert "j-1: 0.0–30.0 s (preempted)" in page and "downtime 10.0 s" in page
     assert "http" not in page.replace("http://www.w3.org/2000/svg", "")  # nothing fetched from elsewhere
+
+
+def drawn_progress(page: str) -> list[list[tuple[float, float]]]:
+    """The step lines timeline.html draws: one list of (x, y) per polyline (SVG y grows downwards)."""
+    return [[tuple(map(float, pt.split(","))) for pt in m.group(1).split()]
+            for m in re.finditer(r'<polyline class="progress"[^>]* points="([^"]*)"', page)]
+
+
+def assert_each_line_rises(page: str) -> None:
+    lines = drawn_progress(page)
+    assert lines, "no step line drawn"
+    for line in lines:
+        xs, ys = [x for x, _ in line], [y for _, y in line]
+        assert xs == sorted(xs) and ys == sorted(ys, reverse=True), f"a step line goes back: {line}"
+
+
+def test_a_dead_nodes_stale_step_does_not_zigzag_the_line():
+    # The demo polls every node document of the job: j-1's keeps saying 80 while j-2 trains on from 80.
+    samples = [S(1, "j-1", "a", "training", 10, 0, 0), S(2, "j-1", "a", "training", 80, 50),
+               S(3, "j-1", "a", "exited", 80, 80)]
+    for i, t in enumerate(range(4, 12)):
+        samples += [S(t, "j-1", "a", "exited", 80, 80), S(t, "j-2", "b", "training", 80 + 10 * i, 80, 80)]
+    series = progress_series(samples)
+    assert [s[-1][1] for s in series] == [80, 150]
+    assert series[0][-1][0] == 2  # the first life ends at its last progress, not at the last poll of its document
+    page = render_html(Timeline(title="t", wall_seconds=12, zones=["z"], progress=series, total_steps=300))
+    assert_each_line_rises(page)
+    # The step axis is labelled from 0 to the run's total, not just its top.
+    assert all(f">{s}</text>" in page for s in (0, 75, 150, 225, 300))

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from respawn import deployment, schema
 from sim import emulators
 from sim.demo.scenario import Scenario
-from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, summarize
+from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, progress_series, summarize
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
 
 PROJECT = "respawn-demo"
@@ -408,9 +408,9 @@ class DemoRun:
         downtime = result.pop("_downtime", [])
         if ordered:
             downtime.insert(0, (0.0, ordered[0].first_t))
-        steps = sorted((s.t, s.step) for s in samples if s.step is not None)
         timeline = Timeline(title=f"respawn demo: {self.sc.name}", wall_seconds=wall, zones=[z.name for z in self.sc.zones],
-                            nodes=spans, marks=marks, downtime=downtime, steps=steps,
+                            nodes=spans, marks=marks, downtime=downtime, progress=progress_series(samples),
+                            total_steps=self.sc.trainer.steps,
                             summary={k: v for k, v in result.items() if k != "alerts"})
         (self.out / "timeline.html").write_text(render_html(timeline))
         result["expected_state"] = self.sc.expect.state.value

@@ -74,6 +74,22 @@ def lives(samples: list[HeartbeatSample]) -> list[Life]:
     return sorted(by_key.values(), key=lambda life: life.first_t)
 
 
+def progress_series(samples: list[HeartbeatSample]) -> list[list[tuple[float, int]]]:
+    """The step line of each trainer life, in order: (t, step) up to the life's last progress. A finished or dead
+    node's document keeps reporting its last step while the next life trains; drawn with the live one as a single
+    series, that stale value made the line jump back and forth. Each series is non-decreasing in t and step."""
+    series = []
+    for life in lives(samples):
+        points, top = [], -1
+        for s in sorted(samples, key=lambda s: s.t):
+            if (s.node, s.life) != (life.node, life.life) or s.step is None or s.t > life.last_t or s.step < top:
+                continue
+            top = s.step
+            points.append((s.t, s.step))
+        series.append(points)
+    return series
+
+
 def lost_steps(ordered: list[Life]) -> int:
     """Steps trained twice: how far each life got beyond the step the next one resumed from."""
     lost = 0

@@ -1,7 +1,8 @@
 """The demo's timeline picture: one self-contained HTML file with an inline SVG.
 
 Rows are zones; bars are node lifetimes; red marks are preemption notices; the bottom panel is training progress
-(steps over time) with its checkpoints; grey bands are downtime, when no node was training.
+(steps over time, one line per trainer life) with its checkpoints; grey bands are downtime, when no node was
+training.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class Timeline:
     nodes: list[NodeSpan] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     downtime: list[tuple[float, float]] = field(default_factory=list)
-    steps: list[tuple[float, int]] = field(default_factory=list)
+    progress: list[list[tuple[float, int]]] = field(default_factory=list)  # per trainer life: (t, step)
+    total_steps: int = 0
     summary: dict = field(default_factory=dict)
 
 
@@ -68,12 +70,17 @@ def render_html(tl: Timeline) -> str:
     py0 = _TOP + zones_h + 30
     svg.append(f'<text x="8" y="{py0 + _PROGRESS / 2}">step</text>')
     svg.append(f'<rect x="{_LEFT}" y="{py0}" width="{_W - 20 - _LEFT}" height="{_PROGRESS}" fill="none" stroke="#cccccc"/>')
-    top_step = max([s for _, s in tl.steps] + [1])
+    top_step = max([s for points in tl.progress for _, s in points] + [tl.total_steps, 1])
     yv = lambda s: py0 + _PROGRESS - _PROGRESS * s / top_step  # noqa: E731
-    if tl.steps:
-        pts = " ".join(f"{x(t):.1f},{yv(s):.1f}" for t, s in tl.steps)
-        svg.append(f'<polyline points="{pts}" fill="none" stroke="#555555" stroke-width="1.5"/>')
-    svg.append(f'<text x="{_LEFT - 40}" y="{py0 + 10}">{top_step}</text>')
+    for k in range(5):  # the step axis: 0, a quarter, … the top
+        s = round(top_step * k / 4)
+        svg.append(f'<text x="{_LEFT - 8}" y="{yv(s) + 4:.1f}" text-anchor="end">{s}</text>')
+        svg.append(f'<line x1="{_LEFT}" y1="{yv(s):.1f}" x2="{_W - 20}" y2="{yv(s):.1f}" stroke="#f0f0f0"/>')
+    for i, points in enumerate(tl.progress):
+        if points:
+            pts = " ".join(f"{x(t):.1f},{yv(s):.1f}" for t, s in points)
+            svg.append(f'<polyline class="progress" data-life="{i}" points="{pts}" fill="none" stroke="#555555" '
+                       f'stroke-width="1.5"><title>life {i + 1}: steps {points[0][1]}–{points[-1][1]}</title></polyline>')
     for m in tl.marks:
         colour = _COLOURS.get(m.kind, "#555555")
         tip = html.escape(f"{m.kind} at {m.t:.1f} s {m.label}".strip())
