@@ -28,17 +28,21 @@ class Phase(str, enum.Enum):
     """A node's real state, normalised over Compute Engine instance statuses and Cloud TPU node states."""
 
     ABSENT = "ABSENT"  # the API says 404
-    BOOTING = "BOOTING"  # PROVISIONING, STAGING, CREATING, STARTING, RESTARTING, REIMAGING, REPAIRING
+    BOOTING = "BOOTING"  # PENDING, PROVISIONING, STAGING, CREATING, STARTING, RESTARTING, REIMAGING, REPAIRING
     RUNNING = "RUNNING"  # RUNNING, READY
-    STOPPING = "STOPPING"  # STOPPING, SUSPENDING: on its way to a dead state
+    STOPPING = "STOPPING"  # PENDING_STOP, STOPPING, SUSPENDING, DEPROVISIONING: on its way to a dead state
     DELETING = "DELETING"
     DEAD = "DEAD"  # TERMINATED, STOPPED, SUSPENDED, PREEMPTED, HIDDEN...: not serving, must be deleted (or started)
     UNKNOWN = "UNKNOWN"
 
 
+# Every compute_v1.Instance.Status value but UNDEFINED_STATUS (gcp-facts §3). PENDING: a Flex Start VM waits for
+# capacity before it provisions. PENDING_STOP: the guest is shutting down gracefully, before STOPPING.
+# DEPROVISIONING: the VM is halted and its resources are being torn down.
 GCE_PHASES = {
-    "PROVISIONING": Phase.BOOTING, "STAGING": Phase.BOOTING, "RUNNING": Phase.RUNNING, "STOPPING": Phase.STOPPING,
-    "SUSPENDING": Phase.STOPPING, "STOPPED": Phase.DEAD, "SUSPENDED": Phase.DEAD, "TERMINATED": Phase.DEAD,
+    "PENDING": Phase.BOOTING, "PROVISIONING": Phase.BOOTING, "STAGING": Phase.BOOTING, "RUNNING": Phase.RUNNING,
+    "PENDING_STOP": Phase.STOPPING, "STOPPING": Phase.STOPPING, "SUSPENDING": Phase.STOPPING,
+    "DEPROVISIONING": Phase.STOPPING, "STOPPED": Phase.DEAD, "SUSPENDED": Phase.DEAD, "TERMINATED": Phase.DEAD,
     "REPAIRING": Phase.BOOTING,
 }
 TPU_PHASES = {

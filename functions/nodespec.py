@@ -4,8 +4,8 @@ period and notice budget, what the startup script installs) are passed in."""
 
 from __future__ import annotations
 
-from respawn.contract import (ATTR_ATTEMPT, ATTR_INSTALL, ATTR_JOB_ID, ATTR_PROJECT, ATTR_SETTINGS, ATTR_STARTUP,
-                              LABEL_ATTEMPT, LABEL_JOB, NodeSettings)
+from respawn.contract import (ATTR_ATTEMPT, ATTR_INSTALL, ATTR_INSTALL_NVIDIA_DRIVER, ATTR_JOB_ID, ATTR_PROJECT,
+                              ATTR_SETTINGS, ATTR_STARTUP, LABEL_ATTEMPT, LABEL_JOB, NodeSettings)
 from respawn.control.settings import NodeOptions
 from respawn.schema import JobSpec
 
@@ -33,6 +33,10 @@ def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str,
     }
     if options.install:  # always set by deploy/ (RESPAWN_INSTALL); local runs (sim/) start the agent without it
         items[ATTR_INSTALL] = options.install
+    if spec.accelerator.kind == "gpu":
+        # A Deep Learning VM image installs the NVIDIA driver on first boot only when asked (gcp-facts §9); other
+        # images ignore the key. TPU VMs have no NVIDIA GPU and never get it.
+        items[ATTR_INSTALL_NVIDIA_DRIVER] = "True"
     return items
 
 

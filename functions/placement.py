@@ -19,7 +19,11 @@ CAPACITY_CODES = {
     "GPU_STOCKOUT", "INSUFFICIENTCAPACITY", "UNSUPPORTED_OPERATION", "RESOURCE_NOT_FOUND",
     "RESOURCE_OPERATION_RATE_EXCEEDED", "RESOURCE_AVAILABILITY", "STOCKOUT",
 }
-QUOTA_CODES = {"QUOTA_EXCEEDED", "QUOTAEXCEEDED", "RATELIMITEXCEEDED"}
+QUOTA_CODES = {"QUOTA_EXCEEDED", "QUOTAEXCEEDED"}
+# A project's API rate quota (requests per minute), not a zone's resources (gcp-facts §4): Compute answers 403
+# `rateLimitExceeded`, other APIs 429 with ErrorInfo reason `RATE_LIMIT_EXCEEDED`. It refills within a minute, so it
+# is transient (the platform redelivers with backoff) and never cools a zone down. Compared without "_", upper case.
+RATE_LIMIT_CODES = {"RATELIMITEXCEEDED", "USERRATELIMITEXCEEDED"}
 CAPACITY_PHRASES = (
     "does not have enough resources", "no more capacity", "stockout", "resource_availability",
     "insufficient reserved capacity", "currently unavailable", "resource pool exhausted",
@@ -55,7 +59,8 @@ def classify(exc: BaseException) -> Classified:
 
     capacity / quota: skip the zone for a cooldown. exists: the node is already there (a retried create): adopt it.
     fatal: the request itself is wrong (bad machine type, permission): the job fails with the message.
-    transient: our dependency hiccuped: raise so the platform retries the delivery.
+    transient: our dependency hiccuped, or the project's API rate quota ran out: raise so the platform retries the
+    delivery.
     """
     message = str(getattr(exc, "message", None) or exc)
     codes = _codes(exc)
@@ -64,6 +69,11 @@ def classify(exc: BaseException) -> Classified:
     http = getattr(exc, "code", None)
     http = http if isinstance(http, int) else None
     first = codes[0] if codes else (type(exc).__name__)
+    info_reason = getattr(exc, "reason", None)  # google.rpc.ErrorInfo.reason (gRPC details, REST error.details)
+    reasons = codes + ([info_reason] if isinstance(info_reason, str) else [])
+    rate_limited = [c for c in reasons if c.upper().replace("_", "") in RATE_LIMIT_CODES]
+    if rate_limited:  # checked first: its message reads "Quota exceeded for quota metric …" and its HTTP code is 403
+        return Classified("transient", rate_limited[0], message)
     if upper & QUOTA_CODES:
         return Classified("quota", next(c for c in codes if c.upper() in QUOTA_CODES), message)
     if upper & CAPACITY_CODES:

@@ -6,6 +6,9 @@
 
 Both come from one filter structure (`filter_spec`): `sink_filter` renders it, `matches` evaluates it, so the
 deployed sink and the local router cannot drift apart. Imports no cloud client library.
+
+The filter admits every routed method inside the `system_event` log, and Cloud TPU's `tpu.nodes.terminate` by its
+service and method whatever log carries it (which log that is has no public source: gcp-facts §2).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ HOST_ERROR = "compute.instances.hostError"
 GUEST_TERMINATE = "compute.instances.guestTerminate"
 TERMINATE_ON_HOST_MAINTENANCE = "compute.instances.terminateOnHostMaintenance"
 # Cloud TPU: one event per lost TPU node, the cause in protoPayload.metadata.terminateReason (gcp-facts §2).
+TPU_SERVICE = "tpu.googleapis.com"
 TPU_NODE_TERMINATE = "tpu.nodes.terminate"
 
 COMPUTE_METHODS: tuple[str, ...] = (PREEMPTED, HOST_ERROR, GUEST_TERMINATE, TERMINATE_ON_HOST_MAINTENANCE)
@@ -55,8 +59,19 @@ class All:
     terms: tuple
 
 
-def filter_spec(project: str) -> All:
-    return All((Eq("logName", log_name(project)), AnyOf("protoPayload.methodName", METHODS)))
+@dataclass(frozen=True)
+class Either:
+    """`(term) OR (term) ...`"""
+
+    terms: tuple
+
+
+def filter_spec(project: str) -> Either:
+    return Either((
+        All((Eq("logName", log_name(project)), AnyOf("protoPayload.methodName", METHODS))),
+        # Selected by service and method alone, as public examples do: the log these entries carry is unverified.
+        All((Eq("protoPayload.serviceName", TPU_SERVICE), Eq("protoPayload.methodName", TPU_NODE_TERMINATE))),
+    ))
 
 
 def _quote(value: str) -> str:
@@ -70,6 +85,9 @@ def render(node) -> str:
         return f"{node.field}=(" + " OR ".join(_quote(v) for v in node.values) + ")"
     if isinstance(node, All):
         return " AND ".join(render(t) for t in node.terms)
+    if isinstance(node, Either):
+        # The Logging query language gives OR a higher precedence than AND: every operand is parenthesised.
+        return " OR ".join(f"({render(t)})" for t in node.terms)
     raise TypeError(f"unknown filter node {node!r}")
 
 
@@ -89,6 +107,8 @@ def evaluate(node, entry: dict) -> bool:
         return _field(entry, node.field) in node.values
     if isinstance(node, All):
         return all(evaluate(t, entry) for t in node.terms)
+    if isinstance(node, Either):
+        return any(evaluate(t, entry) for t in node.terms)
     raise TypeError(f"unknown filter node {node!r}")
 
 

@@ -22,6 +22,8 @@ ATTR_PROJECT = "respawn-project"  # the project that holds Firestore
 ATTR_SETTINGS = "respawn-settings"  # NodeSettings.to_json()
 ATTR_INSTALL = "respawn-install"  # what deploy/vm/startup.sh installs (the deployment's RESPAWN_INSTALL)
 ATTR_STARTUP = "startup-script"  # Compute Engine and Cloud TPU run this at every boot
+# Deep Learning VM images install the NVIDIA driver on first boot only when this is "True" (GPU VMs only).
+ATTR_INSTALL_NVIDIA_DRIVER = "install-nvidia-driver"
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
 

@@ -12,7 +12,7 @@ import string
 import time
 from datetime import datetime, timedelta, timezone
 
-from respawn.audit import log_name
+from respawn.audit import SYSTEM_EVENT_LOG_ID, log_name
 
 STATUS_MESSAGES = {
     "compute.instances.preempted": "Instance was preempted.",
@@ -59,8 +59,10 @@ def compute_system_event(method: str, *, project: str, zone: str, instance_name:
     }
 
 
-def tpu_node_terminate(*, project: str, zone: str, node_name: str, reason: str = "PREEMPTED") -> dict:
-    """One entry per lost TPU node: resourceName names the node, metadata.terminateReason the cause."""
+def tpu_node_terminate(*, project: str, zone: str, node_name: str, reason: str = "PREEMPTED",
+                       log_id: str = SYSTEM_EVENT_LOG_ID) -> dict:
+    """One entry per lost TPU node: resourceName names the node, metadata.terminateReason the cause. Which log
+    carries it is unverified (gcp-facts §2): `log_id` plays another one."""
     now = datetime.now(timezone.utc)
     method = "tpu.nodes.terminate"
     return {
@@ -78,7 +80,7 @@ def tpu_node_terminate(*, project: str, zone: str, node_name: str, reason: str =
                      "labels": {"service": "tpu.googleapis.com", "method": method, "project_id": project}},
         "timestamp": _ts(now),
         "severity": "NOTICE",
-        "logName": log_name(project),
+        "logName": log_name(project, log_id),
         "operation": _system_operation(method, int(time.time() * 1000)),
         "receiveTimestamp": _ts(now + timedelta(milliseconds=450)),
     }

@@ -129,6 +129,21 @@ ROWS = [
      obs("PROVISIONING", raw="TERMINATED", create_state="created", in_place_restarts=1), Act.DELETE, "PREEMPTED", None),
     ("running, STOPPING, in-place candidate: wait for TERMINATED", obs("RUNNING", raw="STOPPING"), Act.POLL, "RUNNING", None),
     ("running, STOPPING, DELETE action: delete now", obs("RUNNING", raw="STOPPING", spec=GPU_DELETE), Act.DELETE, "PREEMPTED", None),
+    # The statuses that compute_v1.Instance.Status adds to the documented nine.
+    ("running, PENDING_STOP, in-place candidate: wait for TERMINATED", obs("RUNNING", raw="PENDING_STOP"), Act.POLL,
+     "RUNNING", None),
+    ("running, PENDING_STOP, DELETE action: delete now", obs("RUNNING", raw="PENDING_STOP", spec=GPU_DELETE), Act.DELETE,
+     "PREEMPTED", None),
+    ("running, DEPROVISIONING, in-place candidate: wait for TERMINATED", obs("RUNNING", raw="DEPROVISIONING"), Act.POLL,
+     "RUNNING", None),
+    ("running, DEPROVISIONING, DELETE action: delete now", obs("RUNNING", raw="DEPROVISIONING", spec=GPU_DELETE),
+     Act.DELETE, "PREEMPTED", None),
+    ("running, DEPROVISIONING, zone in cooldown: delete now",
+     obs("RUNNING", raw="DEPROVISIONING", blocked={ZONES[0]: NOW + timedelta(60)}), Act.DELETE, "PREEMPTED", None),
+    ("provisioning, DEPROVISIONING while booting (DELETE action): delete first",
+     obs("PROVISIONING", raw="DEPROVISIONING", heartbeat="none", spec=GPU_DELETE), Act.DELETE, "PREEMPTED", None),
+    ("provisioning, PENDING (Flex Start waits for capacity): poll", obs("PROVISIONING", raw="PENDING", heartbeat="none"),
+     Act.POLL, "PROVISIONING", None),
     ("running, spot DELETE action, node gone: replace", obs("RUNNING", raw=None, spec=GPU_DELETE, hint="preempted"),
      Act.CREATE, "PROVISIONING", None),
     ("running, TPU PREEMPTED: delete (it holds quota)", obs("RUNNING", raw="PREEMPTED", spec=TPU), Act.DELETE, "PREEMPTED", None),
@@ -360,8 +375,8 @@ def test_outcomes_of_other_actions_are_refused():
 
 
 # The exhaustive sweep: every state × real node state × heartbeat × cancel × hint.
-RAW_STATES = {"gpu": [None, "PROVISIONING", "STAGING", "RUNNING", "STOPPING", "STOPPED", "SUSPENDED", "TERMINATED",
-                      "REPAIRING", "WEIRD"],
+RAW_STATES = {"gpu": [None, "PENDING", "PROVISIONING", "STAGING", "RUNNING", "PENDING_STOP", "STOPPING", "STOPPED",
+                      "SUSPENDING", "SUSPENDED", "TERMINATED", "DEPROVISIONING", "REPAIRING", "WEIRD"],
               "tpu": [None, "CREATING", "READY", "DELETING", "PREEMPTED", "TERMINATED", "STOPPED", "REPAIRING", "UNKNOWN"]}
 GRID = [
     (state, spec_name, raw, hbk, cancel, hint, create_state)
@@ -381,6 +396,20 @@ def test_grid_covers_every_state_and_phase():
     assert {g[0] for g in GRID} == set(State)
     phases = {phase_of("tpu" if g[1] == "tpu" else "gpu", g[2]) for g in GRID}
     assert phases == set(Phase)
+
+
+@pytest.mark.parametrize("raw,phase", [("PENDING", Phase.BOOTING), ("PENDING_STOP", Phase.STOPPING),
+                                       ("DEPROVISIONING", Phase.STOPPING)])
+def test_compute_statuses_beyond_the_documented_nine(raw, phase):
+    assert phase_of("gpu", raw) is phase
+
+
+def test_every_compute_instance_status_has_a_phase():
+    # Statuses the installed client library can return never fall to UNKNOWN (where recovery could only poll).
+    compute_v1 = pytest.importorskip("google.cloud.compute_v1")
+    statuses = set(compute_v1.Instance.Status.__members__) - {"UNDEFINED_STATUS"}
+    assert {s for s in statuses if phase_of("gpu", s) is Phase.UNKNOWN} == set()
+    assert statuses <= set(RAW_STATES["gpu"])  # and the exhaustive sweep below covers each of them
 
 
 @pytest.mark.parametrize("state", list(State), ids=[s.value for s in State])

@@ -262,3 +262,60 @@ def test_render_names_the_missing_bucket(tmp_path):
     with pytest.raises(render.RenderError, match="_CHECKPOINT_BUCKET"):
         render.render(PROJECT, "us-central1", "", "s", "b", tmp_path, tmp_path / "out")
 
+
+
+# ------------------------------------------------------------------------------------ docs/deploy.md, step 4
+
+RECORDER = """import json, os, sys
+argv = sys.argv[1:]
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+if argv[:2] == ["builds", "get-default-service-account"]:
+    print(os.environ["DEFAULT_SA"])
+"""
+
+
+def _run_builder_block(tmp_path, default_sa: str):
+    """Run step 4's shell block with a `gcloud` that records its argv and answers the default-account question."""
+    import subprocess
+    import sys
+
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = text.split("## 4. ", 1)[1].split("\n## ", 1)[0].split("```bash\n", 1)[1].split("```", 1)[0]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "recorder.py").write_text(RECORDER)
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "recorder.py"} "$@"\n')
+    gcloud.chmod(0o755)
+    record = tmp_path / "calls.jsonl"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PROJECT": PROJECT, "RECORD": str(record), "DEFAULT_SA": default_sa}
+    p = subprocess.run(["bash", "-c", block], env=env, capture_output=True, text=True, timeout=60)
+    return p, [json.loads(line) for line in record.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("answer,email", [
+    # What `gcloud builds get-default-service-account --format=value(serviceAccountEmail)` prints (gcp-facts §11).
+    ("projects/respawn-proj/serviceAccounts/123456789012-compute@developer.gserviceaccount.com",
+     "123456789012-compute@developer.gserviceaccount.com"),
+    ("projects/respawn-proj/serviceAccounts/123456789012@cloudbuild.gserviceaccount.com",
+     "123456789012@cloudbuild.gserviceaccount.com"),
+    ("123456789012-compute@developer.gserviceaccount.com", "123456789012-compute@developer.gserviceaccount.com"),
+])
+def test_docs_grant_the_build_roles_to_the_default_build_account(tmp_path, answer, email):
+    p, argvs = _run_builder_block(tmp_path, answer)
+    assert p.returncode == 0, p.stderr
+    # Every call is a real command with real flags of the installed Google Cloud CLI.
+    tree = cli_tree()
+    assert not sorted({q for a in argvs for q in check_against_cli(a, tree)})
+    assert argvs[0][:2] == ["builds", "get-default-service-account"]
+    grants = argvs[1:]
+    assert grants and all(a[:2] == ["projects", "add-iam-policy-binding"] for a in grants)
+    assert {_flag(a, "member")[0] for a in grants} == {f"serviceAccount:{email}"}
+    assert {_flag(a, "role")[0] for a in grants} >= {"roles/cloudfunctions.developer", "roles/iam.roleAdmin"}
+
+
+def test_docs_stop_when_the_project_has_no_default_build_account(tmp_path):
+    p, argvs = _run_builder_block(tmp_path, "")
+    assert p.returncode != 0 and "your own service account" in p.stderr
+    assert [a[:2] for a in argvs] == [["builds", "get-default-service-account"]]

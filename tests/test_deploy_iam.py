@@ -130,6 +130,31 @@ def test_every_method_grants_something_and_roles_are_well_formed():
         assert p["role"].startswith("roles/") and p["why"]
 
 
+# Firestore's table of required permissions per API method (https://cloud.google.com/firestore/docs/security/iam,
+# "Required permissions"), for the methods the code maps its calls to.
+FIRESTORE_REQUIRED = {
+    "firestore.documents.batchGet": {"datastore.entities.get"},
+    "firestore.documents.runQuery": {"datastore.entities.get", "datastore.entities.list"},
+    "firestore.documents.list": {"datastore.entities.get", "datastore.entities.list"},
+    "firestore.documents.beginTransaction": {"datastore.databases.get"},
+    "firestore.documents.rollback": {"datastore.databases.get"},
+    "firestore.documents.commit.set": {"datastore.entities.create", "datastore.entities.update"},  # no precondition
+    "firestore.documents.commit.create": {"datastore.entities.create"},  # exists=false
+    "firestore.documents.commit.update": {"datastore.entities.update"},  # exists=true
+    "firestore.documents.commit.delete": {"datastore.entities.delete"},
+}
+
+
+def test_firestore_methods_grant_what_firestore_requires():
+    mapped = {m for calls in CALLS.values() for api in calls.values() for m in api if m.startswith("firestore.")}
+    assert mapped <= set(FIRESTORE_REQUIRED), sorted(mapped - set(FIRESTORE_REQUIRED))
+    granted = [(role.id, method, set(perms)) for role in iam.roles() for method, perms in role.methods.items()
+               if method.startswith("firestore.")]
+    assert any(method == "firestore.documents.runQuery" for _, method, _ in granted)
+    for role_id, method, perms in granted:
+        assert perms == FIRESTORE_REQUIRED[method], f"{role_id}: {method} grants {sorted(perms)}"
+
+
 def test_scan_finds_a_new_unlisted_call(tmp_path):
     bad = tmp_path / "x.py"
     bad.write_text("def f(self):\n    self.clients.instances().set_labels(project='p')\n")

@@ -49,7 +49,9 @@ def test_gpu_vm_is_created_with_the_requested_scheduling_and_contract(made, prov
     assert inst.machine_type.endswith("/machineTypes/n1-standard-8")
     assert inst.guest_accelerators[0].accelerator_type.endswith(f"/acceleratorTypes/{T4}")
     attrs = {i.key: i.value for i in inst.metadata.items}
-    assert set(attrs) == {"startup-script", "respawn-job-id", "respawn-attempt", "respawn-project", "respawn-settings"}
+    assert set(attrs) == {"startup-script", "respawn-job-id", "respawn-attempt", "respawn-project", "respawn-settings",
+                          "install-nvidia-driver"}
+    assert attrs["install-nvidia-driver"] == "True"  # Deep Learning VM images install the driver on first boot
     assert json.loads(attrs["respawn-settings"])["command"] == ["python", "-m", "respawn.ckpt.examples.torch_mlp"]
     assert dict(inst.labels) == {"respawn-job": "vm", "respawn-attempt": "1"}
     gce.delete(ZONE, "vm-1")
@@ -91,6 +93,7 @@ def test_tpu_vm_is_created_spot_or_preemptible_and_deleted(made, provisioning):
     assert node.scheduling_config.spot is (provisioning == "spot")
     assert node.scheduling_config.preemptible is (provisioning == "preemptible")
     assert node.metadata["respawn-job-id"] == "tpu" and node.labels["respawn-attempt"] == "1"
+    assert "install-nvidia-driver" not in node.metadata
     assert tpu.get(ZONE, "tpu-1") == "READY"
     tpu.delete(ZONE, "tpu-1")
     assert tpu.get(ZONE, "tpu-1") is None
@@ -131,6 +134,19 @@ def test_the_install_requirement_travels_in_metadata_when_deploy_sets_it(monkeyp
     md = nodespec.metadata(spec, 1, "p", deployment.startup_script(), ControlSettings.from_env().nodes)
     assert md["respawn-install"] == "respawn[agent,storage]==0.1.0"
     assert md["startup-script"].startswith("#!/bin/bash") and "respawn-install" in md["startup-script"]
+
+
+def test_only_gpu_nodes_ask_for_the_nvidia_driver():
+    from respawn import contract
+    from respawn.control import nodespec
+
+    gpu = nodespec.metadata(parse_spec(gpu_spec("vm")), 1, "p", "#!/bin/bash\n")
+    builtin = nodespec.metadata(parse_spec(gpu_spec("vm", accelerator={"kind": "gpu", "machine_type": "g2-standard-8"})),
+                                1, "p", "#!/bin/bash\n")
+    tpu = nodespec.metadata(parse_spec(tpu_spec("tpu")), 1, "p", "#!/bin/bash\n")
+    assert contract.ATTR_INSTALL_NVIDIA_DRIVER == "install-nvidia-driver"
+    assert gpu[contract.ATTR_INSTALL_NVIDIA_DRIVER] == builtin[contract.ATTR_INSTALL_NVIDIA_DRIVER] == "True"
+    assert contract.ATTR_INSTALL_NVIDIA_DRIVER not in tpu
 
 
 def test_node_options_reach_the_gpu_vm_and_tpu_bodies(made):

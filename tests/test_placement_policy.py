@@ -1,12 +1,15 @@
 """functions/placement.py: error classification from the real exception shapes, and the zone walk."""
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
+from google.rpc import error_details_pb2
 
 from respawn.control import placement
+from respawn.control.decide import Act, Action, Outcome, followup
 from respawn.schema import JobStatus, parse_spec
 
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -61,6 +64,49 @@ STOCKOUT = ("The zone 'projects/p/zones/us-central1-a' does not have enough reso
 def test_classify_real_error_shapes(exc, kind, code):
     c = placement.classify(exc)
     assert (c.kind, c.code) == (kind, code)
+
+
+RATE_MESSAGE = ("Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service "
+                "'compute.googleapis.com' for consumer 'project_number:123456789012'.")
+
+
+def rest_error(status, error):
+    """What a REST client (compute_v1) raises: python-api-core's from_http_response on the JSON error body."""
+    import requests
+
+    response = requests.Response()
+    response.status_code = status
+    response._content = json.dumps({"error": error}).encode()
+    response.request = requests.Request("POST", "https://compute.googleapis.com/compute/v1/projects/p/zones/"
+                                        "us-central1-a/instances").prepare()
+    return gexc.from_http_response(response)
+
+
+RATE_LIMITED = [
+    # Compute Engine: 403 with the reason rateLimitExceeded in error.errors[] (gcp-facts §4).
+    rest_error(403, {"code": 403, "message": RATE_MESSAGE, "errors": [
+        {"message": RATE_MESSAGE, "domain": "usageLimits", "reason": "rateLimitExceeded"}]}),
+    # The same, as the Forbidden the existing quota row builds by hand.
+    gexc.Forbidden(RATE_MESSAGE, errors=[{"reason": "rateLimitExceeded", "message": "Rate Limit Exceeded"}]),
+    # APIs that answer 429 RESOURCE_EXHAUSTED with a google.rpc.ErrorInfo detail (REST and gRPC).
+    rest_error(429, {"code": 429, "message": RATE_MESSAGE, "status": "RESOURCE_EXHAUSTED", "details": [
+        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED",
+         "domain": "googleapis.com", "metadata": {"quota_limit": "QueriesPerMinutePerProject"}}]}),
+    gexc.ResourceExhausted(RATE_MESSAGE.replace("compute", "tpu"), error_info=error_details_pb2.ErrorInfo(
+        reason="RATE_LIMIT_EXCEEDED", domain="googleapis.com")),
+    # An operation error that carries the code.
+    op_error("RATE_LIMIT_EXCEEDED", RATE_MESSAGE, 403),
+]
+
+
+@pytest.mark.parametrize("exc", RATE_LIMITED, ids=["compute-403", "forbidden", "rest-429-errorinfo", "grpc-errorinfo", "op-error"])
+def test_api_rate_limit_is_transient_never_a_zone_refusal(exc):
+    # A project-wide rate quota refills within a minute: retried by redelivery, and no zone is cooled down for it.
+    c = placement.classify(exc)
+    assert c.kind == "transient" and c.code.upper().replace("_", "") == "RATELIMITEXCEEDED"
+    create = Action(Act.CREATE, zone="us-central1-a", node="job-1", attempt=1, provisioning="spot")
+    f = followup(spec(), create, Outcome.of(c), NOW)
+    assert f.propagate and f.capacity is None and not f.record
 
 
 def test_zone_walk_follows_the_list_and_skips_cooldowns_and_tried_zones():
