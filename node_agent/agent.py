@@ -21,15 +21,15 @@ Life of one agent:
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any
 
 from respawn import contract
+from respawn.contract import Heartbeat, NodeState
 from respawn.logs import log
-from respawn.schema import NodeState
 
 from .config import AgentConfig
 from .firestore_rest import FirestoreWriter
@@ -96,7 +96,7 @@ class Agent:
         self.detach = True
         self.wake.set()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Heartbeat:
         return compose_heartbeat(
             job_id=self.cfg.job_id, attempt=self.cfg.attempt, zone=self.cfg.zone, state=self.state,
             status=contract.read_status(self.status_path), started_at=self.started_at, notice=self.notice,
@@ -108,7 +108,8 @@ class Agent:
     def run(self) -> int:
         os.makedirs(self.local_ckpt_dir, exist_ok=True)
         log("INFO", "node agent starting", node=self.cfg.node, job_id=self.cfg.job_id, attempt=self.cfg.attempt,
-            zone=self.cfg.zone, node_dir=self.node_dir, metadata=self.md.host, pid=os.getpid())
+            zone=self.cfg.zone, node_dir=self.node_dir, metadata=self.md.host, pid=os.getpid(),
+            python=platform.python_version())
         self.heartbeater.start()
         for w in self.watchers:
             w.start()

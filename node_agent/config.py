@@ -13,9 +13,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from respawn.contract import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_PROJECT, ATTR_SETTINGS, NodeSettings, SettingsError
+from respawn.contract import (ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_PROJECT, ATTR_SETTINGS, NodeSettings, SettingsError,
+                              node_name)
 from respawn.logs import log
-from respawn.schema import node_name
 
 from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError
 

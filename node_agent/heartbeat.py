@@ -8,8 +8,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from respawn.contract import HEARTBEAT_SERVER_TIME_FIELDS, NODES_COLLECTION, Heartbeat, NodeState
 from respawn.logs import log
-from respawn.schema import NODES, Heartbeat, NodeState
 
 from .firestore_rest import FirestoreError, FirestoreWriter
 from .metadata import TRANSPORT_ERRORS
@@ -22,27 +22,27 @@ def _int_or_none(value: Any) -> int | None:
 def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: NodeState,
                       status: dict[str, Any] | None, started_at: datetime | None, notice: str | None = None,
                       exit_code: int | None = None, output_tail: str | None = None,
-                      now: datetime | None = None) -> dict[str, Any]:
-    """The nodes/{node} document as a dict of Python values (datetimes stay datetimes), validated against
-    respawn.schema.Heartbeat. `status` is the trainer's status file (respawn.contract.read_status), or None before it exists."""
+                      now: datetime | None = None) -> Heartbeat:
+    """The nodes/{node} document (respawn.contract.Heartbeat) as a dict of Python values; datetimes stay datetimes
+    for the Firestore encoder. `status` is the trainer's status file (respawn.contract.read_status), or None before
+    it exists; values of the wrong type in it are left out (None), never passed on."""
     status = status or {}
     emergency = status.get("emergency")
-    hb = Heartbeat(
-        job_id=job_id,
-        attempt=attempt,
-        zone=zone,
-        state=state,
-        step=_int_or_none(status.get("step")),
-        committed_step=_int_or_none(status.get("committed_step")),
-        total_steps=_int_or_none(status.get("total_steps")),
-        exit_code=exit_code,
-        output_tail=output_tail,
-        notice=notice,
-        emergency=emergency if isinstance(emergency, dict) else None,
-        started_at=started_at,
-        heartbeat_at=now or datetime.now(timezone.utc),
-    )
-    return hb.model_dump(mode="python")
+    return {
+        "job_id": str(job_id),
+        "attempt": int(attempt),
+        "zone": zone,
+        "state": NodeState(state),
+        "step": _int_or_none(status.get("step")),
+        "committed_step": _int_or_none(status.get("committed_step")),
+        "total_steps": _int_or_none(status.get("total_steps")),
+        "exit_code": exit_code,
+        "output_tail": output_tail,
+        "notice": notice,
+        "emergency": dict(emergency) if isinstance(emergency, dict) else None,
+        "started_at": started_at,
+        "heartbeat_at": now or datetime.now(timezone.utc),
+    }
 
 
 class Heartbeater(threading.Thread):
@@ -50,7 +50,7 @@ class Heartbeater(threading.Thread):
     intervals) and are logged once per streak. `stop_periodic()` ends the loop; `write()` is the one-off write
     the notice and exit paths use, serialised with the periodic one so that an older state never lands last."""
 
-    def __init__(self, writer: FirestoreWriter, node: str, snapshot: Callable[[], dict[str, Any]], *,
+    def __init__(self, writer: FirestoreWriter, node: str, snapshot: Callable[[], Heartbeat], *,
                  interval: float):
         super().__init__(name="heartbeat", daemon=True)
         self.writer, self.node, self.snapshot, self.interval = writer, node, snapshot, interval
@@ -79,7 +79,7 @@ class Heartbeater(threading.Thread):
             failures, delay_on_error = 0, 1.0
             self._halt.wait(self.interval)
 
-    def write(self, doc: dict[str, Any], *, timeout: float, lock_timeout: float = -1) -> bool:
+    def write(self, doc: Heartbeat, *, timeout: float, lock_timeout: float = -1) -> bool:
         """One write. Returns False without writing if another write holds the lock past `lock_timeout` (0 for
         the periodic loop: skip a beat rather than queue behind a final write); raises on failure."""
         if not self._write_lock.acquire(timeout=lock_timeout):  # -1: wait as long as it takes
@@ -87,13 +87,14 @@ class Heartbeater(threading.Thread):
         try:
             if self._halt.is_set() and lock_timeout == 0:
                 return False  # the periodic loop was stopped while this beat was being composed
-            self.writer.set(NODES, self.node, doc, server_timestamps=("heartbeat_at",), timeout=timeout)
+            self.writer.set(NODES_COLLECTION, self.node, dict(doc), server_timestamps=HEARTBEAT_SERVER_TIME_FIELDS,
+                            timeout=timeout)
             self.writes += 1
             return True
         finally:
             self._write_lock.release()
 
-    def write_until(self, make_doc: Callable[[], dict[str, Any]], deadline: float, *, what: str) -> bool:
+    def write_until(self, make_doc: Callable[[], Heartbeat], deadline: float, *, what: str) -> bool:
         """Retry a one-off write until it lands or the monotonic `deadline` passes. True if written."""
         delay = 0.2
         while True:

@@ -32,7 +32,7 @@ def upload_previous_life(local_dir: str, checkpoint_uri: str, *, timeout: float,
     log("INFO", "uploading checkpoints left on this disk by a previous life", local_dir=local_dir,
         checkpoint_uri=checkpoint_uri)
     child = subprocess.Popen([sys.executable, "-m", "respawn.ckpt", "upload-pending", local_dir, checkpoint_uri],
-                             stdin=subprocess.DEVNULL, process_group=0)
+                             stdin=subprocess.DEVNULL, start_new_session=True)  # its own process group
     deadline = time.monotonic() + timeout
     while child.poll() is None:
         if interrupted() or time.monotonic() > deadline:

@@ -143,7 +143,10 @@ class TrainerProcess:
             child = subprocess.Popen(
                 ["/bin/sh", "-c", _WRAPPER, "respawn-trainer", os.path.join(node_dir, EXIT_FILE), *argv],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=node_dir,
-                process_group=0,
+                # setsid(): a session and process group of its own, led by the wrapper (pgid = its pid), so that
+                # signal() reaches the wrapper and the trainer together and nothing aimed at the agent's group
+                # does. (Not Popen's process_group=0: that is Python 3.11+, and nodes run 3.9 and 3.10 too.)
+                start_new_session=True,
             )
         record = TrainerRecord(pid=child.pid, start_time=_proc_start_time(child.pid), boot_id=boot_id(),
                                job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at)

@@ -3,21 +3,24 @@
     control plane ── node metadata (ATTR_*, NodeSettings JSON) ──► node agent
     node agent ── trainer environment (ENV_*) ──► trainer (respawn.ckpt)
     trainer ── status file (TrainerStatus, read_status) and exit code (EXIT_*) ──► node agent
+    node agent ── heartbeat (Heartbeat, in NODES_COLLECTION/node_name(job, attempt)) ──► control plane
 
 Standard library only, and importable by the oldest Python a node image runs: all three sides import it.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any, Dict, Optional, Tuple, TypedDict
 
 # ---- node metadata attributes (written by respawn.control.nodespec, read by respawn.agent.config) -------------
 
 ATTR_JOB_ID = "respawn-job-id"
-ATTR_ATTEMPT = "respawn-attempt"  # the node is named {job}-{attempt} (respawn.schema.node_name)
+ATTR_ATTEMPT = "respawn-attempt"  # the node is named {job}-{attempt} (node_name below)
 ATTR_PROJECT = "respawn-project"  # the project that holds Firestore
 ATTR_SETTINGS = "respawn-settings"  # NodeSettings.to_json()
 ATTR_INSTALL = "respawn-install"  # what deploy/vm/startup.sh installs (the deployment's RESPAWN_INSTALL)
@@ -159,3 +162,50 @@ def read_status(path: str) -> Optional[Dict[str, Any]]:
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+# ---- the node's name and its heartbeat (written by the agent, read by the control plane as respawn.schema.Heartbeat)
+
+NODES_COLLECTION = "nodes"  # nodes/{node_name(job, attempt)}: one heartbeat document per node
+# Node names are `{job}-{attempt}`; attempts up to 6 digits keep every node name within GCE/TPU's 63 characters.
+MAX_ATTEMPT = 999_999
+
+
+def node_name(job_id: str, attempt: int) -> str:
+    """The name of a job's node for one attempt: the VM or TPU node, and the key of its heartbeat document."""
+    if not 1 <= attempt <= MAX_ATTEMPT:
+        raise ValueError(f"attempt {attempt} is outside 1..{MAX_ATTEMPT}")
+    return f"{job_id}-{attempt}"
+
+
+class NodeState(str, enum.Enum):
+    """What the agent says in its heartbeat."""
+
+    STARTING = "starting"
+    TRAINING = "training"
+    PREEMPTING = "preempting"
+    EXITED = "exited"
+
+
+class Heartbeat(TypedDict):
+    """The nodes/{node} document as the agent composes it (respawn.agent.heartbeat.compose_heartbeat): Python
+    values, datetimes as datetimes (Firestore timestamps). respawn.schema.Heartbeat reads it with these fields."""
+
+    job_id: str
+    attempt: int
+    zone: Optional[str]
+    state: NodeState
+    step: Optional[int]  # the trainer's status file (TrainerStatus)
+    committed_step: Optional[int]
+    total_steps: Optional[int]
+    exit_code: Optional[int]  # how the trainer ended (EXIT_PREEMPTED after a notice)
+    output_tail: Optional[str]  # the end of a failed trainer's output
+    notice: Optional[str]  # what told the agent: preempted, maintenance-event, sigterm
+    emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
+    started_at: Optional[datetime]  # when the trainer started
+    heartbeat_at: datetime  # written as Firestore's commit time (HEARTBEAT_SERVER_TIME_FIELDS)
+
+
+HEARTBEAT_FIELDS: Tuple[str, ...] = tuple(Heartbeat.__annotations__)
+# Fields the writer leaves to Firestore: the commit time, so that heartbeat ages never depend on a node's clock.
+HEARTBEAT_SERVER_TIME_FIELDS: Tuple[str, ...] = ("heartbeat_at",)

@@ -1,6 +1,7 @@
-"""The Firestore layout and the job spec: the single definition shared by functions/, node_agent/ and the CLI.
+"""The Firestore layout and the job spec: the single definition shared by functions/ and the CLI. What the node
+agent writes (nodes/{node}, node names and states) is defined in respawn.contract and used here.
 
-Imports no cloud client library, so a Cloud Function, the node agent and the CLI can all use it cheaply.
+Imports no cloud client library, so a Cloud Function and the CLI can both use it cheaply.
 
 Layout:
     jobs/{job}                 {"spec": <JobSpec, user-written>, "status": <JobStatus, controller-written>,
@@ -19,15 +20,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from respawn.contract import LABEL_ATTEMPT, LABEL_JOB
+# The node side of the layout (the heartbeat collection, node names and states) is the node contract's: the agent
+# runs without pydantic, so it is defined there, in the standard library, and used here.
+from respawn.contract import LABEL_ATTEMPT, LABEL_JOB, MAX_ATTEMPT, NodeState, node_name
+from respawn.contract import NODES_COLLECTION as NODES
 
 JOBS = "jobs"
 EVENTS = "events"
-NODES = "nodes"
 CAPACITY = "capacity"
 
-# Node names are `{job}-{attempt}`; attempts up to 6 digits keep every node name within GCE/TPU's 63 characters.
-MAX_ATTEMPT = 999_999
+# Node names are `{job}-{attempt}` (respawn.contract.node_name), within GCE/TPU's 63 characters.
 MAX_JOB_ID_LEN = 63 - 1 - len(str(MAX_ATTEMPT))
 # How long lifecycle events are kept (deploy/ puts a TTL policy on `expire_at`).
 EVENT_RETENTION = timedelta(days=30)
@@ -59,15 +61,6 @@ class State(str, enum.Enum):
     @property
     def terminal(self) -> bool:
         return self in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.INVALID)
-
-
-class NodeState(str, enum.Enum):
-    """What the agent says in its heartbeat."""
-
-    STARTING = "starting"
-    TRAINING = "training"
-    PREEMPTING = "preempting"
-    EXITED = "exited"
 
 
 def _zone_name(v: str) -> str:
@@ -289,12 +282,6 @@ def error_lines(exc: ValidationError) -> list[str]:
     return [f"{_field_path(e['loc'])}: {_describe(e)}" for e in exc.errors()]
 
 
-def node_name(job_id: str, attempt: int) -> str:
-    if not 1 <= attempt <= MAX_ATTEMPT:
-        raise ValueError(f"attempt {attempt} is outside 1..{MAX_ATTEMPT}")
-    return f"{job_id}-{attempt}"
-
-
 def parse_node_name(name: str) -> tuple[str, int] | None:
     """`{job}-{attempt}` → (job, attempt), or None for a name Respawn did not make."""
     job, sep, attempt = name.rpartition("-")
@@ -343,6 +330,8 @@ class JobStatus(_Record):
 
 
 class Heartbeat(_Record):
+    """How the control plane reads nodes/{node}: the fields of respawn.contract.Heartbeat, which the agent writes."""
+
     job_id: str
     attempt: int
     zone: str | None = None

@@ -1,17 +1,25 @@
 """Helpers for the node agent tests: a per-test metadata server (sim.metadata), the agent as a real process
 (`python -m respawn.agent`, as the sim and systemd run it), and a tiny trainer that follows the trainer library's
-contract (status file, SIGTERM → emergency checkpoint → exit 75) for the agent's own mechanics."""
+contract (status file, SIGTERM → emergency checkpoint → exit 75) for the agent's own mechanics.
+
+The agent runs on each node image's own `python3`: 3.9 (Debian 11 Deep Learning VM), 3.10 (Ubuntu 22.04, the TPU
+runtimes), 3.11, 3.12. `node_python` gives a test each of those found on this machine (the older ones bare, with
+nothing but the installed `respawn/` tree on PYTHONPATH), and the current interpreter with the editable install."""
 
 from __future__ import annotations
 
+import functools
+import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import pytest
 
@@ -19,6 +27,69 @@ from respawn.agent.supervisor import TrainerRecord
 from sim.metadata import MetadataServer
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The node images' older Pythons (pyenv builds on the dev machine; `python3.X` on PATH elsewhere).
+OLD_NODE_PYTHONS = ("3.9", "3.10")
+
+
+@functools.lru_cache(maxsize=None)
+def find_python(version: str) -> str | None:
+    """An interpreter of `version` (e.g. "3.9") that really runs (a pyenv shim on PATH may not), or None."""
+    candidates = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")),
+                        reverse=True)
+    candidates.append(shutil.which(f"python{version}") or "")
+    for exe in filter(None, candidates):
+        try:
+            out = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=30)
+        except OSError:
+            continue
+        if out.returncode == 0 and out.stdout.strip() == version:
+            return exe
+    return None
+
+
+def installed_tree(dest: Path) -> Path:
+    """The respawn.* namespace laid out as the wheel installs it (pyproject.toml's package-dir), every module of
+    it: respawn/, respawn/agent/ (node_agent/), respawn/control/ (functions/), respawn/ckpt/ (trainer/). An old
+    interpreter with only this on its path has no pydantic, NumPy or Google libraries, so the agent runs there only
+    if importing respawn.agent touches nothing but the standard library, respawn.contract and respawn.logs."""
+    mapping = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in sorted(mapping.items()):  # respawn first: the subpackages go inside it
+        shutil.copytree(REPO / folder, dest.joinpath(*package.split(".")),
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+    return dest
+
+
+class NodePython(NamedTuple):
+    """How to start the agent: the interpreter and the PYTHONPATH that makes `respawn` importable."""
+
+    label: str  # "3.9", "3.10" or "current"
+    executable: str
+    pythonpath: str
+
+
+@pytest.fixture(scope="session")
+def agent_tree(tmp_path_factory) -> Path:
+    return installed_tree(tmp_path_factory.mktemp("installed") / "site")
+
+
+@pytest.fixture(params=[*OLD_NODE_PYTHONS, "current"])
+def node_python(request) -> NodePython:
+    """Each node image's Python: the older ones bare, with only the installed tree; the current one as usual."""
+    if request.param == "current":
+        return NodePython("current", sys.executable, str(REPO))
+    return NodePython(request.param, node_image_python(request.param), str(request.getfixturevalue("agent_tree")))
+
+
+def node_image_python(version: str) -> str:
+    """The interpreter of an older node image; its absence fails the run with how to get it (never a skip)."""
+    exe = find_python(version)
+    if exe is None:
+        pytest.fail(f"no working python{version} on this machine: the node images run it; install it, e.g. "
+                    f"`pyenv install {version}`", pytrace=False)
+    return exe
+
 
 # Follows the status file and exit code of respawn.contract (TrainerStatus, EXIT_PREEMPTED). Flags: --steps N, --step-seconds S,
 # --crash-at K (print a few lines, exit 3), --ignore-notice (never exits on SIGTERM: the deadline test).
@@ -95,15 +166,17 @@ def _kill_group(pgid: int) -> None:
 class AgentProcess:
     """One `python -m respawn.agent` process with its own process group and cwd = the node directory."""
 
-    def __init__(self, node_dir: Path, metadata_host: str, extra_env: dict[str, str] | None = None):
+    def __init__(self, node_dir: Path, metadata_host: str, extra_env: dict[str, str] | None = None, *,
+                 python: NodePython | None = None):
         self.node_dir = node_dir
+        self.python = python or NodePython("current", sys.executable, str(REPO))
         node_dir.mkdir(parents=True, exist_ok=True)
         self.stdout_path = node_dir.parent / f"{node_dir.name}-agent-stdout-{time.monotonic_ns()}.log"
         env = dict(os.environ, GCE_METADATA_HOST=metadata_host, RESPAWN_NODE_DIR=str(node_dir),
-                   PYTHONPATH=str(REPO))
+                   PYTHONPATH=self.python.pythonpath)
         env.update(extra_env or {})
         self._out = open(self.stdout_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "respawn.agent"], cwd=node_dir, env=env,
+        self.proc = subprocess.Popen([self.python.executable, "-m", "respawn.agent"], cwd=node_dir, env=env,
                                      stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout: float = 60) -> int:
@@ -164,8 +237,10 @@ def agent_env(tmp_path, firestore_db, project):
             self.servers.append(md)
             return md
 
-        def agent(self, md: MetadataServer, node_dir: Path, **env: str) -> AgentProcess:
-            a = AgentProcess(node_dir, md.host, env)
+        def agent(self, md: MetadataServer, node_dir: Path, *, python: NodePython | None = None,
+                  **env: str) -> AgentProcess:
+            """Start `python -m respawn.agent` with `python` (default: this interpreter and the checkout)."""
+            a = AgentProcess(node_dir, md.host, env, python=python)
             self.agents.append(a)
             return a
 

@@ -1,5 +1,9 @@
 """The node agent's own mechanics, with real processes: the agent (`python -m respawn.agent`), the sim metadata
-server, the Firestore emulator and a tiny trainer that follows the trainer library's contract."""
+server, the Firestore emulator and a tiny trainer that follows the trainer library's contract.
+
+Tests that take `node_python` run once per node image Python (3.9, 3.10 and the current one): the notice path,
+the trainer's own exit, adoption and the deadline's process-group kill, with the older interpreters bare (only
+the installed respawn/ tree, no third-party packages)."""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import json
 import os
 import signal
 import sys
+from datetime import datetime
 
-from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (fixture)
+from agent_fixtures import agent_env, agent_tree, attributes, node_python, settings, wait_for  # noqa: F401
 from respawn.contract import EXIT_PREEMPTED
+from respawn.schema import Heartbeat
 
 
 def _tiny(env, *flags: str) -> list[str]:
@@ -23,27 +29,27 @@ def _setup(env, node: str, command: list[str], **extra):
     return md, env.tmp / node
 
 
-def test_already_preempted_at_boot_is_a_notice_and_no_trainer_starts(agent_env):
+def test_already_preempted_at_boot_is_a_notice_and_no_trainer_starts(agent_env, node_python):
     # A node flagged before the agent looked must not wait for a change that never comes.
     md, node_dir = _setup(agent_env, "boot-1", _tiny(agent_env))
     md.set("instance/preempted", "TRUE")
-    agent = agent_env.agent(md, node_dir)
+    agent = agent_env.agent(md, node_dir, python=node_python)
     assert agent.wait(60) == 0
     hb = agent_env.heartbeat("boot-1")
     assert hb["state"] == "exited" and hb["notice"] == "preempted"
     assert not agent.has("trainer started")
 
 
-def test_agent_restart_adopts_the_running_trainer_instead_of_starting_a_second(agent_env):
+def test_agent_restart_adopts_the_running_trainer_instead_of_starting_a_second(agent_env, node_python):
     md, node_dir = _setup(agent_env, "adopt-1", _tiny(agent_env))
-    first = agent_env.agent(md, node_dir)
+    first = agent_env.agent(md, node_dir, python=node_python)
     wait_for(lambda: (agent_env.heartbeat("adopt-1") or {}).get("step"), 60, "the first agent's heartbeat with a step")
     pid = first.trainer_record()["pid"]
     os.killpg(first.proc.pid, signal.SIGKILL)  # the agent dies hard; the trainer is in its own group
     first.proc.wait(10)
     os.kill(pid, 0)  # still running
 
-    second = agent_env.agent(md, node_dir)
+    second = agent_env.agent(md, node_dir, python=node_python)
     wait_for(lambda: second.has("adopting the trainer a previous agent started"), 60, "adoption")
     assert not second.has("trainer started")
     assert second.trainer_record()["pid"] == pid
@@ -87,9 +93,9 @@ def test_notice_is_handled_while_firestore_is_unreachable(agent_env):
     assert done["exit_code"] == 75 and done["final_heartbeat_written"] is False
 
 
-def test_trainer_that_ignores_the_notice_is_killed_at_the_deadline(agent_env):
+def test_trainer_that_ignores_the_notice_is_killed_at_the_deadline(agent_env, node_python):
     md, node_dir = _setup(agent_env, "stuck-1", _tiny(agent_env, "--ignore-notice"), notice_budget_seconds=2)
-    agent = agent_env.agent(md, node_dir)
+    agent = agent_env.agent(md, node_dir, python=node_python)
     wait_for(lambda: (agent_env.heartbeat("stuck-1") or {}).get("state") == "training", 60, "training")
     md.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
     assert agent.wait(60) == 0
@@ -129,12 +135,21 @@ def test_invalid_settings_are_named(agent_env):
     assert error["attribute"] == "respawn-settings" and "argv list" in error["message"]
 
 
-def test_a_tpu_worker_heartbeats_under_the_tpu_node_name(agent_env):
+def test_a_tpu_worker_heartbeats_under_the_tpu_node_name(agent_env, node_python):
     # On a TPU VM instance/name is the worker VM (t1v-n-…-w-0); the controller knows the node as {job}-{attempt}.
+    # The trainer exits on its own: the final heartbeat, as the control plane reads it, on each node Python.
     s = settings(_tiny(agent_env, "--steps", "20"), f"file://{agent_env.tmp}/store")
     md = agent_env.metadata("t1v-n-4f2a9c1e-w-0", attributes("tpujob", 3, agent_env.project, s))
-    agent = agent_env.agent(md, agent_env.tmp / "tpujob-3")
+    agent = agent_env.agent(md, agent_env.tmp / "tpujob-3", python=node_python)
     assert agent.wait(60) == 0
     hb = agent_env.heartbeat("tpujob-3")
     assert hb["job_id"] == "tpujob" and hb["attempt"] == 3 and hb["exit_code"] == 0
+    assert hb["state"] == "exited" and hb["zone"] == "us-central1-a" and hb["notice"] is None
+    assert hb["step"] == hb["total_steps"] == 20 and hb["output_tail"] is None
+    assert isinstance(hb["started_at"], datetime) and isinstance(hb["heartbeat_at"], datetime)
+    assert hb["started_at"] <= hb["heartbeat_at"]
+    Heartbeat.model_validate(hb)  # what the control plane reads heartbeats with
+    started = [e for e in agent.events() if e["message"] == "node agent starting"][0]
+    expected = node_python.label if node_python.label != "current" else "%d.%d" % sys.version_info[:2]
+    assert started["python"].startswith(expected + "."), started["python"]
     assert agent_env.heartbeat("t1v-n-4f2a9c1e-w-0") is None

@@ -14,8 +14,8 @@ from respawn.agent.heartbeat import compose_heartbeat
 from respawn.agent.metadata import metadata_host
 from respawn.agent.supervisor import log_tail, normalize_exit
 from respawn.agent.watcher import Backoff, is_preempted, is_terminating_maintenance, maintenance_watch, preempted_watch
-from respawn.contract import ATTR_ATTEMPT, ATTR_SETTINGS, read_status
-from respawn.schema import Heartbeat, NodeState
+from respawn.contract import ATTR_ATTEMPT, ATTR_SETTINGS, HEARTBEAT_FIELDS, NodeState, read_status
+from respawn.schema import Heartbeat
 
 GOOD = {"command": ["python", "train.py"], "checkpoint_uri": "gs://bucket/run"}
 
@@ -102,7 +102,10 @@ def test_heartbeat_from_status_matches_the_schema():
     assert doc["state"] == NodeState.EXITED and doc["notice"] == "preempted"
     assert (doc["step"], doc["committed_step"], doc["total_steps"]) == (120, 118, 1000)
     assert doc["emergency"] == STATUS["emergency"] and doc["exit_code"] == 75
-    Heartbeat.model_validate(doc)
+    assert doc["started_at"] == doc["heartbeat_at"] == now  # datetimes stay datetimes: Firestore timestamps
+    assert tuple(doc) == HEARTBEAT_FIELDS
+    # The control plane's reading of it (pydantic) takes every value as it is.
+    assert Heartbeat.model_validate(doc).model_dump(mode="python") == doc
 
 
 def test_heartbeat_tolerates_a_missing_or_odd_status():

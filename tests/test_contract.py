@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_fixtures import node_image_python
 from respawn import contract
 from respawn.contract import NodeSettings, SettingsError
 from respawn.control import nodespec
@@ -78,10 +79,11 @@ def test_contract_imports_only_the_standard_library_and_runs_on_the_oldest_node_
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
-    py39 = Path("/root/.pyenv/versions/3.9.18/bin/python3")
-    if py39.exists():  # the Debian 11 Deep Learning VM image's Python
-        code = ("import sys; sys.path.insert(0, sys.argv[1]); import contract as c; "
-                "print(c.NodeSettings.from_json(c.NodeSettings(command=['p'], checkpoint_uri='gs://b').to_json()))")
-        out = subprocess.run([str(py39), "-I", "-c", code, str(ROOT / "respawn")], capture_output=True,
-                             text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
+    py39 = node_image_python("3.9")  # the Debian 11 Deep Learning VM image's Python
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import contract as c; "
+            "print(c.NodeSettings.from_json(c.NodeSettings(command=['p'], checkpoint_uri='gs://b').to_json())); "
+            "assert c.node_name('j', 2) == 'j-2' and c.NodeState('exited') is c.NodeState.EXITED; "
+            "assert c.HEARTBEAT_FIELDS[0] == 'job_id' and c.HEARTBEAT_FIELDS[-1] == 'heartbeat_at'")
+    out = subprocess.run([py39, "-I", "-c", code, str(ROOT / "respawn")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

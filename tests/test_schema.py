@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from respawn import schema
+from respawn import contract, schema
 from respawn.schema import SpecError, parse_spec
 
 GPU = {
@@ -223,3 +223,16 @@ def test_records_tolerate_fields_from_newer_versions():
 def test_events_expire_for_the_ttl_policy():
     ev = schema.JobEvent.new(schema.State.RUNNING, schema.State.PREEMPTED, "audit:compute.instances.preempted")
     assert ev.expire_at - ev.at == schema.EVENT_RETENTION
+
+
+def test_the_heartbeat_model_reads_exactly_the_fields_the_agent_writes():
+    # The agent composes nodes/{node} from respawn.contract.Heartbeat (standard library: it runs without pydantic);
+    # the control plane reads it with this model.
+    assert tuple(schema.Heartbeat.model_fields) == contract.HEARTBEAT_FIELDS
+    assert set(contract.HEARTBEAT_SERVER_TIME_FIELDS) <= set(contract.HEARTBEAT_FIELDS)
+
+
+def test_the_node_side_of_the_layout_is_the_contracts():
+    assert schema.NODES == contract.NODES_COLLECTION == "nodes"
+    assert schema.NodeState is contract.NodeState and schema.node_name is contract.node_name
+    assert schema.MAX_ATTEMPT == contract.MAX_ATTEMPT
