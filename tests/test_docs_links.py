@@ -68,8 +68,7 @@ def test_the_pages_exist():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve_inside_the_repository(page: Path):
-    if not page.is_file():
-        pytest.skip("missing; test_the_pages_exist reports it")
+    assert page.is_file(), f"{page.relative_to(ROOT)} is missing"
     _, bad = problems(page)
     assert not bad, f"{page.relative_to(ROOT)}: broken links:\n  " + "\n  ".join(bad)
 
