@@ -101,8 +101,7 @@ def local_modules(root: Path) -> dict[str, Path]:
             continue
         seen[module] = path
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for parent in _parents(module):  # a module needs its packages' __init__.py
-            todo.append(parent)
+        todo.extend(_parents(module))  # a module needs its packages' __init__.py
         todo.extend(n for n in _imports(path, package) if n.split(".")[0] == "respawn")
     return seen
 

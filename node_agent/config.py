@@ -1,7 +1,8 @@
 """What the agent needs to know, read from the instance's metadata attributes set by the control plane
-(respawn.contract: the job id, the attempt, the project, and the NodeSettings JSON) and instance/zone (projects/NUM/zones/ZONE: the last segment is kept). The node's name — the key of its heartbeat
-document — is `{job}-{attempt}`, the name the control plane gave the VM or TPU node; `instance/name` is not used
-for it, because on a TPU VM it names the worker (`t1v-n-…-w-0`), not the TPU node.
+(respawn.contract: the job id, the attempt, the project, and the NodeSettings JSON) and instance/zone
+(projects/NUM/zones/ZONE: the last segment is kept). The node's name — the key of its heartbeat document — is
+`{job}-{attempt}`, the name the control plane gave the VM or TPU node; `instance/name` is not used for it, because
+on a TPU VM it names the worker (`t1v-n-…-w-0`), not the TPU node.
 
 Missing or invalid attributes raise ConfigError naming the attribute; a metadata server that is not reachable
 yet (boot, maintenance) is retried for a while first.
