@@ -4,8 +4,8 @@ period and notice budget, what the startup script installs) are passed in."""
 
 from __future__ import annotations
 
-from respawn.contract import (ATTR_ATTEMPT, ATTR_INSTALL, ATTR_INSTALL_NVIDIA_DRIVER, ATTR_JOB_ID, ATTR_PROJECT,
-                              ATTR_SETTINGS, ATTR_STARTUP, LABEL_ATTEMPT, LABEL_JOB, NodeSettings)
+from respawn.contract import (ATTR_AGENT, ATTR_ATTEMPT, ATTR_INSTALL_NVIDIA_DRIVER, ATTR_JOB_ID, ATTR_LIBRARY,
+                              ATTR_PROJECT, ATTR_SETTINGS, ATTR_STARTUP, LABEL_ATTEMPT, LABEL_JOB, NodeSettings)
 from respawn.control.settings import NodeOptions
 from respawn.schema import JobSpec
 
@@ -17,6 +17,9 @@ def settings_json(spec: JobSpec, options: NodeOptions = DEFAULTS) -> str:
         command=tuple(spec.trainer.command),
         env=dict(spec.trainer.env),
         checkpoint_uri=spec.checkpoint_uri,
+        workdir=spec.trainer.workdir,
+        setup=tuple(tuple(c) for c in spec.trainer.setup),
+        interpreter=spec.trainer.interpreter,
         heartbeat_seconds=options.heartbeat_seconds,
         notice_budget_seconds=options.notice_budget_seconds,
     ).to_json()
@@ -31,8 +34,10 @@ def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str,
         ATTR_PROJECT: project,
         ATTR_SETTINGS: settings_json(spec, options),
     }
-    if options.install:  # always set by deploy/ (RESPAWN_INSTALL); local runs (sim/) start the agent without it
-        items[ATTR_INSTALL] = options.install
+    # Always set by deploy/; local runs (sim/) may start the agent without the startup script.
+    for attribute, artifact in ((ATTR_AGENT, options.agent), (ATTR_LIBRARY, options.library)):
+        if artifact:
+            items[attribute] = artifact
     if spec.accelerator.kind == "gpu":
         # A Deep Learning VM image installs the NVIDIA driver on first boot only when asked (gcp-facts §9); other
         # images ignore the key. TPU VMs have no NVIDIA GPU and never get it.

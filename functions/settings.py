@@ -40,7 +40,8 @@ NODE_SERVICE_ACCOUNT = deployment.ENV_NODE_SERVICE_ACCOUNT
 NETWORK = "RESPAWN_NETWORK"
 SUBNETWORK = "RESPAWN_SUBNETWORK"
 EXTERNAL_IP = "RESPAWN_EXTERNAL_IP"
-INSTALL = deployment.ENV_INSTALL
+AGENT = deployment.ENV_AGENT
+LIBRARY = deployment.ENV_LIBRARY
 HEARTBEAT = "RESPAWN_HEARTBEAT_SECONDS"
 NOTICE_BUDGET = "RESPAWN_NOTICE_BUDGET_SECONDS"
 
@@ -59,7 +60,10 @@ class NodeOptions:
     network: str | None = None  # None: global/networks/default for GPU VMs, the API's default for TPU VMs
     subnetwork: str | None = None
     external_ip: bool = True
-    install: str | None = None  # metadata respawn-install (what deploy/vm/startup.sh pip-installs); None: omitted
+    # Metadata respawn-agent and respawn-library (URI#sha256=HEX, set by deploy/); None: omitted (local runs start
+    # the agent without the startup script).
+    agent: str | None = None
+    library: str | None = None
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS  # into respawn-settings
     notice_budget_seconds: float = DEFAULT_NOTICE_BUDGET_SECONDS  # into respawn-settings
 
@@ -120,7 +124,8 @@ class ControlSettings:
                 network=env.text(NETWORK),
                 subnetwork=env.text(SUBNETWORK),
                 external_ip=env.flag(EXTERNAL_IP, NodeOptions.external_ip),
-                install=env.text(INSTALL),
+                agent=env.text(AGENT),
+                library=env.text(LIBRARY),
                 heartbeat_seconds=env.seconds(HEARTBEAT, DEFAULT_HEARTBEAT_SECONDS, positive=True),
                 notice_budget_seconds=env.seconds(NOTICE_BUDGET, DEFAULT_NOTICE_BUDGET_SECONDS, positive=True),
             ),

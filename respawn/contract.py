@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Dict, Optional, Tuple, TypedDict
+from typing import Any, Dict, List, Optional, Tuple, TypedDict
 
 # ---- node metadata attributes (written by respawn.control.nodespec, read by respawn.agent.config) -------------
 
@@ -23,7 +23,10 @@ ATTR_JOB_ID = "respawn-job-id"
 ATTR_ATTEMPT = "respawn-attempt"  # the node is named {job}-{attempt} (node_name below)
 ATTR_PROJECT = "respawn-project"  # the project that holds Firestore
 ATTR_SETTINGS = "respawn-settings"  # NodeSettings.to_json()
-ATTR_INSTALL = "respawn-install"  # what deploy/vm/startup.sh installs (the deployment's RESPAWN_INSTALL)
+# Deployed artifacts, each "URI#sha256=HEX" (gs://… on Google Cloud, file:///… on the local stand-ins), checked
+# against the digest after download:
+ATTR_AGENT = "respawn-agent"  # the agent zipapp deploy/vm/startup.sh fetches and runs on the image's python3
+ATTR_LIBRARY = "respawn-library"  # the respawn wheel the agent installs into the trainer's interpreter
 ATTR_STARTUP = "startup-script"  # Compute Engine and Cloud TPU run this at every boot
 # Deep Learning VM images install the NVIDIA driver on first boot only when this is "True" (GPU VMs only).
 ATTR_INSTALL_NVIDIA_DRIVER = "install-nvidia-driver"
@@ -50,13 +53,40 @@ EXIT_CONFIG_ERROR = 2  # the agent cannot read its configuration (metadata attri
 
 STATUS_FILE = "status.json"
 LOCAL_CHECKPOINT_DIR = "checkpoints"
+WORKDIRS_DIR = "workdirs"  # workdirs/sha256-HEX/: the user's code, unpacked once per content digest
 
 # ---- node settings -----------------------------------------------------------------------------------------
 
 DEFAULT_HEARTBEAT_SECONDS = 15.0
 DEFAULT_NOTICE_BUDGET_SECONDS = 25.0  # of a Spot VM's 30 s notice, leaving time for the final heartbeat
 DEFAULT_METADATA_WAIT_SECONDS = 60.0  # one hanging GET on the metadata server before it is re-issued
+DEFAULT_INTERPRETER = "python3"  # the image's own, found on PATH
 CHECKPOINT_SCHEMES = ("gs://", "file:///")
+WORKDIR_SCHEMES = ("gs://", "file:///")
+# A workdir archive is named by its content: .../sha256-<64 hex>.tar.gz (respawn.workdir packs it).
+WORKDIR_SUFFIX = ".tar.gz"
+
+
+def workdir_digest(uri: str) -> str:
+    """The sha256 a workdir archive's name promises; SettingsError if the URI is not a content-addressed archive."""
+    name = uri.rsplit("/", 1)[-1]
+    digest = ""
+    if name.startswith("sha256-") and name.endswith(WORKDIR_SUFFIX):
+        digest = name[len("sha256-"):-len(WORKDIR_SUFFIX)]
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise SettingsError(
+            f"workdir must name a content-addressed archive …/sha256-<64 hex>{WORKDIR_SUFFIX}, got {uri!r}")
+    return digest
+
+
+def split_artifact(value: str) -> Tuple[str, str]:
+    """"URI#sha256=HEX" (ATTR_AGENT, ATTR_LIBRARY) → (URI, HEX); ValueError naming what is wrong."""
+    uri, sep, fragment = value.strip().partition("#sha256=")
+    if not sep or len(fragment) != 64 or any(c not in "0123456789abcdef" for c in fragment):
+        raise ValueError(f"expected URI#sha256=<64 lowercase hex>, got {value!r}")
+    if not uri.startswith(("gs://", "file:///")):
+        raise ValueError(f"expected a gs:// or file:/// URI, got {uri!r}")
+    return uri, fragment
 
 
 class SettingsError(ValueError):
@@ -81,6 +111,9 @@ class NodeSettings:
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
     notice_budget_seconds: float = DEFAULT_NOTICE_BUDGET_SECONDS
     metadata_wait_seconds: float = DEFAULT_METADATA_WAIT_SECONDS
+    workdir: Optional[str] = None  # the user's code: a content-addressed archive (workdir_digest), unpacked as cwd
+    setup: Tuple[Tuple[str, ...], ...] = ()  # argv commands run in the workdir once per node life, before the trainer
+    interpreter: str = DEFAULT_INTERPRETER  # runs the trainer (a command's leading python/python3) and the library
 
     def __post_init__(self) -> None:
         command = self.command
@@ -97,10 +130,22 @@ class NodeSettings:
             raise SettingsError(f"checkpoint_uri must be gs://BUCKET/PREFIX or file:///PATH, got {uri!r}")
         for key in ("heartbeat_seconds", "notice_budget_seconds", "metadata_wait_seconds"):
             object.__setattr__(self, key, _seconds(key, getattr(self, key)))
+        if self.workdir is not None:
+            if not isinstance(self.workdir, str) or not self.workdir.startswith(WORKDIR_SCHEMES):
+                raise SettingsError(f"workdir must be gs://BUCKET/… or file:///PATH, got {self.workdir!r}")
+            workdir_digest(self.workdir)
+        setup = self.setup
+        if isinstance(setup, (str, bytes)) or not isinstance(setup, (list, tuple)) or not all(
+                isinstance(c, (list, tuple)) and c and all(isinstance(a, str) and a for a in c) for c in setup):
+            raise SettingsError('setup must be a list of argv lists, e.g. [["pip", "install", "-r", "requirements.txt"]]')
+        object.__setattr__(self, "setup", tuple(tuple(c) for c in setup))
+        if not isinstance(self.interpreter, str) or not self.interpreter or "\0" in self.interpreter:
+            raise SettingsError(f"interpreter must be a program name or path, got {self.interpreter!r}")
 
     def to_json(self) -> str:
         body = asdict(self)
         body["command"] = list(self.command)
+        body["setup"] = [list(c) for c in self.setup]
         return json.dumps(body, sort_keys=True)
 
     @classmethod
@@ -182,6 +227,8 @@ class NodeState(str, enum.Enum):
     """What the agent says in its heartbeat."""
 
     STARTING = "starting"
+    PREPARING = "preparing"  # fetching the workdir, installing the library, running setup
+    SETUP_FAILED = "setup-failed"  # a setup command failed: not a preemption; the job fails (failed_command)
     TRAINING = "training"
     PREEMPTING = "preempting"
     EXITED = "exited"
@@ -199,7 +246,8 @@ class Heartbeat(TypedDict):
     committed_step: Optional[int]
     total_steps: Optional[int]
     exit_code: Optional[int]  # how the trainer ended (EXIT_PREEMPTED after a notice)
-    output_tail: Optional[str]  # the end of a failed trainer's output
+    output_tail: Optional[str]  # the end of a failed trainer's (or setup command's) output
+    failed_command: Optional[List[str]]  # SETUP_FAILED: the setup step that failed, as argv
     notice: Optional[str]  # what told the agent: preempted, maintenance-event, sigterm
     emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
     started_at: Optional[datetime]  # when the trainer started

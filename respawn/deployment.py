@@ -31,15 +31,14 @@ TTL_FIELD = "expire_at"
 
 # Where releases of the agent and trainer go, under the checkpoint bucket: gs://{bucket}/{RELEASES_PREFIX}/{build}/.
 RELEASES_PREFIX = "respawn/releases"
-# The extras a node installs: the agent, and the trainer's gs:// checkpoint store.
-NODE_EXTRAS = "agent,storage"
 
 # Environment variables deploy/ sets on every function (values: deploy/render.py).
 ENV_PROJECT = "RESPAWN_PROJECT"  # the project holding Firestore, the nodes and the topics
 ENV_REGION = "RESPAWN_REGION"  # where the functions run
 ENV_ALERTS_TOPIC = "RESPAWN_ALERTS_TOPIC"  # ALERTS_TOPIC
 ENV_NODE_SERVICE_ACCOUNT = "RESPAWN_NODE_SERVICE_ACCOUNT"  # email to attach to every node
-ENV_INSTALL = "RESPAWN_INSTALL"  # pip requirement for the deployed agent+trainer -> node metadata respawn-install
+ENV_AGENT = "RESPAWN_AGENT"  # URI#sha256=HEX of the released agent zipapp -> node metadata respawn-agent
+ENV_LIBRARY = "RESPAWN_LIBRARY"  # URI#sha256=HEX of the released wheel -> node metadata respawn-library
 ENV_VERSION = "RESPAWN_VERSION"  # the Cloud Build ID that deployed this code
 ENV_SLACK_WEBHOOK_URL = "SLACK_WEBHOOK_URL"  # on_alert only, from Secret Manager
 
@@ -88,9 +87,7 @@ def startup_script() -> str:
         ) from None
 
 
-def release_requirement(bucket: str, build_id: str, wheel_name: str) -> str:
-    """The pip requirement a node installs: `respawn[agent,storage] @ gs://BUCKET/respawn/releases/BUILD/WHEEL`.
-
-    pip cannot fetch gs:// itself: the startup script downloads the wheel with the node's own credentials and
-    installs the local file (see docs/deploy.md)."""
-    return f"respawn[{NODE_EXTRAS}] @ gs://{bucket}/{RELEASES_PREFIX}/{build_id}/{wheel_name}"
+def release_artifact(bucket: str, build_id: str, name: str, sha256: str) -> str:
+    """`gs://BUCKET/respawn/releases/BUILD/NAME#sha256=HEX`: what a node fetches with its own credentials and checks
+    against the digest (respawn.contract.split_artifact)."""
+    return f"gs://{bucket}/{RELEASES_PREFIX}/{build_id}/{name}#sha256={sha256}"

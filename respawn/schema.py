@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 # The node side of the layout (the heartbeat collection, node names and states) is the node contract's: the agent
 # runs without pydantic, so it is defined there, in the standard library, and used here.
 from respawn.contract import LABEL_ATTEMPT, LABEL_JOB, MAX_ATTEMPT, NodeState, node_name  # noqa: F401 - re-exported
+from respawn.contract import DEFAULT_INTERPRETER, WORKDIR_SCHEMES, SettingsError, workdir_digest
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
 
 JOBS = "jobs"
@@ -124,15 +125,59 @@ class TpuAccelerator(_Strict):
         return v
 
 
+_Argv = list[Annotated[str, Field(min_length=1)]]
+
+
 class Trainer(_Strict):
-    command: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1, description="argv, never a shell string")
+    command: _Argv = Field(min_length=1, description="argv, never a shell string; a leading python/python3 is "
+                                                     "the interpreter")
     env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(default=None, description="the code: gs://…/sha256-HEX.tar.gz, as written by "
+                                                          "`respawn jobs register --workdir DIR`; the trainer's cwd")
+    setup: list[Annotated[_Argv, Field(min_length=1)]] = Field(
+        default_factory=list, description="argv commands run in the workdir once per node life, before the trainer")
+    interpreter: str = Field(default=DEFAULT_INTERPRETER, min_length=1,
+                             description="the trainer's Python: the image's python3, or a path such as "
+                                         "/opt/conda/bin/python; Respawn's checkpoint library is installed into it")
 
     @field_validator("command", mode="before")
     @classmethod
     def _argv(cls, v: Any) -> Any:
         if isinstance(v, str):
             raise ValueError("must be an argv list such as [python, train.py], not a shell string")
+        return v
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup_argvs(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            for i, command in enumerate(v):
+                if isinstance(command, str):
+                    raise ValueError(f"[{i}] must be an argv list such as [pip, install, -r, requirements.txt], "
+                                     "not a shell string")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith(WORKDIR_SCHEMES):
+            raise ValueError("must be a gs:// (or file:/// for local runs) archive written by "
+                             "`respawn jobs register --workdir DIR`")
+        try:
+            workdir_digest(v)
+        except SettingsError as exc:
+            raise ValueError(f"{exc}; `respawn jobs register job.yaml --workdir DIR` packs and uploads it") from None
+        return v
+
+    @field_validator("interpreter")
+    @classmethod
+    def _interpreter(cls, v: str) -> str:
+        if "/" in v and not v.startswith("/"):
+            raise ValueError(f"{v!r}: use a program name found on PATH (python3) or an absolute path")
+        if any(c.isspace() for c in v):
+            raise ValueError(f"{v!r}: one program, no arguments (put those in trainer.command)")
         return v
 
     @field_validator("env")
@@ -341,6 +386,7 @@ class Heartbeat(_Record):
     total_steps: int | None = None
     exit_code: int | None = None
     output_tail: str | None = None
+    failed_command: list[str] | None = None  # state setup-failed: the setup step that failed
     notice: str | None = None  # what told the agent: preempted, maintenance-event, sigterm
     emergency: dict[str, Any] | None = None  # the trainer's emergency-save outcome
     started_at: datetime | None = None

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from enum import StrEnum
+from enum import Enum
 from typing import Any, Literal
 
 from respawn import contract
@@ -29,12 +29,15 @@ DEFAULT_NOTICE_BUDGET_S = contract.DEFAULT_NOTICE_BUDGET_SECONDS
 DEFAULT_KEEP = 3
 
 
-class SaveState(StrEnum):
+class SaveState(str, Enum):  # not enum.StrEnum (3.11+): the library runs on 3.10 images
     """How a save ended (the emergency one's is also the status file's `emergency.state`)."""
 
     COMMITTED = "committed"
     ABANDONED = "abandoned"  # stopped at the deadline or cancelled; its partial directory is removed
     FAILED = "failed"  # an error (in `reason`); the previous committed checkpoint stays the newest
+
+    __str__ = str.__str__  # as StrEnum: "committed", also in f-strings
+    __format__ = str.__format__
 
 
 @dataclass(frozen=True)
