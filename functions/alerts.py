@@ -7,7 +7,8 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
      "attempt": int, "restarts": int, "cause": str | null,
      # recovered: "old_zone", "new_zone", "downtime_seconds", "steps_lost", "committed_step", "in_place"
      # waiting_for_capacity: "next_attempt_at", "zones"; failed / invalid_spec: "errors" (list[str]) when known
-     # succeeded: "committed_step", "zone"; crashed: "exit_code", "output_tail"}
+     # succeeded: "committed_step", "zone"; crashed: "exit_code", "output_tail"
+     # failed with cause setup_failed: "failed_command" (argv), "exit_code", "output_tail"}
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
         facts += [("Restarts", str(alert.get("restarts", "?")))]
         if alert.get("cause"):
             facts.append(("Cause", str(alert["cause"])))
+        if alert.get("failed_command"):
+            facts.append(("Command", " ".join(map(str, alert["failed_command"]))))
     return facts
 
 

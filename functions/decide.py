@@ -188,6 +188,8 @@ def decide(o: Observation) -> Decision:
         alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0; node deleted", zone=s.zone,
                             restarts=s.restarts, attempt=s.attempt, committed_step=committed)
         return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert)
+    if hb is not None and hb.state is NodeState.SETUP_FAILED and not _noticed(hb):
+        return _setup_failed(o, s, hb)
 
     if state is State.PENDING:
         return _provision(o, spec, s, cause="job_created")
@@ -249,6 +251,18 @@ def decide(o: Observation) -> Decision:
     if phase is Phase.STOPPING and not _in_place_candidate(o, spec):
         return _lose(o, spec, hb, o.hint or "node_stopping")
     return Decision(POLL)  # BOOTING (restarting), STOPPING before a restart in place, DELETING, UNKNOWN
+
+
+def _setup_failed(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
+    """A trainer.setup command failed on the node: the job's environment is wrong, and another node (or zone) runs
+    the same command. Not a preemption and not a crash to restart: the job ends FAILED, naming the command."""
+    command = " ".join(hb.failed_command or ["?"])
+    msg = f"setup command failed with exit code {hb.exit_code} on {s.node}: {command}"
+    st = _upd(s, o.now, state=State.FAILED, message=msg, exit_code=hb.exit_code, recovering=False)
+    alert = alerts.make("failed", o.job_id, o.now, msg, restarts=s.restarts, attempt=s.attempt, cause="setup_failed",
+                        exit_code=hb.exit_code, output_tail=hb.output_tail, failed_command=hb.failed_command)
+    details = {"failed_command": hb.failed_command, "exit_code": hb.exit_code, "output_tail": hb.output_tail}
+    return Decision(_delete(o) if o.node.present else NONE, st, "setup_failed", alert, details)
 
 
 def _noticed(hb: Heartbeat) -> bool:

@@ -14,7 +14,7 @@ from typing import get_args
 
 import pytest
 
-from respawn.control import placement
+from respawn.control import alerts, placement
 from respawn.control.decide import (
     Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase, Settings, after_act, after_create_failed,
     after_create_refused, after_created, after_start_refused, decide, followup, needs_capacity, phase_of,
@@ -50,6 +50,9 @@ HEARTBEATS = {
     "crash": hb("exited", exit_code=1, step=130, committed_step=100, output_tail="Traceback: boom"),
     "noticed": hb("preempting", notice="preempted", step=131, committed_step=131),
     "old_attempt": hb(attempt=2, step=9),
+    "setup_failed": hb("setup-failed", exit_code=1, failed_command=["pip", "install", "-r", "requirements.txt"],
+                       output_tail="ERROR: No matching distribution found for torch==9"),
+    "preparing": hb("preparing"),
 }
 
 
@@ -153,6 +156,11 @@ ROWS = [
     ("running, stale heartbeat: replace the node", obs("RUNNING", heartbeat="stale"), Act.DELETE, "PREEMPTED", None),
     ("running, no heartbeat past boot grace", obs("RUNNING", heartbeat="none"), Act.DELETE, "PREEMPTED", None),
     ("running, trainer crashed: restart with an alert", obs("RUNNING", heartbeat="crash"), Act.DELETE, "PREEMPTED", "crashed"),
+    ("running, setup failed: failed, delete, no restart", obs("RUNNING", heartbeat="setup_failed"), Act.DELETE, "FAILED",
+     "failed"),
+    ("provisioning, setup failed on the node's first boot: failed, delete",
+     obs("PROVISIONING", raw="RUNNING", heartbeat="setup_failed"), Act.DELETE, "FAILED", "failed"),
+    ("running, preparing (workdir, setup): a live node", obs("RUNNING", heartbeat="preparing"), Act.NONE, "RUNNING", None),
     ("running, exit after a notice is no crash", obs("RUNNING", heartbeat="noticed"), Act.NONE, "RUNNING", None),
     ("running, trainer exited 0: succeeded, delete", obs("RUNNING", heartbeat="exit0"), Act.DELETE, "SUCCEEDED", "succeeded"),
     ("running, exited 0 and node already stopped", obs("RUNNING", raw="TERMINATED", heartbeat="exit0"), Act.DELETE, "SUCCEEDED",
@@ -184,6 +192,18 @@ ROWS = [
 def test_policy_table(name, o, action, state, alert):
     d = decide(o)
     assert (d.action.kind, new_state(d, o), alert_type(d)) == (action, state, alert)
+
+
+def test_a_failed_setup_names_the_command_in_status_event_and_alert():
+    d = decide(obs("RUNNING", heartbeat="setup_failed"))
+    assert d.cause == "setup_failed" and d.status.restarts == 1  # not counted as a restart
+    assert "pip install -r requirements.txt" in d.status.message and "exit code 1" in d.status.message
+    assert d.details["failed_command"] == ["pip", "install", "-r", "requirements.txt"]
+    assert "No matching distribution" in d.details["output_tail"]
+    assert d.alert["cause"] == "setup_failed" and "No matching distribution" in d.alert["output_tail"]
+    slack = alerts.to_slack(d.alert)
+    assert "command: pip install -r requirements.txt" in slack["text"]
+    assert "No matching distribution" in slack["blocks"][-2]["text"]["text"]  # the output tail, as for a crash
 
 
 def test_create_commits_the_next_attempt_and_its_node_name():
