@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 
 import pytest
 import yaml
 
-from deploy import iam
+from deploy import agent_zipapp, iam
 from respawn import audit, deployment, schema
+from respawn.contract import split_artifact
 from tests.deploy_fixtures import (CLOUDBUILD, ROOT, SINK_WRITER, Standin, SubstitutionError, calls, check_against_cli,
                                    cli_tree, copy_source, load_build, referenced, run_steps, seeded_state, substitute,
                                    substitutions)
@@ -159,15 +161,23 @@ def test_functions_match_the_single_definition_and_their_triggers_exist(deployed
 def test_function_environment(deployed):
     workspace, standin, _, _ = deployed
     env = yaml.safe_load((workspace / ".respawn-build" / "function-env.yaml").read_text())
-    wheel = "respawn-0.1.0-py3-none-any.whl"
-    release = f"gs://{BUCKET}/{deployment.RELEASES_PREFIX}/{BUILD_ID}/{wheel}"
     assert env[deployment.ENV_PROJECT] == PROJECT
     assert env[deployment.ENV_ALERTS_TOPIC] == deployment.ALERTS_TOPIC
     assert env[deployment.ENV_NODE_SERVICE_ACCOUNT] == f"respawn-node@{PROJECT}.iam.gserviceaccount.com"
-    assert env[deployment.ENV_INSTALL] == f"respawn[{deployment.NODE_EXTRAS}] @ {release}"
     assert all(isinstance(v, str) for v in env.values()), "env vars files take strings only"
-    # The release the nodes install was uploaded where the requirement points.
-    assert release in standin.state()["storage objects"]
+    # The agent zipapp and the wheel, built side by side, uploaded to this build's release folder, and named to
+    # the nodes with the digest of exactly the bytes uploaded.
+    dist = workspace / ".respawn-build" / "dist"
+    uploaded = standin.state()["storage objects"]
+    for variable, name in ((deployment.ENV_AGENT, f"respawn-agent-{agent_zipapp.version()}.pyz"),
+                           (deployment.ENV_LIBRARY, "respawn-0.1.0-py3-none-any.whl")):
+        uri, digest = split_artifact(env[variable])
+        assert uri == f"gs://{BUCKET}/{deployment.RELEASES_PREFIX}/{BUILD_ID}/{name}"
+        assert digest == hashlib.sha256((dist / name).read_bytes()).hexdigest()
+        assert uploaded[uri]["size"] == (dist / name).stat().st_size
+    # The build's zipapp is the one deploy/agent_zipapp.py makes from the checkout (the same bytes).
+    assert (dist / f"respawn-agent-{agent_zipapp.version()}.pyz").read_bytes() == \
+        agent_zipapp.archive_bytes(agent_zipapp.entries())
 
 
 def test_scheduler_sweep(deployed):

@@ -122,18 +122,29 @@ def test_importing_functions_main_loads_no_google_cloud_client():
     assert out.strip() == "[]"
 
 
-def test_the_install_requirement_travels_in_metadata_when_deploy_sets_it(monkeypatch):
-    from respawn import deployment
+def test_the_agent_and_library_travel_in_metadata_when_deploy_sets_them(monkeypatch, made):
+    from respawn import contract, deployment
     from respawn.control import nodespec
 
-    spec = parse_spec(gpu_spec("vm"))
-    monkeypatch.delenv("RESPAWN_INSTALL", raising=False)
-    unset = ControlSettings.from_env().nodes
-    assert "respawn-install" not in nodespec.metadata(spec, 1, "p", "#!/bin/bash\n", unset)
-    monkeypatch.setenv("RESPAWN_INSTALL", "respawn[agent,storage]==0.1.0")
-    md = nodespec.metadata(spec, 1, "p", deployment.startup_script(), ControlSettings.from_env().nodes)
-    assert md["respawn-install"] == "respawn[agent,storage]==0.1.0"
-    assert md["startup-script"].startswith("#!/bin/bash") and "respawn-install" in md["startup-script"]
+    agent = deployment.release_artifact("b", "build-1", "respawn-agent-0.1.0.pyz", "a" * 64)
+    library = deployment.release_artifact("b", "build-1", "respawn-0.1.0-py3-none-any.whl", "b" * 64)
+    monkeypatch.delenv(deployment.ENV_AGENT, raising=False)
+    monkeypatch.delenv(deployment.ENV_LIBRARY, raising=False)
+    unset = nodespec.metadata(parse_spec(gpu_spec("vm")), 1, "p", "#!/bin/bash\n", ControlSettings.from_env().nodes)
+    assert contract.ATTR_AGENT not in unset and contract.ATTR_LIBRARY not in unset  # local runs start no script
+    monkeypatch.setenv(deployment.ENV_AGENT, agent)
+    monkeypatch.setenv(deployment.ENV_LIBRARY, library)
+    nodes = ControlSettings.from_env().nodes
+    # Into the real create bodies, GPU VM and TPU VM alike, as the providers build them.
+    gce = ComputeProvider(made, nodes=nodes).instance(parse_spec(gpu_spec("vm")), ZONE, "vm-1", 1, "spot",
+                                                      deployment.startup_script())
+    tpu = TpuProvider(made, nodes=nodes).node(parse_spec(tpu_spec("tpu")), 1, "spot", deployment.startup_script())
+    for md in ({i.key: i.value for i in gce.metadata.items}, dict(tpu.metadata)):
+        assert (md[contract.ATTR_AGENT], md[contract.ATTR_LIBRARY]) == (agent, library)
+        assert contract.split_artifact(md[contract.ATTR_AGENT]) == (
+            f"gs://b/{deployment.RELEASES_PREFIX}/build-1/respawn-agent-0.1.0.pyz", "a" * 64)
+        # The startup script that reads respawn-agent is the one the node gets.
+        assert md[contract.ATTR_STARTUP].startswith("#!/bin/bash") and contract.ATTR_AGENT in md[contract.ATTR_STARTUP]
 
 
 def test_only_gpu_nodes_ask_for_the_nvidia_driver():

@@ -13,6 +13,9 @@ from respawn.control import settings as cs
 from respawn.control.settings import ControlSettings, NodeOptions, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
+# What deploy/render.py puts in RESPAWN_AGENT and RESPAWN_LIBRARY (respawn.deployment.release_artifact).
+AGENT = f"gs://b/respawn/releases/1/respawn-agent-0.1.0.pyz#sha256={'a' * 64}"
+LIBRARY = f"gs://b/respawn/releases/1/respawn-0.1.0-py3-none-any.whl#sha256={'b' * 64}"
 
 
 def test_unset_means_the_documented_defaults():
@@ -24,7 +27,7 @@ def test_unset_means_the_documented_defaults():
         5, 120, 300, 600)
     assert (s.slack_attempts, s.slack_backoff_seconds, s.alert_publish_timeout_seconds) == (4, 1, 10)
     assert (s.project, s.compute_endpoint, s.tpu_endpoint, s.alerts_topic, s.slack_webhook_url) == (None,) * 5
-    assert s.nodes == NodeOptions(None, None, None, True, None, 15.0, 25.0)
+    assert s.nodes == NodeOptions(None, None, None, True, None, None, 15.0, 25.0)
     # Empty is unset, as before.
     assert ControlSettings.from_env({name: "" for name in _names()}) == s
 
@@ -37,7 +40,7 @@ def test_every_variable_reaches_its_field():
         "RESPAWN_BOOT_GRACE_SECONDS": "30", "RESPAWN_BACKOFF_BASE_SECONDS": "2", "RESPAWN_MAX_IN_PLACE_RESTARTS": "0",
         "RESPAWN_POLL_SECONDS": "0.05", "RESPAWN_POLL_BUDGET_SECONDS": "15", "RESPAWN_OP_TIMEOUT_SECONDS": "60",
         "RESPAWN_NODE_SERVICE_ACCOUNT": "n@p.iam.gserviceaccount.com", "RESPAWN_NETWORK": "net",
-        "RESPAWN_SUBNETWORK": "sub", "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_INSTALL": "respawn==1",
+        "RESPAWN_SUBNETWORK": "sub", "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_AGENT": AGENT, "RESPAWN_LIBRARY": LIBRARY,
         "RESPAWN_HEARTBEAT_SECONDS": "5", "RESPAWN_NOTICE_BUDGET_SECONDS": "20",
     }
     assert set(env) | {"GOOGLE_CLOUD_PROJECT", "GCP_PROJECT"} == set(_names())
@@ -47,7 +50,7 @@ def test_every_variable_reaches_its_field():
         alert_publish_timeout_seconds=3, slack_webhook_url="https://hook", slack_attempts=2, slack_backoff_seconds=0.5,
         stale_heartbeat_seconds=60, boot_grace_seconds=30, backoff_base_seconds=2, max_in_place_restarts=0,
         poll_seconds=0.05, poll_budget_seconds=15, compute_op_timeout_seconds=60, tpu_op_timeout_seconds=60,
-        nodes=NodeOptions("n@p.iam.gserviceaccount.com", "net", "sub", False, "respawn==1", 5, 20))
+        nodes=NodeOptions("n@p.iam.gserviceaccount.com", "net", "sub", False, AGENT, LIBRARY, 5, 20))
     assert "https://hook" not in repr(s)  # the webhook URL is a secret
     assert ControlSettings.from_env({"GOOGLE_CLOUD_PROJECT": "g", "GCP_PROJECT": "x"}).project == "g"
     assert ControlSettings.from_env({"RESPAWN_PROJECT": "r", "GOOGLE_CLOUD_PROJECT": "g"}).project == "r"
@@ -97,11 +100,12 @@ def test_deps_default_reads_the_environment_on_every_call(monkeypatch):
     monkeypatch.setenv("RESPAWN_TPU_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("RESPAWN_STALE_HEARTBEAT_SECONDS", "7")
     monkeypatch.setenv("RESPAWN_OP_TIMEOUT_SECONDS", "33")
-    monkeypatch.setenv("RESPAWN_INSTALL", "respawn==2")
+    monkeypatch.setenv("RESPAWN_AGENT", AGENT)
+    monkeypatch.setenv("RESPAWN_LIBRARY", LIBRARY)
     deps = Deps.default()
     assert deps.project == "p" and deps.config.settings.stale_heartbeat_seconds == 7
     assert deps.providers["gpu"].op_timeout == deps.providers["tpu"].op_timeout == 33
-    assert deps.providers["gpu"].nodes.install == "respawn==2"
+    assert (deps.providers["gpu"].nodes.agent, deps.providers["tpu"].nodes.library) == (AGENT, LIBRARY)
     monkeypatch.setenv("RESPAWN_POLL_BUDGET_SECONDS", "9")
     assert Deps.default().config.poll_budget_seconds == 9
     monkeypatch.setenv("RESPAWN_POLL_BUDGET_SECONDS", "soon")

@@ -1,13 +1,13 @@
 #!/bin/bash
 # Respawn VM startup script (the instance's `startup-script` metadata; runs as root on every boot).
 #
-# Installs the Respawn node agent into a virtual environment at the version the control plane asks for
-# (metadata attribute respawn-install: a pip requirement, e.g. "respawn[agent,torch]==0.1.0", or the deployed
-# release "respawn[agent,storage] @ gs://BUCKET/respawn/releases/BUILD/respawn-0.1.0-py3-none-any.whl", which pip
-# cannot fetch itself: the wheel is downloaded with the VM's service-account token from the Storage JSON API and
-# installed from the local file), writes the systemd unit and starts it.
-# Idempotent: on a restart in place the same install is skipped and a running agent is left alone (a restart
-# would send it SIGTERM, which is a preemption notice).
+# Installs nothing but the node agent: one zipapp, named with its sha256 by the metadata attribute respawn-agent
+# (URI#sha256=HEX; gs://BUCKET/OBJECT on Google Cloud, file:///PATH on the local stand-ins). A gs:// object is
+# downloaded through the Storage JSON API with the VM's service-account token, the digest is checked, and the
+# file is installed atomically as $ROOT/respawn-agent.pyz. The agent runs on the image's own python3 (3.9 and up;
+# $ROOT/python links to it), so there is no venv and no pip at boot. Then it writes the systemd unit and starts it.
+# Idempotent: a later boot that finds the same digest downloads nothing, and a running agent is left alone (a
+# restart would send it SIGTERM, which is a preemption notice). Every line it prints is one JSON object.
 #
 # Overridable for tests: GCE_METADATA_HOST, RESPAWN_STORAGE_HOST, RESPAWN_ROOT, SYSTEMD_UNIT_DIR, SYSTEMCTL, PYTHON.
 set -euo pipefail
@@ -19,64 +19,137 @@ SYSTEMCTL="${SYSTEMCTL:-systemctl}"
 PYTHON="${PYTHON:-python3}"
 STORAGE="${RESPAWN_STORAGE_HOST:-https://storage.googleapis.com}"
 UNIT=respawn-agent.service
+ATTR_AGENT=respawn-agent  # respawn.contract.ATTR_AGENT
+AGENT="$ROOT/respawn-agent.pyz"
+LINK="$ROOT/python"
+MIN_PYTHON=3.9
 
-say() { printf '{"severity": "%s", "message": "respawn startup: %s"}\n' "$1" "$2"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+STARTED="$(now)"
 
-metadata() {
-  curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -H "Metadata-Flavor: Google" "$METADATA/$1"
+json_string() {
+  local s="$1"
+  s="${s//\\/\\\\}"; s="${s//\"/\\\"}"; s="${s//$'\n'/\\n}"; s="${s//$'\r'/\\r}"; s="${s//$'\t'/\\t}"
+  printf '"%s"' "$s"
 }
-attr() { metadata "instance/attributes/$1"; }
+# say SEVERITY MESSAGE [KEY=TEXT | KEY:=JSON]...: one JSON line on stdout (the serial console, the journal).
+say() {
+  local line
+  line="{\"severity\": \"$1\", \"message\": $(json_string "respawn startup: $2")"
+  shift 2
+  local field key
+  for field in "$@"; do
+    key="${field%%=*}"
+    if [[ "$key" == *: ]]; then
+      line+=", $(json_string "${key%:}"): ${field#*=}"
+    else
+      line+=", $(json_string "$key"): $(json_string "${field#*=}")"
+    fi
+  done
+  printf '%s}\n' "$line"
+}
+die() { say ERROR "$@"; exit 1; }
 
-# "NAME @ gs://BUCKET/OBJECT" -> "NAME @ file:///local/wheel" (or the requirement unchanged when not gs://).
-local_requirement() {
-  local re='^(.*[^[:space:]])[[:space:]]*@[[:space:]]*gs://([^/[:space:]]+)/([^[:space:]]+)$'
-  if ! [[ "$1" =~ $re ]]; then
-    printf '%s' "$1"
+ERRORS="$(mktemp)"
+trap 'rm -f "$ERRORS" "$AGENT.part"' EXIT
+
+# curl's own messages go to $ERRORS, so that they end up inside a JSON line instead of beside them.
+metadata() {
+  curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -H "Metadata-Flavor: Google" "$METADATA/$1" 2>"$ERRORS"
+}
+
+# ---- the interpreter: the image's own python3 ------------------------------------------------------------------
+
+if ! PY_INFO="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2]); print(sys.executable)' 2>"$ERRORS")"; then
+  die "cannot run the Python interpreter '$PYTHON'; the agent runs on the node image's own python3 ($MIN_PYTHON or newer): use an image that has it on PATH, or set PYTHON" \
+    "error=$(cat "$ERRORS")"
+fi
+PY_VERSION="$(sed -n 1p <<<"$PY_INFO")"
+PY_EXE="$(sed -n 2p <<<"$PY_INFO")"
+if ! [[ "$PY_VERSION" =~ ^([0-9]+)\.([0-9]+)$ ]] \
+    || (( BASH_REMATCH[1] < 3 || (BASH_REMATCH[1] == 3 && BASH_REMATCH[2] < 9) )); then
+  die "$PY_EXE is Python $PY_VERSION; the agent needs $MIN_PYTHON or newer: use a newer node image (Debian 11 Deep Learning VM or later), or set PYTHON to a newer interpreter" \
+    "python=$PY_EXE" "version=$PY_VERSION"
+fi
+if [[ "$PY_EXE" != /* ]]; then
+  die "'$PYTHON' does not report an absolute sys.executable ('$PY_EXE'), which the unit needs; set PYTHON to the interpreter's path"
+fi
+
+# ---- the agent: respawn-agent = URI#sha256=HEX ----------------------------------------------------------------
+
+if VALUE="$(metadata "instance/attributes/$ATTR_AGENT")"; then
+  :
+elif [ "$?" = 22 ]; then  # curl -f: the server answered, with an HTTP error (404: no such attribute)
+  die "metadata attribute $ATTR_AGENT is missing; the control plane sets it from RESPAWN_AGENT (URI#sha256=HEX of the agent zipapp, deploy/render.py): redeploy with cloudbuild.yaml, then let the controller recreate the node" \
+    "attribute=$ATTR_AGENT" "error=$(cat "$ERRORS")"
+else
+  die "metadata server $METADATA not reachable; check the VM's network (or GCE_METADATA_HOST in local runs)" \
+    "attribute=$ATTR_AGENT" "error=$(cat "$ERRORS")"
+fi
+VALUE="$(tr -d '[:space:]' <<<"$VALUE")"
+if ! [[ "$VALUE" =~ ^((gs://|file:///)[^#]+)#sha256=([0-9a-f]{64})$ ]]; then
+  die "metadata attribute $ATTR_AGENT is '$VALUE', expected gs://BUCKET/OBJECT#sha256=<64 lowercase hex> (or file:///PATH#sha256=…): it comes from RESPAWN_AGENT in the functions' environment; redeploy with cloudbuild.yaml" \
+    "attribute=$ATTR_AGENT"
+fi
+URI="${BASH_REMATCH[1]}"
+WANT="${BASH_REMATCH[3]}"
+
+digest() { sha256sum "$1" | cut -d' ' -f1; }
+
+# Into $AGENT.part; the caller checks the digest before it becomes $AGENT.
+download() {
+  local uri="$1" re='^gs://([^/]+)/(.+)$' token quoted
+  if [[ "$uri" == file:///* ]]; then
+    if ! cp -f "${uri#file://}" "$AGENT.part" 2>"$ERRORS"; then
+      die "could not copy $uri; check that the file exists" "uri=$uri" "error=$(cat "$ERRORS")"
+    fi
     return
   fi
-  local name="${BASH_REMATCH[1]}" bucket="${BASH_REMATCH[2]}" object="${BASH_REMATCH[3]}"
-  local wheel="$ROOT/wheels/${object##*/}" token quoted
-  mkdir -p "$ROOT/wheels"
-  token="$(metadata instance/service-accounts/default/token \
-    | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')" || {
-    say ERROR "no access token from the metadata server; the VM needs a service account (the control plane attaches the node service account)" >&2
-    return 1
-  }
-  quoted="$("$PYTHON" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$object")"
-  if ! curl -fsS --retry 5 --retry-delay 2 -H "Authorization: Bearer $token" -o "$wheel.part" \
-      "$STORAGE/storage/v1/b/$bucket/o/$quoted?alt=media"; then
-    rm -f "$wheel.part"
-    say ERROR "could not download gs://$bucket/$object; check that the release exists (gcloud storage ls gs://$bucket/$object) and that the node service account may read the bucket (role respawnCheckpoints, deploy/iam/permissions.yaml)" >&2
-    return 1
+  [[ "$uri" =~ $re ]] || die "$uri names no object (gs://BUCKET/OBJECT); check RESPAWN_AGENT" "uri=$uri"
+  local bucket="${BASH_REMATCH[1]}" object="${BASH_REMATCH[2]}"
+  if ! token="$(metadata instance/service-accounts/default/token \
+      | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])' 2>>"$ERRORS")"; then
+    die "no access token from the metadata server; the VM needs a service account (the control plane attaches the node service account)" \
+      "error=$(cat "$ERRORS")"
   fi
-  mv -f "$wheel.part" "$wheel"
-  printf '%s @ file://%s' "$name" "$wheel"
+  quoted="$("$PYTHON" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$object")"
+  if ! curl -fsS --retry 5 --retry-delay 2 -H "Authorization: Bearer $token" -o "$AGENT.part" \
+      "$STORAGE/storage/v1/b/$bucket/o/$quoted?alt=media" 2>"$ERRORS"; then
+    die "could not download $uri; check that the release exists (gcloud storage ls $uri) and that the node service account may read the bucket (role respawnCheckpoints, deploy/iam/permissions.yaml)" \
+      "uri=$uri" "error=$(cat "$ERRORS")"
+  fi
 }
 
-if ! INSTALL="$(attr respawn-install)" || [ -z "$INSTALL" ]; then
-  say ERROR "metadata attribute respawn-install is missing; the control plane sets it (a pip requirement for respawn[agent,...])"
-  exit 1
-fi
-
-VENV="$ROOT/venv"
-MARKER="$ROOT/installed"
-if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$INSTALL" ] && [ -x "$VENV/bin/python" ]; then
-  say INFO "agent already installed ($INSTALL)"
-  CHANGED=0
+mkdir -p "$ROOT"
+FETCH_STARTED="$(now)"
+CHANGED=0
+if [ -f "$AGENT" ] && [ "$(digest "$AGENT")" = "$WANT" ]; then
+  say INFO "agent already present ($URI)" stage=agent_fetch "seconds:=$(since "$FETCH_STARTED")" \
+    downloaded:=false uri="$URI" sha256="$WANT"
 else
-  say INFO "installing $INSTALL into $VENV"
-  mkdir -p "$ROOT"
-  if ! "$PYTHON" -m venv --system-site-packages "$VENV"; then
-    # Debian/Ubuntu images without ensurepip need python3-venv.
-    apt-get update -qq && apt-get install -y -qq python3-venv
-    "$PYTHON" -m venv --system-site-packages "$VENV"
+  download "$URI"
+  GOT="$(digest "$AGENT.part")"
+  if [ "$GOT" != "$WANT" ]; then
+    die "$URI has sha256 $GOT, but $ATTR_AGENT promises $WANT; the release was changed or corrupted after the deployment: redeploy with cloudbuild.yaml" \
+      uri="$URI" expected="$WANT" actual="$GOT"
   fi
-  # --system-site-packages: a Deep Learning VM image's CUDA-matched torch (or a TPU image's jax) is reused.
-  REQUIREMENT="$(local_requirement "$INSTALL")"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$REQUIREMENT"
-  printf '%s' "$INSTALL" > "$MARKER"
+  chmod 0644 "$AGENT.part"
+  mv -f "$AGENT.part" "$AGENT"  # a rename: a reader sees the old file or the new one, never half of one
+  say INFO "agent fetched and verified ($URI)" stage=agent_fetch "seconds:=$(since "$FETCH_STARTED")" \
+    downloaded:=true uri="$URI" sha256="$WANT" "bytes:=$(stat -c %s "$AGENT")"
   CHANGED=1
 fi
+
+# The unit runs $LINK, so it never names a version-specific path; a link that changes is an upgrade too.
+if [ "$(readlink "$LINK" 2>/dev/null || true)" != "$PY_EXE" ]; then
+  ln -sfn "$PY_EXE" "$LINK.tmp"
+  mv -Tf "$LINK.tmp" "$LINK"
+  CHANGED=1
+fi
+say INFO "agent interpreter: $LINK -> $PY_EXE (Python $PY_VERSION)" python="$PY_EXE" version="$PY_VERSION"
+
+# ---- the unit ------------------------------------------------------------------------------------------------
 
 mkdir -p "$UNIT_DIR"
 cat > "$UNIT_DIR/$UNIT.tmp" <<'UNIT_FILE'
@@ -96,7 +169,8 @@ Environment=PYTHONUNBUFFERED=1
 EnvironmentFile=-/etc/respawn/agent.env
 StateDirectory=respawn
 WorkingDirectory=/var/lib/respawn
-ExecStart=/opt/respawn/venv/bin/python -m respawn.agent
+# The image's own python3 (a link the startup script points at it) and the verified agent zipapp.
+ExecStart=/opt/respawn/python /opt/respawn/respawn-agent.pyz
 # SIGTERM (shutdown, preemption) is a notice: the agent tells the trainer, waits for its emergency checkpoint
 # and writes the final heartbeat. Only the agent gets the signal: the trainer is told by the agent, and when
 # the agent crashes or is restarted the trainer keeps running and the next agent adopts it.
@@ -121,11 +195,12 @@ mv -f "$UNIT_DIR/$UNIT.tmp" "$UNIT_DIR/$UNIT"
 
 $SYSTEMCTL daemon-reload
 if [ "$CHANGED" = 1 ] && $SYSTEMCTL is-active --quiet "$UNIT"; then
-  # A new version: SIGHUP makes the agent exit 75 without touching the trainer; Restart=on-failure brings up
+  # A new agent: SIGHUP makes the running one exit 75 without touching the trainer; Restart=on-failure brings up
   # the new agent, which adopts the running trainer.
-  say INFO "new agent version: restarting the agent (the trainer keeps running)"
+  say INFO "new agent: handing over to it (SIGHUP; the trainer keeps running)"
   $SYSTEMCTL kill --kill-who=main --signal=SIGHUP "$UNIT"
 fi
+say INFO "starting the agent unit" stage=total "seconds:=$(since "$STARTED")"
 # start, never restart: a running agent must not get a SIGTERM (that is a preemption notice).
 $SYSTEMCTL enable --now "$UNIT"
 say INFO "agent unit enabled and started"
