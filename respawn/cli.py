@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from respawn import deployment, schema
+from respawn.workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Respawn: hands-off training on Spot GPUs and TPUs.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Register and inspect jobs.")
@@ -25,6 +27,8 @@ out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 ProjectOpt = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", help="Google Cloud project (default: ADC's)")
+# Packing and uploading show progress above this many bytes.
+PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 SweepTopicOpt = typer.Option(deployment.SWEEP_TOPIC, "--sweep-topic", help="Pub/Sub topic the controller's sweep listens on")
 
 
@@ -50,19 +54,26 @@ def _no_such_job(job_id: str) -> CliError:
     return CliError(f"no job {job_id!r}; `respawn jobs list` shows the registered jobs")
 
 
-def _load_spec_file(path: Path) -> schema.JobSpec:
+def _read_spec_data(path: Path) -> Any:
     try:
         text = path.read_text()
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror}", code=2) from None
     try:
-        data = yaml.safe_load(text)  # YAML is a superset of JSON
+        return yaml.safe_load(text)  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
         raise CliError(f"{path} is neither valid YAML nor JSON: {exc}", code=2) from None
+
+
+def _parse_spec(path: Path, data: Any) -> schema.JobSpec:
     try:
         return schema.parse_spec(data)
     except schema.SpecError as exc:
         raise CliError(f"{path}: {exc}", code=2) from None
+
+
+def _load_spec_file(path: Path) -> schema.JobSpec:
+    return _parse_spec(path, _read_spec_data(path))
 
 
 def _fmt_time(value: Any) -> str:
@@ -92,21 +103,172 @@ def run_reporting_errors(fn, *args) -> None:
 @jobs_app.command("register")
 def register(
     file: Path = typer.Argument(..., help="job spec, YAML or JSON"),
+    workdir: Optional[Path] = typer.Option(
+        None, "--workdir", help="pack this directory (minus .git/ and what .gitignore and .respawnignore exclude), "
+                                "upload it to the checkpoint bucket and set trainer.workdir to it"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate and pack only: upload and register nothing"),
     project: Optional[str] = ProjectOpt,
 ) -> None:
     """Validate a job spec and write it to Firestore. Refuses to overwrite an existing job."""
 
     def go() -> None:
-        spec = _load_spec_file(file)
-        from respawn.jobstore import JobExists
+        if workdir is None:
+            spec = _load_spec_file(file)
+            if dry_run:
+                out.print(f"{file}: valid; would register [bold]{spec.id}[/bold] (dry run: nothing written)")
+                return
+            _register(_store(project), spec, file)
+            return
+        data = _read_spec_data(file)
+        # --workdir wins over the file's trainer.workdir, which is therefore not validated.
+        trainer = data.get("trainer") if isinstance(data, dict) else None
+        previous = trainer.pop("workdir", None) if isinstance(trainer, dict) else None
+        spec = _parse_spec(file, data)  # every other field, before anything is packed or sent
+        store = None
+        if not dry_run:
+            store = _store(project)
+            _refuse_existing(store, spec.id)
+        packed = _pack(workdir)
+        uri = workdir_uri(spec.checkpoint_uri, packed.sha256)
+        if previous is not None and previous != uri:
+            err.print(f"[yellow]note:[/yellow] --workdir replaces trainer.workdir of {file} ({previous})",
+                      highlight=False)
+        trainer["workdir"] = uri
+        spec = _parse_spec(file, data)
+        if store is None:
+            out.print(f"would upload {uri} and register [bold]{spec.id}[/bold] with trainer.workdir set to it "
+                      "(dry run: nothing written)", highlight=False)
+            return
+        from respawn.codestore import CodeStoreError, upload
 
-        try:
-            _store(project).register(spec.id, spec.to_doc(), source=str(file))
-        except JobExists:
-            raise CliError(f"job {spec.id!r} already exists; pick another id (a finished job keeps its record)") from None
-        out.print(f"registered [bold]{spec.id}[/bold]: {spec.accelerator.kind} {spec.provisioning} over {', '.join(spec.zones)}")
+        with closing(_Meter(f"uploading {uri}")) as meter:
+            try:
+                sent = upload(packed, spec.checkpoint_uri, project, meter)
+            except CodeStoreError as exc:
+                raise CliError(str(exc)) from None
+        out.print(("uploaded " if sent.sent else "already uploaded (same content): ") + uri, highlight=False)
+        _register(store, spec, file)
+        out.print(f"trainer.workdir: {uri} (sha256 {packed.sha256})", highlight=False)
 
     run_reporting_errors(go)
+
+
+def _register(store, spec: schema.JobSpec, file: Path) -> None:
+    from respawn.jobstore import JobExists
+
+    try:
+        store.register(spec.id, spec.to_doc(), source=str(file))
+    except JobExists:
+        raise _exists(spec.id) from None
+    out.print(f"registered [bold]{spec.id}[/bold]: {spec.accelerator.kind} {spec.provisioning} over {', '.join(spec.zones)}")
+
+
+def _exists(job_id: str) -> CliError:
+    return CliError(f"job {job_id!r} already exists; pick another id (a finished job keeps its record)")
+
+
+def _refuse_existing(store, job_id: str) -> None:
+    """Refuse a taken job id before packing and uploading (register itself refuses it again, atomically)."""
+    from respawn.jobstore import NoSuchJob
+
+    try:
+        store.job_document(job_id)
+    except NoSuchJob:
+        return
+    raise _exists(job_id)
+
+
+class _Meter:
+    """A progress callback (done, total) shown only for large transfers: a bar on a terminal, else a line at
+    each quarter (for logs)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.bar = None
+        self.task = None
+        self.quarter = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if total < PROGRESS_MIN_BYTES:
+            return
+        if err.is_terminal:
+            if self.bar is None:
+                from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+                self.bar = Progress(TextColumn(self.what), BarColumn(), DownloadColumn(binary_units=True),
+                                    TransferSpeedColumn(), console=err, transient=True)
+                self.task = self.bar.add_task(self.what, total=total)
+                self.bar.start()
+            self.bar.update(self.task, completed=done)
+            return
+        quarter = done * 4 // total
+        if quarter > self.quarter:
+            self.quarter = quarter
+            err.print(f"{self.what}: {human_bytes(done)} of {human_bytes(total)} ({quarter * 25}%)", highlight=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _pack(directory: Path) -> PackedWorkdir:
+    with closing(_Meter(f"packing {directory}")) as meter:
+        try:
+            packed = pack(directory, meter)
+        except WorkdirError as exc:
+            raise CliError(str(exc), code=2) from None
+    out.print(f"packed {directory}: {packed.files} files ({human_bytes(packed.scan.content_bytes)}) into "
+              f"{human_bytes(packed.size)}, sha256 {packed.sha256}", highlight=False)
+    warning = packed.size_warning()
+    if warning:
+        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    return packed
+
+
+@jobs_app.command("pack")
+def pack_cmd(
+    directory: Path = typer.Argument(..., help="the directory --workdir would pack"),
+    list_all: bool = typer.Option(False, "--list", help="every member: mode, size, path"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="also write the archive here"),
+) -> None:
+    """Pack a directory as `jobs register --workdir` would, and show what would be uploaded; sends nothing."""
+
+    def go() -> None:
+        packed = _pack(directory)
+        out.print(f"object name: {packed.object_name} (in gs://BUCKET/{GCS_PREFIX}/ of the job's checkpoint bucket)",
+                  highlight=False)
+        if list_all:
+            for m in packed.scan.members:
+                shown = f"{m.path} -> {m.target}" if m.kind == "symlink" else m.path + ("/" if m.kind == "dir" else "")
+                out.print(f"{m.mode:04o} {m.size:>12} {shown}", highlight=False, markup=False)
+        else:
+            table = Table("top-level entry", "files", "bytes")
+            for top, (count, size) in _by_top_entry(packed.scan.members).items():
+                table.add_row(top, str(count), human_bytes(size))
+            out.print(table)
+        left = packed.scan.excluded
+        if left:
+            out.print(f"left out ({len(left)}): " + ", ".join(left[:10]) + (", …" if len(left) > 10 else ""),
+                      highlight=False, markup=False)
+        if output is not None:
+            try:
+                output.write_bytes(packed.data)
+            except OSError as exc:
+                raise CliError(f"cannot write {output}: {exc.strerror}") from None
+            out.print(f"archive written to {output}", highlight=False)
+
+    run_reporting_errors(go)
+
+
+def _by_top_entry(members) -> dict[str, tuple[int, int]]:
+    """Files (and symlinks) and bytes under each top-level entry, a directory shown with a trailing "/"."""
+    groups: dict[str, tuple[int, int]] = {}
+    for m in members:
+        head, sep, _ = m.path.partition("/")
+        key = head + "/" if sep or m.kind == "dir" else head
+        count, size = groups.get(key, (0, 0))
+        groups[key] = (count + (m.kind != "dir"), size + m.size)
+    return groups
 
 
 @jobs_app.command("list")
