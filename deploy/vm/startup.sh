@@ -201,6 +201,8 @@ if [ "$CHANGED" = 1 ] && $SYSTEMCTL is-active --quiet "$UNIT"; then
   $SYSTEMCTL kill --kill-who=main --signal=SIGHUP "$UNIT"
 fi
 say INFO "starting the agent unit" stage=total "seconds:=$(since "$STARTED")"
+# Now, not at exit: on a sim node the script runs until its power-off kills it, which runs no trap.
+rm -f "$ERRORS"
 # start, never restart: a running agent must not get a SIGTERM (that is a preemption notice).
 $SYSTEMCTL enable --now "$UNIT"
 say INFO "agent unit enabled and started"
