@@ -85,6 +85,14 @@ class Clients:
 
         return self._get("zone_operations", build)
 
+    def images(self):
+        def build():
+            from google.cloud import compute_v1
+
+            return compute_v1.ImagesClient(**self._kwargs(self.endpoints.compute))
+
+        return self._get("images", build)
+
     def tpu(self):
         def build():
             from google.cloud import tpu_v2

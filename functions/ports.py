@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
+from respawn.control.decide import ImageCheck
 from respawn.schema import CapacityRecord, JobEvent, JobSpec
 
 
@@ -65,6 +66,12 @@ class NodeProvider(Protocol):
 
     def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
         """(name, labels) of every node in `zone` that carries the respawn-job label."""
+        ...
+
+    def check_image(self, spec: JobSpec) -> ImageCheck | None:
+        """Whether the image the node would boot exists (asked once, on the job's first handling); None: the node
+        has no image to check (TPU VMs boot a runtime version). Never raises: a check that cannot be made answers
+        ImageVerdict.UNCHECKED."""
         ...
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:

@@ -29,11 +29,11 @@ from pydantic import ValidationError
 
 from respawn.control import decide as core
 from respawn.control import placement
-from respawn.control.decide import Act, Action, Decision, NodeObs, Observation, Settings
+from respawn.control.decide import Act, Action, Decision, ImageCheck, ImageVerdict, NodeObs, Observation, Settings
 from respawn.control.ports import ControlStore, NodeProvider
 from respawn.control.settings import ControlSettings
 from respawn import logs
-from respawn.schema import Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, parse_spec
+from respawn.schema import Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,11 @@ def _fault(point: str, job_id: str, action: Any) -> None:
 
 
 def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
-            hint_at: datetime | None = None) -> tuple[Observation, JobSpec | None, Any] | None:
-    """What decide() needs, plus the job document's version (its update_time) that a commit is conditional on."""
+            hint_at: datetime | None = None, image_checks: dict[str, ImageCheck | None] | None = None,
+            ) -> tuple[Observation, JobSpec | None, Any] | None:
+    """What decide() needs, plus the job document's version (its update_time) that a commit is conditional on.
+    `image_checks`: boot images already checked in this invocation (image path → check), so that a pass repeated
+    after a conflicting write asks Compute Engine once."""
     found = deps.store.job(job_id)
     if found is None:
         return None
@@ -142,12 +145,33 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
     if hint_node != status.node or (hint_at is not None and status.node_started_at is not None
                                     and hint_at < status.node_started_at):
         hint = None
+    cancel_requested = bool(doc.get("cancel_requested"))
+    image = None
+    if spec is not None and status.state is State.PENDING and not cancel_requested:
+        image = _check_image(deps, job_id, spec, {} if image_checks is None else image_checks)
     o = Observation(
-        job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=bool(doc.get("cancel_requested")),
+        job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=cancel_requested,
         node=node, heartbeat=heartbeat, now=deps.now(), hint=hint,
-        blocked=blocked, settings=deps.config.settings,
+        blocked=blocked, settings=deps.config.settings, image=image,
     )
     return o, spec, version
+
+
+def _check_image(deps: Deps, job_id: str, spec: JobSpec, checked: dict[str, ImageCheck | None]) -> ImageCheck | None:
+    """The job's boot image as the provider sees it, asked when the job is first handled (decide: PENDING)."""
+    key = f"{spec.accelerator.kind}:{getattr(spec.accelerator, 'boot_image', '')}"
+    if key in checked:
+        return checked[key]
+    check = checked[key] = deps.providers[spec.accelerator.kind].check_image(spec)
+    if check is None:
+        return None
+    if check.verdict is ImageVerdict.FOUND:
+        logs.info(f"job {job_id}: boot image {check.image} is {check.detail}", job_id=job_id, image=check.image)
+    elif check.verdict is ImageVerdict.UNCHECKED:
+        logs.warning(f"job {job_id}: could not check boot image {check.image} ({check.detail}); going on: if it does "
+                     "not exist, the first create fails the job with Compute Engine's answer", job_id=job_id,
+                     image=check.image)
+    return check
 
 
 def _event(o: Observation, d: Decision) -> JobEvent | None:
@@ -179,8 +203,9 @@ def _reconcile(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
     cfg = deps.config
     result = Result(job_id)
     poll_deadline = time.monotonic() + cfg.poll_budget_seconds
+    image_checks: dict[str, ImageCheck | None] = {}
     for _ in range(cfg.max_passes):
-        observed = observe(deps, job_id, hint, hint_node, hint_at)
+        observed = observe(deps, job_id, hint, hint_node, hint_at, image_checks)
         if observed is None:
             result.found = False
             logs.info(f"no job {job_id}: nothing to reconcile", job_id=job_id)

@@ -83,7 +83,12 @@ class GpuAccelerator(_Strict):
         default=None, description="e.g. nvidia-tesla-t4; leave out for machine types with built-in GPUs (a2, a3, g2)"
     )
     accelerator_count: int = Field(default=1, ge=1, le=16)
-    boot_image: str = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+    boot_image: str = Field(
+        default="projects/deeplearning-platform-release/global/images/family/common-cu129-ubuntu-2404-nvidia-580",
+        description="projects/P/global/images/family/F (the newest image of a family) or projects/P/global/images/NAME "
+                    "(a bare NAME: an image of the job's project). The default, a Deep Learning VM base image (CUDA "
+                    "12.9, NVIDIA driver 580, Ubuntu 24.04, python3 3.12), is supported until 2028-08-04 (gcp-facts "
+                    "§12); the controller refuses a job whose image does not exist")
     boot_disk_gb: int = Field(default=200, ge=10, le=65536)
 
     @field_validator("machine_type", "accelerator_type")

@@ -5,6 +5,10 @@ preemption with termination action STOP), deleted (delete, or preemption with te
 Operations progress on the scheduler; an insert/start operation is DONE when the instance is RUNNING.
 Capacity and quota refusals are decided when the request arrives and reported inside the operation, as the real
 API does: ZONE_RESOURCE_POOL_EXHAUSTED with httpErrorStatusCode 503, QUOTA_EXCEEDED with 403.
+
+Images (global, any project): get and getFromFamily over a small table of Deep Learning VM families (IMAGE_FAMILIES,
+docs/gcp-facts.md §12) plus what add_image() registers; anything else is 404 `notFound`, and so is an insert whose
+boot disk names it, on the call itself, as Compute Engine answers.
 """
 
 from __future__ import annotations
@@ -27,6 +31,24 @@ if TYPE_CHECKING:
 BASE = "https://www.googleapis.com/compute/v1"
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 LIVE = ("PROVISIONING", "STAGING", "RUNNING", "STOPPING")
+
+DLVM_PROJECT = "deeplearning-platform-release"
+# The Deep Learning VM families of docs/gcp-facts.md §12, each with its deprecation state as of 2026-11-23: current
+# ones resolve; those past their end of patch (2026-04-13) are DEPRECATED, so their family no longer resolves while
+# their image can still be named; those past their end of availability (the cu124 and older Debian 11 families) are
+# absent. Image names are FAMILY-vDATE; the sim gives every family one image, of SIM_IMAGE_VERSION (the version
+# date of the image Google's "Choose an image" page names as its example).
+IMAGE_FAMILIES = {
+    "common-cu129-ubuntu-2404-nvidia-580": "ACTIVE",
+    "common-cu129-ubuntu-2204-nvidia-580": "ACTIVE",
+    "pytorch-2-9-cu129-ubuntu-2404-nvidia-580": "ACTIVE",
+    "pytorch-2-9-cu129-ubuntu-2204-nvidia-580": "ACTIVE",
+    "common-cu128-ubuntu-2204-nvidia-570": "DEPRECATED",
+    "pytorch-2-7-cu128-ubuntu-2204-nvidia-570": "DEPRECATED",
+}
+SIM_IMAGE_VERSION = "v20260416"
+DEPRECATION_STATES = ("ACTIVE", "DEPRECATED", "OBSOLETE", "DELETED")
+_SOURCE_IMAGE = re.compile(r"^(?:projects/(?P<project>[^/]+)/)?global/images/(?:family/(?P<family>[^/]+)|(?P<name>[^/]+))$")
 
 
 def _last(url: str) -> str:
@@ -65,6 +87,28 @@ class Instance:
 
 
 @dataclass
+class Image:
+    project: str
+    name: str
+    family: str | None
+    state: str  # DeprecationStatus.State: ACTIVE, DEPRECATED, OBSOLETE, DELETED
+    id: str
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/global/images/{self.name}"
+
+    def resource(self) -> dict:
+        body = {"kind": "compute#image", "id": self.id, "creationTimestamp": "2026-04-16T00:00:00.000-07:00",
+                "name": self.name, "status": "READY", "sourceType": "RAW", "selfLink": f"{BASE}/{self.path}"}
+        if self.family:
+            body["family"] = self.family
+        if self.state != "ACTIVE":
+            body["deprecated"] = {"state": self.state}
+        return body
+
+
+@dataclass
 class Operation:
     zone: str
     body: dict
@@ -77,6 +121,58 @@ class ComputeService:
         self.instances: dict[tuple[str, str], Instance] = {}
         self.operations: dict[tuple[str, str], Operation] = {}
         self._ids = random.Random(1)
+        self.images: dict[tuple[str, str], Image] = {}  # (project, name) → Image
+        for family, state in IMAGE_FAMILIES.items():
+            self.add_image(DLVM_PROJECT, f"{family}-{SIM_IMAGE_VERSION}", family=family, deprecated=state)
+
+    # --- images ---------------------------------------------------------------------------------------------
+
+    def add_image(self, project: str, name: str, *, family: str | None = None, deprecated: str = "ACTIVE") -> None:
+        """Make an image exist (in any project: a job's own custom image, another Deep Learning VM family)."""
+        if deprecated not in DEPRECATION_STATES:
+            raise SimError(f"deprecation state {deprecated!r}: use one of {', '.join(DEPRECATION_STATES)}")
+        for value in (project, name, family or "a"):
+            if not NAME_RE.match(value):
+                raise SimError(f"{value!r} is not a Compute Engine resource name")
+        with self.sim.cond:
+            self.images[(project, name)] = Image(project, name, family, deprecated, self._new_id())
+
+    def get_image(self, project: str, name: str) -> dict:
+        with self.sim.cond:
+            image = self.images.get((project, name))
+            if image is None:
+                raise compute_error(404, "notFound", f"The resource 'projects/{project}/global/images/{name}' was not found")
+            return image.resource()
+
+    def get_image_from_family(self, project: str, family: str) -> dict:
+        """The newest image of the family that is not deprecated (images.getFromFamily)."""
+        with self.sim.cond:
+            members = [i for (p, _), i in self.images.items() if p == project and i.family == family and i.state == "ACTIVE"]
+            if not members:
+                raise compute_error(404, "notFound",
+                                    f"The resource 'projects/{project}/global/images/family/{family}' was not found")
+            return max(members, key=lambda i: i.name).resource()
+
+    def _check_source_image(self, body: dict) -> None:
+        """An insert whose boot disk names an image that does not resolve answers 404 on the call, as Compute does."""
+        for disk in body.get("disks") or []:
+            source = (disk.get("initializeParams") or {}).get("sourceImage")
+            if not source:
+                continue
+            path = source.split("/compute/v1/", 1)[-1]
+            m = _SOURCE_IMAGE.match(path)
+            if m is None:
+                raise compute_error(400, "invalid", f"Invalid value for field 'resource.disks[0].initializeParams.sourceImage': "
+                                    f"'{source}'. The URL is malformed.")
+            project = m["project"] or self.sim.project
+            if m["family"]:
+                self.get_image_from_family(project, m["family"])
+                continue
+            image = self.get_image(project, m["name"])
+            state = image.get("deprecated", {}).get("state")
+            if state in ("OBSOLETE", "DELETED"):
+                raise SimError(f"image {path} is {state}: the sim does not play an insert from such an image "
+                               "(Compute Engine refuses it; its exact error is not recorded in docs/gcp-facts.md)")
 
     # --- helpers --------------------------------------------------------------------------------------------
 
@@ -162,6 +258,7 @@ class ComputeService:
         with self.sim.cond:
             if (zone, name) in self.instances:
                 raise compute_error(409, "alreadyExists", f"The resource '{self._path(zone, name)}' already exists")
+            self._check_source_image(body)
             machine_type = _last(body["machineType"])
             accels = body.get("guestAccelerators") or []
             accelerator = _last(accels[0]["acceleratorType"]) if accels else machine_type

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from sim.server import SimServer
 
 _C = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
+# Images are global and live in any project (public images: deeplearning-platform-release, debian-cloud, …).
+_I = r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images"
 _T = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 
 ROUTES = [
@@ -27,6 +29,8 @@ ROUTES = [
     ("GET", _C + r"/operations", "c_ops"),
     ("GET", _C + r"/operations/(?P<op>[^/]+)", "c_op"),
     ("POST", _C + r"/operations/(?P<op>[^/]+)/wait", "c_wait"),
+    ("GET", _I + r"/family/(?P<family>[^/]+)", "c_image_family"),
+    ("GET", _I + r"/(?P<image>[^/]+)", "c_image"),
     ("POST", _T + r"/nodes", "t_create"),
     ("GET", _T + r"/nodes", "t_list"),
     ("GET", _T + r"/nodes/(?P<name>[^/:]+)", "t_get"),
@@ -43,12 +47,14 @@ ROUTES = [
     ("POST", r"/sim/host-error", "s_host_error"),
     ("POST", r"/sim/maintenance-event", "s_maintenance"),
     ("POST", r"/sim/faults", "s_faults"),
+    ("POST", r"/sim/images", "s_images"),
 ]
 _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
 
 # Which fault-injector method name each API call answers to.
 FAULT_NAMES = {"c_insert": "insert", "c_delete": "delete", "c_start": "start", "c_stop": "stop", "c_get": "get",
-               "c_list": "list", "t_create": "create", "t_delete": "delete", "t_get": "get", "t_list": "list"}
+               "c_list": "list", "c_image": "image", "c_image_family": "image",
+               "t_create": "create", "t_delete": "delete", "t_get": "get", "t_list": "list"}
 
 
 def make_handler(sim: "SimServer"):
@@ -139,6 +145,12 @@ def make_handler(sim: "SimServer"):
         def c_wait(self, zone, op, body, query):
             return sim.compute.wait_operation(zone, op)
 
+        def c_image(self, image_project, image, body, query):
+            return sim.compute.get_image(image_project, image)
+
+        def c_image_family(self, image_project, family, body, query):
+            return sim.compute.get_image_from_family(image_project, family)
+
         # --- TPU ---
         def t_create(self, zone, body, query):
             return sim.tpu.create(zone, query.get("nodeId", ""), body)
@@ -191,6 +203,11 @@ def make_handler(sim: "SimServer"):
 
         def s_maintenance(self, body, query):
             sim.maintenance_event(body["zone"], body["name"], body.get("value", "TERMINATE_ON_HOST_MAINTENANCE"))
+            return {}
+
+        def s_images(self, body, query):
+            sim.compute.add_image(body["project"], body["name"], family=body.get("family"),
+                                  deprecated=body.get("deprecated", "ACTIVE"))
             return {}
 
         def s_faults(self, body, query):

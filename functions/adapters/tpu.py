@@ -44,6 +44,10 @@ class TpuProvider:
         nodes = self.clients.tpu().list_nodes(parent=f"projects/{self.project}/locations/{zone}")
         return [(n.name.rsplit("/", 1)[-1], dict(n.labels)) for n in nodes if LABEL_JOB in n.labels]
 
+    def check_image(self, spec: JobSpec) -> None:
+        """A TPU VM boots its runtime version (spec.accelerator.runtime_version): there is no image to check."""
+        return None
+
     def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str):
         acc = spec.accelerator
         opts = self.nodes
