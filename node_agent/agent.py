@@ -5,8 +5,11 @@ Life of one agent:
 2. Decide about the trainer from trainer.json (see supervisor.py):
    - it is still running (the agent was restarted): adopt it, never start a second one;
    - it ended while no agent was watching (same boot, no notice): report how it ended, start nothing;
-   - otherwise (first start, a reboot, a restart in place after a notice): upload checkpoints a previous life
-     left on the local disk, then start the trainer.
+   - otherwise (first start, a reboot, a restart in place after a notice): heartbeat `preparing`; fetch the
+     workdir, install the library into the trainer's interpreter, upload checkpoints a previous life left on the
+     local disk, run setup (prepare.py); then start the trainer in the workdir. A preparation that fails →
+     `setup-failed` (failed_command, exit_code, output_tail), no trainer, and the agent stays up heartbeating it
+     until a notice (prepare.failed.json: an agent restarted in the same boot reports it again, never reruns it).
 3. Heartbeat `training` every `heartbeat_seconds` with the trainer's step and newest committed checkpoint.
 4. The first of: a notice (instance/preempted TRUE, instance/maintenance-event TERMINATE_ON_HOST_MAINTENANCE,
    SIGTERM/SIGINT to the agent) → SIGTERM to the trainer's process group at once, `preempting` (written in the
@@ -20,6 +23,7 @@ Life of one agent:
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import signal
@@ -35,7 +39,9 @@ from .config import AgentConfig
 from .firestore_rest import FirestoreWriter
 from .heartbeat import Heartbeater, compose_heartbeat
 from .metadata import MetadataClient
+from .prepare import PrepareFailed, Preparer, write_json
 from .previous_life import upload_previous_life
+from .storage import Fetcher, Interrupted
 from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id, read_exit_file
 from .watcher import NOTICE_SIGTERM, Watcher, maintenance_watch, preempted_watch
 
@@ -43,6 +49,8 @@ from .watcher import NOTICE_SIGTERM, Watcher, maintenance_watch, preempted_watch
 FINAL_WRITE_GRACE_S = 3.0
 PREEMPTING_WRITE_S = 3.0
 FIRST_READ_WAIT_S = 10.0
+SETUP_FAILED_WRITE_S = 30.0  # the first setup-failed write; the periodic heartbeat keeps writing it afterwards
+PREPARE_FAILED = "prepare.failed.json"  # this boot's failed preparation: reported again, never run again
 
 
 def _size(path: str) -> int:
@@ -54,6 +62,14 @@ def _size(path: str) -> int:
 
 def _iso_now() -> str:
     return datetime.now(timezone.utc).isoformat()
+
+
+def _read_json(path: str) -> object:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 class Agent:
@@ -75,6 +91,7 @@ class Agent:
         self.started_at = datetime.now(timezone.utc)
         self.exit_code: int | None = None
         self.output_tail: str | None = None
+        self.failed_command: list[str] | None = None
         self.trainer: TrainerProcess | None = None
         self.forwarder: OutputForwarder | None = None
         self.heartbeater = Heartbeater(writer, cfg.node, self.snapshot, interval=self.settings.heartbeat_seconds)
@@ -97,10 +114,14 @@ class Agent:
         self.wake.set()
 
     def snapshot(self) -> Heartbeat:
+        # A failed setup stays the node's outcome when a notice follows (the node being deleted for it): the
+        # controller must not read the notice as a preemption and replace the node to fail the same way again.
+        failed = self.state is NodeState.SETUP_FAILED
         return compose_heartbeat(
             job_id=self.cfg.job_id, attempt=self.cfg.attempt, zone=self.cfg.zone, state=self.state,
-            status=contract.read_status(self.status_path), started_at=self.started_at, notice=self.notice,
-            exit_code=self.exit_code, output_tail=self.output_tail,
+            status=contract.read_status(self.status_path), started_at=self.started_at,
+            notice=None if failed else self.notice, exit_code=self.exit_code, output_tail=self.output_tail,
+            failed_command=self.failed_command,
         )
 
     # --- the life ------------------------------------------------------------------------------------------
@@ -118,6 +139,8 @@ class Agent:
             return self._report_exit(ended_before[1])
         while True:
             if self.notice is not None:
+                if self.state is NodeState.SETUP_FAILED:
+                    return self._end_after_setup_failure()
                 return self._handle_notice()
             if self.detach:
                 return self._detach()
@@ -155,15 +178,83 @@ class Agent:
             w.first_answer.wait(max(0.0, deadline - time.monotonic()))
         if self.notice is not None:
             return None
-        upload_previous_life(self.local_ckpt_dir, self.settings.checkpoint_uri,
-                             timeout=self.upload_timeout_seconds, interrupted=lambda: self.notice is not None)
-        if self.notice is not None:
-            return None  # the notice came first: start nothing, just report
+        prepared = self._prepare()
+        if prepared is None or self._interrupted():
+            return None  # failed (setup-failed), or a notice / SIGHUP came first: start nothing
         started_at = _iso_now()
-        trainer = TrainerProcess.start(self.node_dir, self.settings.command, self._trainer_env(),
-                                       job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=started_at)
+        trainer = TrainerProcess.start(self.node_dir, prepared.argv(self.settings.command), prepared.env,
+                                       job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=started_at,
+                                       cwd=prepared.cwd)
         self._attach(trainer)
         return None
+
+    def _interrupted(self) -> bool:
+        return self.notice is not None or self.detach
+
+    def _prepare(self) -> Preparer | None:
+        """The node life's preparation (prepare.py). None when it failed (the state is then SETUP_FAILED) or was
+        interrupted by a notice or SIGHUP."""
+        self.state = NodeState.PREPARING
+        self.heartbeater.nudge()
+        failed_key = {"job_id": self.cfg.job_id, "attempt": self.cfg.attempt, "boot_id": boot_id(),
+                      "settings": self.settings.to_json(), "library": list(self.cfg.library or ())}
+        failed_path = os.path.join(self.node_dir, PREPARE_FAILED)
+        earlier = _read_json(failed_path)
+        if isinstance(earlier, dict) and earlier.get("key") == failed_key:
+            log("WARNING", "preparation failed earlier in this boot; reporting it again without running it again",
+                failed_command=earlier.get("failed_command"), exit_code=earlier.get("exit_code"))
+            self._setup_failed(PrepareFailed(earlier.get("failed_command") or ["?"], earlier.get("message") or "",
+                                             exit_code=earlier.get("exit_code"),
+                                             output_tail=earlier.get("output_tail")))
+            return None
+        started = time.monotonic()
+        prep = Preparer(self.settings, self.node_dir, self._trainer_env(), fetcher=Fetcher(self.md),
+                        library=self.cfg.library, interrupted=self._interrupted)
+        try:
+            prep.fetch_workdir()
+            prep.find_interpreter()
+            prep.install_library()
+            # The library is in the interpreter's environment now: a previous life's local-only checkpoints go up
+            # before anything else runs (setup can take long; a checkpoint only on this disk is at risk).
+            upload_previous_life(self.local_ckpt_dir, self.settings.checkpoint_uri,
+                                 timeout=self.upload_timeout_seconds, interrupted=self._interrupted,
+                                 python=prep.python, env=prep.env)
+            if self._interrupted():
+                raise Interrupted("previous-life upload")
+            prep.run_setup()
+        except Interrupted as exc:
+            log("WARNING", "preparation stopped: the trainer is not started", during=str(exc),
+                reason="notice" if self.notice is not None else "SIGHUP")
+            return None
+        except (PrepareFailed, OSError) as exc:
+            # OSError: the node's own trouble (a full disk, …); reported like a failed step rather than crashing the
+            # agent, which systemd would restart into the same preparation again and again.
+            failure = exc if isinstance(exc, PrepareFailed) else PrepareFailed(
+                ["respawn-agent", "prepare"], f"preparing the node failed: {exc}; check the node's disk "
+                                              f"(df -h {self.node_dir})")
+            try:
+                write_json(failed_path, {"key": failed_key, "failed_command": failure.command,
+                                         "exit_code": failure.exit_code, "output_tail": failure.output_tail,
+                                         "message": str(failure)})
+            except OSError as exc2:
+                log("WARNING", "cannot record the failed preparation; a restarted agent would prepare again",
+                    path=failed_path, error=str(exc2))
+            self._setup_failed(failure)
+            return None
+        try:
+            os.unlink(failed_path)
+        except FileNotFoundError:
+            pass
+        log("INFO", "preparation finished", seconds=round(time.monotonic() - started, 3), workdir=prep.workdir,
+            interpreter=prep.python)
+        return prep
+
+    def _setup_failed(self, failure: PrepareFailed) -> None:
+        self.failed_command, self.exit_code, self.output_tail = failure.command, failure.exit_code, failure.output_tail
+        self.state = NodeState.SETUP_FAILED
+        log("ERROR", "preparation failed; the trainer is not started", error=str(failure),
+            failed_command=failure.command, exit_code=failure.exit_code, output_tail=failure.output_tail)
+        self.heartbeater.write_until(self.snapshot, time.monotonic() + SETUP_FAILED_WRITE_S, what="setup-failed")
 
     def _attach(self, trainer: TrainerProcess, forward_from: int | None = None) -> None:
         self.trainer = trainer
@@ -260,6 +351,15 @@ class Agent:
             # Keep trainer.json: the next agent (systemd restarts a failed one) reports this exit again.
             return 1
         TrainerRecord.clear(self.node_dir)
+        return 0
+
+    def _end_after_setup_failure(self) -> int:
+        """A notice after a failed preparation (the controller deleting the node, most likely): nothing runs, the
+        heartbeat keeps saying setup-failed; written once more, briefly, in case the last beat did not land."""
+        self.heartbeater.stop_periodic()
+        written = self.heartbeater.write_until(self.snapshot, time.monotonic() + FINAL_WRITE_GRACE_S, what="final")
+        log("WARNING", "notice after a failed preparation; agent exiting", notice=self.notice,
+            failed_command=self.failed_command, final_heartbeat_written=written)
         return 0
 
     def _detach(self) -> int:

@@ -14,8 +14,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from respawn.contract import (ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_PROJECT, ATTR_SETTINGS, NodeSettings, SettingsError,
-                              node_name)
+from respawn.contract import (ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS, NodeSettings,
+                              SettingsError, node_name, split_artifact)
 from respawn.logs import log
 
 from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError
@@ -38,6 +38,7 @@ class AgentConfig:
     zone: str | None
     settings: NodeSettings
     node_dir: str
+    library: tuple[str, str] | None = None  # ATTR_LIBRARY: (wheel URI, sha256) to install into the interpreter
 
 
 def parse_settings(text: str) -> NodeSettings:
@@ -64,14 +65,25 @@ def zone_from_metadata(value: str) -> str | None:
     return value.rsplit("/", 1)[-1] or None
 
 
-def _read(md: MetadataClient, path: str, attribute: str, retry_seconds: float) -> str:
-    """Read a key, retrying transport errors and 5xx (boot, maintenance) for up to `retry_seconds`."""
+def parse_library(text: str) -> tuple[str, str]:
+    """The respawn-library attribute: "URI#sha256=HEX" of the respawn wheel."""
+    try:
+        return split_artifact(text)
+    except ValueError as exc:
+        raise ConfigError(ATTR_LIBRARY, str(exc)) from None
+
+
+def _read(md: MetadataClient, path: str, attribute: str, retry_seconds: float, *, optional: bool = False) -> str:
+    """Read a key, retrying transport errors and 5xx (boot, maintenance) for up to `retry_seconds`. An `optional`
+    key that is not set reads as ""."""
     deadline = time.monotonic() + retry_seconds
     delay = 0.2
     while True:
         try:
             value, _ = md.read(path)
         except MetadataError as exc:
+            if exc.status == 404 and optional:
+                return ""
             if exc.status == 404:
                 raise ConfigError(attribute, f"not set on this instance (GET {path} answered 404)") from None
             if exc.status < 500 or time.monotonic() >= deadline:
@@ -82,7 +94,7 @@ def _read(md: MetadataClient, path: str, attribute: str, retry_seconds: float) -
                     attribute, f"metadata server {md.host} not reachable ({exc!r}); check GCE_METADATA_HOST"
                 ) from None
         else:
-            if not value.strip():
+            if not value.strip() and not optional:
                 raise ConfigError(attribute, "is empty")
             return value
         log("WARNING", "metadata server not answering yet; retrying", path=path, retry_in_s=delay)
@@ -101,7 +113,9 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
     except ValueError as exc:
         raise ConfigError(ATTR_ATTEMPT, str(exc)) from None
     zone = zone_from_metadata(_read(md, "instance/zone", "instance/zone", retry_seconds))
+    library_text = _read(md, attr + ATTR_LIBRARY, ATTR_LIBRARY, retry_seconds, optional=True).strip()
     return AgentConfig(
         job_id=job_id, attempt=attempt, project=project, node=node, zone=zone, settings=settings,
         node_dir=os.path.abspath(node_dir or os.environ.get("RESPAWN_NODE_DIR") or DEFAULT_NODE_DIR),
+        library=parse_library(library_text) if library_text else None,
     )

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 from datetime import datetime, timezone
 from typing import Any
 
 from . import _http
-from .metadata import MetadataClient, MetadataError
+from .metadata import MetadataClient, ServiceAccountToken, TokenError
 
 PRODUCTION_ROOT = "https://firestore.googleapis.com/v1/"
 
@@ -54,26 +52,17 @@ def encode_value(value: Any) -> dict[str, Any]:
     raise TypeError(f"cannot store a {type(value).__name__} in Firestore")
 
 
-class _MetadataToken:
-    """An access token for the VM's default service account, refreshed a minute before it expires."""
+class _FirestoreToken:
+    """The service account's token; a failure to get one is a FirestoreError like any failed write."""
 
     def __init__(self, md: MetadataClient):
-        self.md = md
-        self._token: str | None = None
-        self._expires = 0.0
-        self._lock = threading.Lock()
+        self._token = ServiceAccountToken(md)
 
     def get(self) -> str:
-        with self._lock:
-            if self._token is None or time.monotonic() > self._expires - 60:
-                try:
-                    body, _ = self.md.read("instance/service-accounts/default/token")
-                    data = json.loads(body)
-                except (MetadataError, ValueError) as exc:
-                    raise FirestoreError(f"no access token from the metadata server: {exc}") from None
-                self._token = data["access_token"]
-                self._expires = time.monotonic() + float(data.get("expires_in", 300))
-            return self._token
+        try:
+            return self._token.get()
+        except TokenError as exc:
+            raise FirestoreError(str(exc)) from None
 
 
 class FirestoreWriter:
@@ -87,7 +76,7 @@ class FirestoreWriter:
             self._token = None
         else:
             self.root = PRODUCTION_ROOT
-            self._token = _MetadataToken(md or MetadataClient())
+            self._token = _FirestoreToken(md or MetadataClient())
 
     def set(self, collection: str, doc_id: str, fields: dict[str, Any], *, server_timestamps: tuple[str, ...] = (),
             timeout: float = 10.0) -> None:

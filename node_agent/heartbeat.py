@@ -22,10 +22,11 @@ def _int_or_none(value: Any) -> int | None:
 def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: NodeState,
                       status: dict[str, Any] | None, started_at: datetime | None, notice: str | None = None,
                       exit_code: int | None = None, output_tail: str | None = None,
-                      now: datetime | None = None) -> Heartbeat:
+                      failed_command: list[str] | None = None, now: datetime | None = None) -> Heartbeat:
     """The nodes/{node} document (respawn.contract.Heartbeat) as a dict of Python values; datetimes stay datetimes
     for the Firestore encoder. `status` is the trainer's status file (respawn.contract.read_status), or None before
-    it exists; values of the wrong type in it are left out (None), never passed on."""
+    it exists; values of the wrong type in it are left out (None), never passed on. `failed_command` (argv) goes
+    with state SETUP_FAILED, beside `exit_code` and `output_tail` of that command."""
     status = status or {}
     emergency = status.get("emergency")
     return {
@@ -38,6 +39,7 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
         "total_steps": _int_or_none(status.get("total_steps")),
         "exit_code": exit_code,
         "output_tail": output_tail,
+        "failed_command": [str(a) for a in failed_command] if failed_command is not None else None,
         "notice": notice,
         "emergency": dict(emergency) if isinstance(emergency, dict) else None,
         "started_at": started_at,
@@ -48,18 +50,28 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
 class Heartbeater(threading.Thread):
     """Writes `snapshot()` to nodes/{node} every `interval` s. Failures back off (1 s doubling, capped at four
     intervals) and are logged once per streak. `stop_periodic()` ends the loop; `write()` is the one-off write
-    the notice and exit paths use, serialised with the periodic one so that an older state never lands last."""
+    the notice and exit paths use, serialised with the periodic one so that an older state never lands last;
+    `nudge()` makes the periodic loop write now (a new state such as `preparing` need not wait a whole interval)."""
 
     def __init__(self, writer: FirestoreWriter, node: str, snapshot: Callable[[], Heartbeat], *,
                  interval: float):
         super().__init__(name="heartbeat", daemon=True)
         self.writer, self.node, self.snapshot, self.interval = writer, node, snapshot, interval
         self._halt = threading.Event()
+        self._wake = threading.Event()  # set by nudge() and stop_periodic(): end the current wait early
         self._write_lock = threading.Lock()
         self.writes = 0
 
     def stop_periodic(self) -> None:
         self._halt.set()
+        self._wake.set()
+
+    def nudge(self) -> None:
+        self._wake.set()
+
+    def _pause(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
 
     def run(self) -> None:
         delay_on_error, failures = 1.0, 0
@@ -71,13 +83,13 @@ class Heartbeater(threading.Thread):
                 if failures == 1 or failures % 10 == 0:
                     log("WARNING", "heartbeat write failed; backing off", node=self.node, error=str(exc) or repr(exc),
                         failures=failures, retry_in_s=delay_on_error)
-                self._halt.wait(delay_on_error)
+                self._pause(delay_on_error)
                 delay_on_error = min(delay_on_error * 2, 4 * self.interval)
                 continue
             if failures:
                 log("INFO", "heartbeat writes working again", node=self.node, after_failures=failures)
             failures, delay_on_error = 0, 1.0
-            self._halt.wait(self.interval)
+            self._pause(self.interval)
 
     def write(self, doc: Heartbeat, *, timeout: float, lock_timeout: float = -1) -> bool:
         """One write. Returns False without writing if another write holds the lock past `lock_timeout` (0 for

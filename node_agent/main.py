@@ -2,7 +2,8 @@
 
 Environment: GCE_METADATA_HOST (metadata server, as google-auth reads it; default metadata.google.internal),
 RESPAWN_NODE_DIR (the node's own disk: local checkpoints, status file, trainer log, agent log; default
-/var/lib/respawn), FIRESTORE_EMULATOR_HOST (local runs). Everything else comes from metadata attributes.
+/var/lib/respawn), FIRESTORE_EMULATOR_HOST (local runs), RESPAWN_STORAGE_HOST or STORAGE_EMULATOR_HOST (the Cloud
+Storage host for the workdir and library downloads). Everything else comes from metadata attributes.
 
 Exit status (respawn.contract): 0 after the trainer's end or a notice has been reported; 1 if the final heartbeat
 could not be written (systemd restarts the agent, which reports again); EXIT_CONFIG_ERROR for missing or invalid

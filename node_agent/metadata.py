@@ -7,7 +7,10 @@ request carries `Metadata-Flavor: Google`.
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import threading
+import time
 from urllib.parse import quote, urlencode
 
 from . import _http
@@ -54,3 +57,33 @@ class MetadataClient:
         if resp.status != 200:
             raise MetadataError(path, resp.status, resp.text())
         return resp.text(), resp.headers.get("etag")
+
+
+class TokenError(Exception):
+    """No access token for the VM's service account (no service account attached, or the server is down)."""
+
+
+class ServiceAccountToken:
+    """An access token for the VM's default service account (`instance/service-accounts/default/token`), kept until
+    a minute before it expires. Shared by the Firestore heartbeat and the Cloud Storage downloads."""
+
+    def __init__(self, md: MetadataClient):
+        self.md = md
+        self._token: str | None = None
+        self._expires = 0.0
+        self._lock = threading.Lock()
+
+    def get(self) -> str:
+        with self._lock:
+            if self._token is None or time.monotonic() > self._expires - 60:
+                try:
+                    body, _ = self.md.read("instance/service-accounts/default/token")
+                    data = json.loads(body)
+                    token = data["access_token"]
+                except (MetadataError, ValueError, KeyError, TypeError) as exc:
+                    raise TokenError(f"no access token from the metadata server {self.md.host}: {exc}; the VM "
+                                     "needs a service account (the control plane attaches the node service "
+                                     "account)") from None
+                self._token = token
+                self._expires = time.monotonic() + float(data.get("expires_in", 300))
+            return self._token

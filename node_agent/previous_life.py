@@ -1,8 +1,9 @@
 """A previous life's checkpoints: after a restart in place, committed checkpoints that exist only on this node's
 disk (an emergency save that had no time to reach the checkpoint store) are uploaded before the trainer resumes.
 
-The work is respawn.ckpt.upload_pending's; it runs in a child process (`python -m respawn.ckpt upload-pending LOCAL
-URI`), so that the checkpoint library, the storage client and NumPy never enter the long-running agent.
+The work is respawn.ckpt.upload_pending's; it runs in a child process (`INTERP -m respawn.ckpt upload-pending LOCAL
+URI`) with the trainer's interpreter and environment — the library and NumPy are installed there, not beside the
+agent — so that the checkpoint library, the storage client and NumPy never enter the long-running agent.
 """
 
 from __future__ import annotations
@@ -23,16 +24,22 @@ def has_local_checkpoints(local_dir: str) -> bool:
         return False
 
 
-def upload_previous_life(local_dir: str, checkpoint_uri: str, *, timeout: float,
-                         interrupted: Callable[[], bool]) -> bool:
+def upload_previous_life(local_dir: str, checkpoint_uri: str, *, timeout: float, interrupted: Callable[[], bool],
+                         python: str = sys.executable, env: dict[str, str] | None = None) -> bool:
     """Run the upload in a child; stop early (the checkpoints stay on disk for the next life) if `interrupted()`
     turns true, e.g. on a notice. True when the upload finished successfully or there was nothing to upload."""
     if not has_local_checkpoints(local_dir):
         return True
     log("INFO", "uploading checkpoints left on this disk by a previous life", local_dir=local_dir,
-        checkpoint_uri=checkpoint_uri)
-    child = subprocess.Popen([sys.executable, "-m", "respawn.ckpt", "upload-pending", local_dir, checkpoint_uri],
-                             stdin=subprocess.DEVNULL, start_new_session=True)  # its own process group
+        checkpoint_uri=checkpoint_uri, interpreter=python)
+    started = time.monotonic()
+    try:
+        child = subprocess.Popen([python, "-m", "respawn.ckpt", "upload-pending", local_dir, checkpoint_uri],
+                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)  # its own process group
+    except OSError as exc:
+        log("ERROR", "previous-life upload could not start; the trainer resumes from the newest checkpoint in the "
+            "store", interpreter=python, error=str(exc))
+        return False
     deadline = time.monotonic() + timeout
     while child.poll() is None:
         if interrupted() or time.monotonic() > deadline:
@@ -48,6 +55,9 @@ def upload_previous_life(local_dir: str, checkpoint_uri: str, *, timeout: float,
         time.sleep(0.1)
     if child.returncode != 0:
         log("ERROR", "previous-life upload failed; the trainer resumes from the newest checkpoint in the store",
-            exit_code=child.returncode, local_dir=local_dir, checkpoint_uri=checkpoint_uri)
+            exit_code=child.returncode, local_dir=local_dir, checkpoint_uri=checkpoint_uri, interpreter=python,
+            hint="the trainer's interpreter needs the respawn library (respawn-library attribute, or installed "
+                 "in its environment)")
         return False
+    log("INFO", "prepare stage", stage="previous_life_upload", seconds=round(time.monotonic() - started, 3))
     return True

@@ -131,7 +131,7 @@ class TrainerProcess:
 
     @classmethod
     def start(cls, node_dir: str, argv: list[str], env: dict[str, str], *, job_id: str, attempt: int,
-              started_at: str) -> TrainerProcess:
+              started_at: str, cwd: str | None = None) -> TrainerProcess:
         for stale in (EXIT_FILE, contract.STATUS_FILE):
             try:
                 os.unlink(os.path.join(node_dir, stale))  # the previous run's outcome must not read as this one's
@@ -142,7 +142,7 @@ class TrainerProcess:
             offset = out.tell()
             child = subprocess.Popen(
                 ["/bin/sh", "-c", _WRAPPER, "respawn-trainer", os.path.join(node_dir, EXIT_FILE), *argv],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=node_dir,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd or node_dir,
                 # setsid(): a session and process group of its own, led by the wrapper (pgid = its pid), so that
                 # signal() reaches the wrapper and the trainer together and nothing aimed at the agent's group
                 # does. (Not Popen's process_group=0: that is Python 3.11+, and nodes run 3.9 and 3.10 too.)
@@ -151,7 +151,7 @@ class TrainerProcess:
         record = TrainerRecord(pid=child.pid, start_time=_proc_start_time(child.pid), boot_id=boot_id(),
                                job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at)
         record.save(node_dir)
-        log("INFO", "trainer started", pid=child.pid, argv=argv, log=log_path)
+        log("INFO", "trainer started", pid=child.pid, argv=argv, cwd=cwd or node_dir, log=log_path)
         return cls(node_dir, record, child)
 
     def poll(self) -> tuple[bool, int | None]:

@@ -26,7 +26,8 @@ def _committed(store: Path, step: int) -> bool:
 def _start(env, node: str, extra_args: list[str], **extra):
     job, attempt = node.rsplit("-", 1)
     store = env.tmp / "store"
-    s = settings(TRAINER + extra_args, f"file://{store}", **extra)
+    # The trainer's interpreter runs the previous-life upload too: the one with the checkpoint library.
+    s = settings(TRAINER + extra_args, f"file://{store}", interpreter=sys.executable, **extra)
     md = env.metadata(node, attributes(job, int(attempt), env.project, s))
     return md, env.tmp / node, store
 

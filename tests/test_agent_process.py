@@ -3,19 +3,26 @@ server, the Firestore emulator and a tiny trainer that follows the trainer libra
 
 Tests that take `node_python` run once per node image Python (3.9, 3.10 and the current one): the notice path,
 the trainer's own exit, adoption and the deadline's process-group kill, with the older interpreters bare (only
-the installed respawn/ tree, no third-party packages)."""
+the installed respawn/ tree, no third-party packages). The workdir test runs the agent on the bare 3.9 with the
+user's code in the Cloud Storage emulator, a setup command, and the trainer on another interpreter, over a
+restart in place."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import signal
 import sys
+import tarfile
 from datetime import datetime
 
-from agent_fixtures import agent_env, agent_tree, attributes, node_python, settings, wait_for  # noqa: F401
+from agent_fixtures import (TINY_TRAINER, NodePython, agent_env, agent_tree, attributes, node_image_python,  # noqa: F401
+                            node_python, settings, wait_for)
 from respawn.contract import EXIT_PREEMPTED
 from respawn.schema import Heartbeat
+from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401  (fixtures)
 
 
 def _tiny(env, *flags: str) -> list[str]:
@@ -96,7 +103,8 @@ def test_notice_is_handled_while_firestore_is_unreachable(agent_env):
 def test_trainer_that_ignores_the_notice_is_killed_at_the_deadline(agent_env, node_python):
     md, node_dir = _setup(agent_env, "stuck-1", _tiny(agent_env, "--ignore-notice"), notice_budget_seconds=2)
     agent = agent_env.agent(md, node_dir, python=node_python)
-    wait_for(lambda: (agent_env.heartbeat("stuck-1") or {}).get("state") == "training", 60, "training")
+    # A step, not just `training`: the trainer has its SIGTERM handler by then (before it, the notice kills it).
+    wait_for(lambda: (agent_env.heartbeat("stuck-1") or {}).get("step"), 60, "training with a step")
     md.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
     assert agent.wait(60) == 0
     assert agent.has("the trainer did not exit within the notice budget; killing its process group")
@@ -153,3 +161,58 @@ def test_a_tpu_worker_heartbeats_under_the_tpu_node_name(agent_env, node_python)
     expected = node_python.label if node_python.label != "current" else "%d.%d" % sys.version_info[:2]
     assert started["python"].startswith(expected + "."), started["python"]
     assert agent_env.heartbeat("t1v-n-4f2a9c1e-w-0") is None
+
+
+# The workdir's trainer: the tiny trainer, saying which interpreter runs it and where.
+WORKDIR_TRAINER = 'import os, sys\nprint("trainer on", sys.executable, "in", os.getcwd(), flush=True)\n'
+SETUP_SCRIPT = 'import os, sys\nwith open("setup.out", "a") as f:\n    f.write(sys.executable + " " + os.environ["PATH"].split(os.pathsep)[0] + "\\n")\nprint("setup done", flush=True)\n'
+
+
+def test_workdir_setup_and_interpreter_on_the_bare_node_python(agent_env, agent_tree, gcs):
+    # The agent on a bare 3.9 (Debian 11's python3); the user's code from Cloud Storage; setup and the trainer run
+    # by the chosen interpreter (this checkout's venv standing in for /opt/conda/bin/python).
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in (("train.py", WORKDIR_TRAINER + TINY_TRAINER), ("tools/setup_env.py", SETUP_SCRIPT)):
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    blob = gcs.bucket(BUCKET).blob(f"workdirs/wd-1/sha256-{digest}.tar.gz")
+    blob.upload_from_string(data)
+    interpreter = sys.executable
+    md, node_dir = _setup(agent_env, "wd-1", ["python", "train.py"], interpreter=interpreter,
+                          workdir=f"gs://{BUCKET}/{blob.name}", setup=[["python3", "tools/setup_env.py"]])
+    py39 = NodePython("3.9", node_image_python("3.9"), str(agent_tree))
+    workdir = node_dir / "workdirs" / f"sha256-{digest}"
+
+    def life(boot: str):
+        agent = agent_env.agent(md, node_dir, python=py39, RESPAWN_BOOT_ID=boot)
+        hb = wait_for(lambda: (h := agent_env.heartbeat("wd-1") or {}).get("state") == "training" and h.get("step")
+                      and h, 60, f"{boot}: training with a step")
+        assert hb["failed_command"] is None and hb["exit_code"] is None
+        wait_for(lambda: f"trainer on {interpreter} in {workdir}" in agent.output(), 30, "the trainer's first line")
+        md.set("instance/preempted", "TRUE")
+        assert agent.wait(60) == 0
+        md.set("instance/preempted", "FALSE")
+        return agent, [e for e in agent.events() if e["message"] == "prepare stage"]
+
+    first, stages = life("boot-a")
+    assert [s["stage"] for s in stages] == ["workdir_download", "workdir_unpack", "setup_command", "setup"]
+    assert all(isinstance(s["seconds"], float) for s in stages) and stages[0]["bytes"] == len(data)
+    assert (workdir / "setup.out").read_text() == f"{interpreter} {os.path.dirname(interpreter)}\n"
+    assert any(e["message"] == "setup output" and e["line"] == "setup done" for e in first.events())
+    # Restart in place (a new boot, the same disk): the archive is gone from the bucket, yet nothing is fetched
+    # and setup, whose inputs did not change, does not run again.
+    # The previous-life upload of the first life's emergency checkpoint runs with the trainer's interpreter, where
+    # the checkpoint library is (on the bare 3.9 `-m respawn.ckpt` fails: no NumPy), before setup's turn.
+    blob.delete()
+    second, stages = life("boot-b")
+    assert [s["stage"] for s in stages] == ["workdir_reuse", "previous_life_upload", "setup"]
+    assert stages[2]["skipped"] is True
+    upload = [e for e in second.events() if e["message"].startswith("uploading checkpoints left on this disk")][0]
+    assert upload["interpreter"] == interpreter
+    assert (workdir / "setup.out").read_text().count("\n") == 1
+    started = [e for e in second.events() if e["message"] == "trainer started"][0]
+    assert started["argv"] == [interpreter, "train.py"] and started["cwd"] == str(workdir)
