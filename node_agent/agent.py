@@ -39,7 +39,7 @@ from .config import AgentConfig
 from .firestore_rest import FirestoreWriter
 from .heartbeat import Heartbeater, compose_heartbeat
 from .metadata import MetadataClient
-from .prepare import PrepareFailed, Preparer, write_json
+from .prepare import AGENT, PrepareFailed, Preparer, write_json
 from .previous_life import upload_previous_life
 from .storage import Fetcher, Interrupted
 from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id, read_exit_file
@@ -230,7 +230,7 @@ class Agent:
             # OSError: the node's own trouble (a full disk, …); reported like a failed step rather than crashing the
             # agent, which systemd would restart into the same preparation again and again.
             failure = exc if isinstance(exc, PrepareFailed) else PrepareFailed(
-                ["respawn-agent", "prepare"], f"preparing the node failed: {exc}; check the node's disk "
+                [AGENT, "prepare"], f"preparing the node failed: {exc}; check the node's disk "
                                               f"(df -h {self.node_dir})")
             try:
                 write_json(failed_path, {"key": failed_key, "failed_command": failure.command,

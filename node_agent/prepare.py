@@ -44,6 +44,9 @@ from .storage import Fetcher, FetchError, Interrupted
 from .supervisor import TAIL_BYTES, TAIL_LINES
 from .workdir import WorkdirError, ensure_workdir
 
+# The agent zipapp is named after its metadata attribute; failed agent steps are reported as its commands.
+AGENT = contract.ATTR_AGENT
+
 SETUP_DONE = "setup.done.json"
 LIBRARY_MARKER = "library.json"
 LIBRARY_DIR = "library"
@@ -95,7 +98,7 @@ def resolve_interpreter(name: str, path: str, base_dir: str) -> str:
         if found:
             return found
         where = f"no {name!r} on PATH={path}"
-    raise PrepareFailed(["respawn-agent", "find-interpreter", name],
+    raise PrepareFailed([AGENT, "find-interpreter", name],
                         f"interpreter {name!r} not found ({where}): {INTERPRETER_HINT}, a Python that exists on "
                         "the node image", exit_code=EXIT_NOT_FOUND)
 
@@ -276,7 +279,7 @@ class Preparer:
             self.workdir, self.fresh_workdir = ensure_workdir(uri, self.node_dir, self.fetcher,
                                                               interrupted=self.interrupted)
         except WorkdirError as exc:
-            raise PrepareFailed(["respawn-agent", "fetch-workdir", uri], str(exc)) from None
+            raise PrepareFailed([AGENT, "fetch-workdir", uri], str(exc)) from None
         return self.workdir
 
     # --- the library -------------------------------------------------------------------------------------------
@@ -287,7 +290,7 @@ class Preparer:
         if self.library is None:
             return None
         uri, digest = self.library
-        command = ["respawn-agent", "install-library", uri, "--interpreter", self.python]
+        command = [AGENT, "install-library", uri, "--interpreter", self.python]
         marker_path = os.path.join(self.node_dir, LIBRARY_MARKER)
         marker = _read_json(marker_path)
         marker = marker if isinstance(marker, dict) else {}
