@@ -155,12 +155,23 @@ class Trainer(_Strict):
     @field_validator("setup", mode="before")
     @classmethod
     def _setup_argvs(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            for i, command in enumerate(v):
-                if isinstance(command, str):
-                    raise ValueError(f"[{i}] must be an argv list such as [pip, install, -r, requirements.txt], "
-                                     "not a shell string")
-        return v
+        if isinstance(v, str):
+            raise ValueError("must be a list of argv commands such as [[pip, install, -r, requirements.txt]], "
+                             "not a shell string")
+        if not isinstance(v, list):
+            return v
+        commands = []
+        for i, command in enumerate(v):
+            if isinstance(command, str):
+                raise ValueError(f"[{i}] must be an argv list such as [pip, install, -r, requirements.txt], "
+                                 "not a shell string")
+            if isinstance(command, dict):  # the stored form: Firestore holds no array directly inside an array
+                if set(command) != {"argv"}:
+                    raise ValueError(f"[{i}] must be an argv list, or {{argv: [...]}} as a Firestore document "
+                                     "stores it")
+                command = command["argv"]
+            commands.append(command)
+        return commands
 
     @field_validator("workdir")
     @classmethod
@@ -278,7 +289,10 @@ class JobSpec(_Strict):
         return v
 
     def to_doc(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """The spec as a Firestore document: setup commands as {argv: [...]} maps (no arrays inside arrays)."""
+        doc = self.model_dump(mode="json")
+        doc["trainer"]["setup"] = [{"argv": argv} for argv in doc["trainer"]["setup"]]
+        return doc
 
 
 class SpecError(ValueError):

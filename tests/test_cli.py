@@ -70,6 +70,18 @@ def test_register_list_describe_cancel_round_trip(firestore_db, project, spec_fi
     assert "registered" in r.stdout and "cancel requested" in r.stdout
 
 
+def test_setup_commands_are_stored_in_a_form_firestore_accepts_and_read_back_as_written(firestore_db, project,
+                                                                                          tmp_path):
+    setup = [["pip", "install", "-r", "requirements.txt"], ["python", "prepare.py"]]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, "trainer": {**SPEC["trainer"], "setup": setup}}))
+    r = respawn("jobs", "register", str(path), "--project", project)
+    assert r.returncode == 0, r.stderr  # Firestore refuses an array directly inside an array
+    stored = firestore_db.collection(schema.JOBS).document("cli-job").get().get("spec")
+    assert stored["trainer"]["setup"] == [{"argv": argv} for argv in setup]
+    assert [list(c) for c in schema.parse_spec(stored).trainer.setup] == setup
+
+
 def test_register_twice_is_refused_and_keeps_the_first(firestore_db, project, spec_file, tmp_path):
     assert respawn("jobs", "register", str(spec_file), "--project", project).returncode == 0
     changed = tmp_path / "changed.yaml"

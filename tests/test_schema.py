@@ -70,6 +70,8 @@ def test_tpu_spec_has_no_termination_action():
 def test_spec_round_trips_through_its_document():
     spec = parse_spec(GPU)
     assert parse_spec(spec.to_doc()) == spec
+    with_setup = parse_spec({**GPU, "trainer": {**GPU["trainer"], "setup": [["make"], ["python", "x.py"]]}})
+    assert parse_spec(with_setup.to_doc()) == with_setup
 
 
 @pytest.mark.parametrize("job_id", ["a", "job-1", "a" * schema.MAX_JOB_ID_LEN, "x9-y8"])
@@ -124,6 +126,15 @@ def test_longest_job_id_still_gives_valid_node_names():
         ("trainer.env", {"BAD-NAME": "x"}, "trainer.env: 'BAD-NAME' is not a valid environment variable name"),
         ("trainer.env", {"RESPAWN_JOB_ID": "x"}, "trainer.env: 'RESPAWN_JOB_ID': RESPAWN_* variables are set by the node agent"),
         ("trainer.env", {"N": 3}, "trainer.env.N: Input should be a valid string"),
+        ("trainer.setup", "pip install -r requirements.txt", "trainer.setup: must be a list of argv commands such as [[pip"),
+        ("trainer.setup", ["pip install x"], "trainer.setup: [0] must be an argv list such as [pip, install"),
+        ("trainer.setup", [["make"], []], "trainer.setup[1]: must not be empty"),
+        ("trainer.setup", [{"cmd": ["make"]}], "trainer.setup: [0] must be an argv list, or {argv: [...]}"),
+        ("trainer.workdir", "gs://b/code.tar.gz", "trainer.workdir:"),
+        ("trainer.workdir", "https://example.com/x.tar.gz", "trainer.workdir: must be a gs:// (or file:/// for local"),
+        ("trainer.interpreter", "bin/python", "trainer.interpreter: 'bin/python': use a program name found on PATH"),
+        ("trainer.interpreter", "python3 -u", "trainer.interpreter: 'python3 -u': one program, no arguments"),
+        ("trainer.interpreter", "", "trainer.interpreter: String should have at least 1 character"),
         ("trainer", ..., "trainer: required field is missing"),
         ("checkpoint_uri", "s3://bucket/x", "checkpoint_uri: must be gs://BUCKET/PREFIX, or file:///ABSOLUTE/PATH"),
         ("checkpoint_uri", "file://relative", "checkpoint_uri: must be gs://BUCKET/PREFIX"),
