@@ -261,7 +261,8 @@ def _setup_failed(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
     """A trainer.setup command failed on the node: the job's environment is wrong, and another node (or zone) runs
     the same command. Not a preemption and not a crash to restart: the job ends FAILED, naming the command."""
     command = " ".join(hb.failed_command or ["?"])
-    msg = f"setup command failed with exit code {hb.exit_code} on {s.node}: {command}"
+    how = f"failed with exit code {hb.exit_code}" if hb.exit_code is not None else "failed"  # an agent step has none
+    msg = f"setup command {how} on {s.node}: {command}"
     st = _upd(s, o.now, state=State.FAILED, message=msg, exit_code=hb.exit_code, recovering=False)
     alert = alerts.make("failed", o.job_id, o.now, msg, restarts=s.restarts, attempt=s.attempt, cause="setup_failed",
                         exit_code=hb.exit_code, output_tail=hb.output_tail, failed_command=hb.failed_command)

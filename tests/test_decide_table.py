@@ -53,6 +53,8 @@ HEARTBEATS = {
     "setup_failed": hb("setup-failed", exit_code=1, failed_command=["pip", "install", "-r", "requirements.txt"],
                        output_tail="ERROR: No matching distribution found for torch==9"),
     "preparing": hb("preparing"),
+    "fetch_failed": hb("setup-failed", failed_command=["respawn-agent", "fetch-workdir", "gs://b/w.tar.gz"],
+                       output_tail="403 Forbidden: the node's service account cannot read gs://b/w.tar.gz"),
 }
 
 
@@ -204,6 +206,12 @@ def test_a_failed_setup_names_the_command_in_status_event_and_alert():
     slack = alerts.to_slack(d.alert)
     assert "command: pip install -r requirements.txt" in slack["text"]
     assert "No matching distribution" in slack["blocks"][-2]["text"]["text"]  # the output tail, as for a crash
+
+
+def test_a_failed_agent_step_is_named_without_an_exit_code_it_does_not_have():
+    d = decide(obs("RUNNING", heartbeat="fetch_failed"))
+    assert d.status.state is State.FAILED and "exit code" not in d.status.message
+    assert d.status.message.endswith("respawn-agent fetch-workdir gs://b/w.tar.gz")
 
 
 def test_create_commits_the_next_attempt_and_its_node_name():
