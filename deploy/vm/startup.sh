@@ -51,6 +51,18 @@ say() {
 }
 die() { say ERROR "$@"; exit 1; }
 
+# The tools this script runs. All but curl are in every Debian/Ubuntu base (coreutils, sed, mawk); curl is not
+# (a debootstrap minbase image lacks it), and without this check its absence read as "metadata server not
+# reachable; check the VM's network".
+MISSING=()
+for tool in curl awk sed tr cut sha256sum stat mktemp readlink date; do
+  command -v "$tool" >/dev/null 2>&1 || MISSING+=("$tool")
+done
+if (( ${#MISSING[@]} )); then
+  die "the node image lacks ${MISSING[*]}, which this script needs; use an image that has them (Debian/Ubuntu packages curl, coreutils, sed, mawk), e.g. a Deep Learning VM image" \
+    "missing=${MISSING[*]}"
+fi
+
 ERRORS="$(mktemp)"
 trap 'rm -f "$ERRORS" "$AGENT.part"' EXIT
 
