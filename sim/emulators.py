@@ -1,4 +1,4 @@
-"""Start and stop the official Firestore and Pub/Sub emulators on free loopback ports.
+"""Start and stop the official Firestore and Pub/Sub emulators, and gcp-storage-emulator, on free loopback ports.
 
 Used by the test harness and by `respawn demo`. Each emulator runs in its own process group (the wrapper
 scripts start `java` as a child), and stop() ends the whole group.
@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -145,6 +146,18 @@ def start_pubsub(timeout: float = 60, log_dir: Path | None = None) -> Emulator:
     port = free_port()
     argv = [launcher, "--host=127.0.0.1", f"--port={port}"]
     return _start("pubsub", argv, port, "/", timeout, log_dir)
+
+
+def start_storage(bucket: str, timeout: float = 30, log_dir: Path | None = None) -> Emulator:
+    """gcp-storage-emulator (a dev dependency, beside this interpreter) with `bucket`, in memory. STORAGE_EMULATOR_HOST
+    (google-cloud-storage) and RESPAWN_STORAGE_HOST (a node's startup script and agent) take its `url`."""
+    launcher = Path(sys.executable).with_name("gcp-storage-emulator")
+    if not launcher.exists():
+        raise EmulatorError(f"{launcher} is missing: install the dev extra (pip install -e '.[dev]')")
+    port = free_port()
+    argv = [str(launcher), "start", "--host", "127.0.0.1", "--port", str(port), "--default-bucket", bucket,
+            "--in-memory", "--quiet"]
+    return _start("storage", argv, port, f"/storage/v1/b/{bucket}", timeout, log_dir)
 
 
 def reset_firestore(host: str, project: str) -> None:

@@ -1,7 +1,8 @@
 """A simulated node's guest side: its disk (a directory), its metadata server, and what its systemd unit runs.
 
 Booting starts the metadata server and, when a boot command is configured, runs it as its own process group with
-cwd = the node's directory and env = os.environ + node_env + GCE_METADATA_HOST/GCE_METADATA_IP + RESPAWN_NODE_DIR.
+cwd = the node's directory and env = os.environ + node_env + GCE_METADATA_HOST/GCE_METADATA_IP + RESPAWN_NODE_DIR;
+`{node_dir}` in a node_env value becomes the node's directory (what lives on the node's disk, per node).
 The directory survives stop/start (a persistent disk) and is removed on delete. The console output of every boot
 is appended to `<node dir>.console.log`, next to (not inside) the disk.
 """
@@ -69,7 +70,7 @@ class NodeRuntime:
             if not self.boot_command:
                 return
             env = dict(os.environ)
-            env.update({k: str(v) for k, v in self.node_env.items()})
+            env.update({k: str(v).replace("{node_dir}", str(self.directory)) for k, v in self.node_env.items()})
             env["GCE_METADATA_HOST"] = self.metadata.host
             env["GCE_METADATA_IP"] = self.metadata.host  # google-auth pings this one
             env["RESPAWN_NODE_DIR"] = str(self.directory)

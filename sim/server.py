@@ -51,7 +51,7 @@ class SimServer:
         notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
         op_delay: seconds per asynchronous lifecycle step (PROVISIONING -> STAGING -> RUNNING, CREATING -> READY).
         boot_command: what the node's systemd unit runs (the node agent); None boots nodes with no process.
-        node_env: extra environment for node processes.
+        node_env: extra environment for node processes (`{node_dir}` in a value: the node's directory).
         nodes_root: where node directories live (default: a temporary directory removed at stop()).
         audit_sink: called with every LogEntry dict the sim writes (e.g. an AuditRouter).
         port: 0 = a free port.

@@ -66,6 +66,25 @@ def test_default_scenario(tmp_path):
     # The first zone stocked out after the first preemption: the job moved down its list.
     assert out["zones"][:2] == ["us-central1-a", "us-central1-b"]
     assert sum("recovered" in a for a in out["alerts"]) == 2
+    # The real path: every node booted deploy/vm/startup.sh, which fetched the agent from the storage emulator; the
+    # agent fetched the packed examples/workdir from it and ran the setup command and the trainer on the spec's
+    # interpreter; the restart in place (the second preemption) reused both and skipped setup.
+    logs = {p.name.split(".")[0]: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
+            for p in (tmp_path / "out" / "nodes").rglob("*.console.log")}
+    assert len(logs) == 2, sorted(logs)
+    for node, lines in logs.items():
+        fetches = [e for e in lines if e.get("stage") == "agent_fetch"]
+        assert fetches[0]["downloaded"] is True and fetches[0]["uri"].startswith("gs://respawn-demo/"), node
+        stages = [e for e in lines if e["message"] == "prepare stage"]
+        downloads = [e for e in stages if e["stage"] == "workdir_download"]
+        assert len(downloads) == 1 and downloads[0]["uri"].startswith("gs://respawn-demo/respawn/workdirs/sha256-")
+        [setup] = [e for e in stages if e["stage"] == "setup_command"]
+        assert setup["argv"] == [sys.executable, "prepare.py", "--framework", "torch"] and setup["exit_code"] == 0
+    boots = {node: [e["downloaded"] for e in lines if e.get("stage") == "agent_fetch"] for node, lines in logs.items()}
+    assert sorted(boots.values()) == [[True], [True, False]], boots
+    restarted = next(logs[node] for node, fetched in boots.items() if len(fetched) == 2)
+    assert any(e.get("stage") == "workdir_reuse" for e in restarted)
+    assert any(e.get("stage") == "setup" and e.get("skipped") for e in restarted)
 
 
 def test_default_scenario_file_matches_the_built_in_default():
@@ -73,7 +92,7 @@ def test_default_scenario_file_matches_the_built_in_default():
 
 
 @pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
-                                  "invalid-spec", "large-state", "flaky-apis"])
+                                  "invalid-spec", "large-state", "flaky-apis", "setup-fails"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
@@ -83,6 +102,15 @@ def test_scenario(tmp_path, name):
     if name == "invalid-spec":
         assert states[-1] == "INVALID" and out["max_live_nodes"] == 0
         assert any("invalid spec" in a and "zones" in a for a in out["alerts"])
+    elif name == "setup-fails":
+        # Not a preemption: FAILED at the first failure, the command and its output named, no node made again.
+        command = "-m pip install --no-index --quiet torch==9.9"
+        assert states == ["PENDING", "PROVISIONING", "RUNNING", "FAILED"] and out["restarts"] == 0
+        assert out["transitions"][-1]["cause"] == "setup_failed" and command in out["message"]
+        details = out["transitions"][-1]["details"]
+        assert details["failed_command"][1:] == command.split() and details["exit_code"] == 1
+        assert "torch==9.9" in details["output_tail"]  # pip's own words: no version satisfies it
+        assert [a for a in out["alerts"] if a.startswith(f"Job {out['job_id']} failed") and command in a]
     elif name == "large-state":
         # The emergency save cannot fit the budget: the job resumes from a periodic checkpoint and redoes steps.
         assert 0 < out["lost_steps"]
@@ -91,7 +119,7 @@ def test_scenario(tmp_path, name):
         assert 0 <= out["lost_steps"] <= 2 * sc.trainer.checkpoint_every
     else:
         assert out["lost_steps"] == 0
-    if name != "invalid-spec":
+    if name not in ("invalid-spec", "setup-fails"):
         assert out["restarts"] == len(sc.preemptions) >= len(with_notice)
     if name == "all-zones-stocked-out":
         assert "WAITING_FOR_CAPACITY" in states

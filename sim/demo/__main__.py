@@ -17,7 +17,7 @@ from sim.demo.runner import DemoError, DemoRun
 from sim.demo.scenario import ScenarioError, default_scenario, load_scenario
 from sim.emulators import EmulatorError
 
-SUMMARY_ROWS = ("job_id", "state", "expected_state", "final_step", "total_steps", "restarts", "zones", "lost_steps",
+SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "total_steps", "restarts", "zones", "lost_steps",
                 "max_live_nodes", "wall_seconds", "goodput", "timeline")
 
 

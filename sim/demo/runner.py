@@ -1,10 +1,12 @@
 """`respawn demo`: the whole flow on one machine.
 
-Starts the Firestore and Pub/Sub emulators, the sim (Compute Engine, Cloud TPU, metadata servers, the audit-log
-sink), the real function code served by the Functions Framework behind Pub/Sub push subscriptions, the Eventarc and
-Scheduler bridges and a Slack receiver; registers the scenario's job as a user does; runs real node agents and real
-trainers as processes; injects what the scenario says; and ends with a summary and a timeline. Everything it
-started is stopped on the way out, also on Ctrl-C.
+Starts the Firestore, Pub/Sub and Cloud Storage emulators, the sim (Compute Engine, Cloud TPU, metadata servers,
+the audit-log sink), the real function code served by the Functions Framework behind Pub/Sub push subscriptions, the
+Eventarc and Scheduler bridges and a Slack receiver; publishes the agent zipapp as the build does; packs the example
+workdir (examples/workdir) and uploads it, and registers the scenario's job, as `respawn jobs register --workdir`
+does. Each node boots the real deploy/vm/startup.sh (sim/node_image.py), whose agent downloads the workdir, runs
+the setup command and starts the trainer on the interpreter the spec names. The runner injects what the scenario
+says and ends with a summary and a timeline. Everything it started is stopped on the way out, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from respawn import deployment, schema
-from sim import emulators
+from respawn import codestore, deployment, schema
+from respawn.workdir import human_bytes, pack
+from sim import emulators, node_image
 from sim.demo.scenario import Scenario
 from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, progress_series, summarize
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
@@ -32,6 +35,11 @@ PROJECT = "respawn-demo"
 REPO = Path(__file__).resolve().parents[2]
 GPU_MACHINE = "g2-standard-8"  # one L4 built in: the sim keys its capacity by the machine type
 TPU_TYPE = "v5litepod-8"
+WORKDIR = REPO / "examples" / "workdir"  # the user's code the demo's job runs
+BUCKET = "respawn-demo"  # on the storage emulator: the agent's release and the job's code
+# How the Slack alert of each terminal state begins after "Job ID " (functions/alerts.py's titles).
+TERMINAL_ALERTS = {schema.State.SUCCEEDED: "succeeded", schema.State.FAILED: "failed",
+                   schema.State.INVALID: "has an invalid spec"}
 
 
 class DemoError(RuntimeError):
@@ -99,12 +107,12 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def job_spec(sc: Scenario, checkpoint_dir: Path) -> dict[str, Any]:
-    """The job document's spec: the demo's defaults for the scenario's trainer, with `sc.job` laid over them."""
+def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None) -> dict[str, Any]:
+    """The job document's spec: the demo's defaults for the scenario's trainer (examples/workdir's train.py after its
+    setup command, on this interpreter), with `sc.job` laid over them."""
     t = sc.trainer
-    module = {"torch": "respawn.ckpt.examples.torch_mlp", "jax": "respawn.ckpt.examples.jax_mlp"}[t.framework]
-    command = [sys.executable, "-m", module, "--steps", str(t.steps), "--state-mb", str(t.state_mb),
-               "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
+    command = ["python", "train.py", "--framework", t.framework, "--steps", str(t.steps), "--state-mb",
+               str(t.state_mb), "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
                "--seed", str(t.seed), "--log-every", "25"]
     if sc.accelerator == "gpu":
         accelerator = {"kind": "gpu", "machine_type": GPU_MACHINE}
@@ -115,13 +123,26 @@ def job_spec(sc: Scenario, checkpoint_dir: Path) -> dict[str, Any]:
         "accelerator": accelerator,
         "provisioning": "spot",
         "zones": [z.name for z in sc.zones],
-        "trainer": {"command": command, "env": {"PYTHONUNBUFFERED": "1"}},
+        "trainer": {"command": command, "env": {"PYTHONUNBUFFERED": "1"}, "workdir": workdir,
+                    "setup": [["python", "prepare.py", "--framework", t.framework]], "interpreter": sys.executable},
         "checkpoint_uri": checkpoint_dir.resolve().as_uri(),
         "max_restarts": 10,
         # Short enough that a stocked-out zone list recovers within a demo's minute.
         "placement": {"cooldown_seconds": 20, "max_backoff_seconds": 8},
     }
     return _merge(base, sc.job)
+
+
+def _document(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec as `respawn jobs register` stores it; a deliberately invalid one as written, with its setup commands
+    in the stored form all the same (Firestore holds no array inside an array)."""
+    try:
+        return schema.parse_spec(spec).to_doc()
+    except schema.SpecError:
+        doc = copy.deepcopy(spec)
+        trainer = doc.get("trainer") or {}
+        trainer["setup"] = [{"argv": c} if isinstance(c, list) else c for c in trainer.get("setup") or []]
+        return doc
 
 
 def capacity_key(spec: dict[str, Any]) -> str:
@@ -145,14 +166,18 @@ class DemoRun:
     # --- start-up -----------------------------------------------------------------------------------------------
 
     def _emulators(self) -> None:
-        self.say("starting the Firestore and Pub/Sub emulators")
+        self.say("starting the Firestore, Pub/Sub and Cloud Storage emulators")
         fs = emulators.start_firestore(log_dir=self.out)
         self.stack.push("Firestore emulator", fs.stop)
         ps = emulators.start_pubsub(log_dir=self.out)
         self.stack.push("Pub/Sub emulator", ps.stop)
+        gcs = emulators.start_storage(BUCKET, log_dir=self.out)
+        self.stack.push("Cloud Storage emulator", gcs.stop)
         os.environ["FIRESTORE_EMULATOR_HOST"] = fs.host
         os.environ["PUBSUB_EMULATOR_HOST"] = ps.host
+        os.environ["STORAGE_EMULATOR_HOST"] = gcs.url  # `respawn jobs register --workdir` uploads through it
         self.env.update(FIRESTORE_EMULATOR_HOST=fs.host, PUBSUB_EMULATOR_HOST=ps.host)
+        self.storage = node_image.Storage(gcs.url, BUCKET)
 
     def _sim(self) -> None:
         from sim.audit_router import AuditRouter
@@ -168,9 +193,13 @@ class DemoRun:
         self.stack.push("audit router", self.router.close)
         if sc.faults.drop_events:
             self.router.drop_next(sc.faults.drop_events)
-        node_env = {**self.env, "PYTHONUNBUFFERED": "1"}
+        self.say("publishing the agent zipapp to the storage emulator, as the build does")
+        self.agent = node_image.publish_agent(self.out / "release", self.storage)
+        # The node image's python3 is this interpreter; a node boots the real startup script.
+        boot_command, boot_env = node_image.boot(sys.executable, self.storage)
+        node_env = {**self.env, **boot_env, "PYTHONUNBUFFERED": "1"}
         self.sim = SimServer(PROJECT, notice_seconds=sc.notice_seconds, op_delay=0.3,
-                             boot_command=[sys.executable, "-m", "respawn.agent"], node_env=node_env,
+                             boot_command=boot_command, node_env=node_env,
                              nodes_root=self.out / "nodes", audit_sink=self.router).start()
         self.stack.push("sim", self.sim.stop)
         if sc.faults.api_error_rate:
@@ -187,6 +216,7 @@ class DemoRun:
             "RESPAWN_COMPUTE_ENDPOINT": self.sim.endpoint,
             "RESPAWN_TPU_ENDPOINT": self.sim.endpoint,
             "RESPAWN_ALERTS_TOPIC": deployment.ALERTS_TOPIC,
+            "RESPAWN_AGENT": self.agent,
             "SLACK_WEBHOOK_URL": self.slack.url,
             "RESPAWN_SLACK_BACKOFF_SECONDS": "0.5",
             "RESPAWN_HEARTBEAT_SECONDS": str(sc.heartbeat_seconds),
@@ -247,6 +277,14 @@ class DemoRun:
         sweep = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=self.sc.sweep_seconds).start()
         self.stack.push("sweep scheduler", sweep.stop)
 
+    def _upload_workdir(self) -> str:
+        """Pack examples/workdir and put it on the storage emulator, as `respawn jobs register --workdir` does."""
+        packed = pack(WORKDIR)
+        sent = codestore.upload(packed, f"gs://{BUCKET}/demo", PROJECT)
+        self.say(f"packed {WORKDIR.relative_to(REPO)} ({packed.files} files, {human_bytes(packed.size)}) and "
+                 f"uploaded it: trainer.workdir = {sent.uri}")
+        return sent.uri
+
     # --- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
@@ -268,7 +306,7 @@ class DemoRun:
         urls = self._functions()
         self._bridges(urls)
 
-        spec = job_spec(sc, self.out / "checkpoints")
+        spec = job_spec(sc, self.out / "checkpoints", self._upload_workdir())
         job_id = spec["id"]
         key = capacity_key(spec)
         for zone in sc.zones:
@@ -280,7 +318,7 @@ class DemoRun:
         self.say(f"registering job {job_id} (a Firestore document, as `respawn jobs register` writes it)")
         sim_t0 = self.sim.now()
         t0 = time.monotonic()
-        JobStore(db).register(job_id, spec, source=f"scenario {sc.name}")
+        JobStore(db).register(job_id, _document(spec), source=f"scenario {sc.name}")
 
         progress = Progress(scenario=sc.name, job_id=job_id, total_steps=sc.trainer.steps)
         samples: list[HeartbeatSample] = []
@@ -347,10 +385,11 @@ class DemoRun:
             time.sleep(0.25)
 
         wall = time.monotonic() - t0
-        self._drain_alerts()
+        self._drain_alerts(job_id, status.state)
         transitions += self._new_events(job_ref, seen_events, progress, marks, wall)
         result = self._finish(job_id, status, samples, marks, sim_t0, wall)
         result["transitions"] = transitions
+        result["message"] = status.message  # the job's last status message: why it ended as it did
         return result
 
     def _new_events(self, job_ref, seen: set[str], progress: Progress, marks: list[Mark], now: float) -> list[dict]:
@@ -366,17 +405,21 @@ class DemoRun:
             self.say(f"event: {line}")
             if e.get("to_state") == "PROVISIONING" and e.get("from_state") in ("PREEMPTED", "RUNNING"):
                 marks.append(Mark(now, "restart", e.get("cause", "")))
-            fresh.append({"from": e.get("from_state"), "to": e.get("to_state"), "cause": e.get("cause")})
+            fresh.append({"from": e.get("from_state"), "to": e.get("to_state"), "cause": e.get("cause"),
+                          "details": e.get("details") or {}})
         return fresh
 
-    def _drain_alerts(self, quiet: float = 2.0, cap: float = 15.0) -> None:
-        """Give on_alert (and its Slack retries) time to deliver the last alerts."""
+    def _drain_alerts(self, job_id: str, state: schema.State, quiet: float = 2.0, cap: float = 20.0) -> None:
+        """Give on_alert (and its Slack retries) time to deliver the last alerts: the one that says how the job ended
+        (sent after the status is written and the node's delete is done), then whatever is quiet for `quiet` s."""
+        final = f"Job {job_id} {TERMINAL_ALERTS[state]}" if state in TERMINAL_ALERTS else None
         deadline, last_count, last_change = time.monotonic() + cap, -1, time.monotonic()
         while time.monotonic() < deadline:
             count = len(self.slack.payloads)
             if count != last_count:
                 last_count, last_change = count, time.monotonic()
-            elif time.monotonic() - last_change >= quiet:
+            elif time.monotonic() - last_change >= quiet and (
+                    final is None or any(p.get("text", "").startswith(final) for p in self.slack.payloads)):
                 return
             time.sleep(0.2)
 

@@ -1,0 +1,34 @@
+"""A user's training entry point, as `respawn jobs register job.yaml --workdir examples/workdir` ships it.
+
+The node runs it from the unpacked workdir with the job's interpreter (trainer.interpreter), after the setup
+command (prepare.py) has checked the environment and written build/environment.json. It trains Respawn's example model for the framework chosen
+with --framework (the other flags are the example trainer's: --steps, --checkpoint-every, ...).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ENVIRONMENT = Path(__file__).resolve().parent / "build" / "environment.json"  # written by prepare.py
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--framework", choices=("torch", "jax"), default="torch")
+    args, rest = parser.parse_known_args()
+    if not ENVIRONMENT.exists():
+        print(f"train.py: {ENVIRONMENT} is missing: run the setup command first (python prepare.py --framework {args.framework})",
+              file=sys.stderr)
+        return 2
+    found = json.loads(ENVIRONMENT.read_text())
+    print(f"train.py: {args.framework} {found[args.framework]} on Python {found['python']}", flush=True)
+    if args.framework == "torch":
+        from respawn.ckpt.examples import torch_mlp as example
+    else:
+        from respawn.ckpt.examples import jax_mlp as example
+    return example.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
