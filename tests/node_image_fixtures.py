@@ -40,12 +40,14 @@ def image_dir(recipe: tuple[str, ...] = BULLSEYE) -> Path:
     return CACHE / f"{recipe[-1]}-{hashlib.sha256(' '.join(recipe).encode()).hexdigest()[:12]}"
 
 
+_capture = None  # pytest's capture manager, set by the fixture: progress lines go around it
+
+
 def _say(line: str) -> None:
-    """A progress line on the terminal even under -n (xdist captures the workers' sys.stderr, not fd 2)."""
-    try:
-        os.write(2, f"\n[node image] {line}\n".encode())
-    except OSError:
-        pass
+    """A progress line on the terminal, not into the test's captured output (an xdist worker's stderr is the
+    controller's)."""
+    with _capture.global_and_fixture_disabled() if _capture is not None else contextlib.nullcontext():
+        print(f"\n[node image] {line}", file=sys.stderr, flush=True)
 
 
 def _mounts_under(path: Path) -> list[str]:
@@ -125,7 +127,9 @@ def node_image(recipe: tuple[str, ...] = BULLSEYE) -> Path:
 
 
 @pytest.fixture(scope="session")
-def bullseye_image() -> Path:
+def bullseye_image(pytestconfig) -> Path:
+    global _capture
+    _capture = pytestconfig.pluginmanager.getplugin("capturemanager")
     return node_image(BULLSEYE)
 
 
