@@ -72,10 +72,6 @@ def _parse_spec(path: Path, data: Any) -> schema.JobSpec:
         raise CliError(f"{path}: {exc}", code=2) from None
 
 
-def _load_spec_file(path: Path) -> schema.JobSpec:
-    return _parse_spec(path, _read_spec_data(path))
-
-
 def _fmt_time(value: Any) -> str:
     if isinstance(value, datetime):
         return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
@@ -109,29 +105,30 @@ def register(
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and pack only: upload and register nothing"),
     project: Optional[str] = ProjectOpt,
 ) -> None:
-    """Validate a job spec and write it to Firestore. Refuses to overwrite an existing job."""
+    """Validate a job spec and write it to Firestore. Refuses to overwrite an existing job. A trainer.workdir that
+    is a directory (relative to the spec file), or --workdir, is packed and uploaded first, and its URI recorded."""
 
     def go() -> None:
-        if workdir is None:
-            spec = _load_spec_file(file)
+        data = _read_spec_data(file)
+        trainer, written = _trainer_workdir(data)
+        directory = workdir if workdir is not None else _local_workdir(file, written)
+        if directory is None:
+            spec = _parse_spec(file, data)
             if dry_run:
                 out.print(f"{file}: valid; would register [bold]{spec.id}[/bold] (dry run: nothing written)")
                 return
             _register(_store(project), spec, file)
             return
-        data = _read_spec_data(file)
-        # --workdir wins over the file's trainer.workdir, which is therefore not validated.
-        trainer = data.get("trainer") if isinstance(data, dict) else None
-        previous = trainer.pop("workdir", None) if isinstance(trainer, dict) else None
+        trainer.pop("workdir", None)  # replaced by the packed directory's URI, so not validated as written
         spec = _parse_spec(file, data)  # every other field, before anything is packed or sent
         store = None
         if not dry_run:
             store = _store(project)
             _refuse_existing(store, spec.id)
-        packed = _pack(workdir)
+        packed = _pack(directory)
         uri = workdir_uri(spec.checkpoint_uri, packed.sha256)
-        if previous is not None and previous != uri:
-            err.print(f"[yellow]note:[/yellow] --workdir replaces trainer.workdir of {file} ({previous})",
+        if workdir is not None and written is not None and written != uri:
+            err.print(f"[yellow]note:[/yellow] --workdir replaces trainer.workdir of {file} ({written})",
                       highlight=False)
         trainer["workdir"] = uri
         spec = _parse_spec(file, data)
@@ -151,6 +148,22 @@ def register(
         out.print(f"trainer.workdir: {uri} (sha256 {packed.sha256})", highlight=False)
 
     run_reporting_errors(go)
+
+
+def _trainer_workdir(data: Any) -> tuple[dict | None, Any]:
+    """The spec's trainer mapping (None when it is not one) and its workdir as written."""
+    trainer = data.get("trainer") if isinstance(data, dict) else None
+    if not isinstance(trainer, dict):
+        return None, None
+    return trainer, trainer.get("workdir")
+
+
+def _local_workdir(file: Path, written: Any) -> Path | None:
+    """trainer.workdir written as a directory — anything but a URI — relative to the spec file's folder."""
+    if not isinstance(written, str) or not written or "://" in written:
+        return None
+    path = Path(written).expanduser()
+    return path if path.is_absolute() else file.parent / path
 
 
 def _register(store, spec: schema.JobSpec, file: Path) -> None:
@@ -368,8 +381,26 @@ def _wake_controller(project: str, topic: str, job_id: str) -> bool:
 
 @jobs_app.command("validate")
 def validate(file: Path = typer.Argument(..., help="job spec, YAML or JSON")) -> None:
-    """Validate a job spec without touching Firestore."""
-    run_reporting_errors(lambda: out.print(f"{file}: valid job spec for [bold]{_load_spec_file(file).id}[/bold]"))
+    """Validate a job spec without touching Firestore. A trainer.workdir that is a directory is packed (nothing is
+    sent) to show the URI `jobs register` would record."""
+
+    def go() -> None:
+        data = _read_spec_data(file)
+        trainer, written = _trainer_workdir(data)
+        directory = _local_workdir(file, written)
+        if directory is not None:
+            packed = _pack(directory)
+            try:
+                trainer["workdir"] = workdir_uri(str(data.get("checkpoint_uri")), packed.sha256)
+            except WorkdirError:
+                trainer.pop("workdir")  # no URI without a valid checkpoint_uri, which the check below names
+        spec = _parse_spec(file, data)
+        if directory is not None:
+            out.print(f"trainer.workdir: {directory} → {spec.trainer.workdir} (`respawn jobs register` uploads it)",
+                      highlight=False)
+        out.print(f"{file}: valid job spec for [bold]{spec.id}[/bold]")
+
+    run_reporting_errors(go)
 
 
 def _parse_settings(pairs: list[str]) -> dict[str, float]:

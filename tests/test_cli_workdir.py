@@ -122,6 +122,32 @@ def test_workdir_option_wins_over_the_spec_with_a_notice(firestore_db, project, 
     assert stored_spec(firestore_db, "wd-job")["trainer"]["workdir"].endswith(pack(code).object_name)
 
 
+def test_a_directory_written_as_the_workdir_is_packed_relative_to_the_spec_file(firestore_db, project, gcs,
+                                                                                 storage_env, code, tmp_path):
+    (code / "relative.txt").write_text("a tree no other test uploads")
+    spec_file = write_spec(tmp_path / "job.yaml", trainer={**SPEC["trainer"], "workdir": "code"})
+    uri = f"gs://{BUCKET}/respawn/workdirs/{pack(code).object_name}"
+    r = respawn("jobs", "validate", str(spec_file))  # offline: packs to show the URI, sends nothing
+    assert r.returncode == 0, r.stderr
+    assert uri in r.stdout and not gcs.bucket(BUCKET).blob(uri.split("/", 3)[3]).exists()
+    r = respawn("jobs", "register", str(spec_file), "--project", project, env=storage_env)
+    assert r.returncode == 0, r.stderr
+    assert stored_spec(firestore_db, "wd-job")["trainer"]["workdir"] == uri
+    assert gcs.bucket(BUCKET).blob(uri.split("/", 3)[3]).exists()
+    missing = write_spec(tmp_path / "missing.yaml", id="wd-missing", trainer={**SPEC["trainer"], "workdir": "nope"})
+    r = respawn("jobs", "validate", str(missing))
+    assert r.returncode == 2 and "nope does not exist" in r.stderr
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples" / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_the_example_jobs_bring_their_code_and_setup_and_validate(example):
+    spec = yaml.safe_load(example.read_text())
+    assert {"workdir", "setup", "interpreter", "command"} <= set(spec["trainer"]), "show how to bring your own code"
+    r = respawn("jobs", "validate", str(example))
+    assert r.returncode == 0, r.stderr
+    assert f"trainer.workdir: {example.parent / spec['trainer']['workdir']} → gs://" in r.stdout
+
+
 def test_a_bad_workdir_in_the_spec_is_replaced_not_reported(firestore_db, project, storage_env, code, tmp_path):
     spec_file = write_spec(tmp_path / "job.yaml", trainer={**SPEC["trainer"], "workdir": "gs://b/not-an-archive"})
     assert respawn("jobs", "validate", str(spec_file)).returncode == 2  # the file alone is invalid
