@@ -1,4 +1,5 @@
-"""Entry point: `python -m respawn.agent` (systemd's ExecStart on a VM; the sim runs the same command).
+"""Entry point: the agent zipapp's `__main__` (systemd's ExecStart on a VM: `/opt/respawn/python
+/opt/respawn/respawn-agent.pyz`, see deploy/vm/startup.sh), or `python -m respawn.agent` where the wheel is installed.
 
 Environment: GCE_METADATA_HOST (metadata server, as google-auth reads it; default metadata.google.internal),
 RESPAWN_NODE_DIR (the node's own disk: local checkpoints, status file, trainer log, agent log; default
