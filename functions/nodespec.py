@@ -20,6 +20,7 @@ def settings_json(spec: JobSpec, options: NodeOptions = DEFAULTS) -> str:
         workdir=spec.trainer.workdir,
         setup=tuple(tuple(c) for c in spec.trainer.setup),
         interpreter=spec.trainer.interpreter,
+        setup_timeout_seconds=spec.trainer.setup_timeout_seconds,
         heartbeat_seconds=options.heartbeat_seconds,
         notice_budget_seconds=options.notice_budget_seconds,
     ).to_json()

@@ -53,6 +53,7 @@ LIBRARY_DIR = "library"
 LIBRARY_FLOOR = (3, 10)
 PYTHON_NAMES = ("python", "python3")
 EXIT_NOT_FOUND, EXIT_NOT_EXECUTABLE = 127, 126  # as a shell reports them
+EXIT_TIMED_OUT = 124  # as timeout(1) reports a command it stopped
 INTERPRETER_HINT = "set trainer.interpreter, e.g. /opt/conda/bin/python"
 _PROBE = ("import json, os, sys, sysconfig; print(json.dumps({'version': list(sys.version_info[:3]), "
           "'venv': sys.prefix != getattr(sys, 'base_prefix', sys.prefix), 'stdlib': sysconfig.get_path('stdlib')}))")
@@ -159,10 +160,11 @@ def _stop_group(child: subprocess.Popen, grace: float = 5.0) -> None:
 
 
 def run_logged(argv: list[str], *, cwd: str, env: dict[str, str], interrupted: Callable[[], bool], message: str,
-               **fields: Any) -> tuple[int, str]:
+               timeout: float | None = None, **fields: Any) -> tuple[int, str]:
     """Run `argv` in its own process group, each line of its output (stdout and stderr) logged as `message` with
     `line`; returns (exit status, tail of the output). A command that cannot be started reads as the shell has
-    it: 127 not found, 126 not executable. Raises Interrupted (after stopping the group) if `interrupted()`."""
+    it: 127 not found, 126 not executable; one still running after `timeout` seconds is stopped and reads 124.
+    Raises Interrupted (after stopping the group) if `interrupted()`."""
     try:
         child = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
@@ -185,11 +187,17 @@ def run_logged(argv: list[str], *, cwd: str, env: dict[str, str], interrupted: C
 
     reader = threading.Thread(target=forward, name="command-output", daemon=True)
     reader.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
     while child.poll() is None:
         if interrupted():
             _stop_group(child)
             reader.join(2.0)
             raise Interrupted(" ".join(argv))
+        if deadline is not None and time.monotonic() >= deadline:
+            _stop_group(child)
+            reader.join(2.0)
+            tail.append(f"(stopped by the node agent after {timeout:g} s: trainer.setup_timeout_seconds)")
+            return EXIT_TIMED_OUT, trim_tail(list(tail))
         time.sleep(0.1)
     reader.join(5.0)  # a background process of its own may keep the pipe open: do not wait for it
     if child.stdout is not None and not reader.is_alive():
@@ -385,13 +393,16 @@ class Preparer:
             argv = self.argv(command)
             began = time.monotonic()
             log("INFO", "setup command starting", index=index, argv=argv, cwd=self.cwd)
+            timeout = self.settings.setup_timeout_seconds
             code, tail = run_logged(argv, cwd=self.cwd, env=env, interrupted=self.interrupted,
-                                    message="setup output", index=index)
+                                    message="setup output", timeout=timeout, index=index)
             log("INFO" if code == 0 else "ERROR", "prepare stage", stage="setup_command", index=index, argv=argv,
                 exit_code=code, seconds=round(time.monotonic() - began, 3))
             if code != 0:
-                raise PrepareFailed(argv, f"setup command {index + 1} of {len(self.settings.setup)} failed with "
-                                          f"exit code {code}: {' '.join(argv)}", exit_code=code, output_tail=tail)
+                how = (f"did not finish within {timeout:g} s (trainer.setup_timeout_seconds)"
+                       if code == EXIT_TIMED_OUT else f"failed with exit code {code}")
+                raise PrepareFailed(argv, f"setup command {index + 1} of {len(self.settings.setup)} {how}: "
+                                          f"{' '.join(argv)}", exit_code=code, output_tail=tail)
         write_json(marker, inputs)
         log("INFO", "prepare stage", stage="setup", commands=len(self.settings.setup),
             seconds=round(time.monotonic() - started, 3))

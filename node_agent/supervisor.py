@@ -151,7 +151,8 @@ class TrainerProcess:
         record = TrainerRecord(pid=child.pid, start_time=_proc_start_time(child.pid), boot_id=boot_id(),
                                job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at)
         record.save(node_dir)
-        log("INFO", "trainer started", pid=child.pid, argv=argv, cwd=cwd or node_dir, log=log_path)
+        log("INFO", "trainer started", pid=child.pid, argv=argv, cwd=cwd or node_dir, log=log_path,
+            started_at=started_at)
         return cls(node_dir, record, child)
 
     def poll(self) -> tuple[bool, int | None]:

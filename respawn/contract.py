@@ -61,6 +61,9 @@ DEFAULT_HEARTBEAT_SECONDS = 15.0
 DEFAULT_NOTICE_BUDGET_SECONDS = 25.0  # of a Spot VM's 30 s notice, leaving time for the final heartbeat
 DEFAULT_METADATA_WAIT_SECONDS = 60.0  # one hanging GET on the metadata server before it is re-issued
 DEFAULT_INTERPRETER = "python3"  # the image's own, found on PATH
+# One setup command may run this long before it is stopped and the job fails: a hung `pip install` must not hold a
+# paid node forever (the node heartbeats "preparing", so the controller sees it alive).
+DEFAULT_SETUP_TIMEOUT_SECONDS = 3600.0
 CHECKPOINT_SCHEMES = ("gs://", "file:///")
 WORKDIR_SCHEMES = ("gs://", "file:///")
 # A workdir archive is named by its content: .../sha256-<64 hex>.tar.gz (respawn.workdir packs it).
@@ -114,6 +117,7 @@ class NodeSettings:
     workdir: Optional[str] = None  # the user's code: a content-addressed archive (workdir_digest), unpacked as cwd
     setup: Tuple[Tuple[str, ...], ...] = ()  # argv commands run in the workdir once per node life, before the trainer
     interpreter: str = DEFAULT_INTERPRETER  # runs the trainer (a command's leading python/python3) and the library
+    setup_timeout_seconds: float = DEFAULT_SETUP_TIMEOUT_SECONDS  # per setup command
 
     def __post_init__(self) -> None:
         command = self.command
@@ -128,7 +132,7 @@ class NodeSettings:
         uri = self.checkpoint_uri
         if not isinstance(uri, str) or not uri.startswith(CHECKPOINT_SCHEMES):
             raise SettingsError(f"checkpoint_uri must be gs://BUCKET/PREFIX or file:///PATH, got {uri!r}")
-        for key in ("heartbeat_seconds", "notice_budget_seconds", "metadata_wait_seconds"):
+        for key in ("heartbeat_seconds", "notice_budget_seconds", "metadata_wait_seconds", "setup_timeout_seconds"):
             object.__setattr__(self, key, _seconds(key, getattr(self, key)))
         if self.workdir is not None:
             if not isinstance(self.workdir, str) or not self.workdir.startswith(WORKDIR_SCHEMES):

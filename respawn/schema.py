@@ -23,7 +23,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 # The node side of the layout (the heartbeat collection, node names and states) is the node contract's: the agent
 # runs without pydantic, so it is defined there, in the standard library, and used here.
 from respawn.contract import LABEL_ATTEMPT, LABEL_JOB, MAX_ATTEMPT, NodeState, node_name  # noqa: F401 - re-exported
-from respawn.contract import DEFAULT_INTERPRETER, WORKDIR_SCHEMES, SettingsError, workdir_digest
+from respawn.contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS, WORKDIR_SCHEMES, SettingsError,
+                              workdir_digest)
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
 
 JOBS = "jobs"
@@ -141,6 +142,9 @@ class Trainer(_Strict):
                                                           "`respawn jobs register --workdir DIR`; the trainer's cwd")
     setup: list[Annotated[_Argv, Field(min_length=1)]] = Field(
         default_factory=list, description="argv commands run in the workdir once per node life, before the trainer")
+    setup_timeout_seconds: int = Field(default=int(DEFAULT_SETUP_TIMEOUT_SECONDS), ge=1, le=86400,
+                                       description="one setup command may run this long; then it is stopped and "
+                                                   "the job fails, naming it")
     interpreter: str = Field(default=DEFAULT_INTERPRETER, min_length=1,
                              description="the trainer's Python: the image's python3, or a path such as "
                                          "/opt/conda/bin/python; Respawn's checkpoint library is installed into it")

@@ -226,6 +226,24 @@ def test_a_failing_setup_command_names_itself_with_exit_code_and_output_tail(tmp
     assert err.value.exit_code == 127 and "no-such-tool: command not found" in err.value.output_tail
 
 
+def test_a_setup_command_that_hangs_is_stopped_at_its_timeout_with_its_children(tmp_path, interpreter_dir):
+    # A hung `pip install` must not hold the node forever: the command and what it started are stopped.
+    hang = ("import subprocess, sys, time; print('resolving', flush=True); "
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print('child', child.pid, flush=True); time.sleep(60)")
+    s = prep_settings(interpreter=str(interpreter_dir / "python3"), setup=[["python", "-c", hang]],
+                      setup_timeout_seconds=1.5)
+    prep = _preparer(tmp_path, s)
+    prep.find_interpreter()
+    with pytest.raises(PrepareFailed) as err:
+        prep.run_setup()
+    f = err.value
+    assert f.exit_code == 124 and "did not finish within 1.5 s (trainer.setup_timeout_seconds)" in str(f)
+    assert "resolving" in f.output_tail and f.output_tail.endswith("trainer.setup_timeout_seconds)")
+    child = int(next(line.split()[1] for line in f.output_tail.splitlines() if line.startswith("child ")))
+    assert not os.path.exists(f"/proc/{child}") or "zombie" in open(f"/proc/{child}/status").read().lower()
+
+
 def test_setup_is_skipped_on_a_restart_in_place_and_rerun_when_its_inputs_change(tmp_path, interpreter_dir):
     uri, _ = archive(tmp_path / "store", GOOD)
     count = ["python", "-c", "open('runs', 'a').write('x')"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import signal
 import sys
+import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -189,11 +190,16 @@ class TrainingLoop:
         step = self.start
         if mgr.preemption_requested:  # the notice came during the restore
             self._preempt(step)
+        first = True
         while step < total:
+            began = time.monotonic()
             yield step
             step += 1
             self.step = step
             mgr.report_step(step)  # rate-limited status file update
+            if first:  # when this life's training really began (the boot benchmark reads it, bench/boot.py)
+                _log.info("first step done", step=step, seconds=round(time.monotonic() - began, 3))
+                first = False
             if mgr.preemption_requested:
                 self._preempt(step)
             if every and step % every == 0 and step < total:

@@ -347,6 +347,7 @@ class CheckpointManager:
     def restore(self) -> tuple[int, Any] | None:
         """(step, state) of the highest committed step whose checksums verify, looking at the local dir and
         the remote store; falls back step by step past torn or corrupt ones. None if there is none."""
+        started = time.monotonic()
         listing = {self.local: self.local.steps()}
         if self.remote is not None:
             try:
@@ -383,10 +384,11 @@ class CheckpointManager:
                 self.status.update(step=step, committed_step=step, committed_kind=manifest["kind"],
                                    committed_durable=durable)
                 _log.info("restored checkpoint", step=step, kind=manifest["kind"], store=store.uri, durable=durable,
-                          framework=manifest["framework"], bytes=manifest["total_bytes"])
+                          framework=manifest["framework"], bytes=manifest["total_bytes"],
+                          seconds=round(time.monotonic() - started, 3))
                 return step, state
         _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri,
-                  remote=self.remote.uri if self.remote else None)
+                  remote=self.remote.uri if self.remote else None, seconds=round(time.monotonic() - started, 3))
         return None
 
     # ---- retention ------------------------------------------------------------------------------------------
