@@ -552,6 +552,11 @@ class Bench:
         except BenchError as exc:
             raise BenchError(f"{what}: {exc}; its console: {console}") from None
         handled = [e for e in lines if e.get("message") == "notice handled; agent exiting"]
+        uploaded = [e for e in lines if e.get("message") == "previous-life upload done"]
+        result["previous_life_uploaded_steps"] = uploaded[-1].get("uploaded_steps") if uploaded else None
+        durable = [e for e in lines if str(e.get("message", "")).startswith("emergency checkpoint ")
+                   and e.get("component") == "trainer" and "durable" in e]
+        result["emergency_durable"] = durable[-1].get("durable") if durable else None
         result["powered_off_cleanly"] = clean
         result["emergency_exit_code"] = handled[-1].get("exit_code") if handled else None
         result["final_heartbeat_written"] = bool(handled and handled[-1].get("final_heartbeat_written"))
@@ -720,6 +725,8 @@ def summarize(runs: dict, bench: Bench, repeats: int, warmup: int, probe_bytes: 
         out[f"{kind}_restored_steps"] = [r["restored_step"] for r in rs]
         out[f"{kind}_emergency_exit_codes"] = [r["emergency_exit_code"] for r in rs]
         out[f"{kind}_final_heartbeats_written"] = all(r["final_heartbeat_written"] for r in rs)
+        out[f"{kind}_emergency_durable"] = [r["emergency_durable"] for r in rs]
+        out[f"{kind}_previous_life_uploaded_steps"] = [r["previous_life_uploaded_steps"] for r in rs]
     out["baseline"] = {}
     for kind in KINDS:
         rs = runs[f"baseline_{kind}"]
@@ -791,7 +798,9 @@ def table(result: dict) -> str:
         f"baseline: the old startup script installed {result['baseline_installed_distributions']} distributions into "
         f"its venv at each fresh boot (pip --no-index from a local wheelhouse; from PyPI on a real VM)",
         f"restored steps: fresh {result['fresh_restored_steps']}, in place {result['in_place_restored_steps']}; "
-        f"emergency exits {result['fresh_emergency_exit_codes'] + result['in_place_emergency_exit_codes']}",
+        f"emergency exits {result['fresh_emergency_exit_codes'] + result['in_place_emergency_exit_codes']}, durable "
+        f"{result['fresh_emergency_durable'] + result['in_place_emergency_durable']}; previous-life upload uploaded "
+        f"{result['in_place_previous_life_uploaded_steps']}",
     ]
     return "\n".join(lines)
 
