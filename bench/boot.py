@@ -846,8 +846,9 @@ def main(argv=None) -> int:
         bench.stop()
         if keep:
             _progress(f"the nodes' consoles, the baseline's output and the emulators' logs are kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     result = summarize(runs, bench, repeats, warmup, probe_bytes)
-    shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result) if args.json else table(result))
     return 0
 
