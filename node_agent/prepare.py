@@ -146,6 +146,8 @@ def write_json(path: str, value: Any) -> None:
 
 
 def _stop_group(child: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM to the command's process group, then SIGKILL to whatever of it is left after `grace` seconds or the
+    leader's exit (what a command started must not outlive it)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(child.pid, sig)
@@ -153,10 +155,8 @@ def _stop_group(child: subprocess.Popen, grace: float = 5.0) -> None:
             pass
         try:
             child.wait(grace)
-            return
         except subprocess.TimeoutExpired:
             continue
-    child.wait()
 
 
 def run_logged(argv: list[str], *, cwd: str, env: dict[str, str], interrupted: Callable[[], bool], message: str,

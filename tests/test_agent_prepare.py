@@ -241,7 +241,14 @@ def test_a_setup_command_that_hangs_is_stopped_at_its_timeout_with_its_children(
     assert f.exit_code == 124 and "did not finish within 1.5 s (trainer.setup_timeout_seconds)" in str(f)
     assert "resolving" in f.output_tail and f.output_tail.endswith("trainer.setup_timeout_seconds)")
     child = int(next(line.split()[1] for line in f.output_tail.splitlines() if line.startswith("child ")))
-    assert not os.path.exists(f"/proc/{child}") or "zombie" in open(f"/proc/{child}/status").read().lower()
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{child}/status") as status:
+                return "zombie" in status.read().lower()
+        except FileNotFoundError:
+            return True
+    wait_for(gone, 10, f"the setup command's child {child} to be stopped too")
 
 
 def test_setup_is_skipped_on_a_restart_in_place_and_rerun_when_its_inputs_change(tmp_path, interpreter_dir):
