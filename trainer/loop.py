@@ -9,6 +9,10 @@ after each step body the loop reports progress, takes the periodic asynchronous 
 a preemption notice saves the emergency checkpoint at that step boundary and raises Preempted (a SystemExit with
 contract.EXIT_PREEMPTED); after the last step it takes the blocking final save. Leaving the `with` block puts the
 previous SIGTERM handler back. CheckpointManager's explicit calls are what it runs, and stay available.
+
+In a multi-rank job (torch.distributed initialized, world_size > 1, e.g. under torchrun) every rank runs the same
+loop: the ranks agree on the notice at each step boundary, rank 0 alone writes the checkpoints, and every rank
+restores the same step (respawn.ckpt.distributed).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 from respawn import contract
 
-from . import _log
+from . import _log, distributed
 from .manager import CheckpointManager, SaveOutcome
 
 
@@ -105,6 +109,10 @@ class TrainingLoop:
         self.total_steps, self.every, self.rng, self.signals = total_steps, every, rng, tuple(signals)
         self.state = state
         self._has_state = state is not None
+        self._job = distributed.current_job()  # None: a single process, on which nothing below costs anything
+        if self._job is not None:
+            self._job.check_replicated(objects)
+        self._writes = self._job is None or self._job.writer
         self._objects = {name: _accessors(name, obj) for name, obj in objects.items()}
         self.manager = manager if manager is not None else CheckpointManager.from_env(total_steps=total_steps)
         if self.manager.status.snapshot()["total_steps"] != total_steps:
@@ -142,7 +150,7 @@ class TrainingLoop:
         self._previous_handlers = {}
 
     def _restore(self) -> None:
-        restored = self.manager.restore()
+        restored = self.manager.restore() if self._job is None else self._job.restore(self.manager)
         if restored is not None:
             step, ckpt = restored
             wanted = list(self._objects) + (["state"] if self._has_state else [])
@@ -160,7 +168,7 @@ class TrainingLoop:
             if self.rng and "rng" in ckpt:
                 _restore_rng(ckpt["rng"])
             self.start = self.step = step
-        if self.every and (self.start // self.every + 1) * self.every < self.total_steps:
+        if self._writes and self.every and (self.start // self.every + 1) * self.every < self.total_steps:
             self.manager.prepare_snapshot(self._capture())  # buffers for the periodic saves, off the loop
         _log.info("training loop", start=self.start, total_steps=self.total_steps, every=self.every,
                   notice_signals=[signal.Signals(s).name for s in self._previous_handlers])
@@ -188,7 +196,7 @@ class TrainingLoop:
     def _steps(self) -> Iterator[int]:
         mgr, total, every = self.manager, self.total_steps, self.every
         step = self.start
-        if mgr.preemption_requested:  # the notice came during the restore
+        if self._notice():  # the notice came during the restore
             self._preempt(step)
         first = True
         while step < total:
@@ -200,15 +208,28 @@ class TrainingLoop:
             if first:  # when this life's training really began (the boot benchmark reads it, bench/boot.py)
                 _log.info("first step done", step=step, seconds=round(time.monotonic() - began, 3))
                 first = False
-            if mgr.preemption_requested:
+            # self._notice(), inlined: the single-process path pays no extra call per step.
+            if mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr):
                 self._preempt(step)
-            if every and step % every == 0 and step < total:
+            if every and step % every == 0 and step < total and self._writes:
                 mgr.save(step, self._capture())  # blocks for the snapshot only
-        self.final = mgr.save(total, self._capture(), blocking=True)
+        if self._job is None:
+            self.final = mgr.save(total, self._capture(), blocking=True)
+        else:
+            self.final = self._job.save_outcome(total, lambda: mgr.save(total, self._capture(), blocking=True),
+                                                deadline=None)
         mgr.finish(total)
         if self.final is None or not self.final.committed:
             why = f"{self.final.state.value}: {self.final.reason}" if self.final else "the save thread died"
             raise RuntimeError(f"the final checkpoint (step {total}) was not committed: {why}")
 
+    def _notice(self) -> bool:
+        return self.manager.preemption_requested if self._job is None else self._job.agree_notice(self.manager)
+
     def _preempt(self, step: int) -> None:
-        raise Preempted(self.manager.emergency_save(step, self._capture()))
+        mgr = self.manager
+        if self._job is None:
+            raise Preempted(mgr.emergency_save(step, self._capture()))
+        # Every rank waits for rank 0's outcome within the notice deadline, then all exit with the same code.
+        raise Preempted(self._job.save_outcome(step, lambda: mgr.emergency_save(step, self._capture()),
+                                               deadline=mgr.deadline()))

@@ -129,7 +129,10 @@ class CheckpointManager:
         budget = env.get(contract.ENV_NOTICE_BUDGET)
         attempt = env.get(contract.ENV_ATTEMPT)
         kwargs.setdefault("notice_budget_s", float(budget) if budget else None)
-        kwargs.setdefault("status_file", env.get(contract.ENV_STATUS_FILE) or None)
+        # One status file per job: in a multi-rank job (RANK as torchrun sets it) only rank 0, the rank that writes
+        # the checkpoints and so knows what is committed, writes it; the others never touch it.
+        status_file = env.get(contract.ENV_STATUS_FILE) if env.get("RANK", "0") == "0" else None
+        kwargs.setdefault("status_file", status_file or None)
         kwargs.setdefault("job_id", env.get(contract.ENV_JOB_ID) or None)
         kwargs.setdefault("attempt", int(attempt) if attempt and attempt.isdigit() else None)
         return cls(uri, local, **kwargs)
@@ -161,6 +164,11 @@ class CheckpointManager:
     def clear_preemption(self) -> None:
         """Forget a notice (e.g. a maintenance event that passed without stopping the VM)."""
         self._notice_at, self._notice_reason, self._notice_logged = None, None, False
+
+    @property
+    def notice_at(self) -> float | None:
+        """When the notice came (time.monotonic()), or None."""
+        return self._notice_at
 
     @property
     def preemption_requested(self) -> bool:
@@ -344,9 +352,11 @@ class CheckpointManager:
 
     # ---- restore --------------------------------------------------------------------------------------------
 
-    def restore(self) -> tuple[int, Any] | None:
+    def restore(self, step: int | None = None) -> tuple[int, Any] | None:
         """(step, state) of the highest committed step whose checksums verify, looking at the local dir and
-        the remote store; falls back step by step past torn or corrupt ones. None if there is none."""
+        the remote store; falls back step by step past torn or corrupt ones. None if there is none.
+        step: that step only (a multi-rank job restores on every rank the step its rank 0 restored)."""
+        only = step
         started = time.monotonic()
         listing = {self.local: self.local.steps()}
         if self.remote is not None:
@@ -364,6 +374,8 @@ class CheckpointManager:
                              "older one", step=s, store=store.uri)
         self._remote_committed = set(remote_steps)
         for step in sorted(local_steps | remote_steps, reverse=True):
+            if only is not None and step != only:
+                continue
             sources = ([self.local] if step in local_steps else []) + ([self.remote] if step in remote_steps else [])
             for store in sources:
                 try:
