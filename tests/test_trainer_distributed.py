@@ -1,0 +1,150 @@
+"""A torchrun DDP job (2 ranks, gloo on CPU, real processes) survives the notice: the ranks agree on one step, rank 0
+alone writes the checkpoint and the status file, the launch wrapper exits 75, and the resumed run ends
+bit-identical to an uninterrupted one. The notice delivered to one rank only still stops every rank at one step:
+without the agreement that test hangs (rank 0 never stops) and fails."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from respawn.ckpt import PREEMPTED_EXIT_CODE, CheckpointManager, read_status
+from trainer_helpers import free_port
+
+STEPS, EVERY = 150, 40
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start(tmp_path, name, *extra):
+    """`python -m respawn.ckpt.launch torchrun --nproc-per-node 2 -m respawn.ckpt.examples.torch_ddp` in its own
+    process group (as the node agent starts a trainer), rendezvous and gloo on 127.0.0.1 only."""
+    run = tmp_path / name
+    run.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", RESPAWN_JOB_ID=f"ddp-{name}",
+               RESPAWN_ATTEMPT="1", RESPAWN_CHECKPOINT_URI=f"file://{tmp_path}/ckpt/remote",
+               RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/ckpt/local", RESPAWN_STATUS_FILE=f"{run}/status.json",
+               RESPAWN_NOTICE_BUDGET_S="20")
+    cmd = [sys.executable, "-m", "respawn.ckpt.launch",
+           sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1",
+           "-m", "respawn.ckpt.examples.torch_ddp", "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
+           "--seed", "5", "--log-every", "1000", *extra]
+    with open(run / "out.log", "ab") as out:
+        return subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=out, stderr=out, start_new_session=True)
+
+
+def output(tmp_path, name) -> str:
+    return (tmp_path / name / "out.log").read_text(errors="replace")
+
+
+def finish(proc, tmp_path, name, timeout=90) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids(output(tmp_path, name)).values():  # torchrun's workers have sessions of their own
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"{name} did not finish in {timeout} s; see {tmp_path / name / 'out.log'}:\n"
+                    f"{output(tmp_path, name)[-3000:]}")
+
+
+def pids(text: str) -> dict[int, int]:
+    return {int(r): int(p) for r, p in re.findall(r"torch_ddp: rank (\d+) of 2 pid (\d+)", text)}
+
+
+def preempted_steps(text: str) -> dict[int, int]:
+    return {int(r): int(s) for r, s in re.findall(r"torch_ddp\[rank (\d+)\]: preempted at step (\d+); .* exiting 75",
+                                                  text)}
+
+
+def wait_for_step(proc, tmp_path, name, step: int) -> None:
+    deadline = time.monotonic() + 60
+    while ((read_status(str(tmp_path / name / "status.json")) or {}).get("step") or 0) < step:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            finish(proc, tmp_path, name, timeout=1)
+            pytest.fail(f"{name} never reached step {step}:\n{output(tmp_path, name)[-3000:]}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Final parameters of an uninterrupted run."""
+    tmp = tmp_path_factory.mktemp("ddp-reference")
+    proc = start(tmp, "run", "--final-params", f"{tmp}/final.npz")
+    assert finish(proc, tmp, "run") == 0, output(tmp, "run")[-3000:]
+    return np.load(f"{tmp}/final.npz")
+
+
+def test_sigterm_to_the_group_commits_one_step_and_resumes_bit_identical(tmp_path, reference):
+    at = random.randint(10, 90)
+    proc = start(tmp_path, "first", "--step-seconds", "0.03")
+    wait_for_step(proc, tmp_path, "first", at)
+    os.killpg(proc.pid, signal.SIGTERM)  # what the node agent does: torchrun forwards it to its workers
+    code = finish(proc, tmp_path, "first")
+    text = output(tmp_path, "first")
+    assert code == PREEMPTED_EXIT_CODE, text[-3000:]
+    stopped = preempted_steps(text)
+    assert sorted(stopped) == [0, 1] and len(set(stopped.values())) == 1, (at, text[-3000:])
+    step = stopped[0]
+    assert at <= step < STEPS
+    status = read_status(str(tmp_path / "first" / "status.json"))
+    assert status["emergency"] == {"state": "committed", "step": step, "reason": None}
+    assert status["committed_step"] == step
+    assert status["pid"] == pids(text)[0]  # written by rank 0, the only rank that knows what is committed
+
+    proc = start(tmp_path, "resumed", "--final-params", f"{tmp_path}/final.npz")
+    assert finish(proc, tmp_path, "resumed") == 0, output(tmp_path, "resumed")[-3000:]
+    text = output(tmp_path, "resumed")
+    assert f"torch_ddp[rank 0]: starting at step {step} of {STEPS}" in text
+    assert f"torch_ddp[rank 1]: starting at step {step} of {STEPS}" in text
+    final = np.load(f"{tmp_path}/final.npz")
+    assert sorted(final.files) == sorted(reference.files)
+    for key in reference.files:
+        np.testing.assert_array_equal(final[key], reference[key], err_msg=key)
+
+
+def test_notice_to_one_rank_stops_every_rank_at_one_step(tmp_path):
+    at = random.randint(10, 90)
+    proc = start(tmp_path, "one", "--step-seconds", "0.03")
+    wait_for_step(proc, tmp_path, "one", at)
+    os.kill(pids(output(tmp_path, "one"))[1], signal.SIGTERM)  # rank 1 only: rank 0 learns it from the agreement
+    code = finish(proc, tmp_path, "one")
+    text = output(tmp_path, "one")
+    # torchrun itself reports the workers' 75 as a failed group (exit 1); the wrapper reads the status file.
+    assert code == PREEMPTED_EXIT_CODE, text[-3000:]
+    stopped = preempted_steps(text)
+    assert sorted(stopped) == [0, 1] and len(set(stopped.values())) == 1, (at, text[-3000:])
+    assert "preemption notice seen by another rank" in text
+    status = read_status(str(tmp_path / "one" / "status.json"))
+    assert status["emergency"]["state"] == "committed" and status["committed_step"] == stopped[0]
+
+
+def test_only_rank_0_gets_the_status_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("RESPAWN_STATUS_FILE", str(tmp_path / "status.json"))
+    monkeypatch.setenv("RANK", "1")
+    assert CheckpointManager.from_env(default_dir=str(tmp_path / "ckpt")).status.path is None
+    assert not (tmp_path / "status.json").exists()
+    monkeypatch.setenv("RANK", "0")
+    assert CheckpointManager.from_env(default_dir=str(tmp_path / "ckpt")).status.path == str(tmp_path / "status.json")
+    assert (tmp_path / "status.json").exists()
+
+
+def test_the_launch_wrapper_reads_only_this_runs_status_file():
+    from respawn.ckpt.launch import stopped_on_notice
+
+    ended = {"emergency": {"state": "committed", "step": 7, "reason": None}, "updated_at": 100.0}
+    assert stopped_on_notice(ended, since=99.0)
+    assert not stopped_on_notice(ended, since=101.0)  # left by an earlier run
+    assert not stopped_on_notice({**ended, "emergency": {"state": "saving", "step": 7, "reason": None}}, since=99.0)
+    assert not stopped_on_notice(None, since=0.0)

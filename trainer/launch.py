@@ -1,0 +1,71 @@
+"""Runs a launcher (torchrun, ...) and exits 75 when its job stopped on a preemption notice.
+
+    python -m respawn.ckpt.launch torchrun --standalone --nproc-per-node 8 train.py ...
+
+Why: torchrun never exits 75. On SIGTERM it forwards the signal to its workers, waits for them (up to
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s) and then dies of its own SignalException: exit 1. When its workers all exit 75
+by themselves (a notice delivered to them only), it reports a failed worker group: exit 1 too. The node agent
+would read either as a crash.
+
+The command runs in this process's group, so the node agent's SIGTERM to the group reaches the launcher directly;
+this process only notes the signal and waits. After the launcher exits: 0 stays 0; any other status becomes 75 when
+the job's status file (RESPAWN_STATUS_FILE, written by rank 0 during this run) shows the emergency save ended
+(committed, abandoned or failed). Rank 0 only saves after every rank agreed on the notice, and every rank then exits
+75 (respawn.ckpt.distributed), so that is "every rank stopped on the notice". Otherwise the launcher's status
+passes through (a signal N as 128+N).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from respawn import contract
+
+from . import _log
+
+_ENDED = ("committed", "abandoned", "failed")
+
+
+def stopped_on_notice(status: dict | None, since: float) -> bool:
+    """Whether a status file written after `since` (time.time()) records an emergency save that ended."""
+    if not status or not isinstance(status.get("updated_at"), (int, float)) or status["updated_at"] < since:
+        return False  # none, or one left by an earlier run
+    emergency = status.get("emergency")
+    return isinstance(emergency, dict) and emergency.get("state") in _ENDED
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: python -m respawn.ckpt.launch LAUNCHER [ARGS...]  (e.g. torchrun --nproc-per-node 8 "
+              "train.py)", file=sys.stderr)
+        return 2
+    status_path = os.environ.get(contract.ENV_STATUS_FILE)
+    if not status_path:
+        _log.warning("RESPAWN_STATUS_FILE is not set: the launcher's exit status is passed through unchanged")
+    noticed: list[str] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the launcher got the same signal from the group: just wait
+        signal.signal(sig, lambda signum, _frame: noticed.append(signal.Signals(signum).name))
+    started = time.time()
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as exc:
+        _log.error("cannot start the launcher", argv=argv, error=str(exc))
+        return 127
+    code = child.wait()
+    code = 128 - code if code < 0 else code
+    if code != 0 and status_path:
+        status = contract.read_status(status_path)
+        if stopped_on_notice(status, started):
+            _log.info("the job stopped on a preemption notice; exiting 75", launcher_exit=code,
+                      emergency=status["emergency"], signals=noticed)
+            return contract.EXIT_PREEMPTED
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
