@@ -198,9 +198,8 @@ class TrainingLoop:
         step = self.start
         if self._notice():  # the notice came during the restore
             self._preempt(step)
-        first = True
+        first, began = True, time.monotonic()
         while step < total:
-            began = time.monotonic()
             yield step
             step += 1
             self.step = step
