@@ -1,7 +1,8 @@
 """A torchrun DDP job (2 ranks, gloo on CPU, real processes) survives the notice: the ranks agree on one step, rank 0
 alone writes the checkpoint and the status file, the launch wrapper exits 75, and the resumed run ends
-bit-identical to an uninterrupted one. The notice delivered to one rank only still stops every rank at one step:
-without the agreement that test hangs (rank 0 never stops) and fails."""
+bit-identical to an uninterrupted one; the same job under the real node agent on a sim node reports the committed
+step and exit 75. The notice delivered to one rank only still stops every rank at one step: without the agreement
+rank 0 never stops, and that test fails."""
 
 from __future__ import annotations
 
@@ -16,11 +17,21 @@ import time
 import numpy as np
 import pytest
 
+from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (agent_env: a fixture)
 from respawn.ckpt import PREEMPTED_EXIT_CODE, CheckpointManager, read_status
 from trainer_helpers import free_port
 
 STEPS, EVERY = 150, 40
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def torchrun(*extra: str) -> list[str]:
+    """The launch wrapper around torchrun, 2 ranks on one node, rendezvous on 127.0.0.1 only."""
+    return [sys.executable, "-m", "respawn.ckpt.launch",
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1",
+            "-m", "respawn.ckpt.examples.torch_ddp", "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
+            "--seed", "5", "--log-every", "1000", *extra]
 
 
 def start(tmp_path, name, *extra):
@@ -32,13 +43,9 @@ def start(tmp_path, name, *extra):
                RESPAWN_ATTEMPT="1", RESPAWN_CHECKPOINT_URI=f"file://{tmp_path}/ckpt/remote",
                RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/ckpt/local", RESPAWN_STATUS_FILE=f"{run}/status.json",
                RESPAWN_NOTICE_BUDGET_S="20")
-    cmd = [sys.executable, "-m", "respawn.ckpt.launch",
-           sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1",
-           "-m", "respawn.ckpt.examples.torch_ddp", "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
-           "--seed", "5", "--log-every", "1000", *extra]
     with open(run / "out.log", "ab") as out:
-        return subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=out, stderr=out, start_new_session=True)
+        return subprocess.Popen(torchrun(*extra), cwd=str(tmp_path), env=env, stdout=out, stderr=out,
+                                start_new_session=True)
 
 
 def output(tmp_path, name) -> str:
@@ -128,6 +135,25 @@ def test_notice_to_one_rank_stops_every_rank_at_one_step(tmp_path):
     assert "preemption notice seen by another rank" in text
     status = read_status(str(tmp_path / "one" / "status.json"))
     assert status["emergency"]["state"] == "committed" and status["committed_step"] == stopped[0]
+
+
+def test_the_node_agent_reports_the_jobs_committed_step_and_exit_75(agent_env):
+    # The real agent on a sim node: its heartbeat reads rank 0's status file, its notice SIGTERMs the trainer's
+    # process group (the sh wrapper, respawn.ckpt.launch and torchrun; torchrun forwards it to its workers).
+    s = settings(torchrun("--step-seconds", "0.03"), f"file://{agent_env.tmp}/store",
+                 env={"GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": ROOT})
+    md = agent_env.metadata("ddp-1", attributes("ddp", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "ddp-1")
+    at = random.randint(10, 90)
+    wait_for(lambda: ((agent_env.heartbeat("ddp-1") or {}).get("step") or 0) >= at, 90,
+             f"the job's heartbeat past step {at}")
+    md.set("instance/preempted", "TRUE")
+    assert agent.wait(90) == 0, agent.output()[-4000:]
+    hb = agent_env.heartbeat("ddp-1")
+    stopped = preempted_steps(agent.output())
+    assert sorted(stopped) == [0, 1] and len(set(stopped.values())) == 1, agent.output()[-4000:]
+    assert hb["state"] == "exited" and hb["notice"] == "preempted" and hb["exit_code"] == PREEMPTED_EXIT_CODE
+    assert hb["committed_step"] == stopped[0] and hb["emergency"]["state"] == "committed"
 
 
 def test_only_rank_0_gets_the_status_file(tmp_path, monkeypatch):
