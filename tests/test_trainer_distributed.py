@@ -174,3 +174,22 @@ def test_the_launch_wrapper_reads_only_this_runs_status_file():
     assert not stopped_on_notice(ended, since=101.0)  # left by an earlier run
     assert not stopped_on_notice({**ended, "emergency": {"state": "saving", "step": 7, "reason": None}}, since=99.0)
     assert not stopped_on_notice(None, since=0.0)
+
+
+def test_sharded_parameters_are_refused_with_the_limitation_named():
+    # One process is enough for a DTensor; Job itself is what TrainingLoop builds on every rank of a real job.
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+
+    from respawn.ckpt.distributed import Job
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(4, 4)
+        Job().check_replicated({"model": model, "data": {"pos": 0}})  # plain (DDP-style) parameters pass
+        model.weight = torch.nn.Parameter(distribute_tensor(model.weight.data, DeviceMesh("cpu", [0]), [Shard(0)]))
+        with pytest.raises(NotImplementedError, match=r"model= holds sharded parameters \(FSDP / DTensor\)"):
+            Job().check_replicated({"model": model})
+    finally:
+        dist.destroy_process_group()
