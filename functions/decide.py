@@ -16,13 +16,13 @@ CANCELLED on request; INVALID when the spec does not validate. A terminal job's 
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
 from respawn.control import alerts, placement
-from respawn.schema import CapacityRecord, GpuAccelerator, Heartbeat, JobSpec, JobStatus, NodeState, State, node_name
+from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
+from respawn.schema import CapacityRecord, Heartbeat, JobSpec, JobStatus, NodeState, State, node_name
 
 
 class Phase(str, enum.Enum):
@@ -546,50 +546,13 @@ def after_created(s: JobStatus, attempt: int, node: str, now: datetime) -> JobSt
 # A missing image is a wrong spec, known before any node exists: INVALID. A check that could not be made (no
 # permission on the image's project, a transient error) blocks nothing; if the create then meets the image's 404,
 # after_act fails the job once (a 404 is never a zone's refusal), and create_error says how to find a valid image.
-
-class ImageVerdict(str, enum.Enum):
-    FOUND = "found"
-    MISSING = "missing"  # the API answered 404: no such image, or a family with no image that is not deprecated
-    UNCHECKED = "unchecked"  # the check could not be made (permission, 5xx, network): go on, the create will tell
-
-
-@dataclass(frozen=True)
-class ImageCheck:
-    image: str  # projects/P/global/images/family/F or projects/P/global/images/NAME, as the create names it
-    verdict: ImageVerdict
-    detail: str = ""  # FOUND: the image a family resolves to; otherwise what the API answered
-
-
-_IMAGE = re.compile(r"projects/([a-z][a-z0-9-]*)/global/images/(family/)?([a-z][a-z0-9-]*)")
-_REQUEST = re.compile(r"^[A-Z]+ \S+: ")  # the "POST https://…/instances: " a REST client puts before the API's message
-DEFAULT_BOOT_IMAGE = GpuAccelerator.model_fields["boot_image"].default
-
-
-def image_help(image: str) -> str:
-    """How to find a boot image that exists, for a boot image path that does not (gcloud commands, default)."""
-    m = _IMAGE.search(image)
-    if m is None:
-        return (f"set accelerator.boot_image to projects/P/global/images/family/F or projects/P/global/images/NAME "
-                f"(default {DEFAULT_BOOT_IMAGE})")
-    project, family, name = m.group(1), m.group(2) is not None, m.group(3)
-    listing = (f'gcloud compute images list --project={project} --no-standard-images '
-               f'--filter="family~^{name.split("-")[0]}"')
-    if family:
-        what = ("Families change with CUDA and driver releases; one whose images are all deprecated no longer "
-                "resolves (--show-deprecated lists them)")
-        check = f"check one with `gcloud compute images describe-from-family FAMILY --project={project}`"
-    else:
-        what = "An image name includes its version date, and old versions are deprecated, then removed"
-        check = f"or take the newest of a family with `gcloud compute images describe-from-family FAMILY --project={project}`"
-    return (f"{what}. List the current ones with `{listing}`, {check}, then set accelerator.boot_image "
-            f"(default {DEFAULT_BOOT_IMAGE}) and register the job under a new id")
+# What a look found and the help text are respawn.images' (the CLI looks too, before it registers a job).
 
 
 def image_missing(o: Observation, s: JobStatus) -> Decision:
     """The job's boot image does not exist (seen on its first handling, before any node): INVALID, naming it."""
     assert o.image is not None
-    error = (f"accelerator.boot_image: {o.image.image} cannot boot a VM: {o.image.detail or 'not found'}. "
-             + image_help(o.image.image))
+    error = missing_error(o.image)
     msg = "invalid job spec: " + error
     st = _upd(s, o.now, state=State.INVALID, message=msg)
     alert = alerts.make("invalid_spec", o.job_id, o.now, msg, errors=[error], cause="image_not_found")
@@ -599,7 +562,7 @@ def image_missing(o: Observation, s: JobStatus) -> Decision:
 
 def create_error(out: Outcome) -> str:
     """The failure a create/start that no other zone can fix records; a 404 naming an image says how to find one."""
-    m = _IMAGE.search(out.message) if out.kind is OutcomeKind.NOT_FOUND else None
+    m = IMAGE_MENTION.search(out.message) if out.kind is OutcomeKind.NOT_FOUND else None
     if m is None:
         return f"{out.code}: {out.message}"
-    return f"{out.code}: {_REQUEST.sub('', out.message)}. {image_help(m.group(0))}"
+    return f"{out.code}: {REQUEST_PREFIX.sub('', out.message)}. {image_help(m.group(0))}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
-from respawn.control.decide import ImageCheck
+from respawn.images import ImageCheck
 from respawn.schema import CapacityRecord, JobEvent, JobSpec
 
 

@@ -29,7 +29,8 @@ from pydantic import ValidationError
 
 from respawn.control import decide as core
 from respawn.control import placement
-from respawn.control.decide import Act, Action, Decision, ImageCheck, ImageVerdict, NodeObs, Observation, Settings
+from respawn.control.decide import Act, Action, Decision, NodeObs, Observation, Settings
+from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import ControlStore, NodeProvider
 from respawn.control.settings import ControlSettings
 from respawn import logs

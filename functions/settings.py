@@ -22,7 +22,7 @@ from respawn.control.decide import Settings as Policy
 # The variable names (functions/README.md's table lists them with their defaults; deploy/ sets those that
 # respawn.deployment names).
 PROJECT_VARS = (deployment.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT", "GCP_PROJECT")  # the first one set wins
-COMPUTE_ENDPOINT = "RESPAWN_COMPUTE_ENDPOINT"
+COMPUTE_ENDPOINT = deployment.ENV_COMPUTE_ENDPOINT
 TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"
 ALERTS_TOPIC = deployment.ENV_ALERTS_TOPIC
 ALERT_PUBLISH_TIMEOUT = "RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS"

@@ -114,6 +114,7 @@ def register(
         directory = workdir if workdir is not None else _local_workdir(file, written)
         if directory is None:
             spec = _parse_spec(file, data)
+            _check_image(spec, project)
             if dry_run:
                 out.print(f"{file}: valid; would register [bold]{spec.id}[/bold] (dry run: nothing written)")
                 return
@@ -121,6 +122,7 @@ def register(
             return
         trainer.pop("workdir", None)  # replaced by the packed directory's URI, so not validated as written
         spec = _parse_spec(file, data)  # every other field, before anything is packed or sent
+        _check_image(spec, project)
         store = None
         if not dry_run:
             store = _store(project)
@@ -148,6 +150,26 @@ def register(
         out.print(f"trainer.workdir: {uri} (sha256 {packed.sha256})", highlight=False)
 
     run_reporting_errors(go)
+
+
+def _check_image(spec: schema.JobSpec, project: str | None) -> None:
+    """Refuse a GPU job whose boot image Compute Engine does not have; a look that cannot be made blocks nothing
+    (the controller looks again when it first handles the job, and the create's 404 says the same)."""
+    if spec.accelerator.kind != "gpu":
+        return
+    from respawn.imagecheck import check
+    from respawn.images import ImageVerdict, missing_error
+
+    found = check(spec.accelerator.boot_image, project)
+    if found is None:
+        return
+    if found.verdict is ImageVerdict.MISSING:
+        raise CliError(f"{spec.id}: {missing_error(found)}", code=2)
+    if found.verdict is ImageVerdict.UNCHECKED:
+        err.print(f"[yellow]note:[/yellow] boot image {found.image} not checked ({found.detail}); the controller "
+                  "checks it when it first handles the job", highlight=False)
+    else:
+        out.print(f"boot image: {found.image} → {found.detail}", highlight=False)
 
 
 def _trainer_workdir(data: Any) -> tuple[dict | None, Any]:

@@ -39,6 +39,7 @@ ENV_ALERTS_TOPIC = "RESPAWN_ALERTS_TOPIC"  # ALERTS_TOPIC
 ENV_NODE_SERVICE_ACCOUNT = "RESPAWN_NODE_SERVICE_ACCOUNT"  # email to attach to every node
 ENV_AGENT = "RESPAWN_AGENT"  # URI#sha256=HEX of the released agent zipapp -> node metadata respawn-agent
 ENV_LIBRARY = "RESPAWN_LIBRARY"  # URI#sha256=HEX of the released wheel -> node metadata respawn-library
+ENV_COMPUTE_ENDPOINT = "RESPAWN_COMPUTE_ENDPOINT"  # local runs only: the sim's Compute Engine (functions and CLI)
 ENV_VERSION = "RESPAWN_VERSION"  # the Cloud Build ID that deployed this code
 ENV_SLACK_WEBHOOK_URL = "SLACK_WEBHOOK_URL"  # on_alert only, from Secret Manager
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from respawn import schema
+from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
 
 SPEC = {
     "id": "cli-job",
@@ -132,3 +133,32 @@ def test_unreadable_files_get_clear_errors(tmp_path, content, message):
     r = respawn("jobs", "validate", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "cannot read" in r.stderr
 
+
+
+def test_register_refuses_a_boot_image_compute_engine_does_not_have(firestore_db, project, sim_server, tmp_path):
+    # The sim answers images.getFromFamily as Compute Engine does (gcp-facts §12): a retired family is 404.
+    endpoint = {"RESPAWN_COMPUTE_ENDPOINT": sim_server.endpoint}
+    retired = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, "accelerator": {**SPEC["accelerator"], "boot_image": retired}}))
+    r = respawn("jobs", "register", str(path), "--project", project, env_extra=endpoint)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2, r.stderr
+    assert f"cli-job: accelerator.boot_image: {retired} cannot boot a VM" in said
+    assert "gcloud compute images list --project=deeplearning-platform-release" in said
+    assert not firestore_db.collection(schema.JOBS).document("cli-job").get().exists
+
+    default = tmp_path / "default.yaml"
+    default.write_text(yaml.safe_dump(SPEC))
+    r = respawn("jobs", "register", str(default), "--project", project, env_extra=endpoint)
+    assert r.returncode == 0, r.stderr
+    assert "boot image: projects/deeplearning-platform-release/global/images/family/common-cu129-ubuntu-2404-nvidia-580 " \
+           "→ common-cu129-ubuntu-2404-nvidia-580-v" in " ".join(r.stdout.split())
+
+    # A look that cannot be made blocks nothing: the controller looks again when it first handles the job.
+    sim_server.set_api_faults(count=1, status=503, methods=("image",))
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({**SPEC, "id": "cli-job-2"}))
+    r = respawn("jobs", "register", str(other), "--project", project, env_extra=endpoint)
+    assert r.returncode == 0, r.stderr
+    assert "not checked (HTTP 503" in " ".join(r.stderr.split()) and "registered cli-job-2" in r.stdout

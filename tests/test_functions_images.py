@@ -22,9 +22,8 @@ from functions_fixtures import ZONES, controller, gpu_spec, tpu_spec  # noqa: F4
 from respawn.control import clients as factory
 from respawn.control.adapters.compute import ComputeProvider
 from respawn.control.adapters.tpu import TpuProvider
-from respawn.control.decide import (
-    ABSENT, Act, Action, ImageCheck, ImageVerdict, Observation, Outcome, OutcomeKind, after_act, decide, image_help,
-)
+from respawn.control.decide import ABSENT, Act, Action, Observation, Outcome, OutcomeKind, after_act, decide
+from respawn.images import ImageCheck, ImageVerdict, image_help
 from respawn.schema import GpuAccelerator, JobStatus, State, parse_spec
 from sim import compute as sim_compute
 from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory, sim_server  # noqa: F401

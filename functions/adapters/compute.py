@@ -8,7 +8,6 @@ from the operation), so placement.classify reads the real shapes.
 from __future__ import annotations
 
 import functools
-import re
 
 from google.api_core import exceptions as gexc
 from google.api_core import extended_operation
@@ -16,7 +15,7 @@ from google.cloud import compute_v1
 
 from respawn.contract import LABEL_JOB
 from respawn.control import nodespec
-from respawn.control.decide import ImageCheck, ImageVerdict
+from respawn.images import IMAGE_PATH, REQUEST_PREFIX, ImageCheck, ImageVerdict, found, image_path
 from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
 
@@ -25,10 +24,6 @@ DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_SERVICE_ACCOUNT = "default"  # the project's Compute Engine default service account
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 CHECK_TIMEOUT = 30.0  # seconds for the boot-image check, which must never hold a delivery for long
-_REQUEST_PREFIX = re.compile(r"^[A-Z]+ \S+: ")  # "GET https://…: " before a REST error's own message
-_IMAGE_PATH = re.compile(r"^projects/(?P<project>[^/]+)/global/images/(?:family/(?P<family>[^/]+)|(?P<name>[^/]+))$")
-# An image in one of these deprecation states cannot boot a new VM (compute_v1.DeprecationStatus.State, gcp-facts §12).
-UNUSABLE_STATES = ("OBSOLETE", "DELETED")
 
 
 class ComputeOperation(extended_operation.ExtendedOperation):
@@ -74,8 +69,7 @@ class ComputeProvider:
 
     def image_path(self, spec: JobSpec) -> str:
         """The boot image as the create names it: a bare NAME is an image of this project."""
-        image = spec.accelerator.boot_image
-        return image if image.startswith("projects/") else f"projects/{self.project}/global/images/{image}"
+        return image_path(spec.accelerator.boot_image, self.project)
 
     def check_image(self, spec: JobSpec) -> ImageCheck:
         """Ask Compute Engine whether the boot image exists: images.getFromFamily for a family (the newest image
@@ -83,7 +77,7 @@ class ComputeProvider:
         VMs are refused from it); anything else that stops the check (403 on the image's project, 5xx, network) →
         UNCHECKED: it must not block a job that may well boot."""
         path = self.image_path(spec)
-        m = _IMAGE_PATH.match(path)
+        m = IMAGE_PATH.match(path)
         if m is None:  # the spec validator admits no other form
             return ImageCheck(path, ImageVerdict.UNCHECKED, "not an image path this check understands")
         images = self.clients.images()
@@ -94,14 +88,10 @@ class ComputeProvider:
             else:
                 image = images.get(project=m["project"], image=m["name"], retry=None, timeout=CHECK_TIMEOUT)
         except gexc.NotFound as exc:
-            return ImageCheck(path, ImageVerdict.MISSING, _REQUEST_PREFIX.sub("", exc.message or str(exc)))
+            return ImageCheck(path, ImageVerdict.MISSING, REQUEST_PREFIX.sub("", exc.message or str(exc)))
         except Exception as exc:  # noqa: BLE001 - a check that cannot be made blocks nothing; reconcile logs it
             return ImageCheck(path, ImageVerdict.UNCHECKED, f"{type(exc).__name__}: {exc}"[:500])
-        state = image.deprecated.state if "deprecated" in image else ""
-        if state in UNUSABLE_STATES:
-            return ImageCheck(path, ImageVerdict.MISSING,
-                              f"image {image.name} is {state}; Compute Engine refuses new VMs from it")
-        return ImageCheck(path, ImageVerdict.FOUND, image.name + (f" ({state})" if state else ""))
+        return found(path, image.name, image.deprecated.state if "deprecated" in image else "")
 
     def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str):
         acc = spec.accelerator
