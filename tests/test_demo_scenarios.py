@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -92,7 +93,7 @@ def test_default_scenario_file_matches_the_built_in_default():
 
 
 @pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
-                                  "invalid-spec", "large-state", "flaky-apis", "setup-fails"])
+                                  "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
@@ -102,6 +103,16 @@ def test_scenario(tmp_path, name):
     if name == "invalid-spec":
         assert states[-1] == "INVALID" and out["max_live_nodes"] == 0
         assert any("invalid spec" in a and "zones" in a for a in out["alerts"])
+    elif name == "ddp-8":
+        # Every notice stopped all eight ranks after one agreed step, which then resumed: nothing lost.
+        assert out["lost_steps"] == 0
+        stops = re.findall(r"torch_ddp\[rank (\d+)\]: preempted at step (\d+)", "".join(
+            p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log")))
+        by_step: dict[str, set[str]] = {}
+        for rank, step in stops:
+            by_step.setdefault(step, set()).add(rank)
+        assert len(by_step) == len(with_notice) and all(ranks == {str(r) for r in range(8)}
+                                                         for ranks in by_step.values()), by_step
     elif name == "setup-fails":
         # Not a preemption: FAILED at the first failure, the command and its output named, no node made again.
         command = "-m pip install --no-index --quiet torch==9.9"

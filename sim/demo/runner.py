@@ -114,6 +114,10 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None) -> 
     command = ["python", "train.py", "--framework", t.framework, "--steps", str(t.steps), "--state-mb",
                str(t.state_mb), "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
                "--seed", str(t.seed), "--log-every", "25"]
+    if t.ranks > 1:  # torchrun on the node (rendezvous on loopback, a free port), exit 75 through the wrapper
+        command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nnodes", "1", "--nproc-per-node",
+                   str(t.ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr",
+                   "127.0.0.1", *command[1:2], "--ranks", str(t.ranks), *command[2:]]
     if sc.accelerator == "gpu":
         accelerator = {"kind": "gpu", "machine_type": GPU_MACHINE}
     else:

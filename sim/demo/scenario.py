@@ -71,11 +71,20 @@ class Faults(_Strict):
 
 class TrainerSettings(_Strict):
     framework: Literal["torch", "jax"] = "torch"
+    ranks: int = Field(default=1, ge=1, le=16, description="DDP processes under torchrun on the node (torch)")
     steps: int = Field(default=300, ge=10)
     state_mb: float = Field(default=2, gt=0, le=4096)
     checkpoint_every: int = Field(default=50, ge=1)
     step_seconds: float = Field(default=0.05, ge=0, le=5)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _ranks_need_torch(self) -> TrainerSettings:
+        if self.ranks > 1 and self.framework != "torch":
+            raise ValueError("ranks above 1 run torch DDP under torchrun: set framework: torch")
+        if 64 % self.ranks:  # the example's global batch is split evenly among the ranks
+            raise ValueError("ranks must divide the example's global batch of 64 (1, 2, 4, 8 or 16)")
+        return self
 
 
 class Expect(_Strict):
