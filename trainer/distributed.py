@@ -26,12 +26,16 @@ _DURABLE = [None, "local", "remote"]
 
 
 def current_job() -> "Job | None":
-    """The job this process is a rank of, or None for a single process (torch.distributed not imported, not
-    initialized, or a world of one)."""
+    """The job this process is a rank of, or None for a single process (neither torch.distributed nor
+    jax.distributed initialized with more than one member)."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
-        return None
-    return Job()
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return Job()
+    if sys.modules.get("jax") is not None:
+        from .jax_distributed import current_job as jax_job  # one process per host: respawn.ckpt.jax_distributed
+
+        return jax_job()
+    return None
 
 
 class Job:
@@ -51,6 +55,9 @@ class Job:
     @property
     def writer(self) -> bool:
         return self.rank == 0
+
+    def default_manager(self, total_steps: int) -> CheckpointManager:
+        return CheckpointManager.from_env(total_steps=total_steps)
 
     def check_replicated(self, objects: dict[str, Any]) -> None:
         """Refuse state that differs between ranks by construction: rank 0's copy would be a wrong checkpoint."""

@@ -114,7 +114,10 @@ class TrainingLoop:
             self._job.check_replicated(objects)
         self._writes = self._job is None or self._job.writer
         self._objects = {name: _accessors(name, obj) for name, obj in objects.items()}
-        self.manager = manager if manager is not None else CheckpointManager.from_env(total_steps=total_steps)
+        if manager is None:
+            manager = (CheckpointManager.from_env(total_steps=total_steps) if self._job is None
+                       else self._job.default_manager(total_steps))
+        self.manager = manager
         if self.manager.status.snapshot()["total_steps"] != total_steps:
             self.manager.status.update(total_steps=total_steps)
         self.start = self.step = 0

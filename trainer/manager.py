@@ -205,6 +205,11 @@ class CheckpointManager:
                                                 name="respawn-prepare", daemon=True)
         self._prepare_thread.start()
 
+    def _flatten(self, state: Any, copy: bool):
+        """The payload a save writes (copy=True: a snapshot into the reused buffers; copy=False: the live arrays).
+        A subclass with another layout (respawn.ckpt.jax_distributed) splits the state its own way."""
+        return flatten(state, copy=copy, buffers=self._buffers if copy else None)
+
     def save(self, step: int, state: Any, *, blocking: bool = False, kind: str = "periodic") -> SaveOutcome | None:
         """Periodic checkpoint. The caller blocks only for the in-memory snapshot (plus the previous save if it
         has not finished: snapshot buffers are reused); writing, committing, uploading and retention run on a
@@ -221,7 +226,7 @@ class CheckpointManager:
         if self._prepare_thread is not None:
             self._prepare_thread.join()
             self._prepare_thread = None
-        payload = flatten(state, copy=True, buffers=self._buffers)
+        payload = self._flatten(state, copy=True)
         cancel = threading.Event()
         job = {"step": step, "cancel": cancel, "result": None}
 
@@ -325,7 +330,7 @@ class CheckpointManager:
                     outcome = SaveOutcome(SaveState.FAILED, step, reason=str(exc))
         else:
             try:
-                payload = flatten(state, copy=False)
+                payload = self._flatten(state, copy=False)
             except Exception as exc:  # noqa: BLE001 - reported in the outcome
                 payload = None
                 outcome = SaveOutcome(SaveState.FAILED, step,

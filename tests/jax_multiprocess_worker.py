@@ -1,0 +1,71 @@
+"""One process of a 2-process JAX job (jax.distributed on 127.0.0.1, CPU) driving ShardedCheckpointManager
+directly, for tests/test_trainer_jax_distributed.py:
+
+    python tests/jax_multiprocess_worker.py save PROCESS_ID COORDINATOR DIR   # commits step 10, then process 1
+                                                                             # dies while writing step 20
+    python tests/jax_multiprocess_worker.py restore PROCESS_ID COORDINATOR DIR
+
+Prints `result <JSON>` per outcome. The state: a (4, 8) float32 array sharded by rows over the processes, a
+replicated vector and typed key, and a per-process host value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+from respawn.ckpt import jax_distributed  # noqa: E402
+
+
+def state(pid: int, scale: float) -> dict:
+    mesh = Mesh(np.array(jax.devices()), ("p",))
+    rows = np.arange(32, dtype=np.float32).reshape(4, 8) * scale
+    return {
+        "rows": jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P("p")), lambda i: rows[i]),
+        "vec": jax.make_array_from_callback((3,), NamedSharding(mesh, P()), lambda i: np.full(3, scale, np.float32)[i]),
+        "key": jax.jit(lambda: jax.random.key(7), out_shardings=NamedSharding(mesh, P()))(),
+        "host": {"process": pid, "scale": scale},
+    }
+
+
+def main(mode: str, pid: int, coordinator: str, root: str) -> None:
+    jax.distributed.initialize(coordinator, 2, pid)
+    job = jax_distributed.JaxJob()
+    mgr = jax_distributed.ShardedCheckpointManager(local_dir=root, notice_budget_s=5)
+    if mode == "save":
+        ten = mgr.save(10, state(pid, 1.0), blocking=True)
+        print("result", json.dumps({"step": 10, "state": ten.state.value}), flush=True)
+        write = jax_distributed._write_part
+
+        def dies_half_way(step_dir, p, payload, control):
+            if p == 1:
+                os.makedirs(step_dir, exist_ok=True)
+                with open(os.path.join(step_dir, "p00001.bin"), "wb") as f:
+                    f.write(b"half of it")
+                os._exit(9)  # killed mid-save: no report reaches process 0
+            return write(step_dir, p, payload, control)
+
+        jax_distributed._write_part = dies_half_way
+        mgr.request_preemption("test")
+        twenty = mgr.emergency_save(20, state(pid, 2.0))
+        print("result", json.dumps({"step": 20, "state": twenty.state.value, "reason": twenty.reason}), flush=True)
+        os._exit(0)  # process 1 is gone: skip jax.distributed's shutdown barrier
+    step, restored = mgr.restore_all(job)
+    rows = multihost_utils.process_allgather(restored["rows"], tiled=True)
+    print("result", json.dumps({"restored": step, "rows_ok": bool(np.array_equal(rows, np.arange(32).reshape(4, 8))),
+                      "vec": np.asarray(restored["vec"].addressable_data(0)).tolist(),
+                      "key_ok": bool(np.array_equal(jax.random.key_data(restored["key"]).addressable_data(0),
+                                                    jax.random.key_data(jax.random.key(7)))),
+                      "host": restored["host"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -1,0 +1,152 @@
+"""Multi-process JAX (jax.distributed, 2 processes on 127.0.0.1, CPU backend with gloo collectives) survives the
+notice: every process stops after one agreed step, each writes its shards, process 0 commits, all exit 75, and the
+resumed run ends bit-identical to an uninterrupted one; a notice to one process still stops both at one step
+(without the agreement process 0 never stops, and that test fails); a process killed mid-save leaves that step
+uncommitted and the previous one restores."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from respawn.ckpt import PREEMPTED_EXIT_CODE, read_status
+from trainer_helpers import free_port
+
+STEPS, EVERY, PROCESSES = 80, 25, 2
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAME = "jax_multiprocess"
+
+
+def start(tmp_path, name, *extra) -> list[subprocess.Popen]:
+    """The example's processes in one process group of their own (the node agent signals a trainer's group),
+    coordinator on 127.0.0.1."""
+    run = tmp_path / name
+    run.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=ROOT, RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/ckpt",
+               RESPAWN_STATUS_FILE=f"{run}/status.json", RESPAWN_NOTICE_BUDGET_S="20")
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs: list[subprocess.Popen] = []
+    for pid in range(PROCESSES):
+        cmd = [sys.executable, "-m", f"respawn.ckpt.examples.{NAME}", "--coordinator", coordinator,
+               "--num-processes", str(PROCESSES), "--process-id", str(pid), "--steps", str(STEPS),
+               "--checkpoint-every", str(EVERY), "--seed", "3", "--log-every", "1000", *extra]
+        with open(run / f"p{pid}.log", "ab") as out:
+            group = procs[0].pid if procs else 0  # a group of their own, led by process 0 (setpgid: same session)
+            procs.append(subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=out, stderr=out,
+                                          process_group=group))
+    return procs
+
+
+def output(tmp_path, name) -> str:
+    return "".join((tmp_path / name / f"p{pid}.log").read_text(errors="replace") for pid in range(PROCESSES))
+
+
+def finish(procs, tmp_path, name, timeout=120) -> list[int]:
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(max(deadline - time.monotonic(), 0.1)) for p in procs]
+    except subprocess.TimeoutExpired:
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        pytest.fail(f"{name} did not finish in {timeout} s:\n{output(tmp_path, name)[-4000:]}")
+
+
+def preempted_steps(text: str) -> dict[int, int]:
+    return {int(p): int(s) for p, s in re.findall(rf"{NAME}\[process (\d+)\]: preempted at step (\d+); .* exiting 75",
+                                                  text)}
+
+
+def wait_for_step(procs, tmp_path, name, step: int) -> None:
+    deadline = time.monotonic() + 90
+    while ((read_status(str(tmp_path / name / "status.json")) or {}).get("step") or 0) < step:
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            finish(procs, tmp_path, name, timeout=1)
+            pytest.fail(f"{name} never reached step {step}:\n{output(tmp_path, name)[-4000:]}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Final parameters of an uninterrupted run."""
+    tmp = tmp_path_factory.mktemp("jax-mp-reference")
+    procs = start(tmp, "run", "--final-params", f"{tmp}/final.npz")
+    assert finish(procs, tmp, "run") == [0] * PROCESSES, output(tmp, "run")[-4000:]
+    return np.load(f"{tmp}/final.npz")
+
+
+def test_sigterm_to_the_group_commits_one_step_and_resumes_bit_identical(tmp_path, reference):
+    at = random.randint(5, 55)
+    procs = start(tmp_path, "first", "--step-seconds", "0.03")
+    wait_for_step(procs, tmp_path, "first", at)
+    os.killpg(procs[0].pid, signal.SIGTERM)  # what the node agent does
+    codes = finish(procs, tmp_path, "first")
+    text = output(tmp_path, "first")
+    assert codes == [PREEMPTED_EXIT_CODE] * PROCESSES, text[-4000:]
+    stopped = preempted_steps(text)
+    assert sorted(stopped) == list(range(PROCESSES)) and len(set(stopped.values())) == 1, (at, text[-4000:])
+    step = stopped[0]
+    assert at <= step < STEPS
+    status = read_status(str(tmp_path / "first" / "status.json"))
+    assert status["emergency"] == {"state": "committed", "step": step, "reason": None}
+    assert status["committed_step"] == step
+    assert f"{NAME}: process 0 of {PROCESSES} pid {status['pid']}" in text  # the status file is process 0's
+    manifest = json.loads((tmp_path / "ckpt" / f"step_{step:012d}" / "manifest.json").read_text())
+    assert manifest["layout"] == "jax-sharded" and manifest["kind"] == "emergency"
+    assert sorted(manifest["files"]) == ["p00000.bin", "p00000.pkl", "p00001.bin", "p00001.pkl"]
+    for array in manifest["arrays"]:  # replicated arrays written once; layer 0's weight in one shard per process
+        assert len(array["shards"]) == (PROCESSES if array["sharding"]["spec"] == [None, "data"] else 1), array
+
+    procs = start(tmp_path, "resumed", "--final-params", f"{tmp_path}/final.npz")
+    assert finish(procs, tmp_path, "resumed") == [0] * PROCESSES, output(tmp_path, "resumed")[-4000:]
+    text = output(tmp_path, "resumed")
+    for pid in range(PROCESSES):
+        assert f"{NAME}[process {pid}]: starting at step {step} of {STEPS}" in text
+    final = np.load(f"{tmp_path}/final.npz")
+    assert sorted(final.files) == sorted(reference.files)
+    for key in reference.files:
+        np.testing.assert_array_equal(final[key], reference[key], err_msg=key)
+
+
+def test_notice_to_one_process_stops_every_process_at_one_step(tmp_path):
+    at = random.randint(5, 55)
+    procs = start(tmp_path, "one", "--step-seconds", "0.03")
+    wait_for_step(procs, tmp_path, "one", at)
+    procs[1].send_signal(signal.SIGTERM)  # process 1 only: process 0 learns of it through the agreement
+    codes = finish(procs, tmp_path, "one")
+    text = output(tmp_path, "one")
+    assert codes == [PREEMPTED_EXIT_CODE] * PROCESSES, text[-4000:]
+    stopped = preempted_steps(text)
+    assert sorted(stopped) == list(range(PROCESSES)) and len(set(stopped.values())) == 1, (at, text[-4000:])
+    assert "preemption notice seen by another process" in text
+    status = read_status(str(tmp_path / "one" / "status.json"))
+    assert status["emergency"]["state"] == "committed" and status["committed_step"] == stopped[0]
+
+
+def run_workers(mode: str, root) -> list[dict]:
+    coordinator = f"127.0.0.1:{free_port()}"
+    worker = os.path.join(ROOT, "tests", "jax_multiprocess_worker.py")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs = [subprocess.Popen([sys.executable, worker, mode, str(pid), coordinator, str(root)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for pid in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    return [[json.loads(line[7:]) for line in out.splitlines() if line.startswith("result ")] for out in outs], outs
+
+
+def test_a_process_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_restores(tmp_path):
+    (p0, p1), outs = run_workers("save", tmp_path)
+    assert p0[0] == {"step": 10, "state": "committed"} and p1 == [{"step": 10, "state": "committed"}], outs
+    assert p0[1]["step"] == 20 and p0[1]["state"] == "abandoned", outs  # process 0 waited out the deadline
+    assert not (tmp_path / "step_000000000020" / "COMMITTED").exists()
+    assert (tmp_path / "step_000000000010" / "COMMITTED").exists()
+    results, outs = run_workers("restore", tmp_path)
+    for pid, lines in enumerate(results):
+        assert lines == [{"restored": 10, "rows_ok": True, "vec": [1.0, 1.0, 1.0], "key_ok": True,
+                          "host": {"process": pid, "scale": 1.0}}], outs
