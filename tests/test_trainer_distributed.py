@@ -176,7 +176,7 @@ def test_the_launch_wrapper_reads_only_this_runs_status_file():
     assert not stopped_on_notice(None, since=0.0)
 
 
-def test_sharded_parameters_are_refused_with_the_limitation_named():
+def test_sharded_parameters_make_every_rank_a_writer():
     # One process is enough for a DTensor; Job itself is what TrainingLoop builds on every rank of a real job.
     import torch
     import torch.distributed as dist
@@ -187,9 +187,12 @@ def test_sharded_parameters_are_refused_with_the_limitation_named():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model = torch.nn.Linear(4, 4)
-        Job().check_replicated({"model": model, "data": {"pos": 0}})  # plain (DDP-style) parameters pass
+        job = Job()
+        job.check_replicated({"model": model, "data": {"pos": 0}})  # plain (DDP-style) parameters: rank 0 writes
+        assert job.sharded is None
         model.weight = torch.nn.Parameter(distribute_tensor(model.weight.data, DeviceMesh("cpu", [0]), [Shard(0)]))
-        with pytest.raises(NotImplementedError, match=r"model= holds sharded parameters \(FSDP / DTensor\)"):
-            Job().check_replicated({"model": model})
+        objects = {"model": model}
+        job.check_replicated(objects)  # DTensor parameters: every rank writes its shards (test_trainer_sharded.py)
+        assert job.sharded is objects and job.writer
     finally:
         dist.destroy_process_group()

@@ -6,8 +6,9 @@ the notice agreement, rank 0 as the only writer, the same restore on every rank.
 - Replicated (DDP) state: rank 0 writes every checkpoint in the single-process format (its atomic commit marker
   is the job's commit); after an emergency or final save the other ranks receive its outcome.
 - Restore: rank 0 restores first; the others then restore exactly the step it restored.
+- Sharded state (DTensor parameters: FSDP2, tensor parallel): every rank saves its shards through DCP and rank 0
+  commits once all are durable; every rank loads the step rank 0 verified (respawn.ckpt.torch_sharded).
 
-Sharded state (FSDP, DTensor parameters) is refused with an error: each rank would hold a different part of it.
 loop.py calls current_job() only; nothing here runs, and torch is not imported, in a single-process job.
 """
 
@@ -51,30 +52,37 @@ class Job:
         # stream per step. new_group is itself collective: every rank builds its TrainingLoop.
         self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         self._age = torch.zeros(1, dtype=torch.int64)
+        self.sharded: dict[str, Any] | None = None  # the loop's objects, when they hold sharded parameters
 
     @property
     def writer(self) -> bool:
-        return self.rank == 0
+        """Whether this rank saves: rank 0 alone for replicated state; every rank, its own shards, for sharded."""
+        return self.rank == 0 or self.sharded is not None
 
     def default_manager(self, total_steps: int) -> CheckpointManager:
+        if self.sharded is not None:
+            from .torch_sharded import TorchShardedManager
+
+            return TorchShardedManager.from_env(total_steps=total_steps)
         return CheckpointManager.from_env(total_steps=total_steps)
 
     def check_replicated(self, objects: dict[str, Any]) -> None:
-        """Refuse state that differs between ranks by construction: rank 0's copy would be a wrong checkpoint."""
+        """Replicated (DDP) state is saved by rank 0; DTensor parameters (FSDP2's fully_shard, tensor parallel) make
+        the state sharded: every rank saves its shards through DCP (respawn.ckpt.torch_sharded). FSDP1's wrapper
+        is refused: its state_dict() is not DTensors, so rank 0's copy would be a wrong checkpoint."""
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.tensor import DTensor
         from torch.nn import Module
 
-        for name, obj in objects.items():
-            if not isinstance(obj, Module):
-                continue
-            sharded = any(isinstance(m, FullyShardedDataParallel) for m in obj.modules()) or any(
-                isinstance(p, DTensor) for p in obj.parameters())
-            if sharded:
+        modules = {name: obj for name, obj in objects.items() if isinstance(obj, Module)}
+        for name, module in modules.items():
+            if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
                 raise NotImplementedError(
-                    f"TrainingLoop: {name}= holds sharded parameters (FSDP / DTensor). A multi-rank job is "
-                    "checkpointed from rank 0's replicated (DDP) state; sharded state is not supported yet "
-                    "(issue 15). Use DDP, or checkpoint this model yourself with torch.distributed.checkpoint.")
+                    f"TrainingLoop: {name}= is wrapped in FSDP1 (FullyShardedDataParallel), which is not supported: "
+                    "shard it with FSDP2 (torch.distributed.fsdp.fully_shard), whose DTensor state every rank "
+                    "saves, or use DDP.")
+        if any(isinstance(p, DTensor) for module in modules.values() for p in module.parameters()):
+            self.sharded = objects
 
     def agree_notice(self, manager: CheckpointManager) -> bool:
         """Whether any rank has seen a notice; on True every rank's manager holds the earliest notice's time.
@@ -96,12 +104,20 @@ class Job:
         """Every rank restores the step rank 0 restored. Each rank reads the files itself, after rank 0 (which
         may first have downloaded the step into the node's local directory): every rank needs all of the
         replicated state, and N ranks reading it from the node's page cache is cheaper than broadcasting all of
-        it through the process group, which would also hold a second copy of it on rank 0."""
-        restored = manager.restore() if self.writer else None
-        step = self._torch.tensor([restored[0] if restored is not None else -1], dtype=self._torch.int64)
-        self._dist.broadcast(step, src=0, group=self.group)
-        step = int(step[0])
-        if self.writer or step < 0:
+        it through the process group, which would also hold a second copy of it on rank 0. Sharded state: every
+        rank loads its shards of the step rank 0 verified (respawn.ckpt.torch_sharded)."""
+        if self.sharded is not None:
+            from .torch_sharded import TorchShardedManager
+
+            if not isinstance(manager, TorchShardedManager):
+                raise TypeError("TrainingLoop: sharded (DTensor) parameters need a respawn.ckpt.torch_sharded."
+                                "TorchShardedManager on every rank: pass manager=TorchShardedManager.from_env(...), "
+                                "or no manager=")
+            manager.attach()
+            return manager.restore_sharded(self.sharded, self._broadcast_step)
+        restored = manager.restore() if self.rank == 0 else None
+        step = self._broadcast_step(restored[0] if restored is not None else -1)
+        if self.rank == 0 or step < 0:
             return restored
         restored = manager.restore(step=step)
         if restored is None:
@@ -109,15 +125,23 @@ class Job:
                                "warnings above (a multi-rank job needs every rank to read the same checkpoint)")
         return restored
 
+    def _broadcast_step(self, step: int) -> int:
+        """Rank 0's step (-1: none) on every rank."""
+        message = self._torch.tensor([step], dtype=self._torch.int64)
+        self._dist.broadcast(message, src=0, group=self.group)
+        return int(message[0])
+
     def save_outcome(self, step: int, save: Callable[[], SaveOutcome | None],
                      deadline: float | None) -> SaveOutcome:
-        """Rank 0 runs `save` and sends its outcome; the other ranks receive it, waiting until `deadline`
-        (time.monotonic(); None: as long as it takes). A rank that does not hear in time reports the step as
-        abandoned for itself; whether it committed is rank 0's marker alone, never a torn step."""
+        """Rank 0 runs `save` (every rank, when the state is sharded) and sends its outcome; the other ranks
+        receive it, waiting until `deadline` (time.monotonic(); None: as long as it takes). A rank that does not
+        hear in time reports the step as abandoned for itself; whether it committed is rank 0's marker alone,
+        never a torn step."""
         message = self._torch.full((2,), -1, dtype=self._torch.int64)
         outcome = None
         if self.writer:
             outcome = save() or SaveOutcome(SaveState.FAILED, step, reason="the save thread died")
+        if self.rank == 0:
             message[0], message[1] = _STATES.index(outcome.state), _DURABLE.index(outcome.durable)
         work = self._dist.broadcast(message, src=0, group=self.group, async_op=True)
         try:
@@ -126,13 +150,13 @@ class Job:
             else:
                 work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
         except RuntimeError as exc:  # gloo's timeout, or a peer that is gone
-            if self.writer:
+            if self.rank == 0:
                 _log.warning("could not tell the other ranks the save's outcome", step=step, error=str(exc))
                 return outcome
             _log.error("no outcome from rank 0 in time; the step is committed only if rank 0's marker is",
                        step=step, rank=self.rank, error=str(exc))
             return SaveOutcome(SaveState.ABANDONED, step, reason=f"rank 0's outcome not received in time: {exc}")
-        if self.writer:
+        if self.rank == 0:
             return outcome
         state, durable = _STATES[int(message[0])], _DURABLE[int(message[1])]
         return SaveOutcome(state, step, durable, None if state is SaveState.COMMITTED else f"rank 0's save {state}")

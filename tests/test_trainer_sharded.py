@@ -1,0 +1,140 @@
+"""Sharded (FSDP2) state under torchrun, 4 ranks on CPU/gloo, real processes (trainer/examples/torch_fsdp.py):
+every rank writes its shards through DCP and rank 0 commits the step after every rank's vote.
+
+- A rank that exits in the middle of a periodic save (after its DCP write, before its vote) leaves that step
+  uncommitted; the next run restores the previous step and repeats the lost steps with the same losses. Without the
+  two-phase commit rank 0 would commit the step and the next run would start there: the test fails.
+- SIGTERM to the job's process group: every rank stops after one step, that step commits (and rank 0 uploads it to
+  the file:// store), the launch wrapper exits 75; the checkpoint written by 4 ranks restores on 2 ranks (from the
+  remote store alone) and on 4 (DCP resharding), and the first losses after the restore are the ones the
+  uninterrupted run had at those steps (exactly at 4 ranks; at 2 within float rounding: the global batch's loss is
+  reduced over another split).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from respawn.ckpt import PREEMPTED_EXIT_CODE, read_status
+from respawn.ckpt.torch_sharded import TEST_EXIT_ENV
+from trainer_helpers import free_port
+
+STEPS, EVERY = 60, 20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start(run, ranks: int, ckpt, *extra: str, env: dict | None = None):
+    """`python -m respawn.ckpt.launch torchrun --nproc-per-node N -m respawn.ckpt.examples.torch_fsdp` in its own
+    process group (as the node agent starts a trainer), rendezvous and gloo on 127.0.0.1 only."""
+    run.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "respawn.ckpt.launch",
+           sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1",
+           "-m", "respawn.ckpt.examples.torch_fsdp", "--checkpoint-every", str(EVERY), "--seed", "3",
+           "--log-every", "1", *extra]
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", RESPAWN_LOCAL_CHECKPOINT_DIR=f"{ckpt}/local",
+               RESPAWN_CHECKPOINT_URI=f"file://{ckpt}/remote", RESPAWN_STATUS_FILE=str(run / "status.json"),
+               RESPAWN_NOTICE_BUDGET_S="20", **(env or {}))
+    with open(run / "out.log", "ab") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=out, start_new_session=True)
+
+
+def finish(proc, run, timeout=120) -> tuple[int, str]:
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in re.findall(r"torch_fsdp: rank \d+ of \d+ pid (\d+)", (run / "out.log").read_text()):
+            try:  # torchrun's workers have sessions of their own
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"{run.name} did not finish in {timeout} s:\n{(run / 'out.log').read_text()[-3000:]}")
+    return code, (run / "out.log").read_text(errors="replace")
+
+
+def losses(text: str, rank: int = 0) -> dict[int, str]:
+    """{step: the loss printed after it} of one rank (the global batch's loss: the same on every rank)."""
+    return {int(s): v for s, v in re.findall(rf"torch_fsdp\[rank {rank}\]: step (\d+)/\d+ loss (\S+)", text)}
+
+
+def committed(store) -> list[int]:
+    return sorted(int(d[5:]) for d in os.listdir(store) if os.path.exists(os.path.join(store, d, "COMMITTED")))
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """A 4-rank run whose rank 2 exits in the save of step 2*EVERY, after its shards are written, before its vote.
+    Its losses up to that step are the uninterrupted run's."""
+    tmp = tmp_path_factory.mktemp("fsdp-killed")
+    proc = start(tmp / "run", 4, tmp / "ckpt", "--steps", str(STEPS), env={TEST_EXIT_ENV: f"2:{2 * EVERY}"})
+    code, text = finish(proc, tmp / "run")
+    return tmp, code, text
+
+
+def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_one_restores(killed):
+    tmp, code, text = killed
+    assert code not in (0, PREEMPTED_EXIT_CODE), text[-3000:]
+    reference = losses(text)
+    assert set(range(1, 2 * EVERY + 1)) <= set(reference), text[-3000:]
+    # Rank 2's shards and DCP's .metadata were written: only the missing vote keeps the step from committing.
+    step_dir = tmp / "ckpt" / "local" / f"step_{2 * EVERY:012d}"
+    assert (step_dir / ".metadata").exists() and (step_dir / "__2_0.distcp").exists()
+    assert not (step_dir / "COMMITTED").exists()
+    assert committed(tmp / "ckpt" / "local") == committed(tmp / "ckpt" / "remote") == [EVERY], text[-3000:]
+
+    proc = start(tmp / "resumed", 4, tmp / "ckpt", "--steps", str(2 * EVERY))
+    code, text = finish(proc, tmp / "resumed")
+    assert code == 0, text[-3000:]
+    assert f"torch_fsdp[rank 0]: starting at step {EVERY} of {2 * EVERY}" in text
+    assert f"torch_fsdp[rank 3]: starting at step {EVERY} of {2 * EVERY}" in text
+    again = losses(text)
+    assert again == {s: reference[s] for s in range(EVERY + 1, 2 * EVERY + 1)}  # same world size: bit-exact
+
+
+def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_and_4_ranks(tmp_path, killed):
+    reference = losses(killed[2])
+    proc = start(tmp_path / "first", 4, tmp_path / "ckpt", "--steps", str(STEPS), "--step-seconds", "0.05")
+    at = random.randint(EVERY + 2, 2 * EVERY - 4)
+    deadline = time.monotonic() + 90
+    while ((read_status(str(tmp_path / "first" / "status.json")) or {}).get("step") or 0) < at:
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "first" / "out.log").read_text()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)  # what the node agent does: torchrun forwards it to its workers
+    code, text = finish(proc, tmp_path / "first")
+    assert code == PREEMPTED_EXIT_CODE, text[-3000:]
+    stopped = {int(r): int(s) for r, s in re.findall(r"torch_fsdp\[rank (\d+)\]: preempted at step (\d+); "
+                                                       r"emergency checkpoint committed", text)}
+    assert sorted(stopped) == [0, 1, 2, 3] and len(set(stopped.values())) == 1, text[-3000:]
+    step = stopped[0]
+    assert at <= step < 2 * EVERY
+    status = read_status(str(tmp_path / "first" / "status.json"))
+    assert status["emergency"]["state"] == "committed" and status["committed_step"] == step
+    assert committed(tmp_path / "ckpt" / "local")[-1] == committed(tmp_path / "ckpt" / "remote")[-1] == step
+
+    for ranks in (2, 4):
+        ckpt = tmp_path / f"ckpt-{ranks}"
+        # At 2 ranks from the remote store alone (a new node: rank 0 copies the step in); at 4 from the local copy.
+        shutil.copytree(tmp_path / "ckpt" / "remote", ckpt / "remote")
+        if ranks == 4:
+            shutil.copytree(tmp_path / "ckpt" / "local", ckpt / "local")
+        proc = start(tmp_path / f"at-{ranks}", ranks, ckpt, "--steps", str(step + 2))
+        code, text = finish(proc, tmp_path / f"at-{ranks}")
+        assert code == 0, text[-3000:]
+        assert f"torch_fsdp[rank {ranks - 1}]: starting at step {step} of {step + 2}" in text
+        resumed = losses(text)
+        assert sorted(resumed) == [step + 1, step + 2], text[-3000:]
+        for s in resumed:
+            if ranks == 4:
+                assert resumed[s] == reference[s], (s, resumed, reference)
+            else:
+                assert float(resumed[s]) == pytest.approx(float(reference[s]), abs=2e-6), (s, resumed, reference)
