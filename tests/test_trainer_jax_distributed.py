@@ -21,12 +21,12 @@ import pytest
 from respawn.ckpt import PREEMPTED_EXIT_CODE, read_status
 from trainer_helpers import free_port
 
-STEPS, EVERY, PROCESSES = 80, 25, 2
+STEPS, EVERY, PROCESSES = 80, 25, 2  # PROCESSES: the runs that are not parametrized
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "jax_multiprocess"
 
 
-def start(tmp_path, name, *extra) -> list[subprocess.Popen]:
+def start(tmp_path, name, *extra, processes: int = PROCESSES) -> list[subprocess.Popen]:
     """The example's processes in one process group of their own (the node agent signals a trainer's group),
     coordinator on 127.0.0.1."""
     run = tmp_path / name
@@ -35,9 +35,9 @@ def start(tmp_path, name, *extra) -> list[subprocess.Popen]:
                RESPAWN_STATUS_FILE=f"{run}/status.json", RESPAWN_NOTICE_BUDGET_S="20")
     coordinator = f"127.0.0.1:{free_port()}"
     procs: list[subprocess.Popen] = []
-    for pid in range(PROCESSES):
+    for pid in range(processes):
         cmd = [sys.executable, "-m", f"respawn.ckpt.examples.{NAME}", "--coordinator", coordinator,
-               "--num-processes", str(PROCESSES), "--process-id", str(pid), "--steps", str(STEPS),
+               "--num-processes", str(processes), "--process-id", str(pid), "--steps", str(STEPS),
                "--checkpoint-every", str(EVERY), "--seed", "3", "--log-every", "1000", *extra]
         with open(run / f"p{pid}.log", "ab") as out:
             group = procs[0].pid if procs else 0  # a group of their own, led by process 0 (setpgid: same session)
@@ -47,7 +47,7 @@ def start(tmp_path, name, *extra) -> list[subprocess.Popen]:
 
 
 def output(tmp_path, name) -> str:
-    return "".join((tmp_path / name / f"p{pid}.log").read_text(errors="replace") for pid in range(PROCESSES))
+    return "".join(log.read_text(errors="replace") for log in sorted((tmp_path / name).glob("p*.log")))
 
 
 def finish(procs, tmp_path, name, timeout=120) -> list[int]:
@@ -115,16 +115,17 @@ def test_sigterm_to_the_group_commits_one_step_and_resumes_bit_identical(tmp_pat
         np.testing.assert_array_equal(final[key], reference[key], err_msg=key)
 
 
-def test_notice_to_one_process_stops_every_process_at_one_step(tmp_path):
+@pytest.mark.parametrize("processes", [2, 4])
+def test_notice_to_one_process_stops_every_process_at_one_step(tmp_path, processes):
     at = random.randint(5, 55)
-    procs = start(tmp_path, "one", "--step-seconds", "0.03")
+    procs = start(tmp_path, "one", "--step-seconds", "0.03", processes=processes)
     wait_for_step(procs, tmp_path, "one", at)
-    procs[1].send_signal(signal.SIGTERM)  # process 1 only: process 0 learns of it through the agreement
+    procs[-1].send_signal(signal.SIGTERM)  # the last process only: the others learn of it through the agreement
     codes = finish(procs, tmp_path, "one")
     text = output(tmp_path, "one")
-    assert codes == [PREEMPTED_EXIT_CODE] * PROCESSES, text[-4000:]
+    assert codes == [PREEMPTED_EXIT_CODE] * processes, text[-4000:]
     stopped = preempted_steps(text)
-    assert sorted(stopped) == list(range(PROCESSES)) and len(set(stopped.values())) == 1, (at, text[-4000:])
+    assert sorted(stopped) == list(range(processes)) and len(set(stopped.values())) == 1, (at, text[-4000:])
     assert "preemption notice seen by another process" in text
     status = read_status(str(tmp_path / "one" / "status.json"))
     assert status["emergency"]["state"] == "committed" and status["committed_step"] == stopped[0]

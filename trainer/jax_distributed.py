@@ -1,8 +1,9 @@
 """Multi-process JAX (jax.distributed initialized, one process per host, process_count() > 1) in TrainingLoop.
 
-- Notice agreement: at every step boundary each process contributes "milliseconds since my notice, or -1" to one
-  jitted MAX over a mesh of one device per process (the job's own collectives: gloo on CPU, the interconnect on
-  TPU/GPU), so a notice seen by any process stops every process after the same step.
+- Notice agreement, off the training path (as jax's own preemption sync point): a process that sees a notice
+  announces it in the coordination service's key-value store; every process, as soon as it learns of it (a
+  watcher thread), publishes the last step boundary it passed, and all stop after the largest published boundary
+  + 1. Per step the loop pays a lock and a flag check, no collective.
 - Sharded save: every process writes the shards of the global arrays it addresses (replica_id 0 only, so
   replicated data is written once) plus its own host state (the pickled rest of the state: data position, RNGs)
   into flat files of the step directory, fsyncs them and reports their sizes and checksums through the
@@ -20,7 +21,7 @@ import itertools
 import json
 import os
 import pickle
-import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -34,7 +35,8 @@ from .manager import CheckpointManager, SaveOutcome, SaveState
 from .serialize import ArrayRef, _map_tree, _np_dtype, unflatten
 
 LAYOUT = "jax-sharded"
-_POLL_S = 0.2  # how often a wait on the key-value store looks at the deadline and the cancel flag
+_POLL_S = 0.2  # how often a wait on the key-value store looks at the deadline, the cancel flag, the loop's end
+_NOTICE = "respawn/notice"
 
 
 def current_job() -> "JaxJob | None":
@@ -62,6 +64,7 @@ class JaxJob:
 
     def __init__(self) -> None:
         self.rank, self.world_size = jax.process_index(), jax.process_count()
+        self._agreement: _NoticeAgreement | None = None
         devices = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
                    for p in range(self.world_size)]
         mesh = Mesh(np.array(devices), ("process",))
@@ -81,18 +84,10 @@ class JaxJob:
         return int(self._max(mine).addressable_data(0))
 
     def agree_notice(self, manager: CheckpointManager) -> bool:
-        """Whether any process has seen a notice; on True every manager holds the earliest notice's time. Ages,
-        not times: monotonic clocks differ between hosts."""
-        seen = manager.preemption_requested
-        now = time.monotonic()
-        age_ms = self.all_max(int((now - manager.notice_at) * 1000) if seen else -1)
-        if age_ms < 0:
-            return False
-        if not seen:
-            manager.request_preemption("notice seen by another process", notice_at=now - age_ms / 1000)
-            _log.warning("preemption notice seen by another process; emergency checkpoint at this step boundary",
-                         process=self.rank, seconds_since_notice=age_ms / 1000)
-        return True
+        """Whether every process stops at this step boundary (then every manager holds the notice's time)."""
+        if self._agreement is None:
+            self._agreement = _NoticeAgreement(self.rank, self.world_size, manager)
+        return self._agreement.at_boundary()
 
     def restore(self, manager: CheckpointManager) -> tuple[int, Any] | None:
         if not isinstance(manager, ShardedCheckpointManager):
@@ -102,7 +97,85 @@ class JaxJob:
 
     def save_outcome(self, step: int, save: Callable[[], SaveOutcome | None], deadline: float | None) -> SaveOutcome:
         """Every process saves; the outcome each returns is process 0's commit (published to all)."""
+        if self._agreement is not None:
+            self._agreement.stop()  # the loop is over: no watcher left waiting on the service at exit
         return save() or SaveOutcome(SaveState.FAILED, step, reason="the save thread died")
+
+
+class _NoticeAgreement:
+    """Every process stops after the same step S, without a collective per step. A process that sees a notice
+    at boundary b announces it (its age: monotonic clocks differ between hosts) and publishes b; every other
+    process's watcher thread wakes on the announcement and publishes the last boundary its loop passed. A process
+    that has published waits at its next boundary until all have, and S = the largest published boundary + 1.
+    No process can be past S: it would have finished a step whose collectives need a process that published an
+    earlier boundary and is waiting there. Boundaries count this life's calls (every process restored the same
+    step)."""
+
+    def __init__(self, rank: int, world_size: int, manager: CheckpointManager) -> None:
+        self._client, self._rank, self._n, self._manager = _client(), rank, world_size, manager
+        self._lock = threading.Lock()
+        self._boundary = -1  # the last boundary the loop passed
+        self._published = False
+        self._stop_at: int | None = None
+        self._done = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="respawn-notice-watch", daemon=True)
+        self._watcher.start()
+
+    def at_boundary(self) -> bool:
+        with self._lock:
+            self._boundary += 1
+            if not self._published and self._manager.preemption_requested:
+                self._announce()
+            if not self._published:
+                return False
+            boundary = self._boundary
+        if self._stop_at is None:
+            self._stop_at = self._wait_for_stop(boundary)
+        return boundary >= self._stop_at
+
+    def _announce(self) -> None:
+        age_ms = int((time.monotonic() - self._manager.notice_at) * 1000)
+        try:
+            self._client.key_value_set(_NOTICE, json.dumps({"process": self._rank, "age_ms": age_ms}))
+        except Exception as exc:  # noqa: BLE001 - another process announced first: its notice stands
+            if "ALREADY_EXISTS" not in str(exc):
+                raise
+        self._publish()
+
+    def _publish(self) -> None:
+        self._client.key_value_set(f"{_NOTICE}/boundary/p{self._rank}", str(self._boundary))
+        self._published = True
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            try:
+                notice = json.loads(self._client.blocking_key_value_get(_NOTICE, int(_POLL_S * 1000)))
+            except Exception as exc:  # noqa: BLE001 - a timeout: look again; anything else: the service is gone
+                if "DEADLINE_EXCEEDED" in str(exc):
+                    continue
+                return
+            with self._lock:
+                if not self._published:
+                    self._manager.request_preemption(f"notice seen by process {notice['process']}",
+                                                     notice_at=time.monotonic() - notice["age_ms"] / 1000)
+                    _log.warning("preemption notice seen by another process; emergency checkpoint after the agreed "
+                                 "step", process=self._rank, seen_by=notice["process"],
+                                 seconds_since_notice=notice["age_ms"] / 1000)
+                    self._publish()
+            return
+
+    def _wait_for_stop(self, boundary: int) -> int:
+        control = fmt.WriteControl(deadline=self._manager.deadline())
+        try:
+            return 1 + max(int(_wait_key(self._client, f"{_NOTICE}/boundary/p{p}", control)) for p in range(self._n))
+        except fmt.Abandoned as exc:
+            _log.error("not every process answered the notice in time; stopping here", boundary=boundary,
+                       error=str(exc))
+            return boundary
+
+    def stop(self) -> None:
+        self._done.set()
+        self._watcher.join(_POLL_S * 2)
 
 
 # ---- the state: global arrays (sharded) and this process's host state (pickled) ----------------------------
@@ -248,7 +321,8 @@ class ShardedCheckpointManager(CheckpointManager):
                 reports.append(json.loads(_wait_key(client, f"{prefix}/p{p}", control)))
             failed = [r["reason"] for r in reports if not r["ok"]]
             if failed:
-                state = SaveState.ABANDONED if all("deadline" in r or "cancel" in r for r in failed) else SaveState.FAILED
+                late = all("deadline" in r or "cancel" in r for r in failed)
+                state = SaveState.ABANDONED if late else SaveState.FAILED
                 return SaveOutcome(state, step, reason="; ".join(failed))
             control.check(f"committing step {step}")
             manifest = self._write_manifest(step, kind, reports)
