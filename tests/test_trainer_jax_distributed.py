@@ -26,13 +26,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "jax_multiprocess"
 
 
-def start(tmp_path, name, *extra, processes: int = PROCESSES) -> list[subprocess.Popen]:
+def start(tmp_path, name, *extra, processes: int = PROCESSES, node: str = "node") -> list[subprocess.Popen]:
     """The example's processes in one process group of their own (the node agent signals a trainer's group),
-    coordinator on 127.0.0.1."""
+    coordinator on 127.0.0.1; checkpoints committed in the node's local directory, then copied to the remote
+    store."""
     run = tmp_path / name
     run.mkdir(exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=ROOT, RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/ckpt",
-               RESPAWN_STATUS_FILE=f"{run}/status.json", RESPAWN_NOTICE_BUDGET_S="20")
+    env = dict(os.environ, PYTHONPATH=ROOT, RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/{node}",
+               RESPAWN_CHECKPOINT_URI=f"file://{tmp_path}/remote", RESPAWN_STATUS_FILE=f"{run}/status.json",
+               RESPAWN_NOTICE_BUDGET_S="20")
     coordinator = f"127.0.0.1:{free_port()}"
     procs: list[subprocess.Popen] = []
     for pid in range(processes):
@@ -96,15 +98,17 @@ def test_sigterm_to_the_group_commits_one_step_and_resumes_bit_identical(tmp_pat
     assert at <= step < STEPS
     status = read_status(str(tmp_path / "first" / "status.json"))
     assert status["emergency"] == {"state": "committed", "step": step, "reason": None}
+    assert status["committed_durable"] == "remote"
     assert status["committed_step"] == step
     assert f"{NAME}: process 0 of {PROCESSES} pid {status['pid']}" in text  # the status file is process 0's
-    manifest = json.loads((tmp_path / "ckpt" / f"step_{step:012d}" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "remote" / f"step_{step:012d}" / "manifest.json").read_text())
     assert manifest["layout"] == "jax-sharded" and manifest["kind"] == "emergency"
     assert sorted(manifest["files"]) == ["p00000.bin", "p00000.pkl", "p00001.bin", "p00001.pkl"]
     for array in manifest["arrays"]:  # replicated arrays written once; layer 0's weight in one shard per process
         assert len(array["shards"]) == (PROCESSES if array["sharding"]["spec"] == [None, "data"] else 1), array
 
-    procs = start(tmp_path, "resumed", "--final-params", f"{tmp_path}/final.npz")
+    # A new node: its local directory is empty, the step comes from the remote store alone.
+    procs = start(tmp_path, "resumed", "--final-params", f"{tmp_path}/final.npz", node="new-node")
     assert finish(procs, tmp_path, "resumed") == [0] * PROCESSES, output(tmp_path, "resumed")[-4000:]
     text = output(tmp_path, "resumed")
     for pid in range(PROCESSES):

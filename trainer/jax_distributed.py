@@ -370,24 +370,24 @@ class ShardedCheckpointManager(CheckpointManager):
 
     def restore_all(self, job: JaxJob) -> tuple[int, Any] | None:
         """(step, state) of the newest committed step that every process could read, or None. Process 0 picks
-        each candidate (downloading it from the remote store if only there); all processes read their parts and
-        agree (a MAX of failure flags) before any returns it."""
+        each candidate (downloading it from the remote store if only there) and publishes its directory; all
+        processes read their parts there and agree (a MAX of failure flags) before any returns it."""
         client, pid = _client(), job.rank
         started = time.monotonic()
         candidates = iter(self._candidates()) if pid == 0 else None
         for attempt in itertools.count():
             key = f"respawn/restore/{attempt}"
             if pid == 0:
-                step = next(candidates, -1)
-                client.key_value_set(key, str(step))
+                step, step_dir = next(candidates, (-1, None))
+                client.key_value_set(key, json.dumps([step, step_dir]))
             else:
-                step = int(client.blocking_key_value_get(key, 600_000))
+                step, step_dir = json.loads(client.blocking_key_value_get(key, 600_000))
             if step < 0:
                 _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri)
                 return None
             try:
-                manifest = fmt.read_manifest(self.local.step_dir(step))
-                state = _read_part(self.local.step_dir(step), pid, manifest)
+                manifest = fmt.read_manifest(step_dir)
+                state = _read_part(step_dir, pid, manifest)
                 failed = 0
             except (fmt.CorruptCheckpoint, OSError, ValueError, EOFError) as exc:
                 _log.warning("checkpoint unusable on this process; falling back to an older one", step=step,
@@ -396,14 +396,16 @@ class ShardedCheckpointManager(CheckpointManager):
             if job.all_max(failed):
                 continue
             self._step = step
+            durable = "remote" if self.remote is None or step in self._remote_committed else "local"
             self.status.update(step=step, committed_step=step, committed_kind=manifest["kind"],
-                               committed_durable="remote" if self.remote is None else "local")
+                               committed_durable=durable)
             _log.info("restored checkpoint", step=step, kind=manifest["kind"], processes=manifest["processes"],
-                      seconds=round(time.monotonic() - started, 3))
+                      dir=step_dir, durable=durable, seconds=round(time.monotonic() - started, 3))
             return step, state
 
     def _candidates(self):
-        """Process 0: committed steps, newest first, present in the local (shared) directory."""
+        """Process 0: (step, directory) of the committed steps, newest first, local copy before remote (a remote
+        step is downloaded into the local directory; a file:// store is read in place)."""
         local = {s for s, c in self.local.steps().items() if c}
         remote = set()
         if self.remote is not None:
@@ -415,13 +417,12 @@ class ShardedCheckpointManager(CheckpointManager):
         self._remote_committed = remote
         for step in sorted(local | remote, reverse=True):
             try:
-                if step not in local:
-                    self.remote.get_step(step, self.local.root)
-                fmt.verify(self.local.step_dir(step), data=False)
+                step_dir = self.local.step_dir(step) if step in local else self.remote.get_step(step, self.local.root)
+                fmt.verify(step_dir, data=False)
             except Exception as exc:  # noqa: BLE001 - the next older step may do
                 _log.warning("checkpoint unusable; falling back to an older one", step=step, reason=str(exc))
                 continue
-            yield step
+            yield step, step_dir
 
 
 def _wait_key(client, key: str, control: fmt.WriteControl) -> str:
