@@ -9,6 +9,8 @@ every rank writes its shards through DCP and rank 0 commits the step after every
   remote store alone) and on 4 (DCP resharding), and the first losses after the restore are the ones the
   uninterrupted run had at those steps (exactly at 4 ranks; at 2 within float rounding: the global batch's loss is
   reduced over another split).
+- A notice deadline too short for the state: every rank abandons the step by itself and exits 75; only the
+  previous step is committed.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ def start(run, ranks: int, ckpt, *extra: str, env: dict | None = None):
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1",
            "-m", "respawn.ckpt.examples.torch_fsdp", "--checkpoint-every", str(EVERY), "--seed", "3",
            "--log-every", "1", *extra]
-    env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", RESPAWN_LOCAL_CHECKPOINT_DIR=f"{ckpt}/local",
-               RESPAWN_CHECKPOINT_URI=f"file://{ckpt}/remote", RESPAWN_STATUS_FILE=str(run / "status.json"),
-               RESPAWN_NOTICE_BUDGET_S="20", **(env or {}))
+    env = {**os.environ, "PYTHONPATH": ROOT, "GLOO_SOCKET_IFNAME": "lo",
+           "RESPAWN_LOCAL_CHECKPOINT_DIR": f"{ckpt}/local", "RESPAWN_CHECKPOINT_URI": f"file://{ckpt}/remote",
+           "RESPAWN_STATUS_FILE": str(run / "status.json"), "RESPAWN_NOTICE_BUDGET_S": "20", **(env or {})}
     with open(run / "out.log", "ab") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=out, start_new_session=True)
 
@@ -60,6 +62,20 @@ def finish(proc, run, timeout=120) -> tuple[int, str]:
                 pass
         pytest.fail(f"{run.name} did not finish in {timeout} s:\n{(run / 'out.log').read_text()[-3000:]}")
     return code, (run / "out.log").read_text(errors="replace")
+
+
+def preempt(proc, run, at: int) -> tuple[int, str, dict[int, tuple[int, str]]]:
+    """SIGTERM to the job's process group (what the node agent does; torchrun forwards it to its workers) once
+    rank 0 has reported step `at`: (exit code, output, {rank: (step it stopped at, emergency save's state)})."""
+    deadline = time.monotonic() + 90
+    while ((read_status(str(run / "status.json")) or {}).get("step") or 0) < at:
+        assert proc.poll() is None and time.monotonic() < deadline, (run / "out.log").read_text()[-3000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, text = finish(proc, run)
+    stopped = {int(r): (int(s), state) for r, s, state in
+               re.findall(r"torch_fsdp\[rank (\d+)\]: preempted at step (\d+); emergency checkpoint (\w+)", text)}
+    return code, text, stopped
 
 
 def losses(text: str, rank: int = 0) -> dict[int, str]:
@@ -105,18 +121,11 @@ def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_and_4_ranks(tmp
     reference = losses(killed[2])
     proc = start(tmp_path / "first", 4, tmp_path / "ckpt", "--steps", str(STEPS), "--step-seconds", "0.05")
     at = random.randint(EVERY + 2, 2 * EVERY - 4)
-    deadline = time.monotonic() + 90
-    while ((read_status(str(tmp_path / "first" / "status.json")) or {}).get("step") or 0) < at:
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "first" / "out.log").read_text()
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGTERM)  # what the node agent does: torchrun forwards it to its workers
-    code, text = finish(proc, tmp_path / "first")
+    code, text, stopped = preempt(proc, tmp_path / "first", at)
     assert code == PREEMPTED_EXIT_CODE, text[-3000:]
-    stopped = {int(r): int(s) for r, s in re.findall(r"torch_fsdp\[rank (\d+)\]: preempted at step (\d+); "
-                                                       r"emergency checkpoint committed", text)}
     assert sorted(stopped) == [0, 1, 2, 3] and len(set(stopped.values())) == 1, text[-3000:]
-    step = stopped[0]
-    assert at <= step < 2 * EVERY
+    step, state = stopped[0]
+    assert state == "committed" and at <= step < 2 * EVERY
     status = read_status(str(tmp_path / "first" / "status.json"))
     assert status["emergency"]["state"] == "committed" and status["committed_step"] == step
     assert committed(tmp_path / "ckpt" / "local")[-1] == committed(tmp_path / "ckpt" / "remote")[-1] == step
@@ -138,3 +147,16 @@ def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_and_4_ranks(tmp
                 assert resumed[s] == reference[s], (s, resumed, reference)
             else:
                 assert float(resumed[s]) == pytest.approx(float(reference[s]), abs=2e-6), (s, resumed, reference)
+
+
+def test_a_notice_deadline_too_short_abandons_the_step_on_every_rank(tmp_path):
+    # A budget of 0: the deadline has passed before any rank writes. Every rank must give up on its own (no rank
+    # waits for a vote or an outcome past the deadline), exit 75, and leave the step uncommitted.
+    proc = start(tmp_path / "run", 2, tmp_path / "ckpt", "--steps", str(STEPS), "--step-seconds", "0.05",
+                 env={"RESPAWN_NOTICE_BUDGET_S": "0"})
+    code, text, stopped = preempt(proc, tmp_path / "run", EVERY + 2)
+    assert code == PREEMPTED_EXIT_CODE, text[-3000:]
+    assert sorted(stopped) == [0, 1] and {state for _, state in stopped.values()} == {"abandoned"}, text[-3000:]
+    step = stopped[0][0]
+    assert committed(tmp_path / "ckpt" / "local") == [s for s in (EVERY, 2 * EVERY) if s < step]
+    assert read_status(str(tmp_path / "run" / "status.json"))["emergency"]["state"] == "abandoned"
