@@ -144,16 +144,22 @@ class TorchShardedManager(CheckpointManager):
             _log.error("sharded checkpoint: this rank's save failed", step=step, rank=self._rank, error=vote["reason"])
         try:
             votes = self._all_gather(json.dumps(vote).encode(), control.deadline)
-            outcome = manifest = None
-            if self._rank == 0:
-                outcome, manifest = self._commit(step, kind, [json.loads(v) for v in votes], control, started)
-            message = torch.tensor([_STATES.index(outcome.state), _DURABLE.index(outcome.durable)] if outcome
-                                   else [-1, -1], dtype=torch.int64)
-            self._wait(dist.broadcast(message, src=0, group=self._group, async_op=True), control.deadline)
-        except Exception as exc:  # noqa: BLE001 - a peer gone or the deadline: no commit (or none known here)
-            _log.error("sharded checkpoint: the ranks could not agree on the commit", step=step, rank=self._rank,
+        except Exception as exc:  # noqa: BLE001 - a peer gone or the deadline: no commit
+            _log.error("sharded checkpoint: the votes did not all arrive; not committed", step=step, rank=self._rank,
                        error=f"{type(exc).__name__}: {exc}")
             return SaveOutcome(SaveState.ABANDONED, step, reason=f"commit vote: {type(exc).__name__}: {exc}")
+        outcome = manifest = None
+        if self._rank == 0:
+            outcome, manifest = self._commit(step, kind, [json.loads(v) for v in votes], control, started)
+        message = torch.tensor([_STATES.index(outcome.state), _DURABLE.index(outcome.durable)] if outcome
+                               else [-1, -1], dtype=torch.int64)
+        try:
+            self._wait(dist.broadcast(message, src=0, group=self._group, async_op=True), control.deadline)
+        except Exception as exc:  # noqa: BLE001 - rank 0's marker alone decides; the others do not know it
+            if self._rank != 0:
+                return SaveOutcome(SaveState.ABANDONED, step,
+                                   reason=f"rank 0's commit not received: {type(exc).__name__}: {exc}")
+            _log.warning("could not tell the other ranks the commit's outcome", step=step, error=str(exc))
         if self._rank != 0:
             state = _STATES[int(message[0])]
             return SaveOutcome(state, step, _DURABLE[int(message[1])], None if state is SaveState.COMMITTED
