@@ -17,6 +17,7 @@ The step directory must be one that every process can see (one machine, or a sha
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import os
@@ -105,11 +106,11 @@ class JaxJob:
 class _NoticeAgreement:
     """Every process stops after the same step S, without a collective per step. A process that sees a notice
     at boundary b announces it (its age: monotonic clocks differ between hosts) and publishes b; every other
-    process's watcher thread wakes on the announcement and publishes the last boundary its loop passed. A process
-    that has published waits at its next boundary until all have, and S = the largest published boundary + 1.
-    No process can be past S: it would have finished a step whose collectives need a process that published an
-    earlier boundary and is waiting there. Boundaries count this life's calls (every process restored the same
-    step)."""
+    process's watcher thread wakes on the announcement and publishes the last boundary its loop passed (under the
+    loop's lock, so the two agree). A process waits, at the latest at the boundary after the one it published,
+    until all have published, and S = the largest published boundary + 1: no process can be past S, and none waits
+    on another's loop (watchers publish), so the wait ends within a key-value round trip. Boundaries count this
+    life's calls (every process restored the same step)."""
 
     def __init__(self, rank: int, world_size: int, manager: CheckpointManager) -> None:
         self._client, self._rank, self._n, self._manager = _client(), rank, world_size, manager
@@ -120,6 +121,7 @@ class _NoticeAgreement:
         self._done = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="respawn-notice-watch", daemon=True)
         self._watcher.start()
+        atexit.register(self.stop)  # also when the loop ends in an exception: no call in flight at shutdown
 
     def at_boundary(self) -> bool:
         with self._lock:
