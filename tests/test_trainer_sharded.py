@@ -120,12 +120,12 @@ def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_one
 def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_and_4_ranks(tmp_path, killed):
     reference = losses(killed[2])
     proc = start(tmp_path / "first", 4, tmp_path / "ckpt", "--steps", str(STEPS), "--step-seconds", "0.05")
-    at = random.randint(EVERY + 2, 2 * EVERY - 4)
+    at = random.randint(EVERY + 2, 2 * EVERY - 10)  # room for the notice's latency: the reference ends at 2 * EVERY
     code, text, stopped = preempt(proc, tmp_path / "first", at)
     assert code == PREEMPTED_EXIT_CODE, text[-3000:]
     assert sorted(stopped) == [0, 1, 2, 3] and len(set(stopped.values())) == 1, text[-3000:]
     step, state = stopped[0]
-    assert state == "committed" and at <= step < 2 * EVERY
+    assert state == "committed" and at <= step <= 2 * EVERY - 2, (at, step)
     status = read_status(str(tmp_path / "first" / "status.json"))
     assert status["emergency"]["state"] == "committed" and status["committed_step"] == step
     assert committed(tmp_path / "ckpt" / "local")[-1] == committed(tmp_path / "ckpt" / "remote")[-1] == step
