@@ -4,6 +4,7 @@ directly, for tests/test_trainer_jax_distributed.py:
     python tests/jax_multiprocess_worker.py save PROCESS_ID COORDINATOR DIR   # commits step 10, then process 1
                                                                              # dies while writing step 20
     python tests/jax_multiprocess_worker.py restore PROCESS_ID COORDINATOR DIR
+    python tests/jax_multiprocess_worker.py unshared PROCESS_ID COORDINATOR DIR  # each process its own directory
 
 Prints `result <JSON>` per outcome. The state: a (4, 8) float32 array sharded by rows over the processes, a
 replicated vector and typed key, and a per-process host value.
@@ -39,7 +40,13 @@ def state(pid: int, scale: float) -> dict:
 def main(mode: str, pid: int, coordinator: str, root: str) -> None:
     jax.distributed.initialize(coordinator, 2, pid)
     job = jax_distributed.JaxJob()
+    if mode == "unshared":
+        root = os.path.join(root, f"process-{pid}")
     mgr = jax_distributed.ShardedCheckpointManager(local_dir=root, notice_budget_s=5)
+    if mode == "unshared":
+        outcome = mgr.save(10, state(pid, 1.0), blocking=True)
+        print("result", json.dumps({"state": outcome.state.value, "reason": outcome.reason}), flush=True)
+        return
     if mode == "save":
         ten = mgr.save(10, state(pid, 1.0), blocking=True)
         print("result", json.dumps({"step": 10, "state": ten.state.value}), flush=True)

@@ -2,7 +2,7 @@
 notice: every process stops after one agreed step, each writes its shards, process 0 commits, all exit 75, and the
 resumed run ends bit-identical to an uninterrupted one; a notice to one process still stops both at one step
 (without the agreement process 0 never stops, and that test fails); a process killed mid-save leaves that step
-uncommitted and the previous one restores."""
+uncommitted and the previous one restores; a checkpoint directory the processes do not share is refused."""
 
 from __future__ import annotations
 
@@ -155,3 +155,10 @@ def test_a_process_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_
     for pid, lines in enumerate(results):
         assert lines == [{"restored": 10, "rows_ok": True, "vec": [1.0, 1.0, 1.0], "key_ok": True,
                           "host": {"process": pid, "scale": 1.0}}], outs
+
+
+def test_a_directory_the_processes_do_not_share_is_refused_at_the_commit(tmp_path):
+    (p0, p1), outs = run_workers("unshared", tmp_path)
+    assert p0 == p1 and p0[0]["state"] == "failed", outs
+    assert "must write into the same checkpoint directory" in p0[0]["reason"], outs
+    assert not list(tmp_path.glob("*/step_*/COMMITTED"))

@@ -272,7 +272,12 @@ class ShardedCheckpointManager(CheckpointManager):
     """A CheckpointManager for one process of a multi-process JAX job (one per process). The notice, the deadline,
     the asynchronous periodic saves, retention and the status file work as for one process; the write commits
     one step for the whole job and restore reads only this process's shards. Only process 0 gets the status file
-    (from_env) and applies retention."""
+    (from_env), uploads to the remote store and applies retention."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if jax.process_index() != 0:
+            self.remote = None  # process 0 uploads each committed step (the directory is shared), no one else
 
     @classmethod
     def from_env(cls, default_dir: str = "./respawn-checkpoints", **kwargs) -> "ShardedCheckpointManager":
@@ -350,6 +355,12 @@ class ShardedCheckpointManager(CheckpointManager):
             files.update(r["files"])
             for i, part in enumerate(r["parts"]):
                 arrays[i]["shards"].extend(part)
+        step_dir = self.local.step_dir(step)
+        for name, want in files.items():  # what the others wrote must be here: one directory for the whole job
+            path = os.path.join(step_dir, name)
+            if not os.path.exists(path) or os.path.getsize(path) != want["size"]:
+                raise fmt.CorruptCheckpoint(f"{name} is not in {step_dir} with {want['size']} bytes: every process "
+                                            "must write into the same checkpoint directory (a shared filesystem)")
         manifest = {
             "format": fmt.FORMAT, "version": fmt.VERSION, "layout": LAYOUT, "processes": len(reports),
             "step": step, "kind": kind, "framework": "jax", "created_at": time.time(),
@@ -358,7 +369,6 @@ class ShardedCheckpointManager(CheckpointManager):
             "arrays": arrays, "job_id": self.job_id, "attempt": self.attempt,
         }
         data = json.dumps(manifest, indent=1).encode()
-        step_dir = self.local.step_dir(step)
         fmt.write_file_durable(os.path.join(step_dir, fmt.MANIFEST), data)
         fmt.fsync_dir(step_dir)
         fmt.write_file_durable(os.path.join(step_dir, fmt.MARKER),
