@@ -7,7 +7,7 @@ directly, for tests/test_trainer_jax_distributed.py:
     python tests/jax_multiprocess_worker.py unshared PROCESS_ID COORDINATOR DIR  # each process its own directory
 
 Prints `result <JSON>` per outcome. The state: a (4, 8) float32 array sharded by rows over the processes, a
-replicated vector and typed key, and a per-process host value.
+replicated vector and typed key, and per-process host values and a process-local typed key.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def state(pid: int, scale: float) -> dict:
         "rows": jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P("p")), lambda i: rows[i]),
         "vec": jax.make_array_from_callback((3,), NamedSharding(mesh, P()), lambda i: np.full(3, scale, np.float32)[i]),
         "key": jax.jit(lambda: jax.random.key(7), out_shardings=NamedSharding(mesh, P()))(),
-        "host": {"process": pid, "scale": scale},
+        "host": {"process": pid, "scale": scale, "local": np.full(2, pid * scale, np.float32)},
+        "local_key": jax.random.key(pid),  # process-local (one device): host state of this process
     }
 
 
@@ -71,7 +72,9 @@ def main(mode: str, pid: int, coordinator: str, root: str) -> None:
                       "vec": np.asarray(restored["vec"].addressable_data(0)).tolist(),
                       "key_ok": bool(np.array_equal(jax.random.key_data(restored["key"]).addressable_data(0),
                                                     jax.random.key_data(jax.random.key(7)))),
-                      "host": restored["host"]}), flush=True)
+                      "local_key_ok": bool(np.array_equal(jax.random.key_data(restored["local_key"]),
+                                                          jax.random.key_data(jax.random.key(pid)))),
+                      "host": {**restored["host"], "local": restored["host"]["local"].tolist()}}), flush=True)
 
 
 if __name__ == "__main__":

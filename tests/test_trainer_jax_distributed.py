@@ -153,8 +153,8 @@ def test_a_process_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_
     assert (tmp_path / "step_000000000010" / "COMMITTED").exists()
     results, outs = run_workers("restore", tmp_path)
     for pid, lines in enumerate(results):
-        assert lines == [{"restored": 10, "rows_ok": True, "vec": [1.0, 1.0, 1.0], "key_ok": True,
-                          "host": {"process": pid, "scale": 1.0}}], outs
+        assert lines == [{"restored": 10, "rows_ok": True, "vec": [1.0, 1.0, 1.0], "key_ok": True, "local_key_ok": True,
+                          "host": {"process": pid, "scale": 1.0, "local": [float(pid)] * 2}}], outs
 
 
 def test_a_directory_the_processes_do_not_share_is_refused_at_the_commit(tmp_path):
