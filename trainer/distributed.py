@@ -77,7 +77,7 @@ class Job:
         modules = {name: obj for name, obj in objects.items() if isinstance(obj, Module)}
         for name, module in modules.items():
             if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
-                raise NotImplementedError(
+                raise TypeError(
                     f"TrainingLoop: {name}= is wrapped in FSDP1 (FullyShardedDataParallel), which is not supported: "
                     "shard it with FSDP2 (torch.distributed.fsdp.fully_shard), whose DTensor state every rank "
                     "saves, or use DDP.")

@@ -210,8 +210,8 @@ def _wrap_key(data, impl):
 
 def _sharding_meta(name: str, sharding) -> dict:
     if not isinstance(sharding, NamedSharding):
-        raise NotImplementedError(f"{name}: only NamedSharding global arrays are checkpointed across processes, "
-                                  f"got {type(sharding).__name__} (pass out_shardings=NamedSharding(...) to jit)")
+        raise TypeError(f"{name}: only NamedSharding global arrays are checkpointed across processes, "
+                        f"got {type(sharding).__name__} (pass out_shardings=NamedSharding(...) to jit)")
     spec = [list(e) if isinstance(e, tuple) else e for e in sharding.spec]
     return {"mesh": np.asarray(sharding.mesh.device_ids).tolist(), "axes": list(sharding.mesh.axis_names),
             "spec": spec}
