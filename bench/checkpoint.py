@@ -54,7 +54,12 @@ def main(argv=None) -> int:
     p.add_argument("--dir", default=None, help="directory on the disk to measure (default: system temp dir)")
     p.add_argument("--repeats", type=int, default=5, help="raw-write / emergency-save pairs (default 5)")
     p.add_argument("--saves", type=int, default=4, help="periodic saves to time (first one + steady state)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="distributed mode: N ranks (gloo, CPU) with FSDP2-sharded state, respawn's sharded save "
+                        "against dcp.save / dcp.async_save (bench/checkpoint_distributed.py)")
     args = p.parse_args(argv)
+    if args.ranks is not None:
+        return _distributed(args)
     size_mb = 64 if args.quick else args.size_mb
     size = size_mb << 20
 
@@ -146,6 +151,19 @@ def main(argv=None) -> int:
         w = max(len(r[0]) for r in rows)
         for k, v in rows:
             print(f"{k:<{w}}  {v}")
+    return 0
+
+
+def _distributed(args) -> int:
+    from bench import checkpoint_distributed as cd
+
+    if args.ranks < 2:
+        print("--ranks needs 2 or more", file=sys.stderr)
+        return 2
+    size_mb = 24 if args.quick else args.size_mb
+    repeats, saves = (2, 3) if args.quick else (args.repeats, args.saves)
+    result = cd.run(args.ranks, size_mb, saves, repeats, args.dir)
+    print(json.dumps(result) if args.json else cd.table(result))
     return 0
 
 

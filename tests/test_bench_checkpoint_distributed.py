@@ -1,0 +1,40 @@
+"""bench/checkpoint.py --ranks 2 at smoke size: two spawned gloo ranks, FSDP2-sharded state, every figure a finite
+number (no timing asserts), and it cleans up."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_two_rank_quick_run_reports_every_figure(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "bench.checkpoint", "--ranks", "2", "--quick", "--json",
+                        "--dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ranks"] == 2 and out["backend"] == "gloo"
+    for key in ("size_mb", "checkpoint_mb", "raw_write_MBps", "dcp_save_s", "dcp_async_block_s", "stall_first_s",
+                "stall_s", "stall_ratio", "dcp_async_ratio", "stall_vs_dcp_async", "periodic_total_s",
+                "emergency_s", "emergency_MBps", "flush_vs_disk"):
+        assert isinstance(out[key], (int, float)) and math.isfinite(out[key]) and out[key] > 0, key
+    for key in ("raw_write_runs_MBps", "dcp_save_runs_s", "dcp_async_runs_s", "emergency_runs_MBps",
+                "flush_vs_disk_pairs"):
+        assert out[key] and all(math.isfinite(x) and x > 0 for x in out[key]), key
+    assert len(out["flush_vs_disk_pairs"]) == 2
+    assert set(out["goals"]) == {"stall_ratio", "stall_vs_dcp_async", "flush_vs_disk"}
+    assert set(out["goals"].values()) <= {"PASS", "MISS"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("respawn-bench-")]  # it cleans up
+
+
+def test_two_rank_table_compares_with_the_goals(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "bench.checkpoint", "--ranks", "2", "--quick", "--dir", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for row in ("blocking dcp.save", "dcp.async_save", "stall_ratio (goal <= 0.10)", "flush_vs_disk (goal >= 0.85)"):
+        assert row in r.stdout, row
+    assert "PASS" in r.stdout or "MISS" in r.stdout
