@@ -418,15 +418,7 @@ class ShardedCheckpointManager(CheckpointManager):
     def _candidates(self):
         """Process 0: (step, directory) of the committed steps, newest first, local copy before remote (a remote
         step is downloaded into the local directory; a file:// store is read in place)."""
-        local = {s for s, c in self.local.steps().items() if c}
-        remote = set()
-        if self.remote is not None:
-            try:
-                remote = {s for s, c in self.remote.steps().items() if c}
-            except Exception as exc:  # noqa: BLE001 - local copies may still do
-                _log.error("cannot list the remote checkpoint store; trying local copies only",
-                           remote=self.remote.uri, error=f"{type(exc).__name__}: {exc}")
-        self._remote_committed = remote
+        local, remote = self._committed_steps()
         for step in sorted(local | remote, reverse=True):
             try:
                 step_dir = self.local.step_dir(step) if step in local else self.remote.get_step(step, self.local.root)

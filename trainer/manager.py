@@ -410,6 +410,21 @@ class CheckpointManager:
 
     # ---- retention ------------------------------------------------------------------------------------------
 
+    def _committed_steps(self) -> tuple[set[int], set[int]]:
+        """The committed steps on the local disk and in the remote store, remembered as the remote's; a remote
+        store that cannot be listed counts as empty (the local copies may still do). For the multi-rank managers'
+        restore, which need no report of uncommitted steps."""
+        local = {s for s, c in self.local.steps().items() if c}
+        remote: set[int] = set()
+        if self.remote is not None:
+            try:
+                remote = {s for s, c in self.remote.steps().items() if c}
+            except Exception as exc:  # noqa: BLE001 - local copies may still do
+                _log.error("cannot list the remote checkpoint store; trying local copies only",
+                           remote=self.remote.uri, error=f"{type(exc).__name__}: {exc}")
+        self._remote_committed = set(remote)
+        return local, remote
+
     def _kind(self, store, step: int) -> str | None:
         key = (store.uri, step)
         if key not in self._kinds:

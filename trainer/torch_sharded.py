@@ -267,15 +267,7 @@ class TorchShardedManager(CheckpointManager):
 
     def _newest_verified(self) -> tuple[int, dict] | None:
         """Rank 0: the newest committed step whose every file has its manifest's size and checksum."""
-        local = {s for s, c in self.local.steps().items() if c}
-        remote = set()
-        if self.remote is not None:
-            try:
-                remote = {s for s, c in self.remote.steps().items() if c}
-            except Exception as exc:  # noqa: BLE001 - local copies may still do
-                _log.error("cannot list the remote checkpoint store; trying local copies only",
-                           remote=self.remote.uri, error=f"{type(exc).__name__}: {exc}")
-        self._remote_committed = set(remote)
+        local, remote = self._committed_steps()
         for step in sorted(local | remote, reverse=True):
             for store in ([self.local] if step in local else []) + ([self.remote] if step in remote else []):
                 try:
