@@ -47,6 +47,8 @@ _IMAGE = re.compile(r"^(projects/[a-z][a-z0-9-]*/global/images/(family/)?[a-z][a
 # Labels Respawn sets on every node itself; a user label may not take these keys.
 RESERVED_LABELS = (LABEL_JOB, LABEL_ATTEMPT)
 MAX_USER_LABELS = 64 - len(RESERVED_LABELS)
+# The most GPU VMs one job may have (spec field `nodes`).
+MAX_NODES = 64
 
 
 class State(str, enum.Enum):
@@ -228,6 +230,15 @@ class JobSpec(_Strict):
     termination_action: Literal["STOP", "DELETE"] | None = Field(
         default=None, validate_default=True, description="GPU Spot VMs only; default STOP"
     )
+    # Several nodes (issue #16): declared after accelerator and provisioning, which their checks read. One node is
+    # the nodes=1 case of the same fields, not a second kind of job.
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES, description="GPU VMs of the job, all in one zone")
+    min_nodes: int | None = Field(
+        default=None, ge=1, validate_default=True,
+        description="the job may run with this many nodes while replacements are pending; default nodes (every "
+                    "node needed); stored resolved")
+    on_demand_nodes: int = Field(default=0, ge=0, description="how many of the nodes are standard (on-demand) VMs; "
+                                                              "the rest use provisioning (spot or preemptible)")
     zones: list[Annotated[str, AfterValidator(_zone_name)]] = Field(min_length=1, description="ordered by preference")
     trainer: Trainer
     checkpoint_uri: str
@@ -254,6 +265,42 @@ class JobSpec(_Strict):
             return "STOP" if gpu_spot else None
         if accelerator is not None and provisioning is not None and not gpu_spot:
             raise ValueError("applies only to GPU Spot VMs (accelerator.kind gpu, provisioning spot)")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: int, info: ValidationInfo) -> int:
+        accelerator = info.data.get("accelerator")
+        if v != 1 and getattr(accelerator, "kind", None) == "tpu":
+            raise ValueError(
+                f"{v}: a TPU job is one node, which may be a multi-host slice such as v5litepod-16; for more chips "
+                "pick a larger accelerator.accelerator_type and leave nodes at 1"
+            )
+        return v
+
+    @field_validator("min_nodes")
+    @classmethod
+    def _min_nodes(cls, v: int | None, info: ValidationInfo) -> int | None:
+        nodes = info.data.get("nodes")
+        if nodes is None:  # nodes itself is invalid and named; nothing to compare with
+            return v
+        if v is None:
+            return nodes  # stored resolved, so a reader never has to know the default
+        if v > nodes:
+            raise ValueError(f"{v} is more than nodes ({nodes}); min_nodes is the fewest nodes the job may run "
+                             "with while replacements are pending, at most nodes")
+        return v
+
+    @field_validator("on_demand_nodes")
+    @classmethod
+    def _on_demand_nodes(cls, v: int, info: ValidationInfo) -> int:
+        nodes, provisioning = info.data.get("nodes"), info.data.get("provisioning")
+        if v and provisioning == "standard":
+            raise ValueError(f"{v}: with provisioning standard every node is on-demand already; set provisioning "
+                             "spot (or preemptible) to mix on-demand and Spot nodes, or leave on_demand_nodes out")
+        if nodes is not None and v > nodes:
+            raise ValueError(f"{v} is more than nodes ({nodes}); on_demand_nodes counts toward nodes, the rest "
+                             "are Spot")
         return v
 
     @field_validator("zones")

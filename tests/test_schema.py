@@ -74,6 +74,62 @@ def test_spec_round_trips_through_its_document():
     assert parse_spec(with_setup.to_doc()) == with_setup
 
 
+def test_one_node_is_the_default_and_min_nodes_resolves_to_nodes():
+    # A document written before multi-node jobs existed (no nodes fields) is still valid: one Spot node.
+    spec = parse_spec(GPU)
+    assert (spec.nodes, spec.min_nodes, spec.on_demand_nodes) == (1, 1, 0)
+    assert parse_spec({**GPU, "nodes": 3}).min_nodes == 3  # default: every node is needed
+    hybrid = parse_spec({**GPU, "nodes": 3, "min_nodes": 2, "on_demand_nodes": 1})
+    assert (hybrid.nodes, hybrid.min_nodes, hybrid.on_demand_nodes) == (3, 2, 1)
+    assert parse_spec({**GPU, "nodes": schema.MAX_NODES, "on_demand_nodes": schema.MAX_NODES}).nodes == schema.MAX_NODES
+    assert parse_spec({**GPU, "provisioning": "preemptible", "nodes": 2, "on_demand_nodes": 1}).on_demand_nodes == 1
+
+
+def test_the_stored_spec_holds_min_nodes_resolved_and_round_trips():
+    spec = parse_spec({**GPU, "nodes": 4, "on_demand_nodes": 1})
+    doc = spec.to_doc()
+    assert (doc["nodes"], doc["min_nodes"], doc["on_demand_nodes"]) == (4, 4, 1)
+    assert type(doc["min_nodes"]) is int
+    assert parse_spec(doc) == spec
+    elastic = parse_spec({**GPU, "nodes": 4, "min_nodes": 2})
+    assert parse_spec(elastic.to_doc()) == elastic and elastic.to_doc()["min_nodes"] == 2
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"nodes": 0}, "nodes: Input should be greater than or equal to 1"),
+        ({"nodes": schema.MAX_NODES + 1}, f"nodes: Input should be less than or equal to {schema.MAX_NODES}"),
+        ({"nodes": "three"}, "nodes: Input should be a valid integer"),
+        ({"min_nodes": 0}, "min_nodes: Input should be greater than or equal to 1"),
+        ({"nodes": 3, "min_nodes": 4}, "min_nodes: 4 is more than nodes (3); min_nodes is the fewest nodes the job "
+                                       "may run with while replacements are pending, at most nodes"),
+        ({"min_nodes": 2}, "min_nodes: 2 is more than nodes (1)"),
+        ({"on_demand_nodes": -1}, "on_demand_nodes: Input should be greater than or equal to 0"),
+        ({"nodes": 3, "on_demand_nodes": 4}, "on_demand_nodes: 4 is more than nodes (3); on_demand_nodes counts "
+                                             "toward nodes, the rest are Spot"),
+        ({"provisioning": "standard", "nodes": 2, "on_demand_nodes": 1},
+         "on_demand_nodes: 1: with provisioning standard every node is on-demand already; set provisioning spot "
+         "(or preemptible)"),
+    ],
+)
+def test_node_count_errors_name_the_field(fields, expected):
+    errors = errors_of({**GPU, **fields})
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+def test_an_invalid_nodes_is_named_once_not_again_through_min_nodes():
+    assert errors_of({**GPU, "nodes": 0, "min_nodes": 2, "on_demand_nodes": 1}) == [
+        "nodes: Input should be greater than or equal to 1"]
+
+
+def test_a_tpu_job_is_one_node():
+    assert parse_spec({**TPU, "nodes": 1}).nodes == 1
+    assert errors_of({**TPU, "nodes": 2}) == [
+        "nodes: 2: a TPU job is one node, which may be a multi-host slice such as v5litepod-16; for more chips pick "
+        "a larger accelerator.accelerator_type and leave nodes at 1"]
+
+
 @pytest.mark.parametrize("job_id", ["a", "job-1", "a" * schema.MAX_JOB_ID_LEN, "x9-y8"])
 def test_valid_job_ids(job_id):
     assert parse_spec(with_(GPU, "id", job_id)).id == job_id
