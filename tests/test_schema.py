@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from respawn import contract, schema
 from respawn.schema import SpecError, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GPU = {
     "id": "train-1",
@@ -128,6 +132,15 @@ def test_a_tpu_job_is_one_node():
     assert errors_of({**TPU, "nodes": 2}) == [
         "nodes: 2: a TPU job is one node, which may be a multi-host slice such as v5litepod-16; for more chips pick "
         "a larger accelerator.accelerator_type and leave nodes at 1"]
+
+
+def test_the_hybrid_example_is_three_nodes_one_of_them_on_demand():
+    # examples/jobs/hybrid-ddp.yaml is the one example of these fields (tests/test_cli_workdir.py validates every
+    # example through the CLI); its workdir is a directory the CLI packs, so it is left out here.
+    doc = yaml.safe_load((ROOT / "examples" / "jobs" / "hybrid-ddp.yaml").read_text())
+    del doc["trainer"]["workdir"]
+    spec = parse_spec(doc)
+    assert (spec.nodes, spec.on_demand_nodes, spec.min_nodes, spec.provisioning) == (3, 1, 2, "spot")
 
 
 @pytest.mark.parametrize("job_id", ["a", "job-1", "a" * schema.MAX_JOB_ID_LEN, "x9-y8"])
