@@ -437,17 +437,24 @@ def _parse_settings(pairs: list[str]) -> dict[str, float]:
         name = name.strip().replace("-", "_")
         if not sep or name not in known:
             raise CliError(f"--set {pair!r}: expected NAME=VALUE with NAME one of: {', '.join(known)}", code=2)
+        # Whole-number inputs (runs, seed, nodes; min_nodes is `int | None`) parse as int, the rest as float.
+        whole = known[name] is int or str(known[name]).startswith("int")
         try:
-            settings[name] = int(value) if known[name] in (int, "int") else float(value)
+            settings[name] = int(value) if whole else float(value)
         except ValueError:
-            raise CliError(f"--set {pair!r}: {value!r} is not a number", code=2) from None
+            raise CliError(f"--set {pair!r}: {value!r} is not a {'whole ' if whole else ''}number", code=2) from None
     return settings
 
 
 @app.command("plan")
 def plan_cmd(
-    job_hours: float = typer.Option(24.0, help="compute hours the job needs on one healthy node"),
-    mtbp_hours: float = typer.Option(6.0, help="mean hours between preemptions"),
+    job_hours: float = typer.Option(24.0, help="compute hours the job needs with all its nodes healthy"),
+    mtbp_hours: float = typer.Option(6.0, help="mean hours between preemptions of one Spot node"),
+    nodes: int = typer.Option(1, min=1, help="GPU VMs of the job (a job of N Spot nodes is interrupted N times as "
+                                             "often)"),
+    on_demand_nodes: int = typer.Option(0, min=0, help="of them on-demand: adds the hybrid strategy"),
+    min_nodes: Optional[int] = typer.Option(None, min=1, help="train on this many while replacements boot: adds the "
+                                                              "elastic strategy when below --nodes"),
     state_gb: float = typer.Option(10.0, help="checkpoint size in GB"),
     checkpoint_interval_min: float = typer.Option(30.0, help="periodic checkpoint interval, minutes"),
     boot_s: float = typer.Option(90.0, help="seconds from create call to a training node"),
@@ -462,15 +469,22 @@ def plan_cmd(
     plot: Optional[Path] = typer.Option(None, help="write an SVG chart here"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Goodput and cost of a Spot job under three recovery strategies, by Monte Carlo simulation."""
+    """Goodput and cost of a Spot job under three recovery strategies, and of the hybrid and elastic layouts of
+    several nodes, by Monte Carlo simulation."""
 
     def go() -> None:
         from respawn.plan import PlanInputs, max_emergency_state_gb, plan, svg_chart, with_bench
 
+        if on_demand_nodes > nodes:
+            raise CliError(f"--on-demand-nodes {on_demand_nodes} is more than --nodes ({nodes}): the on-demand nodes "
+                           "are some of the job's nodes", code=2)
+        if min_nodes is not None and min_nodes > nodes:
+            raise CliError(f"--min-nodes {min_nodes} is more than --nodes ({nodes}): it is the fewest nodes the job "
+                           "trains on while replacements boot", code=2)
         inputs = PlanInputs(
             job_hours=job_hours, mtbp_hours=mtbp_hours, state_gb=state_gb, checkpoint_interval_min=checkpoint_interval_min,
             boot_s=boot_s, sink_delay_s=sink_delay_s, spot_price=spot_price, on_demand_price=on_demand_price,
-            runs=runs, seed=seed,
+            runs=runs, seed=seed, nodes=nodes, on_demand_nodes=on_demand_nodes, min_nodes=min_nodes,
         )
         from dataclasses import replace
 
@@ -490,18 +504,29 @@ def plan_cmd(
         if as_json:
             print(json.dumps(result.to_json()))
             return
-        table = Table("strategy", "goodput", "wall h", "p90 wall h", "downtime h", "redone h", "checkpoint h",
-                      "preemptions", "emergency saved", "cost $", "vs on-demand",
-                      title=f"{inputs.job_hours:g} h job, a preemption every {inputs.mtbp_hours:g} h, "
-                            f"{inputs.state_gb:g} GB state, {inputs.runs} runs each")
+        planned = result.inputs  # min_nodes resolved
+        layout = f" on {planned.nodes} nodes" if planned.nodes > 1 else ""
+        variants = ([f"hybrid: {planned.on_demand_nodes} on-demand"] if planned.on_demand_nodes else []) + (
+            [f"elastic: trains on {planned.min_nodes} or more"] if planned.min_nodes < planned.nodes else [])
+        if variants:
+            layout += f" ({'; '.join(variants)})"
+        elastic = any(r.strategy == "elastic" for r in result.results)
+        columns = ["strategy", "goodput", "wall h", "p90 wall h", "downtime h", *(["degraded h"] if elastic else []),
+                   "redone h", "checkpoint h", "preemptions", "emergency saved", "cost $", "vs on-demand"]
+        table = Table(*columns,
+                      title=f"{inputs.job_hours:g} h job{layout}, a preemption every {inputs.mtbp_hours:g} h per "
+                            f"Spot node, {inputs.state_gb:g} GB state, {inputs.runs} runs each")
         for r in result.results:
             table.add_row(
                 r.strategy, f"{r.goodput:.1%}", f"{r.wall_hours:.2f}", f"{r.p90_wall_hours:.2f}", f"{r.downtime_hours:.2f}",
+                *([f"{r.degraded_hours:.2f}"] if elastic else []),
                 f"{r.redone_hours:.2f}", f"{r.checkpoint_hours:.2f}", f"{r.preemptions:.1f}", f"{r.emergency_saved:.0%}",
                 f"{r.cost:.2f}", f"{r.cost_vs_on_demand:.0%}",
             )
         out.print(table)
-        out.print(f"on demand: {inputs.job_hours:g} h at ${inputs.on_demand_price:g}/h = ${result.on_demand_cost:.2f}")
+        per_node = f"{planned.nodes} nodes × " if planned.nodes > 1 else ""
+        out.print(f"on demand: {per_node}{inputs.job_hours:g} h at ${inputs.on_demand_price:g}/h = "
+                  f"${result.on_demand_cost:.2f}")
         out.print(
             f"an emergency checkpoint fits the {inputs.notice_budget_s:g} s notice budget for state up to "
             f"{max_emergency_state_gb(inputs):.1f} GB at this disk speed"

@@ -1,4 +1,4 @@
-"""Goodput and cost planner: Monte Carlo runs of one training job under random preemptions, for three strategies.
+"""Goodput and cost planner: Monte Carlo runs of one training job under random preemptions, for several strategies.
 
 - `poll-and-restart`: what a cron or monitor script does (the project's seed scripts). A 60 s polling loop notices
   the node is gone, waits, and recreates it in the same zone (so a stocked-out zone is waited out); periodic
@@ -8,6 +8,27 @@
 - `respawn`: the audit event reaches a function within the sink delay; the node is recreated in the next usable
   zone of the list; the notice triggers an emergency checkpoint, so no work is lost when the state fits the
   notice budget; periodic checkpoints are asynchronous (the loop blocks for `stall_ratio` of a sync save).
+
+These three run every node on Spot. The job runs on `nodes` GPU VMs (one zone, one training world) and needs
+`job_hours` with all of them training. Each Spot node is preempted at the rate 1/`mtbp_hours` of its running time,
+so a job of N Spot nodes is interrupted N times as often as a one-node job. Any node's loss stops every rank: it
+costs the work since the last committed checkpoint (none when the emergency save fits) and the recovery time,
+during which the surviving nodes keep their VMs and bill, idle. `polling` relaunches a whole new cluster instead
+(the survivors are let go; N nodes boot). For `respawn` with more than one node the replacement must join the
+others' zone, so a stockout there is waited out, where a one-node job moves to the next zone. Preemptions of idle
+survivors during a recovery are not drawn.
+
+Two more layouts, both with respawn's recovery, are planned when the inputs ask for them:
+
+- `hybrid` (`on_demand_nodes` ≥ 1): that many nodes are on-demand, at `on_demand_price`, and never preempted; the
+  rest are Spot. Interruptions come from the Spot nodes only, at (nodes - on_demand_nodes)/`mtbp_hours`.
+- `elastic` (`min_nodes` < `nodes`; the node mix of `hybrid`, all Spot when on_demand_nodes is 0): when a node is
+  lost and at least `min_nodes` remain, the survivors re-form the training world at once (the notice, `restart_s`,
+  a restore) and train at survivors/nodes of the full throughput while the replacement boots; when it is ready the
+  world stops once more to take it back (a synchronous save, `restart_s`, a restore). Below `min_nodes` the job
+  waits for replacements as the others do. Failures of the degraded world are drawn at its own Spot count.
+
+The on-demand baseline (`Plan.on_demand_cost`) is every node on demand for `job_hours` plus a boot.
 
 Pure Python, no cloud: `respawn plan` is its front end.
 """
@@ -21,15 +42,19 @@ from dataclasses import asdict, dataclass, field, replace
 
 from respawn.contract import DEFAULT_NOTICE_BUDGET_SECONDS
 
-STRATEGIES = ("poll-and-restart", "polling", "respawn")
+ALL_SPOT = ("poll-and-restart", "polling", "respawn")
+STRATEGIES = (*ALL_SPOT, "hybrid", "elastic")
 
 
 @dataclass(frozen=True)
 class PlanInputs:
     """Everything a plan depends on. Defaults and their sources are in docs/plan.md."""
 
-    job_hours: float = 24.0  # compute time the job needs on one healthy node
-    mtbp_hours: float = 6.0  # mean running time between preemptions
+    job_hours: float = 24.0  # compute time the job needs with all its nodes healthy
+    mtbp_hours: float = 6.0  # mean running time between preemptions, of one Spot node
+    nodes: int = 1  # GPU VMs of the job, one training world
+    on_demand_nodes: int = 0  # of them on-demand (the hybrid layout); the rest Spot
+    min_nodes: int | None = None  # the elastic layout trains on this many while replacements boot; None: nodes
     state_gb: float = 10.0  # checkpoint size
     checkpoint_interval_min: float = 30.0  # periodic checkpoint interval
     write_gbps: float = 0.35  # sustained fsync'd write throughput to the checkpoint store (GB/s)
@@ -44,6 +69,7 @@ class PlanInputs:
     restart_poll_s: float = 60.0  # the polling loop period of a poll-and-restart script
     restart_wait_s: float = 60.0  # such a script sleeps this long before recreating (the seeds: 60 s)
     polling_poll_s: float = 15.0  # SkyPilot's job-status poll
+    restart_s: float = 60.0  # elastic: the world re-forms on other nodes (rendezvous, process start), restore aside
     stockout_probability: float = 0.3  # chance that the preempting zone has no capacity afterwards
     stockout_minutes: float = 30.0  # mean length of such a stockout
     spot_price: float = 1.47  # $/h of the node on Spot
@@ -52,12 +78,20 @@ class PlanInputs:
     seed: int = 0
 
     def validate(self) -> None:
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"nodes must be a whole number of at least 1, got {self.nodes}")
+        if not isinstance(self.on_demand_nodes, int) or not 0 <= self.on_demand_nodes <= self.nodes:
+            raise ValueError(f"on_demand_nodes must be a whole number within 0..nodes ({self.nodes}), "
+                             f"got {self.on_demand_nodes}")
+        if self.min_nodes is not None and (not isinstance(self.min_nodes, int)
+                                           or not 1 <= self.min_nodes <= self.nodes):
+            raise ValueError(f"min_nodes must be a whole number within 1..nodes ({self.nodes}), got {self.min_nodes}")
         positive = ("job_hours", "mtbp_hours", "checkpoint_interval_min", "write_gbps", "read_gbps", "runs")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("state_gb", "stall_ratio", "notice_budget_s", "sink_delay_s", "function_s", "boot_s",
-                        "setup_s", "restart_poll_s", "restart_wait_s", "polling_poll_s", "stockout_minutes",
+                        "setup_s", "restart_poll_s", "restart_wait_s", "polling_poll_s", "restart_s", "stockout_minutes",
                         "spot_price", "on_demand_price")
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -73,7 +107,7 @@ class StrategyResult:
     strategy: str
     goodput: float  # share of wall time spent on steps that were not redone
     wall_hours: float
-    downtime_hours: float  # no node training: detection, wait, boot, restore
+    downtime_hours: float  # no node training: detection, wait, boot, restore (elastic: also its restarts)
     redone_hours: float  # training repeated after preemptions
     checkpoint_hours: float  # training loop blocked by checkpoints
     preemptions: float
@@ -81,6 +115,7 @@ class StrategyResult:
     cost: float
     cost_vs_on_demand: float  # cost / the on-demand cost of the same job
     p90_wall_hours: float = 0.0
+    degraded_hours: float = 0.0  # elastic: training on fewer than all nodes
 
 
 @dataclass
@@ -128,23 +163,48 @@ def _recovery_s(strategy: str, p: PlanInputs, rng: random.Random, stocked_out: b
         # Fails over to another zone, after one failed launch in the stocked-out zone.
         failed_try = p.boot_s / 3 if stocked_out else 0.0
         return 30 + detect + failed_try + p.boot_s + p.setup_s + restore
-    # respawn: the node dies at the end of the notice; the event arrives after the sink delay; a refused zone
-    # costs one failed create call, then the next zone in the list is used.
+    # respawn (and hybrid): the node dies at the end of the notice; the event arrives after the sink delay.
+    if p.nodes > 1:
+        return _replacement_s(p, stockout) + restore
+    # One node is the whole job: a refused zone costs one failed create call, then the next zone in the list is used.
     failed_try = p.function_s if stocked_out else 0.0
     return 30 + p.sink_delay_s + p.function_s + failed_try + p.boot_s + restore
 
 
+def _replacement_s(p: PlanInputs, stockout: float) -> float:
+    """Seconds from the notice until the replacement of one node of a multi-node job is up, restore not included.
+    It must join the other nodes' zone, so a stockout there (`stockout` seconds long) is waited out; the create
+    call made when it ends is one more function run."""
+    waited = stockout + p.function_s if stockout else 0.0
+    return 30 + p.sink_delay_s + p.function_s + waited + p.boot_s
+
+
+def _draw_stockout(p: PlanInputs, rng: random.Random) -> float:
+    return rng.expovariate(1 / (p.stockout_minutes * 60)) if rng.random() < p.stockout_probability else 0.0
+
+
+def _until_preempt(spot_nodes: int, p: PlanInputs, rng: random.Random) -> float:
+    """Running time until the next preemption among `spot_nodes` Spot nodes, each at rate 1/mtbp."""
+    return rng.expovariate(spot_nodes / (p.mtbp_hours * 3600)) if spot_nodes else math.inf
+
+
 def _simulate_run(strategy: str, p: PlanInputs, rng: random.Random) -> dict:
+    """One run in which every loss stops the job until its replacement is training: the all-Spot strategies, and
+    hybrid (respawn's recovery, `on_demand_nodes` of the nodes never preempted)."""
+    hybrid = strategy == "hybrid"
+    mechanics = "respawn" if hybrid else strategy
+    on_demand = p.on_demand_nodes if hybrid else 0
+    spot = p.nodes - on_demand
     need = p.job_hours * 3600
     interval = p.checkpoint_interval_min * 60
-    block = _sync_save_s(p) * (p.stall_ratio if strategy == "respawn" else 1.0)
-    emergency = strategy == "respawn" and _emergency_fits(p)
+    block = _sync_save_s(p) * (p.stall_ratio if mechanics == "respawn" else 1.0)
+    emergency = mechanics == "respawn" and _emergency_fits(p)
     done = committed = 0.0  # seconds of training done, and committed to a checkpoint
     wall = down = redone = ckpt = 0.0
     preemptions = saved = 0
     since_ckpt = 0.0
     while done < need:
-        until_preempt = rng.expovariate(1 / (p.mtbp_hours * 3600))
+        until_preempt = _until_preempt(spot, p, rng)
         # Train until the job ends or the preemption hits, blocking for each periodic checkpoint.
         while done < need and until_preempt > 0:
             step = min(need - done, interval - since_ckpt, until_preempt)
@@ -172,26 +232,144 @@ def _simulate_run(strategy: str, p: PlanInputs, rng: random.Random) -> dict:
         redone += done - committed
         done = committed
         since_ckpt = 0.0
-        recovery = _recovery_s(strategy, p, rng, rng.random() < p.stockout_probability)
+        recovery = _recovery_s(mechanics, p, rng, rng.random() < p.stockout_probability)
         wall += recovery
         down += recovery
     useful = need
-    billed_hours = (wall - down) / 3600 + preemptions * p.boot_s / 3600  # a booting node bills too
+    # Node time billed: every node while the job trains; the survivors through a recovery (a polling controller
+    # lets them go and relaunches the whole cluster); each node that boots (a booting node bills too).
+    idle_survivors, boots = (0, p.nodes) if mechanics == "polling" else (p.nodes - 1, 1)
+    node_hours = p.nodes * (wall - down) / 3600 + idle_survivors * down / 3600 + preemptions * boots * p.boot_s / 3600
+    on_demand_hours = on_demand * wall / 3600  # never preempted: billed all along, at the on-demand price
     return {
-        "wall": wall, "down": down, "redone": redone, "ckpt": ckpt, "useful": useful,
-        "preemptions": preemptions, "saved": saved, "cost": billed_hours * p.spot_price,
+        "wall": wall, "down": down, "redone": redone, "ckpt": ckpt, "useful": useful, "degraded": 0.0,
+        "preemptions": preemptions, "saved": saved,
+        "cost": (node_hours - on_demand_hours) * p.spot_price + on_demand_hours * p.on_demand_price,
     }
 
 
-def plan(p: PlanInputs, strategies: tuple[str, ...] = STRATEGIES) -> Plan:
+def _simulate_elastic(p: PlanInputs, rng: random.Random, min_nodes: int) -> dict:
+    """One run of the elastic layout (respawn's recovery and checkpoints, the hybrid node mix): a loss that leaves
+    at least `min_nodes` re-forms the world on the survivors, which train at survivors/nodes of the full rate until
+    the replacement is ready and taken back. With min_nodes = nodes it is the hybrid model, by another route."""
+    n, on_demand = p.nodes, p.on_demand_nodes
+    need = p.job_hours * 3600  # in full-world seconds
+    interval = p.checkpoint_interval_min * 60
+    block = _sync_save_s(p) * p.stall_ratio
+    restore = p.state_gb / p.read_gbps
+    emergency = _emergency_fits(p)
+    done = committed = since_ckpt = 0.0
+    wall = down = degraded = redone = ckpt = node_s = 0.0
+    active = n  # nodes in the training world (or waiting to be)
+    pending: list[float] = []  # wall times at which replacements are up, earliest first
+    preemptions = saved = 0
+
+    def elapse(seconds: float, training: bool) -> None:
+        nonlocal wall, down, degraded, node_s
+        wall += seconds
+        node_s += active * seconds  # every node that exists bills, training or not
+        if not training:
+            down += seconds
+        elif active < n:
+            degraded += seconds
+
+    while done < need:
+        if active < min_nodes:
+            # Too few to train: wait for replacements; the survivors' processes restart meanwhile, so only the
+            # restore is left when enough are up. Those already up join now rather than at a later restart.
+            elapse(max(0.0, pending.pop(0) - wall), False)
+            joined = 1
+            while pending and pending[0] <= wall:
+                pending.pop(0)
+                joined += 1
+            if active + joined >= min_nodes:
+                elapse(restore, False)  # billed as _simulate_run bills it: a new node's bill is its boot
+            active += joined
+            continue
+        rate = active / n
+        until_fail = _until_preempt(active - on_demand, p, rng)
+        until_ready = max(0.0, pending[0] - wall) if pending else math.inf
+        left = min(until_fail, until_ready)
+        # Train until the job ends or the event, blocking for each periodic checkpoint (as _simulate_run).
+        while done < need and left > 0:
+            step = min((need - done) / rate, interval - since_ckpt, left)
+            done = min(need, done + step * rate)
+            since_ckpt += step
+            elapse(step, True)
+            left -= step
+            if since_ckpt >= interval and done < need:
+                if block >= left:
+                    elapse(left, True)
+                    ckpt += left
+                    left = 0
+                    break
+                elapse(block, True)
+                ckpt += block
+                left -= block
+                committed = done
+                since_ckpt = 0.0
+        if done >= need:
+            break
+        since_ckpt = 0.0
+        if until_fail <= until_ready:
+            preemptions += 1
+            if emergency:
+                saved += 1
+                committed = done
+            redone += done - committed
+            done = committed
+            active -= 1
+            pending.append(wall + _replacement_s(p, _draw_stockout(p, rng)))
+            pending.sort()
+            if active >= min_nodes:
+                elapse(30 + p.restart_s + restore, False)  # the world stops at the notice and re-forms without it
+        else:
+            # The replacement is up: commit a checkpoint (synchronously: the world is about to stop), then re-form
+            # the world with it. It bills from now on.
+            pending.pop(0)
+            active += 1
+            save = _sync_save_s(p)
+            elapse(save, True)
+            ckpt += save
+            committed = done
+            elapse(p.restart_s + restore, False)
+    node_hours = (node_s + preemptions * p.boot_s) / 3600
+    on_demand_hours = on_demand * wall / 3600
+    return {
+        "wall": wall, "down": down, "redone": redone, "ckpt": ckpt, "useful": need, "degraded": degraded,
+        "preemptions": preemptions, "saved": saved,
+        "cost": (node_hours - on_demand_hours) * p.spot_price + on_demand_hours * p.on_demand_price,
+    }
+
+
+def default_strategies(p: PlanInputs) -> tuple[str, ...]:
+    """The all-Spot strategies, and hybrid and elastic where the inputs describe them."""
+    extra = ("hybrid",) if p.on_demand_nodes else ()
+    if p.min_nodes is not None and p.min_nodes < p.nodes:
+        extra += ("elastic",)
+    return ALL_SPOT + extra
+
+
+def plan(p: PlanInputs, strategies: tuple[str, ...] | None = None) -> Plan:
     p.validate()
-    on_demand_cost = (p.job_hours + p.boot_s / 3600) * p.on_demand_price
+    if strategies is None:
+        strategies = default_strategies(p)
+    p = replace(p, min_nodes=p.nodes if p.min_nodes is None else p.min_nodes)
+    on_demand_cost = p.nodes * (p.job_hours + p.boot_s / 3600) * p.on_demand_price
     result = Plan(inputs=p, on_demand_cost=on_demand_cost)
-    for i, strategy in enumerate(strategies):
+    for strategy in strategies:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        if strategy == "hybrid" and not p.on_demand_nodes:
+            raise ValueError("hybrid needs on_demand_nodes of at least 1 (the nodes that run on demand)")
+        if strategy == "elastic" and p.min_nodes >= p.nodes:
+            raise ValueError(f"elastic needs min_nodes below nodes ({p.nodes}), got {p.min_nodes}")
+    for i, strategy in enumerate(strategies):
         rng = random.Random(p.seed * 1000 + i)
-        runs = [_simulate_run(strategy, p, rng) for _ in range(p.runs)]
+        if strategy == "elastic":
+            runs = [_simulate_elastic(p, rng, p.min_nodes) for _ in range(p.runs)]
+        else:
+            runs = [_simulate_run(strategy, p, rng) for _ in range(p.runs)]
         walls = sorted(r["wall"] for r in runs)
         mean = lambda key: statistics.fmean(r[key] for r in runs)  # noqa: E731
         n_pre = mean("preemptions")
@@ -208,6 +386,7 @@ def plan(p: PlanInputs, strategies: tuple[str, ...] = STRATEGIES) -> Plan:
                 cost=mean("cost"),
                 cost_vs_on_demand=mean("cost") / on_demand_cost if on_demand_cost else 0.0,
                 p90_wall_hours=walls[int(0.9 * (len(walls) - 1))] / 3600,
+                degraded_hours=mean("degraded") / 3600,
             )
         )
     return result

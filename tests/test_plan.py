@@ -100,3 +100,122 @@ def test_plan_command_prints_json_and_writes_a_chart(tmp_path):
 def test_plan_command_rejects_unknown_settings():
     r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--set", "mtpb=3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "expected NAME=VALUE with NAME one of" in r.stderr and "Traceback" not in r.stderr
+
+
+# Several nodes (issue #16): the per-node preemption rate, the hybrid and elastic layouts.
+MULTI = dict(job_hours=12.0, runs=300, seed=3, state_gb=2.0)  # the emergency save fits: losses cost recovery only
+
+
+def per_training_hour(s):
+    return s.preemptions / (s.wall_hours - s.downtime_hours)
+
+
+def test_n_spot_nodes_are_interrupted_n_times_as_often_and_cost_n_times_the_nodes():
+    one = by_name(plan(PlanInputs(**MULTI)))
+    four = by_name(plan(PlanInputs(nodes=4, **MULTI)))
+    for name in ("poll-and-restart", "polling", "respawn"):
+        assert per_training_hour(four[name]) == pytest.approx(4 * per_training_hour(one[name]), rel=0.12), name
+        # Four nodes bill four times the node hours at least (more: recoveries are 4x as frequent, survivors idle).
+        assert four[name].cost > 4 * one[name].cost
+    assert plan(PlanInputs(nodes=4, **MULTI)).on_demand_cost == pytest.approx(4 * plan(PlanInputs(**MULTI)).on_demand_cost)
+    # Every loss stops all ranks: four nodes spend about four times as long recovering.
+    assert four["respawn"].downtime_hours > 3 * one["respawn"].downtime_hours
+
+
+def test_a_multi_node_replacement_waits_out_a_stockout_in_the_jobs_zone():
+    stocked = dict(MULTI, stockout_probability=1.0, stockout_minutes=60)
+    one = by_name(plan(PlanInputs(**stocked)))["respawn"]
+    two = by_name(plan(PlanInputs(nodes=2, **stocked)))["respawn"]
+    assert one.downtime_hours / one.preemptions < 0.1  # one node is the whole job: it moves to the next zone
+    assert two.downtime_hours / two.preemptions > 0.5  # the others hold the zone: about the hour-long stockout
+
+
+def test_the_default_strategies_follow_the_layout_asked_for():
+    assert list(by_name(plan(PlanInputs(nodes=3, **MULTI)))) == ["poll-and-restart", "polling", "respawn"]
+    assert list(by_name(plan(PlanInputs(nodes=3, on_demand_nodes=1, min_nodes=2, **MULTI))))[-2:] == ["hybrid", "elastic"]
+    with pytest.raises(ValueError, match="hybrid needs on_demand_nodes"):
+        plan(PlanInputs(nodes=3, **MULTI), ("hybrid",))
+    with pytest.raises(ValueError, match=r"elastic needs min_nodes below nodes \(3\), got 3"):
+        plan(PlanInputs(nodes=3, **MULTI), ("elastic",))
+
+
+def test_hybrid_is_interrupted_only_by_its_spot_nodes_and_costs_between_spot_and_on_demand():
+    result = plan(PlanInputs(nodes=3, on_demand_nodes=1, **MULTI))
+    r = by_name(result)
+    assert per_training_hour(r["hybrid"]) == pytest.approx(2 / 3 * per_training_hour(r["respawn"]), rel=0.12)
+    assert r["hybrid"].downtime_hours < r["respawn"].downtime_hours
+    assert r["respawn"].cost < r["hybrid"].cost < result.on_demand_cost
+    # All of them on demand: never interrupted, billed at the on-demand price for the time it trains.
+    od = by_name(plan(PlanInputs(nodes=2, on_demand_nodes=2, **MULTI)))["hybrid"]
+    assert od.preemptions == 0 and od.cost == pytest.approx(2 * od.wall_hours * PlanInputs().on_demand_price)
+
+
+def test_elastic_keeps_training_while_slow_replacements_boot():
+    slow = PlanInputs(nodes=4, min_nodes=3, boot_s=1800, **MULTI)
+    r = by_name(plan(slow))
+    assert r["elastic"].degraded_hours > 0 and r["respawn"].degraded_hours == 0
+    assert r["elastic"].downtime_hours < r["respawn"].downtime_hours / 2
+    assert r["elastic"].wall_hours < r["respawn"].wall_hours and r["elastic"].goodput > r["respawn"].goodput
+    assert r["elastic"].cost < r["respawn"].cost  # the survivors train instead of billing idle
+
+
+def test_elastic_pays_two_restarts_per_loss_so_fast_replacements_favour_waiting():
+    # A replacement up in seconds: shrinking and growing the world costs more than waiting for it.
+    fast = PlanInputs(nodes=4, min_nodes=3, boot_s=5, stockout_probability=0.0, restart_s=120, **MULTI)
+    r = by_name(plan(fast))
+    assert r["elastic"].wall_hours > r["respawn"].wall_hours
+
+
+def test_elastic_with_min_nodes_equal_to_nodes_is_the_hybrid_model():
+    # The two simulations are separate code; where their layouts coincide they must agree draw for draw.
+    import random
+
+    from respawn.plan import _simulate_elastic, _simulate_run
+
+    p = PlanInputs(nodes=3, on_demand_nodes=1, **MULTI)
+    rng_a, rng_b = random.Random(5), random.Random(5)
+    a = [_simulate_run("hybrid", p, rng_a) for _ in range(50)]
+    b = [_simulate_elastic(p, rng_b, 3) for _ in range(50)]
+    for key in ("wall", "down", "redone", "ckpt", "preemptions", "cost"):
+        assert [x[key] for x in a] == pytest.approx([y[key] for y in b], rel=1e-9), key
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [({"nodes": 0}, "nodes must be a whole number of at least 1"),
+     ({"nodes": 2, "on_demand_nodes": 3}, r"on_demand_nodes must be a whole number within 0..nodes \(2\), got 3"),
+     ({"nodes": 2, "min_nodes": 3}, r"min_nodes must be a whole number within 1..nodes \(2\), got 3"),
+     ({"restart_s": -1}, "restart_s must not be negative")],
+)
+def test_bad_node_inputs_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        plan(PlanInputs(**{**FAST, **fields}))
+
+
+def test_plan_command_plans_the_hybrid_and_elastic_layouts():
+    r = subprocess.run(
+        [sys.executable, "-m", "respawn", "plan", "--runs", "30", "--json", "--nodes", "3", "--on-demand-nodes", "1",
+         "--min-nodes", "2"], capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    body = json.loads(r.stdout.strip().splitlines()[-1])
+    assert list(body["strategies"]) == ["poll-and-restart", "polling", "respawn", "hybrid", "elastic"]
+    assert (body["inputs"]["nodes"], body["inputs"]["on_demand_nodes"], body["inputs"]["min_nodes"]) == (3, 1, 2)
+    assert body["strategies"]["elastic"]["degraded_hours"] > 0
+    table = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10", "--nodes", "3", "--min-nodes", "2"],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "degraded h" in table.stdout and "3 nodes × 24 h" in table.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--nodes", "2", "--min-nodes", "3"], "--min-nodes 3 is more than --nodes (2)"),
+     (["--nodes", "2", "--on-demand-nodes", "3"], "--on-demand-nodes 3 is more than --nodes (2)"),
+     (["--nodes", "0"], "'--nodes'"),
+     (["--set", "nodes=2.5"], "'2.5' is not a whole number"),
+     (["--set", "min_nodes=4"], "min_nodes must be a whole number within 1..nodes (1), got 4")],
+)
+def test_plan_command_names_the_bad_node_option(args, message):
+    r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "5", *args], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
