@@ -5,6 +5,8 @@ directly, for tests/test_trainer_jax_distributed.py:
                                                                              # dies while writing step 20
     python tests/jax_multiprocess_worker.py restore PROCESS_ID COORDINATOR DIR
     python tests/jax_multiprocess_worker.py unshared PROCESS_ID COORDINATOR DIR  # each process its own directory
+    python tests/jax_multiprocess_worker.py hosts-save PROCESS_ID COORDINATOR DIR     # the same, with a remote
+    python tests/jax_multiprocess_worker.py hosts-restore PROCESS_ID COORDINATOR DIR  # store DIR/remote
 
 Prints `result <JSON>` per outcome. The state: a (4, 8) float32 array sharded by rows over the processes, a
 replicated vector and typed key, and per-process host values and a process-local typed key.
@@ -41,12 +43,13 @@ def state(pid: int, scale: float) -> dict:
 def main(mode: str, pid: int, coordinator: str, root: str) -> None:
     jax.distributed.initialize(coordinator, 2, pid)
     job = jax_distributed.JaxJob()
-    if mode == "unshared":
+    remote = f"file://{root}/remote" if mode.startswith("hosts") else None
+    if mode in ("unshared", "hosts-save", "hosts-restore"):  # hosts with disks of their own
         root = os.path.join(root, f"process-{pid}")
-    mgr = jax_distributed.ShardedCheckpointManager(local_dir=root, notice_budget_s=5)
-    if mode == "unshared":
+    mgr = jax_distributed.ShardedCheckpointManager(remote, local_dir=root, notice_budget_s=5)
+    if mode in ("unshared", "hosts-save"):
         outcome = mgr.save(10, state(pid, 1.0), blocking=True)
-        print("result", json.dumps({"state": outcome.state.value, "reason": outcome.reason}), flush=True)
+        print("result", json.dumps({"step": 10, "state": outcome.state.value, "reason": outcome.reason}), flush=True)
         return
     if mode == "save":
         ten = mgr.save(10, state(pid, 1.0), blocking=True)

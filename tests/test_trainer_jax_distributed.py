@@ -2,7 +2,8 @@
 notice: every process stops after one agreed step, each writes its shards, process 0 commits, all exit 75, and the
 resumed run ends bit-identical to an uninterrupted one; a notice to one process still stops both at one step
 (without the agreement process 0 never stops, and that test fails); a process killed mid-save leaves that step
-uncommitted and the previous one restores; a checkpoint directory the processes do not share is refused."""
+uncommitted and the previous one restores; processes with directories of their own (hosts) commit in the remote
+store, and separate directories without a remote store are refused."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,8 +159,26 @@ def test_a_process_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_
                           "host": {"process": pid, "scale": 1.0, "local": [float(pid)] * 2}}], outs
 
 
-def test_a_directory_the_processes_do_not_share_is_refused_at_the_commit(tmp_path):
+def test_separate_directories_without_a_remote_store_are_refused(tmp_path):
     (p0, p1), outs = run_workers("unshared", tmp_path)
     assert p0 == p1 and p0[0]["state"] == "failed", outs
-    assert "must write into the same checkpoint directory" in p0[0]["reason"], outs
+    assert "separate checkpoint directories" in p0[0]["reason"] and "no remote store" in p0[0]["reason"], outs
     assert not list(tmp_path.glob("*/step_*/COMMITTED"))
+
+
+def test_hosts_with_their_own_disks_commit_in_the_remote_store_and_a_new_host_restores(tmp_path):
+    # Each process has a directory of its own (a host of a TPU slice): each uploads its own files and process 0
+    # commits in the remote store, which then holds both processes' files; no local directory holds a committed
+    # step. Process 1's disk is then lost: the restore fetches its files from the remote store.
+    # Without the per-host uploads the remote step would lack process 1's files and the restore would fail.
+    (p0, p1), outs = run_workers("hosts-save", tmp_path)
+    assert p0 == p1 == [{"step": 10, "state": "committed", "reason": None}], outs
+    step_dir = tmp_path / "remote" / "step_000000000010"
+    assert (step_dir / "COMMITTED").exists()
+    assert {"p00000.bin", "p00000.pkl", "p00001.bin", "p00001.pkl"} <= set(os.listdir(step_dir)), outs
+    assert not list(tmp_path.glob("process-*/step_*/COMMITTED"))
+    shutil.rmtree(tmp_path / "process-1")
+    results, outs = run_workers("hosts-restore", tmp_path)
+    for pid, lines in enumerate(results):
+        assert lines == [{"restored": 10, "rows_ok": True, "vec": [1.0, 1.0, 1.0], "key_ok": True, "local_key_ok": True,
+                          "host": {"process": pid, "scale": 1.0, "local": [float(pid)] * 2}}], outs

@@ -34,17 +34,26 @@ STEPS, EVERY = 60, 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start(run, ranks: int, ckpt, *extra: str, env: dict | None = None):
+def start(run, ranks: int, ckpt, *extra: str, env: dict | None = None, node: tuple[int, int, int] | None = None):
     """`python -m respawn.ckpt.launch torchrun --nproc-per-node N -m respawn.ckpt.examples.torch_fsdp` in its own
-    process group (as the node agent starts a trainer), rendezvous and gloo on 127.0.0.1 only."""
+    process group (as the node agent starts a trainer), rendezvous and gloo on 127.0.0.1 only.
+    node=(node rank, nodes, master port): one host of a multi-host job (static rendezvous), with a local checkpoint
+    directory of its own ({ckpt}/local-{node rank}) and the job's shared remote store."""
     run.mkdir(parents=True, exist_ok=True)
+    if node is None:
+        rendezvous = ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        local = f"{ckpt}/local"
+    else:
+        rendezvous = ["--nnodes", str(node[1]), "--node-rank", str(node[0]), "--master-addr", "127.0.0.1",
+                      "--master-port", str(node[2])]
+        local = f"{ckpt}/local-{node[0]}"
     cmd = [sys.executable, "-m", "respawn.ckpt.launch",
-           sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1",
+           sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), *rendezvous,
+           "--local-addr", "127.0.0.1",
            "-m", "respawn.ckpt.examples.torch_fsdp", "--checkpoint-every", str(EVERY), "--seed", "3",
            "--log-every", "1", *extra]
     env = {**os.environ, "PYTHONPATH": ROOT, "GLOO_SOCKET_IFNAME": "lo",
-           "RESPAWN_LOCAL_CHECKPOINT_DIR": f"{ckpt}/local", "RESPAWN_CHECKPOINT_URI": f"file://{ckpt}/remote",
+           "RESPAWN_LOCAL_CHECKPOINT_DIR": local, "RESPAWN_CHECKPOINT_URI": f"file://{ckpt}/remote",
            "RESPAWN_STATUS_FILE": str(run / "status.json"), "RESPAWN_NOTICE_BUDGET_S": "20", **(env or {})}
     with open(run / "out.log", "ab") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=out, start_new_session=True)
@@ -160,3 +169,44 @@ def test_a_notice_deadline_too_short_abandons_the_step_on_every_rank(tmp_path):
     step = stopped[0][0]
     assert committed(tmp_path / "ckpt" / "local") == [s for s in (EVERY, 2 * EVERY) if s < step]
     assert read_status(str(tmp_path / "run" / "status.json"))["emergency"]["state"] == "abandoned"
+
+
+def test_two_hosts_with_their_own_disks_commit_in_the_remote_store_and_a_new_host_restores(tmp_path, killed):
+    # Two hosts of 2 ranks, each with its own local directory: every rank uploads its own shards and rank 0 writes
+    # the commit in the remote store; a host's local disk is never a committed copy. Then host 1 is lost (its disk
+    # gone): the job resumes on a fresh host 1 from the remote store alone, bit-identical at the same world size.
+    # Without the per-host uploads the remote step lacks ranks 2 and 3's shards and the resume starts elsewhere.
+    reference = losses(killed[2])
+    port, ckpt = free_port(), tmp_path / "ckpt"
+    runs = [tmp_path / f"host-{h}" for h in (0, 1)]
+    procs = [start(runs[h], 2, ckpt, "--steps", str(STEPS), "--step-seconds", "0.05", node=(h, 2, port))
+             for h in (0, 1)]
+    at = random.randint(EVERY + 2, 2 * EVERY - 10)
+    deadline = time.monotonic() + 90
+    while ((read_status(str(runs[0] / "status.json")) or {}).get("step") or 0) < at:
+        assert procs[0].poll() is None and time.monotonic() < deadline, (runs[0] / "out.log").read_text()[-3000:]
+        time.sleep(0.05)
+    for proc in procs:  # each host's agent signals its own trainer
+        os.killpg(proc.pid, signal.SIGTERM)
+    results = [finish(proc, run) for proc, run in zip(procs, runs)]
+    text = results[0][1] + results[1][1]
+    assert [code for code, _ in results] == [PREEMPTED_EXIT_CODE] * 2, text[-3000:]
+    stopped = {int(r): (int(s), state) for r, s, state in
+               re.findall(r"torch_fsdp\[rank (\d+)\]: preempted at step (\d+); emergency checkpoint (\w+)", text)}
+    assert sorted(stopped) == [0, 1, 2, 3] and len(set(stopped.values())) == 1, text[-3000:]
+    step, state = stopped[0]
+    assert state == "committed" and committed(ckpt / "remote")[-1] == step, (stopped, committed(ckpt / "remote"))
+    remote_step = ckpt / "remote" / f"step_{step:012d}"
+    assert {f"__{r}_0.distcp" for r in range(4)} <= set(os.listdir(remote_step)), os.listdir(remote_step)
+    assert committed(ckpt / "local-1") == [], "a host's partial directory must never count as a committed step"
+    assert read_status(str(runs[0] / "status.json"))["committed_durable"] == "remote"
+
+    shutil.rmtree(ckpt / "local-1")  # host 1 is replaced: a new VM, an empty disk
+    port = free_port()
+    again = [tmp_path / f"again-{h}" for h in (0, 1)]
+    procs = [start(again[h], 2, ckpt, "--steps", str(step + 2), node=(h, 2, port)) for h in (0, 1)]
+    results = [finish(proc, run) for proc, run in zip(procs, again)]
+    assert [code for code, _ in results] == [0, 0], (results[0][1] + results[1][1])[-3000:]
+    assert f"torch_fsdp[rank 3]: starting at step {step} of {step + 2}" in results[1][1]
+    resumed = losses(results[0][1])
+    assert resumed == {s: reference[s] for s in (step + 1, step + 2)}, (resumed, reference)

@@ -12,7 +12,10 @@
 - Restore: process 0 picks the step, every process reads the shards its devices need (checksums checked on the
   files it reads) into arrays of the saved mesh and sharding, and all agree that every process succeeded.
 
-The step directory must be one that every process can see (one machine, or a shared filesystem).
+Hosts with disks of their own (respawn.ckpt.hosts tells, on the restore): every process uploads its files to the
+remote store itself and process 0 writes the manifest and the marker there, so a step is committed only when every
+process's files are in the remote store; on restore every process downloads just the files its shards need.
+Processes that share a directory (one machine, a shared filesystem) commit there and process 0 uploads the step.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from . import _log, checksum, format as fmt
+from respawn import contract
+
+from . import _log, checksum, format as fmt, hosts
 from .manager import CheckpointManager, SaveOutcome, SaveState
+from .status import StatusWriter
 from .serialize import ArrayRef, _map_tree, _np_dtype, unflatten
 
 LAYOUT = "jax-sharded"
@@ -276,14 +282,41 @@ class ShardedCheckpointManager(CheckpointManager):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if jax.process_index() != 0:
-            self.remote = None  # process 0 uploads each committed step (the directory is shared), no one else
+        self._per_host: bool | None = None  # known after the first collective (restore_all)
+        self._own_status_file: str | None = None
+        self._exchanges = itertools.count()
 
     @classmethod
     def from_env(cls, default_dir: str = "./respawn-checkpoints", **kwargs) -> "ShardedCheckpointManager":
+        path = os.environ.get(contract.ENV_STATUS_FILE) or None
         if jax.process_index() != 0:
-            kwargs["status_file"] = None  # one status file per job: the committing process's
-        return super().from_env(default_dir, **kwargs)
+            kwargs["status_file"] = None  # processes sharing a node: one status file, the committing process's
+        manager = super().from_env(default_dir, **kwargs)
+        manager._own_status_file = path  # for a process alone on its host (_find_hosts)
+        return manager
+
+    def _find_hosts(self) -> None:
+        """Whether the processes have checkpoint directories of their own (hosts with their own disks), and
+        what follows: every process uploads and a remote store is required; each host's process keeps the
+        node's status file. Otherwise process 0 alone uploads the committed step."""
+        pid, n, client = jax.process_index(), jax.process_count(), _client()
+
+        def exchange(data: bytes) -> list[bytes]:
+            key = f"respawn/hosts/{next(self._exchanges)}"
+            client.key_value_set(f"{key}/{pid}", data.decode())
+            return [client.blocking_key_value_get(f"{key}/{p}", 600_000).encode() for p in range(n)]
+
+        groups = hosts.shared_groups(self.local.root, pid, exchange)
+        self._per_host = len(groups) > 1
+        if self._per_host and self.remote is None:
+            raise ValueError(f"the processes write to {len(groups)} separate checkpoint directories (processes by "
+                             f"host: {groups}) and there is no remote store: give every host the same "
+                             "checkpoint_uri (gs://BUCKET/PREFIX, or RESPAWN_CHECKPOINT_URI) for the job's commits")
+        if not self._per_host and pid != 0:
+            self.remote = None  # process 0 uploads each committed step (the directory is shared), no one else
+        if self._per_host and pid != 0 and self._own_status_file and self.status.path is None:
+            self.status = StatusWriter(self._own_status_file, self.status.snapshot()["total_steps"])
+            self.status.update()
 
     def _flatten(self, state: Any, copy: bool) -> ShardedPayload:
         return split_state(state, copy)
@@ -297,7 +330,11 @@ class ShardedCheckpointManager(CheckpointManager):
         client, prefix = _client(), f"respawn/ckpt/{step}"
         step_dir = self.local.step_dir(step)
         try:
+            if self._per_host is None:  # a save before any restore: find out now (every process's first save)
+                self._find_hosts()
             report = {"ok": True, **_write_part(step_dir, pid, payload, control)}
+            if self._per_host:
+                self.remote.put_files(step_dir, step, list(report["files"]), control)
         except Exception as exc:  # noqa: BLE001 - told to process 0, which then does not commit the step
             report = {"ok": False, "reason": f"process {pid}: {exc if isinstance(exc, fmt.Abandoned) else repr(exc)}"}
         client.key_value_set(f"{prefix}/p{pid}", json.dumps(report))
@@ -310,6 +347,12 @@ class ShardedCheckpointManager(CheckpointManager):
                 outcome = SaveOutcome(SaveState(state), step, durable, reason)
             except fmt.Abandoned as exc:
                 outcome = SaveOutcome(SaveState.ABANDONED, step, reason=f"process 0's commit not received: {exc}")
+            if self._per_host:
+                if outcome.committed:
+                    self._remote_committed.add(step)
+                    self._committed(step, kind, outcome.durable)
+                for old in [s for s in self.local.steps() if s <= step]:  # sent or useless: the remote decides
+                    self.local.delete_step(old)
         outcome = SaveOutcome(outcome.state, step, outcome.durable, outcome.reason,
                               round(time.monotonic() - started, 3), payload.nbytes)
         if not outcome.committed:
@@ -338,13 +381,14 @@ class ShardedCheckpointManager(CheckpointManager):
         except Exception as exc:  # noqa: BLE001 - reported in the outcome
             self.last_error = f"{type(exc).__name__}: {exc}"
             return SaveOutcome(SaveState.FAILED, step, reason=self.last_error)
-        self._kinds[(self.local.uri, step)] = kind
-        durable = "remote" if self.remote is None else "local"
+        store = self.remote if self._per_host else self.local
+        self._kinds[(store.uri, step)] = kind
+        durable = "remote" if self.remote is None or self._per_host else "local"
         self._committed(step, kind, durable)
         _log.info("checkpoint committed", step=step, kind=kind, processes=n, bytes=manifest["total_bytes"],
-                  dir=self.local.step_dir(step))
+                  store=store.uri)
         reason = None
-        if self.remote is not None:  # process 0 reads every process's files: the directory is shared
+        if self.remote is not None and not self._per_host:  # process 0 reads every file: the directory is shared
             durable, reason = self._ship(step, kind, manifest, control)
         return SaveOutcome(SaveState.COMMITTED, step, durable, reason)
 
@@ -355,19 +399,24 @@ class ShardedCheckpointManager(CheckpointManager):
             files.update(r["files"])
             for i, part in enumerate(r["parts"]):
                 arrays[i]["shards"].extend(part)
+        manifest = {
+            "format": fmt.FORMAT, "version": fmt.VERSION, "layout": LAYOUT, "processes": len(reports),
+            "step": step, "kind": kind, "framework": "jax", "created_at": time.time(),
+            "durable": "remote" if self.remote is None or self._per_host else "local",
+            "checksum_algorithm": checksum.DEFAULT_ALGORITHM,
+            "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())),
+            "arrays": arrays, "job_id": self.job_id, "attempt": self.attempt,
+        }
+        if self._per_host:  # every process uploaded its files before it reported: commit where they are
+            self.remote.commit_step(step, manifest)
+            self._remote_committed.add(step)
+            return manifest
         step_dir = self.local.step_dir(step)
         for name, want in files.items():  # what the others wrote must be here: one directory for the whole job
             path = os.path.join(step_dir, name)
             if not os.path.exists(path) or os.path.getsize(path) != want["size"]:
                 raise fmt.CorruptCheckpoint(f"{name} is not in {step_dir} with {want['size']} bytes: every process "
                                             "must write into the same checkpoint directory (a shared filesystem)")
-        manifest = {
-            "format": fmt.FORMAT, "version": fmt.VERSION, "layout": LAYOUT, "processes": len(reports),
-            "step": step, "kind": kind, "framework": "jax", "created_at": time.time(),
-            "durable": "remote" if self.remote is None else "local", "checksum_algorithm": checksum.DEFAULT_ALGORITHM,
-            "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())),
-            "arrays": arrays, "job_id": self.job_id, "attempt": self.attempt,
-        }
         data = json.dumps(manifest, indent=1).encode()
         fmt.write_file_durable(os.path.join(step_dir, fmt.MANIFEST), data)
         fmt.fsync_dir(step_dir)
@@ -386,6 +435,7 @@ class ShardedCheckpointManager(CheckpointManager):
         processes read their parts there and agree (a MAX of failure flags) before any returns it."""
         client, pid = _client(), job.rank
         started = time.monotonic()
+        self._find_hosts()
         candidates = iter(self._candidates()) if pid == 0 else None
         for attempt in itertools.count():
             key = f"respawn/restore/{attempt}"
@@ -398,6 +448,8 @@ class ShardedCheckpointManager(CheckpointManager):
                 _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri)
                 return None
             try:
+                if self._per_host and pid != 0:  # process 0's directory is on its host: fetch what this one reads
+                    step_dir = self.remote.get_step(step, self.local.root, names=lambda m: _needed_files(m, pid))
                 manifest = fmt.read_manifest(step_dir)
                 state = _read_part(step_dir, pid, manifest)
                 failed = 0
@@ -408,6 +460,8 @@ class ShardedCheckpointManager(CheckpointManager):
             if job.all_max(failed):
                 continue
             self._step = step
+            if self._per_host:
+                self._remote_committed.add(step)
             durable = "remote" if self.remote is None or step in self._remote_committed else "local"
             self.status.update(step=step, committed_step=step, committed_kind=manifest["kind"],
                                committed_durable=durable)
@@ -421,8 +475,15 @@ class ShardedCheckpointManager(CheckpointManager):
         local, remote = self._committed_steps()
         for step in sorted(local | remote, reverse=True):
             try:
-                step_dir = self.local.step_dir(step) if step in local else self.remote.get_step(step, self.local.root)
-                fmt.verify(step_dir, data=False)
+                if step in local:
+                    step_dir = self.local.step_dir(step)
+                    fmt.verify(step_dir, data=False)
+                elif self._per_host:  # only the files process 0 reads; the others fetch their own
+                    step_dir = self.remote.get_step(step, self.local.root, names=lambda m: _needed_files(m, 0))
+                    fmt.read_manifest(step_dir)
+                else:
+                    step_dir = self.remote.get_step(step, self.local.root)
+                    fmt.verify(step_dir, data=False)
             except Exception as exc:  # noqa: BLE001 - the next older step may do
                 _log.warning("checkpoint unusable; falling back to an older one", step=step, reason=str(exc))
                 continue
@@ -488,13 +549,32 @@ def _read_file(step_dir: str, name: str, manifest: dict) -> np.ndarray:
     return data
 
 
-def _read_part(step_dir: str, pid: int, manifest: dict) -> Any:
-    """This process's view of the state: every global array with the saved sharding (the shards this process's
-    devices hold, read from whichever process wrote them) and this process's own host state."""
+def _needed_files(manifest: dict, pid: int) -> list[str]:
+    """The files process `pid` (this process) reads on restore: its host state and the data files holding the
+    shards its devices address."""
+    _check_layout(manifest)
+    names = {_files(pid)[1]}
+    for meta in manifest["arrays"]:
+        shape = tuple(meta["shape"])
+        by_index = {json.dumps(s["index"]): s["file"] for s in meta["shards"]}
+        for index in _sharding(meta["sharding"]).addressable_devices_indices_map(shape).values():
+            name = by_index.get(json.dumps(_index(index, shape)))
+            if name is not None:  # a missing shard: _read_part names it
+                names.add(name)
+    return sorted(names)
+
+
+def _check_layout(manifest: dict) -> None:
     if manifest.get("layout") != LAYOUT or manifest.get("processes") != jax.process_count():
         raise fmt.CorruptCheckpoint(f"written by {manifest.get('processes', 1)} process(es) in layout "
                                     f"{manifest.get('layout', 'single-process')}; this job has "
                                     f"{jax.process_count()} processes: restore into the same mesh")
+
+
+def _read_part(step_dir: str, pid: int, manifest: dict) -> Any:
+    """This process's view of the state: every global array with the saved sharding (the shards this process's
+    devices hold, read from whichever process wrote them) and this process's own host state."""
+    _check_layout(manifest)
     cache: dict[str, np.ndarray] = {}
     arrays = []
     for meta in manifest["arrays"]:

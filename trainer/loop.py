@@ -220,6 +220,8 @@ class TrainingLoop:
         else:
             self.final = self._job.save_outcome(total, lambda: mgr.save(total, self._capture(), blocking=True),
                                                 deadline=None)
+            if not self._writes:
+                mgr.note_outcome(self.final, "periodic")
         mgr.finish(total)
         if self.final is None or not self.final.committed:
             why = f"{self.final.state.value}: {self.final.reason}" if self.final else "the save thread died"
@@ -233,5 +235,8 @@ class TrainingLoop:
         if self._job is None:
             raise Preempted(mgr.emergency_save(step, self._capture()))
         # Every rank waits for rank 0's outcome within the notice deadline, then all exit with the same code.
-        raise Preempted(self._job.save_outcome(step, lambda: mgr.emergency_save(step, self._capture()),
-                                               deadline=mgr.deadline()))
+        outcome = self._job.save_outcome(step, lambda: mgr.emergency_save(step, self._capture()),
+                                         deadline=mgr.deadline())
+        if not self._writes:
+            mgr.note_outcome(outcome, "emergency")
+        raise Preempted(outcome)

@@ -129,9 +129,9 @@ class CheckpointManager:
         budget = env.get(contract.ENV_NOTICE_BUDGET)
         attempt = env.get(contract.ENV_ATTEMPT)
         kwargs.setdefault("notice_budget_s", float(budget) if budget else None)
-        # One status file per job: in a multi-rank job (RANK as torchrun sets it) only rank 0, the rank that writes
-        # the checkpoints and so knows what is committed, writes it; the others never touch it.
-        status_file = env.get(contract.ENV_STATUS_FILE) if env.get("RANK", "0") == "0" else None
+        # One status file per node: in a multi-rank job only the node's first rank (LOCAL_RANK as torchrun sets it)
+        # writes it; the other ranks on the node never touch it. Every rank learns the job's save outcomes.
+        status_file = env.get(contract.ENV_STATUS_FILE) if env.get("LOCAL_RANK", env.get("RANK", "0")) == "0" else None
         kwargs.setdefault("status_file", status_file or None)
         kwargs.setdefault("job_id", env.get(contract.ENV_JOB_ID) or None)
         kwargs.setdefault("attempt", int(attempt) if attempt and attempt.isdigit() else None)
@@ -343,6 +343,14 @@ class CheckpointManager:
         log(f"emergency checkpoint {outcome.state.value}", **asdict(outcome),
             newest_committed=self.status.snapshot()["committed_step"])
         return outcome
+
+    def note_outcome(self, outcome: SaveOutcome, kind: str) -> None:
+        """Record in the status file a save another rank made for the job (a rank that does not write)."""
+        if outcome.committed:
+            self._committed(outcome.step, kind, outcome.durable)
+        if kind == "emergency":
+            self.status.update(emergency={"state": outcome.state.value, "step": outcome.step,
+                                          "reason": outcome.reason})
 
     def exit_preempted(self) -> None:
         """Leave the process after an emergency save: SystemExit(PREEMPTED_EXIT_CODE) (not 0: not finished)."""

@@ -3,7 +3,9 @@
 Checkpoints are always written to a local directory first (format.write_checkpoint); a store other than that
 directory receives a committed step by `put_step`, which copies the data files (in parallel for GCS), then the
 manifest, then the commit marker, so a cut transfer leaves an uncommitted directory that restore ignores and
-retention removes. `get_step` is the reverse, marker last too.
+retention removes. `get_step` is the reverse, marker last too. In a job whose hosts have their own disks, every
+host sends its own files with `put_files` and one process writes the manifest and marker with `commit_step` once
+all of them are there.
 """
 
 from __future__ import annotations
@@ -107,10 +109,15 @@ class LocalStore:
         shutil.rmtree(path, ignore_errors=True)
 
     def put_step(self, src_dir: str, step: int, manifest: dict, control=None) -> None:
-        dst = self.step_dir(step)
-        if os.path.exists(dst):
+        if os.path.exists(self.step_dir(step)):
             self.delete_step(step)
-        os.makedirs(dst)
+        self.put_files(src_dir, step, list(manifest["files"]), control)
+        self.commit_step(step, manifest, control)
+
+    def put_files(self, src_dir: str, step: int, names: list[str], control=None) -> None:
+        """Copy (and fsync) data files of a step; no marker. A file already there is replaced."""
+        dst = self.step_dir(step)
+        os.makedirs(dst, exist_ok=True)
 
         def copy(name):
             with open(os.path.join(src_dir, name), "rb") as s, open(os.path.join(dst, name), "wb") as d:
@@ -118,7 +125,11 @@ class LocalStore:
                 d.flush()
                 os.fsync(d.fileno())
 
-        _run_parallel([lambda n=n: copy(n) for n in manifest["files"]], control, 2, f"copying step {step}")
+        _run_parallel([lambda n=n: copy(n) for n in names], control, 2, f"copying step {step}")
+
+    def commit_step(self, step: int, manifest: dict, control=None) -> None:
+        """The manifest, then the marker: the step's data files must be here already."""
+        dst = self.step_dir(step)
         data = remote_manifest(manifest)
         fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), data)
         fmt.fsync_dir(dst)
@@ -129,7 +140,7 @@ class LocalStore:
         fmt.fsync_dir(dst)
         fmt.fsync_dir(self.root)
 
-    def get_step(self, step: int, local_root: str, control=None) -> str:
+    def get_step(self, step: int, local_root: str, control=None, names=None) -> str:
         """A local directory holding this step (for a local store: the directory itself, nothing copied)."""
         return self.step_dir(step)
 
@@ -201,12 +212,20 @@ class GCSStore:
 
     def put_step(self, src_dir: str, step: int, manifest: dict, control=None) -> None:
         self.delete_step(step)  # an uncommitted leftover of an earlier attempt
+        self.put_files(src_dir, step, list(manifest["files"]), control)
+        self.commit_step(step, manifest, control)
+
+    def put_files(self, src_dir: str, step: int, names: list[str], control=None) -> None:
+        """Upload data files of a step (in parallel); no marker. An object already there is replaced."""
 
         def upload(name):
             self.bucket.blob(self._name(step, name)).upload_from_filename(os.path.join(src_dir, name))
 
-        _run_parallel([lambda n=n: upload(n) for n in manifest["files"]], control, self.workers,
+        _run_parallel([lambda n=n: upload(n) for n in names], control, self.workers,
                       f"uploading step {step} to {self.uri}")
+
+    def commit_step(self, step: int, manifest: dict, control=None) -> None:
+        """The manifest, then the marker: the step's data files must be uploaded already."""
         data = remote_manifest(manifest)
         self.bucket.blob(self._name(step, fmt.MANIFEST)).upload_from_string(data)
         if control is not None:
@@ -214,8 +233,9 @@ class GCSStore:
         self.bucket.blob(self._name(step, fmt.MARKER)).upload_from_string(
             fmt.marker_bytes(step, data, manifest["checksum_algorithm"]))
 
-    def get_step(self, step: int, local_root: str, control=None) -> str:
-        """Download a committed step into local_root/step_*/ (marker last) and return that directory."""
+    def get_step(self, step: int, local_root: str, control=None, names=None) -> str:
+        """Download a committed step into local_root/step_*/ (marker last) and return that directory.
+        names: a function of the manifest giving the data files to fetch (default: all of them)."""
         from google.api_core import exceptions
 
         dst = os.path.join(local_root, fmt.step_dirname(step))
@@ -227,7 +247,8 @@ class GCSStore:
         except exceptions.NotFound as exc:
             raise fmt.CorruptCheckpoint(f"remote step {step} lacks its marker or manifest: {exc}") from None
         try:
-            names = list(json.loads(manifest_data)["files"])
+            manifest = json.loads(manifest_data)
+            wanted = list(manifest["files"]) if names is None else names(manifest)
         except (ValueError, KeyError) as exc:
             raise fmt.CorruptCheckpoint(f"remote manifest of step {step} is unreadable: {exc}") from None
 
@@ -240,7 +261,7 @@ class GCSStore:
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
 
-        _run_parallel([lambda n=n: download(n) for n in names], control, self.workers,
+        _run_parallel([lambda n=n: download(n) for n in wanted], control, self.workers,
                       f"downloading step {step} from {self.uri}")
         fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), manifest_data)
         fmt.write_file_durable(os.path.join(dst, fmt.MARKER), marker)

@@ -42,7 +42,7 @@ from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_st
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.state_dict import _init_optim_state
 
-from . import _log, checksum, format as fmt
+from . import _log, checksum, format as fmt, hosts
 from .manager import CheckpointManager, SaveOutcome, SaveState
 
 LAYOUT = "torch-dcp"
@@ -67,7 +67,15 @@ class TorchShardedManager(CheckpointManager):
         self._group = dist.new_group(backend="gloo")
         self._busy = threading.Lock()  # one DCP save on the group at a time
         self._staged: dict | None = None
-        if self._rank != 0:
+        groups = hosts.shared_groups(self.local.root, self._rank, lambda data: self._all_gather(data, None))
+        # Hosts with their own disks: every rank uploads its files, rank 0 commits in the remote store.
+        self._per_host = len(groups) > 1
+        self._host_leader = any(g[0] == self._rank for g in groups)
+        if self._per_host and self.remote is None:
+            raise ValueError(f"the ranks write to {len(groups)} separate checkpoint directories (ranks by host: "
+                             f"{groups}) and there is no remote store: give every host the same checkpoint_uri "
+                             "(gs://BUCKET/PREFIX, or RESPAWN_CHECKPOINT_URI) for the job's commits")
+        if not self._per_host and self._rank != 0:
             self.remote = None  # rank 0 uploads the committed step
 
     # ---- the snapshot ---------------------------------------------------------------------------------------
@@ -136,6 +144,8 @@ class TorchShardedManager(CheckpointManager):
                 size, digest = checksum.of_file(os.path.join(step_dir, name))
                 files[name] = {"size": size, "checksum": digest}
             control.check(f"checksumming step {step}")
+            if self._per_host:
+                self.remote.put_files(step_dir, step, mine, control)
             vote = {"ok": True, "files": files, "named": sorted(named) if self._rank == 0 else None}
         except fmt.Abandoned as exc:
             vote = {"ok": False, "reason": str(exc)}
@@ -160,14 +170,21 @@ class TorchShardedManager(CheckpointManager):
                 return SaveOutcome(SaveState.ABANDONED, step,
                                    reason=f"rank 0's commit not received: {type(exc).__name__}: {exc}")
             _log.warning("could not tell the other ranks the commit's outcome", step=step, error=str(exc))
+        if self._per_host and self._rank != 0 and self._host_leader:
+            for old in [s for s in self.local.steps() if s <= step]:  # sent or useless: the remote store decides
+                self.local.delete_step(old)
         if self._rank != 0:
             state = _STATES[int(message[0])]
+            if state is SaveState.COMMITTED:
+                self._committed(step, kind, _DURABLE[int(message[1])])  # this node's status file, if it keeps one
+                if self._per_host:
+                    self._remote_committed.add(step)
             return SaveOutcome(state, step, _DURABLE[int(message[1])], None if state is SaveState.COMMITTED
                                else f"rank 0's commit {state}")
         if not outcome.committed:
             return outcome
         durable, reason = outcome.durable, None
-        if self.remote is not None:
+        if self.remote is not None and not self._per_host:
             durable, reason = self._ship(step, kind, manifest, control)
         if retention:
             self.apply_retention(protect={step})
@@ -175,8 +192,9 @@ class TorchShardedManager(CheckpointManager):
                            manifest["total_bytes"])
 
     def _commit(self, step, kind, votes: list[dict], control, started) -> tuple[SaveOutcome, dict | None]:
-        """Rank 0: the manifest and the marker, only when every rank's files are durable and accounted for.
-        Returns the outcome and the manifest (None when not committed)."""
+        """Rank 0: the manifest and the marker, only when every rank's files are durable and accounted for (on
+        separate hosts: uploaded, and the commit is written in the remote store). Returns the outcome and the
+        manifest (None when not committed)."""
         no = {r: v.get("reason") for r, v in enumerate(votes) if not v["ok"]}
         if no:
             _log.warning("sharded checkpoint not committed: a rank did not finish its part; the previous committed "
@@ -188,19 +206,29 @@ class TorchShardedManager(CheckpointManager):
         try:
             if missing:
                 raise RuntimeError(f"no rank reported DCP's files {missing}")
+            manifest = {
+                "format": fmt.FORMAT, "version": fmt.VERSION, "layout": LAYOUT, "step": step, "kind": kind,
+                "framework": "torch", "created_at": time.time(),
+                "durable": "remote" if self.remote is None or self._per_host else "local", "world_size": self._world,
+                "checksum_algorithm": checksum.DEFAULT_ALGORITHM,
+                "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())),
+                "job_id": self.job_id, "attempt": self.attempt,
+            }
+            if self._per_host:
+                control.check(f"committing step {step}")
+                self.remote.commit_step(step, manifest, control)
+                self._remote_committed.add(step)
+                self._kinds[(self.remote.uri, step)] = kind
+                self._committed(step, kind, "remote")
+                _log.info("checkpoint committed in the remote store", step=step, kind=kind, ranks=self._world,
+                          bytes=manifest["total_bytes"], seconds=round(time.monotonic() - started, 3),
+                          remote=self.remote.uri)
+                return SaveOutcome(SaveState.COMMITTED, step, "remote"), manifest
             for name in os.listdir(step_dir):  # leftovers of an earlier attempt at this step
                 if name not in files:
                     path = os.path.join(step_dir, name)
                     shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
             fmt.fsync_dir(step_dir)  # every rank's files are fsync'd; their names now too
-            manifest = {
-                "format": fmt.FORMAT, "version": fmt.VERSION, "layout": LAYOUT, "step": step, "kind": kind,
-                "framework": "torch", "created_at": time.time(),
-                "durable": "remote" if self.remote is None else "local", "world_size": self._world,
-                "checksum_algorithm": checksum.DEFAULT_ALGORITHM,
-                "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())),
-                "job_id": self.job_id, "attempt": self.attempt,
-            }
             data = json.dumps(manifest, indent=1).encode()
             fmt.write_file_durable(os.path.join(step_dir, fmt.MANIFEST), data)
             fmt.fsync_dir(step_dir)
@@ -227,9 +255,10 @@ class TorchShardedManager(CheckpointManager):
         size = torch.tensor([len(data)], dtype=torch.int64)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self._world)]
         self._wait(dist.all_gather(sizes, size, group=self._group, async_op=True), deadline)
-        n = int(max(sizes))
+        n = max(int(max(sizes)), 1)  # no empty tensors: frombuffer refuses them
         buf = torch.zeros(n, dtype=torch.uint8)
-        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if data:
+            buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [torch.empty(n, dtype=torch.uint8) for _ in range(self._world)]
         self._wait(dist.all_gather(out, buf, group=self._group, async_op=True), deadline)
         return [bytes(o[:int(s)].numpy()) for o, s in zip(out, sizes)]
@@ -251,6 +280,8 @@ class TorchShardedManager(CheckpointManager):
         step = broadcast_step(found[0] if found else -1)
         if step < 0:
             return None
+        if self._per_host:
+            self._fetch_on_every_host(step)
         step_dir = self.local.step_dir(step)
         saved = {key.split(".", 1)[0] for key in dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata}
         template = _template(objects, saved)
@@ -265,20 +296,40 @@ class TorchShardedManager(CheckpointManager):
                       ranks=self._world, bytes=manifest["total_bytes"])
         return step, template
 
+    def _fetch_on_every_host(self, step: int) -> None:
+        """Separate hosts: each host's first rank copies the step rank 0 chose from the remote store onto its own
+        disk (rank 0's host has it already) and verifies it; every rank learns whether all hosts have it."""
+        error = ""
+        if self._host_leader and self._rank != 0:
+            try:
+                self._local_copy(step, self.remote)
+            except Exception as exc:  # noqa: BLE001 - told to every rank below
+                error = f"rank {self._rank}: {type(exc).__name__}: {exc}"
+        errors = [e.decode() for e in self._all_gather(error.encode(), None) if e]
+        if errors:
+            raise RuntimeError(f"step {step} could not be copied from {self.remote.uri} onto every host: "
+                               f"{'; '.join(errors)}; check that every host can read the checkpoint URI")
+        if self._rank != 0:
+            self._remote_committed = {step}  # rank 0 listed the remote store itself
+
+    def _local_copy(self, step: int, store) -> dict:
+        """The step from `store` verified (every file's checksum) in this host's local directory; its manifest."""
+        step_dir = store.get_step(step, self.local.root)
+        manifest = fmt.verify(step_dir)
+        if manifest.get("layout") != LAYOUT:
+            raise fmt.CorruptCheckpoint(f"layout {manifest.get('layout', 'respawn')!r}, not "
+                                        f"{LAYOUT!r}: written by an unsharded job")
+        if step_dir != self.local.step_dir(step):  # a file:// store's own directory: every rank
+            self.local.put_step(step_dir, step, manifest)  # reads the node's local copy
+        return manifest
+
     def _newest_verified(self) -> tuple[int, dict] | None:
         """Rank 0: the newest committed step whose every file has its manifest's size and checksum."""
         local, remote = self._committed_steps()
         for step in sorted(local | remote, reverse=True):
             for store in ([self.local] if step in local else []) + ([self.remote] if step in remote else []):
                 try:
-                    step_dir = store.get_step(step, self.local.root)
-                    manifest = fmt.verify(step_dir)  # every file's checksum
-                    if manifest.get("layout") != LAYOUT:
-                        raise fmt.CorruptCheckpoint(f"layout {manifest.get('layout', 'respawn')!r}, not "
-                                                    f"{LAYOUT!r}: written by an unsharded job")
-                    if step_dir != self.local.step_dir(step):  # a file:// store's own directory: every rank
-                        self.local.put_step(step_dir, step, manifest)  # reads the node's local copy
-                    return step, manifest
+                    return step, self._local_copy(step, store)
                 except Exception as exc:  # noqa: BLE001 - corrupt, torn or unreadable: the next one
                     _log.warning("checkpoint unusable; falling back to an older one", step=step, store=store.uri,
                                  reason=f"{type(exc).__name__}: {exc}")
