@@ -1,0 +1,152 @@
+"""Multi-node jobs: member slots, generations, and what the job does when a slot is empty. Pure: no cloud
+library, no I/O, no clock.
+
+A job has `spec.nodes` member slots, numbered 0..nodes-1, all in one zone. Slots 0..on_demand_nodes-1 are
+standard (on-demand) VMs, the rest take the spec's model (Spot or preemptible; standard after the on-demand
+fallback). A slot holds at most one node at a time: its replacement is created only once the old node is gone,
+so a job never has more than `nodes` live nodes, nor two for one slot. Node names stay `{job}-{attempt}` with one
+attempt counter for the whole job (every create takes the next number), so a replacement always has a new name
+and one node is the N = 1 case of the same naming.
+
+A generation is one membership of the training world: its members (node names in node-rank order), the world
+size and the master address. Node rank 0 is the master: an on-demand member when there is one (it is never
+preempted), else the member of the lowest slot; a master that still serves stays master, so survivors keep their
+ranks where they can. Every trainer runs against exactly one generation (torchrun with static ranks: --nnodes,
+--node-rank, --master-addr of that generation); a new generation restarts the survivors' processes, never their
+VMs.
+
+What happens when slots are empty (plan()):
+- every slot serves: run the generation of all of them (a new one when the members changed: a replacement joined);
+- an empty slot's replacement is on its way (created or booting): wait for it; the survivors hold;
+- the zone refused a replacement: continue with the survivors when they are at least `min_nodes` (a smaller
+  generation; the refused slots are retried), else move the whole job to the next zone of its list once its
+  newest committed step is in the remote store (a lost node's local disk is gone, and so will the survivors' be).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Sequence
+
+from respawn.schema import JobSpec
+
+
+def slot_provisioning(spec: JobSpec, slot: int, fallback: bool = False) -> str:
+    """The provisioning model of slot `slot`: standard for the first on_demand_nodes slots, else the spec's
+    model, or standard when the job fell back to on-demand capacity (placement.provisioning_model)."""
+    if not 0 <= slot < spec.nodes:
+        raise ValueError(f"slot {slot} is outside 0..{spec.nodes - 1}")
+    if slot < spec.on_demand_nodes or fallback:
+        return "standard"
+    return spec.provisioning
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """What reconcile observed of one slot."""
+
+    slot: int
+    node: str | None  # the slot's node while the API shows one; None: the slot is empty (never filled, or gone)
+    serving: bool  # the API says it runs and its agent (every worker of a TPU slice) beats
+    address: str | None = None  # its internal IP, once the API shows it
+    provisioning: str = "spot"
+    refused: bool = False  # the zone refused this slot's replacement in the current round
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One membership of the training world. `number` grows by one with every change."""
+
+    number: int
+    members: tuple[str, ...]  # node names in node-rank order; members[0] is the master
+    master_addr: str
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def node_rank(self, node: str) -> int:
+        """This node's rank in the generation; ValueError for a node that is not a member."""
+        try:
+            return self.members.index(node)
+        except ValueError:
+            raise ValueError(f"{node} is not a member of generation {self.number} ({', '.join(self.members)})") from None
+
+    def to_json(self) -> str:
+        return json.dumps({"number": self.number, "members": list(self.members), "master_addr": self.master_addr},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Generation":
+        data = json.loads(text)
+        return cls(int(data["number"]), tuple(data["members"]), str(data["master_addr"]))
+
+
+def form_generation(previous: Generation | None, serving: Sequence[SlotView]) -> Generation | None:
+    """The generation of the serving slots: `previous` itself when its members are exactly these, a new one
+    (number + 1) otherwise, None when nothing serves or a serving member has no address yet."""
+    members = [s for s in serving if s.serving and s.node is not None]
+    if not members or any(s.address is None for s in members):
+        return None
+    if previous is not None and set(previous.members) == {s.node for s in members}:
+        return previous
+    by_slot = sorted(members, key=lambda s: s.slot)
+    keep = previous.members[0] if previous is not None else None
+    master = next((s for s in by_slot if s.node == keep), None)
+    if master is None:
+        master = next((s for s in by_slot if s.provisioning == "standard"), by_slot[0])
+    ordered = [master] + [s for s in by_slot if s is not master]
+    return Generation((previous.number if previous else 0) + 1, tuple(s.node for s in ordered), master.address)
+
+
+class Step(str, enum.Enum):
+    RUN = "run"  # train in `generation` (every slot, or the survivors of an elastic job)
+    WAIT = "wait"  # a replacement is on its way; the survivors hold (generation: the last one, unchanged)
+    MOVE = "move"  # fewer than min_nodes and the zone refused: the whole job goes to the next zone
+    HOLD_FOR_UPLOAD = "hold_for_upload"  # a move is due but the newest committed step is not remote yet
+
+
+@dataclass(frozen=True)
+class Plan:
+    step: Step
+    generation: Generation | None
+    fill: tuple[int, ...] = ()  # empty slots to (re)create in the job's zone now (not the refused ones)
+    reason: str = ""
+
+
+def plan(spec: JobSpec, slots: Sequence[SlotView], previous: Generation | None, committed_remote: bool) -> Plan:
+    """What a multi-node job does with the slots as observed. `committed_remote`: the newest committed step is in
+    the remote store (a move deletes every node, local disks included)."""
+    if sorted(s.slot for s in slots) != list(range(spec.nodes)):
+        raise ValueError(f"expected one view per slot 0..{spec.nodes - 1}, got slots {sorted(s.slot for s in slots)}")
+    serving = [s for s in slots if s.serving]
+    empty = [s for s in slots if not s.serving]
+    to_fill = tuple(s.slot for s in empty if s.node is None and not s.refused)
+    if not empty:
+        generation = form_generation(previous, serving)
+        if generation is None:
+            return Plan(Step.WAIT, previous, (), "a member's address is not known yet")
+        return Plan(Step.RUN, generation, (), "every slot serves")
+    refused = [s for s in empty if s.refused]
+    on_the_way = [s for s in empty if not s.refused]  # booting, or to be created now
+    if not refused:
+        return Plan(Step.WAIT, previous, to_fill,
+                    f"waiting for slot(s) {', '.join(str(s.slot) for s in empty)} to serve")
+    if len(serving) >= spec.min_nodes:
+        generation = form_generation(previous, serving)
+        if generation is None:
+            return Plan(Step.WAIT, previous, to_fill, "a survivor's address is not known yet")
+        return Plan(Step.RUN, generation, to_fill,
+                    f"the zone refused slot(s) {', '.join(str(s.slot) for s in refused)}: continuing on "
+                    f"{len(serving)} of {spec.nodes} nodes (min_nodes {spec.min_nodes}) and retrying")
+    if len(serving) + len(on_the_way) >= spec.min_nodes:
+        return Plan(Step.WAIT, previous, to_fill,
+                    f"the zone refused slot(s) {', '.join(str(s.slot) for s in refused)}; waiting for slot(s) "
+                    f"{', '.join(str(s.slot) for s in on_the_way)} to reach min_nodes {spec.min_nodes}")
+    why = (f"{len(serving)} of {spec.nodes} nodes serve, fewer than min_nodes {spec.min_nodes}, and the zone "
+           f"refused slot(s) {', '.join(str(s.slot) for s in refused)}")
+    if not committed_remote:
+        return Plan(Step.HOLD_FOR_UPLOAD, previous, (), why + ": moving once the newest checkpoint is remote")
+    return Plan(Step.MOVE, None, (), why + ": moving the job to the next zone")
