@@ -94,7 +94,9 @@ class Agent:
         self.failed_command: list[str] | None = None
         self.trainer: TrainerProcess | None = None
         self.forwarder: OutputForwarder | None = None
-        self.heartbeater = Heartbeater(writer, cfg.node, self.snapshot, interval=self.settings.heartbeat_seconds)
+        # Each worker of a multi-host slice beats to a document of its own; worker 0's is nodes/{node}, as before.
+        self.heartbeater = Heartbeater(writer, contract.heartbeat_id(cfg.node, cfg.worker), self.snapshot,
+                                       interval=self.settings.heartbeat_seconds)
         self.watchers = [
             Watcher(md, w, self.on_notice, wait_seconds=self.settings.metadata_wait_seconds)
             for w in (preempted_watch(), maintenance_watch())
@@ -121,7 +123,7 @@ class Agent:
             job_id=self.cfg.job_id, attempt=self.cfg.attempt, zone=self.cfg.zone, state=self.state,
             status=contract.read_status(self.status_path), started_at=self.started_at,
             notice=None if failed else self.notice, exit_code=self.exit_code, output_tail=self.output_tail,
-            failed_command=self.failed_command,
+            failed_command=self.failed_command, worker=self.cfg.worker,
         )
 
     # --- the life ------------------------------------------------------------------------------------------
@@ -129,6 +131,7 @@ class Agent:
     def run(self) -> int:
         os.makedirs(self.local_ckpt_dir, exist_ok=True)
         log("INFO", "node agent starting", node=self.cfg.node, job_id=self.cfg.job_id, attempt=self.cfg.attempt,
+            worker=self.cfg.worker, workers=self.cfg.hosts.count, master_addr=self.cfg.hosts.master_addr,
             zone=self.cfg.zone, node_dir=self.node_dir, metadata=self.md.host, pid=os.getpid(),
             python=platform.python_version())
         self.heartbeater.start()
@@ -275,6 +278,9 @@ class Agent:
             contract.ENV_LOCAL_CHECKPOINT_DIR: self.local_ckpt_dir,
             contract.ENV_STATUS_FILE: self.status_path,
             contract.ENV_NOTICE_BUDGET: f"{self.settings.notice_budget_seconds:g}",
+            contract.ENV_NODE_RANK: str(self.cfg.hosts.worker),
+            contract.ENV_NUM_NODES: str(self.cfg.hosts.count),
+            contract.ENV_MASTER_ADDR: self.cfg.hosts.master_addr,
         })
         return env
 

@@ -4,6 +4,10 @@
 `{job}-{attempt}`, the name the control plane gave the VM or TPU node; `instance/name` is not used for it, because
 on a TPU VM it names the worker (`t1v-n-…-w-0`), not the TPU node.
 
+On a worker VM of a multi-host TPU slice, Cloud TPU's own attributes say which host this is and where the others are
+(respawn.contract.ATTR_WORKER_NUMBER, ATTR_WORKER_ENDPOINTS): the worker's index, the slice's worker count and
+worker 0's IP. Without them (a GPU VM, the sim's plain nodes) the node is a single host: worker 0 of 1.
+
 Missing or invalid attributes raise ConfigError naming the attribute; a metadata server that is not reachable
 yet (boot, maintenance) is retried for a while first.
 """
@@ -14,8 +18,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from respawn.contract import (ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS, NodeSettings,
-                              SettingsError, node_name, split_artifact)
+from respawn.contract import (ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS,
+                              ATTR_WORKER_ENDPOINTS, ATTR_WORKER_NUMBER, SINGLE_HOST_MASTER_ADDR, NodeSettings,
+                              SettingsError, node_name, parse_worker_endpoints, split_artifact)
 from respawn.logs import log
 
 from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError
@@ -30,6 +35,19 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
+class Hosts:
+    """This node's place among the job's hosts: what the trainer gets as ENV_NODE_RANK, ENV_NUM_NODES and
+    ENV_MASTER_ADDR."""
+
+    worker: int  # this host's index
+    count: int  # hosts in the slice
+    master_addr: str  # host 0's IP address
+
+
+SINGLE_HOST = Hosts(0, 1, SINGLE_HOST_MASTER_ADDR)
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     job_id: str
     attempt: int
@@ -39,6 +57,41 @@ class AgentConfig:
     settings: NodeSettings
     node_dir: str
     library: tuple[str, str] | None = None  # ATTR_LIBRARY: (wheel URI, sha256) to install into the interpreter
+    hosts: Hosts = SINGLE_HOST  # ATTR_WORKER_NUMBER, ATTR_WORKER_ENDPOINTS on a multi-host TPU slice
+
+    @property
+    def worker(self) -> int:
+        return self.hosts.worker
+
+
+def parse_hosts(worker_text: str, endpoints_text: str) -> Hosts:
+    """The two TPU worker attributes ("" when not set) → Hosts. Neither set: a single host. A slice's worker always
+    has both; one without the other, a worker number outside the endpoints or malformed values are a ConfigError
+    naming the attribute and the value."""
+    worker_text, endpoints_text = worker_text.strip(), endpoints_text.strip()
+    if not worker_text and not endpoints_text:
+        return SINGLE_HOST
+    worker = 0
+    if worker_text:
+        if not worker_text.isdigit():
+            raise ConfigError(ATTR_WORKER_NUMBER, f"must be a non-negative integer, got {worker_text!r}")
+        worker = int(worker_text)
+    if not endpoints_text:
+        if worker == 0:
+            return SINGLE_HOST  # a single-host TPU VM may carry its index alone
+        raise ConfigError(ATTR_WORKER_ENDPOINTS, f"not set, yet {ATTR_WORKER_NUMBER} is {worker}: this worker "
+                                                 "cannot find worker 0")
+    try:
+        ips = parse_worker_endpoints(endpoints_text)
+    except ValueError as exc:
+        raise ConfigError(ATTR_WORKER_ENDPOINTS, str(exc)) from None
+    if not worker_text and len(ips) > 1:
+        raise ConfigError(ATTR_WORKER_NUMBER, f"not set, yet {ATTR_WORKER_ENDPOINTS} lists {len(ips)} workers: "
+                                              "which one is this?")
+    if worker >= len(ips):
+        raise ConfigError(ATTR_WORKER_NUMBER, f"is {worker}, but {ATTR_WORKER_ENDPOINTS} lists {len(ips)} "
+                                              f"worker(s): {endpoints_text!r}")
+    return Hosts(worker, len(ips), ips[0])
 
 
 def parse_settings(text: str) -> NodeSettings:
@@ -114,8 +167,10 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
         raise ConfigError(ATTR_ATTEMPT, str(exc)) from None
     zone = zone_from_metadata(_read(md, "instance/zone", "instance/zone", retry_seconds))
     library_text = _read(md, attr + ATTR_LIBRARY, ATTR_LIBRARY, retry_seconds, optional=True).strip()
+    hosts = parse_hosts(_read(md, attr + ATTR_WORKER_NUMBER, ATTR_WORKER_NUMBER, retry_seconds, optional=True),
+                        _read(md, attr + ATTR_WORKER_ENDPOINTS, ATTR_WORKER_ENDPOINTS, retry_seconds, optional=True))
     return AgentConfig(
         job_id=job_id, attempt=attempt, project=project, node=node, zone=zone, settings=settings,
         node_dir=os.path.abspath(node_dir or os.environ.get("RESPAWN_NODE_DIR") or DEFAULT_NODE_DIR),
-        library=parse_library(library_text) if library_text else None,
+        library=parse_library(library_text) if library_text else None, hosts=hosts,
     )

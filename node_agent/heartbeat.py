@@ -22,16 +22,19 @@ def _int_or_none(value: Any) -> int | None:
 def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: NodeState,
                       status: dict[str, Any] | None, started_at: datetime | None, notice: str | None = None,
                       exit_code: int | None = None, output_tail: str | None = None,
-                      failed_command: list[str] | None = None, now: datetime | None = None) -> Heartbeat:
+                      failed_command: list[str] | None = None, now: datetime | None = None,
+                      worker: int = 0) -> Heartbeat:
     """The nodes/{node} document (respawn.contract.Heartbeat) as a dict of Python values; datetimes stay datetimes
     for the Firestore encoder. `status` is the trainer's status file (respawn.contract.read_status), or None before
     it exists; values of the wrong type in it are left out (None), never passed on. `failed_command` (argv) goes
-    with state SETUP_FAILED, beside `exit_code` and `output_tail` of that command."""
+    with state SETUP_FAILED, beside `exit_code` and `output_tail` of that command. `worker` is this host's index in a
+    multi-host TPU slice (the document is nodes/{heartbeat_id(node, worker)})."""
     status = status or {}
     emergency = status.get("emergency")
     return {
         "job_id": str(job_id),
         "attempt": int(attempt),
+        "worker": int(worker),
         "zone": zone,
         "state": NodeState(state),
         "step": _int_or_none(status.get("step")),
@@ -48,7 +51,7 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
 
 
 class Heartbeater(threading.Thread):
-    """Writes `snapshot()` to nodes/{node} every `interval` s. Failures back off (1 s doubling, capped at four
+    """Writes `snapshot()` to nodes/{doc_id} every `interval` s (doc_id: respawn.contract.heartbeat_id). Failures back off (1 s doubling, capped at four
     intervals) and are logged once per streak. `stop_periodic()` ends the loop; `write()` is the one-off write
     the notice and exit paths use, serialised with the periodic one so that an older state never lands last;
     `nudge()` makes the periodic loop write now (a new state such as `preparing` need not wait a whole interval)."""

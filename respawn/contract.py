@@ -3,7 +3,8 @@
     control plane ── node metadata (ATTR_*, NodeSettings JSON) ──► node agent
     node agent ── trainer environment (ENV_*) ──► trainer (respawn.ckpt)
     trainer ── status file (TrainerStatus, read_status) and exit code (EXIT_*) ──► node agent
-    node agent ── heartbeat (Heartbeat, in NODES_COLLECTION/node_name(job, attempt)) ──► control plane
+    node agent ── heartbeat (Heartbeat, in NODES_COLLECTION/heartbeat_id(node_name(job, attempt), worker)) ──► control plane
+    Cloud TPU ── worker metadata (ATTR_WORKER_*, parse_worker_endpoints) ──► node agent (a multi-host slice)
 
 Standard library only, and importable by the oldest Python a node image runs: all three sides import it.
 """
@@ -11,6 +12,7 @@ Standard library only, and importable by the oldest Python a node image runs: al
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -30,6 +32,12 @@ ATTR_LIBRARY = "respawn-library"  # the respawn wheel the agent installs into th
 ATTR_STARTUP = "startup-script"  # Compute Engine and Cloud TPU run this at every boot
 # Deep Learning VM images install the NVIDIA driver on first boot only when this is "True" (GPU VMs only).
 ATTR_INSTALL_NVIDIA_DRIVER = "install-nvidia-driver"
+# Set by Cloud TPU itself on every worker VM of a slice (each worker has its own metadata server), never by us:
+# this worker's index, and every worker's address, worker 0 first ("x:y:IP,x:y:IP"; parse_worker_endpoints). A GPU
+# VM or a node without them is a single host: worker 0 of 1.
+ATTR_WORKER_NUMBER = "agent-worker-number"
+ATTR_WORKER_ENDPOINTS = "worker-network-endpoints"
+ATTR_ACCELERATOR_TYPE = "accelerator-type"  # e.g. v5litepod-16 (respawn.topology.tpu_hosts gives its workers)
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
 
@@ -41,6 +49,14 @@ ENV_CHECKPOINT_URI = "RESPAWN_CHECKPOINT_URI"  # where checkpoints must end up: 
 ENV_LOCAL_CHECKPOINT_DIR = "RESPAWN_LOCAL_CHECKPOINT_DIR"  # the node's own disk, written first
 ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # where the trainer writes TrainerStatus
 ENV_NOTICE_BUDGET = "RESPAWN_NOTICE_BUDGET_S"  # seconds from the notice to the emergency save's deadline
+# Where this node stands among the job's hosts: one process group per host, like torchrun's --node_rank/--nnodes/
+# --master_addr and jax.distributed's process_id/num_processes/coordinator. Named for hosts in general, not TPU
+# workers: the multi-node GPU generations set the same three. Always set; a single host is rank 0 of 1 with
+# master 127.0.0.1 (SINGLE_HOST_MASTER_ADDR), so a trainer needs no branch for the single-host case.
+ENV_NODE_RANK = "RESPAWN_NODE_RANK"  # this host's index: a TPU worker's agent-worker-number
+ENV_NUM_NODES = "RESPAWN_NUM_NODES"  # hosts in the job: a TPU slice's workers
+ENV_MASTER_ADDR = "RESPAWN_MASTER_ADDR"  # host 0's IP address (the coordinator runs there)
+SINGLE_HOST_MASTER_ADDR = "127.0.0.1"
 
 # ---- exit codes --------------------------------------------------------------------------------------------
 
@@ -90,6 +106,30 @@ def split_artifact(value: str) -> Tuple[str, str]:
     if not uri.startswith(("gs://", "file:///")):
         raise ValueError(f"expected a gs:// or file:/// URI, got {uri!r}")
     return uri, fragment
+
+
+def parse_worker_endpoints(value: str) -> List[str]:
+    """ATTR_WORKER_ENDPOINTS ("x:y:10.0.0.11,x:y:10.0.0.12") → the workers' IP addresses, worker 0 first. The IP is
+    the third colon-separated field, as JAX's Cloud TPU cluster detection reads it. Strict: ValueError naming the
+    entry when one has fewer than three fields or a third field that is not an IP address."""
+    ips = []
+    for i, entry in enumerate(value.strip().split(",")):
+        fields = entry.strip().split(":")
+        try:
+            if len(fields) < 3:
+                raise ValueError
+            ips.append(str(ipaddress.ip_address(fields[2])))
+        except ValueError:
+            raise ValueError(f"entry {i} ({entry.strip()!r}) is not x:y:IP; expected x:y:IP,x:y:IP,… with worker 0 "
+                             f"first, got {value!r}") from None
+    return ips
+
+
+def format_worker_endpoints(ips: List[str]) -> str:
+    """The ATTR_WORKER_ENDPOINTS value Cloud TPU writes for workers at `ips` (worker 0 first): what the sim serves.
+    The first two fields are opaque to every reader (JAX and the agent take the third); the worker index and the
+    port the TPU API lists are used."""
+    return ",".join(f"{i}:8470:{ip}" for i, ip in enumerate(ips))
 
 
 class SettingsError(ValueError):
@@ -227,6 +267,17 @@ def node_name(job_id: str, attempt: int) -> str:
     return f"{job_id}-{attempt}"
 
 
+def heartbeat_id(node: str, worker: int = 0) -> str:
+    """The heartbeat document of one host of a node: the node's name for worker 0 (so a single-host node or GPU VM
+    keeps nodes/{node}, where the control plane has always read it) and `{node}-w{worker}` for the other workers of
+    a multi-host TPU slice. Only a document id, never a resource name, so the 63-character limit of node names does
+    not apply (Firestore ids may be 1500 bytes); and it can never equal another node's name, which always ends in
+    `-{attempt digits}`, never in `-w{digits}`."""
+    if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
+        raise ValueError(f"worker must be a non-negative integer, got {worker!r}")
+    return node if worker == 0 else f"{node}-w{worker}"
+
+
 class NodeState(str, enum.Enum):
     """What the agent says in its heartbeat."""
 
@@ -244,6 +295,7 @@ class Heartbeat(TypedDict):
 
     job_id: str
     attempt: int
+    worker: int  # this host's index in a multi-host TPU slice (ATTR_WORKER_NUMBER); 0 on a single host
     zone: Optional[str]
     state: NodeState
     step: Optional[int]  # the trainer's status file (TrainerStatus)

@@ -449,6 +449,7 @@ class Heartbeat(_Record):
 
     job_id: str
     attempt: int
+    worker: int = 0  # a multi-host TPU slice's worker (its document: respawn.contract.heartbeat_id); 0 on one host
     zone: str | None = None
     state: NodeState
     step: int | None = None

@@ -153,3 +153,56 @@ def test_output_tail_keeps_the_last_lines_of_this_run(tmp_path):
 
 def test_exit_status_of_a_signalled_process_reads_like_the_shell():
     assert normalize_exit(-9) == 137 and normalize_exit(-15) == 143 and normalize_exit(3) == 3
+
+
+# ---- multi-host TPU slices: the worker attributes and the heartbeat document per worker --------------------------
+
+def test_worker_attributes_give_rank_count_and_master():
+    from respawn.agent.config import SINGLE_HOST, Hosts, parse_hosts
+
+    endpoints = "0:8470:10.0.0.11,1:8470:10.0.0.12,2:8470:10.0.0.13,3:8470:10.0.0.14"
+    assert parse_hosts("2", endpoints) == Hosts(2, 4, "10.0.0.11")
+    assert parse_hosts("0\n", " " + endpoints + "\n") == Hosts(0, 4, "10.0.0.11")
+    # A GPU VM or a node without the attributes; a single-host TPU VM with its index only, or one endpoint.
+    assert parse_hosts("", "") == SINGLE_HOST == Hosts(0, 1, "127.0.0.1")
+    assert parse_hosts("0", "") == SINGLE_HOST
+    assert parse_hosts("", "a:b:10.1.2.3") == Hosts(0, 1, "10.1.2.3")
+
+
+@pytest.mark.parametrize("worker, endpoints, attribute, words", [
+    ("1", "", "worker-network-endpoints", "cannot find worker 0"),
+    ("", "x:y:10.0.0.1,x:y:10.0.0.2", "agent-worker-number", "lists 2 workers"),
+    ("2", "x:y:10.0.0.1,x:y:10.0.0.2", "agent-worker-number", "is 2, but"),
+    ("-1", "x:y:10.0.0.1", "agent-worker-number", "non-negative integer"),
+    ("one", "x:y:10.0.0.1", "agent-worker-number", "'one'"),
+    ("0", "10.0.0.1,10.0.0.2", "worker-network-endpoints", "entry 0 ('10.0.0.1') is not x:y:IP"),
+    ("1", "x:y:10.0.0.1,x:y:host-b", "worker-network-endpoints", "entry 1 ('x:y:host-b')"),
+    ("0", "x:y:10.0.0.1,", "worker-network-endpoints", "entry 1 ('')"),
+])
+def test_malformed_worker_attributes_name_the_attribute_and_value(worker, endpoints, attribute, words):
+    from respawn.agent.config import parse_hosts
+
+    with pytest.raises(ConfigError) as info:
+        parse_hosts(worker, endpoints)
+    assert info.value.attribute == attribute
+    assert attribute in str(info.value) and words in str(info.value)
+
+
+def test_heartbeat_document_per_worker():
+    from respawn.contract import format_worker_endpoints, heartbeat_id, node_name, parse_worker_endpoints
+
+    node = node_name("llm", 12)
+    assert heartbeat_id(node) == heartbeat_id(node, 0) == "llm-12"  # single hosts keep nodes/{node}
+    assert heartbeat_id(node, 3) == "llm-12-w3"
+    with pytest.raises(ValueError):
+        heartbeat_id(node, -1)
+    # A worker's id never reads as another node's name ({job}-{digits}), however the job is named.
+    assert not heartbeat_id("x-1", 1).rsplit("-", 1)[1].isdigit()
+    ips = ["127.0.0.2", "127.0.0.3"]
+    assert parse_worker_endpoints(format_worker_endpoints(ips)) == ips
+    doc = compose_heartbeat(job_id="llm", attempt=12, zone=None, state=NodeState.TRAINING, status=None,
+                            started_at=None, worker=3)
+    assert doc["worker"] == 3 and tuple(doc) == HEARTBEAT_FIELDS
+    assert Heartbeat.model_validate(doc).worker == 3
+    legacy = {k: v for k, v in doc.items() if k != "worker"}  # written by an agent from before the field
+    assert Heartbeat.model_validate(legacy).worker == 0
