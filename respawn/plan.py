@@ -14,9 +14,10 @@ These three run every node on Spot. The job runs on `nodes` GPU VMs (one zone, o
 so a job of N Spot nodes is interrupted N times as often as a one-node job. Any node's loss stops every rank: it
 costs the work since the last committed checkpoint (none when the emergency save fits) and the recovery time,
 during which the surviving nodes keep their VMs and bill, idle. `polling` relaunches a whole new cluster instead
-(the survivors are let go; N nodes boot). For `respawn` with more than one node the replacement must join the
-others' zone, so a stockout there is waited out, where a one-node job moves to the next zone. Preemptions of idle
-survivors during a recovery are not drawn.
+(the survivors are let go; N nodes boot). For `respawn` a replacement joins the others' zone; when that zone
+refuses it and fewer than `min_nodes` survive, the whole job moves to the next zone of its list
+(respawn.control.membership.plan): one failed create, then every node boots there, as a one-node job moves.
+Preemptions of idle survivors during a recovery are not drawn.
 
 Two more layouts, both with respawn's recovery, are planned when the inputs ask for them:
 
@@ -163,18 +164,19 @@ def _recovery_s(strategy: str, p: PlanInputs, rng: random.Random, stocked_out: b
         # Fails over to another zone, after one failed launch in the stocked-out zone.
         failed_try = p.boot_s / 3 if stocked_out else 0.0
         return 30 + detect + failed_try + p.boot_s + p.setup_s + restore
-    # respawn (and hybrid): the node dies at the end of the notice; the event arrives after the sink delay.
-    if p.nodes > 1:
-        return _replacement_s(p, stockout) + restore
-    # One node is the whole job: a refused zone costs one failed create call, then the next zone in the list is used.
+    # respawn (and hybrid): the node dies at the end of the notice; the event arrives after the sink delay. A refused
+    # zone costs one failed create call, then the job (one node, or all of them: too few survivors) moves to the next.
     failed_try = p.function_s if stocked_out else 0.0
     return 30 + p.sink_delay_s + p.function_s + failed_try + p.boot_s + restore
 
 
-def _replacement_s(p: PlanInputs, stockout: float) -> float:
-    """Seconds from the notice until the replacement of one node of a multi-node job is up, restore not included.
-    It must join the other nodes' zone, so a stockout there (`stockout` seconds long) is waited out; the create
-    call made when it ends is one more function run."""
+def _replacement_s(p: PlanInputs, stockout: float, move: bool) -> float:
+    """Seconds from the notice until the replacement of one node of an elastic job is up, restore not included.
+    While enough survivors train on in the zone, the replacement waits out a stockout there (`stockout` seconds
+    long; the create call made when it ends is one more function run); with too few (`move`), a stockout moves the
+    job to the next zone after one failed create, as respawn's recovery does."""
+    if move:
+        return 30 + p.sink_delay_s + p.function_s + (p.function_s if stockout else 0.0) + p.boot_s
     waited = stockout + p.function_s if stockout else 0.0
     return 30 + p.sink_delay_s + p.function_s + waited + p.boot_s
 
@@ -319,7 +321,7 @@ def _simulate_elastic(p: PlanInputs, rng: random.Random, min_nodes: int) -> dict
             redone += done - committed
             done = committed
             active -= 1
-            pending.append(wall + _replacement_s(p, _draw_stockout(p, rng)))
+            pending.append(wall + _replacement_s(p, _draw_stockout(p, rng), move=active < min_nodes))
             pending.sort()
             if active >= min_nodes:
                 elapse(30 + p.restart_s + restore, False)  # the world stops at the notice and re-forms without it

@@ -122,12 +122,14 @@ def test_n_spot_nodes_are_interrupted_n_times_as_often_and_cost_n_times_the_node
     assert four["respawn"].downtime_hours > 3 * one["respawn"].downtime_hours
 
 
-def test_a_multi_node_replacement_waits_out_a_stockout_in_the_jobs_zone():
+def test_a_refused_replacement_moves_the_whole_job_as_one_node_moves():
+    # min_nodes = nodes: the survivors cannot train without the refused slot, so the job moves to the next zone
+    # (one failed create, then every node boots there) instead of waiting out the hour-long stockout.
     stocked = dict(MULTI, stockout_probability=1.0, stockout_minutes=60)
-    one = by_name(plan(PlanInputs(**stocked)))["respawn"]
-    two = by_name(plan(PlanInputs(nodes=2, **stocked)))["respawn"]
-    assert one.downtime_hours / one.preemptions < 0.1  # one node is the whole job: it moves to the next zone
-    assert two.downtime_hours / two.preemptions > 0.5  # the others hold the zone: about the hour-long stockout
+    for nodes in (1, 2, 4):
+        r = by_name(plan(PlanInputs(nodes=nodes, **stocked)))
+        assert r["respawn"].downtime_hours / r["respawn"].preemptions < 0.1, nodes
+        assert r["poll-and-restart"].downtime_hours / r["poll-and-restart"].preemptions > 0.5, nodes
 
 
 def test_the_default_strategies_follow_the_layout_asked_for():
