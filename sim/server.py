@@ -109,7 +109,8 @@ class SimServer:
         if self.scheduler is not None:
             self.scheduler.stop()
         with self.cond:
-            runtimes = [i.runtime for i in self.compute.instances.values()] + [n.runtime for n in self.tpu.nodes.values()]
+            runtimes = [i.runtime for i in self.compute.instances.values()] + [
+                r for n in self.tpu.nodes.values() for r in n.runtimes]
         for runtime in runtimes:
             runtime.crash()
         if self._own_root and self.nodes_root is not None:
@@ -137,8 +138,9 @@ class SimServer:
 
     # --- used by the services -------------------------------------------------------------------------------
 
-    def make_runtime(self, kind: str, zone: str, name: str, metadata_kwargs: dict) -> NodeRuntime:
-        return NodeRuntime(directory=self.nodes_root / kind / zone / name, boot_command=self.boot_command,
+    def make_runtime(self, kind: str, zone: str, name: str, metadata_kwargs: dict, *,
+                     directory_name: str | None = None) -> NodeRuntime:
+        return NodeRuntime(directory=self.nodes_root / kind / zone / (directory_name or name), boot_command=self.boot_command,
                            node_env=self.node_env, metadata_kwargs=metadata_kwargs)
 
     def usage(self, what: str, scope: str, accelerator: str, model: str | None) -> int:
@@ -230,8 +232,13 @@ class SimServer:
                 out.append(self._snap("instance", i.zone, i.name, i.status, i.body.get("labels", {}), i.runtime,
                                       {it["key"]: it.get("value", "") for it in i.body["metadata"]["items"]}))
             for n in self.tpu.nodes.values():
-                out.append(self._snap("tpu", n.zone, n.name, n.state, n.body.get("labels", {}), n.runtime,
-                                      dict(n.body.get("metadata", {}))))
+                snap = self._snap("tpu", n.zone, n.name, n.state, n.body.get("labels", {}), n.runtime,
+                                  dict(n.body.get("metadata", {})))
+                # The top-level fields are worker 0's; every worker VM of the slice, worker 0 first:
+                snap["workers"] = [{**self._snap("worker", n.zone, w, n.state, {}, r, {}), "worker": i,
+                                    "ipAddress": ip}
+                                   for i, (w, r, ip) in enumerate(zip(n.workers, n.runtimes, n.addresses))]
+                out.append(snap)
             return out
 
     @staticmethod
@@ -266,16 +273,28 @@ class SimServer:
             best = max(best, current)
         return best
 
-    def node_dir(self, zone: str, name: str) -> Path:
-        return self.nodes_root / ("compute" if self._kind(zone, name) == "instance" else "tpu") / zone / name
+    def node_dir(self, zone: str, name: str, worker: int = 0) -> Path:
+        """The node's disk; for a multi-host TPU node, worker `worker`'s (worker 0's is the node's)."""
+        if self._kind(zone, name) == "instance":
+            return self.nodes_root / "compute" / zone / name
+        return self._tpu_runtime(zone, name, worker).directory
 
-    def metadata_server(self, zone: str, name: str) -> MetadataServer | None:
-        """The running node's metadata server (None while it is not running)."""
+    def metadata_server(self, zone: str, name: str, worker: int = 0) -> MetadataServer | None:
+        """The running node's metadata server (None while it is not running); a TPU node's worker `worker`'s."""
         with self.cond:
-            node = self.compute.instances.get((zone, name)) or self.tpu.nodes.get((zone, name))
+            node = self.compute.instances.get((zone, name))
+            if node is not None:
+                return node.runtime.metadata
+            return self._tpu_runtime(zone, name, worker).metadata
+
+    def _tpu_runtime(self, zone: str, name: str, worker: int):
+        with self.cond:
+            node = self.tpu.nodes.get((zone, name))
             if node is None:
                 raise SimError(f"no instance or TPU node named {name!r} in zone {zone}")
-            return node.runtime.metadata
+            if not 0 <= worker < len(node.runtimes):
+                raise SimError(f"TPU node {zone}/{name} has {len(node.runtimes)} worker(s); there is no worker {worker}")
+            return node.runtimes[worker]
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
         """Poll `predicate` until true; raises TimeoutError naming `what` (for tests and the demo)."""

@@ -3,13 +3,20 @@
 Node state: CREATING -> READY (create), READY -> PREEMPTED (preemption; the node keeps holding quota until it is
 deleted), any -> DELETING -> gone (delete). A capacity refusal ends the create operation with code 8
 (RESOURCE_EXHAUSTED) and the real message 'There is no more capacity in the zone "Z"; ...'; the node never exists.
-A node's single worker VM is named like the real ones, `t1v-n-<hash>-w-0`; its metadata server serves the node's
-`metadata` map as `instance/attributes/*`.
+A node has `respawn.topology.tpu_hosts(acceleratorType)` worker VMs (v5litepod-16: 4), named like the real ones,
+`t1v-n-<hash>-w-<i>`. Each worker is its own sim node runtime: its own disk (worker 0's is the node's directory,
+worker i's `<node>.w<i>` beside it), its own metadata server serving the node's `metadata` map as
+`instance/attributes/*` plus, on a multi-host slice, what Cloud TPU adds per worker (`agent-worker-number`,
+`worker-network-endpoints`, `accelerator-type`), and, where the sim boots nodes, its own startup-script process. The API's node lists one
+`networkEndpoints` entry per worker, worker 0 first. The node lives and dies as a unit: a preemption flags every
+worker's metadata server and powers every worker off (each agent gets its notice), then the node is PREEMPTED; a
+delete removes every worker.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import random
 import re
 import threading
@@ -17,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from respawn import contract
+from respawn.topology import tpu_hosts
 from sim import audit_entries
 from sim.capacity import region_of
 from sim.core import NodeRecord, SimError, rfc3339, rpc_error
@@ -29,11 +38,23 @@ NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 LIVE = ("CREATING", "READY", "DELETING")
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
+ENDPOINT_PORT = 8470  # what the real API lists for every worker
+MAX_WORKERS = 254  # worker_address's last octet
 
 
-def worker_name(project: str, zone: str, node: str) -> str:
+def worker_name(project: str, zone: str, node: str, worker: int = 0) -> str:
     digest = hashlib.sha1(f"{project}/{zone}/{node}".encode()).hexdigest()[:8]
-    return f"t1v-n-{digest}-w-0"
+    return f"t1v-n-{digest}-w-{worker}"
+
+
+def worker_address(slot: int, worker: int) -> str:
+    """The IP address of worker `worker` of the sim's `slot`-th TPU node: the one place a worker's address is made.
+    Loopback addresses (all of 127/8 reaches this machine on Linux), distinct per node and worker, so that a
+    trainer's coordinator on worker 0 and its peers can bind and connect by the addresses the endpoints list. A
+    later slice that puts each worker in a network namespace of its own changes only this."""
+    if not 0 <= worker < MAX_WORKERS:
+        raise ValueError(f"the sim gives at most {MAX_WORKERS} workers a TPU node, not {worker + 1}")
+    return str(ipaddress.IPv4Address(f"127.{1 + slot // 250 % 250}.{1 + slot % 250}.{worker + 1}"))
 
 
 @dataclass
@@ -42,17 +63,43 @@ class Node:
     name: str
     body: dict
     record: NodeRecord
-    runtime: NodeRuntime
+    runtimes: list[NodeRuntime]  # one per worker VM, worker 0 first
     accelerator: str
     model: str
-    worker: str
-    worker_id: str
+    workers: list[str]  # the worker VMs' names (t1v-n-<hash>-w-<i>)
+    worker_ids: list[str]
+    addresses: list[str]  # the worker VMs' IPs (worker_address)
     gen: int = 0
     shutdown: threading.Thread | None = None
 
     @property
     def state(self) -> str:
         return self.body["state"]
+
+    @property
+    def runtime(self) -> NodeRuntime:
+        """Worker 0's: the node's own for a single-host node."""
+        return self.runtimes[0]
+
+    @property
+    def worker(self) -> str:
+        return self.workers[0]
+
+    @property
+    def worker_id(self) -> str:
+        return self.worker_ids[0]
+
+
+def _each(runtimes: list[NodeRuntime], action, *args) -> None:
+    """Do `action(runtime, *args)` to every worker at once (a slice loses power as a whole, not worker by worker)."""
+    if len(runtimes) == 1:
+        action(runtimes[0], *args)
+        return
+    threads = [threading.Thread(target=action, args=(r, *args), daemon=True) for r in runtimes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 @dataclass
@@ -67,6 +114,7 @@ class TpuService:
         self.nodes: dict[tuple[str, str], Node] = {}
         self.operations: dict[str, Operation] = {}
         self._ids = random.Random(2)
+        self._slots = 0  # TPU nodes created so far: worker_address's slot
 
     def _path(self, zone: str, name: str) -> str:
         return f"projects/{self.sim.project}/locations/{zone}/nodes/{name}"
@@ -125,6 +173,14 @@ class TpuService:
             filter(None, [(body.get("acceleratorConfig") or {}).get("type"), (body.get("acceleratorConfig") or {}).get("topology")]))
         if not accelerator:
             raise rpc_error(400, "Invalid node: acceleratorType or acceleratorConfig is required")
+        try:
+            hosts = tpu_hosts(accelerator)
+        except ValueError as exc:
+            if body.get("acceleratorType"):
+                raise rpc_error(400, f"Invalid node: {exc}") from None
+            hosts = 1  # acceleratorConfig (type + topology): not sized by the sim; one worker
+        if hosts > MAX_WORKERS:
+            raise rpc_error(400, f"Invalid node: {accelerator} has {hosts} workers; the sim runs at most {MAX_WORKERS}")
         if not body.get("runtimeVersion"):
             raise rpc_error(400, "Invalid node: runtime_version is required")
         with self.sim.cond:
@@ -145,13 +201,25 @@ class TpuService:
                 "labels": dict(body.get("labels") or {}), "metadata": dict(body.get("metadata") or {}),
                 "health": "HEALTHY",
             })
-            worker = worker_name(self.sim.project, zone, node_id)
-            worker_id = str(self._ids.randrange(10**18, 10**19))
+            self._slots += 1
+            workers = [worker_name(self.sim.project, zone, node_id, w) for w in range(hosts)]
+            worker_ids = [str(self._ids.randrange(10**18, 10**19)) for _ in range(hosts)]
+            addresses = [worker_address(self._slots, w) for w in range(hosts)]
+            endpoints = contract.format_worker_endpoints(addresses)
             record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.sim.now())
-            runtime = self.sim.make_runtime("tpu", zone, node_id, {
-                "name": worker, "zone": zone, "project": self.sim.project, "instance_id": worker_id,
-                "machine_type": "tpu-vm", "attributes": dict(resource["metadata"])})
-            node = Node(zone, node_id, resource, record, runtime, accelerator, model, worker, worker_id)
+            runtimes = []
+            for w in range(hosts):
+                # What Cloud TPU adds to each worker VM's metadata of a multi-host slice. A single-host node keeps
+                # the user's map alone, as the sim always served it (a real one also says worker 0 of one endpoint;
+                # the agent reads both as a single host).
+                attributes = dict(resource["metadata"])
+                if hosts > 1:
+                    attributes.update({contract.ATTR_ACCELERATOR_TYPE: accelerator, contract.ATTR_WORKER_NUMBER: str(w),
+                                       contract.ATTR_WORKER_ENDPOINTS: endpoints})
+                runtimes.append(self.sim.make_runtime("tpu", zone, node_id, {
+                    "name": workers[w], "zone": zone, "project": self.sim.project, "instance_id": worker_ids[w],
+                    "machine_type": "tpu-vm", "attributes": attributes}, directory_name=_worker_dir(node_id, w)))
+            node = Node(zone, node_id, resource, record, runtimes, accelerator, model, workers, worker_ids, addresses)
             self.nodes[(zone, node_id)] = node
             self.sim.records.append(record)
             self._set_state(node, "CREATING")
@@ -166,9 +234,10 @@ class TpuService:
                 self._finish(op, error={"code": 10, "message": "The node was deleted while it was being created"})
                 return
             self._set_state(node, "READY")
-            node.body["networkEndpoints"] = [{"ipAddress": "10.128.0.2", "port": 8470}]
+            node.body["networkEndpoints"] = [{"ipAddress": ip, "port": ENDPOINT_PORT} for ip in node.addresses]
             node.record.boots += 1
-            node.runtime.boot()
+            for runtime in node.runtimes:
+                runtime.boot()
             response = {"@type": NODE_TYPE, **node.body}
         self._finish(op, response=response)
 
@@ -194,8 +263,8 @@ class TpuService:
     def _delete(self, node: Node, op: Operation, pending: threading.Thread | None) -> None:
         if pending is not None:
             pending.join()
-        node.runtime.power_off(self.sim.delete_grace)
-        node.runtime.destroy()
+        _each(node.runtimes, NodeRuntime.power_off, self.sim.delete_grace)
+        _each(node.runtimes, NodeRuntime.destroy)
         time.sleep(self.sim.op_delay)
         with self.sim.cond:
             if self.nodes.get((node.zone, node.name)) is node:
@@ -220,13 +289,16 @@ class TpuService:
             if node is None or node.state not in ("CREATING", "READY"):
                 raise SimError(f"cannot preempt TPU node {zone}/{name}: it is "
                                f"{'absent' if node is None else node.state}; only a CREATING or READY node can be preempted")
-            if node.runtime.metadata is not None:
-                node.runtime.metadata.set("instance/preempted", "TRUE")
+            for runtime in node.runtimes:  # every worker is told: the slice goes as a whole
+                if runtime.metadata is not None:
+                    runtime.metadata.set("instance/preempted", "TRUE")
             gen = node.gen
+            # One tpu.nodes.terminate for the node, one compute.instances.preempted per worker VM (as on Google Cloud).
             entries = [
                 audit_entries.tpu_node_terminate(project=self.sim.project, zone=zone, node_name=name, reason=reason),
-                audit_entries.compute_system_event("compute.instances.preempted", project=self.sim.project, zone=zone,
-                                                   instance_name=node.worker, instance_id=node.worker_id),
+                *(audit_entries.compute_system_event("compute.instances.preempted", project=self.sim.project,
+                                                     zone=zone, instance_name=w, instance_id=i)
+                  for w, i in zip(node.workers, node.worker_ids)),
             ]
             early = self.sim.audit_timing == "start"
         if early:
@@ -234,7 +306,7 @@ class TpuService:
                 self.sim.emit(e)
 
         def run():
-            node.runtime.power_off(self.sim.notice_seconds)
+            _each(node.runtimes, NodeRuntime.power_off, self.sim.notice_seconds)
             with self.sim.cond:
                 if self.nodes.get((zone, name)) is node and node.gen == gen:
                     self._set_state(node, "PREEMPTED")
@@ -252,7 +324,9 @@ class TpuService:
             node = self.nodes.get((zone, name))
             if node is None or node.runtime.metadata is None:
                 raise SimError(f"TPU node {zone}/{name} is not running, so it has no metadata server to notify")
-            node.runtime.metadata.set("instance/maintenance-event", value)
+            for runtime in node.runtimes:
+                if runtime.metadata is not None:
+                    runtime.metadata.set("instance/maintenance-event", value)
             if value != "NONE":
                 node.body["health"] = "UNHEALTHY_MAINTENANCE"
 
@@ -266,4 +340,10 @@ class TpuService:
         )
 
 
-__all__ = ["TpuService", "worker_name"]
+def _worker_dir(node: str, worker: int) -> str:
+    """Worker 0's disk is the node's directory (as for a single-host node); worker i's sits beside it. A dot cannot
+    occur in a node name, so no node's directory is ever another node's worker's."""
+    return node if worker == 0 else f"{node}.w{worker}"
+
+
+__all__ = ["TpuService", "worker_address", "worker_name"]

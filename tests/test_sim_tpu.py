@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ipaddress
+import sys
+from pathlib import Path
+
 import pytest
 from google.api_core import exceptions
 from google.cloud import tpu_v2
 
 from sim_fixtures import PROJECT, sim_factory, sim_server, tpu_client  # noqa: F401
+from test_sim_nodes import boot_info, pid_alive
 
 ZONE = "europe-west4-a"
 PARENT = f"projects/{PROJECT}/locations/{ZONE}"
@@ -100,3 +105,72 @@ def test_get_operation_through_the_client(sim_server):
 
     raw = client.get_operation(operations_pb2.GetOperationRequest(name=op.operation.name))
     assert raw.done and raw.name.startswith(f"{PARENT}/operations/")
+
+
+# ---- multi-host slices: one node, several worker VMs --------------------------------------------------------------
+
+GUEST = [sys.executable, str(Path(__file__).resolve().parent.parent / "sim" / "probe_guest.py")]
+
+
+def slice_node(accelerator: str, job: str = "job-s") -> tpu_v2.Node:
+    return tpu_v2.Node(accelerator_type=accelerator, runtime_version="v2-alpha-tpuv5-lite",
+                       scheduling_config=tpu_v2.SchedulingConfig(spot=True),
+                       labels={"respawn-job": job}, metadata={"respawn-job": job, "respawn-attempt": "1"})
+
+
+def test_api_lists_one_network_endpoint_per_worker(sim_server):
+    client = tpu_client(sim_server.endpoint)
+    big = create(client, "job-s-1", slice_node("v5litepod-16"))
+    small = create(client, "job-s-2", slice_node("v5litepod-4"))
+    ips = [e.ip_address for e in client.get_node(name=big.name).network_endpoints]
+    assert len(ips) == 4 and len(set(ips)) == 4 and all(ipaddress.ip_address(ip).is_loopback for ip in ips)
+    assert {e.port for e in big.network_endpoints} == {8470}
+    assert len(client.get_node(name=small.name).network_endpoints) == 1
+    assert not set(ips) & {e.ip_address for e in small.network_endpoints}  # distinct per node too
+    with pytest.raises(exceptions.BadRequest, match="v5litepod-18"):
+        client.create_node(parent=PARENT, node_id="job-s-3", node=slice_node("v5litepod-18"))
+    # One node in the books (quota, capacity, history), however many workers it has.
+    assert [r["name"] for r in sim_server.history()] == ["job-s-1", "job-s-2"]
+
+
+def test_each_worker_has_its_own_metadata_and_process_and_a_preemption_takes_them_all(sim_factory):
+    sim = sim_factory(boot_command=GUEST)
+    client = tpu_client(sim.endpoint)
+    node = create(client, "job-s-1", slice_node("v5litepod-16"))
+    ips = [e.ip_address for e in node.network_endpoints]
+    endpoints = ",".join(f"{i}:8470:{ip}" for i, ip in enumerate(ips))
+    dirs = [sim.node_dir(ZONE, "job-s-1", w) for w in range(4)]
+    assert dirs[0] == sim.node_dir(ZONE, "job-s-1") and len(set(dirs)) == 4
+    boots = [boot_info(d, sim=sim) for d in dirs]
+    for w, boot in enumerate(boots):  # each worker VM runs the boot command against its own metadata server
+        assert boot["cwd"] == str(dirs[w]) and boot["name"].endswith(f"-w-{w}")
+        assert boot["GCE_METADATA_HOST"] == sim.metadata_server(ZONE, "job-s-1", w).host
+        attrs = boot["attributes"]
+        assert attrs["agent-worker-number"] == str(w) and attrs["worker-network-endpoints"] == endpoints
+        assert attrs["accelerator-type"] == "v5litepod-16" and attrs["respawn-job"] == "job-s"
+    assert len({b["GCE_METADATA_HOST"] for b in boots}) == len({b["pid"] for b in boots}) == 4
+    workers = [s for s in sim.instances() if s["name"] == "job-s-1"][0]["workers"]
+    assert [(w["worker"], w["ipAddress"], w["processRunning"]) for w in workers] == [(i, ip, True) for i, ip in
+                                                                                     enumerate(ips)]
+
+    sim.preempt(ZONE, "job-s-1")
+    sim.wait_for(lambda: client.get_node(name=node.name).state == tpu_v2.Node.State.PREEMPTED, what="PREEMPTED")
+    for w, d in enumerate(dirs):  # every worker's guest got SIGTERM with its own instance/preempted TRUE
+        assert (d / "events.log").read_text() == "sigterm preempted=TRUE\n", f"worker {w}"
+        assert not pid_alive(boots[w]["pid"]) and not pid_alive(boots[w]["child_pid"])
+    preempted = [e for e in sim.audit_log if e["protoPayload"]["methodName"] == "compute.instances.preempted"]
+    assert sorted(e["protoPayload"]["resourceName"].rsplit("/", 1)[1] for e in preempted) == sorted(
+        b["name"] for b in boots)
+    client.delete_node(name=node.name).result(timeout=30)
+    assert not any(d.exists() for d in dirs)  # a delete removes every worker's disk
+
+
+def test_a_single_host_node_keeps_one_worker_and_the_users_attributes_alone(sim_factory):
+    sim = sim_factory(boot_command=GUEST)
+    client = tpu_client(sim.endpoint)
+    node = create(client, "job-t-1")
+    boot = boot_info(sim.node_dir(ZONE, "job-t-1"), sim=sim)
+    assert boot["name"].endswith("-w-0") and len(node.network_endpoints) == 1
+    assert boot["attributes"] == {"respawn-job": "job-t", "respawn-attempt": "1"}  # the agent: worker 0 of 1
+    with pytest.raises(Exception, match="no worker 1"):
+        sim.metadata_server(ZONE, "job-t-1", 1)
