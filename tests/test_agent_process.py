@@ -216,3 +216,52 @@ def test_workdir_setup_and_interpreter_on_the_bare_node_python(agent_env, agent_
     assert (workdir / "setup.out").read_text().count("\n") == 1
     started = [e for e in second.events() if e["message"] == "trainer started"][0]
     assert started["argv"] == [interpreter, "train.py"] and started["cwd"] == str(workdir)
+
+
+# The trainer of a slice's worker: records what the agent told it about the hosts, then is the tiny trainer.
+HOSTS_TRAINER = ("import json, os, runpy, sys\n"
+                 "keys = ('RESPAWN_NODE_RANK', 'RESPAWN_NUM_NODES', 'RESPAWN_MASTER_ADDR')\n"
+                 "open('hosts.json', 'w').write(json.dumps({k: os.environ.get(k) for k in keys}))\n"
+                 "sys.argv = [sys.argv[1]] + sys.argv[2:]\n"
+                 "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_workers_of_a_slice_beat_to_their_own_documents_and_each_takes_the_notice(agent_env, node_python):
+    # Two worker VMs of one multi-host TPU node (slice-4): each has its own metadata server with Cloud TPU's worker
+    # attributes, its own disk and agent. Worker 0 beats to nodes/slice-4 (where the control plane reads the node),
+    # worker 1 to nodes/slice-4-w1; each trainer learns its rank, the slice's size and worker 0's address.
+    endpoints = "0:8470:10.130.0.7,1:8470:10.130.0.8"
+    s = settings([sys.executable, "-c", HOSTS_TRAINER, str(agent_env.tiny_trainer)], f"file://{agent_env.tmp}/store")
+    agents, servers, dirs = [], [], []
+    for w in range(2):
+        attrs = {**attributes("slice", 4, agent_env.project, s), "agent-worker-number": str(w),
+                 "worker-network-endpoints": endpoints, "accelerator-type": "v4-16"}
+        servers.append(agent_env.metadata(f"t1v-n-0badc0de-w-{w}", attrs))
+        dirs.append(agent_env.tmp / f"slice-4.w{w}")
+        agents.append(agent_env.agent(servers[w], dirs[w], python=node_python))
+    docs = ["slice-4", "slice-4-w1"]
+    for w, doc in enumerate(docs):
+        hb = wait_for(lambda: (h := agent_env.heartbeat(doc) or {}).get("step") and h, 60, f"worker {w} training")
+        assert hb["worker"] == w and hb["job_id"] == "slice" and hb["attempt"] == 4
+        Heartbeat.model_validate(hb)
+        assert json.loads((dirs[w] / "hosts.json").read_text()) == {
+            "RESPAWN_NODE_RANK": str(w), "RESPAWN_NUM_NODES": "2", "RESPAWN_MASTER_ADDR": "10.130.0.7"}
+    for md in servers:  # the slice is preempted as a whole: every worker's metadata server says so
+        md.set("instance/preempted", "TRUE")
+    for w, (agent, doc) in enumerate(zip(agents, docs)):
+        assert agent.wait(60) == 0, f"worker {w}"
+        hb = agent_env.heartbeat(doc)
+        assert hb["worker"] == w and hb["state"] == "exited" and hb["notice"] == "preempted"
+        assert hb["exit_code"] == EXIT_PREEMPTED and hb["emergency"]["state"] == "committed"
+    assert agent_env.heartbeat("slice-4-w0") is None  # worker 0 has no document of its own
+
+
+def test_a_malformed_worker_attribute_is_named_and_exits_non_zero(agent_env):
+    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store")
+    attrs = {**attributes("badw", 1, agent_env.project, s), "agent-worker-number": "1",
+             "worker-network-endpoints": "10.0.0.1,10.0.0.2"}
+    agent = agent_env.agent(agent_env.metadata("t1v-n-1-w-1", attrs), agent_env.tmp / "badw-1")
+    assert agent.wait(60) == 2
+    error = [e for e in agent.events() if e["severity"] == "ERROR"][0]
+    assert error["attribute"] == "worker-network-endpoints" and "'10.0.0.1,10.0.0.2'" in error["message"]
+    assert agent_env.heartbeat("badw-1") is None and agent_env.heartbeat("badw-1-w1") is None

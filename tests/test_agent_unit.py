@@ -206,3 +206,23 @@ def test_heartbeat_document_per_worker():
     assert Heartbeat.model_validate(doc).worker == 3
     legacy = {k: v for k, v in doc.items() if k != "worker"}  # written by an agent from before the field
     assert Heartbeat.model_validate(legacy).worker == 0
+
+
+def test_trainer_env_names_the_hosts_single_host_by_default(tmp_path):
+    from respawn import contract
+    from respawn.agent.agent import Agent
+    from respawn.agent.config import AgentConfig, Hosts
+    from respawn.agent.metadata import MetadataClient
+
+    settings = parse_settings(json.dumps({**GOOD, "env": {contract.ENV_NODE_RANK: "7"}}))
+    base = dict(job_id="j", attempt=2, project="p", node="j-2", zone=None, settings=settings, node_dir=str(tmp_path))
+    md = MetadataClient("127.0.0.1:9")  # never asked: nothing is started
+    single = Agent(AgentConfig(**base), md, writer=None)._trainer_env()  # type: ignore[arg-type]
+    # The agent's values win over the job's env; a single host is rank 0 of 1 with master 127.0.0.1.
+    assert (single[contract.ENV_NODE_RANK], single[contract.ENV_NUM_NODES], single[contract.ENV_MASTER_ADDR]) == (
+        "0", "1", "127.0.0.1")
+    agent = Agent(AgentConfig(**base, hosts=Hosts(3, 4, "10.0.0.5")), md, writer=None)  # type: ignore[arg-type]
+    env = agent._trainer_env()
+    assert (env[contract.ENV_NODE_RANK], env[contract.ENV_NUM_NODES], env[contract.ENV_MASTER_ADDR]) == (
+        "3", "4", "10.0.0.5")
+    assert agent.heartbeater.node == "j-2-w3" and agent.snapshot()["worker"] == 3
