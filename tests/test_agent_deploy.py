@@ -25,6 +25,7 @@ from respawn.workdir import pack
 from sim import node_image, node_systemctl
 from sim.metadata import MetadataServer
 from sim.nodes import NodeRuntime
+from sim_fixtures import sim_factory  # noqa: F401  (fixture)
 from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
@@ -375,3 +376,38 @@ def test_a_sim_node_boots_the_startup_script_and_trains_the_example_workdir(tmp_
     assert any(e["message"] == f"sim systemctl: starting {UNIT_NAME}" for e in console)
     [setup] = [e for e in console if e.get("stage") == "setup_command"]
     assert setup["argv"][0] == sys.executable and setup["exit_code"] == 0
+
+
+def test_every_worker_of_a_sim_tpu_slice_boots_the_startup_script_and_takes_the_preemption(
+        tmp_path, gcs, zipapp, firestore_db, project, sim_factory):
+    # A v4-16 slice (2 worker VMs) created through the real TPU client: each worker runs the real startup script on
+    # a bare 3.10 (the TPU runtimes' python3), its own agent reads its worker attributes and beats to its own
+    # document; the slice's preemption reaches both agents, and both trainers save and stop.
+    from google.cloud import tpu_v2
+
+    from agent_fixtures import TINY_TRAINER
+    from sim_fixtures import tpu_client
+
+    trainer = tmp_path / "tiny_trainer.py"
+    trainer.write_text(TINY_TRAINER)
+    s = settings([sys.executable, str(trainer)], f"file://{tmp_path}/store")
+    attrs = attributes("tslice", 1, project, s)
+    attrs[ATTR_AGENT] = _upload(gcs, Path("respawn/releases/tslice", zipapp.name), zipapp.read_bytes())
+    storage = node_image.Storage(os.environ["STORAGE_EMULATOR_HOST"], BUCKET)
+    boot_command, node_env = node_image.boot(node_image_python("3.10"), storage)
+    sim = sim_factory(boot_command=boot_command, node_env=node_env, notice_seconds=20)
+    client = tpu_client(sim.endpoint)
+    zone = "us-central2-b"
+    client.create_node(parent=f"projects/{project}/locations/{zone}", node_id="tslice-1", node=tpu_v2.Node(
+        accelerator_type="v4-16", runtime_version="tpu-ubuntu2204-base", metadata=attrs,
+        scheduling_config=tpu_v2.SchedulingConfig(spot=True))).result(timeout=30)
+    docs = [firestore_db.document("nodes/tslice-1"), firestore_db.document("nodes/tslice-1-w1")]
+    for w, doc in enumerate(docs):
+        wait_for(lambda: ((doc.get().to_dict() or {}).get("step") or 0) > 0, 120,
+                 f"worker {w}'s training heartbeat; console: {sim.node_dir(zone, 'tslice-1', w)}.console.log")
+    sim.preempt(zone, "tslice-1")
+    sim.wait_for(lambda: sim.status_of(zone, "tslice-1") == "PREEMPTED", timeout=60, what="the slice PREEMPTED")
+    for w, doc in enumerate(docs):
+        hb = doc.get().to_dict()
+        assert hb["worker"] == w and hb["state"] == "exited" and hb["exit_code"] == 75, hb
+        assert hb["notice"] in ("preempted", "sigterm") and hb["committed_step"] == hb["step"] > 0, hb
