@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from respawn.control import alerts, placement
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
@@ -150,6 +150,37 @@ def relevant_heartbeat(o: Observation) -> Heartbeat | None:
     if s.node_started_at is not None and hb.heartbeat_at < s.node_started_at:
         return None
     return hb
+
+
+def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
+    """One heartbeat for a node from its workers' (a multi-host TPU slice: one per worker VM, worker 0 first; a
+    single host: one). The slice serves only while every worker beats, so a worker without a heartbeat makes the
+    slice's None (decide: still booting, or after the boot grace no heartbeat) and the stalest worker's time is
+    the slice's. A worker whose setup failed, or whose trainer crashed, speaks for the slice; the slice exited 0
+    only when every worker did. Otherwise the first worker still working is the base, with the newest committed
+    step and any worker's notice."""
+    if not workers or any(hb is None for hb in workers):
+        return None
+    hbs: list[Heartbeat] = list(workers)  # type: ignore[arg-type]
+    if len(hbs) == 1:
+        return hbs[0]
+    for hb in hbs:
+        if hb.state is NodeState.SETUP_FAILED and not _noticed(hb):
+            return hb
+    for hb in hbs:
+        if hb.state is NodeState.EXITED and hb.exit_code not in (None, 0) and not _noticed(hb):
+            return hb
+    if all(hb.state is NodeState.EXITED and hb.exit_code == 0 for hb in hbs):
+        return hbs[0]
+    base = next((hb for hb in hbs if hb.state is not NodeState.EXITED), hbs[0])
+    committed = [hb.committed_step for hb in hbs if hb.committed_step is not None]
+    noticed = next((hb for hb in hbs if _noticed(hb)), None)
+    return base.model_copy(update={
+        "heartbeat_at": min(hb.heartbeat_at for hb in hbs),
+        "committed_step": max(committed) if committed else None,
+        "notice": noticed.notice if noticed is not None else base.notice,
+        "state": NodeState.PREEMPTING if noticed is not None and noticed.state is NodeState.PREEMPTING else base.state,
+    })
 
 
 def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:

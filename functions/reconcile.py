@@ -33,7 +33,7 @@ from respawn.control.decide import Act, Action, Decision, NodeObs, Observation, 
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import ControlStore, NodeProvider
 from respawn.control.settings import ControlSettings
-from respawn import logs
+from respawn import contract, logs, topology
 from respawn.schema import Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
 
 
@@ -132,13 +132,8 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
         provider = deps.providers[kind]
         raw = provider.get(status.zone, status.node)
         node = NodeObs(core.phase_of(kind, raw), raw)
-        hb = deps.store.heartbeat(status.node)
-        if hb is not None:
-            try:
-                heartbeat = Heartbeat.model_validate(hb)
-            except ValidationError as exc:
-                logs.warning(f"heartbeat of {status.node} is unreadable ({exc.error_count()} errors); ignored",
-                             job_id=job_id, node=status.node)
+        heartbeat = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(status.node, w))
+                                          for w in range(_workers(spec))])
     blocked = {}
     if spec is not None and core.needs_capacity(status, node):
         blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
@@ -156,6 +151,28 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
         blocked=blocked, settings=deps.config.settings, image=image,
     )
     return o, spec, version
+
+
+def _workers(spec: JobSpec | None) -> int:
+    """The hosts whose heartbeats make the node's: a multi-host TPU slice's worker VMs, else one."""
+    if spec is None or spec.accelerator.kind != "tpu":
+        return 1
+    try:
+        return topology.tpu_hosts(spec.accelerator.accelerator_type)
+    except ValueError:  # a type this version does not know: worker 0 alone, as before
+        return 1
+
+
+def _heartbeat(deps: Deps, job_id: str, doc_id: str) -> Heartbeat | None:
+    hb = deps.store.heartbeat(doc_id)
+    if hb is None:
+        return None
+    try:
+        return Heartbeat.model_validate(hb)
+    except ValidationError as exc:
+        logs.warning(f"heartbeat {doc_id} is unreadable ({exc.error_count()} errors); ignored", job_id=job_id,
+                     node=doc_id)
+        return None
 
 
 def _check_image(deps: Deps, job_id: str, spec: JobSpec, checked: dict[str, ImageCheck | None]) -> ImageCheck | None:

@@ -21,6 +21,7 @@ import pytest
 from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 
+from respawn.contract import heartbeat_id
 from respawn.schema import EVENTS, JOBS, NODES, JobStatus, State, parse_spec
 from sim.bridges import pubsub_cloudevent
 
@@ -144,12 +145,14 @@ class Controller:
         return sorted((s.to_dict() for s in snaps), key=lambda e: e["at"])
 
     def heartbeat(self, node: str, *, state: str = "training", step: int = 10, committed_step: int = 5,
-                  age: float = 0, **kw) -> None:
-        """Write nodes/{node} as the agent does; `age` seconds in the past (a node that went silent)."""
+                  age: float = 0, worker: int = 0, **kw) -> None:
+        """Write nodes/{node} (a slice's other workers: nodes/{node}-w{worker}) as the agent does; `age` seconds
+        in the past (a node that went silent)."""
         job, _, attempt = node.rpartition("-")
-        self.db.collection(NODES).document(node).set({
-            "job_id": job, "attempt": int(attempt), "state": state, "step": step, "committed_step": committed_step,
-            "heartbeat_at": datetime.now(timezone.utc) - timedelta(seconds=age), **kw})
+        self.db.collection(NODES).document(heartbeat_id(node, worker)).set({
+            "job_id": job, "attempt": int(attempt), "worker": worker, "state": state, "step": step,
+            "committed_step": committed_step, "heartbeat_at": datetime.now(timezone.utc) - timedelta(seconds=age),
+            **kw})
 
     def cancel(self, job_id: str) -> None:
         self.db.collection(JOBS).document(job_id).update({"cancel_requested": True})

@@ -495,3 +495,33 @@ def test_capacity_reads_are_skipped_only_where_decide_ignores_them(state):
         assert decide(o) == decide(obs(state.value, blocked=BLOCK_ALL, **kw)), where
     # The reads are skipped on the polls of a healthy or booting node, the passes that dominate a recovery.
     assert skipped > 0 or state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
+
+
+# ---- a multi-host TPU slice: one heartbeat from its workers' -----------------------------------------------------
+
+def test_slice_heartbeat_serves_only_while_every_worker_beats():
+    from respawn.control.decide import slice_heartbeat
+
+    w0, w1 = hb(age=5, step=50, committed_step=40), hb(age=50, step=48, committed_step=45, worker=1)
+    got = slice_heartbeat([w0, w1])
+    # The stalest worker's time (a silent worker makes the slice stale), the newest committed step, worker 0's step.
+    assert (got.heartbeat_at, got.committed_step, got.step) == (w1.heartbeat_at, 45, 50)
+    assert slice_heartbeat([w0, None]) is None  # a worker that never beat: the slice is not serving yet
+    assert slice_heartbeat([w0]) is w0  # one host: its own
+    assert slice_heartbeat([]) is None
+
+
+@pytest.mark.parametrize("workers, state, exit_code, notice", [
+    ([("exited", 0, None), ("training", None, None)], "training", None, None),  # worker 0 done first: not yet
+    ([("exited", 0, None), ("exited", 0, None)], "exited", 0, None),  # every worker exited 0: the slice did
+    ([("training", None, None), ("exited", 3, None)], "exited", 3, None),  # a worker's crash is the slice's
+    ([("training", None, None), ("setup-failed", 1, None)], "setup-failed", 1, None),
+    ([("training", None, None), ("preempting", None, "preempted")], "preempting", None, "preempted"),
+    ([("exited", 75, "sigterm"), ("exited", 75, "sigterm")], "exited", 75, "sigterm"),  # stopped on the notice
+])
+def test_slice_heartbeat_lets_a_failing_or_noticed_worker_speak_for_the_slice(workers, state, exit_code, notice):
+    from respawn.control.decide import slice_heartbeat
+
+    hbs = [hb(st, worker=i, exit_code=code, notice=note) for i, (st, code, note) in enumerate(workers)]
+    got = slice_heartbeat(hbs)
+    assert (got.state.value, got.exit_code, got.notice) == (state, exit_code, notice)

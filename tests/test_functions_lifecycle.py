@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from functions_fixtures import T4, ZONES, controller, gpu_spec, tpu_spec  # noqa: F401
 from sim_fixtures import sim_factory, sim_server  # noqa: F401
 
@@ -66,6 +68,24 @@ def test_preempted_vm_is_deleted_and_replaced_in_the_next_zone(controller):
     assert alert["downtime_seconds"] >= 0
     causes = [(e["from_state"], e["to_state"], e["cause"]) for e in controller.events(job)][-2:]
     assert causes == [("RUNNING", "PROVISIONING", "preempted"), ("PROVISIONING", "RUNNING", "node_running")]
+
+
+def test_a_multi_host_slice_serves_only_while_every_worker_beats(controller):
+    # v4-16: two worker VMs, two heartbeat documents. Both beating: the sweep records the slice's progress (the
+    # newest committed step any worker reports). Worker 1 silent while worker 0 still beats: the slice is lost and
+    # replaced as a unit (a new node, the old one deleted). Reading worker 0 alone would keep the job RUNNING.
+    job, st = _running(controller, tpu_spec("slice", accelerator={
+        "kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}))
+    controller.heartbeat(st.node, step=50, committed_step=40)
+    controller.heartbeat(st.node, worker=1, step=50, committed_step=45)
+    controller.sweep()
+    assert controller.status(job).last_committed_step == 45
+    time.sleep(5.5)  # worker 1 falls silent past the threshold (5 s in the tests); worker 0 goes on beating
+    controller.heartbeat(st.node, step=60, committed_step=45)
+    controller.sweep()
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.attempt, after.node, after.last_cause) == (2, "slice-2", "stale_heartbeat"), after
+    assert [n["name"] for n in controller.live(job)] == ["slice-2"]
 
 
 def test_preempted_tpu_is_deleted_before_its_replacement_so_it_never_holds_quota(controller):
