@@ -9,9 +9,9 @@ would read either as a crash.
 
 The command runs in this process's group, so the node agent's SIGTERM to the group reaches the launcher directly;
 this process only notes the signal and waits. After the launcher exits: 0 stays 0; any other status becomes 75 when
-the job's status file (RESPAWN_STATUS_FILE, written by rank 0 during this run) shows the emergency save ended
-(committed, abandoned or failed). Rank 0 only saves after every rank agreed on the notice, and every rank then exits
-75 (respawn.ckpt.distributed), so that is "every rank stopped on the notice". Otherwise the launcher's status
+the node's status file (RESPAWN_STATUS_FILE, written by the node's first rank during this run) shows the emergency
+save ended (committed, abandoned or failed). The job's save starts only after every rank agreed on the notice, and
+every rank then exits 75 (respawn.ckpt.distributed), so that is "every rank stopped on the notice". Otherwise the launcher's status
 passes through (a signal N as 128+N).
 """
 
