@@ -28,10 +28,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "jax_multiprocess"
 
 
-def start(tmp_path, name, *extra, processes: int = PROCESSES, node: str = "node") -> list[subprocess.Popen]:
+def start(tmp_path, name, *extra, processes: int = PROCESSES, node: str = "node",
+          master: str | None = None) -> list[subprocess.Popen]:
     """The example's processes in one process group of their own (the node agent signals a trainer's group),
     coordinator on 127.0.0.1; checkpoints committed in the node's local directory, then copied to the remote
-    store."""
+    store. With `master`, as the agents of a TPU slice's workers run them: no flags, each process gets
+    RESPAWN_NODE_RANK/NUM_NODES/MASTER_ADDR and a local directory (and status file) of its own, so they are hosts
+    with disks of their own and commit in the remote store."""
     run = tmp_path / name
     run.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=ROOT, RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/{node}",
@@ -43,6 +46,11 @@ def start(tmp_path, name, *extra, processes: int = PROCESSES, node: str = "node"
         cmd = [sys.executable, "-m", f"respawn.ckpt.examples.{NAME}", "--coordinator", coordinator,
                "--num-processes", str(processes), "--process-id", str(pid), "--steps", str(STEPS),
                "--checkpoint-every", str(EVERY), "--seed", "3", "--log-every", "1000", *extra]
+        if master is not None:
+            del cmd[3:9]
+            env = dict(env, RESPAWN_NODE_RANK=str(pid), RESPAWN_NUM_NODES=str(processes), RESPAWN_MASTER_ADDR=master,
+                       RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/{node}.w{pid}",
+                       RESPAWN_STATUS_FILE=f"{run}/status.json" if pid == 0 else f"{run}/status.w{pid}.json")
         with open(run / f"p{pid}.log", "ab") as out:
             group = procs[0].pid if procs else 0  # a group of their own, led by process 0 (setpgid: same session)
             procs.append(subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=out, stderr=out,
@@ -119,6 +127,61 @@ def test_sigterm_to_the_group_commits_one_step_and_resumes_bit_identical(tmp_pat
     assert sorted(final.files) == sorted(reference.files)
     for key in reference.files:
         np.testing.assert_array_equal(final[key], reference[key], err_msg=key)
+
+
+def test_agent_environment_runs_a_slice_without_flags_and_resumes_bit_identical(tmp_path, reference):
+    # The node agent's variables alone: the process id, the count, and the coordinator on worker 0's address at
+    # JAX's Cloud TPU port. An address of 127/8 other than 127.0.0.1 (as the sim gives a slice's worker 0), random so
+    # that runs beside this one do not meet on the fixed port. Each process has its own local directory: the step is
+    # committed in the remote store, with both processes' files, and a new slice resumes from it.
+    from respawn.ckpt.examples.jax_multiprocess import COORDINATOR_PORT
+
+    master = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}.1"
+    procs = start(tmp_path, "first", "--step-seconds", "0.03", master=master)
+    wait_for_step(procs, tmp_path, "first", random.randint(5, 40))
+    os.killpg(procs[0].pid, signal.SIGTERM)
+    codes = finish(procs, tmp_path, "first")
+    text = output(tmp_path, "first")
+    assert codes == [PREEMPTED_EXIT_CODE] * PROCESSES, text[-4000:]
+    for pid in range(PROCESSES):
+        assert f"{NAME}: process {pid} of {PROCESSES} pid" in text
+    stopped = preempted_steps(text)
+    assert sorted(stopped) == list(range(PROCESSES)) and len(set(stopped.values())) == 1, text[-4000:]
+    step = stopped[0]
+    step_dir = tmp_path / "remote" / f"step_{step:012d}"
+    assert (step_dir / "COMMITTED").exists()
+    assert {"p00000.bin", "p00000.pkl", "p00001.bin", "p00001.pkl"} <= set(os.listdir(step_dir))
+    assert not list(tmp_path.glob("node.w*/step_*/COMMITTED"))  # the hosts' disks hold no committed step
+    for pid in range(PROCESSES):  # each host's status file records the job's commit, in the remote store
+        status = read_status(str(tmp_path / "first" / ("status.json" if pid == 0 else f"status.w{pid}.json")))
+        assert status["emergency"]["state"] == "committed" and status["committed_step"] == step, (pid, status)
+
+    procs = start(tmp_path, "resumed", "--final-params", f"{tmp_path}/final.npz", node="new-node", master=master)
+    assert finish(procs, tmp_path, "resumed") == [0] * PROCESSES, output(tmp_path, "resumed")[-4000:]
+    text = output(tmp_path, "resumed")
+    for pid in range(PROCESSES):
+        assert f"{NAME}[process {pid}]: starting at step {step} of {STEPS}" in text
+    final = np.load(f"{tmp_path}/final.npz")
+    for key in reference.files:
+        np.testing.assert_array_equal(final[key], reference[key], err_msg=key)
+    assert COORDINATOR_PORT == 8482
+
+
+def test_the_agent_environment_without_flags(monkeypatch):
+    from respawn.ckpt.examples.jax_multiprocess import COORDINATOR_PORT, distributed_params
+
+    env = {"RESPAWN_NODE_RANK": "1", "RESPAWN_NUM_NODES": "4", "RESPAWN_MASTER_ADDR": "10.0.0.11"}
+    assert distributed_params(None, None, None, env) == (f"10.0.0.11:{COORDINATOR_PORT}", 4, 1)
+    assert distributed_params("h:1", 2, 0, env) == ("h:1", 2, 0)  # flags win
+    assert distributed_params(None, None, None, {}) == (None, 1, 0)  # one process: no jax.distributed
+    assert distributed_params(None, None, None, {"RESPAWN_NUM_NODES": "1", "RESPAWN_NODE_RANK": "0",
+                                                 "RESPAWN_MASTER_ADDR": "127.0.0.1"}) == (None, 1, 0)
+    with pytest.raises(SystemExit, match="need a coordinator"):
+        distributed_params(None, None, None, {"RESPAWN_NUM_NODES": "2"})
+    with pytest.raises(SystemExit, match="process id 2 is not one of 2"):
+        distributed_params(None, None, None, {**env, "RESPAWN_NODE_RANK": "2", "RESPAWN_NUM_NODES": "2"})
+    with pytest.raises(SystemExit, match="RESPAWN_NUM_NODES must be a non-negative integer"):
+        distributed_params(None, None, None, {"RESPAWN_NUM_NODES": "two"})
 
 
 @pytest.mark.parametrize("processes", [2, 4])

@@ -6,6 +6,11 @@ shards it holds, process 0 commits the step, and every process exits 75.
 
     python -m respawn.ckpt.examples.jax_multiprocess --coordinator 127.0.0.1:9876 --num-processes 2 --process-id 0
     python -m respawn.ckpt.examples.jax_multiprocess --coordinator 127.0.0.1:9876 --num-processes 2 --process-id 1
+
+Under the node agent on a multi-host TPU slice no flag is needed: every worker's agent gives its trainer
+RESPAWN_NODE_RANK (the worker's index: the process id), RESPAWN_NUM_NODES (the slice's workers: the process count)
+and RESPAWN_MASTER_ADDR (worker 0's IP: the coordinator runs there, on COORDINATOR_PORT). A flag given wins. One
+process (RESPAWN_NUM_NODES=1 or unset, no --coordinator) runs without jax.distributed.
 """
 
 from __future__ import annotations
@@ -17,15 +22,52 @@ import sys
 from respawn.ckpt.examples._common import parse_args, progress
 
 N, D_IN, HIDDEN, BATCH, LR = 4096, 32, 64, 64, 1e-3
+# The port JAX's own Cloud TPU cluster detection puts the coordinator on (jax/_src/clusters/cloud_tpu_cluster.py,
+# `coordinator_port = '8482'`, jax 0.10.2): the processes cannot agree on a port before the coordinator is up, so
+# it is fixed, and using JAX's keeps a job the same whether it names the coordinator or lets JAX find it.
+COORDINATOR_PORT = 8482
+# The node agent's variables (respawn.contract.ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR), spelled out: the
+# examples import nothing but respawn.ckpt.
+ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR = "RESPAWN_NODE_RANK", "RESPAWN_NUM_NODES", "RESPAWN_MASTER_ADDR"
+
+
+def distributed_params(coordinator: str | None, num_processes: int | None, process_id: int | None,
+                       env=os.environ) -> tuple[str | None, int, int]:
+    """(coordinator, process count, process id): each flag given, else the node agent's environment. A single
+    process without a coordinator gets (None, 1, 0): it runs without jax.distributed. On a real TPU VM
+    `jax.distributed.initialize()` without arguments finds the same three itself (from the worker metadata,
+    worker 0 on COORDINATOR_PORT); taking them from the agent makes them the same in the sim, where that detection
+    does not run, and on a GPU VM."""
+    def number(name: str, default: int) -> int:
+        text = env.get(name, "").strip()
+        if not text:
+            return default
+        if not text.isdigit():
+            raise SystemExit(f"jax_multiprocess: {name} must be a non-negative integer, got {text!r}")
+        return int(text)
+
+    count = num_processes if num_processes is not None else number(ENV_NUM_NODES, 1)
+    pid = process_id if process_id is not None else number(ENV_NODE_RANK, 0)
+    if count < 1 or not 0 <= pid < count:
+        raise SystemExit(f"jax_multiprocess: process id {pid} is not one of {count} process(es)")
+    if coordinator is None and count > 1:
+        master = env.get(ENV_MASTER_ADDR, "").strip()
+        if not master:
+            raise SystemExit(f"jax_multiprocess: {count} processes need a coordinator: give --coordinator HOST:PORT "
+                             f"or run under the node agent ({ENV_MASTER_ADDR})")
+        coordinator = f"{master}:{COORDINATOR_PORT}"
+    return coordinator, count, pid
 
 
 def main(argv=None) -> int:
     job = argparse.ArgumentParser(add_help=False)  # this example's own flags; the shared ones in parse_args
-    job.add_argument("--coordinator", default=os.environ.get("JAX_COORDINATOR_ADDRESS"), help="host:port of process 0")
-    job.add_argument("--num-processes", type=int, default=1)
-    job.add_argument("--process-id", type=int, default=0)
+    job.add_argument("--coordinator", default=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+                     help=f"host:port of process 0 (default: ${ENV_MASTER_ADDR}:{COORDINATOR_PORT})")
+    job.add_argument("--num-processes", type=int, default=None, help=f"default: ${ENV_NUM_NODES}, else 1")
+    job.add_argument("--process-id", type=int, default=None, help=f"default: ${ENV_NODE_RANK}, else 0")
     job, rest = job.parse_known_args(argv)
-    pid, name = job.process_id, f"jax_multiprocess[process {job.process_id}]"
+    coordinator, processes, pid = distributed_params(job.coordinator, job.num_processes, job.process_id)
+    name = f"jax_multiprocess[process {pid}]"
     args = parse_args("jax_multiprocess", rest)
     os.environ.setdefault("XLA_FLAGS",
                           f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={args.threads}")
@@ -37,9 +79,12 @@ def main(argv=None) -> int:
 
     from respawn.ckpt import TrainingLoop
 
-    # shutdown_timeout: at exit every process waits for the others; one that died must not hold the rest for 5 min.
-    jax.distributed.initialize(job.coordinator, job.num_processes, pid, shutdown_timeout_seconds=20)
-    print(f"jax_multiprocess: process {pid} of {job.num_processes} pid {os.getpid()}", flush=True)
+    if coordinator is not None:
+        # shutdown_timeout: at exit every process waits for the others; one that died must not hold the rest for
+        # 5 min. The coordinator binds the address it is known by, not every interface (JAX's default [::]).
+        jax.distributed.initialize(coordinator, processes, pid, coordinator_bind_address=coordinator,
+                                   shutdown_timeout_seconds=20)
+    print(f"jax_multiprocess: process {pid} of {processes} pid {os.getpid()}", flush=True)
     mesh = Mesh(np.array(jax.devices()), ("data",))
     replicated, by_column, by_row = (NamedSharding(mesh, P()), NamedSharding(mesh, P(None, "data")),
                                      NamedSharding(mesh, P("data")))
