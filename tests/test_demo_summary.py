@@ -71,6 +71,24 @@ def test_summary_fields():
     assert out["goodput"] == pytest.approx(0.8)
 
 
+def test_a_slices_workers_make_one_life_per_slice():
+    # Each worker of a multi-host slice beats with its own agent life; worker 1 trains from 0 while worker 0 is
+    # already at 100 in the first life's last sample. Counted as lives of their own, the replacement's worker 1
+    # (resumed 100, last at 300) after the first slice's worker 0 is fine, but the first slice's worker 1 (started
+    # at 0, resumed_from 0) after its worker 0 would read as 100 steps lost.
+    samples = [S(0, "j-1", "a0", "training", 0, None, 0), S(1, "j-1", "a1", "training", 0, None, 0, worker=1),
+               S(40, "j-1", "a0", "preempting", 100, 100), S(40, "j-1", "a1", "preempting", 100, 100, worker=1),
+               S(50, "j-2", "b0", "training", 100, 100, 100), S(51, "j-2", "b1", "training", 100, 100, 100, worker=1),
+               S(90, "j-2", "b0", "exited", 300, 300), S(90, "j-2", "b1", "exited", 300, 300, worker=1)]
+    assert [(life.node, life.life) for life in lives(samples)] == [("j-1", "a0"), ("j-2", "b0")]
+    out = summarize(run(samples, [Lifetime("j-1", "us-a", 0, 45), Lifetime("j-2", "us-b", 46, 95)]))
+    assert out["lost_steps"] == 0 and out["final_step"] == 300
+    assert out["workers"] == {"j-1": [0, 1], "j-2": [0, 1]}
+    assert len(progress_series(samples)) == 2
+    page = render_html(Timeline(title="t", wall_seconds=100, zones=["us-a"], nodes=[NodeSpan("j-1", "us-a", 0, 45, workers=2)]))
+    assert "j-1 ×2 workers" in page and "(running, 2 workers)" in page
+
+
 def test_scenarios_are_strict():
     with pytest.raises(ScenarioError) as info:
         parse_scenario({"name": "x", "preemptions": [{"at_step": 1, "at_seconds": 2}], "faults": {"dupe": 1}})
@@ -120,3 +138,24 @@ def test_a_dead_nodes_stale_step_does_not_zigzag_the_line():
     assert_each_line_rises(page)
     # The step axis is labelled from 0 to the run's total, not just its top.
     assert all(f">{s}</text>" in page for s in (0, 75, 150, 225, 300))
+
+
+def test_the_live_view_shows_a_slices_workers():
+    import io
+
+    from rich.console import Console
+
+    from sim.demo.live import LiveView, _panel
+    from sim.demo.runner import Progress
+
+    p = Progress(scenario="s", job_id="j", state="RUNNING", node="j-1", step=10, total_steps=100,
+                 workers=[(0, "training", 10), (1, "preparing", None)])
+    stream = io.StringIO()
+    LiveView(enabled=False, stream=stream).update(p)
+    assert "workers=w0:training,w1:preparing" in stream.getvalue()
+    console = Console(file=io.StringIO(), width=120)
+    console.print(_panel(p))
+    assert "w0 training 10  w1 preparing -" in console.file.getvalue()
+    single = io.StringIO()
+    LiveView(enabled=False, stream=single).update(Progress(scenario="s", job_id="j", workers=[(0, "training", 1)]))
+    assert "workers" not in single.getvalue()

@@ -28,7 +28,7 @@ from respawn import codestore, deployment, schema
 from respawn.workdir import human_bytes, pack
 from sim import emulators, node_image
 from sim.demo.scenario import Scenario
-from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, progress_series, summarize
+from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, progress_series, summarize, workers_seen
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
 
 PROJECT = "respawn-demo"
@@ -61,6 +61,7 @@ class Progress:
     total_steps: int = 0
     restarts: int = 0
     live_nodes: int = 0
+    workers: list[tuple[int, str, int | None]] = field(default_factory=list)  # the node's hosts: worker, state, step
     events: list[str] = field(default_factory=list)
     alerts: int = 0
 
@@ -341,17 +342,21 @@ class DemoRun:
                 break
             snap = job_ref.get()
             status = schema.JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
-            beats = {}
+            beats: dict[str, dict[int, dict]] = {}  # node → worker → its heartbeat
             for doc in db.collection(schema.NODES).where(filter=FieldFilter("job_id", "==", job_id)).stream():
                 hb = doc.to_dict() or {}
-                beats[doc.id] = hb
+                worker = int(hb.get("worker") or 0)
+                # A slice's worker i beats to {node}-w{i} (contract.heartbeat_id): count it under its node.
+                node = doc.id.removesuffix(f"-w{worker}") if worker else doc.id
+                beats.setdefault(node, {})[worker] = hb
                 started = hb.get("started_at")
                 samples.append(HeartbeatSample(
-                    t=now, node=doc.id, life=str(started.timestamp() if isinstance(started, datetime) else started),
+                    t=now, node=node, life=str(started.timestamp() if isinstance(started, datetime) else started),
                     state=str(hb.get("state")), step=hb.get("step"), committed_step=hb.get("committed_step"),
-                    resumed_from=hb.get("resumed_from"),
+                    resumed_from=hb.get("resumed_from"), worker=worker,
                 ))
-            current = beats.get(status.node or "") or {}
+            hosts = beats.get(status.node or "") or {}
+            current = hosts.get(0) or {}
             live = self.sim.live_nodes(job=job_id)
             if now - last_poll_events > 1.0:
                 last_poll_events = now
@@ -383,6 +388,7 @@ class DemoRun:
             progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts
             progress.step, progress.committed = current.get("step"), current.get("committed_step")
             progress.live_nodes, progress.alerts = len(live), len(self.slack.payloads)
+            progress.workers = [(w, str(hb.get("state")), hb.get("step")) for w, hb in sorted(hosts.items())]
             self.on_progress(progress)
             if status.state.terminal:
                 break
@@ -429,13 +435,15 @@ class DemoRun:
 
     def _finish(self, job_id, status, samples, marks, sim_t0, wall) -> dict[str, Any]:
         history = [h for h in self.sim.history() if (h.get("labels") or {}).get("respawn-job") == job_id]
+        hosts = workers_seen(samples)
         lifetimes, spans = [], []
         for h in history:
             for start, end in h["live"]:
                 s, e = start - sim_t0, (None if end is None else end - sim_t0)
                 final = h["states"][-1][1] if h["states"] else ""
                 lifetimes.append(Lifetime(h["name"], h["zone"], s, e, final))
-                spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running"))
+                spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running",
+                                      workers=len(hosts.get(h["name"]) or [0])))
         alerts = [p.get("text", "") for p in self.slack.payloads]
         rec = RunRecord(job_id=job_id, total_steps=self.sc.trainer.steps, wall_seconds=wall, state=status.state.value,
                         restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts)

@@ -16,6 +16,7 @@ class HeartbeatSample:
     step: int | None
     committed_step: int | None
     resumed_from: int | None = None
+    worker: int = 0  # the host of a multi-host TPU slice whose heartbeat this is; `node` is the slice's name
 
 
 @dataclass
@@ -54,10 +55,12 @@ class RunRecord:
 
 
 def lives(samples: list[HeartbeatSample]) -> list[Life]:
-    """Trainer lives in order, from the heartbeats that reported a step."""
+    """Trainer lives in order, from the heartbeats that reported a step. A multi-host slice's life is worker 0's:
+    its processes stop at one agreed step, and each worker's agent has a life of its own, which counted apart would
+    read as one life lost to the next."""
     by_key: dict[tuple[str, str], Life] = {}
     for s in sorted(samples, key=lambda s: s.t):
-        if s.step is None:
+        if s.step is None or s.worker != 0:
             continue
         key = (s.node, s.life)
         life = by_key.get(key)
@@ -88,6 +91,14 @@ def progress_series(samples: list[HeartbeatSample]) -> list[list[tuple[float, in
             points.append((s.t, s.step))
         series.append(points)
     return series
+
+
+def workers_seen(samples: list[HeartbeatSample]) -> dict[str, list[int]]:
+    """Per node, the workers that beat (a single host: [0])."""
+    seen: dict[str, set[int]] = {}
+    for s in samples:
+        seen.setdefault(s.node, set()).add(s.worker)
+    return {node: sorted(ws) for node, ws in seen.items()}
 
 
 def lost_steps(ordered: list[Life]) -> int:
@@ -147,4 +158,5 @@ def summarize(rec: RunRecord) -> dict:
         "alerts": rec.alerts,
         "wall_seconds": round(rec.wall_seconds, 2),
         "goodput": round(goodput(ordered, final_step, rec.wall_seconds), 4),
+        "workers": workers_seen(rec.samples),
     }

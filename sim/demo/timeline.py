@@ -18,6 +18,7 @@ class NodeSpan:
     start: float
     end: float
     end_reason: str = ""  # preempted, host-error, deleted, running
+    workers: int = 1  # hosts of a multi-host TPU slice that heartbeat
 
 
 @dataclass
@@ -63,10 +64,12 @@ def render_html(tl: Timeline) -> str:
             continue
         y = _TOP + tl.zones.index(n.zone) * _ROW + 6
         w = max(2.0, x(n.end) - x(n.start))
-        tip = f"{n.name}: {n.start:.1f}–{n.end:.1f} s ({n.end_reason or 'running'})"
+        hosts = f", {n.workers} workers" if n.workers > 1 else ""
+        tip = f"{n.name}: {n.start:.1f}–{n.end:.1f} s ({n.end_reason or 'running'}{hosts})"
         svg.append(f'<rect x="{x(n.start):.1f}" y="{y}" width="{w:.1f}" height="{_ROW - 12}" rx="3" fill="#9ecae1" '
                    f'stroke="#3182bd"><title>{html.escape(tip)}</title></rect>')
-        svg.append(f'<text x="{x(n.start) + 4:.1f}" y="{y + _ROW / 2}">{html.escape(n.name)}</text>')
+        label = n.name + (f" ×{n.workers} workers" if n.workers > 1 else "")
+        svg.append(f'<text x="{x(n.start) + 4:.1f}" y="{y + _ROW / 2}">{html.escape(label)}</text>')
     py0 = _TOP + zones_h + 30
     svg.append(f'<text x="8" y="{py0 + _PROGRESS / 2}">step</text>')
     svg.append(f'<rect x="{_LEFT}" y="{py0}" width="{_W - 20 - _LEFT}" height="{_PROGRESS}" fill="none" stroke="#cccccc"/>')
