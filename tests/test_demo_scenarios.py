@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -92,8 +93,65 @@ def test_default_scenario_file_matches_the_built_in_default():
     assert parse_scenario(yaml.safe_load((SCENARIOS / "default.yaml").read_text())) == default_scenario()
 
 
+def uninterrupted_slice_state(tmp_path: Path, sc, processes: int) -> Path:
+    """The final step directory of the scenario's JAX trainer run without interruption, as `processes` hosts of a
+    slice (the node agent's variables, no flags) with one directory: what a run that was never preempted commits."""
+    t = sc.trainer
+    master = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}.1"  # away from the sim's 127.1.x.y
+    env = {**os.environ, "RESPAWN_NUM_NODES": str(processes), "RESPAWN_MASTER_ADDR": master,
+           "RESPAWN_LOCAL_CHECKPOINT_DIR": str(tmp_path / "reference")}
+    for name in ("RESPAWN_CHECKPOINT_URI", "RESPAWN_STATUS_FILE"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "respawn.ckpt.examples.jax_multiprocess", "--steps", str(t.steps),
+           "--checkpoint-every", str(t.checkpoint_every), "--seed", str(t.seed), "--log-every", "1000"]
+    procs = [subprocess.Popen(cmd, env={**env, "RESPAWN_NODE_RANK": str(i)}, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(processes)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-2000:] for o in outs)
+    return tmp_path / "reference" / f"step_{t.steps:012d}"
+
+
+def check_tpu_slice(tmp_path: Path, sc, out: dict) -> None:
+    """Every worker of both slices ran its process; the preemption stopped both at one step, whose emergency
+    checkpoint was committed in the remote store (the workers' disks are their own) with both processes' files; the
+    replacement's processes both started from it; the final state is bit-identical to an uninterrupted run."""
+    from respawn.topology import tpu_hosts
+
+    workers = tpu_hosts(sc.job["accelerator"]["accelerator_type"])
+    assert workers == 2
+    nodes = tmp_path / "out" / "nodes"
+    logs = {p.name.removesuffix(".console.log"): p.read_text(errors="replace") for p in nodes.rglob("*.console.log")}
+    slices = sorted(out["workers"])
+    assert len(slices) == 2 and out["workers"] == {n: list(range(workers)) for n in slices}, out["workers"]
+    assert sorted(logs) == sorted(n if w == 0 else f"{n}.w{w}" for n in slices for w in range(workers)), sorted(logs)
+    first, replacement = slices
+    stops = {}
+    for w in range(workers):
+        text = logs[first if w == 0 else f"{first}.w{w}"]
+        assert f"jax_multiprocess: process {w} of {workers} pid" in text, text[-3000:]
+        stops[w] = re.findall(rf"jax_multiprocess\[process {w}\]: preempted at step (\d+); emergency checkpoint "
+                              r"committed \(durable=remote", text)
+    assert all(len(found) == 1 for found in stops.values()) and len({f[0] for f in stops.values()}) == 1, stops
+    step = int(stops[0][0])
+    assert sc.preemptions[0].at_step <= step < sc.trainer.steps
+    step_dir = tmp_path / "out" / "checkpoints" / f"step_{step:012d}"
+    assert (step_dir / "COMMITTED").exists()
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert manifest["kind"] == "emergency" and manifest["layout"] == "jax-sharded"
+    assert manifest["processes"] == workers
+    assert sorted(manifest["files"]) == sorted(f"p{w:05d}.{ext}" for w in range(workers) for ext in ("bin", "pkl"))
+    for w in range(workers):
+        text = logs[replacement if w == 0 else f"{replacement}.w{w}"]
+        assert f"jax_multiprocess[process {w}]: starting at step {step} of {sc.trainer.steps}" in text, text[-3000:]
+        assert f"jax_multiprocess[process {w}]: done, final step {sc.trainer.steps}" in text
+    final = tmp_path / "out" / "checkpoints" / f"step_{sc.trainer.steps:012d}"
+    reference = uninterrupted_slice_state(tmp_path, sc, workers)
+    for w in range(workers):  # every shard of every array (parameters, Adam moments, the dropout key)
+        assert (final / f"p{w:05d}.bin").read_bytes() == (reference / f"p{w:05d}.bin").read_bytes(), w
+
+
 @pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
-                                  "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8"])
+                                  "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8", "tpu-slice"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
@@ -125,6 +183,9 @@ def test_scenario(tmp_path, name):
     elif name == "large-state":
         # The emergency save cannot fit the budget: the job resumes from a periodic checkpoint and redoes steps.
         assert 0 < out["lost_steps"]
+    elif name == "tpu-slice":
+        assert out["lost_steps"] == 0
+        check_tpu_slice(tmp_path, sc, out)
     elif name == "jax":
         # The host error gives no notice: at most the steps since the last periodic checkpoint are redone.
         assert 0 <= out["lost_steps"] <= 2 * sc.trainer.checkpoint_every

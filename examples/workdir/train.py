@@ -6,10 +6,15 @@ model for the framework chosen with --framework, with DDP when started by torchr
 are the example trainer's: --steps, --checkpoint-every, ...):
 
     python -m respawn.ckpt.launch torchrun --nproc-per-node 8 train.py --ranks 8 --steps 200
+
+JAX on a multi-host TPU slice runs one process per worker VM, each under its worker's node agent: there the agent
+sets RESPAWN_NUM_NODES to the slice's workers, and this runs the jax.distributed example, which takes its process
+id and coordinator from the agent too.
 """
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +36,8 @@ def main() -> int:
         from respawn.ckpt.examples import torch_ddp as example
     elif args.framework == "torch":
         from respawn.ckpt.examples import torch_mlp as example
+    elif int(os.environ.get("RESPAWN_NUM_NODES") or 1) > 1:  # one process per worker of a TPU slice
+        from respawn.ckpt.examples import jax_multiprocess as example
     else:
         from respawn.ckpt.examples import jax_mlp as example
     return example.main(rest)
