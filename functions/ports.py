@@ -85,3 +85,12 @@ class NodeProvider(Protocol):
     def delete(self, zone: str, name: str) -> None:
         """Delete the node and wait for the operation; a node that does not exist is success."""
         ...
+
+
+class AttributeWriter(Protocol):
+    """A provider that can change a live node's metadata attributes (Compute Engine: setMetadata), for the
+    generation of a multi-node GPU job (docs/architecture.md, "Multi-node jobs"); not yet called by reconcile."""
+
+    def set_attributes(self, zone: str, name: str, values: dict[str, str]) -> None:
+        """Set these attributes, keep the others, wait for the operation; retried on a stale fingerprint (412)."""
+        ...

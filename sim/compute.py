@@ -13,6 +13,9 @@ boot disk names it, on the call itself, as Compute Engine answers.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import random
 import re
 import threading
@@ -329,6 +332,33 @@ class ComputeService:
     def get(self, zone: str, name: str) -> dict:
         with self.sim.cond:
             return dict(self._get(zone, name).body)
+
+    def set_metadata(self, zone: str, name: str, body: dict) -> dict:
+        """instances.setMetadata: the whole item list is replaced, conditional on the fingerprint the caller read
+        (412 conditionNotMet when it changed since: optimistic locking, gcp-facts). A running node's metadata
+        server serves the new attributes at once, waking its hanging GETs; a node not booted yet gets them at boot."""
+        items = [{"key": i["key"], "value": i.get("value", "")} for i in body.get("items") or []]
+        with self.sim.cond:
+            inst = self._get(zone, name)
+            current = inst.body["metadata"]
+            if body.get("fingerprint") != current["fingerprint"]:
+                raise compute_error(412, "conditionNotMet", "Supplied fingerprint does not match current metadata "
+                                    "fingerprint.")
+            before = {i["key"]: i.get("value", "") for i in current["items"]}
+            after = {i["key"]: i["value"] for i in items}
+            digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode() + inst.id.encode()).digest()
+            inst.body["metadata"] = {"kind": "compute#metadata", "items": items,
+                                     "fingerprint": base64.b64encode(digest[:8]).decode()}
+            inst.runtime.metadata_kwargs["attributes"] = dict(after)
+            server = inst.runtime.metadata
+            if server is not None:
+                for key in before.keys() - after.keys():
+                    server.delete(f"instance/attributes/{key}")
+                for key, value in after.items():
+                    server.set_attribute(key, value)
+            op = self._new_op(zone, "setMetadata", self._path(zone, name), inst.id)
+            self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op)
+        return dict(op.body)
 
     def list(self, zone: str, filter_text: str | None) -> dict:
         with self.sim.cond:

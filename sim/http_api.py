@@ -26,6 +26,7 @@ ROUTES = [
     ("DELETE", _C + r"/instances/(?P<name>[^/]+)", "c_delete"),
     ("POST", _C + r"/instances/(?P<name>[^/]+)/start", "c_start"),
     ("POST", _C + r"/instances/(?P<name>[^/]+)/stop", "c_stop"),
+    ("POST", _C + r"/instances/(?P<name>[^/]+)/setMetadata", "c_set_metadata"),
     ("GET", _C + r"/operations", "c_ops"),
     ("GET", _C + r"/operations/(?P<op>[^/]+)", "c_op"),
     ("POST", _C + r"/operations/(?P<op>[^/]+)/wait", "c_wait"),
@@ -53,6 +54,7 @@ _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
 
 # Which fault-injector method name each API call answers to.
 FAULT_NAMES = {"c_insert": "insert", "c_delete": "delete", "c_start": "start", "c_stop": "stop", "c_get": "get",
+               "c_set_metadata": "set_metadata",
                "c_list": "list", "c_image": "image", "c_image_family": "image",
                "t_create": "create", "t_delete": "delete", "t_get": "get", "t_list": "list"}
 
@@ -135,6 +137,9 @@ def make_handler(sim: "SimServer"):
 
         def c_stop(self, zone, name, body, query):
             return sim.compute.stop(zone, name)
+
+        def c_set_metadata(self, zone, name, body, query):
+            return sim.compute.set_metadata(zone, name, body)
 
         def c_ops(self, zone, body, query):
             return sim.compute.list_operations(zone, query.get("filter"))

@@ -203,3 +203,37 @@ def test_the_adapters_satisfy_the_control_planes_ports(made):
                 want = list(inspect.signature(member).parameters)
                 got = list(inspect.signature(getattr(type(impl), name)).parameters)
                 assert got[:len(want)] == want, (type(impl).__name__, name, got, want)
+
+
+def test_node_attributes_are_set_in_place_and_a_running_node_hears_at_once(made, sim_server):
+    # The multi-node design tells members of a new generation through a metadata attribute: setMetadata keeps the
+    # other attributes, a running node's metadata server serves the value at once (a hanging wait_for_change
+    # returns), a stale fingerprint is refused with 412 as Compute Engine does, and the adapter retries a 412.
+    import threading
+
+    from google.api_core import exceptions as gexc
+
+    from respawn.agent.metadata import MetadataClient
+
+    gce = ComputeProvider(made)
+    gce.create(parse_spec(gpu_spec("vm")), ZONE, "vm-1", 1, "spot", "#!/bin/bash\n")
+    md = MetadataClient(sim_server.metadata_server(ZONE, "vm-1").host)
+    key = "instance/attributes/respawn-generation"
+    gce.set_attributes(ZONE, "vm-1", {"respawn-generation": "1"})
+    value, etag = md.read(key)
+    assert value == "1"
+    heard: list[str] = []
+    waiter = threading.Thread(target=lambda: heard.append(md.wait_for_change(key, etag, wait_seconds=30)[0]))
+    waiter.start()
+    before = made.instances().get(project=PROJECT, zone=ZONE, instance="vm-1").metadata
+    sim_server.set_api_faults(count=1, status=412, methods=("set_metadata",))  # a writer got in between once
+    gce.set_attributes(ZONE, "vm-1", {"respawn-generation": "2"})
+    waiter.join(10)
+    assert heard == ["2"] and sim_server.api_faults["count"] == 0  # the 412 was met, and retried
+    attrs = {i.key: i.value for i in made.instances().get(project=PROJECT, zone=ZONE, instance="vm-1").metadata.items}
+    assert attrs["respawn-generation"] == "2" and attrs["respawn-job-id"] == "vm" and "startup-script" in attrs
+    with pytest.raises(gexc.PreconditionFailed, match="fingerprint"):
+        made.instances().set_metadata_unary(project=PROJECT, zone=ZONE, instance="vm-1", metadata_resource=before)
+    fingerprint = made.instances().get(project=PROJECT, zone=ZONE, instance="vm-1").metadata.fingerprint
+    gce.set_attributes(ZONE, "vm-1", {"respawn-generation": "2"})  # already so: nothing written
+    assert made.instances().get(project=PROJECT, zone=ZONE, instance="vm-1").metadata.fingerprint == fingerprint

@@ -23,6 +23,7 @@ OP_TIMEOUT = ControlSettings.compute_op_timeout_seconds  # the default; Deps.def
 DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_SERVICE_ACCOUNT = "default"  # the project's Compute Engine default service account
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+SET_METADATA_TRIES = 5  # reads and conditional writes before a 412 (a writer racing us every time) is raised
 CHECK_TIMEOUT = 30.0  # seconds for the boot-image check, which must never hold a delivery for long
 
 
@@ -155,3 +156,25 @@ class ComputeProvider:
             self._wait(zone, op)
         except gexc.NotFound:
             return
+
+    def set_attributes(self, zone: str, name: str, values: dict[str, str]) -> None:
+        """Set metadata attributes of a node (the others kept) and wait for the operation: read the items and their
+        fingerprint, write them back changed. setMetadata replaces the whole list and fails with 412 when the
+        fingerprint is stale (someone wrote in between): read again and retry."""
+        instances = self.clients.instances()
+        for attempt in range(SET_METADATA_TRIES):
+            current = instances.get(project=self.project, zone=zone, instance=name).metadata
+            items = {i.key: i.value for i in current.items}
+            if all(items.get(k) == v for k, v in values.items()):
+                return  # already so: a repeated delivery writes nothing
+            items.update(values)
+            body = compute_v1.Metadata(fingerprint=current.fingerprint,
+                                       items=[compute_v1.Items(key=k, value=v) for k, v in items.items()])
+            try:
+                op = instances.set_metadata_unary(project=self.project, zone=zone, instance=name,
+                                                  metadata_resource=body)
+                self._wait(zone, op)
+                return
+            except gexc.PreconditionFailed:
+                if attempt == SET_METADATA_TRIES - 1:
+                    raise
