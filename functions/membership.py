@@ -26,10 +26,10 @@ What happens when slots are empty (plan()):
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 from typing import Sequence
 
+from respawn.contract import Generation
 from respawn.schema import JobSpec
 
 
@@ -53,35 +53,6 @@ class SlotView:
     address: str | None = None  # its internal IP, once the API shows it
     provisioning: str = "spot"
     refused: bool = False  # the zone refused this slot's replacement in the current round
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One membership of the training world. `number` grows by one with every change."""
-
-    number: int
-    members: tuple[str, ...]  # node names in node-rank order; members[0] is the master
-    master_addr: str
-
-    @property
-    def world_size(self) -> int:
-        return len(self.members)
-
-    def node_rank(self, node: str) -> int:
-        """This node's rank in the generation; ValueError for a node that is not a member."""
-        try:
-            return self.members.index(node)
-        except ValueError:
-            raise ValueError(f"{node} is not a member of generation {self.number} ({', '.join(self.members)})") from None
-
-    def to_json(self) -> str:
-        return json.dumps({"number": self.number, "members": list(self.members), "master_addr": self.master_addr},
-                          separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "Generation":
-        data = json.loads(text)
-        return cls(int(data["number"]), tuple(data["members"]), str(data["master_addr"]))
 
 
 def form_generation(previous: Generation | None, serving: Sequence[SlotView]) -> Generation | None:

@@ -23,12 +23,13 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
                       status: dict[str, Any] | None, started_at: datetime | None, notice: str | None = None,
                       exit_code: int | None = None, output_tail: str | None = None,
                       failed_command: list[str] | None = None, now: datetime | None = None,
-                      worker: int = 0) -> Heartbeat:
+                      worker: int = 0, generation: int | None = None) -> Heartbeat:
     """The nodes/{node} document (respawn.contract.Heartbeat) as a dict of Python values; datetimes stay datetimes
     for the Firestore encoder. `status` is the trainer's status file (respawn.contract.read_status), or None before
     it exists; values of the wrong type in it are left out (None), never passed on. `failed_command` (argv) goes
     with state SETUP_FAILED, beside `exit_code` and `output_tail` of that command. `worker` is this host's index in a
-    multi-host TPU slice (the document is nodes/{heartbeat_id(node, worker)})."""
+    multi-host TPU slice (the document is nodes/{heartbeat_id(node, worker)}); `generation` the number of the
+    generation a multi-node member's trainer runs or last ran."""
     status = status or {}
     emergency = status.get("emergency")
     return {
@@ -46,6 +47,7 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
         "notice": notice,
         "emergency": dict(emergency) if isinstance(emergency, dict) else None,
         "started_at": started_at,
+        "generation": generation,
         "heartbeat_at": now or datetime.now(timezone.utc),
     }
 

@@ -38,6 +38,10 @@ ATTR_INSTALL_NVIDIA_DRIVER = "install-nvidia-driver"
 ATTR_WORKER_NUMBER = "agent-worker-number"
 ATTR_WORKER_ENDPOINTS = "worker-network-endpoints"
 ATTR_ACCELERATOR_TYPE = "accelerator-type"  # e.g. v5litepod-16 (respawn.topology.tpu_hosts gives its workers)
+# A member VM of a multi-node GPU job carries the membership it trains in (Generation.to_json(); "" until the first
+# forms). The control plane rewrites it on every membership change (setMetadata); the agent waits on it and
+# restarts its trainer for each new generation that names this node.
+ATTR_GENERATION = "respawn-generation"
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
 
@@ -57,6 +61,64 @@ ENV_NODE_RANK = "RESPAWN_NODE_RANK"  # this host's index: a TPU worker's agent-w
 ENV_NUM_NODES = "RESPAWN_NUM_NODES"  # hosts in the job: a TPU slice's workers
 ENV_MASTER_ADDR = "RESPAWN_MASTER_ADDR"  # host 0's IP address (the coordinator runs there)
 SINGLE_HOST_MASTER_ADDR = "127.0.0.1"
+ENV_GENERATION = "RESPAWN_GENERATION"  # a multi-node member: the generation's number (unset otherwise)
+# torchrun reads each of its options from PET_<OPTION> when its command line does not give it
+# (torch/distributed/argparse_util.py, the `env` action; --rdzv-backend defaults to static), so a member's command
+# stays `torchrun --nproc-per-node 8 train.py` in every generation.
+TORCHRUN_MASTER_PORT = 29500  # torchrun's own default --master-port
+
+
+def torchrun_env(node_rank: int, nnodes: int, master_addr: str, port: int = TORCHRUN_MASTER_PORT) -> Dict[str, str]:
+    """The PET_* variables that give torchrun one generation's static ranks."""
+    return {"PET_NNODES": str(nnodes), "PET_NODE_RANK": str(node_rank), "PET_MASTER_ADDR": master_addr,
+            "PET_MASTER_PORT": str(port)}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One membership of a multi-node job's training world (ATTR_GENERATION): members are node names in node-rank
+    order, members[0] the master, whose address is master_addr. `number` grows by one with every change."""
+
+    number: int
+    members: Tuple[str, ...]
+    master_addr: str
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def node_rank(self, node: str) -> int:
+        """This node's rank; ValueError for a node that is not a member."""
+        try:
+            return self.members.index(node)
+        except ValueError:
+            raise ValueError(f"{node} is not a member of generation {self.number} ({', '.join(self.members)})") from None
+
+    def to_json(self) -> str:
+        return json.dumps({"number": self.number, "members": list(self.members), "master_addr": self.master_addr},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Generation":
+        """Parse and check ATTR_GENERATION; ValueError names what is wrong."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{ATTR_GENERATION} is not JSON ({exc}): {text[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{ATTR_GENERATION} must be a JSON object, got {text[:200]!r}")
+        number, members, master = data.get("number"), data.get("members"), data.get("master_addr")
+        if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+            raise ValueError(f"{ATTR_GENERATION}.number must be a positive integer, got {number!r}")
+        if (not isinstance(members, list) or not members or not all(isinstance(m, str) and m for m in members)
+                or len(set(members)) != len(members)):
+            raise ValueError(f"{ATTR_GENERATION}.members must be a non-empty list of distinct node names, "
+                             f"got {members!r}")
+        try:
+            ipaddress.ip_address(master)
+        except ValueError:
+            raise ValueError(f"{ATTR_GENERATION}.master_addr must be an IP address, got {master!r}") from None
+        return cls(number, tuple(members), master)
 
 # ---- exit codes --------------------------------------------------------------------------------------------
 
@@ -286,6 +348,7 @@ class NodeState(str, enum.Enum):
     SETUP_FAILED = "setup-failed"  # a setup command failed: not a preemption; the job fails (failed_command)
     TRAINING = "training"
     PREEMPTING = "preempting"
+    WAITING = "waiting"  # a multi-node member between generations: prepared, no trainer running
     EXITED = "exited"
 
 
@@ -307,6 +370,7 @@ class Heartbeat(TypedDict):
     notice: Optional[str]  # what told the agent: preempted, maintenance-event, sigterm
     emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
     started_at: Optional[datetime]  # when the trainer started
+    generation: Optional[int]  # a multi-node member: the generation its trainer runs (or last ran); else None
     heartbeat_at: datetime  # written as Firestore's commit time (HEARTBEAT_SERVER_TIME_FIELDS)
 
 

@@ -461,6 +461,7 @@ class Heartbeat(_Record):
     notice: str | None = None  # what told the agent: preempted, maintenance-event, sigterm
     emergency: dict[str, Any] | None = None  # the trainer's emergency-save outcome
     started_at: datetime | None = None
+    generation: int | None = None  # a multi-node member: the generation its trainer runs (or last ran)
     heartbeat_at: datetime
 
 

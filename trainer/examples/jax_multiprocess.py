@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 
+from respawn import contract
 from respawn.ckpt.examples._common import parse_args, progress
 
 N, D_IN, HIDDEN, BATCH, LR = 4096, 32, 64, 64, 1e-3
@@ -26,9 +27,7 @@ N, D_IN, HIDDEN, BATCH, LR = 4096, 32, 64, 64, 1e-3
 # `coordinator_port = '8482'`, jax 0.10.2): the processes cannot agree on a port before the coordinator is up, so
 # it is fixed, and using JAX's keeps a job the same whether it names the coordinator or lets JAX find it.
 COORDINATOR_PORT = 8482
-# The node agent's variables (respawn.contract.ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR), spelled out: the
-# examples import nothing but respawn.ckpt.
-ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR = "RESPAWN_NODE_RANK", "RESPAWN_NUM_NODES", "RESPAWN_MASTER_ADDR"
+ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR = contract.ENV_NODE_RANK, contract.ENV_NUM_NODES, contract.ENV_MASTER_ADDR
 
 
 def distributed_params(coordinator: str | None, num_processes: int | None, process_id: int | None,
