@@ -43,7 +43,7 @@ from .prepare import AGENT, PrepareFailed, Preparer, write_json
 from .previous_life import upload_previous_life
 from .storage import Fetcher, Interrupted
 from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id, read_exit_file
-from .watcher import NOTICE_SIGTERM, Watcher, maintenance_watch, preempted_watch
+from .watcher import NOTICE_SIGTERM, ValueWatcher, Watcher, maintenance_watch, preempted_watch
 
 # After the notice budget, this long is left to write the final heartbeat (a Spot VM gets 30 s in all).
 FINAL_WRITE_GRACE_S = 3.0
@@ -101,6 +101,15 @@ class Agent:
             Watcher(md, w, self.on_notice, wait_seconds=self.settings.metadata_wait_seconds)
             for w in (preempted_watch(), maintenance_watch())
         ]
+        # A member of a multi-node job trains in one generation at a time (respawn.contract.Generation): it starts
+        # its trainer when a generation names it, and restarts it, with the new ranks, for every newer one.
+        self.multi_node = cfg.generation is not None
+        self.generation: contract.Generation | None = None  # the newest one the metadata server gave
+        self.trainer_generation: int | None = None  # the one the trainer runs (or last ran)
+        self._prepared: Preparer | None = None
+        self.generation_watch = (ValueWatcher(md, f"instance/attributes/{contract.ATTR_GENERATION}",
+                                              self.on_generation, wait_seconds=self.settings.metadata_wait_seconds)
+                                 if self.multi_node else None)
 
     # --- inputs -------------------------------------------------------------------------------------------
 
@@ -109,6 +118,22 @@ class Agent:
         with self._lock:
             if self.notice is None:
                 self.notice, self.notice_at = notice, time.monotonic()
+        self.wake.set()
+
+    def on_generation(self, text: str) -> None:
+        """Called by the generation watcher with each new value of ATTR_GENERATION."""
+        if not text.strip():
+            return  # no generation has formed yet
+        try:
+            generation = contract.Generation.from_json(text)
+        except ValueError as exc:
+            log("ERROR", "ignoring a malformed generation; the control plane writes the next one", error=str(exc))
+            return
+        with self._lock:
+            if self.generation is None or generation.number > self.generation.number:
+                self.generation = generation
+        log("INFO", "generation received", generation=generation.number, members=list(generation.members),
+            master_addr=generation.master_addr, member=self.cfg.node in generation.members)
         self.wake.set()
 
     def on_detach(self) -> None:
@@ -123,7 +148,7 @@ class Agent:
             job_id=self.cfg.job_id, attempt=self.cfg.attempt, zone=self.cfg.zone, state=self.state,
             status=contract.read_status(self.status_path), started_at=self.started_at,
             notice=None if failed else self.notice, exit_code=self.exit_code, output_tail=self.output_tail,
-            failed_command=self.failed_command, worker=self.cfg.worker,
+            failed_command=self.failed_command, worker=self.cfg.worker, generation=self.trainer_generation,
         )
 
     # --- the life ------------------------------------------------------------------------------------------
@@ -137,6 +162,8 @@ class Agent:
         self.heartbeater.start()
         for w in self.watchers:
             w.start()
+        if self.generation_watch is not None:
+            self.generation_watch.start()
         ended_before = self._take_over_or_start()
         if ended_before is not None:
             return self._report_exit(ended_before[1])
@@ -149,8 +176,14 @@ class Agent:
                 return self._detach()
             if self.trainer is not None:
                 ended, code = self.trainer.poll()
-                if ended:
+                if ended and (not self.multi_node or code == 0):
                     return self._report_exit(code)
+                if ended:
+                    self._between_generations(code)
+                elif self.multi_node and self._newer_generation():
+                    self._stop_for_generation()
+            if self.multi_node and self.trainer is None and self.state is not NodeState.SETUP_FAILED:
+                self._start_in_generation()
             self.wake.wait(0.5)
             self.wake.clear()
 
@@ -163,6 +196,7 @@ class Agent:
             record = None
         if record is not None and record.alive():
             log("INFO", "adopting the trainer a previous agent started", pid=record.pid, started_at=record.started_at)
+            self.trainer_generation = record.generation
             # Its earlier output was forwarded by the previous agent already: follow from the current end.
             self._attach(TrainerProcess(self.node_dir, record, child=None),
                          forward_from=_size(os.path.join(self.node_dir, LOG_FILE)))
@@ -184,12 +218,71 @@ class Agent:
         prepared = self._prepare()
         if prepared is None or self._interrupted():
             return None  # failed (setup-failed), or a notice / SIGHUP came first: start nothing
+        if self.multi_node:
+            self._prepared = prepared
+            self.state = NodeState.WAITING  # the main loop starts the trainer when a generation names this node
+            self.heartbeater.nudge()
+            return None
         started_at = _iso_now()
         trainer = TrainerProcess.start(self.node_dir, prepared.argv(self.settings.command), prepared.env,
                                        job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=started_at,
                                        cwd=prepared.cwd)
         self._attach(trainer)
         return None
+
+    # --- generations (a multi-node member) -------------------------------------------------------------------
+
+    def _newer_generation(self) -> bool:
+        return self.generation is not None and self.generation.number != self.trainer_generation
+
+    def _start_in_generation(self) -> None:
+        """Start the trainer with the newest generation's ranks, once per generation that names this node."""
+        generation = self.generation
+        if generation is None or generation.number == self.trainer_generation or self._interrupted():
+            return
+        if self.cfg.node not in generation.members:
+            return  # not (or no longer) a member: wait for a generation that names this node
+        if self._prepared is None:  # an agent that adopted a trainer and saw it end prepares its life again
+            self._prepared = self._prepare()
+            if self._prepared is None or self._interrupted():
+                return
+        rank = generation.node_rank(self.cfg.node)
+        env = dict(self._prepared.env)
+        env.update({contract.ENV_NODE_RANK: str(rank), contract.ENV_NUM_NODES: str(generation.world_size),
+                    contract.ENV_MASTER_ADDR: generation.master_addr, contract.ENV_GENERATION: str(generation.number),
+                    **contract.torchrun_env(rank, generation.world_size, generation.master_addr)})
+        self.exit_code = self.output_tail = None
+        self.trainer_generation = generation.number
+        trainer = TrainerProcess.start(self.node_dir, self._prepared.argv(self.settings.command), env,
+                                       job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=_iso_now(),
+                                       cwd=self._prepared.cwd, generation=generation.number)
+        self._attach(trainer)
+        self.heartbeater.nudge()
+
+    def _stop_for_generation(self) -> None:
+        """A newer generation: the trainer stops (SIGTERM: the emergency save, as on a notice, bounded by the
+        notice budget, then its process group is killed) and the main loop starts it again with the new ranks."""
+        assert self.trainer is not None and self.generation is not None
+        log("WARNING", "new generation: stopping the trainer to restart it with the new membership",
+            running=self.trainer_generation, newer=self.generation.number, pid=self.trainer.pid)
+        self.trainer.signal(signal.SIGTERM)
+        code = self._wait_for_trainer(time.monotonic() + self.settings.notice_budget_seconds)
+        self._between_generations(code)
+
+    def _between_generations(self, code: int | None) -> None:
+        """The trainer of this generation ended (stopped for a newer one, or a peer was lost and its collectives
+        failed): the node waits for the next generation; the control plane decides what the exits mean."""
+        assert self.trainer is not None
+        self.exit_code = code
+        if code not in (0, contract.EXIT_PREEMPTED):
+            self.output_tail = self.trainer.output_tail()
+        log("INFO" if code == contract.EXIT_PREEMPTED else "WARNING", "trainer ended; waiting for the next "
+            "generation", exit_code=code, generation=self.trainer_generation)
+        self._stop_forwarding()
+        self.trainer = None
+        TrainerRecord.clear(self.node_dir)
+        self.state = NodeState.WAITING
+        self.heartbeater.nudge()
 
     def _interrupted(self) -> bool:
         return self.notice is not None or self.detach

@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from respawn.contract import (ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS,
+from respawn.contract import (ATTR_ATTEMPT, ATTR_GENERATION, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS,
                               ATTR_WORKER_ENDPOINTS, ATTR_WORKER_NUMBER, SINGLE_HOST_MASTER_ADDR, NodeSettings,
                               SettingsError, node_name, parse_worker_endpoints, split_artifact)
 from respawn.logs import log
@@ -58,6 +58,9 @@ class AgentConfig:
     node_dir: str
     library: tuple[str, str] | None = None  # ATTR_LIBRARY: (wheel URI, sha256) to install into the interpreter
     hosts: Hosts = SINGLE_HOST  # ATTR_WORKER_NUMBER, ATTR_WORKER_ENDPOINTS on a multi-host TPU slice
+    # ATTR_GENERATION at boot: None on a node that is not a member of a multi-node job; "" on a member before the
+    # first generation forms. A member's ranks come from the generation, which the agent follows (agent.py).
+    generation: str | None = None
 
     @property
     def worker(self) -> int:
@@ -126,9 +129,10 @@ def parse_library(text: str) -> tuple[str, str]:
         raise ConfigError(ATTR_LIBRARY, str(exc)) from None
 
 
-def _read(md: MetadataClient, path: str, attribute: str, retry_seconds: float, *, optional: bool = False) -> str:
+def _read(md: MetadataClient, path: str, attribute: str, retry_seconds: float, *, optional: bool = False,
+          missing: str | None = "") -> str | None:
     """Read a key, retrying transport errors and 5xx (boot, maintenance) for up to `retry_seconds`. An `optional`
-    key that is not set reads as ""."""
+    key that is not set reads as `missing`."""
     deadline = time.monotonic() + retry_seconds
     delay = 0.2
     while True:
@@ -136,7 +140,7 @@ def _read(md: MetadataClient, path: str, attribute: str, retry_seconds: float, *
             value, _ = md.read(path)
         except MetadataError as exc:
             if exc.status == 404 and optional:
-                return ""
+                return missing
             if exc.status == 404:
                 raise ConfigError(attribute, f"not set on this instance (GET {path} answered 404)") from None
             if exc.status < 500 or time.monotonic() >= deadline:
@@ -169,8 +173,12 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
     library_text = _read(md, attr + ATTR_LIBRARY, ATTR_LIBRARY, retry_seconds, optional=True).strip()
     hosts = parse_hosts(_read(md, attr + ATTR_WORKER_NUMBER, ATTR_WORKER_NUMBER, retry_seconds, optional=True),
                         _read(md, attr + ATTR_WORKER_ENDPOINTS, ATTR_WORKER_ENDPOINTS, retry_seconds, optional=True))
+    generation = _read(md, attr + ATTR_GENERATION, ATTR_GENERATION, retry_seconds, optional=True, missing=None)
+    if generation is not None and hosts != SINGLE_HOST:
+        raise ConfigError(ATTR_GENERATION, "is set on a worker of a multi-host TPU slice: a TPU job is one node, "
+                                           "its workers' ranks come from the slice")
     return AgentConfig(
         job_id=job_id, attempt=attempt, project=project, node=node, zone=zone, settings=settings,
         node_dir=os.path.abspath(node_dir or os.environ.get("RESPAWN_NODE_DIR") or DEFAULT_NODE_DIR),
-        library=parse_library(library_text) if library_text else None, hosts=hosts,
+        library=parse_library(library_text) if library_text else None, hosts=hosts, generation=generation,
     )

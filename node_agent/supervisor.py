@@ -78,6 +78,7 @@ class TrainerRecord:
     log_offset: int  # where this run's output starts in trainer.log
     started_at: str  # ISO 8601 UTC
     notice: str | None = None  # set when an agent handled a notice for this run
+    generation: int | None = None  # a multi-node member: the generation this run trains in
 
     def save(self, node_dir: str) -> None:
         path = os.path.join(node_dir, RECORD)
@@ -131,7 +132,7 @@ class TrainerProcess:
 
     @classmethod
     def start(cls, node_dir: str, argv: list[str], env: dict[str, str], *, job_id: str, attempt: int,
-              started_at: str, cwd: str | None = None) -> TrainerProcess:
+              started_at: str, cwd: str | None = None, generation: int | None = None) -> TrainerProcess:
         for stale in (EXIT_FILE, contract.STATUS_FILE):
             try:
                 os.unlink(os.path.join(node_dir, stale))  # the previous run's outcome must not read as this one's
@@ -149,10 +150,11 @@ class TrainerProcess:
                 start_new_session=True,
             )
         record = TrainerRecord(pid=child.pid, start_time=_proc_start_time(child.pid), boot_id=boot_id(),
-                               job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at)
+                               job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at,
+                               generation=generation)
         record.save(node_dir)
         log("INFO", "trainer started", pid=child.pid, argv=argv, cwd=cwd or node_dir, log=log_path,
-            started_at=started_at)
+            started_at=started_at, generation=generation)
         return cls(node_dir, record, child)
 
     def poll(self) -> tuple[bool, int | None]:

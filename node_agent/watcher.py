@@ -149,3 +149,43 @@ class Watcher(threading.Thread):
             log("WARNING", "metadata watch failed; reconnecting", path=self.watch.path, reason=reason,
                 failures=self.backoff.failures, retry_in_s=delay)
         self.stopped.wait(delay)
+
+
+class ValueWatcher(threading.Thread):
+    """Follows one key that changes during the node's life (a multi-node member's generation, ATTR_GENERATION):
+    every new value goes to `on_value`, the first read included. Errors back off as for the notice watchers; a key
+    that is not set (404) is looked at again every few seconds."""
+
+    def __init__(self, md: MetadataClient, path: str, on_value: Callable[[str], None], *, wait_seconds: float = 60.0):
+        super().__init__(name=f"watch-{path.rsplit('/', 1)[-1]}", daemon=True)
+        self.md, self.path, self.on_value, self.wait_seconds = md, path, on_value, wait_seconds
+        self.stopped = threading.Event()
+        self.backoff = Backoff()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def run(self) -> None:
+        etag: str | None = None
+        value: str | None = None
+        while not self.stopped.is_set():
+            try:
+                new, etag = (self.md.read(self.path) if etag is None
+                             else self.md.wait_for_change(self.path, etag, wait_seconds=self.wait_seconds))
+            except MetadataError as exc:
+                etag = None
+                self.stopped.wait(5.0 if exc.status == 404 else self.backoff.fail())
+                continue
+            except TRANSPORT_ERRORS as exc:
+                etag = None
+                delay = self.backoff.fail()
+                log("WARNING", "metadata watch failed; reconnecting", path=self.path, reason=type(exc).__name__,
+                    retry_in_s=delay)
+                self.stopped.wait(delay)
+                continue
+            self.backoff.ok()
+            if new != value:
+                value = new
+                self.on_value(new)
+            elif etag is None:
+                self.stopped.wait(1.0)  # a server that sends no ETag: poll, never spin

@@ -265,3 +265,63 @@ def test_a_malformed_worker_attribute_is_named_and_exits_non_zero(agent_env):
     error = [e for e in agent.events() if e["severity"] == "ERROR"][0]
     assert error["attribute"] == "worker-network-endpoints" and "'10.0.0.1,10.0.0.2'" in error["message"]
     assert agent_env.heartbeat("badw-1") is None and agent_env.heartbeat("badw-1-w1") is None
+
+
+GENERATION_TRAINER = (
+    "import json, os, runpy, sys\n"
+    "keys = ('RESPAWN_NODE_RANK', 'RESPAWN_NUM_NODES', 'RESPAWN_MASTER_ADDR', 'RESPAWN_GENERATION', 'PET_NNODES',\n"
+    "        'PET_NODE_RANK', 'PET_MASTER_ADDR', 'PET_MASTER_PORT')\n"
+    "open('gen-%s.json' % os.environ['RESPAWN_GENERATION'], 'w').write(json.dumps({k: os.environ.get(k) for k in keys}))\n"
+    "sys.argv = [sys.argv[1]] + sys.argv[2:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_a_multi_node_member_trains_in_each_generation_that_names_it(agent_env, node_python):
+    # A member VM of a multi-node GPU job (respawn-generation set, empty at boot): it prepares and waits; each
+    # generation that names it starts its trainer with that generation's ranks (RESPAWN_* and torchrun's PET_*);
+    # a newer one stops the trainer (its emergency save, exit 75) and starts it again with the new ranks; one that
+    # leaves it out stops it and starts nothing. A malformed value is named and ignored.
+    from respawn.contract import Generation
+
+    s = settings([sys.executable, "-c", GENERATION_TRAINER, str(agent_env.tiny_trainer)], f"file://{agent_env.tmp}/store")
+    md = agent_env.metadata("mn-2", {**attributes("mn", 2, agent_env.project, s), "respawn-generation": ""})
+    node_dir = agent_env.tmp / "mn-2"
+    agent = agent_env.agent(md, node_dir, python=node_python)
+
+    def beat(**want):
+        return wait_for(lambda: (h := agent_env.heartbeat("mn-2") or {}) and all(h.get(k) == v for k, v in want.items())
+                        and h, 60, f"a heartbeat with {want}")
+
+    beat(state="waiting", generation=None)
+    md.set_attribute("respawn-generation", "{not json")
+    wait_for(lambda: agent.has("ignoring a malformed generation; the control plane writes the next one"), 30,
+             "the malformed generation named")
+    assert not list(node_dir.glob("gen-*.json")) and not agent.has("trainer started")
+
+    md.set_attribute("respawn-generation", Generation(1, ("mn-1", "mn-2"), "10.0.0.5").to_json())
+    beat(state="training", generation=1)
+    assert json.loads(wait_for(lambda: (node_dir / "gen-1.json").exists() and (node_dir / "gen-1.json").read_text(),
+                               30, "generation 1's trainer")) == {
+        "RESPAWN_NODE_RANK": "1", "RESPAWN_NUM_NODES": "2", "RESPAWN_MASTER_ADDR": "10.0.0.5", "RESPAWN_GENERATION": "1",
+        "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "10.0.0.5", "PET_MASTER_PORT": "29500"}
+
+    wait_for(lambda: (agent_env.heartbeat("mn-2") or {}).get("step"), 30, "generation 1's trainer stepping")
+    md.set_attribute("respawn-generation", Generation(2, ("mn-2", "mn-3"), "10.0.0.9").to_json())  # mn-1 lost
+    beat(state="training", generation=2)
+    gen2 = json.loads(wait_for(lambda: (node_dir / "gen-2.json").exists() and (node_dir / "gen-2.json").read_text(),
+                               30, "generation 2's trainer"))
+    assert (gen2["RESPAWN_NODE_RANK"], gen2["PET_MASTER_ADDR"], gen2["PET_NNODES"]) == ("0", "10.0.0.9", "2")
+    assert agent.has("new generation: stopping the trainer to restart it with the new membership")
+    assert "emergency checkpoint committed at step" in (node_dir / "trainer.log").read_text()  # stopped, not killed
+
+    wait_for(lambda: (agent_env.heartbeat("mn-2") or {}).get("step"), 30, "generation 2's trainer stepping")
+    md.set_attribute("respawn-generation", Generation(3, ("mn-1", "mn-3"), "10.0.0.5").to_json())  # left out
+    hb = beat(state="waiting", generation=2)
+    assert hb["exit_code"] == EXIT_PREEMPTED
+    assert not (node_dir / "gen-3.json").exists()
+
+    md.set("instance/preempted", "TRUE")
+    assert agent.wait(60) == 0
+    hb = agent_env.heartbeat("mn-2")
+    assert hb["state"] == "exited" and hb["notice"] == "preempted"
+    Heartbeat.model_validate(hb)
