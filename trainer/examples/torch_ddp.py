@@ -31,9 +31,10 @@ def main(argv=None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     print(f"torch_ddp: rank {rank} of {world} pid {os.getpid()}", flush=True)
-    if BATCH % world:
-        raise SystemExit(f"torch_ddp: the global batch ({BATCH}) must divide among {world} ranks")
-    local_batch = BATCH // world
+    if world > BATCH:
+        raise SystemExit(f"torch_ddp: {world} ranks for a global batch of {BATCH}: at most {BATCH} ranks")
+    # This rank's part of the global batch, as even as the world allows (3 nodes, or an elastic job's 4 of 6 ranks).
+    part = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
 
     torch.manual_seed(args.seed)
     data_gen = torch.Generator().manual_seed(args.seed + 1000)
@@ -51,11 +52,12 @@ def main(argv=None) -> int:
     def train_step(step: int) -> float:
         if data["pos"] + BATCH > N:
             data.update(epoch=data["epoch"] + 1, pos=0, perm=torch.randperm(N, generator=shuffle))
-        start = data["pos"] + rank * local_batch  # this rank's slice of the global batch
-        idx = data["perm"][start:start + local_batch].to(device)
+        idx = data["perm"][data["pos"]:data["pos"] + BATCH][part].to(device)
         data["pos"] += BATCH
         model.train()
-        loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+        # The squared errors of this rank's part over the global batch, times the world size: DDP's average of the
+        # ranks' gradients is then the whole batch's mean-loss gradient, whatever the parts' sizes.
+        loss = ((model(x[idx]) - y[idx]) ** 2).sum() * (world / BATCH)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the gradients over the ranks
         opt.step()
