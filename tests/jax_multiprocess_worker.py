@@ -78,6 +78,12 @@ def main(mode: str, pid: int, coordinator: str, root: str) -> None:
                       "local_key_ok": bool(np.array_equal(jax.random.key_data(restored["local_key"]),
                                                           jax.random.key_data(jax.random.key(pid)))),
                       "host": {**restored["host"], "local": restored["host"]["local"].tolist()}}), flush=True)
+    if mode == "hosts-restore":  # a save of the step just restored must write nothing (never rewrite a commit)
+        sentinel = os.path.join(remote[len("file://"):], "step_000000000010", f"untouched-{pid}")
+        open(sentinel, "w").close()  # a rewrite of the step removes its directory first
+        again = mgr.save(10, state(pid, 1.0), blocking=True)
+        print("result", json.dumps({"again": again.state.value, "rewritten": not os.path.exists(sentinel)}),
+              flush=True)
 
 
 if __name__ == "__main__":

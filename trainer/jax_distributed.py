@@ -332,8 +332,17 @@ class ShardedCheckpointManager(CheckpointManager):
         try:
             if self._per_host is None:  # a save before any restore: find out now (every process's first save)
                 self._find_hosts()
+            if self._per_host and pid == 0:
+                # A leftover of an earlier attempt at this step goes (marker first) before any process uploads;
+                # the others wait for the word, which comes even if the delete failed (then this save fails here).
+                try:
+                    self.remote.delete_step(step)
+                finally:
+                    client.key_value_set(f"{prefix}/clean", "1")
             report = {"ok": True, **_write_part(step_dir, pid, payload, control)}
             if self._per_host:
+                if pid != 0:
+                    _wait_key(client, f"{prefix}/clean", control)
                 self.remote.put_files(step_dir, step, list(report["files"]), control)
         except Exception as exc:  # noqa: BLE001 - told to process 0, which then does not commit the step
             report = {"ok": False, "reason": f"process {pid}: {exc if isinstance(exc, fmt.Abandoned) else repr(exc)}"}
@@ -460,8 +469,8 @@ class ShardedCheckpointManager(CheckpointManager):
             if job.all_max(failed):
                 continue
             self._step = step
-            if self._per_host:
-                self._remote_committed.add(step)
+            if self._per_host:  # every process knows the same committed steps: this one, and those from here on
+                self._remote_committed = {step}
             durable = "remote" if self.remote is None or step in self._remote_committed else "local"
             self.status.update(step=step, committed_step=step, committed_kind=manifest["kind"],
                                committed_durable=durable)

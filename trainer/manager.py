@@ -108,6 +108,7 @@ class CheckpointManager:
         self._inflight: dict | None = None  # {"step", "thread", "cancel", "result"}
         self._kinds: dict[tuple[str, int], str] = {}
         self._remote_committed: set[int] = set()
+        self._per_host: bool | None = False  # ranks on hosts with disks of their own (set by the multi-rank managers)
         self._notice_at: float | None = None
         self._notice_reason: str | None = None
         self._notice_logged = False
@@ -210,6 +211,11 @@ class CheckpointManager:
         A subclass with another layout (respawn.ckpt.jax_distributed) splits the state its own way."""
         return flatten(state, copy=copy, buffers=self._buffers if copy else None)
 
+    def _is_committed(self, step: int) -> bool:
+        """Whether `step` is committed already, so that a save of it writes nothing (never rewrites a committed
+        step). Hosts with disks of their own commit in the remote store only (the multi-rank managers)."""
+        return bool(self.local.steps().get(step)) or (self._per_host is True and step in self._remote_committed)
+
     def save(self, step: int, state: Any, *, blocking: bool = False, kind: str = "periodic") -> SaveOutcome | None:
         """Periodic checkpoint. The caller blocks only for the in-memory snapshot (plus the previous save if it
         has not finished: snapshot buffers are reused); writing, committing, uploading and retention run on a
@@ -220,7 +226,7 @@ class CheckpointManager:
                          step=step, previous=self._inflight["step"])
         self.wait()
         self._step = max(self._step, step)
-        if self.local.steps().get(step):  # already committed (e.g. resumed exactly here)
+        if self._is_committed(step):  # already committed (e.g. resumed exactly here)
             durable = "remote" if self.remote is None or step in self._remote_committed else "local"
             return SaveOutcome(SaveState.COMMITTED, step, durable) if blocking else None
         if self._prepare_thread is not None:
@@ -318,7 +324,7 @@ class CheckpointManager:
                 job["cancel"].set()  # an older step: free the disk for this one
                 job["thread"].join(max(0.0, deadline - time.monotonic()))
         control = fmt.WriteControl(deadline=deadline)
-        if self.local.steps().get(step):  # committed already (the periodic save of this step, or a resume here)
+        if self._is_committed(step):  # committed already (the periodic save of this step, or a resume here)
             if self.remote is None or step in self._remote_committed:
                 outcome = SaveOutcome(SaveState.COMMITTED, step, "remote")
             else:

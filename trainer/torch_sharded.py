@@ -130,6 +130,10 @@ class TorchShardedManager(CheckpointManager):
         step_dir = self.local.step_dir(step)
         vote: dict[str, Any]
         try:
+            if self._per_host and self._rank == 0:
+                # A leftover of an earlier attempt at this step (its marker first) goes before any rank uploads:
+                # they upload only after dcp.save, whose collectives wait for this rank.
+                self.remote.delete_step(step)
             written = dcp.save(flat, storage_writer=dcp.FileSystemWriter(step_dir, sync_files=True),
                                process_group=self._group)
             hook = os.environ.get(TEST_EXIT_ENV, "")
@@ -309,8 +313,9 @@ class TorchShardedManager(CheckpointManager):
         if errors:
             raise RuntimeError(f"step {step} could not be copied from {self.remote.uri} onto every host: "
                                f"{'; '.join(errors)}; check that every host can read the checkpoint URI")
-        if self._rank != 0:
-            self._remote_committed = {step}  # rank 0 listed the remote store itself
+        # Every rank knows the same committed steps (so all skip, or all make, a save of one): this one, and those
+        # committed from here on.
+        self._remote_committed = {step}
 
     def _local_copy(self, step: int, store) -> dict:
         """The step from `store` verified (every file's checksum) in this host's local directory; its manifest."""
