@@ -114,7 +114,9 @@ class TpuService:
         self.nodes: dict[tuple[str, str], Node] = {}
         self.operations: dict[str, Operation] = {}
         self._ids = random.Random(2)
-        self._slots = 0  # TPU nodes created so far: worker_address's slot
+        # worker_address's slot, one per TPU node created, from a random start: two sims on one machine give their
+        # slices different loopback addresses, so their coordinators (JAX's fixed port) do not meet.
+        self._slots = random.SystemRandom().randrange(62_500)
 
     def _path(self, zone: str, name: str) -> str:
         return f"projects/{self.sim.project}/locations/{zone}/nodes/{name}"
