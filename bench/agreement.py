@@ -61,21 +61,27 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="respawn-bench-agree-") as tmp:
         out = os.path.join(tmp, "times")
         mp.spawn(_rank, args=(args, port, out), nprocs=args.ranks)
-        times = []
-        for rank in range(args.ranks):
-            with open(f"{out}.{rank}") as f:
-                times += json.load(f)[1:]  # the first collective sets up the connections
+        report(out, args.ranks, {"ranks": args.ranks, "steps": args.steps, "step_ms": args.step_ms}, args.json)
+    return 0
+
+
+def report(out: str, members: int, head: dict, as_json: bool) -> None:
+    """Read each member's timings (`{out}.{i}`, a JSON list of seconds; the first is set-up: connections, or
+    compilation) and print the agreement's statistics after `head` (which has the step time, `step_ms`)."""
+    times = []
+    for i in range(members):
+        with open(f"{out}.{i}") as f:
+            times += json.load(f)[1:]
     us = sorted(t * 1e6 for t in times)
-    result = {"ranks": args.ranks, "steps": args.steps, "step_ms": args.step_ms,
-              "agree_us_median": round(statistics.median(us), 1), "agree_us_p90": round(us[int(0.9 * len(us))], 1),
-              "agree_us_max": round(us[-1], 1),
-              "overhead_ratio": round(statistics.median(us) / (args.step_ms * 1000), 5) if args.step_ms else None}
-    if args.json:
+    step_ms = head["step_ms"]
+    result = {**head, "agree_us_median": round(statistics.median(us), 1),
+              "agree_us_p90": round(us[int(0.9 * len(us))], 1), "agree_us_max": round(us[-1], 1),
+              "overhead_ratio": round(statistics.median(us) / (step_ms * 1000), 5) if step_ms else None}
+    if as_json:
         print(json.dumps(result))
     else:
         for key, value in result.items():
             print(f"{key:>16}  {value}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,11 +16,12 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from bench.agreement import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,20 +75,8 @@ def main(argv=None) -> int:
                                   stdout=subprocess.DEVNULL) for i in range(args.processes)]
         if any(proc.wait() for proc in procs):
             raise SystemExit("a process of the benchmark failed; see its output above")
-        times = []
-        for pid in range(args.processes):
-            with open(f"{out}.{pid}") as f:
-                times += json.load(f)[1:]  # the first call compiles the agreement
-    us = sorted(t * 1e6 for t in times)
-    result = {"processes": args.processes, "steps": args.steps, "step_ms": args.step_ms,
-              "agree_us_median": round(statistics.median(us), 1), "agree_us_p90": round(us[int(0.9 * len(us))], 1),
-              "agree_us_max": round(us[-1], 1),
-              "overhead_ratio": round(statistics.median(us) / (args.step_ms * 1000), 5) if args.step_ms else None}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>16}  {value}")
+        report(out, args.processes, {"processes": args.processes, "steps": args.steps, "step_ms": args.step_ms},
+               args.json)
     return 0
 
 
