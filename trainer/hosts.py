@@ -46,3 +46,13 @@ def shared_groups(root: str, rank: int, exchange: Callable[[bytes], list[bytes]]
                 raise RuntimeError(f"ranks disagree on who shares the checkpoint directory {root}: rank {r} sees "
                                    f"{views[r]}, rank {g[0]} sees {list(g)}")
     return [list(g) for g in groups]
+
+
+def per_host(groups: list[list[int]], has_remote: bool, members: str) -> bool:
+    """Whether the job's members (`members`: "ranks", "processes") write to separate directories, which makes
+    every member upload its own files and the commit go to the remote store; ValueError when there is none."""
+    if len(groups) > 1 and not has_remote:
+        raise ValueError(f"the {members} write to {len(groups)} separate checkpoint directories ({members} by host: "
+                         f"{groups}) and there is no remote store: give every host the same checkpoint_uri "
+                         "(gs://BUCKET/PREFIX, or RESPAWN_CHECKPOINT_URI) for the job's commits")
+    return len(groups) > 1

@@ -307,11 +307,7 @@ class ShardedCheckpointManager(CheckpointManager):
             return [client.blocking_key_value_get(f"{key}/{p}", 600_000).encode() for p in range(n)]
 
         groups = hosts.shared_groups(self.local.root, pid, exchange)
-        self._per_host = len(groups) > 1
-        if self._per_host and self.remote is None:
-            raise ValueError(f"the processes write to {len(groups)} separate checkpoint directories (processes by "
-                             f"host: {groups}) and there is no remote store: give every host the same "
-                             "checkpoint_uri (gs://BUCKET/PREFIX, or RESPAWN_CHECKPOINT_URI) for the job's commits")
+        self._per_host = hosts.per_host(groups, self.remote is not None, "processes")
         if not self._per_host and pid != 0:
             self.remote = None  # process 0 uploads each committed step (the directory is shared), no one else
         if self._per_host and pid != 0 and self._own_status_file and self.status.path is None:

@@ -69,12 +69,8 @@ class TorchShardedManager(CheckpointManager):
         self._staged: dict | None = None
         groups = hosts.shared_groups(self.local.root, self._rank, lambda data: self._all_gather(data, None))
         # Hosts with their own disks: every rank uploads its files, rank 0 commits in the remote store.
-        self._per_host = len(groups) > 1
+        self._per_host = hosts.per_host(groups, self.remote is not None, "ranks")
         self._host_leader = any(g[0] == self._rank for g in groups)
-        if self._per_host and self.remote is None:
-            raise ValueError(f"the ranks write to {len(groups)} separate checkpoint directories (ranks by host: "
-                             f"{groups}) and there is no remote store: give every host the same checkpoint_uri "
-                             "(gs://BUCKET/PREFIX, or RESPAWN_CHECKPOINT_URI) for the job's commits")
         if not self._per_host and self._rank != 0:
             self.remote = None  # rank 0 uploads the committed step
 
