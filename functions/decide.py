@@ -97,6 +97,9 @@ class Observation:
     blocked: Mapping[str, datetime] = field(default_factory=dict)  # zone → cooldown end, for this accelerator
     settings: Settings = Settings()
     image: ImageCheck | None = None  # the boot image as checked on the job's first handling (GPU); None: not checked
+    # A member slot of a job of several nodes is decided as a one-node job (functions/multinode.py): its next node
+    # takes the job-wide attempt counter's next number, not its own. None: status.attempt + 1.
+    next_attempt: int | None = None
 
 
 class Act(str, enum.Enum):
@@ -106,6 +109,7 @@ class Act(str, enum.Enum):
     DELETE = "delete"  # delete the node; 404 is success
     POLL = "poll"  # a transition is under way: look again shortly (within this invocation's budget)
     WAIT = "wait"  # nothing to do before `until` (the sweep comes back)
+    SET_GENERATION = "set_generation"  # write generation `value` into member `node`'s metadata (functions/multinode.py)
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ class Action:
     attempt: int | None = None
     provisioning: str | None = None
     until: datetime | None = None
+    slot: int | None = None  # the member slot acted on (a job of several nodes); None: the job's one node
+    value: str | None = None  # SET_GENERATION: the generation's JSON
 
 
 NONE = Action(Act.NONE)
@@ -422,7 +428,7 @@ def _provision(o: Observation, spec: JobSpec, s: JobStatus, cause: str) -> Decis
             alert = alerts.make("waiting_for_capacity", o.job_id, now, msg, next_attempt_at=until, zones=list(spec.zones),
                                 restarts=s.restarts, attempt=s.attempt, cause=cause)
         return Decision(Action(Act.WAIT, until=until), st, "no_capacity", alert, {"skipped": list(choice.skipped)})
-    attempt = s.attempt + 1
+    attempt = o.next_attempt if o.next_attempt is not None else s.attempt + 1
     node = node_name(o.job_id, attempt)
     zones_used = s.zones_used if s.zones_used[-1:] == [choice.zone] else [*s.zones_used, choice.zone]
     st = _upd(s, now, state=State.PROVISIONING, attempt=attempt, node=node, zone=choice.zone,
@@ -482,10 +488,14 @@ def followup(spec: JobSpec | None, a: Action, out: Outcome, now: datetime) -> Fo
     """For a delete: 404 is success, any other failure is retried by redelivery. For a create or a start: a
     transient failure is retried by redelivery; a capacity or quota refusal cools the zone down for every job (the
     spec's cooldown) and is recorded on the job; a start that meets 404 records nothing (the stopped node vanished
-    meanwhile: the next pass observes it absent); every other outcome is recorded on the job (after_act)."""
+    meanwhile: the next pass observes it absent); every other outcome is recorded on the job (after_act). A
+    generation written (SET_GENERATION) is recorded on its member; a member gone meanwhile (404) records nothing
+    (the next pass observes it absent); any other failure is retried by redelivery."""
     k = out.kind
     if a.kind is Act.DELETE:
         return Followup(propagate=k not in (OutcomeKind.DONE, OutcomeKind.NOT_FOUND))
+    if a.kind is Act.SET_GENERATION:
+        return Followup(propagate=k not in (OutcomeKind.DONE, OutcomeKind.NOT_FOUND), record=k is OutcomeKind.DONE)
     if a.kind not in (Act.CREATE, Act.START):
         raise ValueError(f"{a.kind.value} is not an action with an outcome")
     if k is OutcomeKind.TRANSIENT:

@@ -4,8 +4,9 @@ period and notice budget, what the startup script installs) are passed in."""
 
 from __future__ import annotations
 
-from respawn.contract import (ATTR_AGENT, ATTR_ATTEMPT, ATTR_INSTALL_NVIDIA_DRIVER, ATTR_JOB_ID, ATTR_LIBRARY,
-                              ATTR_PROJECT, ATTR_SETTINGS, ATTR_STARTUP, LABEL_ATTEMPT, LABEL_JOB, NodeSettings)
+from respawn.contract import (ATTR_AGENT, ATTR_ATTEMPT, ATTR_GENERATION, ATTR_INSTALL_NVIDIA_DRIVER, ATTR_JOB_ID,
+                              ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS, ATTR_STARTUP, LABEL_ATTEMPT, LABEL_JOB,
+                              LABEL_SLOT, NodeSettings)
 from respawn.control.settings import NodeOptions
 from respawn.schema import JobSpec
 
@@ -43,8 +44,14 @@ def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str,
         # A Deep Learning VM image installs the NVIDIA driver on first boot only when asked (gcp-facts §9); other
         # images ignore the key. TPU VMs have no NVIDIA GPU and never get it.
         items[ATTR_INSTALL_NVIDIA_DRIVER] = "True"
+    if spec.nodes > 1:
+        # Present but empty: the agent is a member and waits until the controller writes a generation naming it.
+        items[ATTR_GENERATION] = ""
     return items
 
 
-def labels(spec: JobSpec, attempt: int) -> dict[str, str]:
-    return {**spec.labels, LABEL_JOB: spec.id, LABEL_ATTEMPT: str(attempt)}
+def labels(spec: JobSpec, attempt: int, slot: int = 0) -> dict[str, str]:
+    out = {**spec.labels, LABEL_JOB: spec.id, LABEL_ATTEMPT: str(attempt)}
+    if spec.nodes > 1:
+        out[LABEL_SLOT] = str(slot)
+    return out

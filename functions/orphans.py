@@ -2,7 +2,7 @@
 one invariant that costs money, "never more than one live node per job".
 
 A node labelled `respawn-job=J, respawn-attempt=A` is an orphan when job J does not exist any more, or J is
-finished, or (A, zone) is not J's current (attempt, zone). Decide never commits a new attempt before the previous
+finished, or (name, zone) is not the current node of J (of one of its member slots, for a job of several nodes). Decide never commits a new attempt before the previous
 node is gone, so such a node can only come from a create that finished after its job moved on and whose function
 died before deleting it, or from a job document deleted while its node ran.
 """
@@ -40,7 +40,8 @@ def orphans(nodes: list[Seen], jobs: Mapping[str, Mapping[str, Any]]) -> list[Se
         if status is None:
             out.append(n)  # its job document is gone
             continue
-        finished = status.get("state") in FINISHED
-        if finished or (status.get("node"), status.get("zone")) != (n.name, n.zone):
+        current = {(m.get("node"), m.get("zone")) for m in status.get("members") or []} or {
+            (status.get("node"), status.get("zone"))}
+        if status.get("state") in FINISHED or (n.name, n.zone) not in current:
             out.append(n)
     return out

@@ -74,8 +74,10 @@ class NodeProvider(Protocol):
         ImageVerdict.UNCHECKED."""
         ...
 
-    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:
-        """Create the node and wait for the operation. True: created; False: it already existed (409), adopted."""
+    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
+               slot: int = 0) -> bool:
+        """Create the node and wait for the operation. True: created; False: it already existed (409), adopted.
+        `slot`: the member slot of a job of several nodes (a label; TPU jobs are one node)."""
         ...
 
     def start(self, zone: str, name: str) -> None:
@@ -87,9 +89,13 @@ class NodeProvider(Protocol):
         ...
 
 
-class AttributeWriter(Protocol):
-    """A provider that can change a live node's metadata attributes (Compute Engine: setMetadata), for the
-    generation of a multi-node GPU job (docs/architecture.md, "Multi-node jobs"); not yet called by reconcile."""
+class MemberProvider(Protocol):
+    """What a job of several GPU VMs needs beside NodeProvider (Compute Engine): a member's address, and writing
+    its generation into its metadata (functions/multinode.py; docs/architecture.md, "Multi-node jobs")."""
+
+    def address(self, zone: str, name: str) -> str | None:
+        """The node's internal IP, or None while it has none (or it is gone)."""
+        ...
 
     def set_attributes(self, zone: str, name: str, values: dict[str, str]) -> None:
         """Set these attributes, keep the others, wait for the operation; retried on a stale fingerprint (412)."""

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from respawn.control import decide as core
-from respawn.control import placement
+from respawn.control import multinode, placement
 from respawn.control.decide import Act, Action, Decision, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import ControlStore, NodeProvider
@@ -104,8 +104,9 @@ def _fault(point: str, job_id: str, action: Any) -> None:
 
 def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
             hint_at: datetime | None = None, image_checks: dict[str, ImageCheck | None] | None = None,
-            ) -> tuple[Observation, JobSpec | None, Any] | None:
-    """What decide() needs, plus the job document's version (its update_time) that a commit is conditional on.
+            ) -> tuple[Observation, JobSpec | None, Any, list[multinode.MemberObs] | None] | None:
+    """What decide() needs, plus the job document's version (its update_time) that a commit is conditional on,
+    and for a job of several nodes what multinode.decide needs of each member slot (None: a one-node job).
     `image_checks`: boot images already checked in this invocation (image path → check), so that a pass repeated
     after a conflicting write asks Compute Engine once."""
     found = deps.store.job(job_id)
@@ -128,14 +129,19 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
     kind = spec.accelerator.kind if spec else "gpu"
     node = core.ABSENT
     heartbeat = None
-    if status.node and status.zone:
+    seen = None
+    if (spec is not None and spec.nodes > 1) or status.members:
+        seen = _observe_members(deps, job_id, kind, status, hint, hint_node, hint_at)
+    elif status.node and status.zone:
         provider = deps.providers[kind]
         raw = provider.get(status.zone, status.node)
         node = NodeObs(core.phase_of(kind, raw), raw)
         heartbeat = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(status.node, w))
                                           for w in range(_workers(spec))])
     blocked = {}
-    if spec is not None and core.needs_capacity(status, node):
+    if spec is not None and (any(core.needs_capacity(m, ob.node) for m, ob in zip(multinode.slots(status, spec.nodes),
+                                                                                   seen))
+                             if seen is not None else core.needs_capacity(status, node)):
         blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
     # An event is a hint about the node it names, and only about that node's life at the time of the event.
     if hint_node != status.node or (hint_at is not None and status.node_started_at is not None
@@ -150,7 +156,28 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
         node=node, heartbeat=heartbeat, now=deps.now(), hint=hint,
         blocked=blocked, settings=deps.config.settings, image=image,
     )
-    return o, spec, version
+    return o, spec, version, seen
+
+
+def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint: str | None,
+                     hint_node: str | None, hint_at: datetime | None) -> list[multinode.MemberObs]:
+    """Each member slot's node as the API shows it, its heartbeat, its address once it runs (asked only until it
+    is recorded), and the event's hint when the event named that node's current life."""
+    provider = deps.providers[kind]
+    seen = []
+    for m in status.members:
+        if not (m.node and m.zone):
+            seen.append(multinode.MemberObs())
+            continue
+        raw = provider.get(m.zone, m.node)
+        phase = core.phase_of(kind, raw)
+        address = m.address
+        if phase is core.Phase.RUNNING and address is None:
+            address = provider.address(m.zone, m.node)  # type: ignore[attr-defined]  # ports.MemberProvider
+        current = hint_node == m.node and (hint_at is None or m.node_started_at is None or hint_at >= m.node_started_at)
+        seen.append(multinode.MemberObs(NodeObs(phase, raw), _heartbeat(deps, job_id, contract.heartbeat_id(m.node, 0)),
+                                        address, hint if current else None))
+    return seen
 
 
 def _workers(spec: JobSpec | None) -> int:
@@ -194,10 +221,20 @@ def _check_image(deps: Deps, job_id: str, spec: JobSpec, checked: dict[str, Imag
 
 def _event(o: Observation, d: Decision) -> JobEvent | None:
     """The lifecycle event of a decision: a state change, or a move to the next zone while provisioning."""
-    if d.status is None or (d.status.state == o.status.state and d.cause != "zone_refused"):
+    if d.status is None:
+        return None
+    slot = d.details.get("slot")
+    if slot is not None:  # a member slot's change: an event when that slot's state changed
+        before = o.status.members[slot].state if slot < len(o.status.members) else State.PENDING
+        changed = before != d.status.members[slot].state or d.status.state != o.status.state
+    else:
+        changed = d.status.state != o.status.state or d.cause in ("generation", "trainer_crashed", "move")
+    if not changed and d.cause != "zone_refused":
         return None
     details = dict(d.details)
-    details.update({k: v for k, v in (("node", d.status.node), ("zone", d.status.zone), ("attempt", d.status.attempt)) if v})
+    slot = details.get("slot")
+    member = d.status.members[slot] if slot is not None else d.status
+    details.update({k: v for k, v in (("node", member.node), ("zone", member.zone), ("attempt", member.attempt)) if v})
     return JobEvent.new(o.status.state, d.status.state, d.cause or "reconcile", **details)
 
 
@@ -228,8 +265,8 @@ def _reconcile(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
             result.found = False
             logs.info(f"no job {job_id}: nothing to reconcile", job_id=job_id)
             return result
-        o, spec, version = observed
-        d = core.decide(o)
+        o, spec, version, seen = observed
+        d = core.decide(o) if seen is None else multinode.decide(o, seen)
         if d.status is not None:
             if not _commit(deps, job_id, version, d.status, _event(o, d)):
                 logs.info(f"job {job_id}: status changed concurrently; observing again", job_id=job_id)
@@ -238,7 +275,7 @@ def _reconcile(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
                 logs.info(f"job {job_id}: {o.status.state.value} → {d.status.state.value} ({d.cause})", job_id=job_id,
                           node=d.status.node, zone=d.status.zone, attempt=d.status.attempt, action=d.action.kind.value)
         a = d.action
-        if a.kind in (Act.CREATE, Act.START, Act.DELETE):
+        if a.kind in (Act.CREATE, Act.START, Act.DELETE, Act.SET_GENERATION):
             _fault("after_record", job_id, a)
             hint = None  # the event described the node before this action; from here on only observation counts
             _act(deps, o, spec, d)
@@ -302,9 +339,14 @@ def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action, provid
         provider.delete(a.zone, a.node)
         logs.info(f"deleted {a.node} in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
         return core.DONE
+    if a.kind is Act.SET_GENERATION:
+        provider.set_attributes(a.zone, a.node, {contract.ATTR_GENERATION: a.value})  # type: ignore[attr-defined]
+        logs.info(f"gave {a.node} generation {a.value}", job_id=o.job_id, node=a.node, zone=a.zone, slot=a.slot)
+        return core.DONE
     assert spec is not None  # decide only creates or starts for a valid spec
     if a.kind is Act.CREATE:
-        created = provider.create(spec, a.zone, a.node, a.attempt, a.provisioning, deps.startup_script())
+        created = provider.create(spec, a.zone, a.node, a.attempt, a.provisioning, deps.startup_script(),
+                                  slot=a.slot or 0)
         logs.info(f"{'created' if created else 'adopted existing'} {a.node} in {a.zone} ({a.provisioning})",
                   job_id=o.job_id, node=a.node, zone=a.zone, attempt=a.attempt)
         return core.DONE if created else core.EXISTS
@@ -323,7 +365,7 @@ def _record_outcome(deps: Deps, job_id: str, a: Action, outcome: core.Outcome) -
             return Decision(core.NONE), False, JobStatus()
         doc, version = found
         current = JobStatus.model_validate(doc.get("status") or {})
-        after = core.after_act(job_id, current, a, outcome, deps.now())
+        after = (core.after_act if a.slot is None else multinode.after_act)(job_id, current, a, outcome, deps.now())
         if after.status is None:
             return after, False, current
         event = JobEvent.new(current.state, after.status.state, after.cause, **after.details) if after.cause else None

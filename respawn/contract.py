@@ -44,6 +44,7 @@ ATTR_ACCELERATOR_TYPE = "accelerator-type"  # e.g. v5litepod-16 (respawn.topolog
 ATTR_GENERATION = "respawn-generation"
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
+LABEL_SLOT = "respawn-slot"  # a multi-node job's member slot (0..nodes-1); set only when the job has several nodes
 
 # ---- the trainer's environment (set by the agent, read by respawn.ckpt) ----------------------------------------
 

@@ -442,6 +442,18 @@ class JobStatus(_Record):
     last_step: int | None = None  # the newest step a heartbeat reported
     steps_lost: int | None = None  # at the last loss: last step seen minus the newest committed step
     exit_code: int | None = None
+    # A job of several nodes (spec.nodes > 1, functions/multinode.py). members[i]: member slot i, decided as a
+    # one-node job (its node-lifecycle fields above; the job-wide ones are kept here at the top level, which then
+    # holds the job's zone, its aggregate state, and in `node` the master's node).
+    members: list["JobStatus"] = Field(default_factory=list)
+    generation: dict[str, Any] | None = None  # the newest generation (respawn.contract.Generation, as JSON data)
+    moving: bool = False  # the whole job is leaving its zone: every member is deleted, then placed anew
+    # Of one member slot: its internal address once the API showed it, and the generation its node was last given.
+    address: str | None = None
+    generation_sent: int = 0
+
+
+JobStatus.model_rebuild()
 
 
 class Heartbeat(_Record):

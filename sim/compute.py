@@ -294,6 +294,9 @@ class ComputeService:
             })
             if not accels:
                 resource.pop("guestAccelerators")
+            nics = [dict(n) for n in body.get("networkInterfaces") or [{"network": "global/networks/default"}]]
+            nics[0]["networkIP"] = self.sim.addresses.take()[0]
+            resource["networkInterfaces"] = nics
             record = NodeRecord("instance", zone, name, dict(resource["labels"]), accelerator, model, self.sim.now())
             runtime = self.sim.make_runtime("compute", zone, name, self._metadata_kwargs(zone, name, iid, machine_type, resource))
             inst = Instance(zone, name, resource, "", record, runtime, accelerator, model)

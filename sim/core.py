@@ -4,7 +4,9 @@ record of every node's lifetime (what `respawn demo` draws and what tests check 
 from __future__ import annotations
 
 import heapq
+import ipaddress
 import itertools
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -114,3 +116,26 @@ class NodeRecord:
             "createdAt": self.created_at, "deletedAt": self.deleted_at, "boots": self.boots,
             "states": [list(s) for s in self.states], "live": [list(p) for p in self.live],
         }
+
+
+MAX_HOSTS = 254  # the VMs of one node (a TPU slice's workers): NodeAddresses' last octet
+
+
+class NodeAddresses:
+    """The one place a sim VM's IP address is made: loopback addresses (all of 127/8 reaches this machine on Linux),
+    distinct per node and per host of a node, so that a master (torchrun, JAX's coordinator) can bind and its peers
+    connect by the address the API lists. Numbered from a random start: two sims on one machine give their nodes
+    different addresses, so their masters' fixed ports do not meet."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = random.SystemRandom().randrange(62_500)
+
+    def take(self, hosts: int = 1) -> list[str]:
+        """The addresses of a new node's `hosts` VMs (host 0 first)."""
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise ValueError(f"the sim gives a node 1..{MAX_HOSTS} hosts, not {hosts}")
+        with self._lock:
+            self._next += 1
+            n = self._next
+        return [str(ipaddress.IPv4Address(f"127.{1 + n // 250 % 250}.{1 + n % 250}.{h + 1}")) for h in range(hosts)]

@@ -21,7 +21,7 @@ from typing import Callable
 
 from sim.capacity import Timeline
 from sim.compute import ComputeService
-from sim.core import NodeRecord, Scheduler, SimError
+from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
 from sim.http_api import make_handler
 from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
@@ -79,6 +79,7 @@ class SimServer:
         self.audit_log: list[dict] = []
         self.api_faults = {"rate": 0.0, "count": 0, "status": 503, "methods": ()}
         self._rng = random.Random(seed)
+        self.addresses = NodeAddresses()
         self.compute = ComputeService(self)
         self.tpu = TpuService(self)
         self._t0 = time.monotonic()
@@ -229,8 +230,10 @@ class SimServer:
         with self.cond:
             out = []
             for i in self.compute.instances.values():
-                out.append(self._snap("instance", i.zone, i.name, i.status, i.body.get("labels", {}), i.runtime,
-                                      {it["key"]: it.get("value", "") for it in i.body["metadata"]["items"]}))
+                snap = self._snap("instance", i.zone, i.name, i.status, i.body.get("labels", {}), i.runtime,
+                                  {it["key"]: it.get("value", "") for it in i.body["metadata"]["items"]})
+                snap.update(id=i.id, address=i.body["networkInterfaces"][0]["networkIP"])
+                out.append(snap)
             for n in self.tpu.nodes.values():
                 snap = self._snap("tpu", n.zone, n.name, n.state, n.body.get("labels", {}), n.runtime,
                                   dict(n.body.get("metadata", {})))

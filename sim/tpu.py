@@ -16,7 +16,6 @@ delete removes every worker.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import random
 import re
 import threading
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from respawn import contract
 from respawn.topology import tpu_hosts
+from sim.core import MAX_HOSTS
 from sim import audit_entries
 from sim.capacity import region_of
 from sim.core import NodeRecord, SimError, rfc3339, rpc_error
@@ -39,22 +39,11 @@ LIVE = ("CREATING", "READY", "DELETING")
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 ENDPOINT_PORT = 8470  # what the real API lists for every worker
-MAX_WORKERS = 254  # worker_address's last octet
 
 
 def worker_name(project: str, zone: str, node: str, worker: int = 0) -> str:
     digest = hashlib.sha1(f"{project}/{zone}/{node}".encode()).hexdigest()[:8]
     return f"t1v-n-{digest}-w-{worker}"
-
-
-def worker_address(slot: int, worker: int) -> str:
-    """The IP address of worker `worker` of the sim's `slot`-th TPU node: the one place a worker's address is made.
-    Loopback addresses (all of 127/8 reaches this machine on Linux), distinct per node and worker, so that a
-    trainer's coordinator on worker 0 and its peers can bind and connect by the addresses the endpoints list. A
-    later slice that puts each worker in a network namespace of its own changes only this."""
-    if not 0 <= worker < MAX_WORKERS:
-        raise ValueError(f"the sim gives at most {MAX_WORKERS} workers a TPU node, not {worker + 1}")
-    return str(ipaddress.IPv4Address(f"127.{1 + slot // 250 % 250}.{1 + slot % 250}.{worker + 1}"))
 
 
 @dataclass
@@ -68,7 +57,7 @@ class Node:
     model: str
     workers: list[str]  # the worker VMs' names (t1v-n-<hash>-w-<i>)
     worker_ids: list[str]
-    addresses: list[str]  # the worker VMs' IPs (worker_address)
+    addresses: list[str]  # the worker VMs' IPs (sim.core.NodeAddresses)
     gen: int = 0
     shutdown: threading.Thread | None = None
 
@@ -114,9 +103,6 @@ class TpuService:
         self.nodes: dict[tuple[str, str], Node] = {}
         self.operations: dict[str, Operation] = {}
         self._ids = random.Random(2)
-        # worker_address's slot, one per TPU node created, from a random start: two sims on one machine give their
-        # slices different loopback addresses, so their coordinators (JAX's fixed port) do not meet.
-        self._slots = random.SystemRandom().randrange(62_500)
 
     def _path(self, zone: str, name: str) -> str:
         return f"projects/{self.sim.project}/locations/{zone}/nodes/{name}"
@@ -181,8 +167,8 @@ class TpuService:
             if body.get("acceleratorType"):
                 raise rpc_error(400, f"Invalid node: {exc}") from None
             hosts = 1  # acceleratorConfig (type + topology): not sized by the sim; one worker
-        if hosts > MAX_WORKERS:
-            raise rpc_error(400, f"Invalid node: {accelerator} has {hosts} workers; the sim runs at most {MAX_WORKERS}")
+        if hosts > MAX_HOSTS:
+            raise rpc_error(400, f"Invalid node: {accelerator} has {hosts} workers; the sim runs at most {MAX_HOSTS}")
         if not body.get("runtimeVersion"):
             raise rpc_error(400, "Invalid node: runtime_version is required")
         with self.sim.cond:
@@ -203,10 +189,9 @@ class TpuService:
                 "labels": dict(body.get("labels") or {}), "metadata": dict(body.get("metadata") or {}),
                 "health": "HEALTHY",
             })
-            self._slots += 1
             workers = [worker_name(self.sim.project, zone, node_id, w) for w in range(hosts)]
             worker_ids = [str(self._ids.randrange(10**18, 10**19)) for _ in range(hosts)]
-            addresses = [worker_address(self._slots, w) for w in range(hosts)]
+            addresses = self.sim.addresses.take(hosts)
             endpoints = contract.format_worker_endpoints(addresses)
             record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.sim.now())
             runtimes = []
@@ -348,4 +333,4 @@ def _worker_dir(node: str, worker: int) -> str:
     return node if worker == 0 else f"{node}.w{worker}"
 
 
-__all__ = ["TpuService", "worker_address", "worker_name"]
+__all__ = ["TpuService", "worker_name"]

@@ -63,6 +63,14 @@ class ComputeProvider:
         except gexc.NotFound:
             return None
 
+    def address(self, zone: str, name: str) -> str | None:
+        """The instance's internal IP (its first network interface), or None while it has none or is gone."""
+        try:
+            nics = self.clients.instances().get(project=self.project, zone=zone, instance=name).network_interfaces
+        except gexc.NotFound:
+            return None
+        return (nics[0].network_i_p or None) if nics else None
+
     def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
         """(name, labels) of every instance in `zone` that carries the respawn-job label."""
         return [(i.name, dict(i.labels)) for i in self.clients.instances().list(project=self.project, zone=zone)
@@ -94,7 +102,8 @@ class ComputeProvider:
             return ImageCheck(path, ImageVerdict.UNCHECKED, f"{type(exc).__name__}: {exc}"[:500])
         return found(path, image.name, image.deprecated.state if "deprecated" in image else "")
 
-    def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str):
+    def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
+                 slot: int = 0):
         acc = spec.accelerator
         if provisioning == "spot":
             scheduling = compute_v1.Scheduling(
@@ -131,14 +140,15 @@ class ComputeProvider:
                 initialize_params=compute_v1.AttachedDiskInitializeParams(source_image=image, disk_size_gb=acc.boot_disk_gb))],
             network_interfaces=[nic],
             metadata=compute_v1.Metadata(items=items),
-            labels=nodespec.labels(spec, attempt),
+            labels=nodespec.labels(spec, attempt, slot),
             service_accounts=[compute_v1.ServiceAccount(
                 email=opts.service_account or DEFAULT_SERVICE_ACCOUNT, scopes=SCOPES)],
         )
 
-    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:
+    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
+               slot: int = 0) -> bool:
         """Create and wait until the operation is done. False: it already existed (409) and is adopted."""
-        body = self.instance(spec, zone, name, attempt, provisioning, startup_script)
+        body = self.instance(spec, zone, name, attempt, provisioning, startup_script, slot)
         try:
             op = self.clients.instances().insert_unary(project=self.project, zone=zone, instance_resource=body)
             self._wait(zone, op)

@@ -68,7 +68,8 @@ class TpuProvider:
             node.service_account = tpu_v2.ServiceAccount(email=opts.service_account, scope=SCOPES)
         return node
 
-    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str) -> bool:
+    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
+               slot: int = 0) -> bool:
         body = self.node(spec, attempt, provisioning, startup_script)
         try:
             op = self.clients.tpu().create_node(parent=f"projects/{self.project}/locations/{zone}", node_id=name, node=body)

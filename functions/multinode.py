@@ -1,0 +1,342 @@
+"""A job of several GPU VMs (spec.nodes > 1): each member slot decided as a one-node job, the membership over them.
+Pure: no cloud library, no I/O, no clock.
+
+The job document's status holds the job (its zone, its aggregate state, the job-wide counters: attempts, restarts,
+steps) and `members`: one status per slot, with the node-lifecycle fields of a one-node job. A slot is decided by
+decide.decide itself, on a one-node view of the job (project): the slot's own node, the job's counters, a spec
+whose zone list is the job's zone once the job has one, and whose provisioning is the slot's (on-demand for the
+first on_demand_nodes slots). So a lost member is deleted and replaced, restarted in place, refused, fallen back to
+on-demand, exactly as the node of a one-node job is; its replacement takes the job-wide attempt counter's next
+number (a new deterministic name). Slot 0 places the job: while no other slot holds a node it walks the whole zone
+list; every other slot waits for it and then stays in its zone.
+
+When no slot has anything to do, membership.plan reads the slots: it forms the generation of the serving members
+(committed, then written into each member's metadata, one SET_GENERATION action per member), keeps the survivors'
+generation while a replacement is on its way, continues on fewer nodes when the zone refused and min_nodes allows,
+or moves the whole job: `moving` is committed, every member is deleted, and slot 0 places the job again outside
+the zones tried. The job ends SUCCEEDED only when every member of its generation exited 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Sequence
+
+from respawn.contract import EXIT_PREEMPTED, Generation
+from respawn.control import alerts, decide as core, membership
+from respawn.control.decide import ABSENT, NONE, POLL, Act, Action, Decision, NodeObs, Observation, Outcome, Phase
+from respawn.schema import Heartbeat, JobSpec, JobStatus, NodeState, State
+
+# The status fields that belong to the job, not to a slot: a slot's one-node view carries the job's, and what the
+# slot's decision makes of them goes back to the job.
+SHARED = ("restarts", "last_committed_step", "last_step", "total_steps", "zones_used", "revision", "updated_at")
+_BLANK = JobStatus()
+
+
+@dataclass(frozen=True)
+class MemberObs:
+    """What reconcile observed of one member slot's node."""
+
+    node: NodeObs = ABSENT
+    heartbeat: Heartbeat | None = None  # nodes/{node}
+    address: str | None = None  # the API's internal IP of a running node
+    hint: str | None = None  # the cause an event gave for this node
+
+
+def slots(s: JobStatus, nodes: int) -> list[JobStatus]:
+    """The member slots as recorded, one per node (empty ones on the job's first handling)."""
+    return [*s.members[:nodes], *(JobStatus() for _ in range(nodes - len(s.members)))]
+
+
+def project(s: JobStatus, i: int, nodes: int | None = None) -> JobStatus:
+    """Member slot `i` as a one-node job's status: its own node fields, the job's shared ones."""
+    member = slots(s, nodes if nodes is not None else len(s.members))[i]
+    return member.model_copy(update={k: getattr(s, k) for k in SHARED})
+
+
+def generation(s: JobStatus) -> Generation | None:
+    return None if s.generation is None else Generation(s.generation["number"], tuple(s.generation["members"]),
+                                                         s.generation["master_addr"])
+
+
+def _as_data(g: Generation) -> dict[str, Any]:
+    return {"number": g.number, "members": list(g.members), "master_addr": g.master_addr}
+
+
+def _aggregate(s: JobStatus) -> JobStatus:
+    """The job's state and node from its members: RUNNING while every member of the generation runs; PREEMPTED
+    while a lost member is being deleted; WAITING_FOR_CAPACITY when every slot waits for capacity; else
+    PROVISIONING (PENDING before anything was placed). `node`: the master's, else slot 0's."""
+    if s.state.terminal:
+        return s
+    states = [m.state for m in s.members]
+    g = generation(s)
+    by_node = {m.node: m for m in s.members if m.node}
+    if g is not None and not s.moving and all(n in by_node and by_node[n].state is State.RUNNING for n in g.members):
+        state = State.RUNNING
+    elif s.moving or State.PREEMPTED in states:
+        state = State.PREEMPTED
+    elif State.WAITING_FOR_CAPACITY in states and not any(m.node for m in s.members):
+        state = State.WAITING_FOR_CAPACITY  # nothing placed, and the placing slot waits for capacity
+    elif all(x is State.PENDING for x in states):
+        state = State.PENDING
+    else:
+        state = State.PROVISIONING
+    node = g.members[0] if g is not None and g.members[0] in by_node else (s.members[0].node if s.members else None)
+    return s.model_copy(update={"state": state, "node": node})
+
+
+def merge(s: JobStatus, i: int, member: JobStatus, nodes: int) -> JobStatus:
+    """The job's status with slot `i` replaced by `member` (a one-node status, as decided): the shared fields go
+    to the job; a member with a new node (or a new life of it) has no known address and has been given no
+    generation; slot 0 placing the job alone carries the job's zone with it."""
+    members = slots(s, nodes)
+    old = members[i]
+    if (member.node, member.node_started_at) != (old.node, old.node_started_at):
+        member = member.model_copy(update={"address": None, "generation_sent": 0})
+    members[i] = member.model_copy(update={k: getattr(_BLANK, k) for k in SHARED})
+    job = s.model_copy(update={**{k: getattr(member, k) for k in SHARED}, "members": members,
+                               "attempt": max(s.attempt, member.attempt)})
+    if i == 0 and not any(m.node for m in members[1:]):
+        job = job.model_copy(update={"zone": member.zone, "provisioning": member.provisioning,
+                                     "tried_zones": list(member.tried_zones)})
+    if member.state.terminal:
+        return job.model_copy(update={"state": member.state, "message": member.message, "recovering": False,
+                                      "exit_code": member.exit_code})
+    return _aggregate(job.model_copy(update={"message": member.message[:1000]}))
+
+
+def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:
+    return s.model_copy(update={**changes, "updated_at": now, "revision": s.revision + 1})
+
+
+def _slot_spec(spec: JobSpec, s: JobStatus, members: Sequence[JobStatus], i: int) -> JobSpec:
+    """The spec slot `i` is decided with: one node, the slot's provisioning model, and the job's zone alone once
+    the job has one (slot 0 placing the job alone walks the whole list)."""
+    placing = i == 0 and not any(m.node for m in members[1:])
+    update: dict[str, Any] = {"nodes": 1, "min_nodes": 1, "on_demand_nodes": 0,
+                              "provisioning": membership.slot_provisioning(spec, i)}
+    if not placing and s.zone is not None:
+        update["zones"] = [s.zone]
+    return spec.model_copy(update=update)
+
+
+def _slot_observation(o: Observation, spec: JobSpec, members: Sequence[JobStatus], i: int, seen: MemberObs
+                      ) -> Observation:
+    s = o.status
+    return replace(o, spec=_slot_spec(spec, s, members, i), status=project(s, i, len(members)), node=seen.node,
+                   heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1)
+
+
+def _delete_any(o: Observation, members: Sequence[JobStatus], seen: Sequence[MemberObs]) -> Action:
+    """The delete of the first member still there (one per pass), POLL while one is being deleted, else NONE."""
+    deleting = False
+    for i, (m, ob) in enumerate(zip(members, seen)):
+        if ob.node.phase is Phase.DELETING:
+            deleting = True
+        elif ob.node.present and m.node and m.zone:
+            return Action(Act.DELETE, zone=m.zone, node=m.node, attempt=m.attempt, slot=i)
+    return POLL if deleting else NONE
+
+
+def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
+    """decide.decide for a job of several nodes; `seen`: one MemberObs per slot (as recorded in status.members)."""
+    s, now, spec = o.status, o.now, o.spec
+    nodes = spec.nodes if spec is not None else max(len(s.members), 1)
+    members = slots(s, nodes)
+    seen = [*seen[:nodes], *(MemberObs() for _ in range(nodes - len(seen)))]
+
+    if s.state.terminal:  # nothing may keep billing after the end
+        return Decision(_delete_any(o, members, seen))
+    if spec is None or o.cancel_requested:
+        base = _upd(s, now, members=members)
+        if spec is None:
+            msg = "invalid job spec: " + "; ".join(o.spec_errors)
+            alert = alerts.make("invalid_spec", o.job_id, now, msg, errors=list(o.spec_errors))
+            return Decision(_delete_any(o, members, seen), base.model_copy(update={"state": State.INVALID,
+                                                                                   "message": msg}), "invalid_spec", alert)
+        return Decision(_delete_any(o, members, seen), base.model_copy(update={
+            "state": State.CANCELLED, "message": "cancelled by the user"}), "cancel_requested")
+
+    g = generation(s)
+    beats = [core.relevant_heartbeat(_slot_observation(o, spec, members, i, seen[i])) for i in range(nodes)]
+    if g is not None and _all_exited_zero(g, members, beats):
+        committed = max((hb.committed_step for hb in beats if hb is not None and hb.committed_step is not None),
+                        default=s.last_committed_step)
+        st = _upd(s, now, members=members, state=State.SUCCEEDED, message="every member's trainer exited 0",
+                  exit_code=0, last_committed_step=committed, recovering=False)
+        alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0 on every node; nodes deleted", zone=s.zone,
+                            restarts=s.restarts, attempt=s.attempt, committed_step=committed)
+        return Decision(_delete_any(o, members, seen), st, "trainer_succeeded", alert)
+
+    if s.moving:
+        return _move(o, members, seen)
+
+    waits: list[Action] = []
+    for i in range(nodes):
+        if i > 0 and s.zone is None:
+            break  # slot 0 places the job first
+        d = core.decide(_slot_observation(o, spec, members, i, seen[i]))
+        if d.status is not None and d.status.state is State.SUCCEEDED:
+            continue  # this member is done; the job is when every member of its generation is (above)
+        if d.status is None and d.action.kind in (Act.NONE, Act.WAIT, Act.POLL):
+            waits.append(d.action)
+            continue
+        return _lift(d, s, i, nodes)
+    return _membership(o, spec, members, seen, beats, waits)
+
+
+def _lift(d: Decision, s: JobStatus, i: int, nodes: int) -> Decision:
+    """A slot's one-node decision as the job's."""
+    status = merge(s, i, d.status, nodes) if d.status is not None else None
+    action = replace(d.action, slot=i) if d.action.kind not in (Act.NONE, Act.POLL, Act.WAIT) else d.action
+    return Decision(action, status, d.cause, d.alert, {**d.details, "slot": i})
+
+
+def _all_exited_zero(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> bool:
+    by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
+    return all((hb := by_node.get(n)) is not None and hb.state is NodeState.EXITED and hb.exit_code == 0
+               for n in g.members)
+
+
+def _serving(m: JobStatus, ob: MemberObs, hb: Heartbeat | None, o: Observation) -> bool:
+    """The member runs and its agent, prepared, beats (waiting for a generation or training in one)."""
+    return (m.state is State.RUNNING and ob.node.phase is Phase.RUNNING and hb is not None
+            and hb.state in (NodeState.WAITING, NodeState.TRAINING)
+            and (o.now - hb.heartbeat_at).total_seconds() <= o.settings.stale_heartbeat_seconds)
+
+
+def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: Sequence[MemberObs],
+                beats: Sequence[Heartbeat | None], waits: Sequence[Action]) -> Decision:
+    s, now = o.status, o.now
+    if s.zone is None:  # slot 0 has not placed the job (it waits for capacity): there is no membership yet
+        return _settle(o, members, waits)
+    # A running member's address, once the API shows it (the master's is the generation's master address).
+    learned = [m.model_copy(update={"address": ob.address}) if m.state is State.RUNNING and ob.address
+               and ob.address != m.address else m for m, ob in zip(members, seen)]
+    if learned != members:
+        return Decision(NONE, _upd(s, now, members=learned))
+    views = [membership.SlotView(i, m.node if ob.node.present else None, _serving(m, ob, hb, o), m.address,
+                                 m.provisioning or membership.slot_provisioning(spec, i),
+                                 m.state is State.WAITING_FOR_CAPACITY)
+             for i, (m, ob, hb) in enumerate(zip(members, seen, beats))]
+    previous = generation(s)
+    # Members have disks of their own, so the trainer commits a step only once every rank's files are in the
+    # remote store (docs/checkpoint.md): a committed step is always remote.
+    p = membership.plan(spec, views, previous, committed_remote=True)
+    if p.step is membership.Step.MOVE:
+        st = _upd(s, now, members=members, moving=True, state=State.PREEMPTED, message=p.reason,
+                  tried_zones=[*s.tried_zones, *([s.zone] if s.zone else [])], recovering=True,
+                  preempted_zone=s.zone, preempted_at=now)
+        return Decision(NONE, st, "move", None, {"zone": s.zone})
+    if p.step is membership.Step.RUN and p.generation is not None:
+        g = p.generation
+        if previous is None or g.number != previous.number:
+            return _new_generation(o, members, g, p.reason, cause="generation")
+        ended = _ended(g, members, beats)
+        if ended is not None:
+            return _restart_generation(o, spec, members, g, ended)
+        for i, m in enumerate(members):
+            if m.node in g.members and m.generation_sent < g.number:
+                return Decision(Action(Act.SET_GENERATION, zone=m.zone, node=m.node, attempt=m.attempt, slot=i,
+                                       value=g.to_json()))
+    full = p.step is membership.Step.RUN and p.generation is not None and p.generation.world_size == spec.nodes
+    message = p.reason if p.step is not membership.Step.RUN else _running_message(p.generation, s.zone)
+    return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones)
+
+
+def _settle(o: Observation, members: list[JobStatus], waits: Sequence[Action], message: str | None = None,
+            **changes: Any) -> Decision:
+    """Nothing to act on: commit the job's aggregate state when it changed, else wait as the slots do."""
+    s = o.status
+    target = _aggregate(s.model_copy(update={"members": members, **changes}))
+    if (target.state, target.node, target.members, target.tried_zones) != (s.state, s.node, s.members, s.tried_zones):
+        return Decision(NONE, _upd(target, o.now, message=(message or target.message)[:1000]), "membership")
+    untils = [a.until for a in waits if a.kind is Act.WAIT and a.until is not None]
+    if any(a.kind is Act.POLL for a in waits):
+        return Decision(POLL)
+    return Decision(Action(Act.WAIT, until=min(untils)) if untils else NONE)
+
+
+def _running_message(g: Generation | None, zone: str | None) -> str:
+    assert g is not None
+    return f"generation {g.number}: {g.world_size} nodes in {zone}, master {g.members[0]} ({g.master_addr})"
+
+
+def _new_generation(o: Observation, members: list[JobStatus], g: Generation, reason: str, cause: str,
+                    **changes: Any) -> Decision:
+    s = o.status
+    st = _aggregate(_upd(s, o.now, members=members, generation=_as_data(g), **changes))
+    st = st.model_copy(update={"message": f"{_running_message(g, s.zone)} ({reason})"[:1000]})
+    return Decision(NONE, st, cause, None, {"generation": g.number, "members": list(g.members),
+                                            "master_addr": g.master_addr})
+
+
+def _ended(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> list[Heartbeat] | None:
+    """Every member of generation `g` ran it and waits again (its trainer ended): the heartbeats, else None."""
+    by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
+    hbs = [by_node.get(n) for n in g.members]
+    if all(hb is not None and hb.state is NodeState.WAITING and hb.generation == g.number for hb in hbs):
+        return hbs  # type: ignore[return-value]
+    return None
+
+
+def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus], g: Generation,
+                        ended: Sequence[Heartbeat]) -> Decision:
+    """Every member's trainer ended in the current generation while every member serves: the same members train
+    again in a new generation. Stopped by a notice (exit 75 everywhere: the node survived it) that is no crash;
+    otherwise it counts as one (and after max_restarts the job fails)."""
+    s, now = o.status, o.now
+    crashed = [hb for hb in ended if hb.exit_code not in (0, EXIT_PREEMPTED, None)]
+    again = Generation(g.number + 1, g.members, g.master_addr)
+    if not crashed:
+        return _new_generation(o, members, again, "every trainer stopped; training again", cause="generation")
+    worst = crashed[0]
+    restarts = s.restarts + 1
+    if restarts > spec.max_restarts:
+        msg = f"gave up after {spec.max_restarts} restarts (last cause: trainer_crashed, exit {worst.exit_code})"
+        st = _upd(s, now, members=members, state=State.FAILED, message=msg, exit_code=worst.exit_code,
+                  recovering=False)
+        alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, attempt=s.attempt,
+                            cause="trainer_crashed")
+        return Decision(NONE, st, "trainer_crashed", alert)
+    alert = alerts.make("crashed", o.job_id, now, f"trainer exited {worst.exit_code} in generation {g.number}; "
+                        "restarting it on every node", exit_code=worst.exit_code, output_tail=worst.output_tail,
+                        restarts=restarts, attempt=s.attempt, cause="trainer_crashed")
+    d = _new_generation(o, members, again, f"trainer exited {worst.exit_code}", cause="trainer_crashed",
+                        restarts=restarts, exit_code=worst.exit_code, last_cause="trainer_crashed")
+    return Decision(d.action, d.status, d.cause, alert, d.details)
+
+
+def _move(o: Observation, members: list[JobStatus], seen: Sequence[MemberObs]) -> Decision:
+    """The whole job leaves its zone: delete every member, then let slot 0 place the job again, outside the zones
+    this round tried."""
+    s = o.status
+    a = _delete_any(o, members, seen)
+    if a.kind is not Act.NONE:
+        return Decision(a)
+    fresh = [JobStatus(tried_zones=list(s.tried_zones))] + [JobStatus() for _ in members[1:]]
+    st = _upd(s, o.now, members=fresh, moving=False, zone=None, node=None, state=State.PROVISIONING,
+              message=f"every node of the job deleted in {s.zone}; placing the job again (zones tried: "
+                      f"{', '.join(s.tried_zones) or 'none'})")
+    return Decision(NONE, st, "move")
+
+
+def after_act(job_id: str, s: JobStatus, a: Action, out: Outcome, now: datetime) -> Decision:
+    """decide.after_act for an action on member slot `a.slot`: the slot's one-node outcome, lifted to the job; a
+    generation written is recorded on its member (unless the slot holds another node now)."""
+    nodes = len(s.members)
+    i = a.slot
+    if i is None or not 0 <= i < nodes:
+        return Decision(NONE)
+    if a.kind is Act.SET_GENERATION:
+        m = s.members[i]
+        number = Generation.from_json(a.value or "").number
+        if m.node != a.node or m.generation_sent >= number:
+            return Decision(NONE)
+        members = list(s.members)
+        members[i] = m.model_copy(update={"generation_sent": number})
+        return Decision(NONE, _upd(s, now, members=members))
+    d = core.after_act(job_id, project(s, i), a, out, now)
+    return _lift(d, s, i, nodes)
