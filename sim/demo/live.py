@@ -25,6 +25,9 @@ def _panel(p: Progress) -> Panel:
     if len(p.workers) > 1:  # a multi-host TPU slice: each worker's agent beats on its own
         rows.insert(5, ("workers", "  ".join(f"w{w} {state} {'-' if step is None else step}"
                                               for w, state, step in p.workers)))
+    if p.members:  # a job of several nodes: every member slot's node
+        rows.insert(5, ("members", "  ".join(f"{slot}:{node} {state} {'-' if step is None else step}"
+                                              for slot, node, state, step in p.members)))
     for k, v in rows:
         grid.add_row(k, v)
     events = Table.grid()
@@ -55,12 +58,14 @@ class LiveView:
         if self._live is not None:
             self._live.update(_panel(p))
             return
-        key = (p.state, p.node, p.zone, p.live_nodes, (p.step or 0) // 50, tuple(w[:2] for w in p.workers))
+        key = (p.state, p.node, p.zone, p.live_nodes, (p.step or 0) // 50, tuple(w[:2] for w in p.workers),
+               tuple(m[:3] for m in p.members))
         if key != self._last:
             self._last = key
             print(f"[{p.t:6.1f}s] {p.state:<20} zone={p.zone or '-'} node={p.node or '-'} step={p.step if p.step is not None else '-'}"
                   f"/{p.total_steps} committed={p.committed if p.committed is not None else '-'} live={p.live_nodes}"
-                  + (" workers=" + ",".join(f"w{w}:{state}" for w, state, _ in p.workers) if len(p.workers) > 1 else ""),
+                  + (" workers=" + ",".join(f"w{w}:{state}" for w, state, _ in p.workers) if len(p.workers) > 1 else "")
+                  + (" members=" + ",".join(f"{node}:{state}" for _, node, state, _ in p.members) if p.members else ""),
                   file=self._stream, flush=True)
 
     def say(self, message: str) -> None:

@@ -62,6 +62,7 @@ class Progress:
     restarts: int = 0
     live_nodes: int = 0
     workers: list[tuple[int, str, int | None]] = field(default_factory=list)  # the node's hosts: worker, state, step
+    members: list[tuple[int, str, str, int | None]] = field(default_factory=list)  # several nodes: slot, node, state, step
     events: list[str] = field(default_factory=list)
     alerts: int = 0
 
@@ -115,7 +116,11 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None) -> 
     command = ["python", "train.py", "--framework", t.framework, "--steps", str(t.steps), "--state-mb",
                str(t.state_mb), "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
                "--seed", str(t.seed), "--log-every", "25"]
-    if t.ranks > 1:  # torchrun on the node (rendezvous on loopback, a free port), exit 75 through the wrapper
+    nodes = int(sc.job.get("nodes") or 1)
+    if nodes > 1:  # torchrun on every node; the agent gives it the generation's ranks and master (PET_* variables)
+        command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nproc-per-node", str(t.ranks),
+                   *command[1:2], "--ranks", str(nodes * t.ranks), *command[2:]]
+    elif t.ranks > 1:  # torchrun on the node (rendezvous on loopback, a free port), exit 75 through the wrapper
         command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nnodes", "1", "--nproc-per-node",
                    str(t.ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr",
                    "127.0.0.1", *command[1:2], "--ranks", str(t.ranks), *command[2:]]
@@ -353,7 +358,7 @@ class DemoRun:
                 samples.append(HeartbeatSample(
                     t=now, node=node, life=str(started.timestamp() if isinstance(started, datetime) else started),
                     state=str(hb.get("state")), step=hb.get("step"), committed_step=hb.get("committed_step"),
-                    resumed_from=hb.get("resumed_from"), worker=worker,
+                    resumed_from=hb.get("resumed_from"), worker=worker, generation=hb.get("generation"),
                 ))
             hosts = beats.get(status.node or "") or {}
             current = hosts.get(0) or {}
@@ -362,21 +367,26 @@ class DemoRun:
                 last_poll_events = now
                 transitions += self._new_events(job_ref, seen_events, progress, marks, now)
 
-            # Inject the next preemption when its moment has come and the job has a node training.
-            if pending and status.node and current.get("state") == "training":
+            # Inject the next preemption when its moment has come and the job has a node training (of several
+            # nodes: every member of the generation, so that the preemption meets a training world).
+            training = current.get("state") == "training" and (not status.members or (
+                status.state is schema.State.RUNNING and all((beats.get(m.node or "") or {}).get(0, {}).get("state")
+                                                             == "training" for m in status.members)))
+            if pending and status.node and training:
                 p = pending[0]
                 step = current.get("step") or 0
                 due = (p.at_step is not None and step >= p.at_step) or (p.at_seconds is not None and now >= p.at_seconds)
                 if due:
                     pending.pop(0)
                     injected += 1
-                    zone = status.zone or ""
-                    self.say(f"injecting {p.kind} of {status.node} in {zone} at step {step}")
+                    target = status.members[p.slot] if p.slot is not None and status.members else status
+                    zone, victim = target.zone or "", target.node or ""
+                    self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
                     try:
-                        (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, status.node)
-                        marks.append(Mark(now, "notice", f"{p.kind} {status.node} at step {step}", zone))
+                        (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
+                        marks.append(Mark(now, "notice", f"{p.kind} {victim} at step {step}", zone))
                     except Exception as exc:
-                        self.say(f"could not inject {p.kind} of {status.node}: {exc}")
+                        self.say(f"could not inject {p.kind} of {victim}: {exc}")
                     for z in sc.zones:
                         for change in z.capacity:
                             if change.after_preemption == injected:
@@ -389,6 +399,8 @@ class DemoRun:
             progress.step, progress.committed = current.get("step"), current.get("committed_step")
             progress.live_nodes, progress.alerts = len(live), len(self.slack.payloads)
             progress.workers = [(w, str(hb.get("state")), hb.get("step")) for w, hb in sorted(hosts.items())]
+            progress.members = [(i, m.node or "-", str((beats.get(m.node or "") or {}).get(0, {}).get("state", m.state.value)),
+                                 (beats.get(m.node or "") or {}).get(0, {}).get("step")) for i, m in enumerate(status.members)]
             self.on_progress(progress)
             if status.state.terminal:
                 break

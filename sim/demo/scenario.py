@@ -49,6 +49,8 @@ class Preemption(_Strict):
     at_step: int | None = Field(default=None, ge=1)
     at_seconds: float | None = Field(default=None, ge=0)
     kind: Literal["preempted", "host_error"] = "preempted"
+    slot: int | None = Field(default=None, ge=0, description="a job of several nodes: the member slot whose node is "
+                             "hit (default: the job's node, the generation's master)")
 
     @model_validator(mode="after")
     def _one_trigger(self) -> Preemption:
@@ -113,6 +115,11 @@ class Scenario(_Strict):
     def _budget_fits_notice(self) -> Scenario:
         if self.notice_budget_seconds >= self.notice_seconds:
             raise ValueError("notice_budget_seconds must be shorter than notice_seconds, to leave time to exit")
+        nodes = self.job.get("nodes", 1)
+        if nodes != 1 and self.trainer.framework != "torch":
+            raise ValueError("a job of several nodes runs torch DDP under torchrun: set trainer.framework: torch")
+        if any(p.slot is not None and not (isinstance(nodes, int) and p.slot < nodes) for p in self.preemptions):
+            raise ValueError(f"a preemption's slot must be below job.nodes ({nodes})")
         return self
 
 

@@ -17,6 +17,7 @@ class HeartbeatSample:
     committed_step: int | None
     resumed_from: int | None = None
     worker: int = 0  # the host of a multi-host TPU slice whose heartbeat this is; `node` is the slice's name
+    generation: int | None = None  # a member of a job of several nodes: the generation its trainer runs
 
 
 @dataclass
@@ -57,12 +58,13 @@ class RunRecord:
 def lives(samples: list[HeartbeatSample]) -> list[Life]:
     """Trainer lives in order, from the heartbeats that reported a step. A multi-host slice's life is worker 0's:
     its processes stop at one agreed step, and each worker's agent has a life of its own, which counted apart would
-    read as one life lost to the next."""
+    read as one life lost to the next. A job of several nodes lives one generation at a time: every member's
+    heartbeat of a generation counts toward that generation's life (a survivor's agent lives on across them)."""
     by_key: dict[tuple[str, str], Life] = {}
     for s in sorted(samples, key=lambda s: s.t):
         if s.step is None or s.worker != 0:
             continue
-        key = (s.node, s.life)
+        key = ("generation", str(s.generation)) if s.generation is not None else (s.node, s.life)
         life = by_key.get(key)
         if life is None:
             by_key[key] = Life(s.node, s.life, s.t, s.t, s.step, s.step, s.resumed_from, s.committed_step)

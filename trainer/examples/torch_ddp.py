@@ -5,7 +5,8 @@ the same respawn.ckpt.TrainingLoop, the ranks agree on the step to stop after, r
     python -m respawn.ckpt.launch torchrun --standalone --nproc-per-node 2 -m respawn.ckpt.examples.torch_ddp
 
 Every rank is seeded alike: the loop saves rank 0's global RNGs and restores them on every rank, which is exact
-only when the ranks' RNGs agree (dropout masks here; each rank's data slice comes from the shared permutation).
+only when the ranks' RNGs agree: every rank runs the whole global batch (the same dropout masks) and learns from its
+part of it, so they do on any world.
 """
 
 from __future__ import annotations
@@ -21,6 +22,21 @@ from torch.nn.parallel import DistributedDataParallel
 from respawn.ckpt import CheckpointManager, TrainingLoop
 from respawn.ckpt.examples._common import parse_args, progress
 from respawn.ckpt.examples.torch_mlp import BATCH, D_IN, MLP, N
+
+
+def _rank_ordered_mean(_state, bucket):  # no return annotation: DDP checks it, and this module's are strings
+    """DDP's gradient average, summed in rank order: an all-reduce sums 3 or more ranks in an order that follows DDP's
+    bucket layout, which DDP rebuilds after the first step of every process life, so a resumed run would round
+    differently from an uninterrupted one. Gathering the ranks' buckets and adding them rank by rank does not."""
+    grads = bucket.buffer()
+    parts = [torch.empty_like(grads) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, grads)
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    done = torch.futures.Future()
+    done.set_result(total.div_(len(parts)))
+    return done
 
 
 def main(argv=None) -> int:
@@ -44,6 +60,7 @@ def main(argv=None) -> int:
     x, y = x.to(device), y.to(device)
 
     model = DistributedDataParallel(MLP(max(1, int(args.state_mb * (1 << 20)) // 4)).to(device))
+    model.register_comm_hook(None, _rank_ordered_mean)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.9)
     shuffle = torch.Generator().manual_seed(args.seed + 1)
@@ -52,12 +69,14 @@ def main(argv=None) -> int:
     def train_step(step: int) -> float:
         if data["pos"] + BATCH > N:
             data.update(epoch=data["epoch"] + 1, pos=0, perm=torch.randperm(N, generator=shuffle))
-        idx = data["perm"][data["pos"]:data["pos"] + BATCH][part].to(device)
+        idx = data["perm"][data["pos"]:data["pos"] + BATCH].to(device)
         data["pos"] += BATCH
         model.train()
-        # The squared errors of this rank's part over the global batch, times the world size: DDP's average of the
-        # ranks' gradients is then the whole batch's mean-loss gradient, whatever the parts' sizes.
-        loss = ((model(x[idx]) - y[idx]) ** 2).sum() * (world / BATCH)
+        # Every rank runs the whole global batch (so every rank draws the same dropout masks and its RNG stays rank
+        # 0's, which is what a checkpoint keeps: the resume is exact on any world) and learns from its part: the
+        # squared errors of the part, times the world size, make DDP's average of the ranks' gradients the whole
+        # batch's mean-loss gradient, whatever the parts' sizes.
+        loss = ((model(x[idx])[part] - y[idx][part]) ** 2).sum() * (world / BATCH)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the gradients over the ranks
         opt.step()
