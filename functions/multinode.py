@@ -14,7 +14,8 @@ When no slot has anything to do, membership.plan reads the slots: it forms the g
 (committed, then written into each member's metadata, one SET_GENERATION action per member), keeps the survivors'
 generation while a replacement is on its way, continues on fewer nodes when the zone refused and min_nodes allows,
 or moves the whole job: `moving` is committed, every member is deleted, and slot 0 places the job again outside
-the zones tried. The job ends SUCCEEDED only when every member of its generation exited 0.
+the zones tried. The job ends SUCCEEDED when a member's trainer exited 0 with the last step committed (or every
+member of its generation exited 0).
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
 
     g = generation(s)
     beats = [core.relevant_heartbeat(_slot_observation(o, spec, members, i, seen[i])) for i in range(nodes)]
-    if g is not None and _all_exited_zero(g, members, beats):
+    if _finished(g, members, beats):
         committed = max((hb.committed_step for hb in beats if hb is not None and hb.committed_step is not None),
                         default=s.last_committed_step)
         st = _upd(s, now, members=members, state=State.SUCCEEDED, message="every member's trainer exited 0",
@@ -194,10 +195,16 @@ def _lift(d: Decision, s: JobStatus, i: int, nodes: int) -> Decision:
     return Decision(action, status, d.cause, d.alert, {**d.details, "slot": i})
 
 
-def _all_exited_zero(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> bool:
+def _finished(g: Generation | None, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> bool:
+    """The training is done: a member's trainer exited 0 having committed the last step (in the remote store, so
+    after every rank's files: the other members may go, even if a newer generation was formed meanwhile), or
+    every member of the generation exited 0."""
+    exited = [hb for hb in beats if hb is not None and hb.state is NodeState.EXITED and hb.exit_code == 0]
+    if any(hb.total_steps is not None and hb.committed_step == hb.total_steps for hb in exited):
+        return True
     by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
-    return all((hb := by_node.get(n)) is not None and hb.state is NodeState.EXITED and hb.exit_code == 0
-               for n in g.members)
+    return g is not None and all((hb := by_node.get(n)) is not None and hb.state is NodeState.EXITED
+                                 and hb.exit_code == 0 for n in g.members)
 
 
 def _serving(m: JobStatus, ob: MemberObs, hb: Heartbeat | None, o: Observation) -> bool:

@@ -164,10 +164,22 @@ def test_too_few_survivors_move_the_whole_job_to_the_next_zone(controller):
 
 def test_every_member_exiting_zero_ends_the_job_and_deletes_every_node(controller):
     job, _ = _placed(controller, _spec("fin", nodes=2))
-    controller.heartbeat("fin-1", state="exited", exit_code=0, generation=1)
+    controller.heartbeat("fin-1", state="exited", exit_code=0, generation=1, committed_step=90, total_steps=100)
     assert controller.sweep() == 200
-    assert controller.status(job).state.value == "RUNNING"  # one member done is not the job done
+    assert controller.status(job).state.value == "RUNNING"  # one member done, the last step not committed: not yet
     controller.heartbeat("fin-2", state="exited", exit_code=0, generation=1)
+    assert controller.sweep() == 200
+    controller.wait_state(job, "SUCCEEDED")
+    controller.sim.wait_for(lambda: (controller.sweep() or True) and not controller.live(job), timeout=20,
+                            what="every node deleted")
+
+
+def test_a_member_done_with_the_last_step_committed_ends_the_job_whatever_the_generation(controller):
+    # The trainers of a smaller generation finished the run while a newer generation (a replacement joined) was
+    # being formed: the committed last step is the job's end; the other members must not wait for a world that
+    # will never be complete.
+    job, _ = _placed(controller, _spec("end", nodes=2))
+    controller.heartbeat("end-1", state="exited", exit_code=0, generation=1, committed_step=100, total_steps=100)
     assert controller.sweep() == 200
     controller.wait_state(job, "SUCCEEDED")
     controller.sim.wait_for(lambda: (controller.sweep() or True) and not controller.live(job), timeout=20,
