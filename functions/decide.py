@@ -109,7 +109,7 @@ class Act(str, enum.Enum):
     DELETE = "delete"  # delete the node; 404 is success
     POLL = "poll"  # a transition is under way: look again shortly (within this invocation's budget)
     WAIT = "wait"  # nothing to do before `until` (the sweep comes back)
-    SET_GENERATION = "set_generation"  # write generation `value` into member `node`'s metadata (functions/multinode.py)
+    SET_GENERATION = "set_generation"  # write generation `value` into the `targets` members' metadata (multinode.py)
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ class Action:
     until: datetime | None = None
     slot: int | None = None  # the member slot acted on (a job of several nodes); None: the job's one node
     value: str | None = None  # SET_GENERATION: the generation's JSON
+    targets: tuple[tuple[int, str, str], ...] = ()  # SET_GENERATION: (slot, zone, node) of each member to write
 
 
 NONE = Action(Act.NONE)

@@ -244,10 +244,10 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
         ended = _ended(g, members, beats)
         if ended is not None:
             return _restart_generation(o, spec, members, g, ended)
-        for i, m in enumerate(members):
-            if m.node in g.members and m.generation_sent < g.number:
-                return Decision(Action(Act.SET_GENERATION, zone=m.zone, node=m.node, attempt=m.attempt, slot=i,
-                                       value=g.to_json()))
+        behind = tuple((i, m.zone, m.node) for i, m in enumerate(members)
+                       if m.node in g.members and m.zone and m.generation_sent < g.number)
+        if behind:  # every member behind at once: they restart together, and the writes run side by side
+            return Decision(Action(Act.SET_GENERATION, value=g.to_json(), targets=behind))  # type: ignore[arg-type]
     full = p.step is membership.Step.RUN and p.generation is not None and p.generation.world_size == spec.nodes
     message = p.reason if p.step is not membership.Step.RUN else _running_message(p.generation, s.zone)
     return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones)
@@ -332,18 +332,17 @@ def _move(o: Observation, members: list[JobStatus], seen: Sequence[MemberObs]) -
 
 def after_act(job_id: str, s: JobStatus, a: Action, out: Outcome, now: datetime) -> Decision:
     """decide.after_act for an action on member slot `a.slot`: the slot's one-node outcome, lifted to the job; a
-    generation written is recorded on its member (unless the slot holds another node now)."""
+    generation written is recorded on each of its members (unless the slot holds another node now)."""
     nodes = len(s.members)
+    if a.kind is Act.SET_GENERATION:
+        number = Generation.from_json(a.value or "").number
+        members = list(s.members)
+        for i, _zone, node in a.targets:
+            if 0 <= i < nodes and members[i].node == node and members[i].generation_sent < number:
+                members[i] = members[i].model_copy(update={"generation_sent": number})
+        return Decision(NONE, _upd(s, now, members=members)) if members != s.members else Decision(NONE)
     i = a.slot
     if i is None or not 0 <= i < nodes:
         return Decision(NONE)
-    if a.kind is Act.SET_GENERATION:
-        m = s.members[i]
-        number = Generation.from_json(a.value or "").number
-        if m.node != a.node or m.generation_sent >= number:
-            return Decision(NONE)
-        members = list(s.members)
-        members[i] = m.model_copy(update={"generation_sent": number})
-        return Decision(NONE, _upd(s, now, members=members))
     d = core.after_act(job_id, project(s, i), a, out, now)
     return _lift(d, s, i, nodes)

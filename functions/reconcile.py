@@ -21,6 +21,7 @@ the environment once per Deps.default().
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
@@ -339,9 +340,11 @@ def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action, provid
         provider.delete(a.zone, a.node)
         logs.info(f"deleted {a.node} in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
         return core.DONE
-    if a.kind is Act.SET_GENERATION:
-        provider.set_attributes(a.zone, a.node, {contract.ATTR_GENERATION: a.value})  # type: ignore[attr-defined]
-        logs.info(f"gave {a.node} generation {a.value}", job_id=o.job_id, node=a.node, zone=a.zone, slot=a.slot)
+    if a.kind is Act.SET_GENERATION:  # every member behind at once (a failure re-raises after the others ended)
+        with ThreadPoolExecutor(len(a.targets)) as pool:
+            list(pool.map(lambda t: provider.set_attributes(t[1], t[2], {contract.ATTR_GENERATION: a.value}),  # type: ignore[attr-defined]
+                          a.targets))
+        logs.info(f"gave {', '.join(t[2] for t in a.targets)} generation {a.value}", job_id=o.job_id)
         return core.DONE
     assert spec is not None  # decide only creates or starts for a valid spec
     if a.kind is Act.CREATE:
@@ -365,7 +368,8 @@ def _record_outcome(deps: Deps, job_id: str, a: Action, outcome: core.Outcome) -
             return Decision(core.NONE), False, JobStatus()
         doc, version = found
         current = JobStatus.model_validate(doc.get("status") or {})
-        after = (core.after_act if a.slot is None else multinode.after_act)(job_id, current, a, outcome, deps.now())
+        multi = a.slot is not None or a.kind is Act.SET_GENERATION
+        after = (multinode.after_act if multi else core.after_act)(job_id, current, a, outcome, deps.now())
         if after.status is None:
             return after, False, current
         event = JobEvent.new(current.state, after.status.state, after.cause, **after.details) if after.cause else None

@@ -360,7 +360,7 @@ class ComputeService:
                 for key, value in after.items():
                     server.set_attribute(key, value)
             op = self._new_op(zone, "setMetadata", self._path(zone, name), inst.id)
-            self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op)
+            self.sim.scheduler.call_later(self.sim.metadata_op_delay, self._finish, op)
         return dict(op.body)
 
     def list(self, zone: str, filter_text: str | None) -> dict:

@@ -46,10 +46,12 @@ class SimServer:
         delete_grace: float | None = None,
         audit_timing: str = "end",
         seed: int = 0,
+        metadata_op_delay: float | None = None,
     ) -> None:
         """
         notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
         op_delay: seconds per asynchronous lifecycle step (PROVISIONING -> STAGING -> RUNNING, CREATING -> READY).
+        metadata_op_delay: seconds an instances.setMetadata operation takes (default: op_delay).
         boot_command: what the node's systemd unit runs (the node agent); None boots nodes with no process.
         node_env: extra environment for node processes (`{node_dir}` in a value: the node's directory).
         nodes_root: where node directories live (default: a temporary directory removed at stop()).
@@ -64,6 +66,7 @@ class SimServer:
         self.project = project
         self.notice_seconds = float(notice_seconds)
         self.op_delay = float(op_delay)
+        self.metadata_op_delay = self.op_delay if metadata_op_delay is None else float(metadata_op_delay)
         self.boot_command = list(boot_command) if boot_command else None
         self.node_env = dict(node_env or {})
         self._own_root = nodes_root is None
