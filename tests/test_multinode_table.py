@@ -1,0 +1,126 @@
+"""functions/multinode.py: the decisions for a job of several GPU VMs, row by row. Pure: an Observation and one
+MemberObs per slot in, a Decision out (the entry-point tests are tests/test_functions_multinode.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from respawn.control import multinode
+from respawn.control.decide import Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase
+from respawn.control.multinode import MemberObs
+from respawn.schema import Heartbeat, JobStatus, NodeState, State, parse_spec
+
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
+ZONES = ["us-central1-a", "us-central1-b"]
+SPEC = parse_spec({"id": "job", "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"}, "zones": ZONES,
+                   "trainer": {"command": ["python", "t.py"]}, "checkpoint_uri": "gs://bucket/job", "nodes": 3,
+                   "on_demand_nodes": 1, "termination_action": "DELETE", "max_restarts": 5})
+RUNNING = NodeObs(Phase.RUNNING, "RUNNING")
+
+
+def member(slot: int, attempt: int, **kw) -> JobStatus:
+    return JobStatus(state=State.RUNNING, attempt=attempt, node=f"job-{attempt}", zone=ZONES[0],
+                     provisioning="standard" if slot == 0 else "spot", create_state="created",
+                     node_started_at=NOW - timedelta(minutes=5), address=f"10.0.0.{attempt}", **kw)
+
+
+def beat(attempt: int, state: str = "waiting", **kw) -> Heartbeat:
+    return Heartbeat(job_id="job", attempt=attempt, state=NodeState(state), heartbeat_at=NOW - timedelta(seconds=2),
+                     **kw)
+
+
+def observe(status: JobStatus, seen, spec=SPEC, **kw) -> Observation:
+    return Observation(job_id="job", spec=spec, spec_errors=(), status=status, cancel_requested=False,
+                       node=NodeObs(Phase.ABSENT), heartbeat=None, now=NOW, **kw)
+
+
+def running_job(generation=None, sent=0) -> tuple[JobStatus, list[MemberObs]]:
+    members = [member(i, i + 1, generation_sent=sent) for i in range(3)]
+    status = JobStatus(state=State.RUNNING if generation else State.PROVISIONING, attempt=3, zone=ZONES[0],
+                       node="job-1", members=members, generation=generation)
+    seen = [MemberObs(RUNNING, beat(i + 1), f"10.0.0.{i + 1}") for i in range(3)]
+    return status, seen
+
+
+GEN1 = {"number": 1, "members": ["job-1", "job-2", "job-3"], "master_addr": "10.0.0.1"}
+
+
+def test_a_pending_job_places_slot_0_first_with_the_first_attempt():
+    d = multinode.decide(observe(JobStatus(), []), [])
+    assert (d.action.kind, d.action.zone, d.action.node, d.action.slot, d.action.provisioning) == (
+        Act.CREATE, ZONES[0], "job-1", 0, "standard")
+    assert len(d.status.members) == 3 and d.status.zone == ZONES[0] and d.status.attempt == 1
+
+
+def test_the_other_slots_follow_slot_0_into_its_zone_even_when_that_zone_cools_down():
+    first = multinode.decide(observe(JobStatus(), []), []).status
+    booting = [MemberObs(NodeObs(Phase.BOOTING, "STAGING"))]
+    d = multinode.decide(observe(first, booting), booting)
+    assert (d.action.kind, d.action.zone, d.action.node, d.action.slot) == (Act.CREATE, ZONES[0], "job-2", 1)
+    # Zone a under a capacity cooldown: slot 1 waits for capacity there instead of going to zone b.
+    cold = multinode.decide(observe(first, booting, blocked={ZONES[0]: NOW + timedelta(minutes=5)}), booting)
+    assert cold.action.kind is Act.WAIT and cold.status.members[1].state is State.WAITING_FOR_CAPACITY
+    assert all(m.zone in (None, ZONES[0]) for m in cold.status.members)
+
+
+def test_every_slot_serving_forms_the_generation_with_the_on_demand_master():
+    status, seen = running_job()
+    d = multinode.decide(observe(status, seen), seen)
+    assert d.action.kind is Act.NONE and d.cause == "generation"
+    assert d.status.generation == GEN1 and d.status.state is State.RUNNING
+
+
+def test_a_committed_generation_is_written_to_every_member_behind_in_one_action():
+    status, seen = running_job(GEN1)
+    status.members[1] = status.members[1].model_copy(update={"generation_sent": 1})
+    d = multinode.decide(observe(status, seen), seen)
+    assert d.action.kind is Act.SET_GENERATION
+    assert d.action.targets == ((0, ZONES[0], "job-1"), (2, ZONES[0], "job-3"))
+    after = multinode.after_act("job", status, d.action, Outcome(OutcomeKind.DONE), NOW)
+    assert [m.generation_sent for m in after.status.members] == [1, 1, 1]
+
+
+def test_a_lost_member_is_replaced_alone_in_the_jobs_zone_and_the_survivors_untouched():
+    status, seen = running_job(GEN1, sent=1)
+    seen[2] = MemberObs()  # job-3 is gone (404)
+    d = multinode.decide(observe(status, seen), seen)
+    assert (d.action.kind, d.action.zone, d.action.node, d.action.slot) == (Act.CREATE, ZONES[0], "job-4", 2)
+    assert d.status.restarts == 1 and d.status.attempt == 4
+    assert d.status.members[:2] == status.members[:2]
+    assert d.status.generation == GEN1  # the survivors hold until the replacement serves
+
+
+def test_a_refused_slot_with_too_few_survivors_moves_the_job_then_deletes_every_member():
+    status, seen = running_job(GEN1, sent=1)
+    status.members[2] = JobStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
+                                  next_attempt_at=NOW + timedelta(minutes=1))
+    seen[2] = MemberObs()
+    d = multinode.decide(observe(status, seen), seen)
+    assert d.cause == "move" and d.status.moving and d.status.tried_zones == [ZONES[0]]
+    moving = d.status
+    d = multinode.decide(observe(moving, seen), seen)
+    assert (d.action.kind, d.action.node) == (Act.DELETE, "job-1")
+    gone = [MemberObs()] * 3
+    d = multinode.decide(observe(moving, gone), gone)
+    assert not d.status.moving and d.status.zone is None and d.status.members[0].tried_zones == [ZONES[0]]
+    d = multinode.decide(observe(d.status, gone), gone)
+    assert (d.action.kind, d.action.zone) == (Act.CREATE, ZONES[1])  # slot 0 places the job outside zone a
+
+
+def test_min_nodes_lets_the_survivors_continue_while_the_slot_is_refused():
+    spec = parse_spec({**SPEC.to_doc(), "min_nodes": 2, "trainer": {"command": ["python", "t.py"]}})
+    status, seen = running_job(GEN1, sent=1)
+    status.members[2] = JobStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
+                                  next_attempt_at=NOW + timedelta(minutes=1))
+    seen[2] = MemberObs()
+    d = multinode.decide(observe(status, seen, spec=spec), seen)
+    assert d.cause == "generation" and d.status.generation["members"] == ["job-1", "job-2"]
+    assert d.status.generation["number"] == 2 and not d.status.moving
+
+
+def test_a_finished_job_deletes_its_members_one_by_one():
+    status, seen = running_job(GEN1, sent=1)
+    done = status.model_copy(update={"state": State.SUCCEEDED})
+    assert multinode.decide(observe(done, seen), seen).action == Action(Act.DELETE, zone=ZONES[0], node="job-1",
+                                                                        attempt=1, slot=0)
+    assert multinode.decide(observe(done, [MemberObs()] * 3), [MemberObs()] * 3).action.kind is Act.NONE
