@@ -117,8 +117,10 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None) -> 
                str(t.state_mb), "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
                "--seed", str(t.seed), "--log-every", "25"]
     nodes = int(sc.job.get("nodes") or 1)
-    if nodes > 1:  # torchrun on every node; the agent gives it the generation's ranks and master (PET_* variables)
+    if nodes > 1:  # torchrun on every node; the agent gives it the generation's ranks and master (PET_* variables).
+        # A port of the run's own: the sim's VMs share this machine, where two demos' masters would meet on 29500.
         command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nproc-per-node", str(t.ranks),
+                   "--master-port", str(emulators.free_port()),
                    *command[1:2], "--ranks", str(nodes * t.ranks), *command[2:]]
     elif t.ranks > 1:  # torchrun on the node (rendezvous on loopback, a free port), exit 75 through the wrapper
         command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nnodes", "1", "--nproc-per-node",
