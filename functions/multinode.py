@@ -78,8 +78,8 @@ def _aggregate(s: JobStatus) -> JobStatus:
         state = State.RUNNING
     elif s.moving or State.PREEMPTED in states:
         state = State.PREEMPTED
-    elif State.WAITING_FOR_CAPACITY in states and not any(m.node for m in s.members):
-        state = State.WAITING_FOR_CAPACITY  # nothing placed, and the placing slot waits for capacity
+    elif State.WAITING_FOR_CAPACITY in states and all(x in (State.WAITING_FOR_CAPACITY, State.PENDING) for x in states):
+        state = State.WAITING_FOR_CAPACITY  # nothing placed: the placing slot waits for capacity
     elif all(x is State.PENDING for x in states):
         state = State.PENDING
     else:
@@ -99,13 +99,20 @@ def merge(s: JobStatus, i: int, member: JobStatus, nodes: int) -> JobStatus:
     members[i] = member.model_copy(update={k: getattr(_BLANK, k) for k in SHARED})
     job = s.model_copy(update={**{k: getattr(member, k) for k in SHARED}, "members": members,
                                "attempt": max(s.attempt, member.attempt)})
-    if i == 0 and not any(m.node for m in members[1:]):
+    if i == 0 and not any(_holds(m) for m in members[1:]):
         job = job.model_copy(update={"zone": member.zone, "provisioning": member.provisioning,
                                      "tried_zones": list(member.tried_zones)})
     if member.state.terminal:
         return job.model_copy(update={"state": member.state, "message": member.message, "recovering": False,
                                       "exit_code": member.exit_code})
     return _aggregate(job.model_copy(update={"message": member.message[:1000]}))
+
+
+def _holds(m: JobStatus) -> bool:
+    """The slot holds a node in the job's zone (being created, running, or lost and being deleted), as opposed to a
+    slot never filled, or whose last create was refused (it still names that node, which never came to be)."""
+    return (m.node is not None and m.create_state in ("pending", "starting", "created")
+            and m.state in (State.PROVISIONING, State.RUNNING, State.PREEMPTED))
 
 
 def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:
@@ -115,7 +122,7 @@ def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:
 def _slot_spec(spec: JobSpec, s: JobStatus, members: Sequence[JobStatus], i: int) -> JobSpec:
     """The spec slot `i` is decided with: one node, the slot's provisioning model, and the job's zone alone once
     the job has one (slot 0 placing the job alone walks the whole list)."""
-    placing = i == 0 and not any(m.node for m in members[1:])
+    placing = i == 0 and not any(_holds(m) for m in members[1:])
     update: dict[str, Any] = {"nodes": 1, "min_nodes": 1, "on_demand_nodes": 0,
                               "provisioning": membership.slot_provisioning(spec, i)}
     if not placing and s.zone is not None:
@@ -176,7 +183,7 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
 
     waits: list[Action] = []
     for i in range(nodes):
-        if i > 0 and s.zone is None:
+        if i > 0 and not any(_holds(m) for m in members):
             break  # slot 0 places the job first
         d = core.decide(_slot_observation(o, spec, members, i, seen[i]))
         if d.status is not None and d.status.state is State.SUCCEEDED:
@@ -217,7 +224,7 @@ def _serving(m: JobStatus, ob: MemberObs, hb: Heartbeat | None, o: Observation) 
 def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: Sequence[MemberObs],
                 beats: Sequence[Heartbeat | None], waits: Sequence[Action]) -> Decision:
     s, now = o.status, o.now
-    if s.zone is None:  # slot 0 has not placed the job (it waits for capacity): there is no membership yet
+    if not any(_holds(m) for m in members):  # slot 0 has not placed the job (it waits for capacity): no membership
         return _settle(o, members, waits)
     # A running member's address, once the API shows it (the master's is the generation's master address).
     learned = [m.model_copy(update={"address": ob.address}) if m.state is State.RUNNING and ob.address

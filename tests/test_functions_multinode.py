@@ -224,3 +224,55 @@ def test_duplicate_preemption_events_replace_the_member_once(controller):
     st = controller.status(job)
     assert [m.node for m in st.members] == ["dup-1", "dup-3"] and st.restarts == 1
     assert controller.sim.max_live(job) == 2 and len(controller.sim.history()) == 3
+
+
+def test_a_dropped_event_is_caught_by_the_sweep_and_the_member_replaced(controller):
+    job, _ = _placed(controller, _spec("drp", nodes=2))
+    controller.sim.preempt(ZONES[0], "drp-2")
+    controller.wait_system_event("drp-2")  # the event happened; it is never delivered
+    controller.sim.wait_for(lambda: (controller.sweep() or True) and "drp-3" in {n["name"] for n in controller.live(job)},
+                            timeout=30, what="the sweep's replacement")
+    assert [m.node for m in controller.status(job).members] == ["drp-1", "drp-3"]
+    assert controller.sim.max_live(job) == 2
+
+
+def test_crash_after_a_member_create_adopts_it_through_409(controller):
+    job = controller.register(_spec("c409", nodes=2))
+    crashed = []
+
+    def hook(where, job_id, action):
+        if where == "after_create" and action.slot == 1 and not crashed:
+            crashed.append(action)
+            raise RuntimeError("injected crash")
+
+    reconcile.fault_hook = hook
+    assert controller.job_created(job) == 500  # slot 1's VM exists, its outcome was never recorded
+    assert controller.status(job).members[1].create_state == "pending"
+    assert controller.job_created(job) == 200  # the redelivery's create meets 409 and adopts it
+    controller.sim.wait_for(lambda: (controller.sweep() or True) and controller.status(job).members[1].create_state
+                            == "created", timeout=30, what="slot 1 adopted")
+    assert len(controller.sim.history()) == 2 and controller.sim.max_live(job) == 2
+
+
+def test_a_503_on_a_member_create_is_retried_by_redelivery_without_a_second_vm(controller):
+    job = controller.register(_spec("e503", nodes=2))
+    controller.sim.set_api_faults(count=2, status=503, methods=("insert",))
+    codes = [controller.job_created(job) for _ in range(4)]
+    assert codes[0] == 500 and codes[-1] == 200, codes
+    controller.sim.wait_for(lambda: (controller.sweep() or True) and len(controller.live(job)) == 2, timeout=30,
+                            what="both members")
+    assert [m.node for m in controller.status(job).members] == ["e503-1", "e503-2"]
+    assert len(controller.sim.history()) == 2
+
+
+def test_every_zone_stocked_out_waits_then_places_every_member_in_one_zone(controller):
+    for zone in ZONES:
+        controller.sim.set_capacity(zone, T4, 0)
+    job = controller.register(_spec("dry", nodes=2))
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "WAITING_FOR_CAPACITY")
+    assert not controller.live(job) and [m.state.value for m in st.members] == ["WAITING_FOR_CAPACITY", "PENDING"]
+    controller.sim.set_capacity(ZONES[1], T4, None)
+    controller.sim.wait_for(lambda: (controller.sweep() or True) and len(controller.live(job)) == 2, timeout=40,
+                            what="both members once capacity returns")
+    assert {n["zone"] for n in controller.live(job)} == {ZONES[1]} and not _zones_overlap(controller, job)
