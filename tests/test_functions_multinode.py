@@ -224,6 +224,11 @@ def test_duplicate_preemption_events_replace_the_member_once(controller):
     st = controller.status(job)
     assert [m.node for m in st.members] == ["dup-1", "dup-3"] and st.restarts == 1
     assert controller.sim.max_live(job) == 2 and len(controller.sim.history()) == 3
+    # Reordered: the old event arrives once more after the replacement runs; it names a node the job has left.
+    assert controller.log_event(entry) == 200
+    after = controller.status(job)
+    assert [m.node for m in after.members] == ["dup-1", "dup-3"] and after.restarts == 1
+    assert len(controller.sim.history()) == 3
 
 
 def test_a_dropped_event_is_caught_by_the_sweep_and_the_member_replaced(controller):
