@@ -27,6 +27,11 @@ def _beat_all(controller, job, state="waiting", **kw):
             controller.heartbeat(node, state=state, **kw)
 
 
+def _swept_until(controller, predicate, timeout, what):
+    """Sweep (as Cloud Scheduler would) and look again until `predicate()` holds."""
+    controller.sim.wait_for(lambda: (controller.sweep() or True) and predicate(), timeout=timeout, what=what)
+
+
 def _generation(controller, job, expect_number, timeout=30):
     """Wait until generation `expect_number` is written into every member's metadata; the generation."""
     def written():
@@ -38,7 +43,7 @@ def _generation(controller, job, expect_number, timeout=30):
                    for m in st.generation["members"] if m in live)
     deadline_what = f"generation {expect_number} of {job} written to its members"
     try:
-        controller.sim.wait_for(lambda: (controller.sweep() or True) and written(), timeout=timeout, what=deadline_what)
+        _swept_until(controller, written, timeout=timeout, what=deadline_what)
     except Exception:
         raise AssertionError(f"{deadline_what}: status {controller.status(job)}") from None
     return controller.status(job).generation
@@ -134,9 +139,9 @@ def test_elastic_job_continues_on_survivors_while_the_zone_is_dry_and_grows_back
     assert len(controller.live(job)) == 2
 
     controller.sim.set_capacity(ZONES[0], T4, None, provisioning_model="SPOT")
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and controller.status(job).members[1].node
-                            and controller.sim.status_of(ZONES[0], controller.status(job).members[1].node) == "RUNNING",
-                            timeout=30, what="slot 1 refilled once capacity returns")
+    _swept_until(controller, lambda: controller.status(job).members[1].node
+                 and controller.sim.status_of(ZONES[0], controller.status(job).members[1].node) == "RUNNING",
+                 timeout=30, what="slot 1 refilled once capacity returns")
     back = controller.status(job).members[1].node
     controller.heartbeat(back, state="waiting")
     for survivor in ("ela-1", "ela-3"):
@@ -151,9 +156,9 @@ def test_too_few_survivors_move_the_whole_job_to_the_next_zone(controller):
     controller.sim.set_capacity(ZONES[0], T4, 1, provisioning_model="SPOT")
     controller.sim.preempt(ZONES[0], "mov-2")
     assert controller.log_event(controller.wait_system_event("mov-2")) == 200
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and len(controller.live(job)) == 2
-                            and all(n["zone"] == ZONES[1] and n["status"] == "RUNNING" for n in controller.live(job)),
-                            timeout=40, what="the job moved to the next zone")
+    _swept_until(controller, lambda: len(controller.live(job)) == 2
+                 and all(n["zone"] == ZONES[1] and n["status"] == "RUNNING" for n in controller.live(job)),
+                 timeout=40, what="the job moved to the next zone")
     st = controller.status(job)
     assert st.zone == ZONES[1] and [m.zone for m in st.members] == [ZONES[1]] * 2
     assert controller.sim.max_live(job) == 2 and not _zones_overlap(controller, job)
@@ -170,8 +175,7 @@ def test_every_member_exiting_zero_ends_the_job_and_deletes_every_node(controlle
     controller.heartbeat("fin-2", state="exited", exit_code=0, generation=1)
     assert controller.sweep() == 200
     controller.wait_state(job, "SUCCEEDED")
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and not controller.live(job), timeout=20,
-                            what="every node deleted")
+    _swept_until(controller, lambda: not controller.live(job), timeout=20, what="every node deleted")
 
 
 def test_a_member_done_with_the_last_step_committed_ends_the_job_whatever_the_generation(controller):
@@ -182,8 +186,7 @@ def test_a_member_done_with_the_last_step_committed_ends_the_job_whatever_the_ge
     controller.heartbeat("end-1", state="exited", exit_code=0, generation=1, committed_step=100, total_steps=100)
     assert controller.sweep() == 200
     controller.wait_state(job, "SUCCEEDED")
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and not controller.live(job), timeout=20,
-                            what="every node deleted")
+    _swept_until(controller, lambda: not controller.live(job), timeout=20, what="every node deleted")
 
 
 def test_a_crash_in_every_member_restarts_the_generation_and_counts(controller):
@@ -208,8 +211,8 @@ def test_crash_between_recording_a_member_and_creating_it_makes_no_second_node(c
     reconcile.fault_hook = hook
     assert controller.job_created(job) == 500
     assert controller.job_created(job) == 200  # the redelivery re-issues the same create
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and len(controller.live(job)) == 2, timeout=30,
-                            what="both members")
+    _swept_until(controller, lambda: len(controller.live(job)) == 2, timeout=30,
+                 what="both members")
     assert [m.node for m in controller.status(job).members] == ["crm-1", "crm-2"]
     assert len(controller.sim.history()) == 2 and controller.sim.max_live(job) == 2
 
@@ -219,8 +222,8 @@ def test_duplicate_preemption_events_replace_the_member_once(controller):
     controller.sim.preempt(ZONES[0], "dup-2")
     entry = controller.wait_system_event("dup-2")
     assert controller.concurrently([lambda: controller.log_event(entry)] * 3) == [200, 200, 200]
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and len(controller.live(job)) == 2, timeout=30,
-                            what="the replacement")
+    _swept_until(controller, lambda: len(controller.live(job)) == 2, timeout=30,
+                 what="the replacement")
     st = controller.status(job)
     assert [m.node for m in st.members] == ["dup-1", "dup-3"] and st.restarts == 1
     assert controller.sim.max_live(job) == 2 and len(controller.sim.history()) == 3
@@ -235,8 +238,8 @@ def test_a_dropped_event_is_caught_by_the_sweep_and_the_member_replaced(controll
     job, _ = _placed(controller, _spec("drp", nodes=2))
     controller.sim.preempt(ZONES[0], "drp-2")
     controller.wait_system_event("drp-2")  # the event happened; it is never delivered
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and "drp-3" in {n["name"] for n in controller.live(job)},
-                            timeout=30, what="the sweep's replacement")
+    _swept_until(controller, lambda: "drp-3" in {n["name"] for n in controller.live(job)},
+                 timeout=30, what="the sweep's replacement")
     assert [m.node for m in controller.status(job).members] == ["drp-1", "drp-3"]
     assert controller.sim.max_live(job) == 2
 
@@ -254,8 +257,8 @@ def test_crash_after_a_member_create_adopts_it_through_409(controller):
     assert controller.job_created(job) == 500  # slot 1's VM exists, its outcome was never recorded
     assert controller.status(job).members[1].create_state == "pending"
     assert controller.job_created(job) == 200  # the redelivery's create meets 409 and adopts it
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and controller.status(job).members[1].create_state
-                            == "created", timeout=30, what="slot 1 adopted")
+    _swept_until(controller, lambda: controller.status(job).members[1].create_state
+                 == "created", timeout=30, what="slot 1 adopted")
     assert len(controller.sim.history()) == 2 and controller.sim.max_live(job) == 2
 
 
@@ -264,8 +267,8 @@ def test_a_503_on_a_member_create_is_retried_by_redelivery_without_a_second_vm(c
     controller.sim.set_api_faults(count=2, status=503, methods=("insert",))
     codes = [controller.job_created(job) for _ in range(4)]
     assert codes[0] == 500 and codes[-1] == 200, codes
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and len(controller.live(job)) == 2, timeout=30,
-                            what="both members")
+    _swept_until(controller, lambda: len(controller.live(job)) == 2, timeout=30,
+                 what="both members")
     assert [m.node for m in controller.status(job).members] == ["e503-1", "e503-2"]
     assert len(controller.sim.history()) == 2
 
@@ -278,6 +281,6 @@ def test_every_zone_stocked_out_waits_then_places_every_member_in_one_zone(contr
     st = controller.wait_state(job, "WAITING_FOR_CAPACITY")
     assert not controller.live(job) and [m.state.value for m in st.members] == ["WAITING_FOR_CAPACITY", "PENDING"]
     controller.sim.set_capacity(ZONES[1], T4, None)
-    controller.sim.wait_for(lambda: (controller.sweep() or True) and len(controller.live(job)) == 2, timeout=40,
-                            what="both members once capacity returns")
+    _swept_until(controller, lambda: len(controller.live(job)) == 2, timeout=40,
+                 what="both members once capacity returns")
     assert {n["zone"] for n in controller.live(job)} == {ZONES[1]} and not _zones_overlap(controller, job)
