@@ -168,7 +168,8 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
             "state": State.CANCELLED, "message": "cancelled by the user"}), "cancel_requested")
 
     g = generation(s)
-    beats = [core.relevant_heartbeat(_slot_observation(o, spec, members, i, seen[i])) for i in range(nodes)]
+    views = [_slot_observation(o, spec, members, i, seen[i]) for i in range(nodes)]  # each slot as a one-node job
+    beats = [core.relevant_heartbeat(v) for v in views]
     if _finished(g, members, beats):
         committed = max((hb.committed_step for hb in beats if hb is not None and hb.committed_step is not None),
                         default=s.last_committed_step)
@@ -185,7 +186,7 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     for i in range(nodes):
         if i > 0 and not any(_holds(m) for m in members):
             break  # slot 0 places the job first
-        d = core.decide(_slot_observation(o, spec, members, i, seen[i]))
+        d = core.decide(views[i])
         if d.status is not None and d.status.state is State.SUCCEEDED:
             continue  # this member is done; the job is when every member of its generation is (above)
         if d.status is None and d.action.kind in (Act.NONE, Act.WAIT, Act.POLL):
