@@ -70,7 +70,7 @@ class SimServer:
         self.boot_command = list(boot_command) if boot_command else None
         self.node_env = dict(node_env or {})
         self._own_root = nodes_root is None
-        self.nodes_root = Path(nodes_root) if nodes_root is not None else None
+        self.nodes_root = Path(nodes_root).resolve() if nodes_root is not None else None  # nodes run in their own cwd
         self.audit_sink = audit_sink
         self.delete_grace = float(delete_grace) if delete_grace is not None else min(self.notice_seconds, 5.0)
         self.audit_timing = audit_timing

@@ -34,7 +34,8 @@ def demo(
             sc = load_scenario(scenario) if scenario else default_scenario()
         except ScenarioError as exc:
             raise CliError(str(exc), code=2) from None
-        base = out_dir or Path("respawn-demo-out") / f"{sc.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        # Absolute from here on: the nodes, the sim and the functions run with working directories of their own.
+        base = (out_dir or Path("respawn-demo-out") / f"{sc.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}").resolve()
         base.mkdir(parents=True, exist_ok=True)
         view = LiveView(enabled=live and not as_json)
 

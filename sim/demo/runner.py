@@ -169,7 +169,7 @@ class DemoRun:
     def __init__(self, sc: Scenario, out_dir: Path, *, on_progress: Callable[[Progress], None],
                  say: Callable[[str], None]):
         self.sc = sc
-        self.out = out_dir
+        self.out = out_dir.resolve()  # children run elsewhere: every path handed to them must be absolute
         self.on_progress = on_progress
         self.say = say
         self.stack = Stack(say)
