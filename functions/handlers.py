@@ -90,8 +90,14 @@ def delete_orphans(deps: Deps) -> None:
     before = deps.store.all_jobs()
     scan = {(((doc.get("spec") or {}).get("accelerator") or {}).get("kind") or "gpu", zone)
             for doc in before.values() for zone in ((doc.get("spec") or {}).get("zones") or [])}
-    seen = [Seen(kind, zone, name, labels) for kind, zone in sorted(scan)
-            for name, labels in deps.providers[kind].list_labelled(zone)]
+    seen = []
+    for kind, zone in sorted(scan):
+        try:
+            seen += [Seen(kind, zone, name, labels) for name, labels in deps.providers[kind].list_labelled(zone)]
+        except Exception as exc:  # noqa: BLE001 - a zone whose listing fails (an answer the client cannot decode,
+            # a 5xx) is left for the next sweep; nothing of it is deleted unseen, and the other zones are scanned
+            logs.error(f"sweep: listing {kind} nodes in {zone} failed, its orphans wait for the next sweep: "
+                       f"{type(exc).__name__}: {exc}", zone=zone)
     jobs = {job_id: (doc.get("status") or {}) for job_id, doc in deps.store.all_jobs().items()}
     for n in orphans(seen, jobs):
         logs.warning(f"sweep: deleting orphan node {n.name} in {n.zone} (job {n.labels.get(LABEL_JOB)} does not "

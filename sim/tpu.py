@@ -182,7 +182,7 @@ class TpuService:
                 self.sim.scheduler.call_later(self.sim.op_delay, lambda: self._finish(op, error=refusal))
                 return dict(op.body)
             resource = dict(body)
-            node_numeric_id = str(self._ids.randrange(10**18, 10**19))
+            node_numeric_id = str(self._ids.randrange(10**17, 2**63))  # Node.id is an int64
             resource.update({
                 "name": self._path(zone, node_id), "acceleratorType": accelerator, "state": "CREATING",
                 "createTime": rfc3339(), "id": node_numeric_id, "apiVersion": "V2",

@@ -52,3 +52,21 @@ def test_sweep_deletes_a_stray_node_of_a_job_and_keeps_the_current_one(controlle
     assert controller.sim.status_of(ZONES[1], "tidy-9") is None
     assert controller.sim.status_of(ZONES[1], "web-1") == "RUNNING"
     assert controller.sim.status_of(st.zone, st.node) == "RUNNING"
+
+
+def test_a_zone_whose_listing_fails_does_not_stop_the_scan_of_the_others(controller):
+    job = controller.register(gpu_spec("tidy"))
+    assert controller.job_created(job) == 200
+    controller.wait_state(job, "RUNNING")
+    instances, ops = compute_clients(controller.sim.endpoint)
+    strays = {zone: f"tidy-{9 + i}" for i, zone in enumerate(ZONES[:2])}
+    for zone, name in strays.items():
+        body = compute_v1.Instance(name=name, machine_type=f"zones/{zone}/machineTypes/n1-standard-8",
+                                   labels={"respawn-job": "tidy", "respawn-attempt": name.rsplit("-", 1)[1]})
+        compute_result(ops, controller.project, zone,
+                       instances.insert_unary(project=controller.project, zone=zone, instance_resource=body))
+    # The scan lists the zones in order: the first one's listing fails, the second is still scanned.
+    controller.sim.set_api_faults(count=1, status=500, methods=("list",))
+    assert controller.sweep() == 200
+    assert controller.sim.status_of(ZONES[0], strays[ZONES[0]]) == "RUNNING", "nothing is deleted unseen"
+    assert controller.sim.status_of(ZONES[1], strays[ZONES[1]]) is None
