@@ -49,6 +49,9 @@ from .watcher import NOTICE_SIGTERM, ValueWatcher, Watcher, maintenance_watch, p
 FINAL_WRITE_GRACE_S = 3.0
 PREEMPTING_WRITE_S = 3.0
 FIRST_READ_WAIT_S = 10.0
+# How long a preparation step killed by a signal waits for the agent's own SIGTERM or the notice (they arrive
+# together on a power-off) before it counts as a failed setup.
+SHUTDOWN_SIGNAL_GRACE_S = 3.0
 SETUP_FAILED_WRITE_S = 30.0  # the first setup-failed write; the periodic heartbeat keeps writing it afterwards
 PREPARE_FAILED = "prepare.failed.json"  # this boot's failed preparation: reported again, never run again
 
@@ -328,6 +331,10 @@ class Agent:
             failure = exc if isinstance(exc, PrepareFailed) else PrepareFailed(
                 [AGENT, "prepare"], f"preparing the node failed: {exc}; check the node's disk "
                                               f"(df -h {self.node_dir})")
+            if self._killed_by_shutdown(failure):
+                log("WARNING", "preparation stopped by the node's shutdown: the trainer is not started",
+                    failed_command=failure.command, exit_code=failure.exit_code)
+                return None
             try:
                 write_json(failed_path, {"key": failed_key, "failed_command": failure.command,
                                          "exit_code": failure.exit_code, "output_tail": failure.output_tail,
@@ -344,6 +351,17 @@ class Agent:
         log("INFO", "preparation finished", seconds=round(time.monotonic() - started, 3), workdir=prep.workdir,
             interpreter=prep.python)
         return prep
+
+    def _killed_by_shutdown(self, failure: PrepareFailed) -> bool:
+        """A step killed by a signal while the node goes down is not a failed setup: the power-off signals every
+        process at once, so the step's death can be seen before the agent's own SIGTERM or the notice is."""
+        code = failure.exit_code
+        if code is None or not (code < 0 or 128 < code <= 128 + 64):  # killed by a signal (-N or the shell's 128+N)
+            return False
+        deadline = time.monotonic() + SHUTDOWN_SIGNAL_GRACE_S
+        while not self._interrupted() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self._interrupted()
 
     def _setup_failed(self, failure: PrepareFailed) -> None:
         self.failed_command, self.exit_code, self.output_tail = failure.command, failure.exit_code, failure.output_tail

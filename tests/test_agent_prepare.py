@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -368,3 +369,23 @@ def test_failing_setup_is_reported_as_setup_failed_and_the_trainer_never_starts(
     assert hb["state"] == "setup-failed" and hb["notice"] is None and hb["failed_command"][1:] == ["-c", fail]
     assert not first.has("trainer started") and not second.has("trainer started")
     assert not (node_dir / "trainer.json").exists() and not (node_dir / "trainer.log").exists()
+
+
+def test_a_setup_command_killed_by_the_power_off_is_no_failed_setup(agent_env):
+    """A power-off signals every process of the node at once: the setup command's death can reach the agent before
+    its own SIGTERM does. That is the node going down (a notice), never a setup failure that would end the job."""
+    started = agent_env.tmp / "setup-started"
+    hold = f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    s = settings([sys.executable, str(agent_env.tiny_trainer)], f"file://{agent_env.tmp}/store",
+                 setup=[["python", "-c", hold]], interpreter=sys.executable)
+    md = agent_env.metadata("setupoff-1", attributes("setupoff", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "setupoff-1")
+    wait_for(lambda: started.exists() and started.read_text(), 60, "the setup command to run")
+    os.kill(int(started.read_text()), signal.SIGTERM)  # the command first, the agent a moment later
+    time.sleep(0.5)
+    os.killpg(agent.proc.pid, signal.SIGTERM)
+    agent.wait(30)
+    hb = agent_env.heartbeat("setupoff-1")
+    assert hb["state"] != "setup-failed" and hb["notice"] == "sigterm", (hb, agent.output()[-3000:])
+    assert agent.has("preparation stopped by the node's shutdown: the trainer is not started")
+    assert not (agent_env.tmp / "setupoff-1" / "trainer.log").exists()
