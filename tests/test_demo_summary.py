@@ -97,6 +97,13 @@ def test_scenarios_are_strict():
     with pytest.raises(ScenarioError, match="notice_budget_seconds must be shorter"):
         parse_scenario({"name": "x", "notice_seconds": 3, "notice_budget_seconds": 5})
     assert default_scenario().zones[0].capacity[0].after_preemption == 1
+    job = {"nodes": 3}
+    for bad, why in (({"slot": 1, "slots": [2]}, "not both"), ({"slots": [1, 1]}, "each member slot once"),
+                     ({"slots": [1, 2], "when": "joined"}, "give slot"), ({"slots": [3]}, "below job.nodes")):
+        with pytest.raises(ScenarioError, match=why):
+            parse_scenario({"name": "x", "job": job, "preemptions": [{"at_step": 1, **bad}]})
+    assert parse_scenario({"name": "x", "job": job, "preemptions": [{"at_step": 1, "slots": [2, 1]}]}
+                          ).preemptions[0].targets() == [2, 1]
 
 
 def test_timeline_is_self_contained_html():

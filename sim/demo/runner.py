@@ -27,7 +27,7 @@ from typing import Any, Callable
 from respawn import codestore, deployment, schema
 from respawn.workdir import human_bytes, pack
 from sim import emulators, node_image
-from sim.demo.scenario import Scenario
+from sim.demo.scenario import Preemption, Scenario
 from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, progress_series, summarize, workers_seen
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
 
@@ -163,6 +163,26 @@ def capacity_key(spec: dict[str, Any]) -> str:
     if acc.get("kind") == "tpu":
         return acc.get("accelerator_type") or TPU_TYPE
     return acc.get("accelerator_type") or acc.get("machine_type") or GPU_MACHINE
+
+
+def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int, dict]],
+             hit: set[str]) -> list[tuple[str, str]] | None:
+    """(zone, node) of each node `p` hits, once they are ready for it; None before. `when: training`: every member
+    of the current generation (a one-node job: its node) trains. `when: joined`: the slot holds a node not hit
+    before whose agent beats."""
+    def state(node: str | None) -> str | None:
+        return (beats.get(node or "") or {}).get(0, {}).get("state")
+
+    slots = p.targets()
+    targets = [status.members[i] for i in slots if i < len(status.members)] if slots else [status]
+    if len(targets) != max(len(slots), 1) or any(not (t.node and t.zone) for t in targets):
+        return None
+    if p.when == "joined":
+        return None if targets[0].node in hit or state(targets[0].node) is None else [(targets[0].zone, targets[0].node)]
+    world = ((status.generation or {}).get("members") if status.members else None) or [status.node]
+    if not all(state(n) == "training" for n in world) or any(t.node not in world for t in targets):
+        return None
+    return [(t.zone, t.node) for t in targets]  # type: ignore[misc]
 
 
 class DemoRun:
@@ -339,6 +359,7 @@ class DemoRun:
         transitions: list[dict[str, str]] = []
         pending = list(sc.preemptions)
         injected = 0
+        hit: set[str] = set()  # every node a preemption was injected into
         job_ref = db.collection(schema.JOBS).document(job_id)
         status = schema.JobStatus()
         last_poll_events = 0.0
@@ -369,26 +390,23 @@ class DemoRun:
                 last_poll_events = now
                 transitions += self._new_events(job_ref, seen_events, progress, marks, now)
 
-            # Inject the next preemption when its moment has come and the job has a node training (of several
-            # nodes: every member of the generation, so that the preemption meets a training world).
-            training = current.get("state") == "training" and (not status.members or (
-                status.state is schema.State.RUNNING and all((beats.get(m.node or "") or {}).get(0, {}).get("state")
-                                                             == "training" for m in status.members)))
-            if pending and status.node and training:
+            # Inject the next preemption when its moment has come and its targets are ready (see Preemption).
+            victims = _victims(pending[0], status, beats, hit) if pending and status.node else None
+            if victims:
                 p = pending[0]
                 step = current.get("step") or 0
                 due = (p.at_step is not None and step >= p.at_step) or (p.at_seconds is not None and now >= p.at_seconds)
                 if due:
                     pending.pop(0)
                     injected += 1
-                    target = status.members[p.slot] if p.slot is not None and status.members else status
-                    zone, victim = target.zone or "", target.node or ""
-                    self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
-                    try:
-                        (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
-                        marks.append(Mark(now, "notice", f"{p.kind} {victim} at step {step}", zone))
-                    except Exception as exc:
-                        self.say(f"could not inject {p.kind} of {victim}: {exc}")
+                    for zone, victim in victims:  # one moment: nothing is awaited in between
+                        hit.add(victim)
+                        self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
+                        try:
+                            (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
+                            marks.append(Mark(now, "notice", f"{p.kind} {victim} at step {step}", zone))
+                        except Exception as exc:
+                            self.say(f"could not inject {p.kind} of {victim}: {exc}")
                     for z in sc.zones:
                         for change in z.capacity:
                             if change.after_preemption == injected:

@@ -44,19 +44,33 @@ class Zone(_Strict):
 
 
 class Preemption(_Strict):
-    """Preempt (or host-error) the node running the job at a training step or a time."""
+    """Preempt (or host-error) the node running the job at a training step or a time: once every member of the
+    current generation trains (`when: training`), or once the slot holds a node not hit before whose agent beats
+    (`when: joined`: a replacement hit as it joins, before or while it trains)."""
 
     at_step: int | None = Field(default=None, ge=1)
     at_seconds: float | None = Field(default=None, ge=0)
     kind: Literal["preempted", "host_error"] = "preempted"
     slot: int | None = Field(default=None, ge=0, description="a job of several nodes: the member slot whose node is "
                              "hit (default: the job's node, the generation's master)")
+    slots: list[int] = Field(default_factory=list, description="several member slots hit at the same moment")
+    when: Literal["training", "joined"] = "training"
 
     @model_validator(mode="after")
     def _one_trigger(self) -> Preemption:
         if (self.at_step is None) == (self.at_seconds is None):
             raise ValueError("give exactly one of at_step or at_seconds")
+        if self.slot is not None and self.slots:
+            raise ValueError("give slot (one member) or slots (several), not both")
+        if len(set(self.slots)) != len(self.slots) or any(i < 0 for i in self.slots):
+            raise ValueError(f"slots {self.slots}: each member slot once, numbered from 0")
+        if self.when == "joined" and len(self.targets()) != 1:
+            raise ValueError("when: joined hits one member slot's replacement: give slot")
         return self
+
+    def targets(self) -> list[int]:
+        """The member slots hit ([] for a one-node job's node)."""
+        return list(self.slots) if self.slots else ([self.slot] if self.slot is not None else [])
 
 
 class SlackFault(_Strict):
@@ -118,8 +132,8 @@ class Scenario(_Strict):
         nodes = self.job.get("nodes", 1)
         if nodes != 1 and self.trainer.framework != "torch":
             raise ValueError("a job of several nodes runs torch DDP under torchrun: set trainer.framework: torch")
-        if any(p.slot is not None and not (isinstance(nodes, int) and p.slot < nodes) for p in self.preemptions):
-            raise ValueError(f"a preemption's slot must be below job.nodes ({nodes})")
+        if any(not (isinstance(nodes, int) and i < nodes) for p in self.preemptions for i in p.targets()):
+            raise ValueError(f"a preemption's slots must be below job.nodes ({nodes})")
         return self
 
 
