@@ -54,6 +54,10 @@ ENV_CHECKPOINT_URI = "RESPAWN_CHECKPOINT_URI"  # where checkpoints must end up: 
 ENV_LOCAL_CHECKPOINT_DIR = "RESPAWN_LOCAL_CHECKPOINT_DIR"  # the node's own disk, written first
 ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # where the trainer writes TrainerStatus
 ENV_NOTICE_BUDGET = "RESPAWN_NOTICE_BUDGET_S"  # seconds from the notice to the emergency save's deadline
+# Seconds a torch.distributed collective may block before it raises (the process groups respawn.ckpt makes and
+# its examples' default group; respawn.ckpt.collective_timeout() reads it): a peer that vanished must end the
+# survivors' trainers in minutes, not gloo's 30 (docs/checkpoint.md#collective-timeouts).
+ENV_COLLECTIVE_TIMEOUT = "RESPAWN_COLLECTIVE_TIMEOUT_SECONDS"
 # Where this node stands among the job's hosts: one process group per host, like torchrun's --node_rank/--nnodes/
 # --master_addr and jax.distributed's process_id/num_processes/coordinator. Named for hosts in general, not TPU
 # workers: the multi-node GPU generations set the same three. Always set; a single host is rank 0 of 1 with

@@ -6,6 +6,7 @@ underneath. Interface for the node agent: respawn.contract (read_status, EXIT_PR
 trainer/README.md.
 """
 
+from .distributed import collective_timeout
 from .loop import Preempted, TrainingLoop
 from .manager import (
     DEFAULT_NOTICE_BUDGET_S,
@@ -26,6 +27,7 @@ __all__ = [
     "SaveOutcome",
     "SaveState",
     "TrainingLoop",
+    "collective_timeout",
     "plan_retention",
     "read_status",
     "upload_pending",

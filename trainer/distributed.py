@@ -9,34 +9,116 @@ the notice agreement, rank 0 as the only writer, the same restore on every rank.
 - Sharded state (DTensor parameters: FSDP2, tensor parallel): every rank saves its shards through DCP and rank 0
   commits once all are durable; every rank loads the step rank 0 verified (respawn.ckpt.torch_sharded).
 
+- Timeouts: every process group made here (and the examples' default group) raises after
+  collective_timeout() (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS, default 300 s) rather than gloo's 30 minutes, so a rank
+  whose peer vanished exits in minutes. Work one rank does while the others wait (rank 0's restore, download and
+  final save) runs under run_beating: a small all-reduce every few seconds, so no collective waits on a disk or a
+  download, and the timeout bounds only a peer that is gone.
+
 loop.py calls current_job() only; nothing here runs, and torch is not imported, in a single-process job.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable
+
+from respawn import contract
 
 from . import _log
 from .manager import CheckpointManager, SaveOutcome, SaveState
 
 _STATES = list(SaveState)
 _DURABLE = [None, "local", "remote"]
+# Why 300 s: the longest legitimate wait in one collective is then the ranks' skew (a slow rank's step before the
+# notice agreement, one rank's shard write before DCP's gather, the user's start-up before the first all-reduce),
+# never a checkpoint's size: rank 0's restore, downloads and final save run under run_beating. Five minutes
+# covers that skew with room, and is a tenth of gloo's default: a trainer whose peer vanished without closing its
+# connections (a lost VM sends no FIN) exits 1 within it, and its node reports the failure.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 
-def current_job() -> "Job | None":
+def collective_timeout() -> timedelta:
+    """How long a collective may block before it raises: $RESPAWN_COLLECTIVE_TIMEOUT_SECONDS, default 300 s. Pass it
+    to dist.init_process_group(timeout=...) (the loop's own groups use it already). Every rank must read the same
+    value (the node agent sets the environment alike for every member)."""
+    raw = os.environ.get(contract.ENV_COLLECTIVE_TIMEOUT, "").strip()
+    try:
+        seconds = float(raw) if raw else DEFAULT_COLLECTIVE_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{contract.ENV_COLLECTIVE_TIMEOUT}={raw!r} is not a positive number of seconds: set it "
+                         f"to e.g. {DEFAULT_COLLECTIVE_TIMEOUT_S:.0f}, or unset it for the default")
+    return timedelta(seconds=seconds)
+
+
+def run_beating(work: Callable[[], Any] | None, group: Any) -> Any:
+    """Runs `work` on this rank (None: nothing to do here) on a helper thread while every rank of `group` exchanges,
+    every few seconds, whether any rank is still working (one small MAX all-reduce): however long the work takes (a
+    download, a full checksum read, an upload), no collective waits longer than a beat plus the ranks' skew, so the
+    group's timeout catches a peer that is gone and never a slow disk. Every rank of the group calls it. Returns
+    work's result; re-raises its exception on that rank, and raises RuntimeError on the others."""
+    import torch
+    import torch.distributed as dist
+
+    beat = max(1.0, min(30.0, collective_timeout().total_seconds() / 4))
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on this rank below, told to the others
+            box["error"] = exc
+
+    thread = None
+    if work is not None:
+        thread = threading.Thread(target=run, name="respawn-beating", daemon=True)
+        thread.start()
+    flags = torch.zeros(2, dtype=torch.int64)  # [some rank still working, some rank failed]
+    while True:
+        if thread is not None:
+            thread.join(beat)
+        flags[0] = int(thread is not None and thread.is_alive())
+        flags[1] = int("error" in box)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        if not flags[0]:
+            break
+    if "error" in box:
+        raise box["error"]
+    if flags[1]:
+        raise RuntimeError("another rank failed in the work this rank waited for (restore, download or final save); "
+                           "its log says why")
+    return box.get("result")
+
+
+def current_job(objects: dict[str, Any] | None = None) -> "Job | None":
     """The job this process is a rank of, or None for a single process (neither torch.distributed nor
-    jax.distributed initialized with more than one member)."""
+    jax.distributed initialized with more than one member). A world of one rank is a job too when `objects` hold
+    DTensor parameters (FSDP2 under torchrun --nproc-per-node 1): that state is saved and restored through DCP,
+    which also reshards a checkpoint written by N ranks onto this one, and back."""
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if dist is not None and dist.is_available() and dist.is_initialized() and (
+            dist.get_world_size() > 1 or _sharded(objects or {})):
         return Job()
     if sys.modules.get("jax") is not None:
         from .jax_distributed import current_job as jax_job  # one process per host: respawn.ckpt.jax_distributed
 
         return jax_job()
     return None
+
+
+def _sharded(objects: dict[str, Any]) -> bool:
+    """Whether a module among the objects holds DTensor parameters (only asked when torch.distributed is up)."""
+    from torch.distributed.tensor import DTensor
+    from torch.nn import Module
+
+    return any(isinstance(p, DTensor) for obj in objects.values() if isinstance(obj, Module)
+               for p in obj.parameters())
 
 
 class Job:
@@ -49,8 +131,9 @@ class Job:
         self._torch, self._dist = torch, dist
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         # The agreement runs at every step: on gloo (CPU tensors) so that an NCCL job does not synchronize its GPU
-        # stream per step. new_group is itself collective: every rank builds its TrainingLoop.
-        self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        # stream per step; on a group of its own, with Respawn's collective timeout whatever the default group's.
+        # new_group is itself collective: every rank builds its TrainingLoop.
+        self.group = dist.new_group(backend="gloo", timeout=collective_timeout())
         self._age = torch.zeros(1, dtype=torch.int64)
         self.sharded: dict[str, Any] | None = None  # the loop's objects, when they hold sharded parameters
 
@@ -71,7 +154,6 @@ class Job:
         the state sharded: every rank saves its shards through DCP (respawn.ckpt.torch_sharded). FSDP1's wrapper
         is refused: its state_dict() is not DTensors, so rank 0's copy would be a wrong checkpoint."""
         from torch.distributed.fsdp import FullyShardedDataParallel
-        from torch.distributed.tensor import DTensor
         from torch.nn import Module
 
         modules = {name: obj for name, obj in objects.items() if isinstance(obj, Module)}
@@ -81,7 +163,7 @@ class Job:
                     f"TrainingLoop: {name}= is wrapped in FSDP1 (FullyShardedDataParallel), which is not supported: "
                     "shard it with FSDP2 (torch.distributed.fsdp.fully_shard), whose DTensor state every rank "
                     "saves, or use DDP.")
-        if any(isinstance(p, DTensor) for module in modules.values() for p in module.parameters()):
+        if _sharded(modules):
             self.sharded = objects
 
     def agree_notice(self, manager: CheckpointManager) -> bool:
@@ -115,7 +197,10 @@ class Job:
                                 "or no manager=")
             manager.attach()
             return manager.restore_sharded(self.sharded, self._broadcast_step)
-        restored = manager.restore() if self.rank == 0 else None
+        found: list = []
+        # Rank 0's restore may download and read the whole step: the others wait beating (run_beating).
+        run_beating((lambda: found.append(manager.restore())) if self.rank == 0 else None, self.group)
+        restored = found[0] if found else None
         step = self._broadcast_step(restored[0] if restored is not None else -1)
         if self.rank == 0 or step < 0:
             return restored
@@ -139,8 +224,13 @@ class Job:
         never a torn step."""
         message = self._torch.full((2,), -1, dtype=self._torch.int64)
         outcome = None
-        if self.writer:
+        if self.writer and deadline is None:  # the final save: rank 0 may write and upload for long, others wait
+            outcome = run_beating(save, self.group) or SaveOutcome(SaveState.FAILED, step,
+                                                                   reason="the save thread died")
+        elif self.writer:
             outcome = save() or SaveOutcome(SaveState.FAILED, step, reason="the save thread died")
+        elif deadline is None:
+            run_beating(None, self.group)
         if self.rank == 0:
             message[0], message[1] = _STATES.index(outcome.state), _DURABLE.index(outcome.durable)
         work = self._dist.broadcast(message, src=0, group=self.group, async_op=True)

@@ -51,6 +51,27 @@ class CorruptCheckpoint(Exception):
     """A step directory that must not be restored (torn, missing marker, bad checksum, unreadable)."""
 
 
+class NotRestorable(RuntimeError):
+    """Committed checkpoints exist but this job cannot restore them (written in another layout, or every one
+    unusable). Restore raises it rather than start the job over at step 0 as if there were none."""
+
+
+def check_layout(manifest: dict, step: int, want: str | None) -> None:
+    """Raise NotRestorable unless the step was written in layout `want` (None: the single-process format).
+    A layout is a kind of job, not damage: falling back to an older step (or to step 0) would lose the run."""
+    got = manifest.get("layout")
+    if got == want:
+        return
+    def describe(layout):
+        return {None: "the single-process format (a job without DTensor parameters: one process, or DDP)",
+                "torch-dcp": "torch DCP shards (a job whose model holds DTensor parameters: FSDP2)"}.get(
+                    layout, f"layout {layout!r}")
+    raise NotRestorable(f"the checkpoint of step {step} holds {describe(got)} (world size "
+                        f"{manifest.get('world_size', manifest.get('processes', 1))}), but this job restores "
+                        f"{describe(want)}: run it the way it was written (e.g. FSDP2 under torchrun, any number of "
+                        "ranks), or move that checkpoint directory away to start from step 0")
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

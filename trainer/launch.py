@@ -10,7 +10,8 @@ would read either as a crash.
 The command runs in this process's group, so the node agent's SIGTERM to the group reaches the launcher directly;
 this process only notes the signal and waits. After the launcher exits: 0 stays 0; any other status becomes 75 when
 the node's status file (RESPAWN_STATUS_FILE, written by the node's first rank during this run) shows the emergency
-save ended (committed, abandoned or failed). The job's save starts only after every rank agreed on the notice, and
+save ended (committed, abandoned or failed). Without RESPAWN_STATUS_FILE (run by hand, outside the node agent) the
+wrapper gives the launcher a private one in a temporary directory, removed at exit, so it exits 75 there too. The job's save starts only after every rank agreed on the notice, and
 every rank then exits 75 (respawn.ckpt.distributed), so that is "every rank stopped on the notice". Otherwise the launcher's status
 passes through (a signal N as 128+N).
 """
@@ -18,9 +19,11 @@ passes through (a signal N as 128+N).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from respawn import contract
@@ -44,21 +47,32 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m respawn.ckpt.launch LAUNCHER [ARGS...]  (e.g. torchrun --nproc-per-node 8 "
               "train.py)", file=sys.stderr)
         return 2
-    status_path = os.environ.get(contract.ENV_STATUS_FILE)
-    if not status_path:
-        _log.warning("RESPAWN_STATUS_FILE is not set: the launcher's exit status is passed through unchanged")
+    status_path, private = os.environ.get(contract.ENV_STATUS_FILE), None
+    env = None
+    if not status_path:  # outside the node agent: a status file of our own tells a notice's exit from a crash
+        private = tempfile.mkdtemp(prefix="respawn-launch-")
+        status_path = os.path.join(private, contract.STATUS_FILE)
+        env = {**os.environ, contract.ENV_STATUS_FILE: status_path}
+    try:
+        return _run(argv, status_path, env)
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+def _run(argv: list[str], status_path: str, env: dict | None) -> int:
     noticed: list[str] = []
     for sig in (signal.SIGTERM, signal.SIGINT):  # the launcher got the same signal from the group: just wait
         signal.signal(sig, lambda signum, _frame: noticed.append(signal.Signals(signum).name))
     started = time.time()
     try:
-        child = subprocess.Popen(argv)
+        child = subprocess.Popen(argv, env=env)
     except OSError as exc:
         _log.error("cannot start the launcher", argv=argv, error=str(exc))
         return 127
     code = child.wait()
     code = 128 - code if code < 0 else code
-    if code != 0 and status_path:
+    if code != 0:
         status = contract.read_status(status_path)
         if stopped_on_notice(status, started):
             _log.info("the job stopped on a preemption notice; exiting 75", launcher_exit=code,

@@ -10,9 +10,10 @@ a preemption notice saves the emergency checkpoint at that step boundary and rai
 contract.EXIT_PREEMPTED); after the last step it takes the blocking final save. Leaving the `with` block puts the
 previous SIGTERM handler back. CheckpointManager's explicit calls are what it runs, and stay available.
 
-In a multi-rank job (torch.distributed initialized, world_size > 1, e.g. under torchrun) every rank runs the same
-loop: the ranks agree on the notice at each step boundary, rank 0 alone writes the checkpoints, and every rank
-restores the same step (respawn.ckpt.distributed).
+In a multi-rank job (torch.distributed initialized, world_size > 1, e.g. under torchrun; at any world size when a
+model holds DTensor parameters) every rank runs the same loop: the ranks agree on the notice at each step boundary,
+rank 0 alone writes the checkpoints (every rank its shards, for DTensor state), and every rank restores the same
+step (respawn.ckpt.distributed).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class TrainingLoop:
         self.total_steps, self.every, self.rng, self.signals = total_steps, every, rng, tuple(signals)
         self.state = state
         self._has_state = state is not None
-        self._job = distributed.current_job()  # None: a single process, on which nothing below costs anything
+        # None: a single process, on which nothing below costs anything (FSDP2 at world size 1 is a job: DCP state).
+        self._job = distributed.current_job(objects)
         if self._job is not None:
             self._job.check_replicated(objects)
         self._writes = self._job is None or self._job.writer

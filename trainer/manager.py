@@ -392,6 +392,7 @@ class CheckpointManager:
                 _log.warning("checkpoint has no commit marker (torn or interrupted save); falling back to an "
                              "older one", step=s, store=store.uri)
         self._remote_committed = set(remote_steps)
+        failed: dict[int, str] = {}
         for step in sorted(local_steps | remote_steps, reverse=True):
             if only is not None and step != only:
                 continue
@@ -400,15 +401,20 @@ class CheckpointManager:
                 try:
                     step_dir = store.get_step(step, self.local.root)
                     manifest = fmt.verify(step_dir, data=False)
+                    fmt.check_layout(manifest, step, None)
                     state = fmt.load(step_dir, manifest)  # checks the data checksums as it reads
+                except fmt.NotRestorable:
+                    raise
                 except (fmt.CorruptCheckpoint, OSError, ValueError, EOFError) as exc:
+                    failed[step] = (f"{type(exc).__name__}: {exc}" if not isinstance(exc, fmt.CorruptCheckpoint)
+                                    else str(exc))
                     _log.warning("checkpoint unusable; falling back to an older one", step=step, store=store.uri,
-                                 reason=f"{type(exc).__name__}: {exc}" if not isinstance(exc, fmt.CorruptCheckpoint)
-                                 else str(exc))
+                                 reason=failed[step])
                     continue
                 except Exception as exc:  # noqa: BLE001 - e.g. a network error on one store: try the next
+                    failed[step] = f"{type(exc).__name__}: {exc}"
                     _log.warning("checkpoint could not be read; falling back", step=step, store=store.uri,
-                                 reason=f"{type(exc).__name__}: {exc}")
+                                 reason=failed[step])
                     continue
                 durable = "remote" if (self.remote is None or step in remote_steps) else "local"
                 self._step = step
@@ -418,6 +424,8 @@ class CheckpointManager:
                           framework=manifest["framework"], bytes=manifest["total_bytes"],
                           seconds=round(time.monotonic() - started, 3))
                 return step, state
+        if failed:
+            raise unrestorable(failed, self.local.uri, self.remote.uri if self.remote else None)
         _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri,
                   remote=self.remote.uri if self.remote else None, seconds=round(time.monotonic() - started, 3))
         return None
@@ -482,6 +490,16 @@ class CheckpointManager:
     def close(self) -> None:
         self.wait()
         self.status.flush()
+
+
+def unrestorable(failed: dict[int, str], local: str, remote: str | None) -> fmt.NotRestorable:
+    """The error for committed steps none of which restored: training must not start over at step 0 unnoticed."""
+    newest = max(failed)
+    return fmt.NotRestorable(
+        f"no committed checkpoint could be restored (newest: step {newest}: {failed[newest]}; also tried steps "
+        f"{sorted(failed, reverse=True)[1:] or 'none'}) in {local}" + (f" and {remote}" if remote else "") +
+        "; starting at step 0 would lose them: fix the store (a transient read error: just restart), or move those "
+        "step directories away to start over")
 
 
 def upload_pending(local_dir: str, checkpoint_uri: str) -> list[int]:

@@ -43,7 +43,8 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 from . import _log, checksum, format as fmt, hosts
-from .manager import CheckpointManager, SaveOutcome, SaveState
+from .distributed import collective_timeout, run_beating
+from .manager import CheckpointManager, SaveOutcome, SaveState, unrestorable
 
 LAYOUT = "torch-dcp"
 DCP_METADATA = ".metadata"
@@ -64,7 +65,7 @@ class TorchShardedManager(CheckpointManager):
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
         # Its own group: the periodic save's collectives run on the background thread, and must never interleave
         # with the agreement's or the training's on the main thread.
-        self._group = dist.new_group(backend="gloo")
+        self._group = dist.new_group(backend="gloo", timeout=collective_timeout())
         self._busy = threading.Lock()  # one DCP save on the group at a time
         self._staged: dict | None = None
         groups = hosts.shared_groups(self.local.root, self._rank, lambda data: self._all_gather(data, None))
@@ -276,7 +277,9 @@ class TorchShardedManager(CheckpointManager):
         """Every rank: (step, state dict loaded into this rank's shards) of the newest committed step rank 0 could
         verify, or None. Rank 0 picks and verifies the step (downloading it from the remote store if it must);
         `broadcast_step(step or -1)` tells the others; then every rank loads it through DCP, which reshards."""
-        found = self._newest_verified() if self._rank == 0 else None
+        picked: list = []  # rank 0 may download and read the whole step: the others wait beating (run_beating)
+        run_beating((lambda: picked.append(self._newest_verified())) if self._rank == 0 else None, self._group)
+        found = picked[0] if picked else None
         step = broadcast_step(found[0] if found else -1)
         if step < 0:
             return None
@@ -300,11 +303,15 @@ class TorchShardedManager(CheckpointManager):
         """Separate hosts: each host's first rank copies the step rank 0 chose from the remote store onto its own
         disk (rank 0's host has it already) and verifies it; every rank learns whether all hosts have it."""
         error = ""
-        if self._host_leader and self._rank != 0:
+
+        def copy() -> None:
+            nonlocal error
             try:
                 self._local_copy(step, self.remote)
             except Exception as exc:  # noqa: BLE001 - told to every rank below
                 error = f"rank {self._rank}: {type(exc).__name__}: {exc}"
+
+        run_beating(copy if self._host_leader and self._rank != 0 else None, self._group)  # downloads take long
         errors = [e.decode() for e in self._all_gather(error.encode(), None) if e]
         if errors:
             raise RuntimeError(f"step {step} could not be copied from {self.remote.uri} onto every host: "
@@ -317,9 +324,7 @@ class TorchShardedManager(CheckpointManager):
         """The step from `store` verified (every file's checksum) in this host's local directory; its manifest."""
         step_dir = store.get_step(step, self.local.root)
         manifest = fmt.verify(step_dir)
-        if manifest.get("layout") != LAYOUT:
-            raise fmt.CorruptCheckpoint(f"layout {manifest.get('layout', 'respawn')!r}, not "
-                                        f"{LAYOUT!r}: written by an unsharded job")
+        fmt.check_layout(manifest, step, LAYOUT)
         if step_dir != self.local.step_dir(step):  # a file:// store's own directory: every rank
             self.local.put_step(step_dir, step, manifest)  # reads the node's local copy
         return manifest
@@ -327,13 +332,19 @@ class TorchShardedManager(CheckpointManager):
     def _newest_verified(self) -> tuple[int, dict] | None:
         """Rank 0: the newest committed step whose every file has its manifest's size and checksum."""
         local, remote = self._committed_steps()
+        failed: dict[int, str] = {}
         for step in sorted(local | remote, reverse=True):
             for store in ([self.local] if step in local else []) + ([self.remote] if step in remote else []):
                 try:
                     return step, self._local_copy(step, store)
+                except fmt.NotRestorable:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - corrupt, torn or unreadable: the next one
+                    failed[step] = f"{type(exc).__name__}: {exc}"
                     _log.warning("checkpoint unusable; falling back to an older one", step=step, store=store.uri,
-                                 reason=f"{type(exc).__name__}: {exc}")
+                                 reason=failed[step])
+        if failed:
+            raise unrestorable(failed, self.local.uri, self.remote.uri if self.remote else None)
         _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri,
                   remote=self.remote.uri if self.remote else None)
         return None

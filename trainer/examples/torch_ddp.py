@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from respawn.ckpt import CheckpointManager, TrainingLoop
+from respawn.ckpt import CheckpointManager, TrainingLoop, collective_timeout
 from respawn.ckpt.examples._common import parse_args, progress
 from respawn.ckpt.examples.torch_mlp import BATCH, D_IN, MLP, N
 
@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     args = parse_args("torch_ddp", argv)
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    # A peer that vanished ends this rank in minutes (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS), not gloo's 30.
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout())
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     print(f"torch_ddp: rank {rank} of {world} pid {os.getpid()}", flush=True)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from respawn.ckpt import TrainingLoop
+from respawn.ckpt import TrainingLoop, collective_timeout
 from respawn.ckpt.examples._common import parse_args, progress
 from respawn.ckpt.examples.torch_mlp import BATCH, D_IN, HIDDEN, N
 from respawn.ckpt.torch_sharded import TorchShardedManager
@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     args = parse_args("torch_fsdp", argv)
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    # A peer that vanished ends this rank in minutes (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS), not gloo's 30.
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout())
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     print(f"torch_fsdp: rank {rank} of {world} pid {os.getpid()}", flush=True)
