@@ -31,7 +31,8 @@ from respawn.schema import Heartbeat, JobSpec, JobStatus, NodeState, State
 
 # The status fields that belong to the job, not to a slot: a slot's one-node view carries the job's, and what the
 # slot's decision makes of them goes back to the job.
-SHARED = ("restarts", "last_committed_step", "last_step", "total_steps", "zones_used", "revision", "updated_at")
+SHARED = ("restarts", "failures", "preemptions", "failure_streak", "preempted_times", "rate_exceeded_at",
+          "last_committed_step", "last_step", "total_steps", "zones_used", "revision", "updated_at")
 _BLANK = JobStatus()
 
 
@@ -189,11 +190,35 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         d = core.decide(views[i])
         if d.status is not None and d.status.state is State.SUCCEEDED:
             continue  # this member is done; the job is when every member of its generation is (above)
-        if d.status is None and d.action.kind in (Act.NONE, Act.WAIT, Act.POLL):
+        if (d.status is None or _progress_only(views[i].status, d.status)) and d.action.kind in (Act.NONE, Act.WAIT,
+                                                                                               Act.POLL):
+            # A slot's own progress record is the job's, and its members' steps differ by one now and then: each
+            # slot writing its own would undo the other's, pass after pass. The job's is written once, below.
             waits.append(d.action)
             continue
         return _lift(d, s, i, nodes)
     return _membership(o, spec, members, seen, beats, waits)
+
+
+_PROGRESS = ("last_step", "last_committed_step", "total_steps")
+
+
+def _progress_only(before: JobStatus, after: JobStatus) -> bool:
+    """`after` differs from `before` in the training progress alone (decide._progress's record, no event)."""
+    ignore = {*_PROGRESS, "updated_at", "revision"}
+    return before.model_dump(exclude=ignore) == after.model_dump(exclude=ignore)
+
+
+def _progress(s: JobStatus, beats: Sequence[Heartbeat | None]) -> dict[str, Any]:
+    """The job's progress from its members' heartbeats: the furthest step, the newest committed step (the
+    commit is job-wide: every rank's files are remote), each as its furthest member reports it."""
+    out: dict[str, Any] = {}
+    for field, reported in (("last_step", "step"), ("last_committed_step", "committed_step"),
+                            ("total_steps", "total_steps")):
+        values = [getattr(hb, reported) for hb in beats if hb is not None and getattr(hb, reported) is not None]
+        if values and max(values) != getattr(s, field):
+            out[field] = max(values)
+    return out
 
 
 def _lift(d: Decision, s: JobStatus, i: int, nodes: int) -> Decision:
@@ -250,7 +275,9 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
         if previous is None or g.number != previous.number:
             return _new_generation(o, members, g, p.reason, cause="generation")
         ended = _ended(g, members, beats)
-        if ended is not None:
+        if len(ended) == len(g.members) or any(_crashed(hb) for _, hb in ended):
+            # Every trainer ended, or one crashed: the others are blocked in a collective with it (until the
+            # process group's timeout) or failing too, so they restart now rather than when each has given up.
             return _restart_generation(o, spec, members, g, ended)
         behind = tuple((i, m.zone, m.node) for i, m in enumerate(members)
                        if m.node in g.members and m.zone and m.generation_sent < g.number)
@@ -258,15 +285,17 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
             return Decision(Action(Act.SET_GENERATION, value=g.to_json(), targets=behind))  # type: ignore[arg-type]
     full = p.step is membership.Step.RUN and p.generation is not None and p.generation.world_size == spec.nodes
     message = p.reason if p.step is not membership.Step.RUN else _running_message(p.generation, s.zone)
-    return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones)
+    return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones, **_progress(s, beats))
 
 
 def _settle(o: Observation, members: list[JobStatus], waits: Sequence[Action], message: str | None = None,
             **changes: Any) -> Decision:
-    """Nothing to act on: commit the job's aggregate state when it changed, else wait as the slots do."""
+    """Nothing to act on: commit the job's aggregate state (or its progress) when it changed, else wait as the
+    slots do."""
     s = o.status
     target = _aggregate(s.model_copy(update={"members": members, **changes}))
-    if (target.state, target.node, target.members, target.tried_zones) != (s.state, s.node, s.members, s.tried_zones):
+    keys = ("state", "node", "members", "tried_zones", *_PROGRESS)
+    if any(getattr(target, k) != getattr(s, k) for k in keys):
         return Decision(NONE, _upd(target, o.now, message=(message or target.message)[:1000]), "membership")
     untils = [a.until for a in waits if a.kind is Act.WAIT and a.until is not None]
     if any(a.kind is Act.POLL for a in waits):
@@ -288,26 +317,32 @@ def _new_generation(o: Observation, members: list[JobStatus], g: Generation, rea
                                             "master_addr": g.master_addr})
 
 
-def _ended(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> list[Heartbeat] | None:
-    """Every member of generation `g` ran it and waits again (its trainer ended): the heartbeats, else None."""
+def _ended(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]
+           ) -> list[tuple[str, Heartbeat]]:
+    """The members of generation `g` that ran it and wait again (their trainer ended), with their heartbeats."""
     by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
-    hbs = [by_node.get(n) for n in g.members]
-    if all(hb is not None and hb.state is NodeState.WAITING and hb.generation == g.number for hb in hbs):
-        return hbs  # type: ignore[return-value]
-    return None
+    return [(n, hb) for n in g.members if (hb := by_node.get(n)) is not None and hb.state is NodeState.WAITING
+            and hb.generation == g.number]
+
+
+def _crashed(hb: Heartbeat) -> bool:
+    """The member's trainer exited with an error of its own: not 0, not the notice's exit (75), no notice seen."""
+    return hb.exit_code not in (0, EXIT_PREEMPTED, None) and hb.notice is None
 
 
 def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus], g: Generation,
-                        ended: Sequence[Heartbeat]) -> Decision:
-    """Every member's trainer ended in the current generation while every member serves: the same members train
-    again in a new generation. Stopped by a notice (exit 75 everywhere: the node survived it) that is no crash;
-    otherwise it counts as one (and after max_restarts the job fails)."""
+                        ended: Sequence[tuple[str, Heartbeat]]) -> Decision:
+    """Every member's trainer ended in the current generation, or one crashed, while every member serves: the same
+    members train again in a new generation (the agents stop the trainers still running). Every trainer stopped by
+    a notice (exit 75: the node survived it) is no crash; otherwise it counts as one (and after max_restarts the
+    job fails)."""
     s, now = o.status, o.now
-    crashed = [hb for hb in ended if hb.exit_code not in (0, EXIT_PREEMPTED, None)]
+    crashed = [(n, hb) for n, hb in ended if _crashed(hb)]
     again = Generation(g.number + 1, g.members, g.master_addr)
     if not crashed:
         return _new_generation(o, members, again, "every trainer stopped; training again", cause="generation")
-    worst = crashed[0]
+    worst = crashed[0][1]
+    on = ", ".join(n for n, _ in crashed)
     restarts = s.restarts + 1
     if restarts > spec.max_restarts:
         msg = f"gave up after {spec.max_restarts} restarts (last cause: trainer_crashed, exit {worst.exit_code})"
@@ -316,10 +351,10 @@ def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus],
         alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, attempt=s.attempt,
                             cause="trainer_crashed")
         return Decision(NONE, st, "trainer_crashed", alert)
-    alert = alerts.make("crashed", o.job_id, now, f"trainer exited {worst.exit_code} in generation {g.number}; "
-                        "restarting it on every node", exit_code=worst.exit_code, output_tail=worst.output_tail,
-                        restarts=restarts, attempt=s.attempt, cause="trainer_crashed")
-    d = _new_generation(o, members, again, f"trainer exited {worst.exit_code}", cause="trainer_crashed",
+    alert = alerts.make("crashed", o.job_id, now, f"trainer exited {worst.exit_code} on {on} in generation "
+                        f"{g.number}; restarting it on every node", exit_code=worst.exit_code,
+                        output_tail=worst.output_tail, restarts=restarts, attempt=s.attempt, cause="trainer_crashed")
+    d = _new_generation(o, members, again, f"trainer exited {worst.exit_code} on {on}", cause="trainer_crashed",
                         restarts=restarts, exit_code=worst.exit_code, last_cause="trainer_crashed")
     return Decision(d.action, d.status, d.cause, alert, d.details)
 

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from respawn.control import multinode
 from respawn.control.decide import Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase
 from respawn.control.multinode import MemberObs
+from respawn.contract import EXIT_PREEMPTED
 from respawn.schema import Heartbeat, JobStatus, NodeState, State, parse_spec
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -124,3 +125,73 @@ def test_a_finished_job_deletes_its_members_one_by_one():
     assert multinode.decide(observe(done, seen), seen).action == Action(Act.DELETE, zone=ZONES[0], node="job-1",
                                                                         attempt=1, slot=0)
     assert multinode.decide(observe(done, [MemberObs()] * 3), [MemberObs()] * 3).action.kind is Act.NONE
+
+
+def training(i: int, generation: int = 1, **kw) -> MemberObs:
+    return MemberObs(RUNNING, beat(i + 1, "training", generation=generation, **kw), f"10.0.0.{i + 1}")
+
+
+def test_one_members_crash_starts_the_next_generation_on_every_member_while_the_others_still_train():
+    # job-3's trainer raised; job-1 and job-2 are blocked in the step's collective with it (they still say training).
+    status, _ = running_job(GEN1, sent=1)
+    seen = [training(0), training(1),
+            MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1, output_tail="RuntimeError: boom"),
+                      "10.0.0.3")]
+    d = multinode.decide(observe(status, seen), seen)
+    assert d.cause == "trainer_crashed" and d.action.kind is Act.NONE
+    assert d.status.generation == {**GEN1, "number": 2} and d.status.restarts == 1 and d.status.state is State.RUNNING
+    assert d.alert["type"] == "crashed" and d.alert["exit_code"] == 1 and d.alert["output_tail"] == "RuntimeError: boom"
+    assert "job-3" in d.alert["message"] and "job-1" not in d.alert["message"]
+    # The next pass writes generation 2 to every member at once: the survivors' agents stop their blocked trainers.
+    d2 = multinode.decide(observe(d.status, seen), seen)
+    assert d2.action.kind is Act.SET_GENERATION and d2.alert is None
+    assert [t[2] for t in d2.action.targets] == ["job-1", "job-2", "job-3"]
+    after = multinode.after_act("job", d.status, d2.action, Outcome(OutcomeKind.DONE), NOW).status
+    # The survivors' trainers then fail in generation 1 too (their collective broke): one crash, counted once.
+    failed = [MemberObs(RUNNING, beat(i + 1, "waiting", generation=1, exit_code=1), f"10.0.0.{i + 1}")
+              for i in range(3)]
+    d3 = multinode.decide(observe(after, failed), failed)
+    assert d3.alert is None and (d3.status is None or (d3.status.restarts, d3.status.generation["number"]) == (1, 2))
+
+
+def test_a_member_stopped_by_the_notice_or_done_waits_for_the_others():
+    status, _ = running_job(GEN1, sent=1)
+    for code in (EXIT_PREEMPTED, 0):
+        seen = [training(0), training(1), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=code),
+                                                    "10.0.0.3")]
+        d = multinode.decide(observe(status, seen), seen)
+        assert d.alert is None and (d.status is None or d.status.generation == GEN1), code
+
+
+def test_a_crash_reported_in_an_older_generation_restarts_nothing():
+    gen2 = {**GEN1, "number": 2}
+    status, _ = running_job(gen2, sent=2)
+    seen = [training(0, 2), training(1, 2), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1),
+                                                      "10.0.0.3")]
+    d = multinode.decide(observe(status, seen), seen)
+    assert d.alert is None and (d.status is None or d.status.generation == gen2)
+
+
+def test_a_crash_past_max_restarts_fails_the_job():
+    status, _ = running_job(GEN1, sent=1)
+    status = status.model_copy(update={"restarts": SPEC.max_restarts})
+    seen = [training(0), training(1), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1), "10.0.0.3")]
+    d = multinode.decide(observe(status, seen), seen)
+    assert d.status.state is State.FAILED and d.alert["type"] == "failed" and d.status.exit_code == 1
+
+
+def test_members_a_step_apart_record_the_jobs_progress_once_and_settle():
+    # Each member's trainer reports its own step; one slot's record must not undo another's pass after pass.
+    status, _ = running_job(GEN1, sent=1)
+    seen = [training(0, step=70, committed_step=50, total_steps=120), training(1, step=70, total_steps=120),
+            training(2, step=69, total_steps=120)]
+    writes = []
+    for _ in range(4):
+        d = multinode.decide(observe(status, seen), seen)
+        if d.status is None:
+            break
+        writes.append(d)
+        status = d.status
+    assert len(writes) == 1 and d.status is None
+    assert (status.last_step, status.last_committed_step, status.total_steps) == (70, 50, 120)
+    assert all(m.last_step is None for m in status.members)
