@@ -2,13 +2,19 @@
 plain-text fallback). Pure: no I/O.
 
 Alert JSON (one object per message; fields beyond these may appear and are shown as-is):
-    {"type": "recovered" | "waiting_for_capacity" | "failed" | "invalid_spec" | "succeeded" | "crashed",
+    {"type": "recovered" | "waiting_for_capacity" | "failed" | "invalid_spec" | "succeeded" | "crashed"
+             | "boot_failed" | "preemption_rate",
      "severity": "info" | "warning" | "error", "job_id": str, "at": ISO-8601 UTC, "message": str,
      "attempt": int, "restarts": int, "cause": str | null,
-     # recovered: "old_zone", "new_zone", "downtime_seconds", "steps_lost", "committed_step", "in_place"
+     # a loss's alerts (recovered, crashed, boot_failed, preemption_rate, failed): "failures", "preemptions"
+     # recovered (sent once the replacement's agent reports, never for a node that did not):
+     #   "old_zone", "new_zone", "downtime_seconds", "steps_lost", "committed_step", "in_place"
      # waiting_for_capacity: "next_attempt_at", "zones"; failed / invalid_spec: "errors" (list[str]) when known
      # succeeded: "committed_step", "zone"; crashed: "exit_code", "output_tail"
-     # failed with cause setup_failed: "failed_command" (argv), "exit_code", "output_tail"}
+     # boot_failed (no agent heartbeat within the boot grace; the node is replaced): "node", "zone", "console_tail"
+     # preemption_rate (more than spec.preemption_rate.max in its window): "max", "window_hours", "action"
+     # failed with cause setup_failed: "failed_command" (argv), "exit_code", "output_tail"
+     # failed with cause no_heartbeat (the second boot in a row without a heartbeat): "console_tail"}
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed")
+TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed", "boot_failed",
+         "preemption_rate")
 _SEVERITY = {"recovered": "info", "succeeded": "info", "waiting_for_capacity": "warning", "crashed": "warning",
-             "failed": "error", "invalid_spec": "error"}
+             "boot_failed": "warning", "preemption_rate": "warning", "failed": "error", "invalid_spec": "error"}
 _ICON = {"info": ":white_check_mark:", "warning": ":warning:", "error": ":x:"}
 _TITLE = {"recovered": "recovered", "waiting_for_capacity": "waiting for capacity", "failed": "failed",
-          "invalid_spec": "has an invalid spec", "succeeded": "succeeded", "crashed": "trainer crashed, restarting"}
+          "invalid_spec": "has an invalid spec", "succeeded": "succeeded", "crashed": "trainer crashed, restarting",
+          "boot_failed": "had a node that never started its agent; replacing it",
+          "preemption_rate": "is preempted more often than its preemption_rate allows"}
 
 
 class BadAlert(ValueError):
@@ -49,6 +58,12 @@ def _duration(seconds: Any) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+def _losses(alert: dict[str, Any]) -> list[tuple[str, str]]:
+    """Failures and preemptions, when the alert counts them (older alerts carry restarts alone)."""
+    return [(name, str(alert[key])) for name, key in (("Failures", "failures"), ("Preemptions", "preemptions"))
+            if alert.get(key) is not None]
+
+
 def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
     kind = alert["type"]
     facts: list[tuple[str, str]] = []
@@ -58,7 +73,7 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
             move += " (restarted in place)"
         facts += [("Zone", move), ("Downtime", _duration(alert.get("downtime_seconds"))),
                   ("Steps lost", "unknown" if alert.get("steps_lost") is None else str(alert["steps_lost"])),
-                  ("Restarts", str(alert.get("restarts", "?")))]
+                  ("Restarts", str(alert.get("restarts", "?"))), *_losses(alert)]
         if alert.get("cause"):
             facts.append(("Cause", str(alert["cause"])))
     elif kind == "waiting_for_capacity":
@@ -68,9 +83,15 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
         if alert.get("committed_step") is not None:
             facts.append(("Committed step", str(alert["committed_step"])))
     elif kind == "crashed":
-        facts += [("Exit code", str(alert.get("exit_code"))), ("Restarts", str(alert.get("restarts", "?")))]
+        facts += [("Exit code", str(alert.get("exit_code"))), ("Restarts", str(alert.get("restarts", "?"))),
+                  *_losses(alert)]
+    elif kind == "boot_failed":
+        facts += [("Node", f"{alert.get('node') or '?'} in {alert.get('zone') or '?'}"), *_losses(alert)]
+    elif kind == "preemption_rate":
+        facts += [("Limit", f"{alert.get('max', '?')} in {alert.get('window_hours', '?')} h"),
+                  ("Action", str(alert.get("action", "?"))), *_losses(alert)]
     elif kind == "failed":
-        facts += [("Restarts", str(alert.get("restarts", "?")))]
+        facts += [("Restarts", str(alert.get("restarts", "?"))), *_losses(alert)]
         if alert.get("cause"):
             facts.append(("Cause", str(alert["cause"])))
         if alert.get("failed_command"):
@@ -97,8 +118,10 @@ def to_slack(alert: Any) -> dict[str, Any]:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": message[:2900]}})
     if facts:
         blocks.append({"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in facts[:10]]})
-    tail = alert.get("output_tail") or ""
-    if tail:
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "```" + str(tail)[-2800:] + "```"}})
+    for key, label in (("output_tail", ""), ("console_tail", "Serial console (end):\n")):
+        tail = alert.get(key) or ""
+        if tail:
+            blocks.append({"type": "section", "text": {"type": "mrkdwn",
+                                                       "text": label + "```" + str(tail)[-2800:] + "```"}})
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"Respawn · {alert.get('at', '')}"}]})
     return {"text": text, "blocks": blocks}

@@ -9,20 +9,27 @@ delivery repeats nothing harmful.
 Lifecycle (docs/architecture.md): PENDING → PROVISIONING → RUNNING → SUCCEEDED; a lost node (preempted,
 terminated, stopped, gone, stale heartbeat, crashed trainer) → PREEMPTED while the dead node is deleted → PROVISIONING
 (a STOP-terminated Spot VM may instead be started in place: → PROVISIONING directly); every zone refused →
-WAITING_FOR_CAPACITY → PROVISIONING after a backoff; FAILED after max_restarts or a non-retryable error;
+WAITING_FOR_CAPACITY → PROVISIONING after a backoff; FAILED past max_failures (or max_preemptions, or a preemption
+rate whose action is fail), after two boots in a row whose agent never reported, or on a non-retryable error;
 CANCELLED on request; INVALID when the spec does not validate. A terminal job's node is always deleted.
+
+A loss is a preemption (the platform took the node: preempted, host error, stopped or deleted from outside) or a
+failure (the job's own: its trainer crashed, its agent went silent, or it never reported after boot: a boot
+failure, with the node's serial console tail). Preemptions are recovered at once and never count against
+max_failures; each failure is followed by an exponential backoff before the next node is created.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal, Mapping, Sequence
 
 from respawn.control import alerts, placement
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
-from respawn.schema import CapacityRecord, Heartbeat, JobSpec, JobStatus, NodeState, State, node_name
+from respawn.schema import (CONSOLE_TAIL_CHARS, MAX_PREEMPTION_TIMES, CapacityRecord, Heartbeat, JobSpec, JobStatus,
+                            NodeState, State, node_name)
 
 
 class Phase(str, enum.Enum):
@@ -100,6 +107,9 @@ class Observation:
     # A member slot of a job of several nodes is decided as a one-node job (functions/multinode.py): its next node
     # takes the job-wide attempt counter's next number, not its own. None: status.attempt + 1.
     next_attempt: int | None = None
+    # node name → the end of its serial console, read only for a node that needs_console() says decide may declare
+    # a boot failure of (None: the provider has no console for it, e.g. a Cloud TPU VM).
+    consoles: Mapping[str, str | None] = field(default_factory=dict)
 
 
 class Act(str, enum.Enum):
@@ -145,13 +155,24 @@ def needs_capacity(status: JobStatus, node: NodeObs) -> bool:
             or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING))
 
 
+def needs_console(status: JobStatus, node: NodeObs, heartbeat: Heartbeat | None, settings: Settings,
+                  now: datetime) -> bool:
+    """Whether decide() may declare the current node a boot failure (it serves, past its boot grace, and its agent
+    never reported), and so read its console (Observation.consoles): observe() reads it only then."""
+    return (status.state is State.RUNNING and node.phase is Phase.RUNNING and _current(heartbeat, status) is None
+            and (_age(now, status.node_started_at) or 0) > settings.boot_grace_seconds)
+
+
 def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else (now - then).total_seconds()
 
 
 def relevant_heartbeat(o: Observation) -> Heartbeat | None:
     """The heartbeat of the current node's current life: same attempt, not older than the node's (re)start."""
-    hb, s = o.heartbeat, o.status
+    return _current(o.heartbeat, o.status)
+
+
+def _current(hb: Heartbeat | None, s: JobStatus) -> Heartbeat | None:
     if hb is None or hb.attempt != s.attempt:
         return None
     if s.node_started_at is not None and hb.heartbeat_at < s.node_started_at:
@@ -244,8 +265,11 @@ def decide(o: Observation) -> Decision:
         return _provision(o, spec, s, cause="capacity_retry")
 
     if state is State.PREEMPTED:
-        # The lost node is being removed; the replacement is created only once the API says it is gone.
+        # The lost node is being removed; the replacement is created only once the API says it is gone (and, after
+        # a failure, once its backoff is over).
         if o.node.phase is Phase.ABSENT:
+            if s.next_attempt_at is not None and now < s.next_attempt_at:
+                return Decision(Action(Act.WAIT, until=s.next_attempt_at))
             return _provision(o, spec, s, cause=s.last_cause or "replacement")
         if o.node.phase in (Phase.DELETING,):
             return Decision(POLL)
@@ -319,34 +343,43 @@ def _dead_cause(o: Observation) -> str:
 
 
 def _progress(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
-    """A healthy running node: record its progress when it changed (no event, no action)."""
+    """A healthy running node: record its progress when it changed (no event, no action). The first heartbeat of
+    a replacement is the recovery (its agent runs), and Slack hears of it: never before, so a node that never
+    reports is never called recovered. Training that advances ends a streak of failures (their backoff)."""
     changes: dict[str, Any] = {}
     if hb.committed_step is not None and hb.committed_step != s.last_committed_step:
         changes["last_committed_step"] = hb.committed_step
+        if s.failure_streak and (s.last_committed_step is None or hb.committed_step > s.last_committed_step):
+            changes["failure_streak"] = 0
     if hb.step is not None and hb.step != s.last_step:
         changes["last_step"] = hb.step
     if hb.total_steps is not None and hb.total_steps != s.total_steps:
         changes["total_steps"] = hb.total_steps
+    if s.boot_failures:
+        changes["boot_failures"] = 0
+    alert = None
+    if s.recovering:
+        changes.update(recovering=False, message=f"running on {s.node} in {s.zone}")
+        alert = alerts.make(
+            "recovered", o.job_id, o.now, f"{s.node} in {s.zone} is running and its agent reports",
+            old_zone=s.preempted_zone, new_zone=s.zone, downtime_seconds=_age(o.now, s.preempted_at),
+            steps_lost=s.steps_lost, committed_step=s.last_committed_step, restarts=s.restarts,
+            failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause,
+            in_place=s.in_place_restarts > 0 and s.preempted_zone == s.zone,
+        )
     if not changes:
         return Decision(NONE)
-    return Decision(NONE, _upd(s, o.now, **changes))
+    return Decision(NONE, _upd(s, o.now, **changes), "recovered" if alert else None, alert)
 
 
 def _running(o: Observation, s: JobStatus, hb: Heartbeat | None) -> Decision:
-    """The API says the node serves: the job runs. After a loss this is the recovery, and Slack hears of it."""
-    now = o.now
-    st = _upd(s, now, state=State.RUNNING, create_state="created", consecutive_failures=0, tried_zones=[],
-              recovering=False, next_attempt_at=None, message=f"running on {s.node} in {s.zone}")
-    alert = None
-    if s.recovering:
-        downtime = _age(now, s.preempted_at)
-        alert = alerts.make(
-            "recovered", o.job_id, now, f"{s.node} is running in {s.zone}",
-            old_zone=s.preempted_zone, new_zone=s.zone, downtime_seconds=downtime, steps_lost=s.steps_lost,
-            committed_step=s.last_committed_step, restarts=s.restarts, attempt=s.attempt, cause=s.last_cause,
-            in_place=s.in_place_restarts > 0 and s.preempted_zone == s.zone,
-        )
-    return Decision(NONE, st, "node_running", alert)
+    """The API says the node serves: the job runs. After a loss the recovery is told once its agent reports
+    (_progress), not here: the node may never get that far."""
+    message = (f"replacement {s.node} running in {s.zone}; waiting for its agent's first heartbeat" if s.recovering
+               else f"running on {s.node} in {s.zone}")
+    st = _upd(s, o.now, state=State.RUNNING, create_state="created", consecutive_failures=0, tried_zones=[],
+              next_attempt_at=None, message=message)
+    return Decision(NONE, st, "node_running")
 
 
 def _stop_spot(spec: JobSpec) -> bool:
@@ -366,11 +399,72 @@ def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
     return s.in_place_restarts < o.settings.max_in_place_restarts
 
 
+# Why a node was lost → what it counts as. A failure is the job's own doing: its trainer crashed, or its agent
+# stopped reporting while the VM ran (a hang, an agent killed) without having seen a notice. A boot failure: the
+# node served past its boot grace and its agent never reported (a broken image, a failing startup script, an agent
+# that cannot install). Every other cause is the platform taking the node: a preemption (preempted, host error,
+# stopped, deleted or gone from outside, a notice seen by the agent).
+FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat")
+BOOT_FAILURE = "no_heartbeat"
+BOOT_FAILURES_TO_FAIL = 2  # boots in a row whose agent never reported: the second ends the job
+LossKind = Literal["preemption", "failure", "boot_failure"]
+
+
+def loss_kind(cause: str, hb: Heartbeat | None) -> LossKind:
+    if cause == BOOT_FAILURE:
+        return "boot_failure"
+    if cause in FAILURE_CAUSES and not (hb is not None and _noticed(hb)):
+        return "failure"
+    return "preemption"
+
+
+def _console(o: Observation, node: str | None) -> str:
+    """The tail of the lost node's console as recorded: what observe() read, or why there is none."""
+    if node is None or node not in o.consoles:
+        return "(the console was not read)"
+    tail = o.consoles[node]
+    if tail is None:
+        return ("(no console: the Cloud TPU API has no serial port output; "
+                "`gcloud compute tpus tpu-vm ssh NODE --zone ZONE --command 'sudo journalctl -u google-startup-scripts'` "
+                "while a node is up shows the startup script's log)")
+    return tail[-CONSOLE_TAIL_CHARS:]
+
+
+def boot_help(spec: JobSpec, node: str | None, grace: float) -> str:
+    """What to check when no agent ever reported: named concretely for the job's kind of node."""
+    if spec.accelerator.kind == "tpu":
+        boots = f"the TPU runtime version ({spec.accelerator.runtime_version})"
+    else:
+        boots = f"the boot image ({spec.accelerator.boot_image}: it must have python3 3.9+ and curl or gsutil)"
+    return (f"no agent heartbeat from {node} within {int(grace)} s of its boot, twice in a row: check {boots}; "
+            "the startup script (metadata startup-script: its JSON lines in the console tail below name the step "
+            "that failed); the agent's install (metadata respawn-agent names the release the node downloads: the "
+            "node's service account must read it, and the node must reach storage.googleapis.com and "
+            "firestore.googleapis.com)")
+
+
+def _recent(s: JobStatus, spec: JobSpec, now: datetime) -> list[datetime]:
+    """The preemption times the rate needs, this one included, newest last."""
+    times = [*s.preempted_times, now]
+    rate = spec.preemption_rate
+    if rate is not None:
+        times = [t for t in times if t > now - timedelta(hours=rate.window_hours)]
+    else:
+        times = times[-1:]
+    return times[-MAX_PREEMPTION_TIMES:]
+
+
+def _backoff(spec: JobSpec, o: Observation, n: int) -> float:
+    """The wait before the next node after the n-th failure in a row (or the n-th preemption over the rate)."""
+    return min(float(spec.placement.max_backoff_seconds), o.settings.backoff_base_seconds * 2 ** min(max(n - 1, 0), 20))
+
+
 def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str) -> Decision:
-    """The current node no longer serves. Count a restart (or give up), then restart it in place, delete it, or —
-    when it is already gone — provision the replacement right away."""
+    """The current node no longer serves. Count it as a preemption or a failure (or give up), then restart it in
+    place, delete it, or — when it is already gone — provision the replacement (after a failure: once its backoff
+    is over)."""
     s, now = o.status, o.now
-    restarts = s.restarts + 1
+    kind = loss_kind(cause, hb)
     committed = s.last_committed_step
     last_step = s.last_step
     exit_code = s.exit_code
@@ -381,36 +475,105 @@ def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str) -> De
     steps_lost = last_step - committed if last_step is not None and committed is not None else None
     if steps_lost is not None and steps_lost < 0:
         steps_lost = 0
-    lost = dict(restarts=restarts, last_cause=cause, last_committed_step=committed, last_step=last_step,
-                steps_lost=steps_lost, preempted_zone=s.zone, preempted_at=now, recovering=True, exit_code=exit_code)
-    crash_alert = None
-    if cause == "trainer_crashed":
-        crash_alert = alerts.make("crashed", o.job_id, now, f"trainer exited {exit_code} on {s.node}; restarting",
-                                  exit_code=exit_code, output_tail=(hb.output_tail if hb else None),
-                                  restarts=restarts, attempt=s.attempt, cause=cause)
+    counts: dict[str, Any] = {"restarts": s.restarts + 1}
+    delay = 0.0
+    if kind == "preemption":
+        counts.update(preemptions=s.preemptions + 1, preempted_times=_recent(s, spec, now))
+    else:
+        counts.update(failures=s.failures + 1, failure_streak=s.failure_streak + 1)
+        delay = _backoff(spec, o, s.failure_streak + 1)
+    if kind == "boot_failure":
+        counts.update(boot_failures=s.boot_failures + 1, console_tail=_console(o, s.node))
+    lost = dict(last_cause=cause, last_committed_step=committed, last_step=last_step, steps_lost=steps_lost,
+                preempted_zone=s.zone, preempted_at=now, recovering=True, exit_code=exit_code, **counts)
+    tallies = dict(restarts=counts["restarts"], failures=counts.get("failures", s.failures),
+                   preemptions=counts.get("preemptions", s.preemptions), attempt=s.attempt, cause=cause)
 
-    if restarts > spec.max_restarts:
-        msg = f"gave up after {spec.max_restarts} restarts (last cause: {cause})"
-        st = _upd(s, now, state=State.FAILED, message=msg, **{**lost, "restarts": s.restarts, "recovering": False})
-        alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, attempt=s.attempt, cause=cause)
-        return Decision(_delete(o) if o.node.present else NONE, st, cause, alert, {"max_restarts": spec.max_restarts})
+    end = _give_up(o, spec, kind, cause, counts)
+    if end is not None:
+        msg, details = end
+        st = _upd(s, now, state=State.FAILED, message=msg[:2000],
+                  **{**lost, "restarts": s.restarts, "recovering": False})
+        alert = alerts.make("failed", o.job_id, now, msg, **{**tallies, "restarts": s.restarts},
+                            **_tail_fields(kind, hb, counts))
+        return Decision(_delete(o) if o.node.present else NONE, st, cause, alert, details)
 
-    if o.node.phase is Phase.DEAD and _in_place_candidate(o, spec):
+    alert = None
+    if kind == "failure" and cause == "trainer_crashed":
+        alert = alerts.make("crashed", o.job_id, now, f"trainer exited {exit_code} on {s.node}; restarting",
+                            exit_code=exit_code, output_tail=(hb.output_tail if hb else None), **tallies)
+    elif kind == "boot_failure":
+        alert = alerts.make("boot_failed", o.job_id, now,
+                            f"no agent heartbeat from {s.node} within {int(o.settings.boot_grace_seconds)} s of its "
+                            f"boot; replacing it (a second such boot ends the job)",
+                            console_tail=counts["console_tail"], zone=s.zone, node=s.node, **tallies)
+    elif kind == "preemption" and spec.preemption_rate is not None:
+        rate = spec.preemption_rate
+        over = len(counts["preempted_times"]) - rate.max
+        if over > 0:
+            if rate.action == "backoff":
+                delay = _backoff(spec, o, over)
+            window = timedelta(hours=rate.window_hours)
+            if s.rate_exceeded_at is None or now - s.rate_exceeded_at >= window:
+                counts["rate_exceeded_at"] = lost["rate_exceeded_at"] = now
+                what = (f"waiting {int(delay)} s before the next node" if rate.action == "backoff"
+                        else "recovering as usual")
+                alert = alerts.make("preemption_rate", o.job_id, now,
+                                    f"{len(counts['preempted_times'])} preemptions within {rate.window_hours:g} h "
+                                    f"(more than {rate.max}); {what}", window_hours=rate.window_hours,
+                                    max=rate.max, action=rate.action, zone=s.zone, **tallies)
+    until = now + timedelta(seconds=delay) if delay > 0 else None
+    if until is not None:
+        lost["next_attempt_at"] = until
+
+    if until is None and o.node.phase is Phase.DEAD and _in_place_candidate(o, spec):
         st = _upd(s, now, state=State.PROVISIONING, message=f"restarting {s.node} in place in {s.zone}",
                   create_state="starting", node_started_at=now, in_place_restarts=s.in_place_restarts + 1, **lost)
-        return Decision(Action(Act.START, zone=s.zone, node=s.node, attempt=s.attempt), st, cause, crash_alert,
+        return Decision(Action(Act.START, zone=s.zone, node=s.node, attempt=s.attempt), st, cause, alert,
                         {"in_place": True})
 
+    wait = f"; the next node after {until.isoformat()}" if until is not None else ""
     if o.node.present:
-        st = _upd(s, now, state=State.PREEMPTED, message=f"{s.node} lost ({cause}); deleting it before the replacement",
-                  **lost)
-        return Decision(_delete(o), st, cause, crash_alert, {"node_state": o.node.raw_state})
+        st = _upd(s, now, state=State.PREEMPTED,
+                  message=f"{s.node} lost ({cause}); deleting it before the replacement{wait}", **lost)
+        return Decision(_delete(o), st, cause, alert, {"node_state": o.node.raw_state, "counted_as": kind})
 
+    if until is not None:
+        st = _upd(s, now, state=State.PREEMPTED, message=f"{s.node} lost ({cause}){wait}", **lost)
+        return Decision(Action(Act.WAIT, until=until), st, cause, alert, {"counted_as": kind})
     base = s.model_copy(update=lost)
     d = _provision(o, spec, base, cause=cause)
-    if crash_alert is not None and d.alert is None:
-        d = Decision(d.action, d.status, d.cause, crash_alert, d.details)
+    if alert is not None and d.alert is None:
+        d = Decision(d.action, d.status, d.cause, alert, d.details)
     return d
+
+
+def _tail_fields(kind: LossKind, hb: Heartbeat | None, counts: Mapping[str, Any]) -> dict[str, Any]:
+    if kind == "boot_failure":
+        return {"console_tail": counts["console_tail"]}
+    if hb is not None and hb.output_tail:
+        return {"output_tail": hb.output_tail, "exit_code": hb.exit_code}
+    return {}
+
+
+def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: Mapping[str, Any]
+             ) -> tuple[str, dict[str, Any]] | None:
+    """The limit this loss goes past, as (the job's FAILED message, the event's details); None: recover."""
+    s = o.status
+    if kind == "boot_failure" and counts["boot_failures"] >= BOOT_FAILURES_TO_FAIL:
+        return (boot_help(spec, s.node, o.settings.boot_grace_seconds),
+                {"boot_failures": counts["boot_failures"], "console_tail": counts["console_tail"]})
+    if kind != "preemption" and counts["failures"] > spec.max_failures:
+        return (f"gave up after {spec.max_failures} failures (last cause: {cause}); preemptions are not counted",
+                {"max_failures": spec.max_failures})
+    if kind == "preemption" and spec.max_preemptions is not None and counts["preemptions"] > spec.max_preemptions:
+        return (f"gave up after {spec.max_preemptions} preemptions (max_preemptions; last cause: {cause})",
+                {"max_preemptions": spec.max_preemptions})
+    rate = spec.preemption_rate
+    if kind == "preemption" and rate is not None and rate.action == "fail" and len(counts["preempted_times"]) > rate.max:
+        return (f"{len(counts['preempted_times'])} preemptions within {rate.window_hours:g} h, more than "
+                f"preemption_rate.max ({rate.max}); action fail", {"preemption_rate": rate.model_dump()})
+    return None
 
 
 def _provision(o: Observation, spec: JobSpec, s: JobStatus, cause: str) -> Decision:

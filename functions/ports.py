@@ -84,6 +84,11 @@ class NodeProvider(Protocol):
         """Start a stopped node again (a restart in place) and wait for the operation."""
         ...
 
+    def console_tail(self, zone: str, name: str, chars: int) -> str | None:
+        """About the last `chars` characters of the node's serial console (a boot that never reported: what it
+        printed); None when the provider has no console for its nodes. Raises the client's exception."""
+        ...
+
     def delete(self, zone: str, name: str) -> None:
         """Delete the node and wait for the operation; a node that does not exist is success."""
         ...

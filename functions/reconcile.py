@@ -1,7 +1,8 @@
 """reconcile(job_id): observe → decide → record → act, repeated until there is nothing left to do right now.
 
 Observe: the job document, the current node's heartbeat, the node's real state from the Compute Engine or Cloud
-TPU API, and the zones under a capacity cooldown. Decide: functions/decide.py (pure). Record: the new status (and
+TPU API, the zones under a capacity cooldown (only when decide may place a node: decide.needs_capacity), and the
+tail of the node's serial console (only when decide may call it a boot failure: decide.needs_console). Decide: functions/decide.py (pure). Record: the new status (and
 its lifecycle event) is committed atomically, conditional on the job document being unchanged since it was
 observed (an optimistic transaction, see adapters/firestore_store.py), *before* the side effect; if it changed
 (a concurrent delivery got there first, the user cancelled) nothing is written and the loop observes again. Act:
@@ -35,7 +36,7 @@ from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import ControlStore, NodeProvider
 from respawn.control.settings import ControlSettings
 from respawn import contract, logs, topology
-from respawn.schema import Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
+from respawn.schema import CONSOLE_TAIL_CHARS, Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,18 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
     node = core.ABSENT
     heartbeat = None
     seen = None
+    now = deps.now()
+    consoles: dict[str, str | None] = {}
     if (spec is not None and spec.nodes > 1) or status.members:
-        seen = _observe_members(deps, job_id, kind, status, hint, hint_node, hint_at)
+        seen = _observe_members(deps, job_id, kind, status, hint, hint_node, hint_at, now, consoles)
     elif status.node and status.zone:
         provider = deps.providers[kind]
         raw = provider.get(status.zone, status.node)
         node = NodeObs(core.phase_of(kind, raw), raw)
         heartbeat = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(status.node, w))
                                           for w in range(_workers(spec))])
+        if core.needs_console(status, node, heartbeat, deps.config.settings, now):
+            consoles[status.node] = _console(deps, job_id, kind, status.zone, status.node)
     blocked = {}
     if spec is not None and (any(core.needs_capacity(m, ob.node) for m, ob in zip(multinode.slots(status, spec.nodes),
                                                                                    seen))
@@ -154,16 +159,18 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
         image = _check_image(deps, job_id, spec, {} if image_checks is None else image_checks)
     o = Observation(
         job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=cancel_requested,
-        node=node, heartbeat=heartbeat, now=deps.now(), hint=hint,
-        blocked=blocked, settings=deps.config.settings, image=image,
+        node=node, heartbeat=heartbeat, now=now, hint=hint,
+        blocked=blocked, settings=deps.config.settings, image=image, consoles=consoles,
     )
     return o, spec, version, seen
 
 
 def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint: str | None,
-                     hint_node: str | None, hint_at: datetime | None) -> list[multinode.MemberObs]:
+                     hint_node: str | None, hint_at: datetime | None, now: datetime,
+                     consoles: dict[str, str | None]) -> list[multinode.MemberObs]:
     """Each member slot's node as the API shows it, its heartbeat, its address once it runs (asked only until it
-    is recorded), and the event's hint when the event named that node's current life."""
+    is recorded), and the event's hint when the event named that node's current life; into `consoles`, the
+    console of a member that decide may call a boot failure."""
     provider = deps.providers[kind]
     seen = []
     for m in status.members:
@@ -176,9 +183,25 @@ def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint
         if phase is core.Phase.RUNNING and address is None:
             address = provider.address(m.zone, m.node)  # type: ignore[attr-defined]  # ports.MemberProvider
         current = hint_node == m.node and (hint_at is None or m.node_started_at is None or hint_at >= m.node_started_at)
-        seen.append(multinode.MemberObs(NodeObs(phase, raw), _heartbeat(deps, job_id, contract.heartbeat_id(m.node, 0)),
-                                        address, hint if current else None))
+        heartbeat = _heartbeat(deps, job_id, contract.heartbeat_id(m.node, 0))
+        if core.needs_console(m, NodeObs(phase, raw), heartbeat, deps.config.settings, now):
+            consoles[m.node] = _console(deps, job_id, kind, m.zone, m.node)
+        seen.append(multinode.MemberObs(NodeObs(phase, raw), heartbeat, address, hint if current else None))
     return seen
+
+
+def _console(deps: Deps, job_id: str, kind: str, zone: str, node: str) -> str | None:
+    """The end of a node's serial console (None: its provider has none). A read that fails must not hold the
+    recovery back: its error is recorded in the console's place."""
+    try:
+        tail = deps.providers[kind].console_tail(zone, node, CONSOLE_TAIL_CHARS)
+    except Exception as exc:  # noqa: BLE001 - the boot failure is recorded either way; the error says why no tail
+        logs.warning(f"job {job_id}: could not read the serial console of {node} in {zone}: {exc}", job_id=job_id,
+                     node=node)
+        return f"(the console could not be read: {type(exc).__name__}: {exc})"[:CONSOLE_TAIL_CHARS]
+    logs.info(f"job {job_id}: {node} never reported after its boot; read the end of its console", job_id=job_id,
+              node=node, chars=len(tail) if tail is not None else None)
+    return tail
 
 
 def _workers(spec: JobSpec | None) -> int:

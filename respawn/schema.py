@@ -18,7 +18,8 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 # The node side of the layout (the heartbeat collection, node names and states) is the node contract's: the agent
 # runs without pydantic, so it is defined there, in the standard library, and used here.
@@ -221,6 +222,25 @@ class Placement(_Strict):
     max_backoff_seconds: int = Field(default=900, ge=1, description="cap of the wait when every zone refused")
 
 
+class PreemptionRate(_Strict):
+    """More than `max` preemptions within the last `window_hours` → `action` (docs/job-spec.md)."""
+
+    max: int = Field(ge=1, le=100_000, description="preemptions allowed within the window")
+    window_hours: float = Field(gt=0, le=24 * 90, description="the sliding window, in hours")
+    action: Literal["alert", "backoff", "fail"] = Field(
+        default="alert", description="alert: one alert per window; backoff: also wait before the next node, "
+                                     "exponentially in the preemptions over max; fail: end the job FAILED")
+
+
+# Preemption times a status keeps for the rate (the newest; more than any sensible `max` + 1).
+MAX_PREEMPTION_TIMES = 200
+# How much of a node's console a status and an alert keep (the end of it).
+CONSOLE_TAIL_CHARS = 4000
+# max_restarts: the old name of max_failures (docs/job-spec.md).
+DEPRECATED_MAX_RESTARTS = ("max_restarts is the old name of max_failures (crashes, boot failures); preemptions no "
+                           "longer count against it: rename it to max_failures (and see max_preemptions)")
+
+
 class JobSpec(_Strict):
     """What a user writes to register a job. Unknown fields are errors."""
 
@@ -242,9 +262,38 @@ class JobSpec(_Strict):
     zones: list[Annotated[str, AfterValidator(_zone_name)]] = Field(min_length=1, description="ordered by preference")
     trainer: Trainer
     checkpoint_uri: str
-    max_restarts: int = Field(default=20, ge=0, le=10_000)
+    max_failures: int = Field(
+        default=3, ge=0, le=10_000,
+        description="failures (a crashed trainer, a node whose agent never started) the job recovers from; one "
+                    "more ends it FAILED. Preemptions never count")
+    max_preemptions: int | None = Field(default=None, ge=0, le=1_000_000,
+                                        description="preemptions the job recovers from; none: unlimited")
+    preemption_rate: PreemptionRate | None = None
     placement: Placement = Field(default_factory=Placement)
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_restarts(cls, data: Any) -> Any:
+        """max_restarts, the old name of max_failures, is read as max_failures (and stored so)."""
+        if not isinstance(data, dict) or "max_restarts" not in data:
+            return data
+        data = dict(data)
+        old = data.pop("max_restarts")
+        if "max_failures" in data:
+            raise ValueError("max_restarts and max_failures both given: max_restarts is the old name of "
+                             "max_failures; keep max_failures alone")
+        if old is not None:
+            if isinstance(old, bool) or not isinstance(old, int) or not 0 <= old <= 10_000:
+                raise ValueError(f"max_restarts (the old name of max_failures): {old!r} is not a whole number "
+                                 "from 0 to 10000")
+            data["max_failures"] = old
+        return data
+
+    @property
+    def max_restarts(self) -> int:
+        """Deprecated: max_failures (code written before the two were counted apart reads this name)."""
+        return self.max_failures
 
     @field_validator("id")
     @classmethod
@@ -382,6 +431,13 @@ def _describe(error: dict[str, Any]) -> str:
     return message.removeprefix("Value error, ")
 
 
+def deprecations(data: Any) -> list[str]:
+    """What a spec as written uses that is deprecated: one warning line each (`respawn jobs validate` prints them)."""
+    if isinstance(data, dict) and "max_restarts" in data:
+        return [DEPRECATED_MAX_RESTARTS]
+    return []
+
+
 def parse_spec(data: Any) -> JobSpec:
     """Validate a job spec; raise SpecError naming every bad field."""
     if not isinstance(data, dict):
@@ -421,7 +477,14 @@ class JobStatus(_Record):
     node: str | None = None
     zone: str | None = None
     provisioning: str | None = None  # the model of the current node: spot, preemptible or standard (fallback)
-    restarts: int = 0
+    restarts: int = 0  # every recovery, failures and preemptions alike (shown by the CLI and the demo)
+    failures: int = 0  # losses counted against spec.max_failures: crashes, boot failures, stale heartbeats
+    preemptions: int = 0  # losses the platform caused (preemption, host error, node stopped or deleted)
+    failure_streak: int = 0  # failures since training last advanced: the exponent of the backoff before a create
+    boot_failures: int = 0  # the node's slot: boots in a row that never heartbeat (two end the job)
+    console_tail: str | None = None  # the end of the serial console of the last node that never heartbeat
+    preempted_times: list[datetime] = Field(default_factory=list)  # recent preemptions (spec.preemption_rate)
+    rate_exceeded_at: datetime | None = None  # when the preemption rate was last exceeded (one alert per window)
     consecutive_failures: int = 0
     last_committed_step: int | None = None
     total_steps: int | None = None

@@ -17,7 +17,8 @@ import pytest
 from respawn.control import alerts, placement
 from respawn.control.decide import (
     Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase, Settings, after_act, after_create_failed,
-    after_create_refused, after_created, after_start_refused, decide, followup, needs_capacity, phase_of,
+    after_create_refused, after_created, after_start_refused, decide, followup, loss_kind, needs_capacity,
+    needs_console, phase_of,
 )
 from respawn.schema import Heartbeat, JobStatus, NodeState, State, node_name, parse_spec
 
@@ -86,6 +87,10 @@ def alert_type(d):
 
 
 BLOCK_ALL = {z: NOW + timedelta(seconds=300) for z in ZONES}
+# At most 2 preemptions an hour (the rows give two in the last hour; the loss observed is the third).
+RATE_ALERT = {"max": 2, "window_hours": 1}
+RATE_BACKOFF = {**RATE_ALERT, "action": "backoff"}
+RATE_FAIL = {**RATE_ALERT, "action": "fail"}
 
 # id, observation, expected action, expected state afterwards, expected alert
 ROWS = [
@@ -106,9 +111,15 @@ ROWS = [
      "waiting_for_capacity"),
     ("provisioning, node booting: poll", obs("PROVISIONING", raw="STAGING", heartbeat="none"), Act.POLL, "PROVISIONING", None),
     ("provisioning, node running: RUNNING", obs("PROVISIONING", raw="RUNNING", heartbeat="none"), Act.NONE, "RUNNING", None),
-    ("provisioning after a loss, node running: recovered alert",
+    ("provisioning after a loss, node running: RUNNING, not yet recovered (its agent has not reported)",
      obs("PROVISIONING", raw="RUNNING", heartbeat="none", recovering=True, preempted_zone=ZONES[0], zone=ZONES[1],
-         preempted_at=NOW - timedelta(seconds=90), steps_lost=7), Act.NONE, "RUNNING", "recovered"),
+         preempted_at=NOW - timedelta(seconds=90), steps_lost=7), Act.NONE, "RUNNING", None),
+    ("running after a loss, the replacement's first heartbeat: recovered alert",
+     obs("RUNNING", recovering=True, preempted_zone=ZONES[0], zone=ZONES[1], preempted_at=NOW - timedelta(seconds=90),
+         steps_lost=7), Act.NONE, "RUNNING", "recovered"),
+    ("running after a loss, no heartbeat yet: no alert",
+     obs("RUNNING", heartbeat="none", recovering=True, node_started_at=NOW - timedelta(seconds=60)), Act.NONE,
+     "RUNNING", None),
     ("provisioning, created node vanished: replace", obs("PROVISIONING", raw=None, heartbeat="none"), Act.CREATE,
      "PROVISIONING", None),
     ("provisioning, node preempted while booting (DELETE action): delete first",
@@ -117,8 +128,8 @@ ROWS = [
     ("running healthy records progress", obs("RUNNING"), Act.NONE, "RUNNING", None),
     ("running, heartbeat from an older attempt ignored: no heartbeat yet",
      obs("RUNNING", heartbeat="old_attempt", node_started_at=NOW - timedelta(seconds=60)), Act.NONE, "RUNNING", None),
-    ("running, only an older attempt's heartbeat past boot grace: replace", obs("RUNNING", heartbeat="old_attempt"),
-     Act.DELETE, "PREEMPTED", None),
+    ("running, only an older attempt's heartbeat past boot grace: a boot failure, replace",
+     obs("RUNNING", heartbeat="old_attempt"), Act.DELETE, "PREEMPTED", "boot_failed"),
     ("running, no heartbeat within boot grace", obs("RUNNING", heartbeat="none", node_started_at=NOW - timedelta(seconds=60)),
      Act.NONE, "RUNNING", None),
     # Running, node lost.
@@ -156,7 +167,12 @@ ROWS = [
     ("running, TPU DELETING: poll", obs("RUNNING", raw="DELETING", spec=TPU), Act.POLL, "RUNNING", None),
     ("running, API RUNNING but audit hint: poll for the transition", obs("RUNNING", hint="preempted"), Act.POLL, "RUNNING", None),
     ("running, stale heartbeat: replace the node", obs("RUNNING", heartbeat="stale"), Act.DELETE, "PREEMPTED", None),
-    ("running, no heartbeat past boot grace", obs("RUNNING", heartbeat="none"), Act.DELETE, "PREEMPTED", None),
+    ("running, no heartbeat past boot grace: a boot failure, replace", obs("RUNNING", heartbeat="none"), Act.DELETE,
+     "PREEMPTED", "boot_failed"),
+    ("running, no heartbeat past boot grace, the boot before failed too: failed",
+     obs("RUNNING", heartbeat="none", boot_failures=1), Act.DELETE, "FAILED", "failed"),
+    ("running, no heartbeat past boot grace after a recovered boot: a first boot failure",
+     obs("RUNNING", heartbeat="none", boot_failures=0, failures=1), Act.DELETE, "PREEMPTED", "boot_failed"),
     ("running, trainer crashed: restart with an alert", obs("RUNNING", heartbeat="crash"), Act.DELETE, "PREEMPTED", "crashed"),
     ("running, setup failed: failed, delete, no restart", obs("RUNNING", heartbeat="setup_failed"), Act.DELETE, "FAILED",
      "failed"),
@@ -167,13 +183,48 @@ ROWS = [
     ("running, trainer exited 0: succeeded, delete", obs("RUNNING", heartbeat="exit0"), Act.DELETE, "SUCCEEDED", "succeeded"),
     ("running, exited 0 and node already stopped", obs("RUNNING", raw="TERMINATED", heartbeat="exit0"), Act.DELETE, "SUCCEEDED",
      "succeeded"),
-    ("running, max restarts reached: failed, delete", obs("RUNNING", raw="TERMINATED", restarts=5), Act.DELETE, "FAILED", "failed"),
+    ("running, a crash past max_failures: failed, delete", obs("RUNNING", heartbeat="crash", failures=5), Act.DELETE,
+     "FAILED", "failed"),
+    ("running, stale heartbeat past max_failures: failed", obs("RUNNING", heartbeat="stale", failures=5), Act.DELETE,
+     "FAILED", "failed"),
+    ("running, preempted after max_failures failures and 500 restarts: preemptions never count",
+     obs("RUNNING", raw="TERMINATED", hint="preempted", failures=5, restarts=500, preemptions=495), Act.START,
+     "PROVISIONING", None),
+    ("running, preempted past max_preemptions: failed", obs("RUNNING", raw="TERMINATED", hint="preempted",
+                                                            spec=make_spec(max_preemptions=2), preemptions=2),
+     Act.DELETE, "FAILED", "failed"),
+    ("running, preempted at max_preemptions: recovered", obs("RUNNING", raw="TERMINATED", hint="preempted",
+                                                             spec=make_spec(max_preemptions=2), preemptions=1),
+     Act.START, "PROVISIONING", None),
+    ("running, preemption rate exceeded, action alert: recover at once, alert",
+     obs("RUNNING", raw=None, hint="preempted", spec=make_spec(termination_action="DELETE", preemption_rate=RATE_ALERT),
+         preempted_times=[NOW - timedelta(minutes=m) for m in (50, 20)]), Act.CREATE, "PROVISIONING", "preemption_rate"),
+    ("running, preemption rate exceeded, alerted within the window: no second alert",
+     obs("RUNNING", raw=None, hint="preempted", spec=make_spec(termination_action="DELETE", preemption_rate=RATE_ALERT),
+         preempted_times=[NOW - timedelta(minutes=m) for m in (50, 20)], rate_exceeded_at=NOW - timedelta(minutes=20)),
+     Act.CREATE, "PROVISIONING", None),
+    ("running, preemptions older than the window: within the rate",
+     obs("RUNNING", raw=None, hint="preempted", spec=make_spec(termination_action="DELETE", preemption_rate=RATE_ALERT),
+         preempted_times=[NOW - timedelta(minutes=m) for m in (150, 70)]), Act.CREATE, "PROVISIONING", None),
+    ("running, preemption rate exceeded, action backoff, node gone: wait",
+     obs("RUNNING", raw=None, hint="preempted", spec=make_spec(termination_action="DELETE", preemption_rate=RATE_BACKOFF),
+         preempted_times=[NOW - timedelta(minutes=m) for m in (50, 20)]), Act.WAIT, "PREEMPTED", "preemption_rate"),
+    ("running, preemption rate exceeded, action backoff, STOP: no restart in place, delete then wait",
+     obs("RUNNING", raw="TERMINATED", hint="preempted", spec=make_spec(preemption_rate=RATE_BACKOFF),
+         preempted_times=[NOW - timedelta(minutes=m) for m in (50, 20)]), Act.DELETE, "PREEMPTED", "preemption_rate"),
+    ("running, preemption rate exceeded, action fail: failed",
+     obs("RUNNING", raw="TERMINATED", hint="preempted", spec=make_spec(preemption_rate=RATE_FAIL),
+         preempted_times=[NOW - timedelta(minutes=m) for m in (50, 20)]), Act.DELETE, "FAILED", "failed"),
     ("running, cancel requested: cancelled, delete", obs("RUNNING", cancel=True), Act.DELETE, "CANCELLED", None),
     # Preempted: the dead node goes before the replacement counts.
     ("preempted, dead node still there: delete", obs("PREEMPTED", raw="TERMINATED", spec=GPU_DELETE), Act.DELETE, "PREEMPTED", None),
     ("preempted, deleting: poll", obs("PREEMPTED", raw="DELETING", spec=TPU), Act.POLL, "PREEMPTED", None),
     ("preempted, node gone: create the next attempt", obs("PREEMPTED", raw=None, preempted_zone=ZONES[0]), Act.CREATE,
      "PROVISIONING", None),
+    ("preempted after a failure, node gone, backoff not over: wait",
+     obs("PREEMPTED", raw=None, next_attempt_at=NOW + timedelta(seconds=30)), Act.WAIT, "PREEMPTED", None),
+    ("preempted after a failure, node gone, backoff over: create",
+     obs("PREEMPTED", raw=None, next_attempt_at=NOW - timedelta(seconds=1)), Act.CREATE, "PROVISIONING", None),
     # Waiting for capacity.
     ("waiting, before next try: wait", obs("WAITING_FOR_CAPACITY", raw=None, next_attempt_at=NOW + timedelta(seconds=30)),
      Act.WAIT, "WAITING_FOR_CAPACITY", None),
@@ -495,6 +546,109 @@ def test_capacity_reads_are_skipped_only_where_decide_ignores_them(state):
         assert decide(o) == decide(obs(state.value, blocked=BLOCK_ALL, **kw)), where
     # The reads are skipped on the polls of a healthy or booting node, the passes that dominate a recovery.
     assert skipped > 0 or state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
+
+
+@pytest.mark.parametrize("state", list(State), ids=[s.value for s in State])
+def test_console_reads_are_skipped_only_where_decide_ignores_them(state):
+    # observe() reads a node's serial console only when needs_console() says so: everywhere else the decision must
+    # be the same whatever the console says.
+    for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
+        kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
+                  create_state=create_state if state is not State.PENDING else None)
+        o = obs(state.value, **kw)
+        if needs_console(o.status, o.node, o.heartbeat, SETTINGS, NOW):
+            continue
+        where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
+        assert decide(o) == decide(replace(o, consoles={"job-3": "kernel panic"})), where
+
+
+CONSOLE = "startup-script: {\"severity\": \"ERROR\", \"message\": \"could not download gs://b/agent.pyz\"}\n"
+
+
+def test_a_boot_failure_records_the_console_tail_and_counts_a_failure_not_a_preemption():
+    o = replace(obs("RUNNING", heartbeat="none", failures=0, preemptions=4), consoles={"job-3": "x" * 9000 + CONSOLE})
+    d = decide(o)
+    st = d.status
+    assert (d.cause, d.action.kind, st.state) == ("no_heartbeat", Act.DELETE, State.PREEMPTED)
+    assert (st.failures, st.preemptions, st.boot_failures, st.failure_streak, st.restarts) == (1, 4, 1, 1, 2)
+    assert st.console_tail.endswith(CONSOLE) and len(st.console_tail) == 4000  # bounded: the end of it
+    assert st.next_attempt_at == NOW + timedelta(seconds=30)  # the backoff before the next node
+    assert d.alert["type"] == "boot_failed" and d.alert["console_tail"] == st.console_tail
+    assert "could not download" in alerts.to_slack(d.alert)["blocks"][-2]["text"]["text"]
+
+
+def test_the_second_boot_failure_in_a_row_fails_the_job_naming_what_to_check():
+    o = replace(obs("RUNNING", heartbeat="none", boot_failures=1, failures=1), consoles={"job-3": CONSOLE})
+    d = decide(o)
+    st = d.status
+    assert st.state is State.FAILED and d.action.kind is Act.DELETE and st.boot_failures == 2
+    assert st.console_tail == CONSOLE and d.alert["console_tail"] == CONSOLE and d.alert["cause"] == "no_heartbeat"
+    for what in (GPU_STOP.accelerator.boot_image, "startup script", "respawn-agent", "service account"):
+        assert what in st.message, what
+    tpu = decide(replace(obs("RUNNING", raw="READY", heartbeat="none", boot_failures=1, spec=TPU), consoles={"job-3": None}))
+    assert "tpu-ubuntu2204-base" in tpu.status.message and "no console" in tpu.status.console_tail
+
+
+def test_a_console_that_was_not_read_says_so():
+    d = decide(obs("RUNNING", heartbeat="none"))
+    assert d.status.console_tail == "(the console was not read)"
+
+
+def test_a_heartbeat_ends_the_boot_failures_in_a_row_and_advancing_training_ends_the_backoff_streak():
+    d = decide(obs("RUNNING", boot_failures=1, failure_streak=2, last_committed_step=90))
+    assert (d.status.boot_failures, d.status.failure_streak, d.status.last_committed_step) == (0, 0, 100)
+    same = decide(obs("RUNNING", heartbeat="fresh", failure_streak=2, last_committed_step=100, last_step=120))
+    assert same.status is None  # nothing advanced: the streak stands
+
+
+@pytest.mark.parametrize("streak,wait", [(0, 30), (1, 60), (2, 120), (4, 480), (5, 900), (30, 900)])
+def test_failures_back_off_exponentially_up_to_the_cap_and_preemptions_do_not(streak, wait):
+    crash = decide(obs("RUNNING", heartbeat="crash", failure_streak=streak, failures=0))
+    assert crash.status.next_attempt_at == NOW + timedelta(seconds=wait)  # base 30 s, cap max_backoff_seconds 900
+    assert (crash.status.failures, crash.status.failure_streak) == (1, streak + 1)
+    gone = decide(obs("PREEMPTED", raw=None, next_attempt_at=crash.status.next_attempt_at))
+    assert gone.action == Action(Act.WAIT, until=crash.status.next_attempt_at)
+    preempted = decide(obs("RUNNING", raw=None, spec=GPU_DELETE, hint="preempted", failure_streak=streak))
+    assert preempted.action.kind is Act.CREATE and preempted.status.next_attempt_at is None
+    assert preempted.status.failure_streak == streak and preempted.status.preemptions == 1
+
+
+def test_preemption_rate_backoff_grows_with_each_preemption_over_the_limit():
+    spec = make_spec(termination_action="DELETE", preemption_rate=RATE_BACKOFF)
+    times = [NOW - timedelta(minutes=m) for m in (50, 40, 30, 20)]  # 4 in the hour: this one is the 3rd over max 2
+    d = decide(obs("RUNNING", raw=None, hint="preempted", spec=spec, preempted_times=times))
+    assert d.action == Action(Act.WAIT, until=NOW + timedelta(seconds=30 * 4))
+    assert d.status.preempted_times == [*times, NOW] and d.status.rate_exceeded_at == NOW
+    assert d.alert["type"] == "preemption_rate" and "5 preemptions within 1 h" in d.alert["message"]
+
+
+def test_without_a_rate_the_status_keeps_one_preemption_time():
+    d = decide(obs("RUNNING", raw=None, spec=GPU_DELETE, hint="preempted",
+                   preempted_times=[NOW - timedelta(days=d) for d in (3, 2, 1)]))
+    assert d.status.preempted_times == [NOW]
+
+
+@pytest.mark.parametrize("cause,heartbeat,kind", [
+    ("preempted", None, "preemption"), ("host_error", None, "preemption"), ("node_gone", None, "preemption"),
+    ("node_terminated", None, "preemption"), ("node_stopping", None, "preemption"),
+    ("trainer_crashed", "crash", "failure"), ("stale_heartbeat", "stale", "failure"),
+    ("stale_heartbeat", "noticed", "preemption"), ("no_heartbeat", None, "boot_failure"),
+])
+def test_what_a_loss_counts_as(cause, heartbeat, kind):
+    assert loss_kind(cause, HEARTBEATS[heartbeat] if heartbeat else None) == kind
+
+
+def test_the_recovered_alert_comes_with_the_first_heartbeat_and_says_what_it_cost():
+    st = dict(recovering=True, preempted_zone=ZONES[0], zone=ZONES[1], preempted_at=NOW - timedelta(seconds=90),
+              steps_lost=7, failures=1, preemptions=2, restarts=3)
+    up = decide(obs("PROVISIONING", raw="RUNNING", heartbeat="none", **st))
+    assert up.alert is None and up.status.recovering and "waiting for its agent" in up.status.message
+    d = decide(replace(obs("RUNNING", **st), status=up.status))
+    a = d.alert
+    assert (a["type"], a["old_zone"], a["new_zone"], a["downtime_seconds"], a["steps_lost"]) == (
+        "recovered", ZONES[0], ZONES[1], 90, 7)
+    assert (a["failures"], a["preemptions"], a["restarts"]) == (1, 2, 3) and not d.status.recovering
+    assert decide(replace(obs("RUNNING", **st), status=d.status)).alert is None  # once
 
 
 # ---- a multi-host TPU slice: one heartbeat from its workers' -----------------------------------------------------

@@ -88,3 +88,14 @@ def test_a_broken_alert_path_never_holds_up_recovery(controller, monkeypatch):
     controller.sim.preempt(st.zone, st.node)
     assert controller.log_event(controller.wait_system_event(st.node)) == 200
     assert controller.wait_state(job, "RUNNING").attempt == 2
+
+
+def test_a_boot_failure_reaches_slack_with_the_console_tail(slack, on_alert):
+    alert = {"type": "boot_failed", "severity": "warning", "job_id": "llama", "at": "2025-01-01T12:00:00+00:00",
+             "message": "no agent heartbeat from llama-4 within 900 s of its boot; replacing it", "node": "llama-4",
+             "zone": "us-central1-b", "failures": 1, "preemptions": 0, "restarts": 1, "attempt": 4,
+             "cause": "no_heartbeat", "console_tail": "respawn-startup: python3 not found on the image"}
+    assert on_alert(alert) == 200
+    [payload] = slack.wait_for(1)
+    assert "Job llama had a node that never started its agent; replacing it" in payload["text"]
+    assert any("python3 not found on the image" in b.get("text", {}).get("text", "") for b in payload["blocks"])

@@ -58,12 +58,32 @@ def test_minimal_gpu_spec_gets_documented_defaults():
     spec = parse_spec(GPU)
     assert spec.provisioning == "spot"
     assert spec.termination_action == "STOP"
-    assert spec.max_restarts == 20
+    assert (spec.max_failures, spec.max_preemptions, spec.preemption_rate) == (3, None, None)
     assert spec.placement.cooldown_seconds == 600
     assert spec.placement.avoid_preempting_zone is True
     assert spec.placement.on_demand_fallback is False
     assert spec.accelerator.boot_disk_gb == 200
     assert spec.labels == {}
+
+
+def test_max_restarts_is_read_as_max_failures_and_stored_so_with_a_warning():
+    spec = parse_spec({**GPU, "max_restarts": 7})
+    assert spec.max_failures == 7 and spec.max_restarts == 7
+    doc = spec.to_doc()
+    assert doc["max_failures"] == 7 and "max_restarts" not in doc
+    assert parse_spec(doc) == spec  # the stored form reads back the same, with nothing deprecated left in it
+    assert schema.deprecations({**GPU, "max_restarts": 7}) == [schema.DEPRECATED_MAX_RESTARTS]
+    assert schema.deprecations(doc) == []
+    assert "max_failures" in schema.DEPRECATED_MAX_RESTARTS
+    errors = errors_of({**GPU, "max_restarts": 7, "max_failures": 3})
+    assert errors == ["(job): max_restarts and max_failures both given: max_restarts is the old name of max_failures; "
+                      "keep max_failures alone"]
+
+
+def test_preemption_limits_default_to_none_and_the_rate_to_alert():
+    spec = parse_spec({**GPU, "max_preemptions": 100, "preemption_rate": {"max": 6, "window_hours": 24}})
+    assert spec.max_preemptions == 100
+    assert (spec.preemption_rate.max, spec.preemption_rate.window_hours, spec.preemption_rate.action) == (6, 24, "alert")
 
 
 def test_tpu_spec_has_no_termination_action():
@@ -208,8 +228,15 @@ def test_longest_job_id_still_gives_valid_node_names():
         ("checkpoint_uri", "s3://bucket/x", "checkpoint_uri: must be gs://BUCKET/PREFIX, or file:///ABSOLUTE/PATH"),
         ("checkpoint_uri", "file://relative", "checkpoint_uri: must be gs://BUCKET/PREFIX"),
         ("checkpoint_uri", "gs://Bad_Bucket/x", "checkpoint_uri: 'Bad_Bucket' is not a valid Cloud Storage bucket name"),
-        ("max_restarts", -1, "max_restarts: Input should be greater than or equal to 0"),
-        ("max_restarts", "many", "max_restarts: Input should be a valid integer"),
+        ("max_failures", -1, "max_failures: Input should be greater than or equal to 0"),
+        ("max_failures", "many", "max_failures: Input should be a valid integer"),
+        ("max_restarts", -1, "(job): max_restarts (the old name of max_failures): -1 is not a whole number"),
+        ("max_restarts", "many", "(job): max_restarts (the old name of max_failures): 'many' is not"),
+        ("max_preemptions", -1, "max_preemptions: Input should be greater than or equal to 0"),
+        ("preemption_rate", {"max": 3}, "preemption_rate.window_hours: required field is missing"),
+        ("preemption_rate", {"max": 0, "window_hours": 1}, "preemption_rate.max: Input should be greater than or"),
+        ("preemption_rate", {"max": 3, "window_hours": 1, "action": "move"},
+         "preemption_rate.action: Input should be 'alert', 'backoff' or 'fail'"),
         ("placement.cooldown", 5, "placement.cooldown: unknown field"),
         ("placement.fallback_after_failures", 0, "placement.fallback_after_failures: Input should be greater than or equal to 1"),
         ("labels", {"Team": "x"}, "labels: label key 'Team'"),

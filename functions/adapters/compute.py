@@ -24,7 +24,7 @@ DEFAULT_NETWORK = "global/networks/default"
 DEFAULT_SERVICE_ACCOUNT = "default"  # the project's Compute Engine default service account
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 SET_METADATA_TRIES = 5  # reads and conditional writes before a 412 (a writer racing us every time) is raised
-CHECK_TIMEOUT = 30.0  # seconds for the boot-image check, which must never hold a delivery for long
+CHECK_TIMEOUT = 30.0  # seconds for a read that must never hold a delivery for long (the boot image, the console)
 
 
 class ComputeOperation(extended_operation.ExtendedOperation):
@@ -62,6 +62,13 @@ class ComputeProvider:
             return self.clients.instances().get(project=self.project, zone=zone, instance=name).status
         except gexc.NotFound:
             return None
+
+    def console_tail(self, zone: str, name: str, chars: int) -> str:
+        """The end of serial port 1 (the startup script's and the agent's log lines): instances.getSerialPortOutput
+        with a negative start, which asks for the most recent bytes (gcp-facts §14)."""
+        out = self.clients.instances().get_serial_port_output(project=self.project, zone=zone, instance=name, port=1,
+                                                              start=-chars, retry=None, timeout=CHECK_TIMEOUT)
+        return out.contents[-chars:]
 
     def address(self, zone: str, name: str) -> str | None:
         """The instance's internal IP (its first network interface), or None while it has none or is gone."""

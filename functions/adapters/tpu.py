@@ -48,6 +48,11 @@ class TpuProvider:
         """A TPU VM boots its runtime version (spec.accelerator.runtime_version): there is no image to check."""
         return None
 
+    def console_tail(self, zone: str, name: str, chars: int) -> None:
+        """Cloud TPU has no serial port output API (tpu_v2 lists, gets, creates, deletes, stops, starts and updates
+        nodes; gcp-facts §14): there is no console to read."""
+        return None
+
     def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str):
         acc = spec.accelerator
         opts = self.nodes
