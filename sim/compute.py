@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 BASE = "https://www.googleapis.com/compute/v1"
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 LIVE = ("PROVISIONING", "STAGING", "RUNNING", "STOPPING")
+SERIAL_BUFFER = 1 << 20  # bytes of serial port output Compute Engine keeps (getSerialPortOutput: "the last 1 MB")
 
 DLVM_PROJECT = "deeplearning-platform-release"
 # The Deep Learning VM families of docs/gcp-facts.md §12, each with its deprecation state as of 2026-11-23: current
@@ -335,6 +336,28 @@ class ComputeService:
     def get(self, zone: str, name: str) -> dict:
         with self.sim.cond:
             return dict(self._get(zone, name).body)
+
+    def serial_port_output(self, zone: str, name: str, port: int = 1, start: int = 0) -> dict:
+        """instances.getSerialPortOutput: port 1 is the node's console log (what its boots printed). Positions are
+        byte offsets over everything written; only the last SERIAL_BUFFER bytes are kept, and a start before them
+        is moved up to the oldest kept (the answer's `start` says where it began); a negative start asks for that
+        many of the most recent bytes. Ports 2-4 are empty (nothing in the guest writes to them)."""
+        if not 1 <= port <= 4:
+            raise compute_error(400, "invalid", f"Invalid value for field 'port': '{port}'. Must be between 1 and 4.")
+        with self.sim.cond:
+            inst = self._get(zone, name)
+            path = inst.runtime.console_log
+        try:
+            data = path.read_bytes() if port == 1 else b""
+        except FileNotFoundError:
+            data = b""
+        size = len(data)
+        oldest = max(0, size - SERIAL_BUFFER)
+        begin = max(size + start, oldest) if start < 0 else max(start, oldest)
+        begin = min(begin, size)
+        return {"kind": "compute#serialPortOutput", "contents": data[begin:].decode("utf-8", "replace"),
+                "start": str(begin), "next": str(size),
+                "selfLink": f"{BASE}/{self._path(zone, name)}/serialPort"}
 
     def set_metadata(self, zone: str, name: str, body: dict) -> dict:
         """instances.setMetadata: the whole item list is replaced, conditional on the fingerprint the caller read

@@ -27,6 +27,7 @@ ROUTES = [
     ("POST", _C + r"/instances/(?P<name>[^/]+)/start", "c_start"),
     ("POST", _C + r"/instances/(?P<name>[^/]+)/stop", "c_stop"),
     ("POST", _C + r"/instances/(?P<name>[^/]+)/setMetadata", "c_set_metadata"),
+    ("GET", _C + r"/instances/(?P<name>[^/]+)/serialPort", "c_serial"),
     ("GET", _C + r"/operations", "c_ops"),
     ("GET", _C + r"/operations/(?P<op>[^/]+)", "c_op"),
     ("POST", _C + r"/operations/(?P<op>[^/]+)/wait", "c_wait"),
@@ -54,7 +55,7 @@ _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
 
 # Which fault-injector method name each API call answers to.
 FAULT_NAMES = {"c_insert": "insert", "c_delete": "delete", "c_start": "start", "c_stop": "stop", "c_get": "get",
-               "c_set_metadata": "set_metadata",
+               "c_set_metadata": "set_metadata", "c_serial": "serial",
                "c_list": "list", "c_image": "image", "c_image_family": "image",
                "t_create": "create", "t_delete": "delete", "t_get": "get", "t_list": "list"}
 
@@ -140,6 +141,9 @@ def make_handler(sim: "SimServer"):
 
         def c_set_metadata(self, zone, name, body, query):
             return sim.compute.set_metadata(zone, name, body)
+
+        def c_serial(self, zone, name, body, query):
+            return sim.compute.serial_port_output(zone, name, int(query.get("port", 1)), int(query.get("start", 0)))
 
         def c_ops(self, zone, body, query):
             return sim.compute.list_operations(zone, query.get("filter"))

@@ -177,3 +177,46 @@ def test_instances_without_accelerators_use_the_machine_type_as_capacity_key(sim
     instances, ops = compute_clients(sim_server.endpoint)
     with pytest.raises(exceptions.ServiceUnavailable):
         insert(instances, ops, spot_instance("cpu-1", accel=None))
+
+
+def test_serial_port_output_serves_the_nodes_console_through_the_real_client(sim_factory):
+    # The node's boot command prints to its console (what a real guest's startup script writes to serial port 1).
+    sim = sim_factory(boot_command=["sh", "-c", "echo 'startup-script: fetching the agent'; "
+                                                "echo 'startup-script: ERROR python3 not found' ; exit 1"])
+    instances, ops = compute_clients(sim.endpoint)
+    insert(instances, ops, spot_instance("job-a-1"))
+    log = sim.compute.instances[(ZONE, "job-a-1")].runtime.console_log
+    sim.wait_for(lambda: log.exists() and b"ERROR" in log.read_bytes(), timeout=10, what="the boot's console output")
+
+    def serial(name, **kw):
+        return instances.get_serial_port_output(request=compute_v1.GetSerialPortOutputInstanceRequest(
+            project=PROJECT, zone=ZONE, instance=name, **kw))
+
+    full = serial("job-a-1")
+    assert full.contents == "startup-script: fetching the agent\nstartup-script: ERROR python3 not found\n"
+    assert (full.start, full.next_) == (0, len(full.contents)) and full.kind == "compute#serialPortOutput"
+    assert full.self_link.endswith(f"/projects/{PROJECT}/zones/{ZONE}/instances/job-a-1/serialPort")
+    # A negative start: the most recent bytes; the answer's start says where they begin.
+    tail = serial("job-a-1", port=1, start=-16)
+    assert tail.contents == "python3 not found\n"[-16:] and tail.start == full.next_ - 16 and tail.next_ == full.next_
+    # Reading on from `next` gives nothing new; more than there is gives everything from the first byte.
+    assert serial("job-a-1", start=full.next_).contents == ""
+    assert serial("job-a-1", start=-10_000).contents == full.contents
+    assert serial("job-a-1", port=2).contents == ""
+    with pytest.raises(exceptions.BadRequest):
+        serial("job-a-1", port=5)
+    with pytest.raises(exceptions.NotFound):
+        serial("job-a-9")
+
+
+def test_serial_port_output_keeps_the_last_megabyte(sim_server):
+    from sim.compute import SERIAL_BUFFER
+
+    instances, ops = compute_clients(sim_server.endpoint)
+    insert(instances, ops, spot_instance("job-a-1"))
+    log = sim_server.compute.instances[(ZONE, "job-a-1")].runtime.console_log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"a" * 100 + b"b" * SERIAL_BUFFER)
+    out = instances.get_serial_port_output(request=compute_v1.GetSerialPortOutputInstanceRequest(
+        project=PROJECT, zone=ZONE, instance="job-a-1", start=0))
+    assert (out.start, out.next_) == (100, 100 + SERIAL_BUFFER) and set(out.contents) == {"b"}

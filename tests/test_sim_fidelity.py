@@ -29,7 +29,7 @@ _OP = compute_v1.Operation
 ANSWER_TYPES = {
     "c_insert": _OP, "c_delete": _OP, "c_start": _OP, "c_stop": _OP, "c_set_metadata": _OP, "c_op": _OP,
     "c_wait": _OP, "c_ops": compute_v1.OperationList, "c_list": compute_v1.InstanceList, "c_get": compute_v1.Instance,
-    "c_image": compute_v1.Image, "c_image_family": compute_v1.Image,
+    "c_image": compute_v1.Image, "c_image_family": compute_v1.Image, "c_serial": compute_v1.SerialPortOutput,
     "t_create": operations_pb2.Operation, "t_delete": operations_pb2.Operation, "t_op": operations_pb2.Operation,
     "t_get": tpu_v2.Node, "t_list": tpu_v2.ListNodesResponse,
 }
@@ -108,6 +108,8 @@ def test_every_compute_answer_parses_strictly(sim_server, proxy):
     meta = compute_v1.Metadata(fingerprint=got.metadata.fingerprint, items=[compute_v1.Items(key="k", value="v")])
     compute_result(ops, PROJECT, ZONE, instances.set_metadata_unary(project=PROJECT, zone=ZONE, instance="job-a-1",
                                                                     metadata_resource=meta))
+    instances.get_serial_port_output(request=compute_v1.GetSerialPortOutputInstanceRequest(
+        project=PROJECT, zone=ZONE, instance="job-a-0", start=-4000))
     compute_result(ops, PROJECT, ZONE, instances.stop_unary(project=PROJECT, zone=ZONE, instance="job-a-1"))
     compute_result(ops, PROJECT, ZONE, instances.start_unary(project=PROJECT, zone=ZONE, instance="job-a-1"))
     compute_result(ops, PROJECT, ZONE, instances.delete_unary(project=PROJECT, zone=ZONE, instance="job-a-2"))
@@ -116,7 +118,8 @@ def test_every_compute_answer_parses_strictly(sim_server, proxy):
     images.get_from_family(project="deeplearning-platform-release",
                            family="common-cu129-ubuntu-2404-nvidia-580")
     seen = {route for route, _, _ in proxy.seen}
-    assert {"c_insert", "c_get", "c_list", "c_set_metadata", "c_stop", "c_start", "c_delete", "c_image_family"} <= seen
+    assert {"c_insert", "c_get", "c_list", "c_set_metadata", "c_stop", "c_start", "c_delete", "c_image_family",
+            "c_serial"} <= seen
     for route, path, data in proxy.seen:
         strict(route, path, data)
 

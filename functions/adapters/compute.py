@@ -66,8 +66,10 @@ class ComputeProvider:
     def console_tail(self, zone: str, name: str, chars: int) -> str:
         """The end of serial port 1 (the startup script's and the agent's log lines): instances.getSerialPortOutput
         with a negative start, which asks for the most recent bytes (gcp-facts §14)."""
-        out = self.clients.instances().get_serial_port_output(project=self.project, zone=zone, instance=name, port=1,
-                                                              start=-chars, retry=None, timeout=CHECK_TIMEOUT)
+        # port and start are fields of the request only (the flattened call takes project, zone and instance).
+        request = compute_v1.GetSerialPortOutputInstanceRequest(project=self.project, zone=zone, instance=name, port=1,
+                                                                start=-chars)
+        out = self.clients.instances().get_serial_port_output(request=request, retry=None, timeout=CHECK_TIMEOUT)
         return out.contents[-chars:]
 
     def address(self, zone: str, name: str) -> str | None:
