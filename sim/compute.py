@@ -296,10 +296,11 @@ class ComputeService:
             if not accels:
                 resource.pop("guestAccelerators")
             nics = [dict(n) for n in body.get("networkInterfaces") or [{"network": "global/networks/default"}]]
-            nics[0]["networkIP"] = self.sim.addresses.take()[0]
+            nics[0]["networkIP"], host = self.sim.new_hosts(name)[0]
             resource["networkInterfaces"] = nics
             record = NodeRecord("instance", zone, name, dict(resource["labels"]), accelerator, model, self.sim.now())
-            runtime = self.sim.make_runtime("compute", zone, name, self._metadata_kwargs(zone, name, iid, machine_type, resource))
+            runtime = self.sim.make_runtime("compute", zone, name, self._metadata_kwargs(zone, name, iid, machine_type, resource),
+                                            host=host)
             inst = Instance(zone, name, resource, "", record, runtime, accelerator, model)
             self.instances[(zone, name)] = inst
             self.sim.records.append(record)

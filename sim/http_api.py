@@ -48,7 +48,9 @@ ROUTES = [
     ("POST", r"/sim/preempt", "s_preempt"),
     ("POST", r"/sim/host-error", "s_host_error"),
     ("POST", r"/sim/maintenance-event", "s_maintenance"),
+    ("POST", r"/sim/partition", "s_partition"),
     ("POST", r"/sim/faults", "s_faults"),
+    ("POST", r"/sim/hold-operations", "s_hold"),
     ("POST", r"/sim/images", "s_images"),
 ]
 _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
@@ -212,6 +214,10 @@ def make_handler(sim: "SimServer"):
 
         def s_maintenance(self, body, query):
             sim.maintenance_event(body["zone"], body["name"], body.get("value", "TERMINATE_ON_HOST_MAINTENANCE"))
+            return {}
+
+        def s_partition(self, body, query):
+            sim.partition(body["zone"], body["name"], heal=bool(body.get("heal", False)))
             return {}
 
         def s_images(self, body, query):

@@ -35,7 +35,7 @@ def _etag(value: str, version: int) -> str:
 
 
 class MetadataServer:
-    """One node's metadata server. `start()` binds 127.0.0.1 on a free port; `.host` is "127.0.0.1:PORT"."""
+    """One node's metadata server. `start()` binds `bind` (127.0.0.1) on a free port; `.host` is "BIND:PORT"."""
 
     def __init__(
         self,
@@ -47,7 +47,9 @@ class MetadataServer:
         instance_id: str = "1000000000000000001",
         attributes: dict[str, str] | None = None,
         machine_type: str = "n1-standard-4",
+        bind: str = "127.0.0.1",
     ) -> None:
+        self.bind = bind  # the sim's netns mode binds the nodes' bridge address (sim/netns.py)
         self._cond = threading.Condition()
         self._values: dict[str, tuple[str, str]] = {}  # path -> (value, etag)
         self._version = 0
@@ -116,7 +118,7 @@ class MetadataServer:
     def host(self) -> str:
         if self._server is None:
             raise RuntimeError("the metadata server is not started: call start() first")
-        return f"127.0.0.1:{self._server.server_address[1]}"
+        return f"{self.bind}:{self._server.server_address[1]}"
 
     @property
     def url(self) -> str:
@@ -124,7 +126,7 @@ class MetadataServer:
 
     def start(self) -> "MetadataServer":
         handler = _make_handler(self)
-        self._server = LoopbackHTTPServer(0, handler)
+        self._server = LoopbackHTTPServer(0, handler, self.bind)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"metadata-{self.host}", daemon=True)
         self._thread.start()
         return self

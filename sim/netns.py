@@ -6,22 +6,47 @@
         a.cut()                         # a lost node: its link goes down, traffic to and from it stops
     # every namespace, veth and the bridge removed, the processes started in them killed
 
+    net.partition(a)                    # a keeps its link (it reaches the gateway) but no other node, nor they it
+    port = net.relay(8080)              # a node reaches this machine's 127.0.0.1:8080 at net.gateway:port
+
 The bridge lives in the root namespace with the subnet's first address (`net.gateway`): a server that nodes must
 reach (the sim's metadata server, the emulators) binds there, since a namespace has its own 127.0.0.1. The subnet
 is a free /24 of 10.213.0.0/16, picked so that two test runs on one machine do not collide; interface names carry
 a short random id for the same reason (Linux allows 15 characters). Needs root (CI runs as root) and iproute2.
+
+A node's host name resolves to its own address inside its namespace (/etc/netns/NS/hosts, which `ip netns exec`
+mounts over /etc/hosts), as a VM's does: gloo and torchrun pick the interface they advertise by it.
+A partition is a pair of `unreachable` routes between the partitioned node and every other node (a connect fails
+with EHOSTUNREACH, an open connection's packets go nowhere: a collective hangs), none towards the gateway.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
+import shutil
 import signal
+import socket
 import subprocess
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 _BASE = ipaddress.ip_network("10.213.0.0/16")
+_ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
+# An endpoint on this machine's loopback, as an environment value names it (host:port or a URL).
+_LOOPBACK_ENDPOINT = re.compile(r"(?<![\w.])(?:127\.0\.0\.1|localhost):(\d{1,5})\b")
+
+
+def available() -> str | None:
+    """None when this process can make sim networks; else why not (what to do)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (CI runs as root)"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) is not installed: apt-get install iproute2"
+    return None
 
 
 class NetnsError(RuntimeError):
@@ -72,8 +97,69 @@ class Host:
         _ip("link", "set", self.outside, "up")
 
 
+class _Relay:
+    """gateway:port → 127.0.0.1:target, two pumping threads per connection: a node's way to a server of this machine
+    that binds loopback only (the emulators), since a namespace has a loopback of its own."""
+
+    def __init__(self, gateway: str, target: int) -> None:
+        self.target = target
+        self._listener = socket.create_server((gateway, 0))
+        self.port = self._listener.getsockname()[1]
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name=f"relay-{target}", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                conn.close()
+                continue
+            with self._lock:
+                self._conns.update((conn, upstream))
+            pending = [2]  # the second pump to end closes both sockets (never one under a running recv)
+            for src, dst in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(src, dst, pending), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, pending: list[int]) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)  # pass the half-close on
+        except OSError:
+            for sock in (src, dst):  # one side broke: end the other pump too
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        with self._lock:
+            pending[0] -= 1
+            last = pending[0] == 0
+            if last:
+                self._conns.difference_update((src, dst))
+        if last:
+            src.close()
+            dst.close()
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for sock in conns:  # the pumps see the shutdown and close them
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class Network:
-    """A bridge and the namespaces of one job's nodes."""
+    """A bridge and the namespaces of the nodes on it."""
 
     def __init__(self) -> None:
         self.id = secrets.token_hex(2)
@@ -86,6 +172,10 @@ class Network:
         self.gateway = str(next(self._addresses))
         self.bridge = f"rspbr{self.id}"
         self.hosts: list[Host] = []
+        self.partitioned: set[str] = set()  # addresses of partitioned hosts
+        self._count = 0
+        self._relays: dict[int, _Relay] = {}
+        self._lock = threading.RLock()
         _ip("link", "add", self.bridge, "type", "bridge")
         try:
             _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
@@ -95,14 +185,21 @@ class Network:
             raise
 
     def add_host(self, name: str) -> Host:
-        """A new node with the next address of the subnet."""
-        k = len(self.hosts) + 1
-        netns = f"rsp-{self.id}-{k}"
-        outside, inside = f"rsv{self.id}{k}", f"rsi{self.id}{k}"
-        address = str(next(self._addresses))
-        host = Host(name, netns, address, outside)
-        _ip("netns", "add", netns)
-        self.hosts.append(host)  # from here close() removes it, whatever fails next
+        """A new node with the next address of the subnet (addresses are not reused within a network)."""
+        with self._lock:
+            self._count += 1
+            k = self._count
+            address = str(next(self._addresses, "") or "")
+            if not address:
+                raise NetnsError(f"sim network {self.subnet} has no address left for node {name}")
+            netns = f"rsp-{self.id}-{k}"
+            outside, inside = f"rsv{self.id}{k}", f"rsi{self.id}{k}"
+            host = Host(name, netns, address, outside)
+            _ip("netns", "add", netns)
+            self.hosts.append(host)  # from here close() removes it, whatever fails next
+        etc = _ETC_NETNS / netns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n{address}\t{socket.gethostname()} {name}\n")
         _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
         _ip("link", "set", inside, "netns", netns)
         _ip("link", "set", outside, "master", self.bridge)
@@ -111,23 +208,98 @@ class Network:
                      ["addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", "eth0"],
                      ["link", "set", "eth0", "up"], ["route", "add", "default", "via", self.gateway]):
             _ip("-n", netns, *args)
+        with self._lock:
+            for other in self.partitioned:  # a newcomer does not reach a partitioned node either
+                self._route("add", host, other)
+                self._route("add", self._by_address(other), address)
         return host
+
+    def _by_address(self, address: str) -> Host:
+        return next(h for h in self.hosts if h.address == address)
+
+    @staticmethod
+    def _route(verb: str, host: Host, address: str) -> None:
+        """verb add (idempotent) or del: the route that keeps `host` from `address`."""
+        _ip("-n", host.netns, "route", "replace" if verb == "add" else "del", "unreachable", f"{address}/32",
+            check=verb == "add")
+
+    def partition(self, host: Host) -> None:
+        """`host` keeps its link and reaches the gateway (the sim's services), but no other node reaches it nor it
+        them: a connect fails, and what was under way goes nowhere (a collective hangs)."""
+        with self._lock:
+            if host.address in self.partitioned:
+                return
+            self.partitioned.add(host.address)
+            for other in self.hosts:
+                if other is not host:
+                    self._route("add", other, host.address)
+                    self._route("add", host, other.address)
+
+    def heal(self, host: Host) -> None:
+        """Undo partition(host)."""
+        with self._lock:
+            if host.address not in self.partitioned:
+                return
+            self.partitioned.discard(host.address)
+            for other in self.hosts:
+                if other is not host and other.address not in self.partitioned:  # else still apart: other is
+                    self._route("del", other, host.address)
+                    self._route("del", host, other.address)
+
+    def relay(self, port: int) -> int:
+        """The port on the gateway at which a node reaches this machine's 127.0.0.1:`port` (made once per port)."""
+        with self._lock:
+            if port not in self._relays:
+                self._relays[port] = _Relay(self.gateway, port)
+            return self._relays[port].port
+
+    def node_env(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` for a process in a node: every loopback endpoint in a value (127.0.0.1:PORT, localhost:PORT, as
+        FIRESTORE_EMULATOR_HOST or a URL names it) becomes its relay on the gateway, since the node's own 127.0.0.1
+        is not this machine's."""
+        return {k: _LOOPBACK_ENDPOINT.sub(lambda m: f"{self.gateway}:{self.relay(int(m.group(1)))}", v)
+                for k, v in env.items()}
+
+    @staticmethod
+    def _kill(host: Host) -> None:
+        pids = set(host.pids)
+        listed = _ip("netns", "pids", host.netns, check=False).stdout.split()
+        pids.update(int(p) for p in listed if p.isdigit())
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def remove_host(self, host: Host) -> None:
+        """A deleted node: what runs in its namespace is killed, its namespace, veth and routes go."""
+        with self._lock:
+            if host not in self.hosts:
+                return
+            if host.address in self.partitioned:
+                self.heal(host)
+            for other in self.partitioned:
+                self._route("del", host, other)
+            self.hosts.remove(host)
+        self._remove(host)
+
+    def _remove(self, host: Host) -> None:
+        self._kill(host)
+        _ip("link", "del", host.outside, check=False)
+        _ip("netns", "del", host.netns, check=False)
+        shutil.rmtree(_ETC_NETNS / host.netns, ignore_errors=True)
 
     def close(self) -> None:
         """Kill what runs in the namespaces (by PID, then anything left in them), then remove every interface."""
-        for host in self.hosts:
-            pids = set(host.pids)
-            listed = _ip("netns", "pids", host.netns, check=False).stdout.split()
-            pids.update(int(p) for p in listed if p.isdigit())
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _ip("link", "del", host.outside, check=False)
-            _ip("netns", "del", host.netns, check=False)
+        with self._lock:
+            hosts, self.hosts = list(self.hosts), []
+            relays, self._relays = list(self._relays.values()), {}
+            self.partitioned = set()
+        for relay in relays:
+            relay.close()
+        for host in hosts:
+            self._remove(host)
         _ip("link", "del", self.bridge, check=False)
-        self.hosts = []
 
     def __enter__(self) -> "Network":
         return self

@@ -5,6 +5,11 @@ cwd = the node's directory and env = os.environ + node_env + GCE_METADATA_HOST/G
 `{node_dir}` in a node_env value becomes the node's directory (what lives on the node's disk, per node).
 The directory survives stop/start (a persistent disk) and is removed on delete. The console output of every boot
 is appended to `<node dir>.console.log`, next to (not inside) the disk.
+
+In the sim's netns mode a node has a network namespace of its own (`host`, sim/netns.py): its processes run there,
+its metadata server binds the bridge's gateway, and the loopback endpoints its environment names are relayed
+(Network.node_env). Its link goes down when it powers off (before its processes are killed, so its peers see a host
+gone silent, not connections reset, as on a VPC) and comes back at its next boot; delete removes the namespace.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 from sim.emulators import group_alive
 from sim.metadata import MetadataServer
+from sim.netns import Host, Network
 
 
 def guest_pids(boot_id: str) -> list[int]:
@@ -41,8 +47,9 @@ def guest_pids(boot_id: str) -> list[int]:
 
 class NodeRuntime:
     def __init__(self, *, directory: Path, boot_command: list[str] | None, node_env: dict | None,
-                 metadata_kwargs: dict) -> None:
+                 metadata_kwargs: dict, network: Network | None = None, host: Host | None = None) -> None:
         self.directory = directory
+        self.network, self.host = network, host  # netns mode: this node's namespace on the sim's bridge
         self.console_log = directory.with_name(directory.name + ".console.log")
         self.boot_command = boot_command
         self.node_env = dict(node_env or {})
@@ -66,19 +73,27 @@ class NodeRuntime:
         """Power on: a fresh metadata server (preempted=FALSE) and the boot command, if any."""
         with self._lock:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self.metadata = MetadataServer(**self.metadata_kwargs).start()
+            bind = self.network.gateway if self.network is not None else "127.0.0.1"
+            self.metadata = MetadataServer(**self.metadata_kwargs, bind=bind).start()
+            if self.host is not None:
+                self.host.restore()  # powered on again: its link is back
             if not self.boot_command:
                 return
             env = dict(os.environ)
             env.update({k: str(v).replace("{node_dir}", str(self.directory)) for k, v in self.node_env.items()})
+            if self.network is not None:
+                env = self.network.node_env(env)
             env["GCE_METADATA_HOST"] = self.metadata.host
             env["GCE_METADATA_IP"] = self.metadata.host  # google-auth pings this one
             env["RESPAWN_NODE_DIR"] = str(self.directory)
             # A fresh id per boot, as the kernel's boot_id: the agent tells a reboot from its own restart by it.
             self.boot_id = env["RESPAWN_BOOT_ID"] = uuid.uuid4().hex
+            argv = list(self.boot_command)
+            if self.host is not None:
+                argv = ["ip", "netns", "exec", self.host.netns, *argv]  # execs argv: the same process
             with open(self.console_log, "ab") as log:
                 self.proc = subprocess.Popen(
-                    self.boot_command, cwd=self.directory, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    argv, cwd=self.directory, env=env, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True,
                 )
 
@@ -89,8 +104,14 @@ class NodeRuntime:
         except ProcessLookupError:
             pass
 
+    def _cut(self) -> None:
+        """The VM is off: its link goes, before its processes die (their sockets' FIN/RST must not reach peers)."""
+        if self.host is not None and self.network is not None and self.host in self.network.hosts:
+            self.host.cut()
+
     def _kill_guest(self, proc: subprocess.Popen) -> None:
         """Mechanical off: every process of this boot, in any process group."""
+        self._cut()
         self._signal(proc, signal.SIGKILL)
         for pid in guest_pids(self.boot_id or ""):
             try:
@@ -128,11 +149,13 @@ class NodeRuntime:
                     self._kill_guest(proc)
                     self._wait_gone(proc, 10)
                 self.exit_codes.append(proc.returncode)
+        self._cut()
         self.stop_metadata()
         return clean
 
     def crash(self) -> None:
         """Host error (or the sim stopping): everything dies at once."""
+        self._cut()
         proc = self._take_proc()
         if proc is not None:
             self._kill_guest(proc)
@@ -149,4 +172,6 @@ class NodeRuntime:
     def destroy(self) -> None:
         """Delete: nothing of the node is left."""
         self.crash()
+        if self.network is not None and self.host is not None:
+            self.network.remove_host(self.host)
         shutil.rmtree(self.directory, ignore_errors=True)

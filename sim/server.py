@@ -25,6 +25,7 @@ from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
 from sim.http_api import make_handler
 from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
+from sim.netns import Host, Network
 from sim.nodes import NodeRuntime
 from sim.tpu import TpuService
 
@@ -47,6 +48,7 @@ class SimServer:
         audit_timing: str = "end",
         seed: int = 0,
         metadata_op_delay: float | None = None,
+        network: str = "loopback",
     ) -> None:
         """
         notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
@@ -60,7 +62,13 @@ class SimServer:
         delete_grace: SIGTERM..SIGKILL grace on delete (default: min(notice_seconds, 5)).
         audit_timing: "end" writes a system event when the node is down (TERMINATED/PREEMPTED/deleted);
             "start" writes it when the preemption begins.
+        network: "loopback" (default): a VM's address is a loopback one of this machine, its processes share the
+            machine's network; "netns": every VM (TPU worker) runs in a network namespace of its own on a bridge
+            (sim/netns.py; needs root): its address is its namespace's, its link goes down when it powers off,
+            and partition() can cut it off from its peers alone.
         """
+        if network not in ("loopback", "netns"):
+            raise ValueError(f"network must be 'loopback' or 'netns', not {network!r}")
         if audit_timing not in ("start", "end"):
             raise ValueError(f"audit_timing must be 'start' or 'end', not {audit_timing!r}")
         self.project = project
@@ -74,6 +82,8 @@ class SimServer:
         self.audit_sink = audit_sink
         self.delete_grace = float(delete_grace) if delete_grace is not None else min(self.notice_seconds, 5.0)
         self.audit_timing = audit_timing
+        self.network_mode = network
+        self.network: Network | None = None  # netns mode, from start() to stop()
         self._port = port
         self.cond = threading.Condition(threading.RLock())
         self.capacity = Timeline()
@@ -96,6 +106,8 @@ class SimServer:
         if self._own_root:
             self.nodes_root = Path(tempfile.mkdtemp(prefix="respawn-sim-nodes-"))
         self.nodes_root.mkdir(parents=True, exist_ok=True)
+        if self.network_mode == "netns":
+            self.network = Network()
         self.scheduler = Scheduler()
         self._t0 = time.monotonic()
         self._http = LoopbackHTTPServer(self._port, make_handler(self))
@@ -117,6 +129,9 @@ class SimServer:
                 r for n in self.tpu.nodes.values() for r in n.runtimes]
         for runtime in runtimes:
             runtime.crash()
+        if self.network is not None:  # every namespace, veth, relay and the bridge
+            self.network.close()
+            self.network = None
         if self._own_root and self.nodes_root is not None:
             shutil.rmtree(self.nodes_root, ignore_errors=True)
 
@@ -142,10 +157,17 @@ class SimServer:
 
     # --- used by the services -------------------------------------------------------------------------------
 
+    def new_hosts(self, name: str, count: int = 1) -> list[tuple[str, Host | None]]:
+        """The address of each of a new node's `count` VMs (host 0 first), with its namespace in netns mode."""
+        if self.network is None:
+            return [(a, None) for a in self.addresses.take(count)]
+        hosts = [self.network.add_host(name if count == 1 else f"{name}-w{i}") for i in range(count)]
+        return [(h.address, h) for h in hosts]
+
     def make_runtime(self, kind: str, zone: str, name: str, metadata_kwargs: dict, *,
-                     directory_name: str | None = None) -> NodeRuntime:
+                     directory_name: str | None = None, host: Host | None = None) -> NodeRuntime:
         return NodeRuntime(directory=self.nodes_root / kind / zone / (directory_name or name), boot_command=self.boot_command,
-                           node_env=self.node_env, metadata_kwargs=metadata_kwargs)
+                           node_env=self.node_env, metadata_kwargs=metadata_kwargs, network=self.network, host=host)
 
     def usage(self, what: str, scope: str, accelerator: str, model: str | None) -> int:
         by_region = what == "quota"
@@ -218,6 +240,21 @@ class SimServer:
         if self._kind(zone, name) != "instance":
             raise SimError(f"host_error applies to Compute instances; {zone}/{name} is a TPU node: use preempt()")
         self.compute.host_error(zone, name)
+
+    def partition(self, zone: str, name: str, heal: bool = False) -> None:
+        """Cut the node (every worker of a TPU slice) off from every other node while it keeps running and
+        reaching the sim's services (its metadata server, the relayed emulators); `heal=True` undoes it.
+        netns mode only."""
+        if self.network is None:
+            raise SimError("partition needs the sim's network='netns' (nodes on loopback share one network)")
+        with self.cond:
+            if self._kind(zone, name) == "instance":
+                runtimes = [self.compute.instances[(zone, name)].runtime]
+            else:
+                runtimes = list(self.tpu.nodes[(zone, name)].runtimes)
+        for runtime in runtimes:
+            if runtime.host is not None:
+                (self.network.heal if heal else self.network.partition)(runtime.host)
 
     def maintenance_event(self, zone: str, name: str, value: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
         if self._kind(zone, name) == "instance":

@@ -191,7 +191,7 @@ class TpuService:
             })
             workers = [worker_name(self.sim.project, zone, node_id, w) for w in range(hosts)]
             worker_ids = [str(self._ids.randrange(10**18, 10**19)) for _ in range(hosts)]
-            addresses = self.sim.addresses.take(hosts)
+            addresses, vms = map(list, zip(*self.sim.new_hosts(node_id, hosts)))
             endpoints = contract.format_worker_endpoints(addresses)
             record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.sim.now())
             runtimes = []
@@ -205,7 +205,7 @@ class TpuService:
                                        contract.ATTR_WORKER_ENDPOINTS: endpoints})
                 runtimes.append(self.sim.make_runtime("tpu", zone, node_id, {
                     "name": workers[w], "zone": zone, "project": self.sim.project, "instance_id": worker_ids[w],
-                    "machine_type": "tpu-vm", "attributes": attributes}, directory_name=_worker_dir(node_id, w)))
+                    "machine_type": "tpu-vm", "attributes": attributes}, directory_name=_worker_dir(node_id, w), host=vms[w]))
             node = Node(zone, node_id, resource, record, runtimes, accelerator, model, workers, worker_ids, addresses)
             self.nodes[(zone, node_id)] = node
             self.sim.records.append(record)

@@ -10,15 +10,19 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
 from sim.netns import Network
+from sim_fixtures import sim_factory  # noqa: F401
 from trainer_helpers import free_port
 
 SERVE_ONCE = textwrap.dedent("""
@@ -110,3 +114,113 @@ def test_close_kills_the_nodes_processes_and_removes_every_interface():
     assert a.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert not any(f" {name}" in links or f" {name}@" in links for name in names[1:]), links
+
+
+# ---- the sim's nodes in namespaces (SimServer(network="netns")) --------------------------------------------------
+
+GUEST = textwrap.dedent("""
+    # A sim node's guest: says what it reaches (its metadata server, a loopback server of this machine named in its
+    # environment), then serves on its own address.
+    import json, os, socket, urllib.request
+    md = os.environ["GCE_METADATA_HOST"]
+    req = urllib.request.Request(f"http://{md}/computeMetadata/v1/instance/name", headers={"Metadata-Flavor": "Google"})
+    name = urllib.request.urlopen(req, timeout=10).read().decode()
+    host, port = os.environ["ECHO_HOST"].rsplit(":", 1)
+    echo = socket.create_connection((host, int(port)), timeout=10).recv(100).decode()
+    s = socket.create_server(("0.0.0.0", 7000))
+    with open("guest.json", "w") as f:
+        json.dump({"name": name, "echo": echo, "echo_host": os.environ["ECHO_HOST"]}, f)
+    while True:
+        c, _ = s.accept(); c.sendall(("hello from " + name).encode()); c.close()
+""")
+
+
+def _echo_server():
+    """A server of this machine on 127.0.0.1 only, as the emulators are."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"emulator")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+def _host(sim, name):
+    return sim.compute.instances[("us-central1-a", name)].runtime.host
+
+
+def _reach(sim, src: str, address: str, timeout: float = 3) -> subprocess.CompletedProcess:
+    return connect(_host(sim, src), address, 7000, timeout)
+
+
+def test_sim_nodes_run_in_namespaces_reach_their_services_and_a_partition_or_a_loss_cuts_them_off(sim_factory):
+    from google.cloud import compute_v1
+    from sim_fixtures import PROJECT, compute_clients, compute_result
+
+    echo = _echo_server()
+    sim = sim_factory(network="netns", boot_command=[sys.executable, "-c", GUEST],
+                      node_env={"ECHO_HOST": f"127.0.0.1:{echo.getsockname()[1]}"}, notice_seconds=1)
+    instances, ops = compute_clients(sim.endpoint)
+    zone = "us-central1-a"
+    for name in ("job-1", "job-2", "job-3"):
+        inst = compute_v1.Instance(name=name, machine_type=f"zones/{zone}/machineTypes/n1-standard-4",
+                                   scheduling=compute_v1.Scheduling(provisioning_model="SPOT"))
+        compute_result(ops, PROJECT, zone, instances.insert_unary(project=PROJECT, zone=zone, instance_resource=inst))
+    address = {n: instances.get(project=PROJECT, zone=zone, instance=n).network_interfaces[0].network_i_p
+               for n in ("job-1", "job-2", "job-3")}
+    net = sim.network
+    # The API lists each VM's namespace address, on the bridge's subnet.
+    assert {a: _host(sim, n).address for n, a in address.items()} == {a: a for a in address.values()}
+    assert all(ipaddress.ip_address(a) in net.subnet for a in address.values())
+    for name in address:
+        sim.wait_for(lambda n=name: (sim.node_dir(zone, n) / "guest.json").exists(), 30, f"{name}'s guest")
+        seen = json.loads((sim.node_dir(zone, name) / "guest.json").read_text())
+        # It reached its metadata server (on the gateway) and this machine's loopback server (relayed).
+        assert seen["name"] == name and seen["echo"] == "emulator" and seen["echo_host"].startswith(net.gateway), seen
+    assert _reach(sim, "job-2", address["job-1"]).stdout.strip() == "hello from job-1"
+
+    # A partition: job-1 still runs and reaches the gateway, but no peer reaches it nor it them.
+    sim.partition(zone, "job-1")
+    for src, dst in (("job-2", "job-1"), ("job-1", "job-3"), ("job-3", "job-1")):
+        cut = _reach(sim, src, address[dst])
+        assert cut.returncode != 0 and "No route to host" in cut.stderr, (src, dst, cut.stderr)
+    assert _reach(sim, "job-2", address["job-3"]).stdout.strip() == "hello from job-3"  # the others still meet
+    md = sim.metadata_server(zone, "job-1").host
+    ok = _host(sim, "job-1").run([sys.executable, "-c", "import socket,sys; socket.create_connection((sys.argv[1], "
+                                  "int(sys.argv[2])), timeout=3)", *md.split(":")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    sim.partition(zone, "job-1", heal=True)
+    assert _reach(sim, "job-2", address["job-1"]).stdout.strip() == "hello from job-1"
+
+    # A preempted VM's link goes down as it powers off: a peer's connection gets no answer at all (no reset).
+    sim.preempt(zone, "job-1")
+    sim.wait_for(lambda: sim.status_of(zone, "job-1") == "TERMINATED", 30, "job-1 TERMINATED")
+    lost = _reach(sim, "job-2", address["job-1"], timeout=2)
+    assert lost.returncode != 0 and "timed out" in lost.stderr, lost.stderr
+    # Started again: the same address, its link back.
+    compute_result(ops, PROJECT, zone, instances.start_unary(project=PROJECT, zone=zone, instance="job-1"))
+    sim.wait_for(lambda: _reach(sim, "job-2", address["job-1"]).returncode == 0, 30, "job-1 reachable again")
+    # Deleted: its namespace is gone.
+    netns = _host(sim, "job-3").netns
+    compute_result(ops, PROJECT, zone, instances.delete_unary(project=PROJECT, zone=zone, instance="job-3"))
+    assert netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    echo.close()
+
+
+def test_a_netns_sim_leaves_no_namespace_bridge_or_hosts_file_when_stopped(tmp_path):
+    from sim.server import SimServer
+
+    sim = SimServer("respawn-test", nodes_root=tmp_path, network="netns", op_delay=0.01).start()
+    host = sim.network.add_host("x")
+    bridge = sim.network.bridge
+    sim.stop()
+    assert host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not (Path("/etc/netns") / host.netns).exists()
+    assert bridge not in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout

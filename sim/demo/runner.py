@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from respawn import codestore, deployment, schema
 from respawn.workdir import human_bytes, pack
-from sim import emulators, node_image
+from sim import emulators, netns, node_image
 from sim.demo.scenario import Preemption, Scenario
 from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, progress_series, summarize, workers_seen
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
@@ -230,8 +230,13 @@ class DemoRun:
         # The node image's python3 is this interpreter; a node boots the real startup script.
         boot_command, boot_env = node_image.boot(sys.executable, self.storage)
         node_env = {**self.env, **boot_env, "PYTHONUNBUFFERED": "1"}
+        # Each node in a network namespace of its own where this process may make them (root): a lost node's
+        # traffic stops as on a VPC, and a partition can be played. Else they share this machine's loopback.
+        why_not = netns.available()
+        if why_not is not None:
+            self.say(f"nodes share this machine's network ({why_not})")
         self.sim = SimServer(PROJECT, notice_seconds=sc.notice_seconds, op_delay=0.3,
-                             boot_command=boot_command, node_env=node_env,
+                             boot_command=boot_command, node_env=node_env, network="loopback" if why_not else "netns",
                              nodes_root=self.out / "nodes", audit_sink=self.router).start()
         self.stack.push("sim", self.sim.stop)
         if sc.faults.api_error_rate:
