@@ -55,7 +55,7 @@ from respawn.jobstore import JobStore
 from respawn import audit
 from respawn.schema import JOBS, node_name, parse_spec
 from sim import emulators
-from sim.bridges import cloudevent_headers, document_event_data, pubsub_cloudevent
+from sim.bridges import PushRelay, cloudevent_headers, document_event_data, pubsub_cloudevent
 from sim.server import SimServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,6 +65,7 @@ LATENCY_ZONES = ["us-east1-b", "us-east1-c", "us-east1-d"]
 STORM_ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
 SEED_ZONES = ["europe-west4-a", "europe-west4-b", "europe-west4-c"]
 ALERTS_TOPIC = "respawn-alerts"
+SWEEP_TOPIC = "respawn-sweep"
 
 
 def say(message: str) -> None:
@@ -143,6 +144,7 @@ class Cloud:
             "FIRESTORE_EMULATOR_HOST": firestore_emulator.host, "PUBSUB_EMULATOR_HOST": pubsub.host,
             "RESPAWN_PROJECT": PROJECT, "RESPAWN_COMPUTE_ENDPOINT": self.sim.endpoint,
             "RESPAWN_TPU_ENDPOINT": self.sim.endpoint, "RESPAWN_ALERTS_TOPIC": ALERTS_TOPIC,
+            "RESPAWN_SWEEP_TOPIC": SWEEP_TOPIC,
             # A transition under way is looked at again after 20 ms instead of 5 s: the sim has none to wait for.
             "RESPAWN_POLL_SECONDS": "0.02",
         })
@@ -158,6 +160,8 @@ class Cloud:
             "seed": functions_framework.create_app(target="restart_preempted_instance",
                                                    source=f"{ROOT}/bench/seed_restart.py", signature_type="cloudevent"),
         }
+        # The sweep topic's push subscription: the tick's one message per job comes back to on_sweep.
+        self.sweep_relay = PushRelay(PROJECT, SWEEP_TOPIC, lambda h, b: self.post("on_sweep", h, b))
         # The seeds' function fails on every stocked-out zone by design; its tracebacks would drown the progress.
         # (Respawn's functions keep theirs: an exception there is worth seeing.)
         self.apps["seed"].logger.disabled = True
@@ -178,7 +182,10 @@ class Cloud:
                          document_event_data(snap, PROJECT))
 
     def sweep(self) -> int:
-        return self.post("on_sweep", *pubsub_cloudevent(b'{"task": "sweep"}'))
+        """Cloud Scheduler's tick, then every job's message it fanned out; the first non-200 status, else 200."""
+        statuses = [self.post("on_sweep", *pubsub_cloudevent(b'{"task": "sweep"}'))]
+        statuses += [status for _, status in self.sweep_relay.drain()]
+        return next((s for s in statuses if s != 200), 200)
 
     def status(self, job_id: str) -> dict:
         return (self.db.collection(JOBS).document(job_id).get().to_dict() or {}).get("status") or {}

@@ -9,7 +9,7 @@ import yaml
 
 PERMISSIONS_FILE = Path(__file__).resolve().parent / "iam" / "permissions.yaml"
 # Where a role may be bound (the build knows how to bind on each of these).
-SCOPES = ("project", "node-service-account", "alerts-topic", "checkpoint-bucket")
+SCOPES = ("project", "node-service-account", "alerts-topic", "sweep-topic", "checkpoint-bucket")
 
 
 @dataclass(frozen=True)

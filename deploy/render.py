@@ -82,6 +82,7 @@ def function_env(project: str, region: str, node_email: str, agent: str, library
         deployment.ENV_PROJECT: project,
         deployment.ENV_REGION: region,
         deployment.ENV_ALERTS_TOPIC: deployment.ALERTS_TOPIC,
+        deployment.ENV_SWEEP_TOPIC: deployment.SWEEP_TOPIC,
         deployment.ENV_NODE_SERVICE_ACCOUNT: node_email,
         deployment.ENV_AGENT: agent,
         deployment.ENV_LIBRARY: library,
@@ -96,6 +97,7 @@ def bindings(project: str, bucket: str, slack_secret: str) -> list[tuple[str, st
     resource = {"project": ("project", project),
                 "node-service-account": ("service-account", sa["node"]),
                 "alerts-topic": ("topic", deployment.ALERTS_TOPIC),
+                "sweep-topic": ("topic", deployment.SWEEP_TOPIC),
                 "checkpoint-bucket": ("bucket", f"gs://{bucket}"),
                 "slack-secret": ("secret", slack_secret)}
     out = [(*resource[r.scope], f"serviceAccount:{sa[r.member]}", f"projects/{project}/roles/{r.id}")

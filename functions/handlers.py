@@ -6,9 +6,11 @@ Raise what a retry can fix: our own dependencies failing (Firestore, the Compute
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from respawn.contract import LABEL_JOB
+from respawn.deployment import ENV_SWEEP_TOPIC as SWEEP_TOPIC_VAR
 from respawn.control import events
 from respawn import logs
 from respawn.schema import State
@@ -53,30 +55,55 @@ def log_event(entry: Any) -> None:
 
 
 def sweep(message: Any) -> None:
-    """{"task": "sweep"}: every active job. {"task": "sweep", "job_id": ID}: that job (the CLI's cancel nudge)."""
-    from respawn.control.reconcile import Deps, reconcile
+    """{"task": "sweep"} (Cloud Scheduler's tick): list the active jobs and publish one {"task": "sweep", "job_id":
+    ID, "swept_at": T} per job to the sweep topic, then scan for orphans. Each such message comes back to this
+    function as an invocation of its own that reconciles that one job, so no job's slow operation holds back the
+    others (docs/architecture.md, "The sweep"). {"task": "sweep", "job_id": ID} without swept_at: the CLI's nudge."""
+    from respawn.control.reconcile import reconcile
 
     if not isinstance(message, dict) or message.get("task") != "sweep":
         logs.warning(f"sweep message ignored: expected {{'task': 'sweep'}}, got {message!r}")
         return
     job_id = message.get("job_id")
-    if job_id is not None:
-        if not isinstance(job_id, str) or not job_id:
-            logs.warning(f"sweep message ignored: job_id must be a non-empty string, got {job_id!r}")
-            return
-        reconcile(job_id)
+    if job_id is None:
+        _fan_out()
         return
-    deps = Deps.default()
-    failures = []
-    for job in deps.store.active_jobs():
-        try:
-            reconcile(job, deps=deps)
-        except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the sweep of the others
-            failures.append(job)
-            logs.error(f"sweep: reconciling {job} failed: {type(exc).__name__}: {exc}", job_id=job)
-    if failures:
-        # The next scheduled sweep retries them; redelivering this message would re-sweep every job.
-        logs.error(f"sweep: {len(failures)} job(s) failed and wait for the next sweep: {', '.join(failures)}")
+    if not isinstance(job_id, str) or not job_id:
+        logs.warning(f"sweep message ignored: job_id must be a non-empty string, got {job_id!r}")
+        return
+    swept_at = message.get("swept_at")
+    if swept_at is None:
+        reconcile(job_id)  # the CLI's nudge: a failure raises, and the platform redelivers it
+        return
+    try:
+        reconcile(job_id)
+    except Exception as exc:  # noqa: BLE001 - acknowledged: the next tick sends this job again, and a redelivery
+        # on top of it would only pile up reconciles of a job that keeps failing
+        logs.error(f"sweep: reconciling {job_id} failed, the next sweep tries again: {type(exc).__name__}: {exc}",
+                   job_id=job_id, swept_at=swept_at)
+
+
+def _fan_out() -> None:
+    from respawn.control import clients
+    from respawn.control.adapters import pubsub
+    from respawn.control.reconcile import Deps
+    from respawn.control.settings import ControlSettings
+
+    settings = ControlSettings.from_env()
+    deps = Deps.default(settings)
+    jobs = deps.store.active_jobs()  # a failure raises: the platform redelivers the tick
+    started = time.monotonic()
+    published, failed = pubsub.publish_sweep(clients.default(settings), jobs, settings.sweep_topic,
+                                             swept_at=deps.now().isoformat(),
+                                             timeout=settings.sweep_publish_timeout_seconds)
+    logs.info(f"sweep: {published} of {len(jobs)} active job(s) sent to {settings.sweep_topic} in "
+              f"{time.monotonic() - started:.2f} s, one reconcile each", jobs=len(jobs), published=published)
+    if failed:
+        names = sorted(failed)
+        job, why = names[0], failed[names[0]]
+        logs.error(f"sweep: {len(failed)} job(s) not sent to {settings.sweep_topic}, the next sweep sends them again "
+                   f"({job}: {why}); check that the topic exists ({SWEEP_TOPIC_VAR}) and that the controller may "
+                   "publish to it (role respawnSweepPublisher, deploy/iam/permissions.yaml)", jobs=names[:100])
     try:
         delete_orphans(deps)
     except Exception as exc:  # noqa: BLE001 - the next sweep scans again

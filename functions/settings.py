@@ -26,6 +26,8 @@ COMPUTE_ENDPOINT = deployment.ENV_COMPUTE_ENDPOINT
 TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"
 ALERTS_TOPIC = deployment.ENV_ALERTS_TOPIC
 ALERT_PUBLISH_TIMEOUT = "RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS"
+SWEEP_TOPIC = deployment.ENV_SWEEP_TOPIC
+SWEEP_PUBLISH_TIMEOUT = "RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS"
 SLACK_WEBHOOK_URL = deployment.ENV_SLACK_WEBHOOK_URL
 SLACK_ATTEMPTS = "RESPAWN_SLACK_ATTEMPTS"
 SLACK_BACKOFF = "RESPAWN_SLACK_BACKOFF_SECONDS"
@@ -33,6 +35,7 @@ STALE_HEARTBEAT = "RESPAWN_STALE_HEARTBEAT_SECONDS"
 BOOT_GRACE = "RESPAWN_BOOT_GRACE_SECONDS"
 BACKOFF_BASE = "RESPAWN_BACKOFF_BASE_SECONDS"
 MAX_IN_PLACE_RESTARTS = "RESPAWN_MAX_IN_PLACE_RESTARTS"
+PROGRESS_TIMEOUT = "RESPAWN_PROGRESS_TIMEOUT_SECONDS"  # decide.Settings.progress_timeout_seconds; 0: off
 POLL = "RESPAWN_POLL_SECONDS"
 POLL_BUDGET = "RESPAWN_POLL_BUDGET_SECONDS"
 OP_TIMEOUT = "RESPAWN_OP_TIMEOUT_SECONDS"
@@ -80,11 +83,16 @@ class ControlSettings:
     slack_webhook_url: str | None = field(default=None, repr=False)  # a secret
     slack_attempts: int = 4
     slack_backoff_seconds: float = 1.0
+    # The sweep's fan-out (handlers.sweep): one message per active job to this topic (an id in the project, or
+    # projects/P/topics/T), all published at once and waited for together at most this long.
+    sweep_topic: str = deployment.SWEEP_TOPIC
+    sweep_publish_timeout_seconds: float = 60.0
     # Recovery policy (decide.Settings) and the reconcile loop (reconcile.Config).
     stale_heartbeat_seconds: float = Policy.stale_heartbeat_seconds
     boot_grace_seconds: float = Policy.boot_grace_seconds
     backoff_base_seconds: float = Policy.backoff_base_seconds
     max_in_place_restarts: int = Policy.max_in_place_restarts
+    progress_timeout_seconds: float = Policy.progress_timeout_seconds
     poll_seconds: float = 5.0
     poll_budget_seconds: float = 120.0
     # Providers (adapters/compute.py, adapters/tpu.py): one create/start/delete operation's wait.
@@ -111,10 +119,14 @@ class ControlSettings:
             slack_webhook_url=env.text(SLACK_WEBHOOK_URL),
             slack_attempts=env.count(SLACK_ATTEMPTS, cls.slack_attempts, minimum=1),
             slack_backoff_seconds=env.seconds(SLACK_BACKOFF, cls.slack_backoff_seconds),
+            sweep_topic=env.text(SWEEP_TOPIC) or cls.sweep_topic,
+            sweep_publish_timeout_seconds=env.seconds(SWEEP_PUBLISH_TIMEOUT, cls.sweep_publish_timeout_seconds,
+                                                      positive=True),
             stale_heartbeat_seconds=env.seconds(STALE_HEARTBEAT, cls.stale_heartbeat_seconds, positive=True),
             boot_grace_seconds=env.seconds(BOOT_GRACE, cls.boot_grace_seconds),
             backoff_base_seconds=env.seconds(BACKOFF_BASE, cls.backoff_base_seconds),
             max_in_place_restarts=env.count(MAX_IN_PLACE_RESTARTS, cls.max_in_place_restarts, minimum=0),
+            progress_timeout_seconds=env.seconds(PROGRESS_TIMEOUT, cls.progress_timeout_seconds),
             poll_seconds=env.seconds(POLL, cls.poll_seconds, positive=True),
             poll_budget_seconds=env.seconds(POLL_BUDGET, cls.poll_budget_seconds),
             compute_op_timeout_seconds=cls.compute_op_timeout_seconds if op_timeout is None else op_timeout,

@@ -12,7 +12,9 @@ from pathlib import Path
 # Pub/Sub topics.
 LOG_EVENTS_TOPIC = "respawn-log-events"  # fed by the Logging sink (audit system events)
 ALERTS_TOPIC = "respawn-alerts"  # the core publishes alert JSON here; on_alert posts it to Slack
-SWEEP_TOPIC = "respawn-sweep"  # Cloud Scheduler publishes {"task": "sweep"}; the CLI nudges it on cancel
+# Cloud Scheduler publishes {"task": "sweep"}; that sweep publishes {"task": "sweep", "job_id": ID} per active job
+# back to it (each job's reconcile on an invocation of its own); the CLI nudges one job there on cancel.
+SWEEP_TOPIC = "respawn-sweep"
 
 SINK = "respawn-system-events"  # the Logging sink that routes respawn.audit.sink_filter() to LOG_EVENTS_TOPIC
 SCHEDULER_JOB = "respawn-sweep"
@@ -36,6 +38,7 @@ RELEASES_PREFIX = "respawn/releases"
 ENV_PROJECT = "RESPAWN_PROJECT"  # the project holding Firestore, the nodes and the topics
 ENV_REGION = "RESPAWN_REGION"  # where the functions run
 ENV_ALERTS_TOPIC = "RESPAWN_ALERTS_TOPIC"  # ALERTS_TOPIC
+ENV_SWEEP_TOPIC = "RESPAWN_SWEEP_TOPIC"  # SWEEP_TOPIC: where the scheduled sweep fans out one message per job
 ENV_NODE_SERVICE_ACCOUNT = "RESPAWN_NODE_SERVICE_ACCOUNT"  # email to attach to every node
 ENV_AGENT = "RESPAWN_AGENT"  # URI#sha256=HEX of the released agent zipapp -> node metadata respawn-agent
 ENV_LIBRARY = "RESPAWN_LIBRARY"  # URI#sha256=HEX of the released wheel -> node metadata respawn-library

@@ -9,6 +9,11 @@ retried (as with `--retry`) up to `max_attempts`.
 pubsub_cloudevent: a Pub/Sub message as Eventarc delivers it to a Pub/Sub-triggered function (in-process callers:
 tests and bench/controller.py).
 
+PushRelay: a Pub/Sub push subscription played in-process (tests and benchmarks serve the functions in-process, with
+no port for a real push subscription to post to): `drain()` delivers every message waiting on a topic, and every
+message those deliveries publish there in turn, each as `pubsub_cloudevent` shapes it, many at once. The demo
+serves the functions on ports and uses the emulator's own push subscriptions instead.
+
 SweepScheduler: publishes `{"task": "sweep"}` to a Pub/Sub topic every `interval` seconds, as the
 `gcloud scheduler jobs create pubsub sweep` job does; `fire()` publishes one at once.
 """
@@ -191,6 +196,65 @@ class EventarcBridge:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class PushRelay:
+    """Delivers the messages of `topic` to `deliver(headers, body) -> HTTP status`, `concurrency` at a time, as a
+    push subscription delivers to a function of max instances x concurrency (the default: the deployed 10 x 8).
+    A message is acknowledged when it is pulled; its delivery's status is what drain() reports (no redelivery)."""
+
+    def __init__(self, project: str, topic: str, deliver, *, concurrency: int = 80, create_topic: bool = True) -> None:
+        from google.api_core import exceptions
+        from google.cloud import pubsub_v1
+
+        self.deliver = deliver
+        self.concurrency = concurrency
+        self.topic_path = pubsub_v1.PublisherClient.topic_path(project, topic)
+        self.subscriber = pubsub_v1.SubscriberClient()
+        if create_topic:
+            publisher = pubsub_v1.PublisherClient()
+            try:
+                publisher.create_topic(name=self.topic_path)
+            except exceptions.AlreadyExists:
+                pass
+        self.subscription = self.subscriber.create_subscription(
+            name=self.subscriber.subscription_path(project, f"{topic}-relay-{uuid.uuid4().hex[:8]}"),
+            topic=self.topic_path, ack_deadline_seconds=600).name
+
+    def pull(self) -> list[bytes]:
+        """Every message waiting now (acknowledged). The emulator answers return_immediately pulls at once with what
+        it holds, so a message whose publish has returned is in the first pulls that follow."""
+        import warnings
+
+        out: list[bytes] = []
+        while True:
+            with warnings.catch_warnings():  # deprecated for the real service (it may answer empty while messages
+                # wait); the emulator answers with what it holds, which is what a drain needs to know it is done
+                warnings.filterwarnings("ignore", "The return_immediately flag is deprecated", DeprecationWarning)
+                resp = self.subscriber.pull(request={"subscription": self.subscription, "max_messages": 1000,
+                                                     "return_immediately": True}, timeout=30)
+            if not resp.received_messages:
+                return out
+            self.subscriber.acknowledge(request={"subscription": self.subscription,
+                                                 "ack_ids": [m.ack_id for m in resp.received_messages]})
+            out += [m.message.data for m in resp.received_messages]
+
+    def drain(self) -> list[tuple[dict, int]]:
+        """Deliver until the topic is empty; (message body as JSON, HTTP status) of each delivery, in pull order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        done: list[tuple[dict, int]] = []
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            while True:
+                waiting = self.pull()
+                if not waiting:
+                    return done
+                statuses = pool.map(lambda data: self.deliver(*pubsub_cloudevent(data, self.topic_path)), waiting)
+                done += [(json.loads(data), status) for data, status in zip(waiting, statuses)]
+
+    def close(self) -> None:
+        self.subscriber.delete_subscription(request={"subscription": self.subscription})
+        self.subscriber.close()
 
 
 class SweepScheduler:

@@ -273,7 +273,7 @@ class ComputeService:
             op = self._new_op(zone, "insert", self._path(zone, name), iid)
             refusal = self._refusal(zone, accelerator, model, machine_type, count)
             if refusal:
-                self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op, *refusal)
+                self.sim.op_step(zone, self.sim.op_delay, self._finish, op, *refusal)
                 return dict(op.body)
             if model == "SPOT":
                 scheduling.setdefault("provisioningModel", "SPOT")
@@ -305,7 +305,7 @@ class ComputeService:
             self.instances[(zone, name)] = inst
             self.sim.records.append(record)
             self._set_status(inst, "PROVISIONING")
-            self.sim.scheduler.call_later(self.sim.op_delay, self._to_staging, inst, inst.gen, op)
+            self.sim.op_step(zone, self.sim.op_delay, self._to_staging, inst, inst.gen, op)
         self.sim.emit(audit_entries.activity("v1.compute.instances.insert", project=self.sim.project,
                                              resource_name=self._path(zone, name)))
         return dict(op.body)
@@ -321,7 +321,7 @@ class ComputeService:
                 self._finish(op)  # deleted or preempted while provisioning: the insert still ends
                 return
             self._set_status(inst, "STAGING")
-            self.sim.scheduler.call_later(self.sim.op_delay, self._to_running, inst, inst.gen, op)
+            self.sim.op_step(inst.zone, self.sim.op_delay, self._to_running, inst, inst.gen, op)
 
     def _to_running(self, inst: Instance, gen: int, op: Operation) -> None:
         with self.sim.cond:
@@ -402,15 +402,15 @@ class ComputeService:
             if inst.status == "STOPPING":
                 raise compute_error(400, "resourceNotReady", f"The resource '{self._path(zone, name)}' is not ready")
             if inst.status != "TERMINATED":
-                self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op)
+                self.sim.op_step(zone, self.sim.op_delay, self._finish, op)
                 return dict(op.body)
             refusal = self._refusal(zone, inst.accelerator, inst.model, _last(inst.body["machineType"]),
                                     sum(a["acceleratorCount"] for a in inst.body.get("guestAccelerators", [])))
             if refusal:
-                self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op, *refusal)
+                self.sim.op_step(zone, self.sim.op_delay, self._finish, op, *refusal)
                 return dict(op.body)
             self._set_status(inst, "STAGING")
-            self.sim.scheduler.call_later(self.sim.op_delay, self._to_running, inst, inst.gen, op)
+            self.sim.op_step(zone, self.sim.op_delay, self._to_running, inst, inst.gen, op)
         return dict(op.body)
 
     def stop(self, zone: str, name: str) -> dict:

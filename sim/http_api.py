@@ -225,6 +225,10 @@ def make_handler(sim: "SimServer"):
                                   deprecated=body.get("deprecated", "ACTIVE"))
             return {}
 
+        def s_hold(self, body, query):
+            (sim.hold_operations if body.get("hold", True) else sim.release_operations)(body["zone"])
+            return {}
+
         def s_faults(self, body, query):
             sim.set_api_faults(rate=float(body.get("rate", 0.0)), count=int(body.get("count", 0)),
                                status=int(body.get("status", 503)), methods=tuple(body.get("methods", ("insert", "create"))))

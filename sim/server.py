@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from sim.capacity import Timeline
 from sim.compute import ComputeService
@@ -91,6 +91,7 @@ class SimServer:
         self.records: list[NodeRecord] = []
         self.audit_log: list[dict] = []
         self.api_faults = {"rate": 0.0, "count": 0, "status": 503, "methods": ()}
+        self._held: dict[str, list[tuple[float, Any, tuple]]] = {}  # zone → its operations' steps waiting
         self._rng = random.Random(seed)
         self.addresses = NodeAddresses()
         self.compute = ComputeService(self)
@@ -181,6 +182,15 @@ class SimServer:
         if self.audit_sink is not None:
             self.audit_sink(entry)
 
+    def op_step(self, zone: str, delay: float, fn, *args) -> None:
+        """The next step of a create or start operation in `zone` (a refusal's too), `delay` seconds from now, or
+        when hold_operations(zone) is lifted."""
+        with self.cond:
+            if zone in self._held:
+                self._held[zone].append((delay, fn, args))
+                return
+        self.scheduler.call_later(delay, fn, *args)
+
     def take_api_fault(self, method: str) -> bool:
         with self.cond:
             f = self.api_faults
@@ -217,6 +227,19 @@ class SimServer:
         `rate` fraction. methods: insert, delete, start, stop, get, list (Compute); create, delete, get, list (TPU)."""
         with self.cond:
             self.api_faults = {"rate": rate, "count": count, "status": status, "methods": tuple(methods)}
+
+    def hold_operations(self, zone: str) -> None:
+        """Create and start operations in `zone` (Compute and TPU) stop where they are: the node stays PROVISIONING
+        or CREATING and the operation pending, as a slow create does, until release_operations(zone)."""
+        with self.cond:
+            self._held.setdefault(zone, [])
+
+    def release_operations(self, zone: str) -> None:
+        """Let the held operations of `zone` go on, each step its own delay from now."""
+        with self.cond:
+            steps = self._held.pop(zone, [])
+        for delay, fn, args in steps:
+            self.scheduler.call_later(delay, fn, *args)
 
     def _kind(self, zone: str, name: str) -> str:
         with self.cond:

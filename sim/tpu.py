@@ -179,7 +179,7 @@ class TpuService:
             op = self._new_op(zone, "create", self._path(zone, node_id))
             refusal = self._refusal(zone, accelerator, model)
             if refusal:
-                self.sim.scheduler.call_later(self.sim.op_delay, lambda: self._finish(op, error=refusal))
+                self.sim.op_step(zone, self.sim.op_delay, lambda: self._finish(op, error=refusal))
                 return dict(op.body)
             resource = dict(body)
             node_numeric_id = str(self._ids.randrange(10**17, 2**63))  # Node.id is an int64
@@ -210,7 +210,7 @@ class TpuService:
             self.nodes[(zone, node_id)] = node
             self.sim.records.append(record)
             self._set_state(node, "CREATING")
-            self.sim.scheduler.call_later(self.sim.op_delay * 2, self._to_ready, node, node.gen, op)
+            self.sim.op_step(zone, self.sim.op_delay * 2, self._to_ready, node, node.gen, op)
         self.sim.emit(audit_entries.activity("google.cloud.tpu.v2.Tpu.CreateNode", project=self.sim.project,
                                              resource_name=self._path(zone, node_id), service="tpu.googleapis.com"))
         return dict(op.body)

@@ -85,12 +85,16 @@ def firestore_created_event(project: str, job_id: str, *, data: bytes | None = N
 
 
 class Controller:
-    def __init__(self, project: str, db, sim, alerts_sub: str):
+    def __init__(self, project: str, db, sim, alerts_sub: str, sweep_topic: str):
         import functions_framework
+
+        from sim.bridges import PushRelay
 
         self.project, self.db, self.sim, self.alerts_sub = project, db, sim, alerts_sub
         self.apps = {name: functions_framework.create_app(target=name, source=SOURCE, signature_type="cloudevent")
                      for name in ENTRY_POINTS}
+        # The sweep topic's push subscription to on_sweep: the scheduled sweep's one message per job comes back here.
+        self.sweep_relay = PushRelay(project, sweep_topic, lambda h, b: self.deliver("on_sweep", h, b), concurrency=16)
 
     # Delivering events through the Functions Framework.
     def deliver(self, target: str, headers: dict, body: bytes) -> int:
@@ -104,7 +108,14 @@ class Controller:
         return self.deliver("on_log_event", *pubsub_event(entry, **kw))
 
     def sweep(self, job_id: str | None = None) -> int:
-        return self.deliver("on_sweep", *pubsub_event({"task": "sweep", **({"job_id": job_id} if job_id else {})}))
+        """Cloud Scheduler's tick (job_id None), then every per-job message it fanned out, delivered as the sweep
+        topic's push subscription would, each on its own thread; or the CLI's nudge of one job. The first non-200
+        status, else 200."""
+        if job_id:
+            return self.deliver("on_sweep", *pubsub_event({"task": "sweep", "job_id": job_id}))
+        statuses = [self.deliver("on_sweep", *pubsub_event({"task": "sweep"}))]
+        statuses += [status for _, status in self.sweep_relay.drain()]
+        return next((s for s in statuses if s != 200), 200)
 
     def alert(self, alert: Any) -> int:
         return self.deliver("on_alert", *pubsub_event(alert))
@@ -219,12 +230,16 @@ def controller(monkeypatch, firestore_db, pubsub_emulator, project, sim_server):
     subscriber = pubsub_v1.SubscriberClient()
     sub = subscriber.create_subscription(name=f"projects/{project}/subscriptions/{topic_id}", topic=topic).name
     subscriber.close()
+    sweep_topic = f"sweep-{uuid.uuid4().hex[:8]}"
     env = {"RESPAWN_PROJECT": project, "RESPAWN_COMPUTE_ENDPOINT": sim_server.endpoint,
-           "RESPAWN_TPU_ENDPOINT": sim_server.endpoint, "RESPAWN_ALERTS_TOPIC": topic_id, **FAST_ENV}
+           "RESPAWN_TPU_ENDPOINT": sim_server.endpoint, "RESPAWN_ALERTS_TOPIC": topic_id,
+           "RESPAWN_SWEEP_TOPIC": sweep_topic, **FAST_ENV}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
-    yield Controller(project, firestore_db, sim_server, sub)
+    ctl = Controller(project, firestore_db, sim_server, sub, sweep_topic)
+    yield ctl
+    ctl.sweep_relay.close()
     from respawn.control import reconcile
 
     reconcile.fault_hook = None

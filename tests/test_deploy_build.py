@@ -163,6 +163,7 @@ def test_function_environment(deployed):
     env = yaml.safe_load((workspace / ".respawn-build" / "function-env.yaml").read_text())
     assert env[deployment.ENV_PROJECT] == PROJECT
     assert env[deployment.ENV_ALERTS_TOPIC] == deployment.ALERTS_TOPIC
+    assert env[deployment.ENV_SWEEP_TOPIC] == deployment.SWEEP_TOPIC  # where the sweep fans out, back to on_sweep
     assert env[deployment.ENV_NODE_SERVICE_ACCOUNT] == f"respawn-node@{PROJECT}.iam.gserviceaccount.com"
     assert all(isinstance(v, str) for v in env.values()), "env vars files take strings only"
     # The agent zipapp and the wheel, built side by side, uploaded to this build's release folder, and named to
@@ -189,6 +190,22 @@ def test_scheduler_sweep(deployed):
     assert _flag(argv, "schedule") == [deployment.SWEEP_SCHEDULE]
 
 
+def test_the_sweep_fans_out_to_as_many_invocations_as_the_event_path(deployed):
+    _, standin, run1, _ = deployed
+
+    def slots(name: str) -> int:
+        argv = _one(run1, "functions", "deploy", name)
+        return int(_flag(argv, "concurrency")[0]) * int(_flag(argv, "max-instances")[0])
+
+    # Each job's sweep message is a reconcile of its own on respawn-on-sweep: as many at once as events get, so a
+    # job waiting on a slow operation takes one slot, not the sweep.
+    assert slots("respawn-on-sweep") >= slots("respawn-on-log-event") >= 80
+    # The tick publishes those messages: the controller may publish to the sweep topic, and nowhere else but alerts.
+    controller = f"serviceAccount:{deployment.service_account_email(deployment.CONTROLLER_SA, PROJECT)}"
+    topics = {b[1] for b in standin.state()["bindings"] if b[0] == "pubsub topics" and b[2] == controller}
+    assert topics == {deployment.SWEEP_TOPIC, deployment.ALERTS_TOPIC}
+
+
 def test_firestore_ttl_on_event_history(deployed):
     _, _, run1, _ = deployed
     argv = _one(run1, "firestore fields ttls", "update", deployment.TTL_FIELD)
@@ -207,7 +224,8 @@ def test_roles_and_bindings(deployed):
         bound = [b for b in state["bindings"] if b[2] == member and b[3] == f"projects/{PROJECT}/roles/{role.id}"]
         assert len(bound) == 1, f"{role.id} must be bound once, on its {role.scope}; got {bound}"
         expected_group = {"project": "projects", "node-service-account": "iam service-accounts",
-                          "alerts-topic": "pubsub topics", "checkpoint-bucket": "storage buckets"}[role.scope]
+                          "alerts-topic": "pubsub topics", "sweep-topic": "pubsub topics",
+                          "checkpoint-bucket": "storage buckets"}[role.scope]
         assert bound[0][0] == expected_group
     # Nothing but Respawn's own roles and the listed predefined ones is ever granted.
     predefined = {p["role"] for p in iam.load()["predefined"]}

@@ -114,7 +114,7 @@ def test_acting_as_the_node_is_granted_on_the_node_account_only():
         if any(p.startswith("storage.") for p in role.permissions):
             assert role.scope == "checkpoint-bucket"
         if any(p.startswith("pubsub.") for p in role.permissions):
-            assert role.scope == "alerts-topic"
+            assert role.scope in ("alerts-topic", "sweep-topic")
 
 
 def test_every_method_grants_something_and_roles_are_well_formed():

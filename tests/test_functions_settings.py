@@ -27,6 +27,7 @@ def test_unset_means_the_documented_defaults():
         5, 120, 300, 600)
     assert (s.slack_attempts, s.slack_backoff_seconds, s.alert_publish_timeout_seconds) == (4, 1, 10)
     assert (s.project, s.compute_endpoint, s.tpu_endpoint, s.alerts_topic, s.slack_webhook_url) == (None,) * 5
+    assert (s.sweep_topic, s.sweep_publish_timeout_seconds) == ("respawn-sweep", 60)  # the deployed topic's name
     assert s.nodes == NodeOptions(None, None, None, True, None, None, 15.0, 25.0)
     # Empty is unset, as before.
     assert ControlSettings.from_env({name: "" for name in _names()}) == s
@@ -42,6 +43,7 @@ def test_every_variable_reaches_its_field():
         "RESPAWN_NODE_SERVICE_ACCOUNT": "n@p.iam.gserviceaccount.com", "RESPAWN_NETWORK": "net",
         "RESPAWN_SUBNETWORK": "sub", "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_AGENT": AGENT, "RESPAWN_LIBRARY": LIBRARY,
         "RESPAWN_HEARTBEAT_SECONDS": "5", "RESPAWN_NOTICE_BUDGET_SECONDS": "20",
+        "RESPAWN_SWEEP_TOPIC": "projects/p/topics/sweep", "RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS": "7",
     }
     assert set(env) | {"GOOGLE_CLOUD_PROJECT", "GCP_PROJECT"} == set(_names())
     s = ControlSettings.from_env(env)
@@ -50,6 +52,7 @@ def test_every_variable_reaches_its_field():
         alert_publish_timeout_seconds=3, slack_webhook_url="https://hook", slack_attempts=2, slack_backoff_seconds=0.5,
         stale_heartbeat_seconds=60, boot_grace_seconds=30, backoff_base_seconds=2, max_in_place_restarts=0,
         poll_seconds=0.05, poll_budget_seconds=15, compute_op_timeout_seconds=60, tpu_op_timeout_seconds=60,
+        sweep_topic="projects/p/topics/sweep", sweep_publish_timeout_seconds=7,
         nodes=NodeOptions("n@p.iam.gserviceaccount.com", "net", "sub", False, AGENT, LIBRARY, 5, 20))
     assert "https://hook" not in repr(s)  # the webhook URL is a secret
     assert ControlSettings.from_env({"GOOGLE_CLOUD_PROJECT": "g", "GCP_PROJECT": "x"}).project == "g"
@@ -60,6 +63,7 @@ def test_every_variable_reaches_its_field():
     ("RESPAWN_STALE_HEARTBEAT_SECONDS", "two minutes"), ("RESPAWN_POLL_SECONDS", "0"), ("RESPAWN_BOOT_GRACE_SECONDS", "-1"),
     ("RESPAWN_OP_TIMEOUT_SECONDS", "inf"), ("RESPAWN_MAX_IN_PLACE_RESTARTS", "1.5"), ("RESPAWN_SLACK_ATTEMPTS", "0"),
     ("RESPAWN_EXTERNAL_IP", "maybe"), ("RESPAWN_HEARTBEAT_SECONDS", "nan"), ("RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS", "x"),
+    ("RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS", "0"),
 ])
 def test_a_bad_value_names_its_variable(name, value):
     with pytest.raises(SettingsError, match=re.escape(f"{name}={value!r}")):
