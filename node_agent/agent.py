@@ -54,6 +54,11 @@ FIRST_READ_WAIT_S = 10.0
 SHUTDOWN_SIGNAL_GRACE_S = 3.0
 SETUP_FAILED_WRITE_S = 30.0  # the first setup-failed write; the periodic heartbeat keeps writing it afterwards
 PREPARE_FAILED = "prepare.failed.json"  # this boot's failed preparation: reported again, never run again
+# A generation of the same members restarts the world because a member's trainer crashed. A trainer blocked in a
+# collective with the crashed one cannot run its SIGTERM handler (the signal is only noted until the collective
+# returns: at the process group's timeout) and no emergency save is possible without that rank, so the agent kills
+# its process group after this grace; the next generation resumes from the newest committed step.
+RESTART_STOP_GRACE_S = 5.0
 
 
 def _size(path: str) -> int:
@@ -109,6 +114,7 @@ class Agent:
         self.multi_node = cfg.generation is not None
         self.generation: contract.Generation | None = None  # the newest one the metadata server gave
         self.trainer_generation: int | None = None  # the one the trainer runs (or last ran)
+        self.trainer_members: tuple[str, ...] | None = None  # its members (None: an adopted trainer's are unknown)
         self._prepared: Preparer | None = None
         self.generation_watch = (ValueWatcher(md, f"instance/attributes/{contract.ATTR_GENERATION}",
                                               self.on_generation, wait_seconds=self.settings.metadata_wait_seconds)
@@ -200,6 +206,7 @@ class Agent:
         if record is not None and record.alive():
             log("INFO", "adopting the trainer a previous agent started", pid=record.pid, started_at=record.started_at)
             self.trainer_generation = record.generation
+            self.trainer_members = tuple(record.members) if record.members is not None else None
             # Its earlier output was forwarded by the previous agent already: follow from the current end.
             self._attach(TrainerProcess(self.node_dir, record, child=None),
                          forward_from=_size(os.path.join(self.node_dir, LOG_FILE)))
@@ -255,21 +262,32 @@ class Agent:
                     contract.ENV_MASTER_ADDR: generation.master_addr, contract.ENV_GENERATION: str(generation.number),
                     **contract.torchrun_env(rank, generation.world_size, generation.master_addr)})
         self.exit_code = self.output_tail = None
-        self.trainer_generation = generation.number
+        self.trainer_generation, self.trainer_members = generation.number, generation.members
         trainer = TrainerProcess.start(self.node_dir, self._prepared.argv(self.settings.command), env,
                                        job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=_iso_now(),
-                                       cwd=self._prepared.cwd, generation=generation.number)
+                                       cwd=self._prepared.cwd, generation=generation.number,
+                                       members=list(generation.members))
         self._attach(trainer)
         self.heartbeater.nudge()
 
     def _stop_for_generation(self) -> None:
-        """A newer generation: the trainer stops (SIGTERM: the emergency save, as on a notice, bounded by the
-        notice budget, then its process group is killed) and the main loop starts it again with the new ranks."""
+        """A newer generation: the trainer stops and the main loop starts it again with the new ranks. New members
+        (a node joined or left): SIGTERM, the emergency save as on a notice, bounded by the notice budget, then its
+        process group is killed. The same members (a member's trainer crashed): SIGTERM, killed after
+        RESTART_STOP_GRACE_S."""
         assert self.trainer is not None and self.generation is not None
+        restart = self.generation.members == self.trainer_members
         log("WARNING", "new generation: stopping the trainer to restart it with the new membership",
-            running=self.trainer_generation, newer=self.generation.number, pid=self.trainer.pid)
+            running=self.trainer_generation, newer=self.generation.number, pid=self.trainer.pid,
+            same_members=restart)
         self.trainer.signal(signal.SIGTERM)
-        code = self._wait_for_trainer(time.monotonic() + self.settings.notice_budget_seconds)
+        if restart:
+            code = self._wait_for_trainer(time.monotonic() + RESTART_STOP_GRACE_S, why=(
+                f"the trainer did not stop within {RESTART_STOP_GRACE_S:g} s of its generation's restart (a member's "
+                "trainer crashed; this one is most likely blocked in a collective with it); killing its process "
+                "group: the next generation resumes from the newest committed checkpoint"))
+        else:
+            code = self._wait_for_trainer(time.monotonic() + self.settings.notice_budget_seconds)
         self._between_generations(code)
 
     def _between_generations(self, code: int | None) -> None:
@@ -430,7 +448,9 @@ class Agent:
             final_heartbeat_written=written, seconds_since_notice=round(time.monotonic() - self.notice_at, 2))
         return 0
 
-    def _wait_for_trainer(self, deadline: float) -> int | None:
+    def _wait_for_trainer(self, deadline: float, why: str | None = None) -> int | None:
+        """The trainer's exit status once it exits, or after `deadline` once its process group is killed (`why`:
+        the log line saying so; by default, the notice budget's)."""
         assert self.trainer is not None
         seen = None
         while time.monotonic() < deadline:
@@ -444,9 +464,12 @@ class Agent:
                     reason=emergency.get("reason"))
                 seen = state
             time.sleep(0.05)
-        log("ERROR", "the trainer did not exit within the notice budget; killing its process group",
-            pid=self.trainer.pid, budget_s=self.settings.notice_budget_seconds)
-        self.trainer.signal(signal.SIGKILL)
+        if why is None:
+            log("ERROR", "the trainer did not exit within the notice budget; killing its process group",
+                pid=self.trainer.pid, budget_s=self.settings.notice_budget_seconds)
+        else:
+            log("WARNING", why, pid=self.trainer.pid)
+        self.trainer.kill()
         self.trainer.wait(2.0)
         return self.trainer.poll()[1]
 

@@ -61,6 +61,27 @@ def _proc_start_time(pid: int) -> str | None:
     return fields[19]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (its children, theirs, ...), from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def normalize_exit(returncode: int) -> int:
     """Popen's -N (killed by signal N) as the shell's 128+N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -79,6 +100,7 @@ class TrainerRecord:
     started_at: str  # ISO 8601 UTC
     notice: str | None = None  # set when an agent handled a notice for this run
     generation: int | None = None  # a multi-node member: the generation this run trains in
+    members: list[str] | None = None  # and that generation's members
 
     def save(self, node_dir: str) -> None:
         path = os.path.join(node_dir, RECORD)
@@ -132,7 +154,8 @@ class TrainerProcess:
 
     @classmethod
     def start(cls, node_dir: str, argv: list[str], env: dict[str, str], *, job_id: str, attempt: int,
-              started_at: str, cwd: str | None = None, generation: int | None = None) -> TrainerProcess:
+              started_at: str, cwd: str | None = None, generation: int | None = None,
+              members: list[str] | None = None) -> TrainerProcess:
         for stale in (EXIT_FILE, contract.STATUS_FILE):
             try:
                 os.unlink(os.path.join(node_dir, stale))  # the previous run's outcome must not read as this one's
@@ -151,7 +174,7 @@ class TrainerProcess:
             )
         record = TrainerRecord(pid=child.pid, start_time=_proc_start_time(child.pid), boot_id=boot_id(),
                                job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at,
-                               generation=generation)
+                               generation=generation, members=members)
         record.save(node_dir)
         log("INFO", "trainer started", pid=child.pid, argv=argv, cwd=cwd or node_dir, log=log_path,
             started_at=started_at, generation=generation)
@@ -180,6 +203,20 @@ class TrainerProcess:
             pass
         except PermissionError as exc:  # a recycled pgid owned by someone else: never signal it
             log("ERROR", "cannot signal the trainer's process group", pgid=self.pid, error=str(exc))
+
+    def kill(self) -> None:
+        """SIGKILL to the trainer's process group and to every process descended from it: a launcher puts its
+        workers in sessions of their own (torchrun does), where the group's signal does not reach them, and a
+        worker blocked in a collective would outlive its launcher (holding its memory, its device, its ports)."""
+        descendants = _descendants(self.pid)  # before the kill: killed launchers' children are reparented
+        self.signal(signal.SIGKILL)
+        for pid in descendants:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except PermissionError as exc:
+                log("ERROR", "cannot kill a process the trainer started", pid=pid, error=str(exc))
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
