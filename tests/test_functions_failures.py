@@ -1,0 +1,84 @@
+"""Failures and preemptions counted apart, through the entry points (issue #22 item 2): a job whose agent never
+starts ends FAILED after exactly two boots with its serial console's tail; a job preempted 30 times with
+max_failures 3 still succeeds. The sim's nodes boot a command that prints an error to their console and exits, as a
+broken image's startup script does; heartbeats are written by the test as the agent would."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from functions_fixtures import ZONES, controller, gpu_spec  # noqa: F401
+from sim_fixtures import sim_factory  # noqa: F401
+
+BROKEN_BOOT = ('echo \'{"severity": "ERROR", "message": "respawn-startup: no python3 on this image; starting no '
+               'agent"}\'; exit 1')
+
+
+@pytest.fixture
+def sim_server(sim_factory):
+    # Every node's guest prints the startup script's error and exits (the VM stays RUNNING, as on Google Cloud).
+    return sim_factory(boot_command=["sh", "-c", BROKEN_BOOT], notice_seconds=0.1)
+
+
+def _spec(job_id: str, **over):
+    """gpu_spec with max_failures 3 in place of the fixtures' max_restarts (its old name: both may not be given)."""
+    spec = gpu_spec(job_id, **over)
+    spec.pop("max_restarts", None)
+    return {**spec, "max_failures": 3}
+
+
+def _sweep_until(controller, job: str, states: set[str], timeout: float = 60):
+    """Sweep the job (as the scheduled sweep would, every 0.2 s here) until it is in one of `states`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert controller.sweep(job) == 200
+        st = controller.status(job)
+        if st.state.value in states:
+            return st
+        assert time.monotonic() < deadline, f"job {job} is {st.state.value} ({st.message}), not {states}"
+        time.sleep(0.2)
+
+
+def test_a_job_whose_agent_never_starts_fails_after_two_boots_with_the_console_tail(controller, monkeypatch):
+    monkeypatch.setenv("RESPAWN_BOOT_GRACE_SECONDS", "1")
+    job = controller.register(_spec("noagent"))
+    assert controller.job_created(job) == 200
+    controller.wait_state(job, "RUNNING")
+    st = _sweep_until(controller, job, {"FAILED"})
+    booted = [r for r in controller.sim.history() if r["labels"].get("respawn-job") == job]
+    assert [r["name"] for r in booted] == ["noagent-1", "noagent-2"]  # exactly two boots, then nothing more
+    assert controller.live(job) == [] and controller.sim.max_live(job) == 1
+    assert (st.failures, st.preemptions, st.boot_failures, st.last_cause) == (2, 0, 2, "no_heartbeat")
+    assert "no python3 on this image" in st.console_tail
+    for what in ("boot image", "startup script", "respawn-agent", "noagent-2"):
+        assert what in st.message, what
+    alerts = controller.alerts(want=2)
+    assert [a["type"] for a in alerts] == ["boot_failed", "failed"]  # never "recovered"
+    assert all("no python3 on this image" in a["console_tail"] for a in alerts)
+    causes = [(e["to_state"], e["cause"]) for e in controller.events(job)]
+    assert causes.count(("PREEMPTED", "no_heartbeat")) == 1 and causes[-1] == ("FAILED", "no_heartbeat")
+
+
+def test_a_job_preempted_30_times_with_max_failures_3_still_succeeds(controller):
+    job = controller.register(_spec("spotty", termination_action="DELETE"))
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "RUNNING")
+    for n in range(30):
+        controller.heartbeat(st.node, step=10 * n + 5, committed_step=10 * n)  # its agent runs: the recovery
+        assert controller.sweep(job) == 200
+        controller.sim.preempt(st.zone, st.node)
+        assert controller.log_event(controller.wait_system_event(st.node)) == 200
+        after = controller.wait_state(job, "RUNNING")
+        assert after.attempt == st.attempt + 1, (n, after)
+        st = after
+    controller.heartbeat(st.node, state="exited", exit_code=0, step=300, committed_step=300)
+    assert controller.sweep(job) == 200
+    done = controller.wait_state(job, "SUCCEEDED")
+    assert (done.preemptions, done.failures, done.restarts, done.attempt) == (30, 0, 30, 31)
+    assert controller.sim.max_live(job) == 1 and controller.live(job) == []
+    kinds = [a["type"] for a in controller.alerts(want=31, timeout=20)]
+    # One recovered per preemption, each once the replacement's agent reported; the 30th recovery's node never
+    # reported before it exited 0, so 29; then the end.
+    assert kinds.count("recovered") == 29 and kinds[-1] == "succeeded" and "failed" not in kinds
