@@ -88,6 +88,12 @@ class Settings:
     boot_grace_seconds: float = 900  # first heartbeat may take this long after create (image boot, agent install)
     backoff_base_seconds: float = 30
     max_in_place_restarts: int = 1  # per node; then the node is replaced (a new name, maybe a new zone)
+    # A multi-node generation whose step has not changed for this long while every member trains in it and beats is
+    # stalled (a partition: multinode.stalled); 0 turns the rule off. Far above a beat (15 s) and a usual pause
+    # between two steps (a checkpoint save, a trainer's start and restore), and below the trainers' collective
+    # timeout (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS, 300 s), so a cut-off member is replaced before the survivors'
+    # collectives fail and restart the world with it. Raise both for longer pauses.
+    progress_timeout_seconds: float = 240
 
 
 @dataclass(frozen=True)
@@ -404,7 +410,7 @@ def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
 # node served past its boot grace and its agent never reported (a broken image, a failing startup script, an agent
 # that cannot install). Every other cause is the platform taking the node: a preemption (preempted, host error,
 # stopped, deleted or gone from outside, a notice seen by the agent).
-FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat")
+FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # unreachable: multinode.UNREACHABLE
 BOOT_FAILURE = "no_heartbeat"
 BOOT_FAILURES_TO_FAIL = 2  # boots in a row whose agent never reported: the second ends the job
 LossKind = Literal["preemption", "failure", "boot_failure"]

@@ -279,6 +279,9 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
             # Every trainer ended, or one crashed: the others are blocked in a collective with it (until the
             # process group's timeout) or failing too, so they restart now rather than when each has given up.
             return _restart_generation(o, spec, members, g, ended)
+        idle = stalled(o.settings.progress_timeout_seconds, g, members, beats, now)
+        if idle is not None:
+            return _unstick(o, spec, members, seen, beats, g, idle)
         behind = tuple((i, m.zone, m.node) for i, m in enumerate(members)
                        if m.node in g.members and m.zone and m.generation_sent < g.number)
         if behind:  # every member behind at once: they restart together, and the writes run side by side
@@ -357,6 +360,75 @@ def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus],
     d = _new_generation(o, members, again, f"trainer exited {worst.exit_code} on {on}", cause="trainer_crashed",
                         restarts=restarts, exit_code=worst.exit_code, last_cause="trainer_crashed")
     return Decision(d.action, d.status, d.cause, alert, d.details)
+
+
+# The stall rule: a generation whose step stopped while every member trains in it and beats (a network partition:
+# the collective hangs, the heartbeats go on). The member cut off is replaced (restarting everyone with it would
+# hang again); with no member to blame, the generation restarts. Either counts as a failure against the job's
+# budget, so a stall that keeps coming back ends the job rather than looping.
+STALLED = "trainer_stalled"
+UNREACHABLE = "unreachable"
+
+
+def stalled(timeout: float, g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None],
+            now: datetime) -> float | None:
+    """Seconds generation `g` has not stepped, when that is at least `timeout` (> 0) and every member trains in it
+    and says how long its step has been idle (its beat's step_idle_seconds, aged by the beat's age); else None."""
+    if timeout <= 0:
+        return None
+    by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
+    idle = []
+    for n in g.members:
+        hb = by_node.get(n)
+        if (hb is None or hb.state is not NodeState.TRAINING or hb.generation != g.number
+                or hb.step_idle_seconds is None):
+            return None
+        idle.append(hb.step_idle_seconds + max(0.0, (now - hb.heartbeat_at).total_seconds()))
+    return min(idle) if min(idle) >= timeout else None
+
+
+def cut_off(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> list[str]:
+    """The members of a stalled generation to replace, from who reaches its master (each member other than the
+    master probes it): those that do not while others do; the master when two or more members do not reach it and
+    none does; with one member besides the master (who is cut off cannot be told), that member, unless its slot's
+    last node was already replaced as unreachable, then the master. [] when every member reaches the master."""
+    by_node = {m.node: (m, hb) for m, hb in zip(members, beats) if m.node}
+    others = [n for n in g.members[1:] if n in by_node]
+    lost = [n for n in others if by_node[n][1] is not None and by_node[n][1].master_reachable is False]
+    reached = [n for n in others if by_node[n][1] is not None and by_node[n][1].master_reachable is True]
+    if not lost:
+        return []
+    if reached:
+        return lost
+    if len(lost) >= 2 or by_node[lost[0]][0].last_cause == UNREACHABLE:
+        return [g.members[0]]
+    return lost
+
+
+def _unstick(o: Observation, spec: JobSpec, members: list[JobStatus], seen: Sequence[MemberObs],
+             beats: Sequence[Heartbeat | None], g: Generation, idle: float) -> Decision:
+    """A stalled generation: replace the member cut off (its slot's node is lost as `unreachable`, a failure), or
+    restart the generation when none is to blame (`trainer_stalled`, a failure too)."""
+    s, now = o.status, o.now
+    blamed = cut_off(g, members, beats)
+    if blamed:
+        i = next(i for i, m in enumerate(members) if m.node == blamed[0])
+        view = _slot_observation(o, spec, members, i, seen[i])
+        d = core._lose(view, view.spec, beats[i], UNREACHABLE)
+        lifted = _lift(d, s, i, len(members))
+        return replace(lifted, details={**lifted.details, "stalled_seconds": round(idle, 1), "cut_off": blamed})
+    restarts = s.restarts + 1
+    msg = f"generation {g.number} made no step for {idle:.0f} s while every member trains and beats"
+    if restarts > spec.max_restarts:
+        st = _upd(s, now, members=members, state=State.FAILED, recovering=False,
+                  message=f"gave up after {spec.max_restarts} restarts (last cause: {STALLED}): {msg}")
+        alert = alerts.make("failed", o.job_id, now, st.message, restarts=s.restarts, attempt=s.attempt, cause=STALLED)
+        return Decision(NONE, st, STALLED, alert)
+    again = Generation(g.number + 1, g.members, g.master_addr)
+    alert = alerts.make("crashed", o.job_id, now, f"{msg}; restarting it on every node", restarts=restarts,
+                        attempt=s.attempt, cause=STALLED)
+    d = _new_generation(o, members, again, msg, cause=STALLED, restarts=restarts, last_cause=STALLED)
+    return Decision(d.action, d.status, d.cause, alert, {**d.details, "stalled_seconds": round(idle, 1)})
 
 
 def _move(o: Observation, members: list[JobStatus], seen: Sequence[MemberObs]) -> Decision:

@@ -49,7 +49,8 @@ class Config:
     @classmethod
     def from_settings(cls, s: ControlSettings) -> "Config":
         policy = Settings(stale_heartbeat_seconds=s.stale_heartbeat_seconds, boot_grace_seconds=s.boot_grace_seconds,
-                          backoff_base_seconds=s.backoff_base_seconds, max_in_place_restarts=s.max_in_place_restarts)
+                          backoff_base_seconds=s.backoff_base_seconds, max_in_place_restarts=s.max_in_place_restarts,
+                          progress_timeout_seconds=s.progress_timeout_seconds)
         return cls(policy, s.poll_seconds, s.poll_budget_seconds)
 
 

@@ -38,6 +38,7 @@ from respawn.logs import log
 from .config import AgentConfig
 from .firestore_rest import FirestoreWriter
 from .heartbeat import Heartbeater, compose_heartbeat
+from .reach import MasterProbe, StepClock
 from .metadata import MetadataClient
 from .prepare import AGENT, PrepareFailed, Preparer, write_json
 from .previous_life import upload_previous_life
@@ -112,6 +113,8 @@ class Agent:
         # A member of a multi-node job trains in one generation at a time (respawn.contract.Generation): it starts
         # its trainer when a generation names it, and restarts it, with the new ranks, for every newer one.
         self.multi_node = cfg.generation is not None
+        self.step_clock = StepClock()  # the heartbeat's step_idle_seconds
+        self.master_probe = MasterProbe(self.settings.heartbeat_seconds) if self.multi_node else None
         self.generation: contract.Generation | None = None  # the newest one the metadata server gave
         self.trainer_generation: int | None = None  # the one the trainer runs (or last ran)
         self.trainer_members: tuple[str, ...] | None = None  # its members (None: an adopted trainer's are unknown)
@@ -153,12 +156,30 @@ class Agent:
         # A failed setup stays the node's outcome when a notice follows (the node being deleted for it): the
         # controller must not read the notice as a preemption and replace the node to fail the same way again.
         failed = self.state is NodeState.SETUP_FAILED
+        status = contract.read_status(self.status_path)
         return compose_heartbeat(
             job_id=self.cfg.job_id, attempt=self.cfg.attempt, zone=self.cfg.zone, state=self.state,
-            status=contract.read_status(self.status_path), started_at=self.started_at,
+            status=status, started_at=self.started_at,
             notice=None if failed else self.notice, exit_code=self.exit_code, output_tail=self.output_tail,
             failed_command=self.failed_command, worker=self.cfg.worker, generation=self.trainer_generation,
+            **self._reach(status),
         )
+
+    def _reach(self, status: dict | None) -> dict:
+        """step_idle_seconds and master_reachable (node_agent/reach.py) for this beat."""
+        training = self.state is NodeState.TRAINING
+        step = (status or {}).get("step")
+        idle = self.step_clock.idle(training, (self.started_at, self.trainer_generation),
+                                    step if isinstance(step, int) else None)
+        reachable = None
+        if self.master_probe is not None:
+            g = self.generation
+            # Aimed at the master of the generation this member trains in (none for the master itself).
+            master = (g.master_addr if training and g is not None and g.number == self.trainer_generation
+                      and g.members[0] != self.cfg.node else None)
+            self.master_probe.aim(master)
+            reachable = self.master_probe.reachable
+        return {"step_idle_seconds": idle, "master_reachable": reachable}
 
     # --- the life ------------------------------------------------------------------------------------------
 
@@ -173,6 +194,8 @@ class Agent:
             w.start()
         if self.generation_watch is not None:
             self.generation_watch.start()
+        if self.master_probe is not None:
+            self.master_probe.start()
         ended_before = self._take_over_or_start()
         if ended_before is not None:
             return self._report_exit(ended_before[1])

@@ -71,6 +71,9 @@ ENV_GENERATION = "RESPAWN_GENERATION"  # a multi-node member: the generation's n
 # (torch/distributed/argparse_util.py, the `env` action; --rdzv-backend defaults to static), so a member's command
 # stays `torchrun --nproc-per-node 8 train.py` in every generation.
 TORCHRUN_MASTER_PORT = 29500  # torchrun's own default --master-port
+# What a member's agent connects to on its generation's master to tell it reachable (an answer, even a refusal, is
+# one; silence or no route is none): torchrun's default port, open whenever the master's trainer runs with it.
+MASTER_PROBE_PORT = TORCHRUN_MASTER_PORT
 
 
 def torchrun_env(node_rank: int, nnodes: int, master_addr: str, port: int = TORCHRUN_MASTER_PORT) -> Dict[str, str]:
@@ -376,6 +379,12 @@ class Heartbeat(TypedDict):
     emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
     started_at: Optional[datetime]  # when the trainer started
     generation: Optional[int]  # a multi-node member: the generation its trainer runs (or last ran); else None
+    # Seconds since the running trainer's step last changed (since its start, before its first step), by the
+    # agent's clock when it composed the beat; None while no trainer runs. The control plane's stall rule reads it.
+    step_idle_seconds: Optional[float]
+    # A multi-node member other than its generation's master: whether the master's address answered a TCP connect
+    # (accepted or refused) at the agent's last probe (MASTER_PROBE_PORT); None: not probed (the master, one node).
+    master_reachable: Optional[bool]
     heartbeat_at: datetime  # written as Firestore's commit time (HEARTBEAT_SERVER_TIME_FIELDS)
 
 

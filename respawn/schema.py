@@ -537,6 +537,8 @@ class Heartbeat(_Record):
     emergency: dict[str, Any] | None = None  # the trainer's emergency-save outcome
     started_at: datetime | None = None
     generation: int | None = None  # a multi-node member: the generation its trainer runs (or last ran)
+    step_idle_seconds: float | None = None  # since the trainer's step last changed (the stall rule, multinode.py)
+    master_reachable: bool | None = None  # a member other than the master: the master's address answered
     heartbeat_at: datetime
 
 

@@ -1,0 +1,74 @@
+"""What a multi-node member's heartbeat says about progress and the network, for the control plane's stall rule
+(functions/multinode.py): how long the trainer's step has not changed, and whether the generation's master answers.
+
+A partitioned member still beats (it reaches Firestore) while its collective hangs; the controller sees the step
+stop everywhere, and tells which member is cut off by who can no longer reach the master.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Hashable
+
+from respawn.contract import MASTER_PROBE_PORT
+
+
+class StepClock:
+    """Seconds since the running trainer's step last changed (since the trainer started, before its first step)."""
+
+    def __init__(self) -> None:
+        self._key: Hashable = None
+        self._step: int | None = None
+        self._since = time.monotonic()
+
+    def idle(self, running: bool, trainer: Hashable, step: int | None) -> float | None:
+        """`trainer` names the trainer's life (a new one restarts the clock); None while no trainer runs."""
+        now = time.monotonic()
+        if not running:
+            self._key = None
+            return None
+        if trainer != self._key or step != self._step:
+            self._key, self._step, self._since = trainer, step, now
+        return now - self._since
+
+
+def answers(address: str, port: int = MASTER_PROBE_PORT, timeout: float = 3.0) -> bool:
+    """A TCP connect to address:port is answered: accepted, or refused (the host is there, nothing listens)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # timed out, no route to host, network unreachable: nothing came back
+        return False
+
+
+class MasterProbe(threading.Thread):
+    """Probes the aimed address every `interval` s; `reachable` is the last answer (None: not aimed / not yet)."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(name="master-probe", daemon=True)
+        self.interval = interval
+        self._target: str | None = None
+        self._result: tuple[str, bool] | None = None
+        self._wake = threading.Event()
+
+    def aim(self, address: str | None) -> None:
+        if address != self._target:
+            self._target = address
+            self._wake.set()
+
+    @property
+    def reachable(self) -> bool | None:
+        result, target = self._result, self._target
+        return result[1] if result is not None and target is not None and result[0] == target else None
+
+    def run(self) -> None:
+        while True:
+            target = self._target
+            if target is not None:
+                self._result = (target, answers(target, timeout=min(3.0, max(0.5, self.interval))))
+            self._wake.wait(self.interval)
+            self._wake.clear()
