@@ -131,14 +131,15 @@ def firestore_ops(lines: list[dict]) -> tuple[int, int]:
 class Cloud:
     """The emulators, the sim (instant latencies) and the functions, served in-process."""
 
-    def __init__(self, stack: ExitStack, log_dir: str):
+    def __init__(self, stack: ExitStack, log_dir: str, *, metadata_servers: bool = True):
         say("starting the Firestore and Pub/Sub emulators and the sim ...")
         firestore_emulator = emulators.start_firestore(log_dir=Path(log_dir))
         stack.callback(firestore_emulator.stop)
         pubsub = emulators.start_pubsub(log_dir=Path(log_dir))
         stack.callback(pubsub.stop)
         self.entries: queue.Queue = queue.Queue()
-        self.sim = SimServer(PROJECT, notice_seconds=0, op_delay=0, audit_sink=self._sink).start()
+        self.sim = SimServer(PROJECT, notice_seconds=0, op_delay=0, audit_sink=self._sink,
+                             metadata_servers=metadata_servers).start()
         stack.callback(self.sim.stop)
         os.environ.update({
             "FIRESTORE_EMULATOR_HOST": firestore_emulator.host, "PUBSUB_EMULATOR_HOST": pubsub.host,

@@ -96,8 +96,9 @@ def _fan_out() -> None:
     published, failed = pubsub.publish_sweep(clients.default(settings), jobs, settings.sweep_topic,
                                              swept_at=deps.now().isoformat(),
                                              timeout=settings.sweep_publish_timeout_seconds)
-    logs.info(f"sweep: {published} of {len(jobs)} active job(s) sent to {settings.sweep_topic} in "
-              f"{time.monotonic() - started:.2f} s, one reconcile each", jobs=len(jobs), published=published)
+    seconds = time.monotonic() - started
+    logs.info(f"sweep: {published} of {len(jobs)} active job(s) sent to {settings.sweep_topic} in {seconds:.2f} s, "
+              "one reconcile each", jobs=len(jobs), published=published, publish_seconds=round(seconds, 3))
     if failed:
         names = sorted(failed)
         job, why = names[0], failed[names[0]]

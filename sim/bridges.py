@@ -201,13 +201,16 @@ class EventarcBridge:
 class PushRelay:
     """Delivers the messages of `topic` to `deliver(headers, body) -> HTTP status`, `concurrency` at a time, as a
     push subscription delivers to a function of max instances x concurrency (the default: the deployed 10 x 8).
-    A message is acknowledged when it is pulled; its delivery's status is what drain() reports (no redelivery)."""
+    A message is acknowledged when it is pulled; its delivery's status is what drain() reports (no redelivery), and
+    `on_done(message as JSON, status)`, when given, hears of each delivery as it ends."""
 
-    def __init__(self, project: str, topic: str, deliver, *, concurrency: int = 80, create_topic: bool = True) -> None:
+    def __init__(self, project: str, topic: str, deliver, *, concurrency: int = 80, create_topic: bool = True,
+                 on_done=None) -> None:
         from google.api_core import exceptions
         from google.cloud import pubsub_v1
 
         self.deliver = deliver
+        self.on_done = on_done
         self.concurrency = concurrency
         self.topic_path = pubsub_v1.PublisherClient.topic_path(project, topic)
         self.subscriber = pubsub_v1.SubscriberClient()
@@ -243,14 +246,20 @@ class PushRelay:
         """Deliver until the topic is empty; (message body as JSON, HTTP status) of each delivery, in pull order."""
         from concurrent.futures import ThreadPoolExecutor
 
+        def one(data: bytes) -> tuple[dict, int]:
+            status = self.deliver(*pubsub_cloudevent(data, self.topic_path))
+            message = json.loads(data)
+            if self.on_done is not None:
+                self.on_done(message, status)
+            return message, status
+
         done: list[tuple[dict, int]] = []
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             while True:
                 waiting = self.pull()
                 if not waiting:
                     return done
-                statuses = pool.map(lambda data: self.deliver(*pubsub_cloudevent(data, self.topic_path)), waiting)
-                done += [(json.loads(data), status) for data, status in zip(waiting, statuses)]
+                done += list(pool.map(one, waiting))
 
     def close(self) -> None:
         self.subscriber.delete_subscription(request={"subscription": self.subscription})

@@ -47,8 +47,10 @@ def guest_pids(boot_id: str) -> list[int]:
 
 class NodeRuntime:
     def __init__(self, *, directory: Path, boot_command: list[str] | None, node_env: dict | None,
-                 metadata_kwargs: dict, network: Network | None = None, host: Host | None = None) -> None:
+                 metadata_kwargs: dict, network: Network | None = None, host: Host | None = None,
+                 metadata_server: bool = True) -> None:
         self.directory = directory
+        self.metadata_server = metadata_server  # False: no guest at all (benchmarks of thousands of nodes)
         self.network, self.host = network, host  # netns mode: this node's namespace on the sim's bridge
         self.console_log = directory.with_name(directory.name + ".console.log")
         self.boot_command = boot_command
@@ -73,6 +75,8 @@ class NodeRuntime:
         """Power on: a fresh metadata server (preempted=FALSE) and the boot command, if any."""
         with self._lock:
             self.directory.mkdir(parents=True, exist_ok=True)
+            if not self.metadata_server:
+                return
             bind = self.network.gateway if self.network is not None else "127.0.0.1"
             self.metadata = MetadataServer(**self.metadata_kwargs, bind=bind).start()
             if self.host is not None:

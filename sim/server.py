@@ -49,6 +49,7 @@ class SimServer:
         seed: int = 0,
         metadata_op_delay: float | None = None,
         network: str = "loopback",
+        metadata_servers: bool = True,
     ) -> None:
         """
         notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
@@ -66,12 +67,17 @@ class SimServer:
             machine's network; "netns": every VM (TPU worker) runs in a network namespace of its own on a bridge
             (sim/netns.py; needs root): its address is its namespace's, its link goes down when it powers off,
             and partition() can cut it off from its peers alone.
+        metadata_servers: False boots nodes with no metadata server (and so no boot_command): a node is then only
+            its API resource, for benchmarks of thousands of nodes (each server is a thread and a port).
         """
+        if not metadata_servers and boot_command:
+            raise ValueError("metadata_servers=False boots no guest: it takes no boot_command")
         if network not in ("loopback", "netns"):
             raise ValueError(f"network must be 'loopback' or 'netns', not {network!r}")
         if audit_timing not in ("start", "end"):
             raise ValueError(f"audit_timing must be 'start' or 'end', not {audit_timing!r}")
         self.project = project
+        self.metadata_servers = metadata_servers
         self.notice_seconds = float(notice_seconds)
         self.op_delay = float(op_delay)
         self.metadata_op_delay = self.op_delay if metadata_op_delay is None else float(metadata_op_delay)
@@ -168,7 +174,8 @@ class SimServer:
     def make_runtime(self, kind: str, zone: str, name: str, metadata_kwargs: dict, *,
                      directory_name: str | None = None, host: Host | None = None) -> NodeRuntime:
         return NodeRuntime(directory=self.nodes_root / kind / zone / (directory_name or name), boot_command=self.boot_command,
-                           node_env=self.node_env, metadata_kwargs=metadata_kwargs, network=self.network, host=host)
+                           node_env=self.node_env, metadata_kwargs=metadata_kwargs, network=self.network, host=host,
+                           metadata_server=self.metadata_servers)
 
     def usage(self, what: str, scope: str, accelerator: str, model: str | None) -> int:
         by_region = what == "quota"
