@@ -166,10 +166,10 @@ def capacity_key(spec: dict[str, Any]) -> str:
 
 
 def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int, dict]],
-             hit: set[str]) -> list[tuple[str, str]] | None:
+             known: set[str]) -> list[tuple[str, str]] | None:
     """(zone, node) of each node `p` hits, once they are ready for it; None before. `when: training`: every member
-    of the current generation (a one-node job: its node) trains. `when: joined`: the slot holds a node not hit
-    before whose agent beats."""
+    of the current generation (a one-node job: its node) trains. `when: joined`: the slot holds a node that did not
+    exist at the previous injection (`known`) and whose agent beats."""
     def state(node: str | None) -> str | None:
         return (beats.get(node or "") or {}).get(0, {}).get("state")
 
@@ -178,7 +178,7 @@ def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int,
     if len(targets) != max(len(slots), 1) or any(not (t.node and t.zone) for t in targets):
         return None
     if p.when == "joined":
-        return None if targets[0].node in hit or state(targets[0].node) is None else [(targets[0].zone, targets[0].node)]
+        return None if targets[0].node in known or state(targets[0].node) is None else [(targets[0].zone, targets[0].node)]
     world = ((status.generation or {}).get("members") if status.members else None) or [status.node]
     if not all(state(n) == "training" for n in world) or any(t.node not in world for t in targets):
         return None
@@ -364,7 +364,7 @@ class DemoRun:
         transitions: list[dict[str, str]] = []
         pending = list(sc.preemptions)
         injected = 0
-        hit: set[str] = set()  # every node a preemption was injected into
+        known: set[str] = set()  # every node of the job at the last injection (`when: joined` waits for a new one)
         job_ref = db.collection(schema.JOBS).document(job_id)
         status = schema.JobStatus()
         last_poll_events = 0.0
@@ -396,7 +396,7 @@ class DemoRun:
                 transitions += self._new_events(job_ref, seen_events, progress, marks, now)
 
             # Inject the next preemption when its moment has come and its targets are ready (see Preemption).
-            victims = _victims(pending[0], status, beats, hit) if pending and status.node else None
+            victims = _victims(pending[0], status, beats, known) if pending and status.node else None
             if victims:
                 p = pending[0]
                 step = current.get("step") or 0
@@ -404,8 +404,8 @@ class DemoRun:
                 if due:
                     pending.pop(0)
                     injected += 1
+                    known.update(m.node for m in [status, *status.members] if m.node)
                     for zone, victim in victims:  # one moment: nothing is awaited in between
-                        hit.add(victim)
                         self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
                         try:
                             (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
