@@ -222,10 +222,22 @@ def _progress(s: JobStatus, beats: Sequence[Heartbeat | None]) -> dict[str, Any]
 
 
 def _lift(d: Decision, s: JobStatus, i: int, nodes: int) -> Decision:
-    """A slot's one-node decision as the job's."""
+    """A slot's one-node decision as the job's. A member's loss starts the job's recovery (its downtime counts from
+    the first loss); the job's alerts are its own: a slot's `recovered` (its node reports) is not the job training
+    again (_recovered says that), and a slot refused in the job's zone is not the job waiting for capacity unless
+    that slot is placing the job."""
     status = merge(s, i, d.status, nodes) if d.status is not None else None
+    old = slots(s, nodes)[i]
+    if status is not None and d.status is not None and d.status.recovering and d.status.preempted_at != old.preempted_at:
+        status = status.model_copy(update={
+            "recovering": True, "last_cause": d.cause, "preempted_at": s.preempted_at if s.recovering else d.status.preempted_at,
+            "preempted_zone": s.preempted_zone if s.recovering else s.zone})
+    alert = d.alert
+    placing = i == 0 and not any(_holds(m) for m in slots(s, nodes)[1:])
+    if alert is not None and (alert["type"] == "recovered" or (alert["type"] == "waiting_for_capacity" and not placing)):
+        alert = None
     action = replace(d.action, slot=i) if d.action.kind not in (Act.NONE, Act.POLL, Act.WAIT) else d.action
-    return Decision(action, status, d.cause, d.alert, {**d.details, "slot": i})
+    return Decision(action, status, d.cause, alert, {**d.details, "slot": i})
 
 
 def _finished(g: Generation | None, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> bool:
@@ -268,12 +280,18 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
     if p.step is membership.Step.MOVE:
         st = _upd(s, now, members=members, moving=True, state=State.PREEMPTED, message=p.reason,
                   tried_zones=[*s.tried_zones, *([s.zone] if s.zone else [])], recovering=True,
-                  preempted_zone=s.zone, preempted_at=now)
+                  preempted_zone=s.preempted_zone if s.recovering else s.zone,
+                  preempted_at=s.preempted_at if s.recovering else now)
         return Decision(NONE, st, "move", None, {"zone": s.zone})
     if p.step is membership.Step.RUN and p.generation is not None:
         g = p.generation
         if previous is None or g.number != previous.number:
-            return _new_generation(o, members, g, p.reason, cause="generation")
+            lost = {}
+            if s.recovering:  # what the new generation loses: it resumes from the newest committed step
+                reached = {**s.model_dump(include=set(_PROGRESS)), **_progress(s, beats)}
+                if reached["last_step"] is not None and reached["last_committed_step"] is not None:
+                    lost = {"steps_lost": max(reached["last_step"] - reached["last_committed_step"], 0)}
+            return _new_generation(o, members, g, p.reason, cause="generation", **lost)
         ended = _ended(g, members, beats)
         if len(ended) == len(g.members) or any(_crashed(hb) for _, hb in ended):
             # Every trainer ended, or one crashed: the others are blocked in a collective with it (until the
@@ -286,6 +304,8 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
                        if m.node in g.members and m.zone and m.generation_sent < g.number)
         if behind:  # every member behind at once: they restart together, and the writes run side by side
             return Decision(Action(Act.SET_GENERATION, value=g.to_json(), targets=behind))  # type: ignore[arg-type]
+        if s.recovering and _training(g, members, beats):
+            return _recovered(o, spec, members, g)
     full = p.step is membership.Step.RUN and p.generation is not None and p.generation.world_size == spec.nodes
     message = p.reason if p.step is not membership.Step.RUN else _running_message(p.generation, s.zone)
     return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones, **_progress(s, beats))
@@ -309,6 +329,27 @@ def _settle(o: Observation, members: list[JobStatus], waits: Sequence[Action], m
 def _running_message(g: Generation | None, zone: str | None) -> str:
     assert g is not None
     return f"generation {g.number}: {g.world_size} nodes in {zone}, master {g.members[0]} ({g.master_addr})"
+
+
+def _training(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> bool:
+    """Every member of generation `g` trains in it."""
+    by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
+    return all((hb := by_node.get(n)) is not None and hb.state is NodeState.TRAINING and hb.generation == g.number
+               for n in g.members)
+
+
+def _recovered(o: Observation, spec: JobSpec, members: list[JobStatus], g: Generation) -> Decision:
+    """The job trains again after a loss (a member replaced, an elastic world formed, a move): one alert for the
+    recovery, however many nodes it took, with what the resumed generation lost."""
+    s, now = o.status, o.now
+    on = f"{g.world_size} of {spec.nodes} nodes" if g.world_size < spec.nodes else f"all {spec.nodes} nodes"
+    alert = alerts.make("recovered", o.job_id, now, f"training again on {on} in {s.zone} (generation {g.number})",
+                        old_zone=s.preempted_zone, new_zone=s.zone, downtime_seconds=(now - s.preempted_at).total_seconds()
+                        if s.preempted_at else None, steps_lost=s.steps_lost, committed_step=s.last_committed_step,
+                        restarts=s.restarts, failures=s.failures, preemptions=s.preemptions, attempt=s.attempt,
+                        cause=s.last_cause)
+    return Decision(NONE, _upd(s, now, members=members, recovering=False), "recovered", alert,
+                    {"generation": g.number})
 
 
 def _new_generation(o: Observation, members: list[JobStatus], g: Generation, reason: str, cause: str,
@@ -337,8 +378,8 @@ def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus],
                         ended: Sequence[tuple[str, Heartbeat]]) -> Decision:
     """Every member's trainer ended in the current generation, or one crashed, while every member serves: the same
     members train again in a new generation (the agents stop the trainers still running). Every trainer stopped by
-    a notice (exit 75: the node survived it) is no crash; otherwise it counts as one (and after max_restarts the
-    job fails)."""
+    a notice (exit 75: the node survived it) is no crash; otherwise it is one failure (past max_failures the job
+    fails). No backoff: no node is made, and max_failures bounds a trainer that crashes at every start."""
     s, now = o.status, o.now
     crashed = [(n, hb) for n, hb in ended if _crashed(hb)]
     again = Generation(g.number + 1, g.members, g.master_addr)
@@ -346,19 +387,21 @@ def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus],
         return _new_generation(o, members, again, "every trainer stopped; training again", cause="generation")
     worst = crashed[0][1]
     on = ", ".join(n for n, _ in crashed)
-    restarts = s.restarts + 1
-    if restarts > spec.max_restarts:
-        msg = f"gave up after {spec.max_restarts} restarts (last cause: trainer_crashed, exit {worst.exit_code})"
+    counts = dict(restarts=s.restarts + 1, failures=s.failures + 1, failure_streak=s.failure_streak + 1)
+    tallies = dict(failures=counts["failures"], preemptions=s.preemptions, attempt=s.attempt, cause="trainer_crashed")
+    if counts["failures"] > spec.max_failures:
+        msg = (f"gave up after {spec.max_failures} failures (last cause: trainer_crashed, exit {worst.exit_code} on "
+               f"{on}); preemptions are not counted")
         st = _upd(s, now, members=members, state=State.FAILED, message=msg, exit_code=worst.exit_code,
-                  recovering=False)
-        alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, attempt=s.attempt,
-                            cause="trainer_crashed")
-        return Decision(NONE, st, "trainer_crashed", alert)
+                  recovering=False, failures=counts["failures"], last_cause="trainer_crashed")
+        alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, exit_code=worst.exit_code,
+                            output_tail=worst.output_tail, **tallies)
+        return Decision(NONE, st, "trainer_crashed", alert, {"max_failures": spec.max_failures})
     alert = alerts.make("crashed", o.job_id, now, f"trainer exited {worst.exit_code} on {on} in generation "
                         f"{g.number}; restarting it on every node", exit_code=worst.exit_code,
-                        output_tail=worst.output_tail, restarts=restarts, attempt=s.attempt, cause="trainer_crashed")
+                        output_tail=worst.output_tail, restarts=counts["restarts"], **tallies)
     d = _new_generation(o, members, again, f"trainer exited {worst.exit_code} on {on}", cause="trainer_crashed",
-                        restarts=restarts, exit_code=worst.exit_code, last_cause="trainer_crashed")
+                        exit_code=worst.exit_code, last_cause="trainer_crashed", **counts)
     return Decision(d.action, d.status, d.cause, alert, d.details)
 
 

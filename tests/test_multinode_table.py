@@ -15,7 +15,7 @@ NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 ZONES = ["us-central1-a", "us-central1-b"]
 SPEC = parse_spec({"id": "job", "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"}, "zones": ZONES,
                    "trainer": {"command": ["python", "t.py"]}, "checkpoint_uri": "gs://bucket/job", "nodes": 3,
-                   "on_demand_nodes": 1, "termination_action": "DELETE", "max_restarts": 5})
+                   "on_demand_nodes": 1, "termination_action": "DELETE", "max_failures": 5})
 RUNNING = NodeObs(Phase.RUNNING, "RUNNING")
 
 
@@ -139,7 +139,8 @@ def test_one_members_crash_starts_the_next_generation_on_every_member_while_the_
                       "10.0.0.3")]
     d = multinode.decide(observe(status, seen), seen)
     assert d.cause == "trainer_crashed" and d.action.kind is Act.NONE
-    assert d.status.generation == {**GEN1, "number": 2} and d.status.restarts == 1 and d.status.state is State.RUNNING
+    assert d.status.generation == {**GEN1, "number": 2} and d.status.state is State.RUNNING
+    assert (d.status.failures, d.status.restarts, d.status.preemptions) == (1, 1, 0)
     assert d.alert["type"] == "crashed" and d.alert["exit_code"] == 1 and d.alert["output_tail"] == "RuntimeError: boom"
     assert "job-3" in d.alert["message"] and "job-1" not in d.alert["message"]
     # The next pass writes generation 2 to every member at once: the survivors' agents stop their blocked trainers.
@@ -151,7 +152,7 @@ def test_one_members_crash_starts_the_next_generation_on_every_member_while_the_
     failed = [MemberObs(RUNNING, beat(i + 1, "waiting", generation=1, exit_code=1), f"10.0.0.{i + 1}")
               for i in range(3)]
     d3 = multinode.decide(observe(after, failed), failed)
-    assert d3.alert is None and (d3.status is None or (d3.status.restarts, d3.status.generation["number"]) == (1, 2))
+    assert d3.alert is None and (d3.status is None or (d3.status.failures, d3.status.generation["number"]) == (1, 2))
 
 
 def test_a_member_stopped_by_the_notice_or_done_waits_for_the_others():
@@ -172,12 +173,16 @@ def test_a_crash_reported_in_an_older_generation_restarts_nothing():
     assert d.alert is None and (d.status is None or d.status.generation == gen2)
 
 
-def test_a_crash_past_max_restarts_fails_the_job():
+def test_a_crash_past_max_failures_fails_the_job_and_preemptions_do_not_count():
     status, _ = running_job(GEN1, sent=1)
-    status = status.model_copy(update={"restarts": SPEC.max_restarts})
     seen = [training(0), training(1), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1), "10.0.0.3")]
-    d = multinode.decide(observe(status, seen), seen)
+    preempted = status.model_copy(update={"restarts": 40, "preemptions": 40})
+    d = multinode.decide(observe(preempted, seen), seen)
+    assert d.status.state is State.RUNNING and d.alert["type"] == "crashed" and d.status.failures == 1
+    spent = status.model_copy(update={"failures": SPEC.max_failures, "restarts": SPEC.max_failures})
+    d = multinode.decide(observe(spent, seen), seen)
     assert d.status.state is State.FAILED and d.alert["type"] == "failed" and d.status.exit_code == 1
+    assert f"gave up after {SPEC.max_failures} failures" in d.status.message and "job-3" in d.status.message
 
 
 def test_members_a_step_apart_record_the_jobs_progress_once_and_settle():
