@@ -253,7 +253,7 @@ def _event(o: Observation, d: Decision) -> JobEvent | None:
         before = o.status.members[slot].state if slot < len(o.status.members) else State.PENDING
         changed = before != d.status.members[slot].state or d.status.state != o.status.state
     else:
-        changed = d.status.state != o.status.state or d.cause in ("generation", "trainer_crashed", "move")
+        changed = d.status.state != o.status.state or d.cause in ("generation", "trainer_crashed", "move", "recovered")
     if not changed and d.cause != "zone_refused":
         return None
     details = dict(d.details)

@@ -200,3 +200,52 @@ def test_members_a_step_apart_record_the_jobs_progress_once_and_settle():
     assert len(writes) == 1 and d.status is None
     assert (status.last_step, status.last_committed_step, status.total_steps) == (70, 50, 120)
     assert all(m.last_step is None for m in status.members)
+
+
+def settle(status: JobStatus, seen: list[MemberObs], passes: int = 8, **kw):
+    """Decide and record pass after pass (acting as if every action succeeded) until nothing changes; the alerts."""
+    sent = []
+    for _ in range(passes):
+        d = multinode.decide(observe(status, seen, **kw), seen)
+        if d.alert is not None:
+            sent.append(d.alert)
+        if d.action.kind is Act.SET_GENERATION:
+            d = multinode.after_act("job", d.status or status, d.action, Outcome(OutcomeKind.DONE), NOW)
+        if d.status is None:
+            break
+        status = d.status
+    return status, sent
+
+
+def test_a_member_lost_and_replaced_is_one_recovered_alert_once_the_new_generation_trains():
+    status, seen = running_job(GEN1, sent=1)
+    status = status.model_copy(update={"last_step": 61, "last_committed_step": 50})
+    seen[2] = MemberObs()  # job-3 is gone; its replacement job-4 is created
+    lost, sent = settle(status, seen, passes=1)
+    assert lost.recovering and lost.preempted_at == NOW and lost.members[2].node == "job-4" and sent == []
+    # The survivors committed the emergency step 60 and wait; job-4 serves (its agent reports: no alert yet).
+    # job-4 was created and runs (its slot still recovering: its agent's first beat is the slot's own "recovered").
+    job4 = lost.members[2].model_copy(update={"state": State.RUNNING, "create_state": "created", "address": "10.0.0.4",
+                                              "node_started_at": NOW - timedelta(minutes=1)})
+    replaced = lost.model_copy(update={"members": [*lost.members[:2], job4]})
+    waiting = [MemberObs(RUNNING, beat(1, "waiting", generation=1, step=60, committed_step=60), "10.0.0.1"),
+               MemberObs(RUNNING, beat(2, "waiting", generation=1, step=60, committed_step=60), "10.0.0.2"),
+               MemberObs(RUNNING, beat(4, "waiting"), "10.0.0.4")]
+    formed, sent = settle(replaced, waiting)
+    assert formed.generation["members"] == ["job-1", "job-2", "job-4"] and formed.recovering and sent == []
+    assert formed.steps_lost == 0  # the new generation resumes from the emergency step: nothing lost
+    trains = [MemberObs(RUNNING, beat(a, "training", generation=2, step=61), f"10.0.0.{a}") for a in (1, 2, 4)]
+    done, sent = settle(formed, trains)
+    assert [a["type"] for a in sent] == ["recovered"] and not done.recovering
+    assert sent[0]["steps_lost"] == 0 and sent[0]["downtime_seconds"] == 0 and "all 3 nodes" in sent[0]["message"]
+    assert settle(done, trains)[1] == []  # told once
+
+
+def test_a_slot_refused_in_the_jobs_zone_is_not_the_job_waiting_for_capacity():
+    spec = parse_spec({**SPEC.to_doc(), "min_nodes": 2, "trainer": {"command": ["python", "t.py"]}})
+    status, seen = running_job(GEN1, sent=1)
+    status.members[2] = JobStatus(state=State.PROVISIONING, attempt=4, node="job-4", zone=ZONES[0],
+                                  create_state="failed", tried_zones=[ZONES[0]])
+    seen[2] = MemberObs()
+    d = multinode.decide(observe(status, seen, spec=spec, blocked={ZONES[0]: NOW + timedelta(minutes=5)}), seen)
+    assert d.status.members[2].state is State.WAITING_FOR_CAPACITY and d.alert is None
