@@ -41,6 +41,8 @@ def test_preemption_event_delivered_three_times_concurrently_recovers_once(contr
     # A late duplicate, after recovery, finds nothing to do.
     assert controller.log_event(entry) == 200
     assert controller.status(job).revision == after.revision
+    controller.heartbeat(after.node)  # the replacement's agent reports: the recovery, told once
+    assert controller.sweep(job) == 200
     assert [a["type"] for a in controller.alerts(want=1)] == ["recovered"]
 
 
@@ -107,8 +109,13 @@ def test_stale_heartbeat_is_recovered_by_the_sweep_after_the_threshold(controlle
     # The agent dies (or the VM hangs): no heartbeat for longer than the threshold (5 s in the tests).
     time.sleep(5.5)
     assert controller.sweep() == 200
-    after = controller.wait_state(job, "RUNNING")
+    deadline = time.monotonic() + 30
+    while (after := controller.status(job)).state.value != "RUNNING":  # a failure: the backoff (1 s) first
+        assert time.monotonic() < deadline, after
+        assert controller.sweep(job) == 200
+        time.sleep(0.2)
     assert (after.attempt, after.restarts, after.last_cause) == (2, 1, "stale_heartbeat")
+    assert (after.failures, after.preemptions) == (1, 0)
     assert controller.sim.status_of(st.zone, st.node) is None and controller.sim.max_live(job) == 1
 
 

@@ -37,6 +37,22 @@ def _running(controller, spec):
     return job, controller.wait_state(job, "RUNNING")
 
 
+def _swept_until(controller, job, state, timeout=30):
+    """Sweep the job until it is in `state`: a replacement after a failure waits out its backoff (1 s here)."""
+    deadline = time.monotonic() + timeout
+    while (st := controller.status(job)).state.value != state:
+        assert time.monotonic() < deadline, f"job {job} is {st.state.value} ({st.message}), not {state}"
+        assert controller.sweep(job) == 200
+        time.sleep(0.2)
+    return st
+
+
+def _reports(controller, job, node):
+    """The node's agent reports (its first heartbeat): the recovery is complete, and Slack hears of it."""
+    controller.heartbeat(node)
+    assert controller.sweep(job) == 200
+
+
 def test_stop_terminated_spot_vm_is_restarted_in_place_and_slack_hears_it(controller):
     job, st = _running(controller, gpu_spec("inplace"))
     controller.heartbeat(st.node, step=40, committed_step=30)
@@ -49,6 +65,8 @@ def test_stop_terminated_spot_vm_is_restarted_in_place_and_slack_hears_it(contro
     assert after.steps_lost == 10 and after.last_cause == "preempted"
     [node] = controller.live(job)
     assert node["status"] == "RUNNING"
+    assert controller.alerts(timeout=1) == []  # not before its agent reports
+    _reports(controller, job, after.node)
     [alert] = controller.alerts(want=1)
     assert alert["type"] == "recovered" and alert["in_place"] is True
     assert (alert["old_zone"], alert["new_zone"], alert["steps_lost"], alert["restarts"]) == (st.zone, st.zone, 10, 1)
@@ -63,11 +81,14 @@ def test_preempted_vm_is_deleted_and_replaced_in_the_next_zone(controller):
     assert (after.attempt, after.node, after.zone, after.restarts) == (2, "moves-2", ZONES[1], 1)
     assert [n["name"] for n in controller.live(job)] == ["moves-2"]
     assert controller.sim.max_live("moves") == 1
+    _reports(controller, job, after.node)
     [alert] = controller.alerts(want=1)
     assert (alert["type"], alert["old_zone"], alert["new_zone"], alert["steps_lost"]) == ("recovered", ZONES[0], ZONES[1], 4)
     assert alert["downtime_seconds"] >= 0
-    causes = [(e["from_state"], e["to_state"], e["cause"]) for e in controller.events(job)][-2:]
-    assert causes == [("RUNNING", "PROVISIONING", "preempted"), ("PROVISIONING", "RUNNING", "node_running")]
+    causes = [(e["from_state"], e["to_state"], e["cause"]) for e in controller.events(job)][-3:]
+    assert (after.preemptions, after.failures) == (1, 0)
+    assert causes == [("RUNNING", "PROVISIONING", "preempted"), ("PROVISIONING", "RUNNING", "node_running"),
+                      ("RUNNING", "RUNNING", "recovered")]
 
 
 def test_a_multi_host_slice_serves_only_while_every_worker_beats(controller):
@@ -83,7 +104,7 @@ def test_a_multi_host_slice_serves_only_while_every_worker_beats(controller):
     time.sleep(5.5)  # worker 1 falls silent past the threshold (5 s in the tests); worker 0 goes on beating
     controller.heartbeat(st.node, step=60, committed_step=45)
     controller.sweep()
-    after = controller.wait_state(job, "RUNNING")
+    after = _swept_until(controller, job, "RUNNING")  # a silent worker is a failure: the backoff first
     assert (after.attempt, after.node, after.last_cause) == (2, "slice-2", "stale_heartbeat"), after
     assert [n["name"] for n in controller.live(job)] == ["slice-2"]
 
@@ -118,9 +139,13 @@ def test_trainer_crash_restarts_on_a_new_node_with_an_alert(controller):
     job, st = _running(controller, gpu_spec("crashy"))
     controller.heartbeat(st.node, state="exited", exit_code=3, step=70, committed_step=60, output_tail="ValueError: nan")
     assert controller.sweep() == 200
-    after = controller.wait_state(job, "RUNNING")
+    waiting = controller.status(job)  # a failure: the next node waits out the backoff (1 s here)
+    assert waiting.state.value == "PREEMPTED" and waiting.next_attempt_at is not None
+    after = _swept_until(controller, job, "RUNNING")
     assert (after.attempt, after.restarts, after.last_cause, after.exit_code) == (2, 1, "trainer_crashed", 3)
+    assert (after.failures, after.preemptions, after.failure_streak) == (1, 0, 1)
     assert [n["name"] for n in controller.live(job)] == ["crashy-2"]
+    _reports(controller, job, after.node)
     kinds = [a["type"] for a in controller.alerts(want=2)]
     assert kinds == ["crashed", "recovered"]
 
@@ -143,14 +168,20 @@ def test_invalid_spec_is_recorded_with_the_field_and_alerted(controller):
     assert controller.sim.history() == []
 
 
-def test_max_restarts_reached_fails_the_job_and_deletes_the_node(controller):
-    job, st = _running(controller, gpu_spec("fragile", max_restarts=0))
+def test_a_failure_past_max_failures_fails_the_job_and_deletes_the_node_and_a_preemption_never_does(controller):
+    # max_restarts, the old name of max_failures: 0 failures allowed. A preemption is recovered all the same.
+    job, st = _running(controller, gpu_spec("fragile", max_restarts=0, termination_action="DELETE"))
     controller.sim.preempt(st.zone, st.node)
     assert controller.log_event(controller.wait_system_event(st.node)) == 200
+    st = controller.wait_state(job, "RUNNING")
+    assert (st.attempt, st.preemptions, st.failures) == (2, 1, 0)
+    controller.heartbeat(st.node, state="exited", exit_code=1, output_tail="RuntimeError: CUDA error")
+    assert controller.sweep(job) == 200
     after = controller.wait_state(job, "FAILED")
-    assert "gave up after 0 restarts" in after.message
+    assert "gave up after 0 failures (last cause: trainer_crashed)" in after.message
     assert controller.sim.status_of(st.zone, st.node) is None
-    assert [a["type"] for a in controller.alerts(want=1)] == ["failed"]
+    [alert] = [a for a in controller.alerts(want=1) if a["type"] == "failed"]
+    assert (alert["failures"], alert["preemptions"], alert["output_tail"]) == (1, 1, "RuntimeError: CUDA error")
 
 
 def test_the_eventarc_bridges_full_document_event_is_understood(controller):
