@@ -11,6 +11,25 @@ from typing import Callable, Iterator
 
 from respawn.ckpt import Preempted, TrainingLoop
 
+FAIL_AT_STEP_ENV = "EXAMPLE_FAIL_AT_STEP"
+FAIL_RANK_ENV = "EXAMPLE_FAIL_RANK"
+
+
+class InjectedFailure(RuntimeError):
+    """The error --fail-at-step raises."""
+
+
+def _fail_once(name: str, args: argparse.Namespace, done: int) -> None:
+    if not args.fail_at_step or done != args.fail_at_step or int(os.environ.get("RANK") or 0) != args.fail_rank:
+        return
+    marker = f".fail-at-step-{args.fail_at_step}.done"
+    if os.path.exists(marker):
+        return
+    with open(marker, "w") as f:
+        f.write(f"{name} failed here once (--fail-at-step)\n")
+    print(f"{name}: failing after step {done} (--fail-at-step {done})", flush=True)
+    raise InjectedFailure(f"{name}: the failure --fail-at-step {done} asked for")
+
 
 def parse_args(name: str, argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m respawn.ckpt.examples.{name}",
@@ -29,6 +48,13 @@ def parse_args(name: str, argv=None) -> argparse.Namespace:
                    help="checkpoint directory when RESPAWN_CHECKPOINT_URI/RESPAWN_LOCAL_CHECKPOINT_DIR are unset")
     p.add_argument("--final-params", default=None, help="write the final parameters here (.npz) when done")
     p.add_argument("--threads", type=int, default=1, help="CPU threads for the framework (determinism, shared CPUs)")
+    # A fault to try recovery with (a demo scenario sets it through the job's trainer.env). Once: a marker file in
+    # the working directory keeps the trainer restarted on the same node from failing again at the same step.
+    p.add_argument("--fail-at-step", type=int, default=int(os.environ.get(FAIL_AT_STEP_ENV) or 0),
+                   help="raise an error after this step (once per working directory), as a crashing trainer "
+                   f"would; default ${FAIL_AT_STEP_ENV}, 0: never")
+    p.add_argument("--fail-rank", type=int, default=int(os.environ.get(FAIL_RANK_ENV) or 0),
+                   help=f"the global rank (RANK) that fails with --fail-at-step; default ${FAIL_RANK_ENV}, or 0")
     return p.parse_args(argv)
 
 
@@ -36,7 +62,8 @@ def parse_args(name: str, argv=None) -> argparse.Namespace:
 def progress(name: str, args: argparse.Namespace, loop: TrainingLoop) -> Iterator[Callable[[int, float], None]]:
     """Prints `<name>: starting at step N of M`, a progress line every --log-every steps (through the function it
     yields, called after each step with the step just run and its loss; it also sleeps --step-seconds), and
-    `<name>: preempted at step N; ...` or `<name>: done, final step M` (tests and the demo read these lines)."""
+    `<name>: preempted at step N; ...` or `<name>: done, final step M` (tests and the demo read these lines).
+    With --fail-at-step, the chosen rank raises InjectedFailure after that step (once)."""
     print(f"{name}: starting at step {loop.start} of {args.steps}", flush=True)
     t0 = time.monotonic()
 
@@ -44,6 +71,7 @@ def progress(name: str, args: argparse.Namespace, loop: TrainingLoop) -> Iterato
         done = step + 1
         if args.step_seconds > 0:
             time.sleep(args.step_seconds)
+        _fail_once(name, args, done)
         if done % args.log_every == 0 or done == args.steps:
             rate = (done - loop.start) / max(time.monotonic() - t0, 1e-9)
             print(f"{name}: step {done}/{args.steps} loss {loss:.6f} ({rate:.0f} steps/s)", flush=True)
