@@ -16,10 +16,12 @@ from respawn.contract import MASTER_PROBE_PORT
 
 
 class StepClock:
-    """Seconds since the running trainer's step last changed (since the trainer started, before its first step)."""
+    """Seconds since the running trainer's step last changed; None until its first step: a trainer's start
+    (imports, rendezvous, restore) is not timed here, only the pauses of a trainer that has stepped."""
 
     def __init__(self) -> None:
         self._key: Hashable = None
+        self._start_step: int | None = None
         self._step: int | None = None
         self._since = time.monotonic()
 
@@ -29,9 +31,11 @@ class StepClock:
         if not running:
             self._key = None
             return None
-        if trainer != self._key or step != self._step:
-            self._key, self._step, self._since = trainer, step, now
-        return now - self._since
+        if trainer != self._key:  # the step the status file still shows from before this trainer is no step of it
+            self._key, self._start_step, self._step, self._since = trainer, step, step, now
+        if step != self._step:
+            self._step, self._since = step, now
+        return None if self._step == self._start_step else now - self._since
 
 
 def answers(address: str, port: int = MASTER_PROBE_PORT, timeout: float = 3.0) -> bool:

@@ -379,8 +379,8 @@ class Heartbeat(TypedDict):
     emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
     started_at: Optional[datetime]  # when the trainer started
     generation: Optional[int]  # a multi-node member: the generation its trainer runs (or last ran); else None
-    # Seconds since the running trainer's step last changed (since its start, before its first step), by the
-    # agent's clock when it composed the beat; None while no trainer runs. The control plane's stall rule reads it.
+    # Seconds since the running trainer's step last changed, by the agent's clock when it composed the beat; None
+    # while no trainer runs or before its first step (a start is not timed). The control plane's stall rule reads it.
     step_idle_seconds: Optional[float]
     # A multi-node member other than its generation's master: whether the master's address answered a TCP connect
     # (accepted or refused) at the agent's last probe (MASTER_PROBE_PORT); None: not probed (the master, one node).

@@ -106,3 +106,17 @@ def test_the_age_of_the_beat_counts_towards_the_idle_time():
     old = [MemberObs(RUNNING, s.heartbeat.model_copy(update={"heartbeat_at": NOW - timedelta(seconds=31)}), s.address)
            for s in seen]
     assert decide(status, old).cause == multinode.UNREACHABLE
+
+
+def test_the_agents_step_clock_times_only_a_trainer_that_has_stepped():
+    from node_agent.reach import StepClock, answers
+
+    clock = StepClock()
+    assert clock.idle(False, "t1", None) is None
+    assert clock.idle(True, "t1", 40) is None  # a new trainer; 40 is what the status file showed before it
+    assert clock.idle(True, "t1", 40) is None
+    first = clock.idle(True, "t1", 41)
+    assert first is not None and first < 1
+    assert clock.idle(True, "t2", 41) is None  # the next trainer starts untimed
+    # A closed port on this machine answers (refused): reachable. An address with no route does not.
+    assert answers("127.0.0.1", 1, timeout=1)

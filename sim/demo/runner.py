@@ -194,6 +194,7 @@ class DemoRun:
         self.say = say
         self.stack = Stack(say)
         self.env: dict[str, str] = {}
+        self.partitions: list[dict[str, Any]] = []  # the partition fault as injected, and its recovery
 
     # --- start-up -----------------------------------------------------------------------------------------------
 
@@ -260,6 +261,7 @@ class DemoRun:
             "RESPAWN_NOTICE_BUDGET_SECONDS": str(sc.notice_budget_seconds),
             "RESPAWN_STALE_HEARTBEAT_SECONDS": str(sc.stale_after_seconds),
             "RESPAWN_BOOT_GRACE_SECONDS": "30",
+            "RESPAWN_PROGRESS_TIMEOUT_SECONDS": str(sc.progress_timeout_seconds),
             "RESPAWN_BACKOFF_BASE_SECONDS": "2",
             "RESPAWN_POLL_SECONDS": "0.5",
             "RESPAWN_POLL_BUDGET_SECONDS": "30",
@@ -419,6 +421,7 @@ class DemoRun:
                                 when = f"in {change.delay_seconds:g} s" if change.delay_seconds else "now"
                                 self.say(f"capacity of {z.name} {when}: {change.count if change.count is not None else 'unlimited'}")
 
+            self._partition(status, beats, now, marks)
             progress.t, progress.state = now, status.state.value
             progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts
             progress.step, progress.committed = current.get("step"), current.get("committed_step")
@@ -437,7 +440,50 @@ class DemoRun:
         result = self._finish(job_id, status, samples, marks, sim_t0, wall)
         result["transitions"] = transitions
         result["message"] = status.message  # the job's last status message: why it ended as it did
+        result["partitions"] = self.partitions
         return result
+
+    def _partition(self, status: schema.JobStatus, beats: dict[str, dict[int, dict]], now: float,
+                   marks: list[Mark]) -> None:
+        """The scenario's partition fault: cut the slot's member off from its peers once the generation trains at
+        the step; heal it when due; record when every rank of a newer generation has stepped past that step (the
+        recovery, `recovery_seconds` after the partition)."""
+        p = self.sc.faults.partition
+        if p is None:
+            return
+
+        def hb(node: str | None) -> dict:
+            return (beats.get(node or "") or {}).get(0, {})
+
+        g = status.generation or {}
+        world = g.get("members") or []
+        if not self.partitions:
+            target = status.members[p.slot] if p.slot < len(status.members) else None
+            if (target is None or target.node not in world or not target.zone
+                    or not all(hb(n).get("state") == "training" for n in world)):
+                return
+            step = max(hb(n).get("step") or 0 for n in world)
+            if step < p.at_step:
+                return
+            self.sim.partition(target.zone, target.node)
+            self.say(f"partitioning {target.node} from its peers at step {step}")
+            marks.append(Mark(now, "notice", f"partition {target.node} at step {step}", target.zone))
+            self.partitions.append({"node": target.node, "zone": target.zone, "at": round(now, 1), "step": step,
+                                    "generation": g.get("number"), "healed_at": None, "recovery_seconds": None})
+            return
+        e = self.partitions[0]
+        if p.heal_after_seconds is not None and e["healed_at"] is None and now - e["at"] >= p.heal_after_seconds:
+            try:
+                self.sim.partition(e["zone"], e["node"], heal=True)
+                self.say(f"healing the partition of {e['node']}")
+            except Exception as exc:  # replaced meanwhile: nothing left to heal
+                self.say(f"no partition of {e['node']} to heal: {exc}")
+            e["healed_at"] = round(now, 1)
+        if e["recovery_seconds"] is None and (g.get("number") or 0) > (e["generation"] or 0) and world and all(
+                hb(n).get("state") == "training" and hb(n).get("generation") == g["number"]
+                and (hb(n).get("step") or 0) > e["step"] for n in world):
+            e["recovery_seconds"] = round(now - e["at"], 1)
+            self.say(f"every rank steps past step {e['step']} again, {e['recovery_seconds']} s after the partition")
 
     def _new_events(self, job_ref, seen: set[str], progress: Progress, marks: list[Mark], now: float) -> list[dict]:
         """The job's lifecycle events not seen before, oldest first; each is shown and kept for the summary."""

@@ -78,7 +78,18 @@ class SlackFault(_Strict):
     count: int = Field(default=3, ge=1, description="how many posts fail before Slack recovers")
 
 
+class Partition(_Strict):
+    """A job of several nodes: once every member of the generation trains at `at_step`, cut the member of `slot` off
+    from its peers (the sim's partition: it keeps running and beating, its collectives hang); heal it after
+    `heal_after_seconds` (never if unset)."""
+
+    slot: int = Field(ge=0)
+    at_step: int = Field(ge=1)
+    heal_after_seconds: float | None = Field(default=None, ge=0)
+
+
 class Faults(_Strict):
+    partition: Partition | None = None
     duplicate_events: int = Field(default=0, ge=0, le=10, description="each audit event delivered N extra times")
     drop_events: int = Field(default=0, ge=0, description="drop the first N audit events the sink routes")
     slack: SlackFault | None = None
@@ -122,6 +133,8 @@ class Scenario(_Strict):
     sweep_seconds: float = Field(default=5, gt=0, description="Cloud Scheduler period")
     stale_after_seconds: float = Field(default=10, gt=0, description="heartbeat age the sweep calls stale")
     heartbeat_seconds: float = Field(default=1, gt=0)
+    progress_timeout_seconds: float = Field(default=0, ge=0, description="the stall rule's progress timeout "
+                                            "(RESPAWN_PROGRESS_TIMEOUT_SECONDS); 0: off, as a demo's pauses are short")
     timeout_seconds: float = Field(default=240, gt=0, description="give up on the job after this long")
     expect: Expect = Field(default_factory=Expect)
 
@@ -134,6 +147,12 @@ class Scenario(_Strict):
             raise ValueError("a job of several nodes runs torch DDP under torchrun: set trainer.framework: torch")
         if any(not (isinstance(nodes, int) and i < nodes) for p in self.preemptions for i in p.targets()):
             raise ValueError(f"a preemption's slots must be below job.nodes ({nodes})")
+        part = self.faults.partition
+        if part is not None and not (isinstance(nodes, int) and nodes > 1 and part.slot < nodes):
+            raise ValueError(f"a partition cuts a member off from its peers: it needs job.nodes above 1 and its slot "
+                             f"below job.nodes ({nodes})")
+        if part is not None and not self.progress_timeout_seconds:
+            raise ValueError("a partition is noticed by the stall rule: set progress_timeout_seconds")
         return self
 
 
