@@ -67,9 +67,12 @@ def _read_spec_data(path: Path) -> Any:
 
 def _parse_spec(path: Path, data: Any) -> schema.JobSpec:
     try:
-        return schema.parse_spec(data)
+        spec = schema.parse_spec(data)
     except schema.SpecError as exc:
         raise CliError(f"{path}: {exc}", code=2) from None
+    for line in schema.deprecations(data):
+        err.print(f"[yellow]warning:[/yellow] {path}: {line}", highlight=False)
+    return spec
 
 
 def _fmt_time(value: Any) -> str:
@@ -311,7 +314,7 @@ def list_jobs(
     project: Optional[str] = ProjectOpt,
     as_json: bool = typer.Option(False, "--json", help="one JSON object per job"),
 ) -> None:
-    """A table of jobs: id, state, zone, node, restarts, last committed step, updated."""
+    """A table of jobs: id, state, zone, node, recoveries (failures, preemptions), last committed step, updated."""
 
     def go() -> None:
         rows = _store(project).job_statuses()
@@ -322,10 +325,11 @@ def list_jobs(
         if not rows:
             out.print("no jobs registered")
             return
-        table = Table("id", "state", "zone", "node", "restarts", "committed step", "updated")
+        table = Table("id", "state", "zone", "node", "restarts", "failures", "preemptions", "committed step", "updated")
         for job_id, st in rows:
             table.add_row(
-                job_id, st.state.value, st.zone or "-", st.node or "-", str(st.restarts),
+                job_id, st.state.value, st.zone or "-", st.node or "-", str(st.restarts), str(st.failures),
+                str(st.preemptions),
                 "-" if st.last_committed_step is None else str(st.last_committed_step), _fmt_time(st.updated_at),
             )
         out.print(table)

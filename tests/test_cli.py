@@ -53,12 +53,15 @@ def test_register_list_describe_cancel_round_trip(firestore_db, project, spec_fi
     assert "cli-job" in r.stdout and "PENDING" in r.stdout
     r = respawn("jobs", "list", "--json", "--project", project)
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [(row["id"], row["state"], row["restarts"]) for row in rows] == [("cli-job", "PENDING", 0)]
+    assert [(row["id"], row["state"], row["restarts"], row["failures"], row["preemptions"]) for row in rows] == [
+        ("cli-job", "PENDING", 0, 0, 0)]
 
     r = respawn("jobs", "describe", "cli-job", "--project", project)
     assert r.returncode == 0, r.stderr
     described = yaml.safe_load(r.stdout)
     assert described["status"]["state"] == "PENDING"
+    assert (described["status"]["failures"], described["status"]["preemptions"]) == (0, 0)
+    assert described["spec"]["max_failures"] == 3 and "max_restarts" not in described["spec"]
     assert described["spec"]["checkpoint_uri"] == "gs://ckpt-bucket/cli-job"
 
     # The sweep topic does not exist on a bare project: cancel still records the request.
@@ -162,3 +165,14 @@ def test_register_refuses_a_boot_image_compute_engine_does_not_have(firestore_db
     r = respawn("jobs", "register", str(other), "--project", project, env_extra=endpoint)
     assert r.returncode == 0, r.stderr
     assert "not checked (HTTP 503" in " ".join(r.stderr.split()) and "registered cli-job-2" in r.stdout
+
+
+def test_validate_warns_that_max_restarts_is_max_failures_old_name(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, "max_restarts": 20}))
+    r = respawn("jobs", "validate", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "warning:" in r.stderr and "max_restarts is the old name of max_failures" in r.stderr
+    path.write_text(yaml.safe_dump({**SPEC, "max_failures": 5}))
+    r = respawn("jobs", "validate", str(path))
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
