@@ -281,7 +281,8 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
         st = _upd(s, now, members=members, moving=True, state=State.PREEMPTED, message=p.reason,
                   tried_zones=[*s.tried_zones, *([s.zone] if s.zone else [])], recovering=True,
                   preempted_zone=s.preempted_zone if s.recovering else s.zone,
-                  preempted_at=s.preempted_at if s.recovering else now)
+                  preempted_at=s.preempted_at if s.recovering else now,
+                  **_progress(s, beats))  # the survivors' last word on it: their nodes are about to go
         return Decision(NONE, st, "move", None, {"zone": s.zone})
     if p.step is membership.Step.RUN and p.generation is not None:
         g = p.generation

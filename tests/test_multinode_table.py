@@ -98,6 +98,7 @@ def test_a_refused_slot_with_too_few_survivors_moves_the_job_then_deletes_every_
     seen[2] = MemberObs()
     d = multinode.decide(observe(status, seen), seen)
     assert d.cause == "move" and d.status.moving and d.status.tried_zones == [ZONES[0]]
+    assert d.status.recovering and d.status.preempted_at == NOW and d.status.preempted_zone == ZONES[0]
     moving = d.status
     d = multinode.decide(observe(moving, seen), seen)
     assert (d.action.kind, d.action.node) == (Act.DELETE, "job-1")
@@ -249,3 +250,14 @@ def test_a_slot_refused_in_the_jobs_zone_is_not_the_job_waiting_for_capacity():
     seen[2] = MemberObs()
     d = multinode.decide(observe(status, seen, spec=spec, blocked={ZONES[0]: NOW + timedelta(minutes=5)}), seen)
     assert d.status.members[2].state is State.WAITING_FOR_CAPACITY and d.alert is None
+
+
+def test_a_move_records_what_the_survivors_committed_before_their_nodes_go():
+    status, seen = running_job(GEN1, sent=1)
+    status.members[2] = JobStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
+                                  next_attempt_at=NOW + timedelta(minutes=1))
+    seen[:2] = [MemberObs(RUNNING, beat(a, "waiting", generation=1, step=41, committed_step=41), f"10.0.0.{a}")
+                for a in (1, 2)]
+    seen[2] = MemberObs()
+    d = multinode.decide(observe(status, seen), seen)
+    assert d.cause == "move" and (d.status.last_step, d.status.last_committed_step) == (41, 41)
