@@ -113,7 +113,7 @@ def _spec(job_id: str) -> dict:
     return {"id": job_id, "provisioning": "spot", "zones": list(ZONES), "termination_action": "DELETE",
             "accelerator": {"kind": "gpu", "machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4"},
             "trainer": {"command": ["python", "-m", "respawn.ckpt.examples.torch_mlp"]},
-            "checkpoint_uri": f"gs://respawn-bench/{job_id}", "max_restarts": 5}
+            "checkpoint_uri": f"gs://respawn-bench/{job_id}", "max_failures": 5}
 
 
 class Bench:

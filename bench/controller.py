@@ -80,7 +80,7 @@ def spec_doc(job_id: str, zones: list[str]) -> dict[str, Any]:
         "zones": list(zones),
         "trainer": {"command": ["python", "train.py"]},
         "checkpoint_uri": f"gs://respawn-bench/{job_id}",
-        "max_restarts": 10_000,
+        "max_failures": 10_000,
     }
 
 

@@ -388,21 +388,29 @@ def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus],
         return _new_generation(o, members, again, "every trainer stopped; training again", cause="generation")
     worst = crashed[0][1]
     on = ", ".join(n for n, _ in crashed)
+    return _restart_failed(o, spec, members, g, "trainer_crashed", f"trainer exited {worst.exit_code} on {on}",
+                           exit_code=worst.exit_code, output_tail=worst.output_tail)
+
+
+def _restart_failed(o: Observation, spec: JobSpec, members: list[JobStatus], g: Generation, cause: str, why: str,
+                    exit_code: int | None = None, output_tail: str | None = None) -> Decision:
+    """The same members train again in a new generation after a failure of theirs (a crash, a stall): one failure
+    against max_failures (past it the job fails), preemptions not counted. No backoff: no node is made, and
+    max_failures bounds a trainer that fails at every start."""
+    s, now = o.status, o.now
     counts = dict(restarts=s.restarts + 1, failures=s.failures + 1, failure_streak=s.failure_streak + 1)
-    tallies = dict(failures=counts["failures"], preemptions=s.preemptions, attempt=s.attempt, cause="trainer_crashed")
+    tallies = dict(failures=counts["failures"], preemptions=s.preemptions, attempt=s.attempt, cause=cause,
+                   exit_code=exit_code, output_tail=output_tail)
     if counts["failures"] > spec.max_failures:
-        msg = (f"gave up after {spec.max_failures} failures (last cause: trainer_crashed, exit {worst.exit_code} on "
-               f"{on}); preemptions are not counted")
-        st = _upd(s, now, members=members, state=State.FAILED, message=msg, exit_code=worst.exit_code,
-                  recovering=False, failures=counts["failures"], last_cause="trainer_crashed")
-        alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, exit_code=worst.exit_code,
-                            output_tail=worst.output_tail, **tallies)
-        return Decision(NONE, st, "trainer_crashed", alert, {"max_failures": spec.max_failures})
-    alert = alerts.make("crashed", o.job_id, now, f"trainer exited {worst.exit_code} on {on} in generation "
-                        f"{g.number}; restarting it on every node", exit_code=worst.exit_code,
-                        output_tail=worst.output_tail, restarts=counts["restarts"], **tallies)
-    d = _new_generation(o, members, again, f"trainer exited {worst.exit_code} on {on}", cause="trainer_crashed",
-                        exit_code=worst.exit_code, last_cause="trainer_crashed", **counts)
+        msg = f"gave up after {spec.max_failures} failures (last cause: {cause}: {why}); preemptions are not counted"
+        st = _upd(s, now, members=members, state=State.FAILED, message=msg[:1000], exit_code=exit_code,
+                  recovering=False, failures=counts["failures"], last_cause=cause)
+        alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, **tallies)
+        return Decision(NONE, st, cause, alert, {"max_failures": spec.max_failures})
+    alert = alerts.make("crashed", o.job_id, now, f"{why} in generation {g.number}; restarting it on every node",
+                        restarts=counts["restarts"], **tallies)
+    again = Generation(g.number + 1, g.members, g.master_addr)
+    d = _new_generation(o, members, again, why, cause=cause, exit_code=exit_code, last_cause=cause, **counts)
     return Decision(d.action, d.status, d.cause, alert, d.details)
 
 
@@ -461,18 +469,9 @@ def _unstick(o: Observation, spec: JobSpec, members: list[JobStatus], seen: Sequ
         d = core._lose(view, view.spec, beats[i], UNREACHABLE)
         lifted = _lift(d, s, i, len(members))
         return replace(lifted, details={**lifted.details, "stalled_seconds": round(idle, 1), "cut_off": blamed})
-    restarts = s.restarts + 1
-    msg = f"generation {g.number} made no step for {idle:.0f} s while every member trains and beats"
-    if restarts > spec.max_restarts:
-        st = _upd(s, now, members=members, state=State.FAILED, recovering=False,
-                  message=f"gave up after {spec.max_restarts} restarts (last cause: {STALLED}): {msg}")
-        alert = alerts.make("failed", o.job_id, now, st.message, restarts=s.restarts, attempt=s.attempt, cause=STALLED)
-        return Decision(NONE, st, STALLED, alert)
-    again = Generation(g.number + 1, g.members, g.master_addr)
-    alert = alerts.make("crashed", o.job_id, now, f"{msg}; restarting it on every node", restarts=restarts,
-                        attempt=s.attempt, cause=STALLED)
-    d = _new_generation(o, members, again, msg, cause=STALLED, restarts=restarts, last_cause=STALLED)
-    return Decision(d.action, d.status, d.cause, alert, {**d.details, "stalled_seconds": round(idle, 1)})
+    d = _restart_failed(o, spec, members, g, STALLED,
+                        f"generation {g.number} made no step for {idle:.0f} s while every member trains and beats")
+    return replace(d, details={**d.details, "stalled_seconds": round(idle, 1)})
 
 
 def _move(o: Observation, members: list[JobStatus], seen: Sequence[MemberObs]) -> Decision:

@@ -290,11 +290,6 @@ class JobSpec(_Strict):
             data["max_failures"] = old
         return data
 
-    @property
-    def max_restarts(self) -> int:
-        """Deprecated: max_failures (code written before the two were counted apart reads this name)."""
-        return self.max_failures
-
     @field_validator("id")
     @classmethod
     def _job_id(cls, v: str) -> str:

@@ -81,8 +81,11 @@ def test_a_stall_no_member_is_blamed_for_restarts_the_generation_until_the_budge
     d = decide(status, seen)
     assert d.cause == multinode.STALLED and d.action.kind is Act.NONE
     assert d.status.generation == {**GEN1, "number": 2} and d.status.restarts == status.restarts + 1
+    assert d.status.failures == status.failures + 1 and d.status.preemptions == status.preemptions
     assert d.alert is not None and "made no step" in d.alert["message"]
-    spent = status.model_copy(update={"restarts": observe(status, seen).spec.max_restarts})
+    preempted = status.model_copy(update={"restarts": 50, "preemptions": 50})  # preemptions never count
+    assert decide(preempted, seen).status.state is State.RUNNING
+    spent = status.model_copy(update={"failures": observe(status, seen).spec.max_failures})
     d = decide(spent, seen)
     assert d.status.state is State.FAILED and multinode.STALLED in d.status.message
 

@@ -138,7 +138,7 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None) -> 
         "trainer": {"command": command, "env": {"PYTHONUNBUFFERED": "1"}, "workdir": workdir,
                     "setup": [["python", "prepare.py", "--framework", t.framework]], "interpreter": sys.executable},
         "checkpoint_uri": checkpoint_dir.resolve().as_uri(),
-        "max_restarts": 10,
+        "max_failures": 10,
         # Short enough that a stocked-out zone list recovers within a demo's minute.
         "placement": {"cooldown_seconds": 20, "max_backoff_seconds": 8},
     }
