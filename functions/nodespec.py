@@ -24,6 +24,7 @@ def settings_json(spec: JobSpec, options: NodeOptions = DEFAULTS) -> str:
         setup_timeout_seconds=spec.trainer.setup_timeout_seconds,
         heartbeat_seconds=options.heartbeat_seconds,
         notice_budget_seconds=options.notice_budget_seconds,
+        sweep_topic=options.sweep_topic,
     ).to_json()
 
 

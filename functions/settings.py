@@ -69,6 +69,9 @@ class NodeOptions:
     library: str | None = None
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS  # into respawn-settings
     notice_budget_seconds: float = DEFAULT_NOTICE_BUDGET_SECONDS  # into respawn-settings
+    # Into respawn-settings: where an agent nudges the controller when its trainer or setup fails (NodeSettings);
+    # ControlSettings.from_env gives it the sweep topic's value.
+    sweep_topic: str | None = deployment.SWEEP_TOPIC
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class ControlSettings:
         """Read and validate every variable; unset or empty means the default."""
         env = _Env(os.environ if environ is None else environ)
         op_timeout = env.optional_seconds(OP_TIMEOUT, positive=True)  # one variable, each provider its own default
+        sweep_topic = env.text(SWEEP_TOPIC) or cls.sweep_topic
         return cls(
             project=next((env.text(name) for name in PROJECT_VARS if env.text(name)), None),
             compute_endpoint=env.text(COMPUTE_ENDPOINT),
@@ -119,7 +123,7 @@ class ControlSettings:
             slack_webhook_url=env.text(SLACK_WEBHOOK_URL),
             slack_attempts=env.count(SLACK_ATTEMPTS, cls.slack_attempts, minimum=1),
             slack_backoff_seconds=env.seconds(SLACK_BACKOFF, cls.slack_backoff_seconds),
-            sweep_topic=env.text(SWEEP_TOPIC) or cls.sweep_topic,
+            sweep_topic=sweep_topic,
             sweep_publish_timeout_seconds=env.seconds(SWEEP_PUBLISH_TIMEOUT, cls.sweep_publish_timeout_seconds,
                                                       positive=True),
             stale_heartbeat_seconds=env.seconds(STALE_HEARTBEAT, cls.stale_heartbeat_seconds, positive=True),
@@ -140,6 +144,7 @@ class ControlSettings:
                 library=env.text(LIBRARY),
                 heartbeat_seconds=env.seconds(HEARTBEAT, DEFAULT_HEARTBEAT_SECONDS, positive=True),
                 notice_budget_seconds=env.seconds(NOTICE_BUDGET, DEFAULT_NOTICE_BUDGET_SECONDS, positive=True),
+                sweep_topic=sweep_topic,
             ),
         )
 

@@ -19,6 +19,9 @@ Life of one agent:
    it failed), exit 0 — what to do next is the controller's decision;
    or SIGHUP → leave the trainer running and exit EXIT_AGENT_DETACH so that systemd restarts the agent, which
    adopts it.
+A failure of the node's own — a trainer exit other than 0 or EXIT_PREEMPTED with no notice, a failed setup — wakes
+the controller once its heartbeat has landed (nudge.py: one message to the sweep topic), so that it acts now, not at
+its next scheduled sweep; a multi-node member's peers wait for it in their collectives.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from .firestore_rest import FirestoreWriter
 from .heartbeat import Heartbeater, compose_heartbeat
 from .reach import MasterProbe, StepClock
 from .metadata import MetadataClient
+from .nudge import PUBLISH_TIMEOUT_S, Nudger
 from .prepare import AGENT, PrepareFailed, Preparer, write_json
 from .previous_life import upload_previous_life
 from .storage import Fetcher, Interrupted
@@ -60,6 +64,10 @@ PREPARE_FAILED = "prepare.failed.json"  # this boot's failed preparation: report
 # returns: at the process group's timeout) and no emergency save is possible without that rank, so the agent kills
 # its process group after this grace; the next generation resumes from the newest committed step.
 RESTART_STOP_GRACE_S = 5.0
+# How long the controller's wake-up (nudge.py) waits for the heartbeat that reports the failure to land first; it is
+# sent after this even if none did. An agent about to exit waits this long at most for it to be sent.
+NUDGE_AFTER_BEAT_S = 60.0
+NUDGE_SEND_S = 2 * PUBLISH_TIMEOUT_S + 1  # the token from the metadata server, then the publish
 
 
 def _size(path: str) -> int:
@@ -106,6 +114,10 @@ class Agent:
         # Each worker of a multi-host slice beats to a document of its own; worker 0's is nodes/{node}, as before.
         self.heartbeater = Heartbeater(writer, contract.heartbeat_id(cfg.node, cfg.worker), self.snapshot,
                                        interval=self.settings.heartbeat_seconds)
+        # Wakes the controller when this node fails on its own (a trainer's error exit, a failed setup): without it
+        # the controller learns of a failure that loses no VM only at its next scheduled sweep.
+        self.nudger = (Nudger(cfg.project, self.settings.sweep_topic, cfg.job_id, md)
+                       if self.settings.sweep_topic else None)
         self.watchers = [
             Watcher(md, w, self.on_notice, wait_seconds=self.settings.metadata_wait_seconds)
             for w in (preempted_watch(), maintenance_watch())
@@ -211,7 +223,7 @@ class Agent:
                 if ended and (not self.multi_node or code == 0):
                     return self._report_exit(code)
                 if ended:
-                    self._between_generations(code)
+                    self._between_generations(code, on_its_own=True)
                 elif self.multi_node and self._newer_generation():
                     self._stop_for_generation()
             if self.multi_node and self.trainer is None and self.state is not NodeState.SETUP_FAILED:
@@ -313,9 +325,10 @@ class Agent:
             code = self._wait_for_trainer(time.monotonic() + self.settings.notice_budget_seconds)
         self._between_generations(code)
 
-    def _between_generations(self, code: int | None) -> None:
-        """The trainer of this generation ended (stopped for a newer one, or a peer was lost and its collectives
-        failed): the node waits for the next generation; the control plane decides what the exits mean."""
+    def _between_generations(self, code: int | None, on_its_own: bool = False) -> None:
+        """The trainer of this generation ended (stopped for a newer one, or, `on_its_own`, it exited: an error, or
+        a peer was lost and its collectives failed): the node waits for the next generation; the control plane
+        decides what the exits mean, woken at once for an error exit (its members wait in their collectives)."""
         assert self.trainer is not None
         self.exit_code = code
         if code not in (0, contract.EXIT_PREEMPTED):
@@ -326,7 +339,18 @@ class Agent:
         self.trainer = None
         TrainerRecord.clear(self.node_dir)
         self.state = NodeState.WAITING
+        since = time.monotonic()
         self.heartbeater.nudge()
+        if on_its_own and code not in (0, contract.EXIT_PREEMPTED):
+            self._wake_controller(f"trainer exited {code}", since)
+
+    def _wake_controller(self, why: str, since: float):
+        """This node failed on its own (not on a notice): once a heartbeat composed after the monotonic time `since`
+        (so saying so) has landed, publish the job's sweep nudge in the background (nudge.py). Returns the thread,
+        or None when there is no sweep topic or a notice came (the node is going away: not its own failure)."""
+        if self.nudger is None or self.notice is not None:
+            return None
+        return self.nudger.nudge(why, before=lambda: self.heartbeater.wait_landed(since, NUDGE_AFTER_BEAT_S))
 
     def _interrupted(self) -> bool:
         return self.notice is not None or self.detach
@@ -407,9 +431,11 @@ class Agent:
     def _setup_failed(self, failure: PrepareFailed) -> None:
         self.failed_command, self.exit_code, self.output_tail = failure.command, failure.exit_code, failure.output_tail
         self.state = NodeState.SETUP_FAILED
+        since = time.monotonic()
         log("ERROR", "preparation failed; the trainer is not started", error=str(failure),
             failed_command=failure.command, exit_code=failure.exit_code, output_tail=failure.output_tail)
         self.heartbeater.write_until(self.snapshot, time.monotonic() + SETUP_FAILED_WRITE_S, what="setup-failed")
+        self._wake_controller("setup failed", since)
 
     def _attach(self, trainer: TrainerProcess, forward_from: int | None = None) -> None:
         self.trainer = trainer
@@ -501,6 +527,7 @@ class Agent:
         if code != 0 and self.trainer is not None:
             self.output_tail = self.trainer.output_tail()
         self.state = NodeState.EXITED
+        since = time.monotonic()
         self._stop_forwarding()
         if code == 0:
             log("INFO", "trainer finished successfully", exit_code=0)
@@ -514,6 +541,10 @@ class Agent:
             # Keep trainer.json: the next agent (systemd restarts a failed one) reports this exit again.
             return 1
         TrainerRecord.clear(self.node_dir)
+        if code not in (0, contract.EXIT_PREEMPTED):
+            nudge = self._wake_controller(f"trainer exited {code}", since)
+            if nudge is not None:
+                nudge.join(NUDGE_SEND_S)  # the agent exits next: the message must be out first
         return 0
 
     def _end_after_setup_failure(self) -> int:

@@ -70,6 +70,9 @@ class Heartbeater(threading.Thread):
         self._wake = threading.Event()  # set by nudge() and stop_periodic(): end the current wait early
         self._write_lock = threading.Lock()
         self.writes = 0
+        # The monotonic time at which the newest beat that landed was composed (wait_landed).
+        self._landed = threading.Condition()
+        self._landed_composed_at = float("-inf")
 
     def stop_periodic(self) -> None:
         self._halt.set()
@@ -86,7 +89,9 @@ class Heartbeater(threading.Thread):
         delay_on_error, failures = 1.0, 0
         while not self._halt.is_set():
             try:
-                self.write(self.snapshot(), timeout=min(5.0, max(1.0, self.interval)), lock_timeout=0)
+                composed_at = time.monotonic()
+                self.write(self.snapshot(), timeout=min(5.0, max(1.0, self.interval)), lock_timeout=0,
+                           composed_at=composed_at)
             except (FirestoreError, *TRANSPORT_ERRORS) as exc:
                 failures += 1
                 if failures == 1 or failures % 10 == 0:
@@ -100,9 +105,11 @@ class Heartbeater(threading.Thread):
             failures, delay_on_error = 0, 1.0
             self._pause(self.interval)
 
-    def write(self, doc: Heartbeat, *, timeout: float, lock_timeout: float = -1) -> bool:
+    def write(self, doc: Heartbeat, *, timeout: float, lock_timeout: float = -1,
+              composed_at: float | None = None) -> bool:
         """One write. Returns False without writing if another write holds the lock past `lock_timeout` (0 for
-        the periodic loop: skip a beat rather than queue behind a final write); raises on failure."""
+        the periodic loop: skip a beat rather than queue behind a final write); raises on failure. `composed_at`:
+        the monotonic time just before `doc` was composed (for wait_landed)."""
         if not self._write_lock.acquire(timeout=lock_timeout):  # -1: wait as long as it takes
             return False
         try:
@@ -111,9 +118,19 @@ class Heartbeater(threading.Thread):
             self.writer.set(NODES_COLLECTION, self.node, dict(doc), server_timestamps=HEARTBEAT_SERVER_TIME_FIELDS,
                             timeout=timeout)
             self.writes += 1
-            return True
         finally:
             self._write_lock.release()
+        if composed_at is not None:
+            with self._landed:
+                self._landed_composed_at = max(self._landed_composed_at, composed_at)
+                self._landed.notify_all()
+        return True
+
+    def wait_landed(self, since: float, timeout: float) -> bool:
+        """Wait until a beat composed at or after the monotonic time `since` has been written (so it carries
+        whatever the agent's state was at `since`); False after `timeout`."""
+        with self._landed:
+            return self._landed.wait_for(lambda: self._landed_composed_at >= since, timeout)
 
     def write_until(self, make_doc: Callable[[], Heartbeat], deadline: float, *, what: str) -> bool:
         """Retry a one-off write until it lands or the monotonic `deadline` passes. True if written."""
@@ -124,8 +141,10 @@ class Heartbeater(threading.Thread):
                 log("ERROR", f"{what} heartbeat not written before the deadline", node=self.node)
                 return False
             try:
+                composed_at = time.monotonic()
                 doc = make_doc()
-                if self.write(doc, timeout=max(0.5, min(5.0, remaining)), lock_timeout=remaining):
+                if self.write(doc, timeout=max(0.5, min(5.0, remaining)), lock_timeout=remaining,
+                              composed_at=composed_at):
                     log("INFO", f"{what} heartbeat written", node=self.node, state=doc["state"],
                         committed_step=doc["committed_step"], exit_code=doc["exit_code"])
                     return True

@@ -228,6 +228,10 @@ class NodeSettings:
     setup: Tuple[Tuple[str, ...], ...] = ()  # argv commands run in the workdir once per node life, before the trainer
     interpreter: str = DEFAULT_INTERPRETER  # runs the trainer (a command's leading python/python3) and the library
     setup_timeout_seconds: float = DEFAULT_SETUP_TIMEOUT_SECONDS  # per setup command
+    # The controller's sweep topic (an id in ATTR_PROJECT's project, or projects/P/topics/T): where the agent
+    # publishes sweep_nudge(job) when its trainer or setup fails, so the controller acts now rather than at its next
+    # scheduled sweep. None: no nudge (the scheduled sweep still finds the failure).
+    sweep_topic: Optional[str] = None
 
     def __post_init__(self) -> None:
         command = self.command
@@ -255,6 +259,8 @@ class NodeSettings:
         object.__setattr__(self, "setup", tuple(tuple(c) for c in setup))
         if not isinstance(self.interpreter, str) or not self.interpreter or "\0" in self.interpreter:
             raise SettingsError(f"interpreter must be a program name or path, got {self.interpreter!r}")
+        if self.sweep_topic is not None:
+            topic_path("project", self.sweep_topic)  # SettingsError naming what is wrong
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -275,6 +281,22 @@ class NodeSettings:
             if key not in known:
                 raise SettingsError(f"{key} is missing")
         return cls(**known)
+
+
+def topic_path(project: str, topic: str) -> str:
+    """A Pub/Sub topic (an id in `project`, or projects/P/topics/T) as projects/P/topics/T; SettingsError when it
+    is neither."""
+    parts = topic.split("/") if isinstance(topic, str) else []
+    if len(parts) == 1 and parts[0]:
+        return f"projects/{project}/topics/{topic}"
+    if len(parts) == 4 and parts[0] == "projects" and parts[2] == "topics" and parts[1] and parts[3]:
+        return topic
+    raise SettingsError(f"sweep_topic must be a topic id or projects/PROJECT/topics/TOPIC, got {topic!r}")
+
+
+def sweep_nudge(job_id: str) -> Dict[str, str]:
+    """The message that makes the controller reconcile one job now (on_sweep; the CLI and the agent send it)."""
+    return {"task": "sweep", "job_id": job_id}
 
 
 # ---- the status file (written by respawn.ckpt.status.StatusWriter, read by the agent) --------------------------

@@ -13,6 +13,7 @@ from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import firestore
 
+from respawn.contract import sweep_nudge
 from respawn.schema import EVENTS, JOBS, JobEvent, JobStatus, State
 
 # With the emulator any project id works; this one is the demo's.
@@ -124,5 +125,5 @@ def nudge_sweep(project: str, topic: str, job_id: str, timeout: float = 10.0) ->
     from google.cloud import pubsub_v1
 
     publisher = pubsub_v1.PublisherClient()
-    data = json.dumps({"task": "sweep", "job_id": job_id}).encode()
+    data = json.dumps(sweep_nudge(job_id)).encode()
     publisher.publish(publisher.topic_path(project, topic), data).result(timeout=timeout)

@@ -30,6 +30,8 @@ def test_what_the_control_plane_writes_the_agent_reads_back():
     assert settings.checkpoint_uri == "gs://ckpt-bucket/llm"
     assert settings.heartbeat_seconds == contract.DEFAULT_HEARTBEAT_SECONDS
     assert settings.notice_budget_seconds == contract.DEFAULT_NOTICE_BUDGET_SECONDS
+    assert settings.sweep_topic == "respawn-sweep"  # the deployed topic, where on_sweep listens
+    assert contract.topic_path("p", settings.sweep_topic) == "projects/p/topics/respawn-sweep"
     assert NodeSettings.from_json(settings.to_json()) == settings
 
 
@@ -44,6 +46,8 @@ def test_unknown_keys_are_ignored_and_defaults_apply():
     ({"checkpoint_uri": "gs://b"}, "command is missing"),
     ({"command": ["x"], "checkpoint_uri": "gs://b", "heartbeat_seconds": float("inf")}, "heartbeat_seconds"),
     ({"command": ["x", ""], "checkpoint_uri": "gs://b"}, "argv list"),
+    ({"command": ["x"], "checkpoint_uri": "gs://b", "sweep_topic": "projects/p/sweep"}, "sweep_topic"),
+    ({"command": ["x"], "checkpoint_uri": "gs://b", "sweep_topic": ""}, "sweep_topic"),
 ])
 def test_invalid_settings_name_the_key(fields, words):
     with pytest.raises(SettingsError, match=words):

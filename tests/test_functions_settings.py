@@ -28,7 +28,7 @@ def test_unset_means_the_documented_defaults():
     assert (s.slack_attempts, s.slack_backoff_seconds, s.alert_publish_timeout_seconds) == (4, 1, 10)
     assert (s.project, s.compute_endpoint, s.tpu_endpoint, s.alerts_topic, s.slack_webhook_url) == (None,) * 5
     assert (s.sweep_topic, s.sweep_publish_timeout_seconds) == ("respawn-sweep", 60)  # the deployed topic's name
-    assert s.nodes == NodeOptions(None, None, None, True, None, None, 15.0, 25.0)
+    assert s.nodes == NodeOptions(None, None, None, True, None, None, 15.0, 25.0, "respawn-sweep")
     # Empty is unset, as before.
     assert ControlSettings.from_env({name: "" for name in _names()}) == s
 
@@ -44,6 +44,7 @@ def test_every_variable_reaches_its_field():
         "RESPAWN_SUBNETWORK": "sub", "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_AGENT": AGENT, "RESPAWN_LIBRARY": LIBRARY,
         "RESPAWN_HEARTBEAT_SECONDS": "5", "RESPAWN_NOTICE_BUDGET_SECONDS": "20",
         "RESPAWN_SWEEP_TOPIC": "projects/p/topics/sweep", "RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS": "7",
+        "RESPAWN_PROGRESS_TIMEOUT_SECONDS": "90",
     }
     assert set(env) | {"GOOGLE_CLOUD_PROJECT", "GCP_PROJECT"} == set(_names())
     s = ControlSettings.from_env(env)
@@ -52,8 +53,9 @@ def test_every_variable_reaches_its_field():
         alert_publish_timeout_seconds=3, slack_webhook_url="https://hook", slack_attempts=2, slack_backoff_seconds=0.5,
         stale_heartbeat_seconds=60, boot_grace_seconds=30, backoff_base_seconds=2, max_in_place_restarts=0,
         poll_seconds=0.05, poll_budget_seconds=15, compute_op_timeout_seconds=60, tpu_op_timeout_seconds=60,
-        sweep_topic="projects/p/topics/sweep", sweep_publish_timeout_seconds=7,
-        nodes=NodeOptions("n@p.iam.gserviceaccount.com", "net", "sub", False, AGENT, LIBRARY, 5, 20))
+        progress_timeout_seconds=90, sweep_topic="projects/p/topics/sweep", sweep_publish_timeout_seconds=7,
+        nodes=NodeOptions("n@p.iam.gserviceaccount.com", "net", "sub", False, AGENT, LIBRARY, 5, 20,
+                          "projects/p/topics/sweep"))  # the nodes nudge the controller where its sweep listens
     assert "https://hook" not in repr(s)  # the webhook URL is a secret
     assert ControlSettings.from_env({"GOOGLE_CLOUD_PROJECT": "g", "GCP_PROJECT": "x"}).project == "g"
     assert ControlSettings.from_env({"RESPAWN_PROJECT": "r", "GOOGLE_CLOUD_PROJECT": "g"}).project == "r"

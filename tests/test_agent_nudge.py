@@ -1,0 +1,118 @@
+"""The agent wakes the controller when its node fails on its own: real agents against the metadata sim, the Firestore
+emulator and the Pub/Sub emulator (its sweep topic read through a pull subscription, as on_sweep's would be fed).
+
+A trainer's error exit or a failed setup → exactly one {"task": "sweep", "job_id": JOB} on the sweep topic, after
+the heartbeat that reports it; a trainer that stops on a notice (exit 75) → nothing; a topic the node may not publish
+to → one WARNING naming the topic and the grant to check, and the node carries on."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+
+import pytest
+
+from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (agent_env: a fixture)
+from respawn.contract import EXIT_PREEMPTED, Generation
+
+
+@pytest.fixture
+def sweep(pubsub_emulator, project):
+    """A fresh sweep topic on the emulator and a pull subscription on it: (topic id, pull())."""
+    from google.cloud import pubsub_v1
+
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    topic = f"sweep-{uuid.uuid4().hex[:8]}"
+    publisher.create_topic(name=publisher.topic_path(project, topic))
+    sub = subscriber.subscription_path(project, f"{topic}-sub")
+    subscriber.create_subscription(name=sub, topic=publisher.topic_path(project, topic))
+
+    def pull() -> list[dict]:
+        """Every message on the topic so far (the emulator has them once publish has answered), acknowledged."""
+        got = []
+        while True:
+            resp = subscriber.pull(subscription=sub, max_messages=10, return_immediately=True, timeout=10)
+            if not resp.received_messages:
+                return got
+            subscriber.acknowledge(subscription=sub, ack_ids=[m.ack_id for m in resp.received_messages])
+            got.extend(json.loads(m.message.data) for m in resp.received_messages)
+
+    yield topic, pull
+    subscriber.delete_subscription(subscription=sub)
+    publisher.delete_topic(topic=publisher.topic_path(project, topic))
+
+
+def _tiny(env, *flags: str) -> list[str]:
+    return [sys.executable, str(env.tiny_trainer), *flags]
+
+
+def _woken(agent) -> list[dict]:
+    return [e for e in agent.events() if e["message"] == "controller woken: sweep requested for this job"]
+
+
+def test_a_members_trainer_error_wakes_the_controller_once(agent_env, sweep):
+    topic, pull = sweep
+    s = settings(_tiny(agent_env, "--crash-at", "20"), f"file://{agent_env.tmp}/store", sweep_topic=topic,
+                 heartbeat_seconds=30)  # the report must not wait for a periodic beat: the exit's own lands first
+    md = agent_env.metadata("nj-2", {**attributes("nj", 2, agent_env.project, s), "respawn-generation": ""})
+    agent = agent_env.agent(md, agent_env.tmp / "nj-2")
+    wait_for(lambda: (agent_env.heartbeat("nj-2") or {}).get("state") == "waiting", 60, "the member waiting")
+    assert pull() == []  # a member waiting, or training, sends nothing
+    md.set_attribute("respawn-generation", Generation(1, ("nj-1", "nj-2"), "127.0.0.1").to_json())
+    wait_for(lambda: _woken(agent), 60, "the controller woken")
+    # The heartbeat that says so had landed before the message went: the controller reads the exit when it wakes.
+    hb = agent_env.heartbeat("nj-2")
+    assert (hb["state"], hb["exit_code"], hb["generation"]) == ("waiting", 3, 1)
+    assert "loss is NaN at step 20" in hb["output_tail"]
+    assert pull() == [{"task": "sweep", "job_id": "nj"}]
+    assert _woken(agent)[0]["topic"] == f"projects/{agent_env.project}/topics/{topic}"
+    # The member waits for the next generation (the controller's to write) and sends nothing more meanwhile.
+    time.sleep(1.0)
+    assert pull() == [] and len(_woken(agent)) == 1 and agent.proc.poll() is None
+
+
+def test_a_trainer_stopping_on_a_notice_sends_nothing(agent_env, sweep):
+    topic, pull = sweep
+    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic)
+    md = agent_env.metadata("nq-2", {**attributes("nq", 2, agent_env.project, s), "respawn-generation": ""})
+    agent = agent_env.agent(md, agent_env.tmp / "nq-2")
+    wait_for(lambda: (agent_env.heartbeat("nq-2") or {}).get("state") == "waiting", 60, "the member waiting")
+    md.set_attribute("respawn-generation", Generation(1, ("nq-1", "nq-2"), "127.0.0.1").to_json())
+    wait_for(lambda: (agent_env.heartbeat("nq-2") or {}).get("step"), 60, "the trainer stepping")
+    md.set("instance/preempted", "TRUE")
+    assert agent.wait(60) == 0  # the agent is gone: anything it would have sent is on the topic by now
+    hb = agent_env.heartbeat("nq-2")
+    assert (hb["state"], hb["exit_code"], hb["notice"]) == ("exited", EXIT_PREEMPTED, "preempted")
+    assert pull() == [] and not _woken(agent)
+
+
+def test_a_single_nodes_trainer_error_and_a_failed_setup_each_wake_it(agent_env, sweep):
+    topic, pull = sweep
+    # A single node's trainer fails: the agent exits after its report, and the message is out before it does.
+    s = settings(_tiny(agent_env, "--crash-at", "5"), f"file://{agent_env.tmp}/store", sweep_topic=topic)
+    md = agent_env.metadata("one-1", attributes("one", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "one-1")
+    assert agent.wait(60) == 0
+    assert agent_env.heartbeat("one-1")["exit_code"] == 3
+    assert pull() == [{"task": "sweep", "job_id": "one"}]
+    # A failed setup: the node stays up heartbeating setup-failed, and says so once.
+    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic,
+                 setup=[["python", "-c", "import sys; sys.exit(4)"]], interpreter=sys.executable)
+    md = agent_env.metadata("bad-1", attributes("bad", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "bad-1")
+    wait_for(lambda: _woken(agent), 60, "the controller woken")
+    assert agent_env.heartbeat("bad-1")["state"] == "setup-failed"
+    assert pull() == [{"task": "sweep", "job_id": "bad"}]
+
+
+def test_a_topic_the_node_cannot_publish_to_is_named_and_the_node_carries_on(agent_env, sweep):
+    s = settings(_tiny(agent_env, "--crash-at", "5"), f"file://{agent_env.tmp}/store", sweep_topic="no-such-topic")
+    md = agent_env.metadata("lost-1", attributes("lost", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "lost-1")
+    assert agent.wait(60) == 0  # the heartbeat, not the message, is the report
+    assert agent_env.heartbeat("lost-1")["exit_code"] == 3
+    [warning] = [e for e in agent.events() if e["message"].startswith("could not wake the controller")]
+    assert warning["severity"] == "WARNING" and warning["topic"] == f"projects/{agent_env.project}/topics/no-such-topic"
+    assert "pubsub.topics.publish" in warning["message"] and "404" in warning["error"]
