@@ -204,6 +204,11 @@ def test_the_sweep_fans_out_to_as_many_invocations_as_the_event_path(deployed):
     controller = f"serviceAccount:{deployment.service_account_email(deployment.CONTROLLER_SA, PROJECT)}"
     topics = {b[1] for b in standin.state()["bindings"] if b[0] == "pubsub topics" and b[2] == controller}
     assert topics == {deployment.SWEEP_TOPIC, deployment.ALERTS_TOPIC}
+    # A node whose trainer or setup fails wakes the controller there (node_agent/nudge.py): the node service account
+    # may publish to the sweep topic, on that topic alone.
+    node = f"serviceAccount:{deployment.service_account_email(deployment.NODE_SA, PROJECT)}"
+    assert [b for b in standin.state()["bindings"] if b[0] == "pubsub topics" and b[2] == node] == [
+        ["pubsub topics", deployment.SWEEP_TOPIC, node, f"projects/{PROJECT}/roles/respawnNodeSweep"]]
 
 
 def test_firestore_ttl_on_event_history(deployed):

@@ -74,7 +74,7 @@ def called_by_controller() -> set[str]:
 def called_by_node() -> set[str]:
     methods = set(CALLS["node"]["guest-logging-agent"])  # the node's journal shipped by the guest logging agent
     agent = "\n".join(p.read_text() for p in sorted((ROOT / "node_agent").glob("*.py")))
-    for rest in ("documents:commit", "documents:batchGet"):
+    for rest in ("documents:commit", "documents:batchGet", ":publish"):
         if rest in agent:
             methods.update(CALLS["node"][rest])
     storage = (ROOT / "trainer" / "storage.py").read_text()
@@ -101,6 +101,13 @@ def test_node_holds_exactly_what_the_agent_and_trainer_call():
     called, granted = called_by_node(), iam.granted_methods("node")
     assert called - granted == set(), f"called but not granted: {sorted(called - granted)}"
     assert granted - called == set(), f"granted but unused: {sorted(granted - called)}"
+
+
+def test_the_node_may_publish_to_the_sweep_topic_only():
+    # The agent wakes the controller through the sweep topic (node_agent/nudge.py); nothing else it may publish to.
+    assert "pubsub.topics.publish" in called_by_node()
+    node_pubsub = [r for r in iam.roles() if r.member == "node" and any(p.startswith("pubsub.") for p in r.permissions)]
+    assert [(r.scope, r.permissions) for r in node_pubsub] == [("sweep-topic", ["pubsub.topics.publish"])]
 
 
 def test_notifier_and_trigger_hold_no_custom_permissions():
