@@ -365,7 +365,13 @@ def test_member_crash_scenario(tmp_path):
                       and e.get("generation") == 2) for log in logs.values()]  # every member's trainer
     seconds = (datetime.fromisoformat(max(restarted)) - datetime.fromisoformat(crashed_at)).total_seconds()
     print(f"\nmember-crash: every member's trainer restarted in generation 2 within {seconds:.0f} s (log times, "
-          "1 s resolution) of the crashed member's report; gloo's collective timeout is 30 min")
+          f"1 s resolution) of the crashed member's report, with a {sc.sweep_seconds:g} s sweep period; gloo's "
+          "collective timeout is 30 min")
+    # The crashed member woke the controller (one sweep message for the job, once its heartbeat said so) before
+    # every member restarted: with the scenario's sweep period far above the restart time, that is what did it.
+    woken = [e["time"] for e in _agent_log(logs[f"{out['job_id']}-3"])
+             if e["message"] == "controller woken: sweep requested for this job"]
+    assert len(woken) == 1 and crashed_at <= woken[0] <= max(restarted), (crashed_at, woken, restarted)
     # Every rank of generation 2 resumed at one committed step before the failure, and the run ended as an
     # uninterrupted one would have.
     starts = re.findall(r"torch_ddp\[rank (\d)\]: starting at step (\d+) of", text)
