@@ -19,8 +19,8 @@ Life of one agent:
    it failed), exit 0 — what to do next is the controller's decision;
    or SIGHUP → leave the trainer running and exit EXIT_AGENT_DETACH so that systemd restarts the agent, which
    adopts it.
-A failure of the node's own — a trainer exit other than 0 or EXIT_PREEMPTED with no notice, a failed setup — wakes
-the controller once its heartbeat has landed (nudge.py: one message to the sweep topic), so that it acts now, not at
+A trainer that ends on its own — any exit but EXIT_PREEMPTED with no notice: an error, or 0 (done: the nodes go now) —
+or a failed setup wakes the controller once its heartbeat has landed (nudge.py: one message to the sweep topic), so that it acts now, not at
 its next scheduled sweep; a multi-node member's peers wait for it in their collectives.
 """
 
@@ -341,11 +341,12 @@ class Agent:
         self.state = NodeState.WAITING
         since = time.monotonic()
         self.heartbeater.nudge()
-        if on_its_own and code not in (0, contract.EXIT_PREEMPTED):
+        if on_its_own and code != contract.EXIT_PREEMPTED:
             self._wake_controller(f"trainer exited {code}", since)
 
     def _wake_controller(self, why: str, since: float):
-        """This node failed on its own (not on a notice): once a heartbeat composed after the monotonic time `since`
+        """This node's trainer ended on its own (an error, or done: the job's nodes go now rather than at the next
+        sweep), or its setup failed, not on a notice: once a heartbeat composed after the monotonic time `since`
         (so saying so) has landed, publish the job's sweep nudge in the background (nudge.py). Returns the thread,
         or None when there is no sweep topic or a notice came (the node is going away: not its own failure)."""
         if self.nudger is None or self.notice is not None:
@@ -541,7 +542,7 @@ class Agent:
             # Keep trainer.json: the next agent (systemd restarts a failed one) reports this exit again.
             return 1
         TrainerRecord.clear(self.node_dir)
-        if code not in (0, contract.EXIT_PREEMPTED):
+        if code != contract.EXIT_PREEMPTED:
             nudge = self._wake_controller(f"trainer exited {code}", since)
             if nudge is not None:
                 nudge.join(NUDGE_SEND_S)  # the agent exits next: the message must be out first

@@ -88,7 +88,7 @@ def test_a_trainer_stopping_on_a_notice_sends_nothing(agent_env, sweep):
     assert pull() == [] and not _woken(agent)
 
 
-def test_a_single_nodes_trainer_error_and_a_failed_setup_each_wake_it(agent_env, sweep):
+def test_a_single_nodes_trainer_error_a_failed_setup_and_the_end_each_wake_it(agent_env, sweep):
     topic, pull = sweep
     # A single node's trainer fails: the agent exits after its report, and the message is out before it does.
     s = settings(_tiny(agent_env, "--crash-at", "5"), f"file://{agent_env.tmp}/store", sweep_topic=topic)
@@ -105,6 +105,13 @@ def test_a_single_nodes_trainer_error_and_a_failed_setup_each_wake_it(agent_env,
     wait_for(lambda: _woken(agent), 60, "the controller woken")
     assert agent_env.heartbeat("bad-1")["state"] == "setup-failed"
     assert pull() == [{"task": "sweep", "job_id": "bad"}]
+    # A trainer that finished: its nodes should go now, not at the next sweep.
+    s = settings(_tiny(agent_env, "--steps", "10"), f"file://{agent_env.tmp}/store", sweep_topic=topic)
+    md = agent_env.metadata("done-1", attributes("done", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "done-1")
+    assert agent.wait(60) == 0
+    assert agent_env.heartbeat("done-1")["exit_code"] == 0
+    assert pull() == [{"task": "sweep", "job_id": "done"}]
 
 
 def test_a_topic_the_node_cannot_publish_to_is_named_and_the_node_carries_on(agent_env, sweep):
