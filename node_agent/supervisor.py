@@ -61,6 +61,25 @@ def _proc_start_time(pid: int) -> str | None:
     return fields[19]
 
 
+# In the environment of every process of one trainer run (its value: the run's started_at), inherited by whatever the
+# trainer starts, in any session: kill() finds them by it even after their parents have gone (reparented).
+RUN_MARKER = "RESPAWN_TRAINER_RUN"
+
+
+def _marked(marker: bytes) -> list[int]:
+    """Every live process whose environment holds `marker` (NAME=VALUE)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:  # gone, or not ours to read
+                continue
+    return found
+
+
 def _descendants(pid: int) -> list[int]:
     """Every live process below `pid` (its children, theirs, ...), from /proc's parent links."""
     children: dict[int, list[int]] = {}
@@ -166,7 +185,8 @@ class TrainerProcess:
             offset = out.tell()
             child = subprocess.Popen(
                 ["/bin/sh", "-c", _WRAPPER, "respawn-trainer", os.path.join(node_dir, EXIT_FILE), *argv],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd or node_dir,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env={**env, RUN_MARKER: started_at},
+                cwd=cwd or node_dir,
                 # setsid(): a session and process group of its own, led by the wrapper (pgid = its pid), so that
                 # signal() reaches the wrapper and the trainer together and nothing aimed at the agent's group
                 # does. (Not Popen's process_group=0: that is Python 3.11+, and nodes run 3.9 and 3.10 too.)
@@ -205,18 +225,25 @@ class TrainerProcess:
             log("ERROR", "cannot signal the trainer's process group", pgid=self.pid, error=str(exc))
 
     def kill(self) -> None:
-        """SIGKILL to the trainer's process group and to every process descended from it: a launcher puts its
-        workers in sessions of their own (torchrun does), where the group's signal does not reach them, and a
-        worker blocked in a collective would outlive its launcher (holding its memory, its device, its ports)."""
-        descendants = _descendants(self.pid)  # before the kill: killed launchers' children are reparented
+        """SIGKILL to the trainer's process group and to every process of its run: a launcher puts its workers in
+        sessions of their own (torchrun does), where the group's signal does not reach them, and a worker blocked in
+        a collective would outlive its launcher (holding its memory, its device, its ports). They are found by
+        descent and by the run's marker in their environment (a launcher that exited first left its workers
+        reparented), and looked for again after the kill (one may have forked meanwhile)."""
+        marker = f"{RUN_MARKER}={self.record.started_at}".encode()
+        others = set(_descendants(self.pid)) | set(_marked(marker))  # before the kill: then they are reparented
         self.signal(signal.SIGKILL)
-        for pid in descendants:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            except PermissionError as exc:
-                log("ERROR", "cannot kill a process the trainer started", pid=pid, error=str(exc))
+        for _ in range(3):
+            for pid in others:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                except PermissionError as exc:
+                    log("ERROR", "cannot kill a process the trainer started", pid=pid, error=str(exc))
+            others = set(_marked(marker)) - others
+            if not others:
+                break
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -226,3 +226,33 @@ def test_trainer_env_names_the_hosts_single_host_by_default(tmp_path):
     assert (env[contract.ENV_NODE_RANK], env[contract.ENV_NUM_NODES], env[contract.ENV_MASTER_ADDR]) == (
         "3", "4", "10.0.0.5")
     assert agent.heartbeater.node == "j-2-w3" and agent.snapshot()["worker"] == 3
+
+
+def test_kill_reaches_a_worker_whose_launcher_exited_first(tmp_path):
+    """A launcher that starts its worker in a session of its own and then exits leaves the worker reparented: out of
+    the trainer's process group and no longer its descendant. kill() still finds it, by the run's marker."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from respawn.agent.supervisor import TrainerProcess
+
+    pid_file = tmp_path / "worker.pid"
+    launcher = ("import subprocess, sys; w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], "
+                f"start_new_session=True); open({str(pid_file)!r}, 'w').write(str(w.pid))")
+    trainer = TrainerProcess.start(str(tmp_path), [sys.executable, "-c", launcher + "; import time; time.sleep(300)"],
+                                   dict(os.environ), job_id="j", attempt=1, started_at=datetime.now(timezone.utc).isoformat())
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+    # The launcher (the trainer's own command, in the group) goes first, as a killed or exiting torchrun does.
+    subprocess.run(["pkill", "-KILL", "-P", str(trainer.pid)], check=False)
+    time.sleep(0.3)
+    assert os.path.exists(f"/proc/{worker}")
+    trainer.kill()
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{worker}") and "Z" not in open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1][:3]:
+        assert time.monotonic() < deadline, "the reparented worker outlived the kill"
+        time.sleep(0.05)
