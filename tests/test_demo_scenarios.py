@@ -220,6 +220,7 @@ def test_multi_node_scenario(tmp_path, name):
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
     nodes = sc.job["nodes"]
     check_common(r, out, tmp_path, nodes=nodes)
+    assert out["max_live_per_slot"] == 1  # never two nodes for one slot
     assert out["lost_steps"] == 0 and out["restarts"] == len(sc.preemptions)
     assert out["zones"] == [sc.zones[0].name]  # every node in the job's zone; none moved
     check_members(tmp_path, sc, out)
@@ -313,6 +314,7 @@ def test_harder_multi_node_scenario(tmp_path, name):
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
     nodes = sc.job["nodes"]
     check_common(r, out, tmp_path, nodes=nodes)  # never more live nodes than `nodes`, the last step reached
+    assert out["max_live_per_slot"] == 1  # never two nodes for one slot
     assert out["lost_steps"] == 0
     moved = name == "move-master-lost"
     assert out["zones"] == [z.name for z in sc.zones][:2 if moved else 1]  # one zone but for the move

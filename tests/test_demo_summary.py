@@ -48,6 +48,15 @@ def test_max_live_nodes_counts_overlap_only():
     assert max_live(overlapping, 50) == 2
 
 
+def test_max_live_per_slot_counts_each_slots_own_overlap():
+    members = [Lifetime("j-1", "a", 0, None, slot="0"), Lifetime("j-2", "a", 0, 10, slot="1"),
+               Lifetime("j-3", "a", 10, None, slot="1")]
+    assert summarize(run([], members))["max_live_per_slot"] == 1  # three live at once, one per slot
+    twice = [*members, Lifetime("j-4", "a", 20, 30, slot="1")]  # a second node for slot 1 while j-3 lives
+    assert summarize(run([], twice))["max_live_per_slot"] == 2
+    assert summarize(run([], [Lifetime("j-1", "a", 0, None)]))["max_live_per_slot"] == 0
+
+
 def test_a_dead_nodes_unchanging_heartbeat_does_not_stretch_its_life():
     samples = [S(0, "j-1", "a", "training", 0, None, 0), S(10, "j-1", "a", "exited", 100, 100),
                S(50, "j-1", "a", "exited", 100, 100), S(90, "j-1", "a", "exited", 100, 100)]

@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from respawn import codestore, deployment, schema
+from respawn import codestore, contract, deployment, schema
 from respawn.workdir import human_bytes, pack
 from sim import emulators, netns, node_image
 from sim.demo.scenario import Preemption, Scenario
@@ -524,7 +524,8 @@ class DemoRun:
             for start, end in h["live"]:
                 s, e = start - sim_t0, (None if end is None else end - sim_t0)
                 final = h["states"][-1][1] if h["states"] else ""
-                lifetimes.append(Lifetime(h["name"], h["zone"], s, e, final))
+                lifetimes.append(Lifetime(h["name"], h["zone"], s, e, final,
+                                          (h.get("labels") or {}).get(contract.LABEL_SLOT)))
                 spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running",
                                       workers=len(hosts.get(h["name"]) or [0])))
         alerts = [p.get("text", "") for p in self.slack.payloads]

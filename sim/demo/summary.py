@@ -29,6 +29,7 @@ class Lifetime:
     start: float
     end: float | None
     end_reason: str = ""
+    slot: str | None = None  # a multi-node job's member slot (the node's respawn-slot label)
 
 
 @dataclass
@@ -157,6 +158,9 @@ def summarize(rec: RunRecord) -> dict:
         "zones": zones_in_order(rec.lifetimes),
         "lost_steps": lost_steps(ordered),
         "max_live_nodes": max_live(rec.lifetimes, rec.wall_seconds),
+        # The most nodes one member slot had alive at once (a slot holds at most one node; 0 for a one-node job).
+        "max_live_per_slot": max((max_live([lt for lt in rec.lifetimes if lt.slot == slot], rec.wall_seconds)
+                                  for slot in {lt.slot for lt in rec.lifetimes if lt.slot is not None}), default=0),
         "alerts": rec.alerts,
         "wall_seconds": round(rec.wall_seconds, 2),
         "goodput": round(goodput(ordered, final_step, rec.wall_seconds), 4),
