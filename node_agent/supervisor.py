@@ -66,8 +66,8 @@ def _proc_start_time(pid: int) -> str | None:
 RUN_MARKER = "RESPAWN_TRAINER_RUN"
 
 
-def _marked(marker: bytes) -> list[int]:
-    """Every live process whose environment holds `marker` (NAME=VALUE)."""
+def processes_with(marker: bytes) -> list[int]:
+    """Every live process whose environment holds `marker` (NAME=VALUE); a zombie's environment is empty."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -231,7 +231,7 @@ class TrainerProcess:
         descent and by the run's marker in their environment (a launcher that exited first left its workers
         reparented), and looked for again after the kill (one may have forked meanwhile)."""
         marker = f"{RUN_MARKER}={self.record.started_at}".encode()
-        others = set(_descendants(self.pid)) | set(_marked(marker))  # before the kill: then they are reparented
+        others = set(_descendants(self.pid)) | set(processes_with(marker))  # before the kill: then they are reparented
         self.signal(signal.SIGKILL)
         for _ in range(3):
             for pid in others:
@@ -241,7 +241,7 @@ class TrainerProcess:
                     pass
                 except PermissionError as exc:
                     log("ERROR", "cannot kill a process the trainer started", pid=pid, error=str(exc))
-            others = set(_marked(marker)) - others
+            others = set(processes_with(marker)) - others
             if not others:
                 break
 

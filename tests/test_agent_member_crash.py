@@ -11,6 +11,7 @@ import sys
 import time
 
 from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (agent_env: a fixture)
+from respawn.agent.supervisor import processes_with
 from respawn.contract import Generation
 from sim.emulators import free_port
 
@@ -45,19 +46,7 @@ for step in range(1, 1000000):
 
 def generation_processes(number: str) -> list[int]:
     """The live processes started for generation `number` (the agent puts RESPAWN_GENERATION in their environment)."""
-    marker = f"RESPAWN_GENERATION={number}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/environ", "rb") as f:
-                    if marker in f.read().split(b"\0"):
-                        with open(f"/proc/{entry.name}/stat") as s:
-                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                                found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return processes_with(f"RESPAWN_GENERATION={number}".encode())
 
 
 def test_a_generation_restarted_for_a_peers_crash_kills_the_trainer_blocked_in_a_collective(agent_env, tmp_path):

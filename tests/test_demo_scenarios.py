@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from respawn.agent.supervisor import processes_with
 from sim.demo.scenario import default_scenario, parse_scenario
 from test_demo_summary import assert_each_line_rises
 
@@ -25,17 +26,7 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
 
 
 def leftovers(token: str) -> list[int]:
-    marker = f"RESPAWN_DEMO_TEST={token}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/environ", "rb") as f:
-                    if marker in f.read().split(b"\0"):
-                        found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return processes_with(f"RESPAWN_DEMO_TEST={token}".encode())
 
 
 def run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
