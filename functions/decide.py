@@ -349,9 +349,9 @@ def _dead_cause(o: Observation) -> str:
 
 
 def _progress(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
-    """A healthy running node: record its progress when it changed (no event, no action). The first heartbeat of
-    a replacement is the recovery (its agent runs), and Slack hears of it: never before, so a node that never
-    reports is never called recovered. Training that advances ends a streak of failures (their backoff)."""
+    """A healthy running node: record its progress when it changed (no event, no action). A replacement training
+    is the recovery, and Slack hears of it: never before, so a node that never reports, or whose setup then fails,
+    is never called recovered. Training that advances ends a streak of failures (their backoff)."""
     changes: dict[str, Any] = {}
     if hb.committed_step is not None and hb.committed_step != s.last_committed_step:
         changes["last_committed_step"] = hb.committed_step
@@ -364,10 +364,10 @@ def _progress(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
     if s.boot_failures:
         changes["boot_failures"] = 0
     alert = None
-    if s.recovering:
+    if s.recovering and hb.state is NodeState.TRAINING:
         changes.update(recovering=False, message=f"running on {s.node} in {s.zone}")
         alert = alerts.make(
-            "recovered", o.job_id, o.now, f"{s.node} in {s.zone} is running and its agent reports",
+            "recovered", o.job_id, o.now, f"training again on {s.node} in {s.zone}",
             old_zone=s.preempted_zone, new_zone=s.zone, downtime_seconds=_age(o.now, s.preempted_at),
             steps_lost=s.steps_lost, committed_step=s.last_committed_step, restarts=s.restarts,
             failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause,
@@ -379,7 +379,7 @@ def _progress(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
 
 
 def _running(o: Observation, s: JobStatus, hb: Heartbeat | None) -> Decision:
-    """The API says the node serves: the job runs. After a loss the recovery is told once its agent reports
+    """The API says the node serves: the job runs. After a loss the recovery is told once it trains again
     (_progress), not here: the node may never get that far."""
     message = (f"replacement {s.node} running in {s.zone}; waiting for its agent's first heartbeat" if s.recovering
                else f"running on {s.node} in {s.zone}")

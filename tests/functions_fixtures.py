@@ -94,6 +94,7 @@ class Controller:
         self.apps = {name: functions_framework.create_app(target=name, source=SOURCE, signature_type="cloudevent")
                      for name in ENTRY_POINTS}
         # The sweep topic's push subscription to on_sweep: the scheduled sweep's one message per job comes back here.
+        self.sweep_topic = sweep_topic  # the nodes are told it too (NodeSettings.sweep_topic)
         self.sweep_relay = PushRelay(project, sweep_topic, lambda h, b: self.deliver("on_sweep", h, b), concurrency=16)
 
     # Delivering events through the Functions Framework.

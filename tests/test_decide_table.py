@@ -114,7 +114,10 @@ ROWS = [
     ("provisioning after a loss, node running: RUNNING, not yet recovered (its agent has not reported)",
      obs("PROVISIONING", raw="RUNNING", heartbeat="none", recovering=True, preempted_zone=ZONES[0], zone=ZONES[1],
          preempted_at=NOW - timedelta(seconds=90), steps_lost=7), Act.NONE, "RUNNING", None),
-    ("running after a loss, the replacement's first heartbeat: recovered alert",
+    ("running after a loss, the replacement's agent preparing (setup may still fail): not yet recovered",
+     obs("RUNNING", heartbeat="preparing", recovering=True, preempted_zone=ZONES[0], zone=ZONES[1],
+         preempted_at=NOW - timedelta(seconds=90), steps_lost=7), Act.NONE, "RUNNING", None),
+    ("running after a loss, the replacement trains: recovered alert",
      obs("RUNNING", recovering=True, preempted_zone=ZONES[0], zone=ZONES[1], preempted_at=NOW - timedelta(seconds=90),
          steps_lost=7), Act.NONE, "RUNNING", "recovered"),
     ("running after a loss, no heartbeat yet: no alert",
@@ -638,7 +641,7 @@ def test_what_a_loss_counts_as(cause, heartbeat, kind):
     assert loss_kind(cause, HEARTBEATS[heartbeat] if heartbeat else None) == kind
 
 
-def test_the_recovered_alert_comes_with_the_first_heartbeat_and_says_what_it_cost():
+def test_the_recovered_alert_comes_when_the_replacement_trains_and_says_what_it_cost():
     st = dict(recovering=True, preempted_zone=ZONES[0], zone=ZONES[1], preempted_at=NOW - timedelta(seconds=90),
               steps_lost=7, failures=1, preemptions=2, restarts=3)
     up = decide(obs("PROVISIONING", raw="RUNNING", heartbeat="none", **st))

@@ -26,7 +26,7 @@ def test_job_created_places_a_spot_vm_in_the_first_zone_with_the_agent_contract(
     assert settings == {"command": ["python", "-m", "respawn.ckpt.examples.torch_mlp"], "env": {"SEED": "1"},
                         "checkpoint_uri": "gs://respawn-ckpt/train", "heartbeat_seconds": 15, "notice_budget_seconds": 25,
                         "metadata_wait_seconds": 60, "workdir": None, "setup": [], "interpreter": "python3",
-                        "setup_timeout_seconds": 3600}
+                        "setup_timeout_seconds": 3600, "sweep_topic": controller.sweep_topic}
     events = [(e["from_state"], e["to_state"], e["cause"]) for e in controller.events(job)]
     assert events == [("PENDING", "PROVISIONING", "job_created"), ("PROVISIONING", "RUNNING", "node_running")]
 
@@ -48,7 +48,7 @@ def _swept_until(controller, job, state, timeout=30):
 
 
 def _reports(controller, job, node):
-    """The node's agent reports (its first heartbeat): the recovery is complete, and Slack hears of it."""
+    """The node's trainer reports training: the recovery is complete, and Slack hears of it."""
     controller.heartbeat(node)
     assert controller.sweep(job) == 200
 
@@ -65,7 +65,7 @@ def test_stop_terminated_spot_vm_is_restarted_in_place_and_slack_hears_it(contro
     assert after.steps_lost == 10 and after.last_cause == "preempted"
     [node] = controller.live(job)
     assert node["status"] == "RUNNING"
-    assert controller.alerts(timeout=1) == []  # not before its agent reports
+    assert controller.alerts(timeout=1) == []  # not before it trains again
     _reports(controller, job, after.node)
     [alert] = controller.alerts(want=1)
     assert alert["type"] == "recovered" and alert["in_place"] is True
