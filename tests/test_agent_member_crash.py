@@ -64,7 +64,8 @@ def test_a_generation_restarted_for_a_peers_crash_kills_the_trainer_blocked_in_a
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "PET_"))}
     peer = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1",
                              "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                             str(script)], cwd=peer_dir, env={**env, "GLOO_SOCKET_IFNAME": "lo", "HANG_AT_STEP": "30"},
+                             str(script)], cwd=peer_dir, env={**env, "GLOO_SOCKET_IFNAME": "lo", "HANG_AT_STEP": "30",
+                                                              "PEER_OF": str(tmp_path)},
                             stdout=open(peer_dir / "out.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: (agent_env.heartbeat("mc-1") or {}).get("state") == "waiting", 60, "the member waiting")
@@ -97,8 +98,10 @@ def test_a_generation_restarted_for_a_peers_crash_kills_the_trainer_blocked_in_a
         # would hold its memory, its device and its peers until gloo's timeout).
         assert wait_for(lambda: not generation_processes("1"), 10, "generation 1's processes gone", interval=0.2)
     finally:
-        try:
-            os.killpg(peer.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # The peer's torchrun and its worker, which runs in a session of its own (the group's kill misses it).
+        for pid in processes_with(f"PEER_OF={tmp_path}".encode()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         peer.wait(10)
