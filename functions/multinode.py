@@ -290,8 +290,8 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
             lost = {}
             if s.recovering:  # what the new generation loses: it resumes from the newest committed step
                 reached = {**s.model_dump(include=set(_PROGRESS)), **_progress(s, beats)}
-                if reached["last_step"] is not None and reached["last_committed_step"] is not None:
-                    lost = {"steps_lost": max(reached["last_step"] - reached["last_committed_step"], 0)}
+                step, committed = reached["last_step"] or 0, reached["last_committed_step"] or 0  # None: nothing yet
+                lost = {"steps_lost": max(step - committed, 0)}
             return _new_generation(o, members, g, p.reason, cause="generation", **lost)
         ended = _ended(g, members, beats)
         if len(ended) == len(g.members) or any(_crashed(hb) for _, hb in ended):

@@ -362,9 +362,11 @@ def test_member_crash_scenario(tmp_path):
           "collective timeout is 30 min")
     # The crashed member woke the controller (one sweep message for the job, once its heartbeat said so) before
     # every member restarted: with the scenario's sweep period far above the restart time, that is what did it.
+    # (It wakes it once more at the end, when its trainer exits 0.)
     woken = [e["time"] for e in _agent_log(logs[f"{out['job_id']}-3"])
              if e["message"] == "controller woken: sweep requested for this job"]
-    assert len(woken) == 1 and crashed_at <= woken[0] <= max(restarted), (crashed_at, woken, restarted)
+    assert len([t for t in woken if t <= max(restarted)]) == 1, (crashed_at, woken, restarted)
+    assert crashed_at <= woken[0] <= max(restarted), (crashed_at, woken, restarted)
     # Every rank of generation 2 resumed at one committed step before the failure, and the run ended as an
     # uninterrupted one would have.
     starts = re.findall(r"torch_ddp\[rank (\d)\]: starting at step (\d+) of", text)

@@ -260,7 +260,9 @@ class DemoRun:
             "RESPAWN_HEARTBEAT_SECONDS": str(sc.heartbeat_seconds),
             "RESPAWN_NOTICE_BUDGET_SECONDS": str(sc.notice_budget_seconds),
             "RESPAWN_STALE_HEARTBEAT_SECONDS": str(sc.stale_after_seconds),
-            "RESPAWN_BOOT_GRACE_SECONDS": "30",
+            # A node boots, installs the agent and its library and beats well within this even on a loaded 2-core
+            # machine running two demos (30 s was not: a slow first boot counted as a boot failure).
+            "RESPAWN_BOOT_GRACE_SECONDS": "90",
             "RESPAWN_PROGRESS_TIMEOUT_SECONDS": str(sc.progress_timeout_seconds),
             "RESPAWN_BACKOFF_BASE_SECONDS": "2",
             "RESPAWN_POLL_SECONDS": "0.5",
