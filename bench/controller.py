@@ -439,6 +439,12 @@ def _zones(z: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(z.items()))
 
 
+def machine() -> str:
+    """Where a benchmark ran, for its figures: host, CPUs, Python, date."""
+    return (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+            f"{datetime.now(timezone.utc):%Y-%m-%d}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.controller", description=__doc__.split("\n\n")[0])
     p.add_argument("--events", type=int, default=200, help="measured latency events (default 200)")
@@ -476,8 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     except (emulators.EmulatorError, RuntimeError) as exc:
         say(f"bench.controller: {exc}")
         return 1
-    result["machine"] = (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-                         f"{datetime.now(timezone.utc):%Y-%m-%d}")
+    result["machine"] = machine()
     result["wall_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result) if args.json else report(result))
     return 0

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import threading
@@ -36,7 +35,7 @@ from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from bench.controller import (Cloud, LogCapture, STORM_ZONES, T4, captured_stdout, parallel, percentile, say,
+from bench.controller import (Cloud, LogCapture, STORM_ZONES, T4, captured_stdout, machine, parallel, percentile, say,
                               spec_doc)
 from respawn.control import clients
 from respawn.control.adapters.compute import ComputeProvider
@@ -277,8 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError) as exc:
         say(f"bench.sweep: {exc}")
         return 1
-    result["machine"] = (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-                         f"{datetime.now(timezone.utc):%Y-%m-%d}")
+    result["machine"] = machine()
     result["wall_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result) if args.json else report(result))
     return 0

@@ -23,6 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
+from respawn.agent.supervisor import processes_with
 from sim.emulators import group_alive
 from sim.metadata import MetadataServer
 from sim.netns import Host, Network
@@ -31,18 +32,7 @@ from sim.netns import Host, Network
 def guest_pids(boot_id: str) -> list[int]:
     """Every process of one boot of a node: they all carry its RESPAWN_BOOT_ID, whatever process group or session
     they moved to (the agent starts the trainer in a group of its own). A real power-off takes them all."""
-    marker = f"RESPAWN_BOOT_ID={boot_id}".encode()
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    pids.append(int(entry.name))
-        except OSError:  # gone, or a zombie
-            continue
-    return pids
+    return processes_with(f"RESPAWN_BOOT_ID={boot_id}".encode())
 
 
 class NodeRuntime:

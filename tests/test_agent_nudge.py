@@ -48,6 +48,15 @@ def _tiny(env, *flags: str) -> list[str]:
     return [sys.executable, str(env.tiny_trainer), *flags]
 
 
+def _boot(env, job: str, attempt: int, s: dict, member: bool = False):
+    """A node of `job` booted with settings `s`: its metadata server and its agent (a multi-node member waits for a
+    generation)."""
+    node = f"{job}-{attempt}"
+    attrs = attributes(job, attempt, env.project, s)
+    md = env.metadata(node, {**attrs, "respawn-generation": ""} if member else attrs)
+    return md, env.agent(md, env.tmp / node)
+
+
 def _woken(agent) -> list[dict]:
     return [e for e in agent.events() if e["message"] == "controller woken: sweep requested for this job"]
 
@@ -56,8 +65,7 @@ def test_a_members_trainer_error_wakes_the_controller_once(agent_env, sweep):
     topic, pull = sweep
     s = settings(_tiny(agent_env, "--crash-at", "20"), f"file://{agent_env.tmp}/store", sweep_topic=topic,
                  heartbeat_seconds=30)  # the report must not wait for a periodic beat: the exit's own lands first
-    md = agent_env.metadata("nj-2", {**attributes("nj", 2, agent_env.project, s), "respawn-generation": ""})
-    agent = agent_env.agent(md, agent_env.tmp / "nj-2")
+    md, agent = _boot(agent_env, "nj", 2, s, member=True)
     wait_for(lambda: (agent_env.heartbeat("nj-2") or {}).get("state") == "waiting", 60, "the member waiting")
     assert pull() == []  # a member waiting, or training, sends nothing
     md.set_attribute("respawn-generation", Generation(1, ("nj-1", "nj-2"), "127.0.0.1").to_json())
@@ -76,8 +84,7 @@ def test_a_members_trainer_error_wakes_the_controller_once(agent_env, sweep):
 def test_a_trainer_stopping_on_a_notice_sends_nothing(agent_env, sweep):
     topic, pull = sweep
     s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic)
-    md = agent_env.metadata("nq-2", {**attributes("nq", 2, agent_env.project, s), "respawn-generation": ""})
-    agent = agent_env.agent(md, agent_env.tmp / "nq-2")
+    md, agent = _boot(agent_env, "nq", 2, s, member=True)
     wait_for(lambda: (agent_env.heartbeat("nq-2") or {}).get("state") == "waiting", 60, "the member waiting")
     md.set_attribute("respawn-generation", Generation(1, ("nq-1", "nq-2"), "127.0.0.1").to_json())
     wait_for(lambda: (agent_env.heartbeat("nq-2") or {}).get("step"), 60, "the trainer stepping")
@@ -92,23 +99,20 @@ def test_a_single_nodes_trainer_error_a_failed_setup_and_the_end_each_wake_it(ag
     topic, pull = sweep
     # A single node's trainer fails: the agent exits after its report, and the message is out before it does.
     s = settings(_tiny(agent_env, "--crash-at", "5"), f"file://{agent_env.tmp}/store", sweep_topic=topic)
-    md = agent_env.metadata("one-1", attributes("one", 1, agent_env.project, s))
-    agent = agent_env.agent(md, agent_env.tmp / "one-1")
+    _, agent = _boot(agent_env, "one", 1, s)
     assert agent.wait(60) == 0
     assert agent_env.heartbeat("one-1")["exit_code"] == 3
     assert pull() == [{"task": "sweep", "job_id": "one"}]
     # A failed setup: the node stays up heartbeating setup-failed, and says so once.
     s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic,
                  setup=[["python", "-c", "import sys; sys.exit(4)"]], interpreter=sys.executable)
-    md = agent_env.metadata("bad-1", attributes("bad", 1, agent_env.project, s))
-    agent = agent_env.agent(md, agent_env.tmp / "bad-1")
+    _, agent = _boot(agent_env, "bad", 1, s)
     wait_for(lambda: _woken(agent), 60, "the controller woken")
     assert agent_env.heartbeat("bad-1")["state"] == "setup-failed"
     assert pull() == [{"task": "sweep", "job_id": "bad"}]
     # A trainer that finished: its nodes should go now, not at the next sweep.
     s = settings(_tiny(agent_env, "--steps", "10"), f"file://{agent_env.tmp}/store", sweep_topic=topic)
-    md = agent_env.metadata("done-1", attributes("done", 1, agent_env.project, s))
-    agent = agent_env.agent(md, agent_env.tmp / "done-1")
+    _, agent = _boot(agent_env, "done", 1, s)
     assert agent.wait(60) == 0
     assert agent_env.heartbeat("done-1")["exit_code"] == 0
     assert pull() == [{"task": "sweep", "job_id": "done"}]
@@ -116,8 +120,7 @@ def test_a_single_nodes_trainer_error_a_failed_setup_and_the_end_each_wake_it(ag
 
 def test_a_topic_the_node_cannot_publish_to_is_named_and_the_node_carries_on(agent_env, sweep):
     s = settings(_tiny(agent_env, "--crash-at", "5"), f"file://{agent_env.tmp}/store", sweep_topic="no-such-topic")
-    md = agent_env.metadata("lost-1", attributes("lost", 1, agent_env.project, s))
-    agent = agent_env.agent(md, agent_env.tmp / "lost-1")
+    _, agent = _boot(agent_env, "lost", 1, s)
     assert agent.wait(60) == 0  # the heartbeat, not the message, is the report
     assert agent_env.heartbeat("lost-1")["exit_code"] == 3
     [warning] = [e for e in agent.events() if e["message"].startswith("could not wake the controller")]
