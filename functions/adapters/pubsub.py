@@ -8,6 +8,7 @@ import time
 from typing import Any, Iterable
 
 from respawn import logs
+from respawn.contract import sweep_nudge
 from respawn.control.settings import ControlSettings
 
 PUBLISH_TIMEOUT = ControlSettings.alert_publish_timeout_seconds  # the default; Deps.default() passes the setting
@@ -51,7 +52,7 @@ def publish_sweep(clients, job_ids: Iterable[str], topic: str, *, swept_at: str,
     futures: dict[str, Any] = {}
     failed: dict[str, str] = {}
     for job_id in job_ids:
-        body = json.dumps({"task": "sweep", "job_id": job_id, "swept_at": swept_at}).encode()
+        body = json.dumps({**sweep_nudge(job_id), "swept_at": swept_at}).encode()
         try:
             futures[job_id] = publisher.publish(path, body, task="sweep", job_id=job_id)
         except Exception as exc:  # noqa: BLE001 - refused before sending (a closed client, a bad path): this job only
