@@ -8,7 +8,8 @@ Both come from one filter structure (`filter_spec`): `sink_filter` renders it, `
 deployed sink and the local router cannot drift apart. Imports no cloud client library.
 
 The filter admits every routed method inside the `system_event` log, and Cloud TPU's `tpu.nodes.terminate` by its
-service and method whatever log carries it (which log that is has no public source: gcp-facts §2).
+method and a `projects/P/` resource name whatever log carries it and whatever its serviceName: that is what the one
+public filter for these entries selects on; their log and serviceName have no public source (gcp-facts §2).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ HOST_ERROR = "compute.instances.hostError"
 GUEST_TERMINATE = "compute.instances.guestTerminate"
 TERMINATE_ON_HOST_MAINTENANCE = "compute.instances.terminateOnHostMaintenance"
 # Cloud TPU: one event per lost TPU node, the cause in protoPayload.metadata.terminateReason (gcp-facts §2).
-TPU_SERVICE = "tpu.googleapis.com"
 TPU_NODE_TERMINATE = "tpu.nodes.terminate"
 
 COMPUTE_METHODS: tuple[str, ...] = (PREEMPTED, HOST_ERROR, GUEST_TERMINATE, TERMINATE_ON_HOST_MAINTENANCE)
@@ -53,6 +53,14 @@ class AnyOf:
 
 
 @dataclass(frozen=True)
+class Has:
+    """`field:"value"`: the Logging query language's has operator, a substring test that ignores case."""
+
+    field: str
+    value: str
+
+
+@dataclass(frozen=True)
 class All:
     """`term AND term ...`"""
 
@@ -69,8 +77,9 @@ class Either:
 def filter_spec(project: str) -> Either:
     return Either((
         All((Eq("logName", log_name(project)), AnyOf("protoPayload.methodName", METHODS))),
-        # Selected by service and method alone, as public examples do: the log these entries carry is unverified.
-        All((Eq("protoPayload.serviceName", TPU_SERVICE), Eq("protoPayload.methodName", TPU_NODE_TERMINATE))),
+        # Selected as the public example does (gcp-facts §2): by method and the project's resource names, in any log.
+        All((Eq("protoPayload.methodName", TPU_NODE_TERMINATE),
+             Has("protoPayload.resourceName", f"projects/{project}/"))),
     ))
 
 
@@ -83,6 +92,8 @@ def render(node) -> str:
         return f"{node.field}={_quote(node.value)}"
     if isinstance(node, AnyOf):
         return f"{node.field}=(" + " OR ".join(_quote(v) for v in node.values) + ")"
+    if isinstance(node, Has):
+        return f"{node.field}:{_quote(node.value)}"
     if isinstance(node, All):
         return " AND ".join(render(t) for t in node.terms)
     if isinstance(node, Either):
@@ -105,6 +116,9 @@ def evaluate(node, entry: dict) -> bool:
         return _field(entry, node.field) == node.value
     if isinstance(node, AnyOf):
         return _field(entry, node.field) in node.values
+    if isinstance(node, Has):
+        value = _field(entry, node.field)
+        return isinstance(value, str) and node.value.lower() in value.lower()
     if isinstance(node, All):
         return all(evaluate(t, entry) for t in node.terms)
     if isinstance(node, Either):

@@ -50,9 +50,13 @@ def test_compute_system_events_name_the_node_zone_and_cause(method, cause):
     assert sig.project == "mock-project" and not sig.tpu_worker
 
 
-def test_tpu_terminate_event_names_the_tpu_node_and_reason():
+@pytest.mark.parametrize("service", ["tpu.googleapis.com", None])
+def test_tpu_terminate_event_names_the_tpu_node_and_reason(service):
+    # The sink admits these by methodName and resourceName (gcp-facts §2): serviceName is unverified, never needed.
     e = entry("tpu.nodes.terminate", "projects/p/locations/us-west4-a/nodes/jax-lm-12",
-              metadata={"terminateReason": "PREEMPTED"}, serviceName="tpu.googleapis.com")
+              metadata={"terminateReason": "PREEMPTED"}, serviceName=service)
+    if service is None:
+        del e["protoPayload"]["serviceName"]
     e["resource"] = {"type": "tpu_worker", "labels": {"zone": "us-west4-a", "node_id": "jax-lm-12"}}
     sig = events.decode(e)
     assert (sig.zone, sig.node, sig.cause, sig.job_id, sig.attempt, sig.detail) == (

@@ -110,7 +110,7 @@ def test_sink_filter_text_and_matches_come_from_one_definition():
     assert text == (
         '(logName="projects/p/logs/cloudaudit.googleapis.com%2Fsystem_event" AND protoPayload.methodName=('
         + " OR ".join(f'"{m}"' for m in audit.METHODS) + ")) OR "
-        '(protoPayload.serviceName="tpu.googleapis.com" AND protoPayload.methodName="tpu.nodes.terminate")'
+        '(protoPayload.methodName="tpu.nodes.terminate" AND protoPayload.resourceName:"projects/p/")'
     )
     assert "compute.instances.preempted" in audit.METHODS and "tpu.nodes.terminate" in audit.METHODS
     base = {"logName": audit.log_name("p"), "protoPayload": {"methodName": "compute.instances.preempted"}}
@@ -127,20 +127,32 @@ def test_sink_filter_text_and_matches_come_from_one_definition():
 ACTIVITY_LOG = "cloudaudit.googleapis.com/activity"
 
 
-def test_tpu_node_terminate_is_selected_by_service_and_method_in_any_log():
-    # Which log carries tpu.nodes.terminate is unverified (gcp-facts §2): the filter does not depend on it.
+def _with_payload(entry: dict, **payload) -> dict:
+    """A copy of `entry` with protoPayload fields replaced; a None value removes the field."""
+    merged = {**entry["protoPayload"], **payload}
+    return {**entry, "protoPayload": {k: v for k, v in merged.items() if v is not None}}
+
+
+def test_tpu_node_terminate_is_selected_by_method_and_resource_name_in_any_log():
+    # As the public example filters (gcp-facts §2): methodName and a projects/P/ resourceName. Which log carries the
+    # entry, and its serviceName, are unverified: the filter depends on neither.
     for log_id in (audit.SYSTEM_EVENT_LOG_ID, ACTIVITY_LOG, "cloudaudit.googleapis.com/data_access"):
         entry = audit_entries.tpu_node_terminate(project=PROJECT, zone="europe-west4-a", node_name="job-t-1",
                                                  log_id=log_id)
         assert entry["logName"] == audit.log_name(PROJECT, log_id)
         assert audit.matches(entry, PROJECT), log_id
+        assert audit.matches(_with_payload(entry, serviceName=None), PROJECT), log_id
+        assert audit.matches(_with_payload(entry, serviceName="compute.googleapis.com"), PROJECT), log_id
     entry = audit_entries.tpu_node_terminate(project=PROJECT, zone="europe-west4-a", node_name="job-t-1",
                                              log_id=ACTIVITY_LOG)
-    # Only that method of that service: the rest still needs the system_event log.
-    assert not audit.matches({**entry, "protoPayload": {**entry["protoPayload"], "methodName": "tpu.nodes.delete"}},
-                             PROJECT)
-    assert not audit.matches({**entry, "protoPayload": {**entry["protoPayload"], "serviceName": "compute.googleapis.com"}},
-                             PROJECT)
+    # The has operator ignores case, as Logging's string comparisons do.
+    assert audit.matches(_with_payload(entry, resourceName=entry["protoPayload"]["resourceName"].upper()), PROJECT)
+    # Only that method, and only this project's resource names: the rest still needs the system_event log.
+    assert not audit.matches(_with_payload(entry, methodName="tpu.nodes.delete"), PROJECT)
+    for other in (f"projects/{PROJECT}x/locations/europe-west4-a/nodes/job-t-1",
+                  f"projects/other/locations/europe-west4-a/nodes/job-t-1", f"projects/{PROJECT}", None, 7):
+        assert not audit.matches(_with_payload(entry, resourceName=other), PROJECT), other
+    assert not audit.matches(entry, "other")
     preempted = audit_entries.compute_system_event("compute.instances.preempted", project=PROJECT, zone=ZONE,
                                                    instance_name="job-a-1", instance_id="1")
     assert audit.matches(preempted, PROJECT)
