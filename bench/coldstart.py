@@ -145,7 +145,10 @@ class Bench:
             os.environ.pop(name, None)
         from google.cloud import firestore
 
+        from respawn.schema import NODES_DATABASE
+
         self.db = firestore.Client(project=PROJECT)
+        self.nodes_db = firestore.Client(project=PROJECT, database=NODES_DATABASE)
 
     def stop(self) -> None:
         from sim.emulators import stop_group
@@ -190,7 +193,7 @@ class Bench:
             raise BenchError(f"setup: job {job_id} did not reach RUNNING on {job_id}-1 through handlers.job_created "
                              f"(status {status}); run tests/test_functions_lifecycle.py to see why")
         node, zone = status["node"], status["zone"]
-        self.db.collection(NODES).document(node).set({
+        self.nodes_db.collection(NODES).document(node).set({
             "job_id": job_id, "attempt": 1, "state": "training", "step": 100, "committed_step": 96,
             "heartbeat_at": firestore.SERVER_TIMESTAMP})
         self.sim.preempt(zone, node)

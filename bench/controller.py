@@ -53,7 +53,7 @@ from respawn.control.adapters.compute import ComputeProvider
 from respawn.control.settings import ControlSettings
 from respawn.jobstore import JobStore
 from respawn import audit
-from respawn.schema import JOBS, node_name, parse_spec
+from respawn.schema import JOBS, NODES_DATABASE, node_name, parse_spec
 from sim import emulators
 from sim.bridges import PushRelay, cloudevent_headers, document_event_data, pubsub_cloudevent
 from sim.server import SimServer
@@ -151,6 +151,7 @@ class Cloud:
         })
         pubsub_v1.PublisherClient().create_topic(name=f"projects/{PROJECT}/topics/{ALERTS_TOPIC}")
         self.db = firestore.Client(project=PROJECT)
+        self.nodes_db = firestore.Client(project=PROJECT, database=NODES_DATABASE)
         self.apps = {
             "on_job_created": functions_framework.create_app(target="on_job_created", source=f"{ROOT}/functions/main.py",
                                                              signature_type="cloudevent"),

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from respawn.contract import ATTR_GENERATION, LABEL_JOB, Generation
-from respawn.schema import JOBS, NODES, parse_node_name, parse_spec
+from respawn.schema import JOBS, NODES, NODES_DATABASE, parse_node_name, parse_spec
 from sim import emulators
 from sim.server import SimServer
 
@@ -59,9 +59,9 @@ def say(message: str) -> None:
 class Agents(threading.Thread):
     """The VMs' agents and trainers, as the control plane observes them (see the module docstring)."""
 
-    def __init__(self, sim: SimServer, db, job: str, scale: float, *, relaunch: bool = False) -> None:
+    def __init__(self, sim: SimServer, nodes_db, job: str, scale: float, *, relaunch: bool = False) -> None:
         super().__init__(daemon=True, name=f"agents-{job}")
-        self.sim, self.db, self.job, self.scale, self.relaunch = sim, db, job, scale, relaunch
+        self.sim, self.nodes_db, self.job, self.scale, self.relaunch = sim, nodes_db, job, scale, relaunch
         self.nodes: dict[str, dict[str, Any]] = {}  # name → running_since, prepared_at, generation, steps_at
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -69,7 +69,7 @@ class Agents(threading.Thread):
     def _beat(self, name: str, state: str, generation: int | None = None) -> None:
         parsed = parse_node_name(name)
         assert parsed is not None
-        self.db.collection(NODES).document(name).set({
+        self.nodes_db.collection(NODES).document(name).set({
             "job_id": parsed[0], "attempt": parsed[1], "state": state, "step": 1, "committed_step": 0,
             "generation": generation, "heartbeat_at": datetime.now(timezone.utc)})
 
@@ -126,7 +126,7 @@ class Driver(threading.Thread):
             reconcile(self.job, deps=self.deps)
 
 
-def respawn_recovery(sim: SimServer, db, deps, nodes: int, scale: float) -> tuple[float, int]:
+def respawn_recovery(sim: SimServer, db, nodes_db, deps, nodes: int, scale: float) -> tuple[float, int]:
     """Respawn: a job of `nodes` Spot VMs; its last slot preempted; the seconds until the new generation steps."""
     job = f"rsp-{nodes}"
     spec = parse_spec({"id": job, "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"},
@@ -134,7 +134,7 @@ def respawn_recovery(sim: SimServer, db, deps, nodes: int, scale: float) -> tupl
                        "trainer": {"command": ["python", "train.py"]}, "checkpoint_uri": f"gs://bench/{job}"})
     db.collection(JOBS).document(job).set({"spec": spec.to_doc(), "status": {"state": "PENDING"},
                                            "cancel_requested": False})
-    agents, driver = Agents(sim, db, job, scale), Driver(job, deps)
+    agents, driver = Agents(sim, nodes_db, job, scale), Driver(job, deps)
     agents.start()
     driver.start()
     try:
@@ -160,13 +160,13 @@ def respawn_recovery(sim: SimServer, db, deps, nodes: int, scale: float) -> tupl
         agents.join()
 
 
-def relaunch_recovery(sim: SimServer, db, provider, nodes: int, scale: float) -> tuple[float, int]:
+def relaunch_recovery(sim: SimServer, nodes_db, provider, nodes: int, scale: float) -> tuple[float, int]:
     """The baseline: N VMs running; one lost; every VM deleted and N created, in parallel; seconds until stepping."""
     job = f"rel-{nodes}"
     spec = parse_spec({"id": job, "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"},
                        "provisioning": "spot", "zones": [ZONE], "trainer": {"command": ["python", "train.py"]},
                        "checkpoint_uri": f"gs://bench/{job}"})
-    agents = Agents(sim, db, job, scale, relaunch=True)
+    agents = Agents(sim, nodes_db, job, scale, relaunch=True)
     agents.start()
     try:
         with ThreadPoolExecutor(nodes) as pool:
@@ -213,17 +213,19 @@ def run(node_counts: list[int], scale: float) -> dict[str, Any]:
         provider = ComputeProvider(c, op_timeout=120)
         db = firestore.Client(project=PROJECT)
         stack.callback(db.close)
+        nodes_db = firestore.Client(project=PROJECT, database=NODES_DATABASE)
+        stack.callback(nodes_db.close)
         # Heartbeats are written once per change here: no staleness, no boot grace in the way of the figures.
         policy = Settings(stale_heartbeat_seconds=1e6, boot_grace_seconds=1e6)
-        deps = Deps(store=Store(db), providers={"gpu": provider}, publish=lambda alert: None, project=PROJECT,
+        deps = Deps(store=Store(db, nodes_db), providers={"gpu": provider}, publish=lambda alert: None, project=PROJECT,
                     startup_script=lambda: "#!/bin/bash\n", config=Config(policy, poll_seconds=POLL_S,
                                                                          poll_budget_seconds=0.5))
         rows = []
         for n in node_counts:
             say(f"N = {n}: Respawn (replace the lost node) ...")
-            respawn_s, respawn_made = respawn_recovery(sim, db, deps, n, scale)
+            respawn_s, respawn_made = respawn_recovery(sim, db, nodes_db, deps, n, scale)
             say(f"N = {n}: relaunch (delete all, create {n}) ...")
-            relaunch_s, relaunch_made = relaunch_recovery(sim, db, provider, n, scale)
+            relaunch_s, relaunch_made = relaunch_recovery(sim, nodes_db, provider, n, scale)
             rows.append({"nodes": n, "respawn_s": round(respawn_s, 1), "relaunch_s": round(relaunch_s, 1),
                          "respawn_vms_created": respawn_made, "relaunch_vms_created": relaunch_made})
         return {"scale": scale, "create_s": CREATE_S, "prepare_s": PREPARE_S, "restart_s": RESTART_S,

@@ -85,16 +85,17 @@ def setup(cloud: Cloud, mix: dict[str, list[str]], concurrency: int) -> dict[str
     docs += [(j, spec_doc(j, WAITING_ZONES), JobStatus(updated_at=datetime.now(timezone.utc)).model_dump())
              for j in mix["waiting"]]
     for start in range(0, len(docs), 250):
-        batch = db.batch()
+        batch, beats = db.batch(), cloud.nodes_db.batch()  # a batch writes within one database
         for job, spec, status in docs[start:start + 250]:
             batch.set(db.collection(JOBS).document(job), {"spec": parse_spec(spec).to_doc(), "status": status,
                                                          "cancel_requested": False, "created_at": firestore.SERVER_TIMESTAMP})
             if job in placed:
                 node = node_name(job, 1)
-                batch.set(db.collection(NODES).document(heartbeat_id(node)), {
+                beats.set(cloud.nodes_db.collection(NODES).document(heartbeat_id(node)), {
                     "job_id": job, "attempt": 1, "worker": 0, "state": "training", "step": 100, "committed_step": 90,
                     "heartbeat_at": datetime.now(timezone.utc)})
         batch.commit()
+        beats.commit()
     capture = LogCapture()
     with captured_stdout(capture):
         codes = parallel(min(concurrency, 16), mix["waiting"], cloud.job_created, "placing the waiting jobs")

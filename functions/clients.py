@@ -109,6 +109,17 @@ class Clients:
 
         return self._get("firestore", build)
 
+    def nodes_firestore(self):
+        """The heartbeats' database (respawn.contract.NODES_DATABASE)."""
+        def build():
+            from google.cloud import firestore
+
+            from respawn.contract import NODES_DATABASE
+
+            return firestore.Client(project=self.project, database=NODES_DATABASE)
+
+        return self._get("nodes_firestore", build)
+
     def publisher(self):
         def build():
             from google.cloud import pubsub_v1

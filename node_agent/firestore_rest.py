@@ -17,6 +17,8 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
+from respawn.contract import NODES_DATABASE
+
 from . import _http
 from .metadata import MetadataClient, ServiceAccountToken, TokenError
 
@@ -67,7 +69,7 @@ class _FirestoreToken:
 
 class FirestoreWriter:
     def __init__(self, project: str, md: MetadataClient | None = None, *, emulator_host: str | None = None,
-                 database: str = "(default)"):
+                 database: str = NODES_DATABASE):
         emulator_host = emulator_host if emulator_host is not None else os.environ.get("FIRESTORE_EMULATOR_HOST")
         self.project = project
         self.db_path = f"projects/{project}/databases/{database}"

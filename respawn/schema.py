@@ -27,6 +27,7 @@ from respawn.contract import LABEL_ATTEMPT, LABEL_JOB, MAX_ATTEMPT, NodeState, n
 from respawn.contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS, WORKDIR_SCHEMES, SettingsError,
                               workdir_digest)
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
+from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
 
 JOBS = "jobs"
 EVENTS = "events"

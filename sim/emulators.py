@@ -161,10 +161,14 @@ def start_storage(bucket: str, timeout: float = 30, log_dir: Path | None = None)
 
 
 def reset_firestore(host: str, project: str) -> None:
-    """Delete every document in the emulator's (default) database for `project`."""
-    req = urllib.request.Request(
-        f"http://{host}/emulator/v1/projects/{project}/databases/(default)/documents", method="DELETE"
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        if r.status != 200:
-            raise EmulatorError(f"resetting the Firestore emulator at {host} answered HTTP {r.status}")
+    """Delete every document in the emulator's databases Respawn uses for `project`: (default) and the nodes'."""
+    from respawn.contract import NODES_DATABASE
+
+    for database in ("(default)", NODES_DATABASE):
+        req = urllib.request.Request(
+            f"http://{host}/emulator/v1/projects/{project}/databases/{database}/documents", method="DELETE"
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if r.status != 200:
+                raise EmulatorError(f"resetting database {database} of the Firestore emulator at {host} answered "
+                                    f"HTTP {r.status}")

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 import pytest
 
 from respawn.agent.supervisor import TrainerRecord
+from respawn.contract import NODES_COLLECTION
 from sim.metadata import MetadataServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -219,7 +220,7 @@ class AgentProcess:
 
 
 @pytest.fixture
-def agent_env(tmp_path, firestore_db, project):
+def agent_env(tmp_path, firestore_db, nodes_db, project):
     """Starts metadata servers and agents for one test and stops all of them (and their trainers) afterwards."""
 
     class Env:
@@ -227,6 +228,7 @@ def agent_env(tmp_path, firestore_db, project):
             self.servers: list[MetadataServer] = []
             self.agents: list[AgentProcess] = []
             self.db = firestore_db
+            self.nodes_db = nodes_db
             self.project = project
             self.tmp = tmp_path
             self.tiny_trainer = tmp_path / "tiny_trainer.py"
@@ -245,7 +247,7 @@ def agent_env(tmp_path, firestore_db, project):
             return a
 
         def heartbeat(self, node: str) -> dict[str, Any] | None:
-            return self.db.document(f"nodes/{node}").get().to_dict()
+            return self.nodes_db.collection(NODES_COLLECTION).document(node).get().to_dict()
 
     env = Env()
     yield env

@@ -65,3 +65,15 @@ def firestore_db(firestore_emulator, project):
     client = firestore.Client(project=project)
     yield client
     client.close()
+
+
+@pytest.fixture
+def nodes_db(firestore_db, project):
+    """The heartbeats' database (respawn.contract.NODES_DATABASE), emptied with firestore_db."""
+    from google.cloud import firestore
+
+    from respawn.contract import NODES_DATABASE
+
+    client = firestore.Client(project=project, database=NODES_DATABASE)
+    yield client
+    client.close()

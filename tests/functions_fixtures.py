@@ -85,12 +85,12 @@ def firestore_created_event(project: str, job_id: str, *, data: bytes | None = N
 
 
 class Controller:
-    def __init__(self, project: str, db, sim, alerts_sub: str, sweep_topic: str):
+    def __init__(self, project: str, db, nodes_db, sim, alerts_sub: str, sweep_topic: str):
         import functions_framework
 
         from sim.bridges import PushRelay
 
-        self.project, self.db, self.sim, self.alerts_sub = project, db, sim, alerts_sub
+        self.project, self.db, self.nodes_db, self.sim, self.alerts_sub = project, db, nodes_db, sim, alerts_sub
         self.apps = {name: functions_framework.create_app(target=name, source=SOURCE, signature_type="cloudevent")
                      for name in ENTRY_POINTS}
         # The sweep topic's push subscription to on_sweep: the scheduled sweep's one message per job comes back here.
@@ -161,7 +161,7 @@ class Controller:
         """Write nodes/{node} (a slice's other workers: nodes/{node}-w{worker}) as the agent does; `age` seconds
         in the past (a node that went silent)."""
         job, _, attempt = node.rpartition("-")
-        self.db.collection(NODES).document(heartbeat_id(node, worker)).set({
+        self.nodes_db.collection(NODES).document(heartbeat_id(node, worker)).set({
             "job_id": job, "attempt": int(attempt), "worker": worker, "state": state, "step": step,
             "committed_step": committed_step, "heartbeat_at": datetime.now(timezone.utc) - timedelta(seconds=age),
             **kw})
@@ -222,7 +222,7 @@ class Controller:
 
 
 @pytest.fixture
-def controller(monkeypatch, firestore_db, pubsub_emulator, project, sim_server):
+def controller(monkeypatch, firestore_db, nodes_db, pubsub_emulator, project, sim_server):
     from google.cloud import pubsub_v1
 
     topic_id = f"alerts-{uuid.uuid4().hex[:8]}"
@@ -238,7 +238,7 @@ def controller(monkeypatch, firestore_db, pubsub_emulator, project, sim_server):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
-    ctl = Controller(project, firestore_db, sim_server, sub, sweep_topic)
+    ctl = Controller(project, firestore_db, nodes_db, sim_server, sub, sweep_topic)
     yield ctl
     ctl.sweep_relay.close()
     from respawn.control import reconcile

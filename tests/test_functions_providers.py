@@ -195,7 +195,7 @@ def test_the_adapters_satisfy_the_control_planes_ports(made):
     from respawn.control import ports
     from respawn.control.adapters.firestore_store import Store
 
-    for impl, port in ((Store(None), ports.ControlStore), (ComputeProvider(made), ports.NodeProvider),
+    for impl, port in ((Store(None, None), ports.ControlStore), (ComputeProvider(made), ports.NodeProvider),
                        (TpuProvider(made), ports.NodeProvider)):
         assert isinstance(impl, port), (type(impl).__name__, port.__name__)
         for name, member in vars(port).items():

@@ -39,8 +39,9 @@ def _plain(value: Any) -> Any:
 
 
 class Store:
-    def __init__(self, db: firestore.Client):
-        self.db = db
+    def __init__(self, db: firestore.Client, nodes_db: firestore.Client):
+        self.db = db  # jobs, their events, capacity records
+        self.nodes_db = nodes_db  # the heartbeats (NODES_DATABASE: the only database the nodes may write)
         self.reads = 0
         self.writes = 0
 
@@ -51,7 +52,7 @@ class Store:
         return (snap.to_dict(), snap.update_time) if snap.exists else None
 
     def heartbeat(self, node: str) -> dict[str, Any] | None:
-        snap = self.db.collection(NODES).document(node).get()
+        snap = self.nodes_db.collection(NODES).document(node).get()
         self.reads += 1
         return snap.to_dict() if snap.exists else None
 

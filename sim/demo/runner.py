@@ -356,6 +356,8 @@ class DemoRun:
                     self.sim.set_capacity(zone.name, key, change.count, at=self.sim.now() + change.at_seconds)
         db = firestore.Client(project=PROJECT)
         self.stack.push("Firestore client", db.close)
+        nodes_db = firestore.Client(project=PROJECT, database=schema.NODES_DATABASE)
+        self.stack.push("Firestore client (heartbeats)", nodes_db.close)
         self.say(f"registering job {job_id} (a Firestore document, as `respawn jobs register` writes it)")
         sim_t0 = self.sim.now()
         t0 = time.monotonic()
@@ -380,7 +382,7 @@ class DemoRun:
             snap = job_ref.get()
             status = schema.JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
             beats: dict[str, dict[int, dict]] = {}  # node → worker → its heartbeat
-            for doc in db.collection(schema.NODES).where(filter=FieldFilter("job_id", "==", job_id)).stream():
+            for doc in nodes_db.collection(schema.NODES).where(filter=FieldFilter("job_id", "==", job_id)).stream():
                 hb = doc.to_dict() or {}
                 worker = int(hb.get("worker") or 0)
                 # A slice's worker i beats to {node}-w{i} (contract.heartbeat_id): count it under its node.
