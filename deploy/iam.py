@@ -1,11 +1,17 @@
-"""Reads deploy/iam/permissions.yaml: the custom roles Respawn creates, where each is bound, and for which member."""
+"""Reads deploy/iam/permissions.yaml: the custom roles Respawn creates, where each is bound, for which member, and
+under which IAM condition; and answers, from that data, who may do what on which resource (Policy)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import yaml
+
+from respawn import deployment
+from respawn.contract import NODES_DATABASE
+from respawn.workdir import GCS_PREFIX as WORKDIRS_PREFIX
 
 PERMISSIONS_FILE = Path(__file__).resolve().parent / "iam" / "permissions.yaml"
 # Where a role may be bound (the build knows how to bind on each of these).
@@ -20,6 +26,7 @@ class Role:
     member: str  # a service account key: controller | notifier | trigger | node
     scope: str  # one of SCOPES
     methods: dict[str, tuple[str, ...]]  # API method -> the permissions it needs
+    condition: str | None = None  # a key of CONDITIONS: the binding admits only the resources it admits
 
     @property
     def permissions(self) -> list[str]:
@@ -42,10 +49,88 @@ def roles(data: dict | None = None) -> list[Role]:
     for role_id, r in data["roles"].items():
         if r["scope"] not in SCOPES:
             raise ValueError(f"{PERMISSIONS_FILE}: role {role_id} is bound on {r['scope']!r}; use one of {', '.join(SCOPES)}")
+        if r.get("condition") is not None and r["condition"] not in CONDITIONS:
+            raise ValueError(f"{PERMISSIONS_FILE}: role {role_id} names condition {r['condition']!r}; use one of "
+                             f"{', '.join(CONDITIONS)}")
         out.append(Role(role_id, r["title"], r["description"], r["member"], r["scope"],
-                        {m: tuple(p) for m, p in r["methods"].items()}))
+                        {m: tuple(p) for m, p in r["methods"].items()}, r.get("condition")))
     return out
 
 
 def granted_methods(member: str, data: dict | None = None) -> set[str]:
     return {m for role in roles(data) if role.member == member for m in role.methods}
+
+
+# ---- IAM conditions: each one's CEL expression (what IAM evaluates) and the same test in Python (what Policy and
+# the tests evaluate), made from the same names so that the two cannot say different things.
+
+@dataclass(frozen=True)
+class Condition:
+    title: str
+    description: str
+    expression: str
+    admits: Callable[[str], bool]  # resource name (as IAM conditions see it) -> does the binding apply
+
+    def definition(self) -> dict:
+        """The body of gcloud's --condition-from-file."""
+        return {"title": self.title, "description": self.description, "expression": self.expression}
+
+
+def _database(project: str, bucket: str) -> Condition:
+    name = f"projects/{project}/databases/{NODES_DATABASE}"
+    return Condition("respawn heartbeats database", f"only the Firestore database {NODES_DATABASE}",
+                     f'resource.name == "{name}"', lambda r: r == name)
+
+
+def _object_prefixes(bucket: str, prefixes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(f"projects/_/buckets/{bucket}/objects/{p.rstrip('/')}/" for p in prefixes)
+
+
+def _outside_release(project: str, bucket: str) -> Condition:
+    (prefix,) = _object_prefixes(bucket, (deployment.RESPAWN_PREFIX,))
+    return Condition("outside the respawn folder", f"every object of gs://{bucket} but gs://{bucket}/"
+                     f"{deployment.RESPAWN_PREFIX}/ (the release, the workdir archives)",
+                     f'!resource.name.startsWith("{prefix}")', lambda r: not r.startswith(prefix))
+
+
+def _release(project: str, bucket: str) -> Condition:
+    prefixes = _object_prefixes(bucket, (deployment.RELEASES_PREFIX, WORKDIRS_PREFIX))
+    return Condition("respawn release and workdirs", "only the objects of the release and the workdir archives",
+                     " || ".join(f'resource.name.startsWith("{p}")' for p in prefixes),
+                     lambda r: r.startswith(prefixes))
+
+
+CONDITIONS: dict[str, Callable[[str, str], Condition]] = {
+    "nodes-database": _database, "outside-release": _outside_release, "release": _release}
+
+
+# ---- who may do what on which resource, from the bindings the build makes (custom roles only: the predefined ones
+# are Google's platform plumbing, listed in permissions.yaml `predefined`).
+
+def _covers(scope: str, project: str, bucket: str, resource: str) -> bool:
+    """Whether a binding of `scope` applies to `resource`: a project-wide binding to everything in the project (its
+    buckets too), any other to the one resource it is set on and what lies under it."""
+    if scope == "project":
+        return resource.startswith((f"projects/{project}/", "projects/_/buckets/"))
+    where = {"node-service-account": f"projects/{project}/serviceAccounts/"
+                                     f"{deployment.service_account_email(deployment.NODE_SA, project)}",
+             "alerts-topic": f"projects/{project}/topics/{deployment.ALERTS_TOPIC}",
+             "sweep-topic": f"projects/{project}/topics/{deployment.SWEEP_TOPIC}",
+             "checkpoint-bucket": f"projects/_/buckets/{bucket}"}[scope]
+    return resource == where or resource.startswith(where + "/")
+
+
+@dataclass(frozen=True)
+class Policy:
+    project: str
+    bucket: str
+
+    def may(self, member: str, permission: str, resource: str) -> bool:
+        """Whether `member` (controller | notifier | trigger | node) holds `permission` on `resource`, a resource
+        name as IAM conditions see it: projects/P/databases/D, projects/_/buckets/B/objects/O, projects/P/topics/T,
+        projects/P/serviceAccounts/EMAIL."""
+        return any(role.member == member and permission in role.permissions
+                   and _covers(role.scope, self.project, self.bucket, resource)
+                   and (role.condition is None
+                        or CONDITIONS[role.condition](self.project, self.bucket).admits(resource))
+                   for role in roles())

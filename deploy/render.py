@@ -1,6 +1,7 @@
 """Write what the build's gcloud steps read, from the single definitions in the repository.
 
     python -m deploy.render --project P --region R --bucket B --slack-secret S --build-id ID --wheel-dir D --out O
+                            [--network N] [--subnetwork S]
 
 D/respawn-agent-V.pyz  the agent zipapp (deploy/agent_zipapp.py), built beside the wheel that `pip wheel` put in D
 O/names.env            shell variables: resource names (respawn/deployment.py), service account emails, the two
@@ -8,7 +9,9 @@ O/names.env            shell variables: resource names (respawn/deployment.py), 
 O/sink-filter.txt      respawn.audit.sink_filter(P): the Logging sink's filter
 O/function-env.yaml    the functions' environment (--env-vars-file)
 O/roles/ROLE.yaml      each custom role of deploy/iam/permissions.yaml (--file of gcloud iam roles create|update)
-O/bindings.tsv         kind, resource, member, role: every IAM binding the build adds before deploying
+O/conditions/NAME.yaml each IAM condition a binding carries (--condition-from-file)
+O/bindings.tsv         kind, resource, member, role, condition file (or None): every IAM binding the build adds
+                       before deploying
 O/indexes.json         the composite indexes of deploy/firestore/indexes.yaml
 O/function-source/     the uploaded function source (deploy/stage.py)
 Every failure names the input to fix.
@@ -27,6 +30,7 @@ import yaml
 
 from deploy import agent_zipapp, iam, stage
 from respawn import audit, deployment
+from respawn.contract import NODES_DATABASE
 
 ROOT = Path(__file__).resolve().parent.parent
 INDEXES_FILE = ROOT / "deploy" / "firestore" / "indexes.yaml"
@@ -38,6 +42,7 @@ _PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+_NETWORK = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class RenderError(ValueError):
@@ -57,10 +62,12 @@ def emails(project: str) -> dict[str, str]:
 
 
 def names(project: str, region: str, bucket: str, slack_secret: str, wheel: Path, wheel_uri: str, agent: Path,
-          agent_uri: str) -> dict[str, str]:
+          agent_uri: str, network: str = deployment.DEFAULT_NETWORK) -> dict[str, str]:
     sa = emails(project)
     return {
         "PROJECT": project, "REGION": region, "BUCKET": bucket, "SLACK_SECRET": slack_secret,
+        "NETWORK": network, "NODE_FIREWALL_RULE": deployment.NODE_FIREWALL_RULE,
+        "NODES_DATABASE": NODES_DATABASE,
         "LOG_EVENTS_TOPIC": deployment.LOG_EVENTS_TOPIC, "ALERTS_TOPIC": deployment.ALERTS_TOPIC,
         "SWEEP_TOPIC": deployment.SWEEP_TOPIC, "SINK": deployment.SINK,
         "SCHEDULER_JOB": deployment.SCHEDULER_JOB, "SWEEP_SCHEDULE": deployment.SWEEP_SCHEDULE,
@@ -76,9 +83,15 @@ def names(project: str, region: str, bucket: str, slack_secret: str, wheel: Path
     }
 
 
-def function_env(project: str, region: str, node_email: str, agent: str, library: str,
-                 build_id: str) -> dict[str, str]:
+def function_env(project: str, region: str, node_email: str, agent: str, library: str, build_id: str,
+                 network: str = deployment.DEFAULT_NETWORK, subnetwork: str = "") -> dict[str, str]:
+    nodes_network = {}
+    if network != deployment.DEFAULT_NETWORK:
+        nodes_network[deployment.ENV_NETWORK] = f"projects/{project}/global/networks/{network}"
+    if subnetwork:
+        nodes_network[deployment.ENV_SUBNETWORK] = f"projects/{project}/regions/{region}/subnetworks/{subnetwork}"
     return {
+        **nodes_network,
         deployment.ENV_PROJECT: project,
         deployment.ENV_REGION: region,
         deployment.ENV_ALERTS_TOPIC: deployment.ALERTS_TOPIC,
@@ -91,8 +104,9 @@ def function_env(project: str, region: str, node_email: str, agent: str, library
     }
 
 
-def bindings(project: str, bucket: str, slack_secret: str) -> list[tuple[str, str, str, str]]:
-    """(kind, resource, member, role) for every binding made before the functions exist."""
+def bindings(project: str, bucket: str, slack_secret: str) -> list[tuple[str, str, str, str, str]]:
+    """(kind, resource, member, role, condition: a key of iam.CONDITIONS or None) for every binding made before the
+    functions exist."""
     sa = emails(project)
     resource = {"project": ("project", project),
                 "node-service-account": ("service-account", sa["node"]),
@@ -100,11 +114,11 @@ def bindings(project: str, bucket: str, slack_secret: str) -> list[tuple[str, st
                 "sweep-topic": ("topic", deployment.SWEEP_TOPIC),
                 "checkpoint-bucket": ("bucket", f"gs://{bucket}"),
                 "slack-secret": ("secret", slack_secret)}
-    out = [(*resource[r.scope], f"serviceAccount:{sa[r.member]}", f"projects/{project}/roles/{r.id}")
-           for r in iam.roles()]
+    out = [(*resource[r.scope], f"serviceAccount:{sa[r.member]}", f"projects/{project}/roles/{r.id}",
+            r.condition or "None") for r in iam.roles()]
     for p in iam.load()["predefined"]:
         if p["scope"] in resource:  # each-function and log-events-topic are bound in their own build steps
-            out.append((*resource[p["scope"]], f"serviceAccount:{sa[p['member']]}", p["role"]))
+            out.append((*resource[p["scope"]], f"serviceAccount:{sa[p['member']]}", p["role"], "None"))
     return out
 
 
@@ -118,12 +132,15 @@ def indexes(path: Path = INDEXES_FILE) -> list[dict]:
 
 
 def render(project: str, region: str, bucket: str, slack_secret: str, build_id: str, wheel_dir: Path,
-           out: Path) -> Path:
+           out: Path, network: str = deployment.DEFAULT_NETWORK, subnetwork: str = "") -> Path:
     _check(project, _PROJECT, "project", "set the _PROJECT substitution to a project ID")
     _check(region, _REGION, "region", "set _REGION to a Cloud Functions region such as us-central1")
     _check(bucket, _BUCKET, "checkpoint bucket",
            "pass --substitutions=_CHECKPOINT_BUCKET=NAME (the bucket name, without gs://)")
     _check(slack_secret, _SECRET, "Slack secret", "set _SLACK_SECRET to the Secret Manager secret's name")
+    _check(network, _NETWORK, "network", "set _NETWORK to the nodes' VPC network name (default: default)")
+    if subnetwork:
+        _check(subnetwork, _NETWORK, "subnetwork", "set _SUBNETWORK to a subnetwork name in _REGION, or leave it empty")
     if not build_id:
         raise RenderError("build id is empty: Cloud Build sets $BUILD_ID")
     wheels = sorted(Path(wheel_dir).glob("respawn-*.whl"))
@@ -141,15 +158,24 @@ def render(project: str, region: str, bucket: str, slack_secret: str, build_id: 
     artifacts = {path: deployment.release_artifact(bucket, build_id, path.name, agent_zipapp.sha256(path))
                  for path in (wheel, agent)}
     uri = {path: artifact.split("#", 1)[0] for path, artifact in artifacts.items()}
-    env_names = names(project, region, bucket, slack_secret, wheel, uri[wheel], agent, uri[agent])
+    env_names = names(project, region, bucket, slack_secret, wheel, uri[wheel], agent, uri[agent], network)
     (out / "names.env").write_text(
         "# Generated by deploy/render.py\n" + "".join(f"{k}={shlex.quote(v)}\n" for k, v in env_names.items()))
     (out / "sink-filter.txt").write_text(audit.sink_filter(project))
-    env = function_env(project, region, env_names["NODE_EMAIL"], artifacts[agent], artifacts[wheel], build_id)
+    env = function_env(project, region, env_names["NODE_EMAIL"], artifacts[agent], artifacts[wheel], build_id,
+                       network, subnetwork)
     (out / "function-env.yaml").write_text(yaml.safe_dump(env, default_flow_style=False, sort_keys=True))
     for role in iam.roles():
         (out / "roles" / f"{role.id}.yaml").write_text(yaml.safe_dump(role.definition(), sort_keys=False))
-    (out / "bindings.tsv").write_text("".join("\t".join(b) + "\n" for b in bindings(project, bucket, slack_secret)))
+    (out / "conditions").mkdir(exist_ok=True)
+    rows = []
+    for *binding, condition in bindings(project, bucket, slack_secret):
+        if condition != "None":
+            path = out / "conditions" / f"{condition}.yaml"
+            path.write_text(yaml.safe_dump(iam.CONDITIONS[condition](project, bucket).definition(), sort_keys=False))
+            condition = f"conditions/{condition}.yaml"  # under the build folder (deploy/lib.sh BUILD_DIR)
+        rows.append("\t".join((*binding, condition)) + "\n")
+    (out / "bindings.tsv").write_text("".join(rows))
     (out / "indexes.json").write_text(json.dumps(indexes(), indent=1))
     stage.stage(ROOT, out / "function-source")
     return out
@@ -159,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m deploy.render", description=__doc__.split("\n")[0])
     for flag in ("project", "region", "bucket", "slack-secret", "build-id", "wheel-dir", "out"):
         ap.add_argument(f"--{flag}", required=True)
+    ap.add_argument("--network", default=deployment.DEFAULT_NETWORK)
+    ap.add_argument("--subnetwork", default="")
     a = ap.parse_args(argv)
     try:
-        render(a.project, a.region, a.bucket, a.slack_secret, a.build_id, Path(a.wheel_dir), Path(a.out))
+        render(a.project, a.region, a.bucket, a.slack_secret, a.build_id, Path(a.wheel_dir), Path(a.out), a.network,
+               a.subnetwork)
     except (RenderError, stage.StageError) as exc:
         print(f"deploy.render: {exc}", file=sys.stderr)
         return 2

@@ -27,12 +27,21 @@ NOTIFIER_SA = "respawn-notifier"  # runs on_alert: reads the Slack secret, nothi
 TRIGGER_SA = "respawn-trigger"  # the identity Eventarc and Pub/Sub use to invoke the functions
 NODE_SA = "respawn-node"  # attached to every GPU VM and TPU VM: the agent and the trainer
 
+# The ingress rule that lets a multi-node job's members reach each other (torchrun's rendezvous, NCCL, the JAX
+# coordinator): from the node service account to itself, every protocol. Only the auto-created `default` network
+# allows internal traffic by default (default-allow-internal); any other network denies ingress.
+NODE_FIREWALL_RULE = "respawn-node-internal"
+DEFAULT_NETWORK = "default"
+
 # Firestore TTL on event history (respawn.schema.JobEvent.expire_at).
 TTL_COLLECTION_GROUP = "events"
 TTL_FIELD = "expire_at"
 
+# The checkpoint bucket's folder Respawn keeps for itself (the release, the workdir archives): nodes may read it and
+# never change it (deploy/iam/permissions.yaml), so no job's checkpoint_uri may point into it.
+RESPAWN_PREFIX = "respawn"
 # Where releases of the agent and trainer go, under the checkpoint bucket: gs://{bucket}/{RELEASES_PREFIX}/{build}/.
-RELEASES_PREFIX = "respawn/releases"
+RELEASES_PREFIX = f"{RESPAWN_PREFIX}/releases"
 
 # Environment variables deploy/ sets on every function (values: deploy/render.py).
 ENV_PROJECT = "RESPAWN_PROJECT"  # the project holding Firestore, the nodes and the topics
@@ -42,6 +51,8 @@ ENV_SWEEP_TOPIC = "RESPAWN_SWEEP_TOPIC"  # SWEEP_TOPIC: where the scheduled swee
 ENV_NODE_SERVICE_ACCOUNT = "RESPAWN_NODE_SERVICE_ACCOUNT"  # email to attach to every node
 ENV_AGENT = "RESPAWN_AGENT"  # URI#sha256=HEX of the released agent zipapp -> node metadata respawn-agent
 ENV_LIBRARY = "RESPAWN_LIBRARY"  # URI#sha256=HEX of the released wheel -> node metadata respawn-library
+ENV_NETWORK = "RESPAWN_NETWORK"  # the nodes' VPC network, when not `default` (projects/P/global/networks/N)
+ENV_SUBNETWORK = "RESPAWN_SUBNETWORK"  # its subnetwork in the nodes' region, for a custom-mode network
 ENV_COMPUTE_ENDPOINT = "RESPAWN_COMPUTE_ENDPOINT"  # local runs only: the sim's Compute Engine (functions and CLI)
 ENV_VERSION = "RESPAWN_VERSION"  # the Cloud Build ID that deployed this code
 ENV_SLACK_WEBHOOK_URL = "SLACK_WEBHOOK_URL"  # on_alert only, from Secret Manager

@@ -28,6 +28,7 @@ from respawn.contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS
                               workdir_digest)
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
 from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
+from respawn.deployment import RESPAWN_PREFIX
 
 JOBS = "jobs"
 EVENTS = "events"
@@ -362,9 +363,12 @@ class JobSpec(_Strict):
     @classmethod
     def _checkpoint_uri(cls, v: str) -> str:
         if v.startswith("gs://"):
-            bucket = v[5:].split("/", 1)[0]
+            bucket, _, path = v[5:].partition("/")
             if not _BUCKET.match(bucket):
                 raise ValueError(f"{bucket!r} is not a valid Cloud Storage bucket name")
+            if (path.rstrip("/") + "/").startswith(RESPAWN_PREFIX + "/"):
+                raise ValueError(f"gs://{bucket}/{RESPAWN_PREFIX}/ is Respawn's own folder (the release and the workdir "
+                                 "archives, which nodes may only read): put the checkpoints under another prefix")
             return v.rstrip("/")
         if v.startswith("file:///"):
             return v.rstrip("/")

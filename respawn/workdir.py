@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Literal
 
 from respawn.contract import WORKDIR_SUFFIX
+from respawn.deployment import RESPAWN_PREFIX
 
 IGNORE_FILE = ".gitignore"
 RESPAWN_IGNORE_FILE = ".respawnignore"  # at DIR's root only; applied after (over) every .gitignore
@@ -44,7 +45,7 @@ COMPRESS_LEVEL = 6  # nearly level 9's size, several times faster on code and da
 LARGE_ARCHIVE_BYTES = 200_000_000
 # Where a job's archives go: gs://BUCKET/respawn/workdirs/ in the bucket of its checkpoint_uri, or, for a
 # file:///PATH checkpoint_uri, the directory respawn-workdirs beside PATH.
-GCS_PREFIX = "respawn/workdirs"
+GCS_PREFIX = f"{RESPAWN_PREFIX}/workdirs"
 LOCAL_DIR = "respawn-workdirs"
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all)

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 CLOUDBUILD = ROOT / "cloudbuild.yaml"
 SINK_WRITER = "serviceAccount:service-123456789@gcp-sa-logging.iam.gserviceaccount.com"
@@ -26,7 +28,7 @@ SINK_WRITER = "serviceAccount:service-123456789@gcp-sa-logging.iam.gserviceaccou
 READ_VERBS = {"describe", "list"}
 CREATE_OR_UPDATE_VERBS = {"deploy", "update", "enable", "undelete", "add-iam-policy-binding",
                           "add-invoker-policy-binding", "cp"}
-VERBS = READ_VERBS | CREATE_OR_UPDATE_VERBS | {"create", "delete"}
+VERBS = READ_VERBS | CREATE_OR_UPDATE_VERBS | {"create", "delete", "remove-iam-policy-binding"}
 
 
 # ---------------------------------------------------------------------------------------------- the stand-in
@@ -125,8 +127,17 @@ def standin(argv: list[str]) -> int:
         else:
             bindings = state.setdefault("bindings", [])
             entry = [call.group, call.name, flags.get("member", ""), flags.get("role", "roles/run.invoker")]
+            if flags.get("condition-from-file"):  # a conditioned binding: the condition's expression goes with it
+                entry.append(yaml.safe_load(Path(flags["condition-from-file"]).read_text())["expression"])
             if entry not in bindings:
                 bindings.append(entry)
+    elif call.verb == "remove-iam-policy-binding":
+        entry = [call.group, call.name, flags.get("member", ""), flags.get("role", "")]
+        bindings = state.setdefault("bindings", [])
+        if entry in bindings:  # --condition=None: the unconditioned binding only
+            bindings.remove(entry)
+        else:
+            rc, err = 1, "ERROR: Policy binding with the specified principal, role, and condition not found!"
     else:  # deploy, update, enable, ttls update: create or update
         kind.setdefault(call.name, {})["flags"] = flags
     state_path.write_text(json.dumps(state, indent=1))

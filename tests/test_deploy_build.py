@@ -232,12 +232,44 @@ def test_roles_and_bindings(deployed):
                           "alerts-topic": "pubsub topics", "sweep-topic": "pubsub topics",
                           "checkpoint-bucket": "storage buckets"}[role.scope]
         assert bound[0][0] == expected_group
+        # A conditioned role is bound under its condition's expression only, never also without it.
+        assert bound[0][4:] == ([iam.CONDITIONS[role.condition](PROJECT, BUCKET).expression] if role.condition else [])
     # Nothing but Respawn's own roles and the listed predefined ones is ever granted.
     predefined = {p["role"] for p in iam.load()["predefined"]}
-    for group, _name, _member, role in state["bindings"]:
+    for group, _name, _member, role, *_condition in state["bindings"]:
         assert role.startswith(f"projects/{PROJECT}/roles/") or role in predefined, f"unexpected grant {role}"
     assert ["secrets", "respawn-slack-webhook", f"serviceAccount:respawn-notifier@{PROJECT}.iam.gserviceaccount.com",
             "roles/secretmanager.secretAccessor"] in state["bindings"]
+
+
+def test_the_nodes_database_and_the_firewall_rule(deployed):
+    _, standin, run1, _ = deployed
+    argv = _one(run1, "firestore databases", "create", schema.NODES_DATABASE)
+    assert _flag(argv, "location") == ["nam5"]  # where (default) is
+    node = deployment.service_account_email(deployment.NODE_SA, PROJECT)
+    argv = _one(run1, "compute firewall-rules", "create", deployment.NODE_FIREWALL_RULE)
+    assert (_flag(argv, "network"), _flag(argv, "direction"), _flag(argv, "action"), _flag(argv, "rules")) == (
+        [deployment.DEFAULT_NETWORK], ["INGRESS"], ["ALLOW"], ["all"])
+    assert _flag(argv, "source-service-accounts") == _flag(argv, "target-service-accounts") == [node]
+
+
+def test_an_earlier_unconditioned_node_grant_is_replaced_by_the_conditioned_one(deployed, tmp_path):
+    # Before the heartbeats had a database of their own, the node's Firestore and bucket roles were bound without a
+    # condition: a build over such a project must leave only the conditioned bindings.
+    node = f"serviceAccount:{deployment.service_account_email(deployment.NODE_SA, PROJECT)}"
+    old = [["projects", PROJECT, node, f"projects/{PROJECT}/roles/respawnNodeHeartbeat"],
+           ["storage buckets", f"gs://{BUCKET}", node, f"projects/{PROJECT}/roles/respawnCheckpoints"]]
+    state = {**seeded_state(), "bindings": [list(b) for b in old],
+             "iam service-accounts": {a: {} for a in (deployment.CONTROLLER_SA, deployment.NOTIFIER_SA,
+                                                      deployment.TRIGGER_SA, deployment.NODE_SA)},
+             "pubsub topics": {t: {} for t in (deployment.LOG_EVENTS_TOPIC, deployment.ALERTS_TOPIC,
+                                               deployment.SWEEP_TOPIC)}}
+    results, standin = _run_only(deployed, tmp_path, state, {"bindings"})
+    assert results[-1].rc == 0, results[-1].stderr
+    bindings = standin.state()["bindings"]
+    for entry in old:
+        assert entry not in bindings
+        assert [b for b in bindings if b[:4] == entry and len(b) == 5], f"{entry[3]} is not bound under its condition"
 
 
 # ---------------------------------------------------------------------------------------------- the second run

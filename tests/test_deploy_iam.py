@@ -11,6 +11,9 @@ import re
 from pathlib import Path
 
 from deploy import iam
+from respawn import deployment
+from respawn.contract import NODES_DATABASE
+from respawn.workdir import GCS_PREFIX as WORKDIRS_PREFIX
 from tests.deploy_fixtures import ROOT
 
 CALLS = iam.load()["calls"]
@@ -171,3 +174,64 @@ def test_scan_finds_a_new_unlisted_call(tmp_path):
         assert "instances.set_labels" in str(exc)
     else:
         raise AssertionError("an unlisted client call must fail the scan")
+
+
+# ---- what a node's identity can and cannot reach, computed from the bindings the build makes (deploy.iam.Policy):
+# the emulators enforce no IAM, so the policy is tested as data. The conditions' CEL is made from the same names.
+
+P, B = "proj-a", "ckpt-bucket"
+POLICY = iam.Policy(P, B)
+DATABASE = f"projects/{P}/databases/"
+OBJECT = f"projects/_/buckets/{B}/objects/"
+RELEASE = f"{OBJECT}{deployment.RELEASES_PREFIX}/build-7/respawn-agent-0.1.0.pyz"
+WORKDIR = f"{OBJECT}{WORKDIRS_PREFIX}/sha256-{'a' * 64}.tar.gz"
+
+
+def test_a_node_writes_heartbeats_and_no_job_state():
+    for perm in ("datastore.entities.create", "datastore.entities.update"):
+        assert POLICY.may("node", perm, f"{DATABASE}{NODES_DATABASE}")
+        # jobs/* (a new one makes the controller create paid VMs), their events, the capacity records
+        assert not POLICY.may("node", perm, f"{DATABASE}(default)")
+    assert not POLICY.may("node", "datastore.entities.get", f"{DATABASE}(default)")
+    assert not POLICY.may("node", "datastore.entities.delete", f"{DATABASE}{NODES_DATABASE}")
+    # The controller reads both.
+    assert POLICY.may("controller", "datastore.entities.get", f"{DATABASE}{NODES_DATABASE}")
+    assert POLICY.may("controller", "datastore.entities.update", f"{DATABASE}(default)")
+
+
+def test_a_node_reads_the_release_and_workdirs_and_cannot_change_them():
+    for obj in (RELEASE, WORKDIR):
+        assert POLICY.may("node", "storage.objects.get", obj)
+        for perm in ("storage.objects.delete", "storage.objects.create", "storage.objects.update"):
+            assert not POLICY.may("node", perm, obj), (perm, obj)
+
+
+def test_a_node_writes_checkpoints_outside_the_respawn_folder_only():
+    ckpt = f"{OBJECT}runs/llama/step-00000100/rank-0.distcp"
+    for perm in ("storage.objects.create", "storage.objects.get", "storage.objects.delete"):
+        assert POLICY.may("node", perm, ckpt)
+    assert POLICY.may("node", "storage.objects.list", f"projects/_/buckets/{B}")
+    assert not POLICY.may("node", "storage.objects.create", f"{OBJECT}{deployment.RESPAWN_PREFIX}/anything")
+    assert not POLICY.may("node", "storage.objects.get", f"projects/_/buckets/other-bucket/objects/x")
+
+
+def test_a_node_creates_no_vm_attaches_no_identity_and_publishes_no_alert():
+    assert not POLICY.may("node", "compute.instances.create", f"projects/{P}/zones/us-central1-a/instances/x")
+    assert not POLICY.may("node", "tpu.nodes.create", f"projects/{P}/locations/us-central2-b/nodes/x")
+    node_sa = f"projects/{P}/serviceAccounts/{deployment.service_account_email(deployment.NODE_SA, P)}"
+    assert not POLICY.may("node", "iam.serviceAccounts.actAs", node_sa)
+    assert POLICY.may("controller", "iam.serviceAccounts.actAs", node_sa)
+    assert POLICY.may("node", "pubsub.topics.publish", f"projects/{P}/topics/{deployment.SWEEP_TOPIC}")
+    assert not POLICY.may("node", "pubsub.topics.publish", f"projects/{P}/topics/{deployment.ALERTS_TOPIC}")
+    assert not [p for p in iam.load()["predefined"] if p["member"] == "node"]
+
+
+def test_each_condition_admits_what_its_expression_says():
+    # The CEL is what IAM evaluates, `admits` what the tests above evaluate: both are made from the same names.
+    for name, make in iam.CONDITIONS.items():
+        c = make(P, B)
+        quoted = re.findall(r'"([^"]+)"', c.expression)
+        assert quoted, name
+        for literal in quoted:
+            inside = literal + ("x" if literal.endswith("/") else "")
+            assert c.admits(inside) != c.expression.startswith("!"), (name, inside)

@@ -228,6 +228,9 @@ def test_longest_job_id_still_gives_valid_node_names():
         ("checkpoint_uri", "s3://bucket/x", "checkpoint_uri: must be gs://BUCKET/PREFIX, or file:///ABSOLUTE/PATH"),
         ("checkpoint_uri", "file://relative", "checkpoint_uri: must be gs://BUCKET/PREFIX"),
         ("checkpoint_uri", "gs://Bad_Bucket/x", "checkpoint_uri: 'Bad_Bucket' is not a valid Cloud Storage bucket name"),
+        # Nodes may only read gs://B/respawn/ (the release, the workdir archives): checkpoints there could not be written.
+        ("checkpoint_uri", "gs://my-bucket/respawn/ckpt", "checkpoint_uri: gs://my-bucket/respawn/ is Respawn's own folder"),
+        ("checkpoint_uri", "gs://my-bucket/respawn", "checkpoint_uri: gs://my-bucket/respawn/ is Respawn's own folder"),
         ("max_failures", -1, "max_failures: Input should be greater than or equal to 0"),
         ("max_failures", "many", "max_failures: Input should be a valid integer"),
         ("max_restarts", -1, "(job): max_restarts (the old name of max_failures): -1 is not a whole number"),
