@@ -118,6 +118,7 @@ def register(
         if directory is None:
             spec = _parse_spec(file, data)
             _check_image(spec, project)
+            _check_network(spec, project)
             if dry_run:
                 out.print(f"{file}: valid; would register [bold]{spec.id}[/bold] (dry run: nothing written)")
                 return
@@ -126,6 +127,7 @@ def register(
         trainer.pop("workdir", None)  # replaced by the packed directory's URI, so not validated as written
         spec = _parse_spec(file, data)  # every other field, before anything is packed or sent
         _check_image(spec, project)
+        _check_network(spec, project)
         store = None
         if not dry_run:
             store = _store(project)
@@ -173,6 +175,21 @@ def _check_image(spec: schema.JobSpec, project: str | None) -> None:
                   "checks it when it first handles the job", highlight=False)
     else:
         out.print(f"boot image: {found.image} → {found.detail}", highlight=False)
+
+
+def _check_network(spec: schema.JobSpec, project: str | None) -> None:
+    """Warn when a job of several hosts (GPU VMs, or a TPU slice's workers) would run where they cannot reach each
+    other: the build's ingress rule is missing or disabled. Nothing is refused: the user's network may allow it."""
+    from respawn.topology import tpu_hosts
+
+    hosts = tpu_hosts(spec.accelerator.accelerator_type) if spec.accelerator.kind == "tpu" else spec.nodes
+    if hosts < 2:
+        return
+    from respawn.firewallcheck import missing_rule
+
+    problem = missing_rule(project)
+    if problem:
+        err.print(f"[yellow]warning:[/yellow] {spec.id} runs on {hosts} hosts; {problem}", highlight=False)
 
 
 def _trainer_workdir(data: Any) -> tuple[dict | None, Any]:

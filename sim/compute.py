@@ -126,6 +126,7 @@ class ComputeService:
         self.operations: dict[tuple[str, str], Operation] = {}
         self._ids = random.Random(1)
         self.images: dict[tuple[str, str], Image] = {}  # (project, name) → Image
+        self.firewalls: dict[tuple[str, str], dict] = {}  # (project, name) → the firewall resource
         for family, state in IMAGE_FAMILIES.items():
             self.add_image(DLVM_PROJECT, f"{family}-{SIM_IMAGE_VERSION}", family=family, deprecated=state)
 
@@ -140,6 +141,29 @@ class ComputeService:
                 raise SimError(f"{value!r} is not a Compute Engine resource name")
         with self.sim.cond:
             self.images[(project, name)] = Image(project, name, family, deprecated, self._new_id())
+
+    # --- firewall rules (what `respawn jobs register` looks for before a multi-node job) ----------------------------
+
+    def add_firewall(self, project: str, name: str, *, service_account: str, network: str = "default",
+                     disabled: bool = False) -> None:
+        """An ingress rule allowing every protocol from `service_account` to itself, as the build creates it."""
+        if not NAME_RE.match(name):
+            raise SimError(f"{name!r} is not a Compute Engine resource name")
+        with self.sim.cond:
+            self.firewalls[(project, name)] = {
+                "kind": "compute#firewall", "id": self._new_id(), "name": name, "direction": "INGRESS",
+                "network": f"{BASE}/projects/{project}/global/networks/{network}", "priority": 1000,
+                "allowed": [{"IPProtocol": "all"}], "sourceServiceAccounts": [service_account],
+                "targetServiceAccounts": [service_account], "disabled": disabled,
+                "selfLink": f"{BASE}/projects/{project}/global/firewalls/{name}"}
+
+    def get_firewall(self, project: str, name: str) -> dict:
+        with self.sim.cond:
+            rule = self.firewalls.get((project, name))
+            if rule is None:
+                raise compute_error(404, "notFound",
+                                    f"The resource 'projects/{project}/global/firewalls/{name}' was not found")
+            return dict(rule)
 
     def get_image(self, project: str, name: str) -> dict:
         with self.sim.cond:

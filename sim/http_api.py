@@ -33,6 +33,7 @@ ROUTES = [
     ("POST", _C + r"/operations/(?P<op>[^/]+)/wait", "c_wait"),
     ("GET", _I + r"/family/(?P<family>[^/]+)", "c_image_family"),
     ("GET", _I + r"/(?P<image>[^/]+)", "c_image"),
+    ("GET", r"/compute/v1/projects/(?P<fw_project>[^/]+)/global/firewalls/(?P<firewall>[^/]+)", "c_firewall"),
     ("POST", _T + r"/nodes", "t_create"),
     ("GET", _T + r"/nodes", "t_list"),
     ("GET", _T + r"/nodes/(?P<name>[^/:]+)", "t_get"),
@@ -52,6 +53,7 @@ ROUTES = [
     ("POST", r"/sim/faults", "s_faults"),
     ("POST", r"/sim/hold-operations", "s_hold"),
     ("POST", r"/sim/images", "s_images"),
+    ("POST", r"/sim/firewalls", "s_firewalls"),
 ]
 _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
 
@@ -162,6 +164,9 @@ def make_handler(sim: "SimServer"):
         def c_image_family(self, image_project, family, body, query):
             return sim.compute.get_image_from_family(image_project, family)
 
+        def c_firewall(self, fw_project, firewall, body, query):
+            return sim.compute.get_firewall(fw_project, firewall)
+
         # --- TPU ---
         def t_create(self, zone, body, query):
             return sim.tpu.create(zone, query.get("nodeId", ""), body)
@@ -223,6 +228,11 @@ def make_handler(sim: "SimServer"):
         def s_images(self, body, query):
             sim.compute.add_image(body["project"], body["name"], family=body.get("family"),
                                   deprecated=body.get("deprecated", "ACTIVE"))
+            return {}
+
+        def s_firewalls(self, body, query):
+            sim.compute.add_firewall(body["project"], body["name"], service_account=body["service_account"],
+                                     network=body.get("network", "default"), disabled=bool(body.get("disabled")))
             return {}
 
         def s_hold(self, body, query):

@@ -167,6 +167,32 @@ def test_register_refuses_a_boot_image_compute_engine_does_not_have(firestore_db
     assert "not checked (HTTP 503" in " ".join(r.stderr.split()) and "registered cli-job-2" in r.stdout
 
 
+def test_register_warns_when_a_multi_host_jobs_members_cannot_reach_each_other(firestore_db, project, sim_server,
+                                                                              tmp_path):
+    from respawn import deployment
+
+    endpoint = {"RESPAWN_COMPUTE_ENDPOINT": sim_server.endpoint}
+
+    def register(job_id: str, **fields) -> str:
+        path = tmp_path / f"{job_id}.yaml"
+        path.write_text(yaml.safe_dump({**SPEC, "id": job_id, **fields}))
+        r = respawn("jobs", "register", str(path), "--project", project, env_extra=endpoint)
+        assert r.returncode == 0 and f"registered {job_id}" in r.stdout, r.stderr  # a warning refuses nothing
+        return " ".join(r.stderr.split())
+
+    said = register("two-vms", nodes=2, zones=["us-central1-a"])
+    assert f"warning: two-vms runs on 2 hosts; firewall rule {deployment.NODE_FIREWALL_RULE} not found" in said
+    node = deployment.service_account_email(deployment.NODE_SA, project)
+    assert f"--source-service-accounts={node} --target-service-accounts={node}" in said
+    assert "warning" not in register("one-vm")  # one host: nothing to reach
+    sim_server.compute.add_firewall(project, deployment.NODE_FIREWALL_RULE, service_account=node, disabled=True)
+    slice_spec = {"accelerator": {"kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"},
+                  "zones": ["us-central2-b"]}
+    assert f"{deployment.NODE_FIREWALL_RULE} in project {project} is disabled" in register("slice", **slice_spec)
+    sim_server.compute.add_firewall(project, deployment.NODE_FIREWALL_RULE, service_account=node)
+    assert "warning" not in register("two-vms-again", nodes=2, zones=["us-central1-a"])
+
+
 def test_validate_warns_that_max_restarts_is_max_failures_old_name(tmp_path):
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump({**SPEC, "max_restarts": 20}))

@@ -1,0 +1,67 @@
+"""The CLI's read-only look at Compute Engine before `respawn jobs register` writes a job: one REST GET with the
+user's Application Default Credentials (google-cloud-compute is the functions' dependency, not the CLI's). Local runs
+ask the sim at RESPAWN_COMPUTE_ENDPOINT, anonymously; a run against the Firestore emulator without it has no Compute
+Engine to ask and looks at nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import google.auth
+import requests
+from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
+from google.auth.transport.requests import AuthorizedSession
+
+from respawn.deployment import ENV_COMPUTE_ENDPOINT
+
+PRODUCTION = "https://compute.googleapis.com"
+SCOPES = ["https://www.googleapis.com/auth/compute.readonly"]
+TIMEOUT_S = 15
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int | None  # None: no answer (`problem` says why)
+    body: dict
+    problem: str = ""
+
+    @property
+    def message(self) -> str:
+        return str((self.body.get("error") or {}).get("message") or "")
+
+
+@dataclass(frozen=True)
+class Reader:
+    session: requests.Session
+    base: str
+    project: str | None  # the --project given, else the credentials' default project
+
+    def get(self, path: str) -> Answer:
+        """GET {base}/compute/v1/{path}; a failure to ask is an Answer with no status."""
+        try:
+            with self.session:
+                r = self.session.get(f"{self.base}/compute/v1/{path}", timeout=TIMEOUT_S)
+        except (requests.RequestException, GoogleAuthError) as exc:
+            return Answer(None, {}, f"{type(exc).__name__}: {exc}"[:300])
+        try:
+            body = r.json()
+        except ValueError:
+            body = {}
+        return Answer(r.status_code, body if isinstance(body, dict) else {})
+
+
+def reader(project: str | None) -> Reader | str | None:
+    """Where to look: a Reader; a reason why no look can be made (no credentials); None where there is nothing to
+    ask (a local run without the sim)."""
+    endpoint = os.environ.get(ENV_COMPUTE_ENDPOINT)
+    if endpoint:
+        return Reader(requests.Session(), endpoint.rstrip("/"), project)
+    if os.environ.get("FIRESTORE_EMULATOR_HOST"):
+        return None
+    try:
+        credentials, default_project = google.auth.default(scopes=SCOPES)
+    except DefaultCredentialsError:
+        return "no Google Cloud credentials to look with"
+    return Reader(AuthorizedSession(credentials), PRODUCTION, project or default_project)
