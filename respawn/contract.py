@@ -30,7 +30,8 @@ ATTR_SETTINGS = "respawn-settings"  # NodeSettings.to_json()
 ATTR_AGENT = "respawn-agent"  # the agent zipapp deploy/vm/startup.sh fetches and runs on the image's python3
 ATTR_LIBRARY = "respawn-library"  # the respawn wheel the agent installs into the trainer's interpreter
 ATTR_STARTUP = "startup-script"  # Compute Engine and Cloud TPU run this at every boot
-# Deep Learning VM images install the NVIDIA driver on first boot only when this is "True" (GPU VMs only).
+# "True" on GPU VMs: older Deep Learning VM images installed the NVIDIA driver on first boot only when asked; the
+# *-nvidia-580 families (the default) ship it, and images without the installer ignore the key (gcp-facts §9).
 ATTR_INSTALL_NVIDIA_DRIVER = "install-nvidia-driver"
 # Set by Cloud TPU itself on every worker VM of a slice (each worker has its own metadata server), never by us:
 # this worker's index, and every worker's address, worker 0 first ("x:y:IP,x:y:IP"; parse_worker_endpoints). A GPU
@@ -45,6 +46,10 @@ ATTR_GENERATION = "respawn-generation"
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
 LABEL_SLOT = "respawn-slot"  # a multi-node job's member slot (0..nodes-1); set only when the job has several nodes
+# Every label key Respawn writes on a node (respawn.control.nodespec.labels): a job's own labels may not use them,
+# and must leave room for those a node of the job gets within the 64 a VM or TPU node may carry (gcp-facts §9).
+RESPAWN_LABELS = (LABEL_JOB, LABEL_ATTEMPT, LABEL_SLOT)
+MAX_NODE_LABELS = 64
 
 # ---- the trainer's environment (set by the agent, read by respawn.ckpt) ----------------------------------------
 

@@ -5,12 +5,14 @@ that script through sim/node_systemctl.py."""
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -288,6 +290,56 @@ def test_startup_script_names_the_release_it_cannot_download(tmp_path, gcs):
     assert not calls
 
 
+def _cmdlines() -> dict[int, bytes]:
+    """Every process's argv as /proc shows it to any local user."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                out[int(entry.name)] = (entry / "cmdline").read_bytes()
+            except OSError:
+                pass  # gone meanwhile
+    return out
+
+
+def test_startup_script_never_puts_the_token_on_a_command_line(tmp_path, zipapp):
+    """The download's bearer token reaches curl through stdin, not argv: a storage stand-in holds its answer until it
+    has read every process's /proc/PID/cmdline while curl waits on it."""
+    data = zipapp.read_bytes()
+    seen: dict[str, object] = {}
+
+    class Storage(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            cmdlines = _cmdlines()
+            seen["authorization"] = self.headers.get("Authorization")
+            seen["curl"] = [pid for pid, argv in cmdlines.items()
+                            if argv.startswith(b"curl\0") and self.path.encode() in argv]
+            seen["token"] = [argv for argv in cmdlines.values() if b"sim-token" in argv]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Storage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        value = f"gs://{BUCKET}/respawn/releases/argv/{zipapp.name}#sha256={_sha256(data)}"
+        with MetadataServer(attributes={ATTR_AGENT: value}) as md:
+            r, _ = _run_startup(tmp_path, md.host, active=False, python=node_image_python("3.9"),
+                                RESPAWN_STORAGE_HOST=f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert seen["authorization"] == "Bearer sim-token"  # the token did reach the request
+    assert seen["curl"], "the scan saw no curl process downloading the agent, so it could not have seen the token"
+    assert seen["token"] == [], seen["token"]
+    assert (tmp_path / "opt" / "respawn-agent.pyz").read_bytes() == data
+
+
 # ---------------------------------------------------------------------------------- a sim node's systemctl
 
 
@@ -338,7 +390,7 @@ def test_sim_systemctl_runs_the_units_execstart_in_place_and_answers_the_other_v
 
 
 @pytest.mark.parametrize("version", ["3.9", "3.10"])
-def test_a_sim_node_boots_the_startup_script_and_trains_the_example_workdir(tmp_path, gcs, zipapp, firestore_db,
+def test_a_sim_node_boots_the_startup_script_and_trains_the_example_workdir(tmp_path, gcs, zipapp, nodes_db,
                                                                             project, version):
     # The whole boot with a bare 3.9 or 3.10 as the image's python3 (sim/node_image.py, as the demo's nodes): the
     # startup script fetches the zipapp from the GCS emulator, the systemctl stand-in becomes the agent on that
@@ -357,7 +409,7 @@ def test_a_sim_node_boots_the_startup_script_and_trains_the_example_workdir(tmp_
     boot_command, node_env = node_image.boot(python, storage)
     node = NodeRuntime(directory=tmp_path / "simboot-1", boot_command=boot_command, node_env=node_env,
                        metadata_kwargs={"name": "simboot-1", "project": project, "attributes": attrs})
-    heartbeat = firestore_db.document("nodes/simboot-1")
+    heartbeat = nodes_db.document("nodes/simboot-1")
     try:
         node.boot()
         wait_for(lambda: ((heartbeat.get().to_dict() or {}).get("step") or 0) > 0, 120,
@@ -379,7 +431,7 @@ def test_a_sim_node_boots_the_startup_script_and_trains_the_example_workdir(tmp_
 
 
 def test_every_worker_of_a_sim_tpu_slice_boots_the_startup_script_and_takes_the_preemption(
-        tmp_path, gcs, zipapp, firestore_db, project, sim_factory):
+        tmp_path, gcs, zipapp, nodes_db, project, sim_factory):
     # A v4-16 slice (2 worker VMs) created through the real TPU client: each worker runs the real startup script on
     # a bare 3.10 (the TPU runtimes' python3), its own agent reads its worker attributes and beats to its own
     # document; the slice's preemption reaches both agents, and both trainers save and stop.
@@ -401,7 +453,7 @@ def test_every_worker_of_a_sim_tpu_slice_boots_the_startup_script_and_takes_the_
     client.create_node(parent=f"projects/{project}/locations/{zone}", node_id="tslice-1", node=tpu_v2.Node(
         accelerator_type="v4-16", runtime_version="tpu-ubuntu2204-base", metadata=attrs,
         scheduling_config=tpu_v2.SchedulingConfig(spot=True))).result(timeout=30)
-    docs = [firestore_db.document("nodes/tslice-1"), firestore_db.document("nodes/tslice-1-w1")]
+    docs = [nodes_db.document("nodes/tslice-1"), nodes_db.document("nodes/tslice-1-w1")]
     for w, doc in enumerate(docs):
         wait_for(lambda: ((doc.get().to_dict() or {}).get("step") or 0) > 0, 120,
                  f"worker {w}'s training heartbeat; console: {sim.node_dir(zone, 'tslice-1', w)}.console.log")

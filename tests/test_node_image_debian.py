@@ -58,7 +58,7 @@ def _install(root: Path, guest_path: str, text: str, mode: int) -> None:
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S + 300)  # the first run builds the image (a few minutes)
 def test_a_debian_11_node_image_boots_the_startup_script_and_its_agent_trains(
-        tmp_path, bullseye_image, gcs, firestore_db, project):  # noqa: F811
+        tmp_path, bullseye_image, gcs, nodes_db, project):  # noqa: F811
     code = tmp_path / "code"
     code.mkdir()
     (code / "prepare.py").write_text(PREPARE)
@@ -72,7 +72,7 @@ def test_a_debian_11_node_image_boots_the_startup_script_and_its_agent_trains(
                  workdir=wd_uri, setup=[["python3", "prepare.py"]])
     attrs = attributes("deb11", 1, project, s)
     attrs[ATTR_AGENT] = _upload(gcs, Path("respawn/releases/deb11", zipapp.name), zipapp.read_bytes())
-    heartbeat = firestore_db.document("nodes/deb11-1")
+    heartbeat = nodes_db.document("nodes/deb11-1")
 
     with booted_image(bullseye_image, tmp_path / "image") as root:
         _install(root, GUEST_STARTUP, STARTUP.read_text(), 0o755)

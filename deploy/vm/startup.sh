@@ -126,7 +126,9 @@ download() {
       "error=$(cat "$ERRORS")"
   fi
   quoted="$("$PYTHON" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$object")"
-  if ! curl -fsS --retry 5 --retry-delay 2 -H "Authorization: Bearer $token" -o "$AGENT.part" \
+  # The header comes in on stdin (-H @-, curl 7.55 and up; Debian 11 has 7.74), from printf, a builtin: the token is
+  # never in an argv, which any local user can read in /proc/PID/cmdline.
+  if ! printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --retry 5 --retry-delay 2 -H @- -o "$AGENT.part" \
       "$STORAGE/storage/v1/b/$bucket/o/$quoted?alt=media" 2>"$ERRORS"; then
     die "could not download $uri; check that the release exists (gcloud storage ls $uri) and that the node service account may read the bucket (role respawnCheckpoints, deploy/iam/permissions.yaml)" \
       "uri=$uri" "error=$(cat "$ERRORS")"
