@@ -4,9 +4,10 @@
 `{job}-{attempt}`, the name the control plane gave the VM or TPU node; `instance/name` is not used for it, because
 on a TPU VM it names the worker (`t1v-n-…-w-0`), not the TPU node.
 
-On a worker VM of a multi-host TPU slice, Cloud TPU's own attributes say which host this is and where the others are
-(respawn.contract.ATTR_WORKER_NUMBER, ATTR_WORKER_ENDPOINTS): the worker's index, the slice's worker count and
-worker 0's IP. Without them (a GPU VM, the sim's plain nodes) the node is a single host: worker 0 of 1.
+On a TPU VM, Cloud TPU's own attributes say which host this is and where the others are
+(respawn.contract.ATTR_WORKER_NUMBER, ATTR_WORKER_ENDPOINTS, in either of its two formats): the worker's index, the
+slice's worker count and worker 0's address (an IP address or a hostname). Without them (a GPU VM), or with one
+worker, the node is a single host: worker 0 of 1, master 127.0.0.1.
 
 Missing or invalid attributes raise ConfigError naming the attribute; a metadata server that is not reachable
 yet (boot, maintenance) is retried for a while first.
@@ -41,7 +42,7 @@ class Hosts:
 
     worker: int  # this host's index
     count: int  # hosts in the slice
-    master_addr: str  # host 0's IP address
+    master_addr: str  # host 0's address: an IP address, or a hostname (a TPU slice whose metadata lists hostnames)
 
 
 SINGLE_HOST = Hosts(0, 1, SINGLE_HOST_MASTER_ADDR)
@@ -68,9 +69,10 @@ class AgentConfig:
 
 
 def parse_hosts(worker_text: str, endpoints_text: str) -> Hosts:
-    """The two TPU worker attributes ("" when not set) → Hosts. Neither set: a single host. A slice's worker always
-    has both; one without the other, a worker number outside the endpoints or malformed values are a ConfigError
-    naming the attribute and the value."""
+    """The two TPU worker attributes ("" when not set) → Hosts. Neither set, or one worker: a single host (its
+    master is this machine's loopback, which needs no name resolution). A slice's worker always has both; one
+    without the other, a worker number outside the endpoints or malformed values are a ConfigError naming the
+    attribute and the value."""
     worker_text, endpoints_text = worker_text.strip(), endpoints_text.strip()
     if not worker_text and not endpoints_text:
         return SINGLE_HOST
@@ -85,16 +87,18 @@ def parse_hosts(worker_text: str, endpoints_text: str) -> Hosts:
         raise ConfigError(ATTR_WORKER_ENDPOINTS, f"not set, yet {ATTR_WORKER_NUMBER} is {worker}: this worker "
                                                  "cannot find worker 0")
     try:
-        ips = parse_worker_endpoints(endpoints_text)
+        addresses = parse_worker_endpoints(endpoints_text)
     except ValueError as exc:
         raise ConfigError(ATTR_WORKER_ENDPOINTS, str(exc)) from None
-    if not worker_text and len(ips) > 1:
-        raise ConfigError(ATTR_WORKER_NUMBER, f"not set, yet {ATTR_WORKER_ENDPOINTS} lists {len(ips)} workers: "
-                                              "which one is this?")
-    if worker >= len(ips):
-        raise ConfigError(ATTR_WORKER_NUMBER, f"is {worker}, but {ATTR_WORKER_ENDPOINTS} lists {len(ips)} "
+    if not worker_text and len(addresses) > 1:
+        raise ConfigError(ATTR_WORKER_NUMBER, f"not set, yet {ATTR_WORKER_ENDPOINTS} lists {len(addresses)} "
+                                              "workers: which one is this?")
+    if worker >= len(addresses):
+        raise ConfigError(ATTR_WORKER_NUMBER, f"is {worker}, but {ATTR_WORKER_ENDPOINTS} lists {len(addresses)} "
                                               f"worker(s): {endpoints_text!r}")
-    return Hosts(worker, len(ips), ips[0])
+    if len(addresses) == 1:
+        return SINGLE_HOST
+    return Hosts(worker, len(addresses), addresses[0])
 
 
 def parse_settings(text: str) -> NodeSettings:
@@ -171,8 +175,12 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
         raise ConfigError(ATTR_ATTEMPT, str(exc)) from None
     zone = zone_from_metadata(_read(md, "instance/zone", "instance/zone", retry_seconds))
     library_text = _read(md, attr + ATTR_LIBRARY, ATTR_LIBRARY, retry_seconds, optional=True).strip()
-    hosts = parse_hosts(_read(md, attr + ATTR_WORKER_NUMBER, ATTR_WORKER_NUMBER, retry_seconds, optional=True),
-                        _read(md, attr + ATTR_WORKER_ENDPOINTS, ATTR_WORKER_ENDPOINTS, retry_seconds, optional=True))
+    worker_text = _read(md, attr + ATTR_WORKER_NUMBER, ATTR_WORKER_NUMBER, retry_seconds, optional=True)
+    endpoints_text = _read(md, attr + ATTR_WORKER_ENDPOINTS, ATTR_WORKER_ENDPOINTS, retry_seconds, optional=True)
+    hosts = parse_hosts(worker_text, endpoints_text)
+    if endpoints_text.strip():  # what Cloud TPU served, in which of its formats: the record to check it against
+        log("INFO", "TPU worker metadata", worker=hosts.worker, workers=hosts.count, master_addr=hosts.master_addr,
+            worker_network_endpoints=endpoints_text.strip()[:4000])
     generation = _read(md, attr + ATTR_GENERATION, ATTR_GENERATION, retry_seconds, optional=True, missing=None)
     if generation is not None and hosts != SINGLE_HOST:
         raise ConfigError(ATTR_GENERATION, "is set on a worker of a multi-host TPU slice: a TPU job is one node, "

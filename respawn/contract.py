@@ -15,6 +15,7 @@ import enum
 import ipaddress
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Dict, List, Optional, Tuple, TypedDict
@@ -33,9 +34,10 @@ ATTR_STARTUP = "startup-script"  # Compute Engine and Cloud TPU run this at ever
 # "True" on GPU VMs: older Deep Learning VM images installed the NVIDIA driver on first boot only when asked; the
 # *-nvidia-580 families (the default) ship it, and images without the installer ignore the key (gcp-facts §9).
 ATTR_INSTALL_NVIDIA_DRIVER = "install-nvidia-driver"
-# Set by Cloud TPU itself on every worker VM of a slice (each worker has its own metadata server), never by us:
-# this worker's index, and every worker's address, worker 0 first ("x:y:IP,x:y:IP"; parse_worker_endpoints). A GPU
-# VM or a node without them is a single host: worker 0 of 1.
+# Set by Cloud TPU itself on every TPU VM, one worker or many (each worker has its own metadata server), never by us:
+# this worker's index, and every worker's address, worker 0 first, in one of two formats (parse_worker_endpoints):
+# hostnames ("t1v-n-…-w-0,t1v-n-…-w-1") or name:uid:IP triples. A GPU VM or a node without them is a single host:
+# worker 0 of 1.
 ATTR_WORKER_NUMBER = "agent-worker-number"
 ATTR_WORKER_ENDPOINTS = "worker-network-endpoints"
 ATTR_ACCELERATOR_TYPE = "accelerator-type"  # e.g. v5litepod-16 (respawn.topology.tpu_hosts gives its workers)
@@ -69,7 +71,7 @@ ENV_COLLECTIVE_TIMEOUT = "RESPAWN_COLLECTIVE_TIMEOUT_SECONDS"
 # master 127.0.0.1 (SINGLE_HOST_MASTER_ADDR), so a trainer needs no branch for the single-host case.
 ENV_NODE_RANK = "RESPAWN_NODE_RANK"  # this host's index: a TPU worker's agent-worker-number
 ENV_NUM_NODES = "RESPAWN_NUM_NODES"  # hosts in the job: a TPU slice's workers
-ENV_MASTER_ADDR = "RESPAWN_MASTER_ADDR"  # host 0's IP address (the coordinator runs there)
+ENV_MASTER_ADDR = "RESPAWN_MASTER_ADDR"  # host 0's IP address or hostname (the coordinator runs there)
 SINGLE_HOST_MASTER_ADDR = "127.0.0.1"
 ENV_GENERATION = "RESPAWN_GENERATION"  # a multi-node member: the generation's number (unset otherwise)
 # torchrun reads each of its options from PET_<OPTION> when its command line does not give it
@@ -183,28 +185,53 @@ def split_artifact(value: str) -> Tuple[str, str]:
     return uri, fragment
 
 
+# The two formats of ATTR_WORKER_ENDPOINTS (gcp-facts §13; JAX's Cloud TPU cluster detection,
+# jax/_src/clusters/cloud_tpu_cluster.py, reads both): each entry is a worker's hostname, or, in the older format, a
+# name:uid:IP triple whose third field is the address.
+ENDPOINTS_HOSTNAMES = "hostnames"
+ENDPOINTS_TRIPLES = "triples"
+ENDPOINT_FORMATS = (ENDPOINTS_HOSTNAMES, ENDPOINTS_TRIPLES)
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # RFC 1123: 1-63 characters
+
+
+def _is_hostname(name: str) -> bool:
+    """An RFC 1123 host name (dot-separated labels of letters, digits and inner hyphens; 253 characters at most)."""
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
 def parse_worker_endpoints(value: str) -> List[str]:
-    """ATTR_WORKER_ENDPOINTS ("x:y:10.0.0.11,x:y:10.0.0.12") → the workers' IP addresses, worker 0 first. The IP is
-    the third colon-separated field, as JAX's Cloud TPU cluster detection reads it. Strict: ValueError naming the
-    entry when one has fewer than three fields or a third field that is not an IP address."""
-    ips = []
+    """ATTR_WORKER_ENDPOINTS → every worker's address, worker 0 first: a hostname or an IP address, either of which
+    a trainer can connect to (the master address). Each comma-separated entry is a hostname or IP address (the
+    current format) or name:uid:IP (the older one; the IP is taken), as JAX reads it. Strict: ValueError naming the
+    entry when it is empty, has two or more than three fields, or its address is neither an IP address nor an
+    RFC 1123 hostname."""
+    addresses = []
     for i, entry in enumerate(value.strip().split(",")):
-        fields = entry.strip().split(":")
-        try:
-            if len(fields) < 3:
-                raise ValueError
-            ips.append(str(ipaddress.ip_address(fields[2])))
-        except ValueError:
-            raise ValueError(f"entry {i} ({entry.strip()!r}) is not x:y:IP; expected x:y:IP,x:y:IP,… with worker 0 "
-                             f"first, got {value!r}") from None
-    return ips
+        entry = entry.strip()
+        fields = entry.split(":")
+        if len(fields) == 1 and _is_hostname(entry):  # a dotted IPv4 address is a valid hostname too
+            addresses.append(entry)
+            continue
+        if len(fields) == 3 and fields[0] and fields[1]:
+            try:
+                addresses.append(str(ipaddress.ip_address(fields[2])))
+                continue
+            except ValueError:
+                pass
+        raise ValueError(f"entry {i} ({entry!r}) is neither a hostname nor name:uid:IP; expected every worker, "
+                         f"worker 0 first, comma-separated, as hostnames (t1v-n-…-w-0,t1v-n-…-w-1,…) or as "
+                         f"name:uid:IP triples (t1v-n-…-w-0:UID:10.0.0.2,…), got {value!r}")
+    return addresses
 
 
-def format_worker_endpoints(ips: List[str]) -> str:
-    """The ATTR_WORKER_ENDPOINTS value Cloud TPU writes for workers at `ips` (worker 0 first): what the sim serves.
-    The first two fields are opaque to every reader (JAX and the agent take the third); the worker index and the
-    port the TPU API lists are used."""
-    return ",".join(f"{i}:8470:{ip}" for i, ip in enumerate(ips))
+def format_worker_endpoints(workers: List[Tuple[str, str, str]], fmt: str) -> str:
+    """The ATTR_WORKER_ENDPOINTS value Cloud TPU writes for `workers`, (hostname, uid, IP) each, worker 0 first, in
+    `fmt` (one of ENDPOINT_FORMATS): what the sim serves."""
+    if fmt == ENDPOINTS_HOSTNAMES:
+        return ",".join(name for name, _, _ in workers)
+    if fmt == ENDPOINTS_TRIPLES:
+        return ",".join(f"{name}:{uid}:{ip}" for name, uid, ip in workers)
+    raise ValueError(f"worker endpoint format must be one of {', '.join(ENDPOINT_FORMATS)}, got {fmt!r}")
 
 
 class SettingsError(ValueError):

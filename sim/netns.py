@@ -15,7 +15,9 @@ is a free /24 of 10.213.0.0/16, picked so that two test runs on one machine do n
 a short random id for the same reason (Linux allows 15 characters). Needs root (CI runs as root) and iproute2.
 
 A node's host name resolves to its own address inside its namespace (/etc/netns/NS/hosts, which `ip netns exec`
-mounts over /etc/hosts), as a VM's does: gloo and torchrun pick the interface they advertise by it.
+mounts over /etc/hosts), as a VM's does: gloo and torchrun pick the interface they advertise by it. The VMs of one
+node (a TPU slice's workers) resolve each other's names too (`resolve_each_other`), as a VPC's internal DNS resolves
+VM names: a worker reaches worker 0 by the hostname its metadata lists.
 A partition is a pair of `unreachable` routes between the partitioned node and every other node (a connect fails
 with EHOSTUNREACH, an open connection's packets go nowhere: a collective hangs), none towards the gateway.
 """
@@ -197,9 +199,8 @@ class Network:
             host = Host(name, netns, address, outside)
             _ip("netns", "add", netns)
             self.hosts.append(host)  # from here close() removes it, whatever fails next
-        etc = _ETC_NETNS / netns
-        etc.mkdir(parents=True, exist_ok=True)
-        (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n{address}\t{socket.gethostname()} {name}\n")
+        (_ETC_NETNS / netns).mkdir(parents=True, exist_ok=True)
+        self._write_hosts(host, [])
         _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
         _ip("link", "set", inside, "netns", netns)
         _ip("link", "set", outside, "master", self.bridge)
@@ -213,6 +214,17 @@ class Network:
                 self._route("add", host, other)
                 self._route("add", self._by_address(other), address)
         return host
+
+    @staticmethod
+    def _write_hosts(host: Host, peers: list[Host]) -> None:
+        lines = ["127.0.0.1\tlocalhost", f"{host.address}\t{socket.gethostname()} {host.name}"]
+        lines += [f"{p.address}\t{p.name}" for p in peers if p is not host]
+        (_ETC_NETNS / host.netns / "hosts").write_text("\n".join(lines) + "\n")
+
+    def resolve_each_other(self, hosts: list[Host]) -> None:
+        """Every one of `hosts` resolves every other's name to its address (before anything runs in them)."""
+        for host in hosts:
+            self._write_hosts(host, hosts)
 
     def _by_address(self, address: str) -> Host:
         return next(h for h in self.hosts if h.address == address)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from respawn import contract
 from sim.capacity import Timeline
 from sim.compute import ComputeService
 from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
@@ -50,6 +51,7 @@ class SimServer:
         metadata_op_delay: float | None = None,
         network: str = "loopback",
         metadata_servers: bool = True,
+        tpu_endpoints: str = contract.ENDPOINTS_HOSTNAMES,
     ) -> None:
         """
         notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
@@ -69,11 +71,15 @@ class SimServer:
             and partition() can cut it off from its peers alone.
         metadata_servers: False boots nodes with no metadata server (and so no boot_command): a node is then only
             its API resource, for benchmarks of thousands of nodes (each server is a thread and a port).
+        tpu_endpoints: the format of a TPU worker's `worker-network-endpoints` (contract.ENDPOINT_FORMATS): the
+            workers' hostnames (default, the newer format) or name:uid:IP triples (sim/tpu.py).
         """
         if not metadata_servers and boot_command:
             raise ValueError("metadata_servers=False boots no guest: it takes no boot_command")
         if network not in ("loopback", "netns"):
             raise ValueError(f"network must be 'loopback' or 'netns', not {network!r}")
+        if tpu_endpoints not in contract.ENDPOINT_FORMATS:
+            raise ValueError(f"tpu_endpoints must be one of {contract.ENDPOINT_FORMATS}, not {tpu_endpoints!r}")
         if audit_timing not in ("start", "end"):
             raise ValueError(f"audit_timing must be 'start' or 'end', not {audit_timing!r}")
         self.project = project
@@ -89,6 +95,7 @@ class SimServer:
         self.delete_grace = float(delete_grace) if delete_grace is not None else min(self.notice_seconds, 5.0)
         self.audit_timing = audit_timing
         self.network_mode = network
+        self.tpu_endpoints = tpu_endpoints
         self.network: Network | None = None  # netns mode, from start() to stop()
         self._port = port
         self.cond = threading.Condition(threading.RLock())
@@ -164,11 +171,15 @@ class SimServer:
 
     # --- used by the services -------------------------------------------------------------------------------
 
-    def new_hosts(self, name: str, count: int = 1) -> list[tuple[str, Host | None]]:
-        """The address of each of a new node's `count` VMs (host 0 first), with its namespace in netns mode."""
+    def new_hosts(self, name: str, count: int = 1, hostnames: list[str] | None = None) -> list[tuple[str, Host | None]]:
+        """The address of each of a new node's `count` VMs (host 0 first), with its namespace in netns mode, where
+        each VM's hostname (`hostnames[i]`; default the node's name) resolves to its address on every VM of the
+        node, as a VPC's internal DNS resolves VM names."""
         if self.network is None:
             return [(a, None) for a in self.addresses.take(count)]
-        hosts = [self.network.add_host(name if count == 1 else f"{name}-w{i}") for i in range(count)]
+        names = hostnames or [name if count == 1 else f"{name}-w{i}" for i in range(count)]
+        hosts = [self.network.add_host(n) for n in names]
+        self.network.resolve_each_other(hosts)
         return [(h.address, h) for h in hosts]
 
     def make_runtime(self, kind: str, zone: str, name: str, metadata_kwargs: dict, *,

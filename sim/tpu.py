@@ -6,9 +6,14 @@ deleted), any -> DELETING -> gone (delete). A capacity refusal ends the create o
 A node has `respawn.topology.tpu_hosts(acceleratorType)` worker VMs (v5litepod-16: 4), named like the real ones,
 `t1v-n-<hash>-w-<i>`. Each worker is its own sim node runtime: its own disk (worker 0's is the node's directory,
 worker i's `<node>.w<i>` beside it), its own metadata server serving the node's `metadata` map as
-`instance/attributes/*` plus, on a multi-host slice, what Cloud TPU adds per worker (`agent-worker-number`,
-`worker-network-endpoints`, `accelerator-type`), and, where the sim boots nodes, its own startup-script process. The API's node lists one
-`networkEndpoints` entry per worker, worker 0 first. The node lives and dies as a unit: a preemption flags every
+`instance/attributes/*` plus what Cloud TPU adds per worker, one or many (`agent-worker-number`,
+`worker-network-endpoints`, `accelerator-type`), and, where the sim boots nodes, its own startup-script process. The
+API's node lists one `networkEndpoints` entry per worker, worker 0 first.
+
+`worker-network-endpoints` comes in the format `SimServer(tpu_endpoints=…)` names (gcp-facts §13): the workers'
+hostnames, which are their VM names (in netns mode every worker's /etc/hosts resolves its slice's names to their
+addresses, sim/netns.py; on loopback, where a name cannot be made to resolve, the hostname format lists the workers'
+addresses), or `name:uid:IP` triples (the VM name, its numeric id, its address). The node lives and dies as a unit: a preemption flags every
 worker's metadata server and powers every worker off (each agent gets its notice), then the node is PREEMPTED; a
 delete removes every worker.
 """
@@ -191,18 +196,17 @@ class TpuService:
             })
             workers = [worker_name(self.sim.project, zone, node_id, w) for w in range(hosts)]
             worker_ids = [str(self._ids.randrange(10**18, 10**19)) for _ in range(hosts)]
-            addresses, vms = map(list, zip(*self.sim.new_hosts(node_id, hosts)))
-            endpoints = contract.format_worker_endpoints(addresses)
+            addresses, vms = map(list, zip(*self.sim.new_hosts(node_id, hosts, workers)))
+            fmt = self.sim.tpu_endpoints
+            names = workers if self.sim.network is not None or fmt == contract.ENDPOINTS_TRIPLES else addresses
+            endpoints = contract.format_worker_endpoints(list(zip(names, worker_ids, addresses)), fmt)
             record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.sim.now())
             runtimes = []
             for w in range(hosts):
-                # What Cloud TPU adds to each worker VM's metadata of a multi-host slice. A single-host node keeps
-                # the user's map alone, as the sim always served it (a real one also says worker 0 of one endpoint;
-                # the agent reads both as a single host).
+                # What Cloud TPU adds to each worker VM's metadata, a single host's too (worker 0 of one endpoint).
                 attributes = dict(resource["metadata"])
-                if hosts > 1:
-                    attributes.update({contract.ATTR_ACCELERATOR_TYPE: accelerator, contract.ATTR_WORKER_NUMBER: str(w),
-                                       contract.ATTR_WORKER_ENDPOINTS: endpoints})
+                attributes.update({contract.ATTR_ACCELERATOR_TYPE: accelerator, contract.ATTR_WORKER_NUMBER: str(w),
+                                   contract.ATTR_WORKER_ENDPOINTS: endpoints})
                 runtimes.append(self.sim.make_runtime("tpu", zone, node_id, {
                     "name": workers[w], "zone": zone, "project": self.sim.project, "instance_id": worker_ids[w],
                     "machine_type": "tpu-vm", "attributes": attributes}, directory_name=_worker_dir(node_id, w), host=vms[w]))

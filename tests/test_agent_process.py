@@ -18,6 +18,8 @@ import sys
 import tarfile
 from datetime import datetime
 
+import pytest
+
 from agent_fixtures import (TINY_TRAINER, NodePython, agent_env, agent_tree, attributes, node_image_python,  # noqa: F401
                             node_python, settings, wait_for)
 from respawn.contract import EXIT_PREEMPTED
@@ -226,11 +228,17 @@ HOSTS_TRAINER = ("import json, os, runpy, sys\n"
                  "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
-def test_workers_of_a_slice_beat_to_their_own_documents_and_each_takes_the_notice(agent_env, node_python):
+@pytest.mark.parametrize("endpoints, master", [
+    ("t1v-n-0badc0de-w-0,t1v-n-0badc0de-w-1", "t1v-n-0badc0de-w-0"),  # hostnames
+    ("t1v-n-0badc0de-w-0:5523180148856364731:10.130.0.7,t1v-n-0badc0de-w-1:1170094466028617346:10.130.0.8",
+     "10.130.0.7"),  # name:uid:IP triples
+], ids=["hostnames", "triples"])
+def test_workers_of_a_slice_beat_to_their_own_documents_and_each_takes_the_notice(agent_env, node_python, endpoints,
+                                                                                  master):
     # Two worker VMs of one multi-host TPU node (slice-4): each has its own metadata server with Cloud TPU's worker
-    # attributes, its own disk and agent. Worker 0 beats to nodes/slice-4 (where the control plane reads the node),
-    # worker 1 to nodes/slice-4-w1; each trainer learns its rank, the slice's size and worker 0's address.
-    endpoints = "0:8470:10.130.0.7,1:8470:10.130.0.8"
+    # attributes (in either format), its own disk and agent. Worker 0 beats to nodes/slice-4 (where the control plane
+    # reads the node), worker 1 to nodes/slice-4-w1; each trainer learns its rank, the slice's size and worker 0's
+    # address as the metadata gives it.
     s = settings([sys.executable, "-c", HOSTS_TRAINER, str(agent_env.tiny_trainer)], f"file://{agent_env.tmp}/store")
     agents, servers, dirs = [], [], []
     for w in range(2):
@@ -245,7 +253,9 @@ def test_workers_of_a_slice_beat_to_their_own_documents_and_each_takes_the_notic
         assert hb["worker"] == w and hb["job_id"] == "slice" and hb["attempt"] == 4
         Heartbeat.model_validate(hb)
         assert json.loads((dirs[w] / "hosts.json").read_text()) == {
-            "RESPAWN_NODE_RANK": str(w), "RESPAWN_NUM_NODES": "2", "RESPAWN_MASTER_ADDR": "10.130.0.7"}
+            "RESPAWN_NODE_RANK": str(w), "RESPAWN_NUM_NODES": "2", "RESPAWN_MASTER_ADDR": master}
+        [seen] = [e for e in agents[w].events() if e["message"] == "TPU worker metadata"]  # what was served, as is
+        assert (seen["worker"], seen["workers"], seen["worker_network_endpoints"]) == (w, 2, endpoints)
     for md in servers:  # the slice is preempted as a whole: every worker's metadata server says so
         md.set("instance/preempted", "TRUE")
     for w, (agent, doc) in enumerate(zip(agents, docs)):
@@ -259,11 +269,12 @@ def test_workers_of_a_slice_beat_to_their_own_documents_and_each_takes_the_notic
 def test_a_malformed_worker_attribute_is_named_and_exits_non_zero(agent_env):
     s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store")
     attrs = {**attributes("badw", 1, agent_env.project, s), "agent-worker-number": "1",
-             "worker-network-endpoints": "10.0.0.1,10.0.0.2"}
+             "worker-network-endpoints": "t1v-n-1-w-0,t1v-n-1-w-1:8470"}
     agent = agent_env.agent(agent_env.metadata("t1v-n-1-w-1", attrs), agent_env.tmp / "badw-1")
     assert agent.wait(60) == 2
     error = [e for e in agent.events() if e["severity"] == "ERROR"][0]
-    assert error["attribute"] == "worker-network-endpoints" and "'10.0.0.1,10.0.0.2'" in error["message"]
+    assert error["attribute"] == "worker-network-endpoints" and "entry 1 ('t1v-n-1-w-1:8470')" in error["message"]
+    assert "'t1v-n-1-w-0,t1v-n-1-w-1:8470'" in error["message"]
     assert agent_env.heartbeat("badw-1") is None and agent_env.heartbeat("badw-1-w1") is None
 
 

@@ -157,16 +157,25 @@ def test_exit_status_of_a_signalled_process_reads_like_the_shell():
 
 # ---- multi-host TPU slices: the worker attributes and the heartbeat document per worker --------------------------
 
-def test_worker_attributes_give_rank_count_and_master():
+# worker-network-endpoints in its two formats (gcp-facts §13): the workers' hostnames, or name:uid:IP triples.
+HOSTNAMES = "t1v-n-3f2a9c1e-w-0,t1v-n-3f2a9c1e-w-1,t1v-n-3f2a9c1e-w-2,t1v-n-3f2a9c1e-w-3"
+TRIPLES = ("t1v-n-3f2a9c1e-w-0:4720348571130263516:10.0.0.11,t1v-n-3f2a9c1e-w-1:1398205776235100931:10.0.0.12,"
+           "t1v-n-3f2a9c1e-w-2:8021447719264403375:10.0.0.13,t1v-n-3f2a9c1e-w-3:2265119930027541863:10.0.0.14")
+
+
+@pytest.mark.parametrize("endpoints, master", [(HOSTNAMES, "t1v-n-3f2a9c1e-w-0"), (TRIPLES, "10.0.0.11"),
+                                               ("10.0.0.11,10.0.0.12,10.0.0.13,10.0.0.14", "10.0.0.11"),
+                                               ("w0.us-central2-b.c.p.internal,b,c,d", "w0.us-central2-b.c.p.internal")])
+def test_worker_attributes_give_rank_count_and_master(endpoints, master):
     from respawn.agent.config import SINGLE_HOST, Hosts, parse_hosts
 
-    endpoints = "0:8470:10.0.0.11,1:8470:10.0.0.12,2:8470:10.0.0.13,3:8470:10.0.0.14"
-    assert parse_hosts("2", endpoints) == Hosts(2, 4, "10.0.0.11")
-    assert parse_hosts("0\n", " " + endpoints + "\n") == Hosts(0, 4, "10.0.0.11")
-    # A GPU VM or a node without the attributes; a single-host TPU VM with its index only, or one endpoint.
+    assert parse_hosts("2", endpoints) == Hosts(2, 4, master)
+    assert parse_hosts("0\n", " " + endpoints + "\n") == Hosts(0, 4, master)
+    # A GPU VM or a node without the attributes; a single-host TPU VM with its index only, or one endpoint in either
+    # format: its master is its own loopback, which needs no name resolution.
     assert parse_hosts("", "") == SINGLE_HOST == Hosts(0, 1, "127.0.0.1")
     assert parse_hosts("0", "") == SINGLE_HOST
-    assert parse_hosts("", "a:b:10.1.2.3") == Hosts(0, 1, "10.1.2.3")
+    assert parse_hosts("0", endpoints.split(",")[0]) == parse_hosts("", endpoints.split(",")[0]) == SINGLE_HOST
 
 
 @pytest.mark.parametrize("worker, endpoints, attribute, words", [
@@ -175,9 +184,18 @@ def test_worker_attributes_give_rank_count_and_master():
     ("2", "x:y:10.0.0.1,x:y:10.0.0.2", "agent-worker-number", "is 2, but"),
     ("-1", "x:y:10.0.0.1", "agent-worker-number", "non-negative integer"),
     ("one", "x:y:10.0.0.1", "agent-worker-number", "'one'"),
-    ("0", "10.0.0.1,10.0.0.2", "worker-network-endpoints", "entry 0 ('10.0.0.1') is not x:y:IP"),
-    ("1", "x:y:10.0.0.1,x:y:host-b", "worker-network-endpoints", "entry 1 ('x:y:host-b')"),
+    ("1", "x:y:10.0.0.1,x:y:host-b", "worker-network-endpoints", "entry 1 ('x:y:host-b') is neither a hostname "
+                                                                  "nor name:uid:IP"),
     ("0", "x:y:10.0.0.1,", "worker-network-endpoints", "entry 1 ('')"),
+    ("0", "t1v-n-1-w-0,,t1v-n-1-w-2", "worker-network-endpoints", "entry 1 ('')"),
+    ("2", "t1v-n-1-w-0,t1v-n-1-w-1", "agent-worker-number", "is 2, but worker-network-endpoints lists 2"),
+    ("0", "t1v-n-1-w-0,host_b", "worker-network-endpoints", "entry 1 ('host_b')"),  # not an RFC 1123 label
+    ("0", "t1v-n-1-w-0,-b", "worker-network-endpoints", "entry 1 ('-b')"),
+    ("0", "t1v-n-1-w-0,a..b", "worker-network-endpoints", "entry 1 ('a..b')"),
+    ("0", "a,b:8470", "worker-network-endpoints", "entry 1 ('b:8470')"),  # two fields: neither format
+    ("0", "a:1:10.0.0.1:7", "worker-network-endpoints", "entry 0 ('a:1:10.0.0.1:7')"),
+    ("0", ":1:10.0.0.1", "worker-network-endpoints", "entry 0 (':1:10.0.0.1')"),  # a triple names its worker
+    ("0", "a:1:10.0.0.1," + "x" * 64, "worker-network-endpoints", "as name:uid:IP triples"),  # a label's 63 at most
 ])
 def test_malformed_worker_attributes_name_the_attribute_and_value(worker, endpoints, attribute, words):
     from respawn.agent.config import parse_hosts
@@ -198,8 +216,12 @@ def test_heartbeat_document_per_worker():
         heartbeat_id(node, -1)
     # A worker's id never reads as another node's name ({job}-{digits}), however the job is named.
     assert not heartbeat_id("x-1", 1).rsplit("-", 1)[1].isdigit()
-    ips = ["127.0.0.2", "127.0.0.3"]
-    assert parse_worker_endpoints(format_worker_endpoints(ips)) == ips
+    workers = [("t1v-n-0-w-0", "8812", "127.0.0.2"), ("t1v-n-0-w-1", "9931", "127.0.0.3")]
+    assert format_worker_endpoints(workers, "triples") == "t1v-n-0-w-0:8812:127.0.0.2,t1v-n-0-w-1:9931:127.0.0.3"
+    assert parse_worker_endpoints(format_worker_endpoints(workers, "triples")) == ["127.0.0.2", "127.0.0.3"]
+    assert parse_worker_endpoints(format_worker_endpoints(workers, "hostnames")) == ["t1v-n-0-w-0", "t1v-n-0-w-1"]
+    with pytest.raises(ValueError, match="hostnames, triples"):
+        format_worker_endpoints(workers, "ips")
     doc = compose_heartbeat(job_id="llm", attempt=12, zone=None, state=NodeState.TRAINING, status=None,
                             started_at=None, worker=3)
     assert doc["worker"] == 3 and tuple(doc) == HEARTBEAT_FIELDS

@@ -148,6 +148,32 @@ def check_tpu_slice(tmp_path: Path, sc, out: dict) -> None:
         assert (final / f"p{w:05d}.bin").read_bytes() == (reference / f"p{w:05d}.bin").read_bytes(), w
 
 
+def check_worker_endpoints(tmp_path: Path, sc) -> None:
+    """Every TPU worker's agent read worker-network-endpoints in the scenario's format (its "TPU worker metadata"
+    line records the value as served) and gave a slice's trainers worker 0's address as listed: its hostname, a name
+    its namespace resolves (or, on a shared loopback network, its address), or the IP of its triple. A single host's
+    master is its loopback."""
+    from respawn.topology import tpu_hosts
+    from sim import netns
+
+    workers = tpu_hosts(sc.job.get("accelerator", {}).get("accelerator_type", "v5litepod-8"))
+    seen = [e for p in (tmp_path / "out" / "nodes").rglob("*.console.log") for line in p.read_text().splitlines()
+            if line.startswith("{") and (e := json.loads(line))["message"] == "TPU worker metadata"]
+    assert len(seen) >= (len(sc.preemptions) + 1) * workers, seen
+    for e in seen:
+        entries = e["worker_network_endpoints"].split(",")
+        assert len(entries) == e["workers"] == workers, e
+        name = r"t1v-n-[0-9a-f]{8}-w-"
+        if sc.tpu_endpoints == "triples":
+            assert all(re.fullmatch(rf"{name}{i}:\d+:[\d.]+", x) for i, x in enumerate(entries)), e
+            master = entries[0].rsplit(":", 1)[1]
+        else:  # the VM names, which resolve in the sim's netns mode; on a shared loopback network the addresses
+            assert all(re.fullmatch(rf"{name}{i}" if netns.available() is None else r"[\d.]+", x)
+                       for i, x in enumerate(entries)), e
+            master = entries[0]
+        assert e["master_addr"] == (master if workers > 1 else "127.0.0.1"), e
+
+
 def uninterrupted_ddp_state(tmp_path: Path, sc, world: int) -> Path:
     """The final step directory of the scenario's DDP trainer run without interruption as `world` ranks on one
     host: what a job of that many nodes that was never preempted commits."""
@@ -232,7 +258,8 @@ def test_multi_node_scenario(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
-                                  "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8", "tpu-slice"])
+                                  "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8", "tpu-slice",
+                                  "tpu-slice-triples"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
@@ -264,7 +291,7 @@ def test_scenario(tmp_path, name):
     elif name == "large-state":
         # The emergency save cannot fit the budget: the job resumes from a periodic checkpoint and redoes steps.
         assert 0 < out["lost_steps"]
-    elif name == "tpu-slice":
+    elif name.startswith("tpu-slice"):
         assert out["lost_steps"] == 0
         check_tpu_slice(tmp_path, sc, out)
     elif name == "jax":
@@ -274,11 +301,25 @@ def test_scenario(tmp_path, name):
         assert out["lost_steps"] == 0
     if name not in ("invalid-spec", "setup-fails"):
         assert out["restarts"] == len(sc.preemptions) >= len(with_notice)
+    if sc.accelerator == "tpu":
+        check_worker_endpoints(tmp_path, sc)
     if name == "all-zones-stocked-out":
         assert "WAITING_FOR_CAPACITY" in states
     if name == "dropped-event":
         # No audit event arrived: the sweep found the node gone (a cause other than the event's "preempted").
         assert "preempted" not in [t["cause"] for t in out["transitions"]]
+
+
+def test_single_host_tpu_scenario_in_the_triple_format(tmp_path):
+    # tpu.yaml's worker metadata lists its worker by hostname; in the older format, name:uid:IP, it boots and trains
+    # as well (tpu-slice and tpu-slice-triples do the same for a slice).
+    data = {**yaml.safe_load((SCENARIOS / "tpu.yaml").read_text()), "tpu_endpoints": "triples"}
+    sc = parse_scenario(data)
+    (tmp_path / "tpu-triples.yaml").write_text(yaml.safe_dump(data))
+    r, out = run_demo(tmp_path, "--scenario", str(tmp_path / "tpu-triples.yaml"))
+    check_common(r, out, tmp_path)
+    assert out["lost_steps"] == 0 and out["restarts"] == len(sc.preemptions) == 1
+    check_worker_endpoints(tmp_path, sc)
 
 
 def rank_groups(text: str, what: str) -> dict[int, set[int]]:

@@ -224,3 +224,50 @@ def test_a_netns_sim_leaves_no_namespace_bridge_or_hosts_file_when_stopped(tmp_p
     assert host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not (Path("/etc/netns") / host.netns).exists()
     assert bridge not in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+
+
+SLICE_GUEST = textwrap.dedent("""
+    # A TPU worker's guest: resolves every worker its metadata lists; worker 0 serves on its own name (as JAX's
+    # coordinator binds the address it is known by), the others connect to worker 0 by the name listed.
+    import json, os, socket, time, urllib.request
+    def md(path):
+        req = urllib.request.Request(f"http://{os.environ['GCE_METADATA_HOST']}/computeMetadata/v1/{path}",
+                                     headers={"Metadata-Flavor": "Google"})
+        return urllib.request.urlopen(req, timeout=10).read().decode()
+    names = md("instance/attributes/worker-network-endpoints").split(",")
+    worker = int(md("instance/attributes/agent-worker-number"))
+    seen = {"worker": worker, "names": names, "resolved": [socket.gethostbyname(n) for n in names]}
+    if worker == 0:
+        s = socket.create_server((names[0], 7000))
+        open("guest.json", "w").write(json.dumps(seen))
+        while True:
+            c, _ = s.accept(); c.sendall(b"worker 0"); c.close()
+    for _ in range(100):
+        try:
+            seen["answer"] = socket.create_connection((names[0], 7000), timeout=3).recv(100).decode()
+            break
+        except OSError:
+            time.sleep(0.2)
+    open("guest.json", "w").write(json.dumps(seen))
+""")
+
+
+def test_a_tpu_slices_workers_reach_worker_0_by_the_hostname_their_metadata_lists(sim_factory):
+    from google.cloud import tpu_v2
+    from sim_fixtures import PROJECT, tpu_client
+
+    sim = sim_factory(network="netns", tpu_endpoints="hostnames", boot_command=[sys.executable, "-c", SLICE_GUEST])
+    zone = "us-central2-b"
+    node = tpu_client(sim.endpoint).create_node(parent=f"projects/{PROJECT}/locations/{zone}", node_id="job-s-1",
+                                                node=tpu_v2.Node(accelerator_type="v4-32",
+                                                                 runtime_version="tpu-ubuntu2204-base")).result(30)
+    ips = [e.ip_address for e in node.network_endpoints]
+    workers = sim.tpu.nodes[(zone, "job-s-1")].workers
+    for w in range(4):
+        guest = sim.node_dir(zone, "job-s-1", w) / "guest.json"
+        sim.wait_for(guest.exists, 30, f"worker {w}'s guest")
+        seen = json.loads(guest.read_text())
+        # The VM names (t1v-n-…-w-i), each resolving to its worker's namespace address, on every worker.
+        assert seen["names"] == workers and seen["resolved"] == ips, seen
+        assert all(ipaddress.ip_address(ip) in sim.network.subnet for ip in ips)
+        assert w == 0 or seen["answer"] == "worker 0", seen

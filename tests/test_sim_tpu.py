@@ -133,15 +133,21 @@ def test_api_lists_one_network_endpoint_per_worker(sim_server):
     assert [r["name"] for r in sim_server.history()] == ["job-s-1", "job-s-2"]
 
 
-def test_each_worker_has_its_own_metadata_and_process_and_a_preemption_takes_them_all(sim_factory):
-    sim = sim_factory(boot_command=GUEST)
+@pytest.mark.parametrize("fmt", ["triples", "hostnames"])
+def test_each_worker_has_its_own_metadata_and_process_and_a_preemption_takes_them_all(sim_factory, fmt):
+    sim = sim_factory(boot_command=GUEST, tpu_endpoints=fmt)
     client = tpu_client(sim.endpoint)
     node = create(client, "job-s-1", slice_node("v5litepod-16"))
     ips = [e.ip_address for e in node.network_endpoints]
-    endpoints = ",".join(f"{i}:8470:{ip}" for i, ip in enumerate(ips))
     dirs = [sim.node_dir(ZONE, "job-s-1", w) for w in range(4)]
     assert dirs[0] == sim.node_dir(ZONE, "job-s-1") and len(set(dirs)) == 4
     boots = [boot_info(d, sim=sim) for d in dirs]
+    names, uids = [b["name"] for b in boots], sim.tpu.nodes[(ZONE, "job-s-1")].worker_ids
+    # Triples: each worker VM's name, its numeric id and its address. Hostnames: on loopback, where a VM name cannot
+    # be made to resolve, the addresses themselves (the names resolve in netns mode: tests/test_sim_netns.py).
+    endpoints = (",".join(f"{n}:{u}:{ip}" for n, u, ip in zip(names, uids, ips)) if fmt == "triples"
+                 else ",".join(ips))
+    assert all(u.isdigit() for u in uids) and len(set(uids)) == 4
     for w, boot in enumerate(boots):  # each worker VM runs the boot command against its own metadata server
         assert boot["cwd"] == str(dirs[w]) and boot["name"].endswith(f"-w-{w}")
         assert boot["GCE_METADATA_HOST"] == sim.metadata_server(ZONE, "job-s-1", w).host
@@ -165,12 +171,16 @@ def test_each_worker_has_its_own_metadata_and_process_and_a_preemption_takes_the
     assert not any(d.exists() for d in dirs)  # a delete removes every worker's disk
 
 
-def test_a_single_host_node_keeps_one_worker_and_the_users_attributes_alone(sim_factory):
-    sim = sim_factory(boot_command=GUEST)
+def test_a_single_host_node_has_one_worker_with_cloud_tpus_attributes_for_one(sim_factory):
+    sim = sim_factory(boot_command=GUEST, tpu_endpoints="triples")
     client = tpu_client(sim.endpoint)
     node = create(client, "job-t-1")
     boot = boot_info(sim.node_dir(ZONE, "job-t-1"), sim=sim)
     assert boot["name"].endswith("-w-0") and len(node.network_endpoints) == 1
-    assert boot["attributes"] == {"respawn-job": "job-t", "respawn-attempt": "1"}  # the agent: worker 0 of 1
+    # As on every TPU VM: worker 0 of one endpoint (the agent reads it as a single host).
+    assert boot["attributes"] == {"respawn-job": "job-t", "respawn-attempt": "1", "agent-worker-number": "0",
+                                  "accelerator-type": V5E, "worker-network-endpoints":
+                                  f"{boot['name']}:{sim.tpu.nodes[(ZONE, 'job-t-1')].worker_id}:"
+                                  f"{node.network_endpoints[0].ip_address}"}
     with pytest.raises(Exception, match="no worker 1"):
         sim.metadata_server(ZONE, "job-t-1", 1)

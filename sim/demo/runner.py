@@ -236,9 +236,15 @@ class DemoRun:
         why_not = netns.available()
         if why_not is not None:
             self.say(f"nodes share this machine's network ({why_not})")
+        if sc.accelerator == "tpu":
+            names = ("the workers' hostnames" if why_not is None else "the workers' addresses (a hostname cannot be "
+                     "made to resolve on a shared network)")
+            self.say(f"TPU workers' worker-network-endpoints: {sc.tpu_endpoints}, "
+                     + (names if sc.tpu_endpoints == contract.ENDPOINTS_HOSTNAMES else "name:uid:IP"))
         self.sim = SimServer(PROJECT, notice_seconds=sc.notice_seconds, op_delay=0.3,
                              boot_command=boot_command, node_env=node_env, network="loopback" if why_not else "netns",
-                             nodes_root=self.out / "nodes", audit_sink=self.router).start()
+                             nodes_root=self.out / "nodes", audit_sink=self.router,
+                             tpu_endpoints=sc.tpu_endpoints).start()
         self.stack.push("sim", self.sim.stop)
         if sc.faults.api_error_rate:
             self.sim.set_api_faults(rate=sc.faults.api_error_rate, methods=("insert", "create"))

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from respawn.contract import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES
 from respawn.schema import State, error_lines
 
 DEFAULT_ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
@@ -124,6 +125,10 @@ class Scenario(_Strict):
     description: str = ""
     zones: list[Zone] = Field(default_factory=lambda: [Zone(name=z) for z in DEFAULT_ZONES], min_length=1)
     accelerator: Literal["gpu", "tpu"] = "gpu"
+    # The hostname format by default: the one JAX's reader calls new (gcp-facts §13); triples, the older one, remain.
+    tpu_endpoints: Literal[ENDPOINT_FORMATS] = Field(  # type: ignore[valid-type]
+        default=ENDPOINTS_HOSTNAMES, description="the format of a TPU worker's worker-network-endpoints: the workers' "
+        "hostnames or name:uid:IP triples")
     job: dict[str, Any] = Field(default_factory=dict, description="job spec fields laid over the demo's default spec")
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     preemptions: list[Preemption] = Field(default_factory=list)
@@ -142,6 +147,8 @@ class Scenario(_Strict):
     def _budget_fits_notice(self) -> Scenario:
         if self.notice_budget_seconds >= self.notice_seconds:
             raise ValueError("notice_budget_seconds must be shorter than notice_seconds, to leave time to exit")
+        if "tpu_endpoints" in self.model_fields_set and self.accelerator != "tpu":
+            raise ValueError("tpu_endpoints is the format of a TPU worker's metadata: it needs accelerator: tpu")
         nodes = self.job.get("nodes", 1)
         if nodes != 1 and self.trainer.framework != "torch":
             raise ValueError("a job of several nodes runs torch DDP under torchrun: set trainer.framework: torch")
