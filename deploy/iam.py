@@ -15,7 +15,7 @@ from respawn.workdir import GCS_PREFIX as WORKDIRS_PREFIX
 
 PERMISSIONS_FILE = Path(__file__).resolve().parent / "iam" / "permissions.yaml"
 # Where a role may be bound (the build knows how to bind on each of these).
-SCOPES = ("project", "node-service-account", "alerts-topic", "sweep-topic", "checkpoint-bucket")
+SCOPES = ("project", "node-service-account", "alerts-topic", "sweep-topic", "checkpoint-bucket", "job-folder")
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,6 @@ def _object_prefixes(bucket: str, prefixes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"projects/_/buckets/{bucket}/objects/{p.rstrip('/')}/" for p in prefixes)
 
 
-def _outside_release(project: str, bucket: str) -> Condition:
-    (prefix,) = _object_prefixes(bucket, (deployment.RESPAWN_PREFIX,))
-    return Condition("outside the respawn folder", f"every object of gs://{bucket} but gs://{bucket}/"
-                     f"{deployment.RESPAWN_PREFIX}/ (the release, the workdir archives)",
-                     f'!resource.name.startsWith("{prefix}")', lambda r: not r.startswith(prefix))
-
-
 def _release(project: str, bucket: str) -> Condition:
     prefixes = _object_prefixes(bucket, (deployment.RELEASES_PREFIX, WORKDIRS_PREFIX))
     return Condition("respawn release and workdirs", "only the objects of the release and the workdir archives",
@@ -101,19 +94,25 @@ def _release(project: str, bucket: str) -> Condition:
 
 
 CONDITIONS: dict[str, Callable[[str, str], Condition]] = {
-    "nodes-database": _database, "outside-release": _outside_release, "release": _release}
+    "nodes-database": _database, "release": _release}
 
 
-# ---- who may do what on which resource, from the bindings the build makes (custom roles only: the predefined ones
-# are Google's platform plumbing, listed in permissions.yaml `predefined`).
+# ---- who may do what on which resource, from the bindings the build makes and those the controller makes at run time
+# (a job's folder for the identity it holds). Custom roles only: the predefined ones are Google's platform plumbing,
+# listed in permissions.yaml `predefined`, none of them for a node.
 
-def _covers(scope: str, project: str, bucket: str, resource: str) -> bool:
+def _covers(scope: str, project: str, bucket: str, identity: str | None, folder: str | None, resource: str) -> bool:
     """Whether a binding of `scope` applies to `resource`: a project-wide binding to everything in the project (its
-    buckets too), any other to the one resource it is set on and what lies under it."""
+    buckets too), any other to the one resource it is set on and what lies under it. `identity`: the node identity
+    the binding is for; `folder`: the checkpoint folder (gs://B/PREFIX/) it holds, if any."""
     if scope == "project":
         return resource.startswith((f"projects/{project}/", "projects/_/buckets/"))
-    where = {"node-service-account": f"projects/{project}/serviceAccounts/"
-                                     f"{deployment.service_account_email(deployment.NODE_SA, project)}",
+    if scope == "job-folder":
+        if folder is None:
+            return False
+        bucket_name, _, prefix = folder.removeprefix("gs://").partition("/")
+        return resource.startswith(f"projects/_/buckets/{bucket_name}/objects/{prefix}")
+    where = {"node-service-account": f"projects/{project}/serviceAccounts/{identity}",
              "alerts-topic": f"projects/{project}/topics/{deployment.ALERTS_TOPIC}",
              "sweep-topic": f"projects/{project}/topics/{deployment.SWEEP_TOPIC}",
              "checkpoint-bucket": f"projects/_/buckets/{bucket}"}[scope]
@@ -124,13 +123,27 @@ def _covers(scope: str, project: str, bucket: str, resource: str) -> bool:
 class Policy:
     project: str
     bucket: str
+    identities: tuple[str, ...]  # the node pool's emails
+    folders: dict[str, str]  # node identity → the checkpoint folder of the job that holds it
 
-    def may(self, member: str, permission: str, resource: str) -> bool:
-        """Whether `member` (controller | notifier | trigger | node) holds `permission` on `resource`, a resource
-        name as IAM conditions see it: projects/P/databases/D, projects/_/buckets/B/objects/O, projects/P/topics/T,
-        projects/P/serviceAccounts/EMAIL."""
-        return any(role.member == member and permission in role.permissions
-                   and _covers(role.scope, self.project, self.bucket, resource)
-                   and (role.condition is None
-                        or CONDITIONS[role.condition](self.project, self.bucket).admits(resource))
-                   for role in roles())
+    def may(self, who: str, permission: str, resource: str) -> bool:
+        """Whether `who` (controller | notifier | trigger, or a node identity's email) holds `permission` on
+        `resource`, a resource name as IAM conditions see it: projects/P/databases/D, projects/_/buckets/B,
+        projects/_/buckets/B/objects/O, projects/P/topics/T, projects/P/serviceAccounts/EMAIL."""
+        for role in roles():
+            if permission not in role.permissions:
+                continue
+            if role.member == "node":
+                if who not in self.identities:
+                    continue
+                targets = [(who, self.folders.get(who))]
+            elif role.member == who:
+                # the controller's act-as: one binding on each identity
+                targets = [(i, None) for i in self.identities] if role.scope == "node-service-account" else [(None, None)]
+            else:
+                continue
+            for identity, folder in targets:
+                if _covers(role.scope, self.project, self.bucket, identity, folder, resource) and (
+                        role.condition is None or CONDITIONS[role.condition](self.project, self.bucket).admits(resource)):
+                    return True
+        return False

@@ -1,7 +1,7 @@
 """Write what the build's gcloud steps read, from the single definitions in the repository.
 
     python -m deploy.render --project P --region R --bucket B --slack-secret S --build-id ID --wheel-dir D --out O
-                            [--network N] [--subnetwork S]
+                            [--network N] [--subnetwork S] [--node-identities K]
 
 D/respawn-agent-V.pyz  the agent zipapp (deploy/agent_zipapp.py), built beside the wheel that `pip wheel` put in D
 O/names.env            shell variables: resource names (respawn/deployment.py), service account emails, the two
@@ -56,26 +56,35 @@ def _check(value: str, pattern: re.Pattern, what: str, hint: str) -> str:
 
 
 def emails(project: str) -> dict[str, str]:
+    """The email of each of Respawn's own service accounts (the node pool's: node_emails)."""
     return {key: deployment.service_account_email(account, project) for key, account in
             (("controller", deployment.CONTROLLER_SA), ("notifier", deployment.NOTIFIER_SA),
-             ("trigger", deployment.TRIGGER_SA), ("node", deployment.NODE_SA))}
+             ("trigger", deployment.TRIGGER_SA))}
+
+
+def node_emails(project: str, identities: int) -> list[str]:
+    return [deployment.service_account_email(a, project) for a in deployment.node_identities(identities)]
 
 
 def names(project: str, region: str, bucket: str, slack_secret: str, wheel: Path, wheel_uri: str, agent: Path,
-          agent_uri: str, network: str = deployment.DEFAULT_NETWORK) -> dict[str, str]:
+          agent_uri: str, network: str = deployment.DEFAULT_NETWORK,
+          identities: int = deployment.DEFAULT_NODE_IDENTITIES) -> dict[str, str]:
     sa = emails(project)
     return {
         "PROJECT": project, "REGION": region, "BUCKET": bucket, "SLACK_SECRET": slack_secret,
-        "NETWORK": network, "NODE_FIREWALL_RULE": deployment.NODE_FIREWALL_RULE,
+        "NETWORK": network,
         "NODES_DATABASE": NODES_DATABASE,
         "LOG_EVENTS_TOPIC": deployment.LOG_EVENTS_TOPIC, "ALERTS_TOPIC": deployment.ALERTS_TOPIC,
         "SWEEP_TOPIC": deployment.SWEEP_TOPIC, "SINK": deployment.SINK,
         "SCHEDULER_JOB": deployment.SCHEDULER_JOB, "SWEEP_SCHEDULE": deployment.SWEEP_SCHEDULE,
         "SWEEP_MESSAGE": deployment.SWEEP_MESSAGE,
         "CONTROLLER_SA": deployment.CONTROLLER_SA, "NOTIFIER_SA": deployment.NOTIFIER_SA,
-        "TRIGGER_SA": deployment.TRIGGER_SA, "NODE_SA": deployment.NODE_SA,
+        "TRIGGER_SA": deployment.TRIGGER_SA,
         "CONTROLLER_EMAIL": sa["controller"], "NOTIFIER_EMAIL": sa["notifier"], "TRIGGER_EMAIL": sa["trigger"],
-        "NODE_EMAIL": sa["node"],
+        # The node pool: identity i is NODE_SAS' i-th word, its ingress rule NODE_FIREWALL_RULES' i-th word.
+        "NODE_SAS": " ".join(deployment.node_identities(identities)),
+        "NODE_EMAILS": " ".join(node_emails(project, identities)),
+        "NODE_FIREWALL_RULES": " ".join(deployment.node_firewall_rule(i) for i in range(1, identities + 1)),
         "TTL_COLLECTION_GROUP": deployment.TTL_COLLECTION_GROUP, "TTL_FIELD": deployment.TTL_FIELD,
         "JOB_DOCUMENT_PATTERN": deployment.JOB_DOCUMENT_PATTERN, "JOB_CREATED_EVENT": deployment.JOB_CREATED_EVENT,
         "WHEEL": str(wheel), "WHEEL_URI": wheel_uri, "AGENT": str(agent), "AGENT_URI": agent_uri,
@@ -83,7 +92,7 @@ def names(project: str, region: str, bucket: str, slack_secret: str, wheel: Path
     }
 
 
-def function_env(project: str, region: str, node_email: str, agent: str, library: str, build_id: str,
+def function_env(project: str, region: str, node_emails: list[str], agent: str, library: str, build_id: str,
                  network: str = deployment.DEFAULT_NETWORK, subnetwork: str = "") -> dict[str, str]:
     nodes_network = {}
     if network != deployment.DEFAULT_NETWORK:
@@ -96,7 +105,7 @@ def function_env(project: str, region: str, node_email: str, agent: str, library
         deployment.ENV_REGION: region,
         deployment.ENV_ALERTS_TOPIC: deployment.ALERTS_TOPIC,
         deployment.ENV_SWEEP_TOPIC: deployment.SWEEP_TOPIC,
-        deployment.ENV_NODE_SERVICE_ACCOUNT: node_email,
+        deployment.ENV_NODE_IDENTITIES: ",".join(node_emails),
         deployment.ENV_AGENT: agent,
         deployment.ENV_LIBRARY: library,
         deployment.ENV_VERSION: build_id,
@@ -104,18 +113,29 @@ def function_env(project: str, region: str, node_email: str, agent: str, library
     }
 
 
-def bindings(project: str, bucket: str, slack_secret: str) -> list[tuple[str, str, str, str, str]]:
+def bindings(project: str, bucket: str, slack_secret: str,
+             identities: int = deployment.DEFAULT_NODE_IDENTITIES) -> list[tuple[str, str, str, str, str]]:
     """(kind, resource, member, role, condition: a key of iam.CONDITIONS or None) for every binding made before the
-    functions exist."""
+    functions exist. A node role is bound for each identity of the pool; the controller's act-as on each identity's
+    account; a job-folder role by the controller at run time, not here."""
     sa = emails(project)
+    nodes = node_emails(project, identities)
     resource = {"project": ("project", project),
-                "node-service-account": ("service-account", sa["node"]),
                 "alerts-topic": ("topic", deployment.ALERTS_TOPIC),
                 "sweep-topic": ("topic", deployment.SWEEP_TOPIC),
                 "checkpoint-bucket": ("bucket", f"gs://{bucket}"),
                 "slack-secret": ("secret", slack_secret)}
-    out = [(*resource[r.scope], f"serviceAccount:{sa[r.member]}", f"projects/{project}/roles/{r.id}",
-            r.condition or "None") for r in iam.roles()]
+    out = []
+    for r in iam.roles():
+        role, condition = f"projects/{project}/roles/{r.id}", r.condition or "None"
+        if r.scope == "job-folder":
+            continue
+        if r.scope == "node-service-account":
+            out += [("service-account", node, f"serviceAccount:{sa[r.member]}", role, condition) for node in nodes]
+        elif r.member == "node":
+            out += [(*resource[r.scope], f"serviceAccount:{node}", role, condition) for node in nodes]
+        else:
+            out.append((*resource[r.scope], f"serviceAccount:{sa[r.member]}", role, condition))
     for p in iam.load()["predefined"]:
         if p["scope"] in resource:  # each-function and log-events-topic are bound in their own build steps
             out.append((*resource[p["scope"]], f"serviceAccount:{sa[p['member']]}", p["role"], "None"))
@@ -132,7 +152,8 @@ def indexes(path: Path = INDEXES_FILE) -> list[dict]:
 
 
 def render(project: str, region: str, bucket: str, slack_secret: str, build_id: str, wheel_dir: Path,
-           out: Path, network: str = deployment.DEFAULT_NETWORK, subnetwork: str = "") -> Path:
+           out: Path, network: str = deployment.DEFAULT_NETWORK, subnetwork: str = "",
+           identities: int = deployment.DEFAULT_NODE_IDENTITIES) -> Path:
     _check(project, _PROJECT, "project", "set the _PROJECT substitution to a project ID")
     _check(region, _REGION, "region", "set _REGION to a Cloud Functions region such as us-central1")
     _check(bucket, _BUCKET, "checkpoint bucket",
@@ -141,6 +162,9 @@ def render(project: str, region: str, bucket: str, slack_secret: str, build_id: 
     _check(network, _NETWORK, "network", "set _NETWORK to the nodes' VPC network name (default: default)")
     if subnetwork:
         _check(subnetwork, _NETWORK, "subnetwork", "set _SUBNETWORK to a subnetwork name in _REGION, or leave it empty")
+    if not 1 <= identities <= deployment.MAX_NODE_IDENTITIES:
+        raise RenderError(f"node identities {identities} is not within 1..{deployment.MAX_NODE_IDENTITIES}: set "
+                          "_NODE_IDENTITIES to how many jobs may run at once")
     if not build_id:
         raise RenderError("build id is empty: Cloud Build sets $BUILD_ID")
     wheels = sorted(Path(wheel_dir).glob("respawn-*.whl"))
@@ -158,18 +182,18 @@ def render(project: str, region: str, bucket: str, slack_secret: str, build_id: 
     artifacts = {path: deployment.release_artifact(bucket, build_id, path.name, agent_zipapp.sha256(path))
                  for path in (wheel, agent)}
     uri = {path: artifact.split("#", 1)[0] for path, artifact in artifacts.items()}
-    env_names = names(project, region, bucket, slack_secret, wheel, uri[wheel], agent, uri[agent], network)
+    env_names = names(project, region, bucket, slack_secret, wheel, uri[wheel], agent, uri[agent], network, identities)
     (out / "names.env").write_text(
         "# Generated by deploy/render.py\n" + "".join(f"{k}={shlex.quote(v)}\n" for k, v in env_names.items()))
     (out / "sink-filter.txt").write_text(audit.sink_filter(project))
-    env = function_env(project, region, env_names["NODE_EMAIL"], artifacts[agent], artifacts[wheel], build_id,
-                       network, subnetwork)
+    env = function_env(project, region, node_emails(project, identities), artifacts[agent], artifacts[wheel],
+                       build_id, network, subnetwork)
     (out / "function-env.yaml").write_text(yaml.safe_dump(env, default_flow_style=False, sort_keys=True))
     for role in iam.roles():
         (out / "roles" / f"{role.id}.yaml").write_text(yaml.safe_dump(role.definition(), sort_keys=False))
     (out / "conditions").mkdir(exist_ok=True)
     rows = []
-    for *binding, condition in bindings(project, bucket, slack_secret):
+    for *binding, condition in bindings(project, bucket, slack_secret, identities):
         if condition != "None":
             path = out / "conditions" / f"{condition}.yaml"
             path.write_text(yaml.safe_dump(iam.CONDITIONS[condition](project, bucket).definition(), sort_keys=False))
@@ -187,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(f"--{flag}", required=True)
     ap.add_argument("--network", default=deployment.DEFAULT_NETWORK)
     ap.add_argument("--subnetwork", default="")
+    ap.add_argument("--node-identities", type=int, default=deployment.DEFAULT_NODE_IDENTITIES)
     a = ap.parse_args(argv)
     try:
         render(a.project, a.region, a.bucket, a.slack_secret, a.build_id, Path(a.wheel_dir), Path(a.out), a.network,
-               a.subnetwork)
+               a.subnetwork, a.node_identities)
     except (RenderError, stage.StageError) as exc:
         print(f"deploy.render: {exc}", file=sys.stderr)
         return 2

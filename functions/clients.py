@@ -31,11 +31,13 @@ class Endpoints:
     project: str
     compute: str | None = None
     tpu: str | None = None
+    storage: str | None = None
 
     @classmethod
     def of(cls, settings: ControlSettings) -> "Endpoints":
         """The project and endpoints `settings` name; SettingsError when no project is set."""
-        return cls(settings.require_project(), settings.compute_endpoint, settings.tpu_endpoint)
+        return cls(settings.require_project(), settings.compute_endpoint, settings.tpu_endpoint,
+                   settings.storage_endpoint)
 
 
 class Clients:
@@ -119,6 +121,26 @@ class Clients:
             return firestore.Client(project=self.project, database=NODES_DATABASE)
 
         return self._get("nodes_firestore", build)
+
+    def managed_folders(self):
+        """Cloud Storage managed folders and their IAM policies (the JSON API: google-cloud-storage has no call for
+        them)."""
+        def build():
+            from respawn.control.adapters.managed_folders import ManagedFoldersApi
+
+            endpoint = self.endpoints.storage
+            if self._credentials is None and _loopback(endpoint):
+                import requests
+
+                return ManagedFoldersApi(requests.Session(), endpoint)
+            import google.auth
+            from google.auth.transport.requests import AuthorizedSession
+
+            credentials = self._credentials or google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-platform"])[0]
+            return ManagedFoldersApi(AuthorizedSession(credentials), endpoint)
+
+        return self._get("managed_folders", build)
 
     def publisher(self):
         def build():

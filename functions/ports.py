@@ -52,6 +52,32 @@ class ControlStore(Protocol):
         """(job id, document) of the jobs whose current node is in `zone` (a TPU worker VM's event)."""
         ...
 
+    def leases(self) -> Mapping[str, tuple[str, str | None, Any]]:
+        """Node identity → (the job holding it, the checkpoint folder it was granted, the lease's version)."""
+        ...
+
+    def lease(self, identity: str, job_id: str, folder: str | None) -> bool:
+        """Take `identity` for `job_id` iff no job holds it; False: another lease exists (maybe the job's own)."""
+        ...
+
+    def release(self, identity: str, version: Any) -> bool:
+        """End the lease iff it is still at `version`."""
+        ...
+
+
+@runtime_checkable
+class FolderGrants(Protocol):
+    """Who may use the objects of a checkpoint folder (a Cloud Storage managed folder's IAM policy)."""
+
+    def grant(self, folder: str, member: str) -> None:
+        """Let `member` (an email) read, write and delete the objects under `folder` (gs://BUCKET/PREFIX/);
+        creates the managed folder when missing. Idempotent; raises the client's exception."""
+        ...
+
+    def revoke(self, folder: str, member: str) -> None:
+        """Take that back (a missing folder or binding is nothing to revoke)."""
+        ...
+
 
 @runtime_checkable
 class NodeProvider(Protocol):
@@ -75,9 +101,10 @@ class NodeProvider(Protocol):
         ...
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
-               slot: int = 0) -> bool:
+               slot: int = 0, service_account: str | None = None) -> bool:
         """Create the node and wait for the operation. True: created; False: it already existed (409), adopted.
-        `slot`: the member slot of a job of several nodes (a label; TPU jobs are one node)."""
+        `slot`: the member slot of a job of several nodes (a label; TPU jobs are one node). `service_account`: the
+        identity it runs as (None: the project's default)."""
         ...
 
     def start(self, zone: str, name: str) -> None:

@@ -30,10 +30,10 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from respawn.control import decide as core
-from respawn.control import multinode, placement
+from respawn.control import identities, multinode, placement
 from respawn.control.decide import Act, Action, Decision, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
-from respawn.control.ports import ControlStore, NodeProvider
+from respawn.control.ports import ControlStore, FolderGrants, NodeProvider
 from respawn.control.settings import ControlSettings
 from respawn import contract, logs, topology
 from respawn.schema import CONSOLE_TAIL_CHARS, Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
@@ -65,6 +65,8 @@ class Deps:
     project: str
     startup_script: Callable[[], str]
     config: Config = field(default_factory=Config)
+    identities: tuple[str, ...] = ()  # the node identity pool (identities.py); empty: the default service account
+    grants: FolderGrants | None = None  # who may use a checkpoint folder (needed when `identities` is not empty)
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     sleep: Callable[[float], None] = time.sleep
 
@@ -76,6 +78,7 @@ class Deps:
         from respawn.control.adapters import pubsub
         from respawn.control.adapters.compute import ComputeProvider
         from respawn.control.adapters.firestore_store import Store
+        from respawn.control.adapters.managed_folders import FolderGrants as StorageFolderGrants
         from respawn.control.adapters.tpu import TpuProvider
 
         s = settings if settings is not None else ControlSettings.from_env()
@@ -85,7 +88,8 @@ class Deps:
         return cls(store=Store(c.firestore(), c.nodes_firestore()), providers=providers,
                    publish=lambda alert: pubsub.publish_alert(c, alert, topic=s.alerts_topic,
                                                               timeout=s.alert_publish_timeout_seconds),
-                   project=c.project, startup_script=deployment.startup_script, config=Config.from_settings(s))
+                   project=c.project, startup_script=deployment.startup_script, config=Config.from_settings(s),
+                   identities=s.nodes.identities, grants=StorageFolderGrants(c))
 
 
 @dataclass
@@ -372,14 +376,23 @@ def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action, provid
         return core.DONE
     assert spec is not None  # decide only creates or starts for a valid spec
     if a.kind is Act.CREATE:
+        identity = identities.identity_for(o.job_id, spec, deps.identities, deps.store, deps.grants,  # type: ignore[arg-type]
+                                           lambda job, doc: _nodes_left(deps, doc))
         created = provider.create(spec, a.zone, a.node, a.attempt, a.provisioning, deps.startup_script(),
-                                  slot=a.slot or 0)
+                                  slot=a.slot or 0, service_account=identity)
         logs.info(f"{'created' if created else 'adopted existing'} {a.node} in {a.zone} ({a.provisioning})",
                   job_id=o.job_id, node=a.node, zone=a.zone, attempt=a.attempt)
         return core.DONE if created else core.EXISTS
     provider.start(a.zone, a.node)
     logs.info(f"started {a.node} in place in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
     return core.DONE
+
+
+def _nodes_left(deps: Deps, doc: dict[str, Any] | None) -> bool:
+    """Whether any node a (finished) job's document names still exists: its identity is not free until none is."""
+    kind = ((doc or {}).get("spec") or {}).get("accelerator", {}).get("kind", "gpu")
+    provider = deps.providers.get(kind)
+    return provider is None or any(provider.get(zone, node) is not None for zone, node in identities.known_nodes(doc))
 
 
 def _record_outcome(deps: Deps, job_id: str, a: Action, outcome: core.Outcome) -> tuple[Decision, bool, JobStatus]:

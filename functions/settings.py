@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -24,6 +25,7 @@ from respawn.control.decide import Settings as Policy
 PROJECT_VARS = (deployment.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT", "GCP_PROJECT")  # the first one set wins
 COMPUTE_ENDPOINT = deployment.ENV_COMPUTE_ENDPOINT
 TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"
+STORAGE_ENDPOINT = "RESPAWN_STORAGE_ENDPOINT"  # local runs only: the sim's Cloud Storage managed folders
 ALERTS_TOPIC = deployment.ENV_ALERTS_TOPIC
 ALERT_PUBLISH_TIMEOUT = "RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS"
 SWEEP_TOPIC = deployment.ENV_SWEEP_TOPIC
@@ -39,7 +41,7 @@ PROGRESS_TIMEOUT = "RESPAWN_PROGRESS_TIMEOUT_SECONDS"  # decide.Settings.progres
 POLL = "RESPAWN_POLL_SECONDS"
 POLL_BUDGET = "RESPAWN_POLL_BUDGET_SECONDS"
 OP_TIMEOUT = "RESPAWN_OP_TIMEOUT_SECONDS"
-NODE_SERVICE_ACCOUNT = deployment.ENV_NODE_SERVICE_ACCOUNT
+NODE_IDENTITIES = deployment.ENV_NODE_IDENTITIES
 NETWORK = deployment.ENV_NETWORK
 SUBNETWORK = deployment.ENV_SUBNETWORK
 EXTERNAL_IP = "RESPAWN_EXTERNAL_IP"
@@ -59,7 +61,9 @@ class SettingsError(RuntimeError):
 class NodeOptions:
     """What every node is created with besides its spec: networking, identity, and what goes into its metadata."""
 
-    service_account: str | None = None  # None: "default" for GPU VMs, the project's default for TPU VMs
+    # The node identity pool (respawn.control.identities): each job's nodes run as the one it holds. Empty: the
+    # project's default service account ("default" for GPU VMs, the project's default for TPU VMs; local runs).
+    identities: tuple[str, ...] = ()
     network: str | None = None  # None: global/networks/default for GPU VMs, the API's default for TPU VMs
     subnetwork: str | None = None
     external_ip: bool = True
@@ -80,6 +84,7 @@ class ControlSettings:
     project: str | None = None  # required by whatever talks to Google Cloud: require_project()
     compute_endpoint: str | None = None  # None: the real endpoint; sim/ in local runs
     tpu_endpoint: str | None = None
+    storage_endpoint: str | None = None
     # Alerts (adapters/pubsub.py, handlers.alert).
     alerts_topic: str | None = None  # None: alerts are only logged
     alert_publish_timeout_seconds: float = 10.0
@@ -118,6 +123,7 @@ class ControlSettings:
             project=next((env.text(name) for name in PROJECT_VARS if env.text(name)), None),
             compute_endpoint=env.text(COMPUTE_ENDPOINT),
             tpu_endpoint=env.text(TPU_ENDPOINT),
+            storage_endpoint=env.text(STORAGE_ENDPOINT),
             alerts_topic=env.text(ALERTS_TOPIC),
             alert_publish_timeout_seconds=env.seconds(ALERT_PUBLISH_TIMEOUT, cls.alert_publish_timeout_seconds, positive=True),
             slack_webhook_url=env.text(SLACK_WEBHOOK_URL),
@@ -136,7 +142,7 @@ class ControlSettings:
             compute_op_timeout_seconds=cls.compute_op_timeout_seconds if op_timeout is None else op_timeout,
             tpu_op_timeout_seconds=cls.tpu_op_timeout_seconds if op_timeout is None else op_timeout,
             nodes=NodeOptions(
-                service_account=env.text(NODE_SERVICE_ACCOUNT),
+                identities=env.emails(NODE_IDENTITIES),
                 network=env.text(NETWORK),
                 subnetwork=env.text(SUBNETWORK),
                 external_ip=env.flag(EXTERNAL_IP, NodeOptions.external_ip),
@@ -147,6 +153,9 @@ class ControlSettings:
                 sweep_topic=sweep_topic,
             ),
         )
+
+
+_EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
 
 
 class _Env:
@@ -188,6 +197,16 @@ class _Env:
         if not value.is_integer() or value < minimum:
             raise self._bad(name, raw, what)
         return int(value)
+
+    def emails(self, name: str) -> tuple[str, ...]:
+        """A comma-separated list of service account emails, each once."""
+        raw = self.text(name)
+        if raw is None:
+            return ()
+        emails = tuple(e.strip() for e in raw.split(","))
+        if any(not _EMAIL.match(e) for e in emails) or len(set(emails)) != len(emails):
+            raise self._bad(name, raw, "a comma-separated list of distinct service account emails")
+        return emails
 
     def flag(self, name: str, default: bool) -> bool:
         raw = self.text(name)

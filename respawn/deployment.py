@@ -25,13 +25,24 @@ SWEEP_MESSAGE = '{"task":"sweep"}'
 CONTROLLER_SA = "respawn-controller"  # runs on_job_created, on_log_event, on_sweep
 NOTIFIER_SA = "respawn-notifier"  # runs on_alert: reads the Slack secret, nothing else
 TRIGGER_SA = "respawn-trigger"  # the identity Eventarc and Pub/Sub use to invoke the functions
-NODE_SA = "respawn-node"  # attached to every GPU VM and TPU VM: the agent and the trainer
+# The nodes' identities: a pool of NODE_IDENTITIES service accounts respawn-node-1 … respawn-node-N, each leased to
+# one job at a time (respawn.control.identities): a node can reach its own job's checkpoint folder only, the release
+# read-only, its heartbeat database, and its job's other nodes (docs/architecture.md, "Isolation between jobs").
+NODE_SA = "respawn-node"  # the pool's name prefix
+DEFAULT_NODE_IDENTITIES = 8  # at most this many jobs run at once; the build's _NODE_IDENTITIES sets it
+MAX_NODE_IDENTITIES = 90  # a project holds 100 service accounts by default, 4 of them Respawn's own
 
-# The ingress rule that lets a multi-node job's members reach each other (torchrun's rendezvous, NCCL, the JAX
-# coordinator): from the node service account to itself, every protocol. Only the auto-created `default` network
-# allows internal traffic by default (default-allow-internal); any other network denies ingress.
+
+
+# The ingress rules that let a multi-node job's members reach each other (torchrun's rendezvous, NCCL, the JAX
+# coordinator): one per node identity, from it to itself, every protocol (node_firewall_rule), so the nodes of two
+# jobs do not reach each other. Only the auto-created `default` network allows internal traffic by default
+# (default-allow-internal, which reaches across jobs); any other network denies ingress.
 NODE_FIREWALL_RULE = "respawn-node-internal"
 DEFAULT_NETWORK = "default"
+# The custom role a job's node identity holds on that job's checkpoint folder (a managed folder), granted by the
+# controller when the job takes the identity (deploy/iam/permissions.yaml, scope job-folder).
+JOB_DATA_ROLE = "respawnJobData"
 
 # Firestore TTL on event history (respawn.schema.JobEvent.expire_at).
 TTL_COLLECTION_GROUP = "events"
@@ -48,7 +59,7 @@ ENV_PROJECT = "RESPAWN_PROJECT"  # the project holding Firestore, the nodes and 
 ENV_REGION = "RESPAWN_REGION"  # where the functions run
 ENV_ALERTS_TOPIC = "RESPAWN_ALERTS_TOPIC"  # ALERTS_TOPIC
 ENV_SWEEP_TOPIC = "RESPAWN_SWEEP_TOPIC"  # SWEEP_TOPIC: where the scheduled sweep fans out one message per job
-ENV_NODE_SERVICE_ACCOUNT = "RESPAWN_NODE_SERVICE_ACCOUNT"  # email to attach to every node
+ENV_NODE_IDENTITIES = "RESPAWN_NODE_IDENTITIES"  # the pool's emails, comma-separated; unset: the project's default
 ENV_AGENT = "RESPAWN_AGENT"  # URI#sha256=HEX of the released agent zipapp -> node metadata respawn-agent
 ENV_LIBRARY = "RESPAWN_LIBRARY"  # URI#sha256=HEX of the released wheel -> node metadata respawn-library
 ENV_NETWORK = "RESPAWN_NETWORK"  # the nodes' VPC network, when not `default` (projects/P/global/networks/N)
@@ -79,6 +90,20 @@ JOB_CREATED_EVENT = "google.cloud.firestore.document.v1.created"
 # The VM side (owned by node_agent; deploy/vm/): what the control plane puts into node metadata `startup-script`.
 STARTUP_SCRIPT = "deploy/vm/startup.sh"
 AGENT_UNIT = "deploy/vm/respawn-agent.service"
+
+
+def node_identity(index: int) -> str:
+    """The service account ID of the pool's index-th node identity (1-based)."""
+    return f"{NODE_SA}-{index}"
+
+
+def node_identities(count: int) -> list[str]:
+    return [node_identity(i) for i in range(1, count + 1)]
+
+
+def node_firewall_rule(index: int) -> str:
+    """The ingress rule of the index-th node identity."""
+    return f"{NODE_FIREWALL_RULE}-{index}"
 
 
 def service_account_email(account_id: str, project: str) -> str:

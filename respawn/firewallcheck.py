@@ -1,13 +1,13 @@
-"""The CLI's look, before it registers a multi-node job, for the ingress rule that lets the job's members reach each
-other (respawn.deployment.NODE_FIREWALL_RULE, created by the build): one firewalls.get through
-respawn.compute_read. Only what it can see is said: a rule that is missing or disabled. A look that cannot be made
+"""The CLI's look, before it registers a multi-node job, for the ingress rules that let a job's members reach each
+other (respawn.deployment.node_firewall_rule, one per node identity, created by the build): one firewalls.get of
+the first identity's rule (the build makes them all or none) through respawn.compute_read. Only what it can see is said: a rule that is missing or disabled. A look that cannot be made
 (no credentials, no permission, no network) says nothing; the rule may well be there.
 """
 
 from __future__ import annotations
 
 from respawn.compute_read import Reader, reader
-from respawn.deployment import NODE_FIREWALL_RULE, NODE_SA, service_account_email
+from respawn.deployment import node_firewall_rule, node_identity, service_account_email
 
 
 def missing_rule(project: str | None) -> str | None:
@@ -15,15 +15,17 @@ def missing_rule(project: str | None) -> str | None:
     look = reader(project)
     if not isinstance(look, Reader) or not look.project:
         return None
-    answer = look.get(f"projects/{look.project}/global/firewalls/{NODE_FIREWALL_RULE}")
-    node = service_account_email(NODE_SA, look.project)
-    create = (f"gcloud compute firewall-rules create {NODE_FIREWALL_RULE} --network=NETWORK --direction=INGRESS "
-              f"--action=ALLOW --rules=all --source-service-accounts={node} --target-service-accounts={node}")
+    rule = node_firewall_rule(1)
+    answer = look.get(f"projects/{look.project}/global/firewalls/{rule}")
+    node = service_account_email(node_identity(1), look.project)
+    create = (f"gcloud compute firewall-rules create {rule} --network=NETWORK --direction=INGRESS --action=ALLOW "
+              f"--rules=all --source-service-accounts={node} --target-service-accounts={node} (and so on for each "
+              "node identity)")
     if answer.status == 404:
-        return (f"firewall rule {NODE_FIREWALL_RULE} not found in project {look.project}: on any network but an "
-                "unchanged `default` the job's nodes cannot reach each other (torchrun, NCCL and the JAX coordinator "
-                f"hang in rendezvous). Run the build again (docs/deploy.md), or: {create}")
+        return (f"firewall rule {rule} not found in project {look.project}: on any network but an unchanged "
+                "`default` the job's nodes cannot reach each other (torchrun, NCCL and the JAX coordinator hang in "
+                f"rendezvous). Run the build again (docs/deploy.md), which makes one per node identity, or: {create}")
     if answer.status == 200 and answer.body.get("disabled"):
-        return (f"firewall rule {NODE_FIREWALL_RULE} in project {look.project} is disabled: the job's nodes may not "
-                f"reach each other. Enable it: gcloud compute firewall-rules update {NODE_FIREWALL_RULE} --no-disabled")
+        return (f"firewall rule {rule} in project {look.project} is disabled: the nodes of a job may not reach each "
+                f"other. Enable it: gcloud compute firewall-rules update {rule} --no-disabled")
     return None

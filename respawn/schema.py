@@ -39,6 +39,7 @@ from respawn.deployment import RESPAWN_PREFIX
 JOBS = "jobs"
 EVENTS = "events"
 CAPACITY = "capacity"
+IDENTITIES = "identities"  # identities/{node service account email}: the job that holds it (a lease)
 
 # Node names are `{job}-{attempt}` (respawn.contract.node_name), within GCE/TPU's 63 characters.
 MAX_JOB_ID_LEN = 63 - 1 - len(str(MAX_ATTEMPT))

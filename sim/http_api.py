@@ -7,7 +7,7 @@ import json
 import re
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from sim.core import ApiError, SimError, compute_error, rpc_error
 
@@ -52,6 +52,9 @@ ROUTES = [
     ("POST", r"/sim/partition", "s_partition"),
     ("POST", r"/sim/faults", "s_faults"),
     ("POST", r"/sim/hold-operations", "s_hold"),
+    ("POST", r"/storage/v1/b/(?P<bucket>[^/]+)/managedFolders", "g_folder_insert"),
+    ("GET", r"/storage/v1/b/(?P<bucket>[^/]+)/managedFolders/(?P<folder>[^/]+)/iam", "g_folder_policy"),
+    ("PUT", r"/storage/v1/b/(?P<bucket>[^/]+)/managedFolders/(?P<folder>[^/]+)/iam", "g_folder_set_policy"),
     ("POST", r"/sim/images", "s_images"),
     ("POST", r"/sim/firewalls", "s_firewalls"),
 ]
@@ -97,7 +100,7 @@ def make_handler(sim: "SimServer"):
                 return
             args = match.groupdict()
             try:
-                body = self._body() if method == "POST" else {}
+                body = self._body() if method in ("POST", "PUT") else {}
                 if "project" in args and args.pop("project") != sim.project:
                     msg = f"The sim serves project '{sim.project}' only"
                     raise compute_error(404, "notFound", msg) if handler.startswith("c_") else rpc_error(403, msg)
@@ -120,6 +123,9 @@ def make_handler(sim: "SimServer"):
 
         def do_POST(self):
             self._dispatch("POST")
+
+        def do_PUT(self):
+            self._dispatch("PUT")
 
         def do_DELETE(self):
             self._dispatch("DELETE")
@@ -166,6 +172,16 @@ def make_handler(sim: "SimServer"):
 
         def c_firewall(self, fw_project, firewall, body, query):
             return sim.compute.get_firewall(fw_project, firewall)
+
+        # --- Cloud Storage managed folders (the folder name comes URL-encoded: a/b/ is a%2Fb%2F) ---
+        def g_folder_insert(self, bucket, body, query):
+            return sim.storage_folders.insert(bucket, body["name"])
+
+        def g_folder_policy(self, bucket, folder, body, query):
+            return sim.storage_folders.get_policy(bucket, unquote(folder))
+
+        def g_folder_set_policy(self, bucket, folder, body, query):
+            return sim.storage_folders.set_policy(bucket, unquote(folder), body)
 
         # --- TPU ---
         def t_create(self, zone, body, query):

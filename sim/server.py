@@ -28,6 +28,7 @@ from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
 from sim.netns import Host, Network
 from sim.nodes import NodeRuntime
+from sim.storage_folders import StorageFolders
 from sim.tpu import TpuService
 
 LABEL_JOB = "respawn-job"
@@ -109,6 +110,7 @@ class SimServer:
         self.addresses = NodeAddresses()
         self.compute = ComputeService(self)
         self.tpu = TpuService(self)
+        self.storage_folders = StorageFolders(self)
         self._t0 = time.monotonic()
         self._http: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -307,17 +309,19 @@ class SimServer:
 
     def instances(self) -> list[dict]:
         """Every existing Compute instance and TPU node: kind, zone, name, status, labels, attributes, node dir,
-        metadata host and process id."""
+        metadata host, process id and the service account it runs as."""
         with self.cond:
             out = []
             for i in self.compute.instances.values():
                 snap = self._snap("instance", i.zone, i.name, i.status, i.body.get("labels", {}), i.runtime,
                                   {it["key"]: it.get("value", "") for it in i.body["metadata"]["items"]})
-                snap.update(id=i.id, address=i.body["networkInterfaces"][0]["networkIP"])
+                snap.update(id=i.id, address=i.body["networkInterfaces"][0]["networkIP"],
+                            service_account=(i.body.get("serviceAccounts") or [{}])[0].get("email"))
                 out.append(snap)
             for n in self.tpu.nodes.values():
                 snap = self._snap("tpu", n.zone, n.name, n.state, n.body.get("labels", {}), n.runtime,
                                   dict(n.body.get("metadata", {})))
+                snap["service_account"] = (n.body.get("serviceAccount") or {}).get("email")
                 # The top-level fields are worker 0's; every worker VM of the slice, worker 0 first:
                 snap["workers"] = [{**self._snap("worker", n.zone, w, n.state, {}, r, {}), "worker": i,
                                     "ipAddress": ip}

@@ -240,7 +240,7 @@ class Standin:
 def seeded_state(bucket: str = "ckpt-bucket", secret: str = "respawn-slack-webhook") -> dict:
     """What the user creates by hand before the build (docs/deploy.md): Firestore, the bucket, the Slack secret."""
     return {"firestore databases": {"(default)": {"locationId": "nam5"}},
-            "storage buckets": {f"gs://{bucket}": {}},
+            "storage buckets": {f"gs://{bucket}": {"uniform_bucket_level_access": True}},
             "secrets": {secret: {}}}
 
 

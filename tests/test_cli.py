@@ -180,16 +180,17 @@ def test_register_warns_when_a_multi_host_jobs_members_cannot_reach_each_other(f
         assert r.returncode == 0 and f"registered {job_id}" in r.stdout, r.stderr  # a warning refuses nothing
         return " ".join(r.stderr.split())
 
+    rule = deployment.node_firewall_rule(1)
     said = register("two-vms", nodes=2, zones=["us-central1-a"])
-    assert f"warning: two-vms runs on 2 hosts; firewall rule {deployment.NODE_FIREWALL_RULE} not found" in said
-    node = deployment.service_account_email(deployment.NODE_SA, project)
+    assert f"warning: two-vms runs on 2 hosts; firewall rule {rule} not found" in said
+    node = deployment.service_account_email(deployment.node_identity(1), project)
     assert f"--source-service-accounts={node} --target-service-accounts={node}" in said
     assert "warning" not in register("one-vm")  # one host: nothing to reach
-    sim_server.compute.add_firewall(project, deployment.NODE_FIREWALL_RULE, service_account=node, disabled=True)
+    sim_server.compute.add_firewall(project, rule, service_account=node, disabled=True)
     slice_spec = {"accelerator": {"kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"},
                   "zones": ["us-central2-b"]}
-    assert f"{deployment.NODE_FIREWALL_RULE} in project {project} is disabled" in register("slice", **slice_spec)
-    sim_server.compute.add_firewall(project, deployment.NODE_FIREWALL_RULE, service_account=node)
+    assert f"{rule} in project {project} is disabled" in register("slice", **slice_spec)
+    sim_server.compute.add_firewall(project, rule, service_account=node)
     assert "warning" not in register("two-vms-again", nodes=2, zones=["us-central1-a"])
 
 

@@ -17,6 +17,9 @@ from tests.deploy_fixtures import (CLOUDBUILD, ROOT, SINK_WRITER, Standin, Subst
                                    substitutions)
 
 PROJECT, BUCKET, BUILD_ID = "respawn-proj", "ckpt-bucket", "build-1"
+# The node identity pool the build makes by default: respawn-node-1 … respawn-node-8.
+NODES = [deployment.service_account_email(a, PROJECT)
+         for a in deployment.node_identities(deployment.DEFAULT_NODE_IDENTITIES)]
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +167,7 @@ def test_function_environment(deployed):
     assert env[deployment.ENV_PROJECT] == PROJECT
     assert env[deployment.ENV_ALERTS_TOPIC] == deployment.ALERTS_TOPIC
     assert env[deployment.ENV_SWEEP_TOPIC] == deployment.SWEEP_TOPIC  # where the sweep fans out, back to on_sweep
-    assert env[deployment.ENV_NODE_SERVICE_ACCOUNT] == f"respawn-node@{PROJECT}.iam.gserviceaccount.com"
+    assert env[deployment.ENV_NODE_IDENTITIES] == ",".join(NODES)
     assert all(isinstance(v, str) for v in env.values()), "env vars files take strings only"
     # The agent zipapp and the wheel, built side by side, uploaded to this build's release folder, and named to
     # the nodes with the digest of exactly the bytes uploaded.
@@ -204,11 +207,12 @@ def test_the_sweep_fans_out_to_as_many_invocations_as_the_event_path(deployed):
     controller = f"serviceAccount:{deployment.service_account_email(deployment.CONTROLLER_SA, PROJECT)}"
     topics = {b[1] for b in standin.state()["bindings"] if b[0] == "pubsub topics" and b[2] == controller}
     assert topics == {deployment.SWEEP_TOPIC, deployment.ALERTS_TOPIC}
-    # A node whose trainer or setup fails wakes the controller there (node_agent/nudge.py): the node service account
-    # may publish to the sweep topic, on that topic alone.
-    node = f"serviceAccount:{deployment.service_account_email(deployment.NODE_SA, PROJECT)}"
-    assert [b for b in standin.state()["bindings"] if b[0] == "pubsub topics" and b[2] == node] == [
-        ["pubsub topics", deployment.SWEEP_TOPIC, node, f"projects/{PROJECT}/roles/respawnNodeSweep"]]
+    # A node whose trainer or setup fails wakes the controller there (node_agent/nudge.py): each node identity may
+    # publish to the sweep topic, on that topic alone.
+    for email in NODES:
+        node = f"serviceAccount:{email}"
+        assert [b for b in standin.state()["bindings"] if b[0] == "pubsub topics" and b[2] == node] == [
+            ["pubsub topics", deployment.SWEEP_TOPIC, node, f"projects/{PROJECT}/roles/respawnNodeSweep"]]
 
 
 def test_firestore_ttl_on_event_history(deployed):
@@ -225,15 +229,23 @@ def test_roles_and_bindings(deployed):
         argv = _one(run1, "iam roles", "create", role.id)
         body = yaml.safe_load((deployed[0] / _flag(argv, "file")[0]).read_text())
         assert body["includedPermissions"] == role.permissions
-        member = f"serviceAccount:{deployment.service_account_email(getattr(deployment, role.member.upper() + '_SA'), PROJECT)}"
-        bound = [b for b in state["bindings"] if b[2] == member and b[3] == f"projects/{PROJECT}/roles/{role.id}"]
-        assert len(bound) == 1, f"{role.id} must be bound once, on its {role.scope}; got {bound}"
-        expected_group = {"project": "projects", "node-service-account": "iam service-accounts",
-                          "alerts-topic": "pubsub topics", "sweep-topic": "pubsub topics",
-                          "checkpoint-bucket": "storage buckets"}[role.scope]
-        assert bound[0][0] == expected_group
-        # A conditioned role is bound under its condition's expression only, never also without it.
-        assert bound[0][4:] == ([iam.CONDITIONS[role.condition](PROJECT, BUCKET).expression] if role.condition else [])
+        bound = [b for b in state["bindings"] if b[3] == f"projects/{PROJECT}/roles/{role.id}"]
+        if role.scope == "job-folder":  # the controller grants it on a job's folder when the job takes an identity
+            assert bound == [], f"{role.id} is the controller's to grant, on one job's folder; the build bound {bound}"
+            continue
+        expected = {"project": ("projects", PROJECT), "alerts-topic": ("pubsub topics", deployment.ALERTS_TOPIC),
+                    "sweep-topic": ("pubsub topics", deployment.SWEEP_TOPIC),
+                    "checkpoint-bucket": ("storage buckets", f"gs://{BUCKET}")}
+        own = f"serviceAccount:{deployment.service_account_email(getattr(deployment, role.member.upper() + '_SA'), PROJECT)}" \
+            if role.member != "node" else None
+        condition = [iam.CONDITIONS[role.condition](PROJECT, BUCKET).expression] if role.condition else []
+        if role.scope == "node-service-account":  # on each identity's own account, for the controller
+            want = [["iam service-accounts", e.split("@")[0], own, b[3]] for e, b in zip(NODES, bound)]
+        elif role.member == "node":  # once for each identity of the pool, under the role's condition only
+            want = [[*expected[role.scope], f"serviceAccount:{e}", bound[0][3], *condition] for e in NODES]
+        else:
+            want = [[*expected[role.scope], own, bound[0][3] if bound else None, *condition]]
+        assert sorted(bound) == sorted(want), f"{role.id} ({role.scope}): {bound}"
     # Nothing but Respawn's own roles and the listed predefined ones is ever granted.
     predefined = {p["role"] for p in iam.load()["predefined"]}
     for group, _name, _member, role, *_condition in state["bindings"]:
@@ -246,22 +258,23 @@ def test_the_nodes_database_and_the_firewall_rule(deployed):
     _, standin, run1, _ = deployed
     argv = _one(run1, "firestore databases", "create", schema.NODES_DATABASE)
     assert _flag(argv, "location") == ["nam5"]  # where (default) is
-    node = deployment.service_account_email(deployment.NODE_SA, PROJECT)
-    argv = _one(run1, "compute firewall-rules", "create", deployment.NODE_FIREWALL_RULE)
-    assert (_flag(argv, "network"), _flag(argv, "direction"), _flag(argv, "action"), _flag(argv, "rules")) == (
-        [deployment.DEFAULT_NETWORK], ["INGRESS"], ["ALLOW"], ["all"])
-    assert _flag(argv, "source-service-accounts") == _flag(argv, "target-service-accounts") == [node]
+    # One ingress rule per identity, from it to itself: a job's nodes reach each other, not another job's.
+    for i, node in enumerate(NODES, start=1):
+        argv = _one(run1, "compute firewall-rules", "create", deployment.node_firewall_rule(i))
+        assert (_flag(argv, "network"), _flag(argv, "direction"), _flag(argv, "action"), _flag(argv, "rules")) == (
+            [deployment.DEFAULT_NETWORK], ["INGRESS"], ["ALLOW"], ["all"])
+        assert _flag(argv, "source-service-accounts") == _flag(argv, "target-service-accounts") == [node]
 
 
 def test_an_earlier_unconditioned_node_grant_is_replaced_by_the_conditioned_one(deployed, tmp_path):
-    # Before the heartbeats had a database of their own, the node's Firestore and bucket roles were bound without a
-    # condition: a build over such a project must leave only the conditioned bindings.
-    node = f"serviceAccount:{deployment.service_account_email(deployment.NODE_SA, PROJECT)}"
+    # A grant once made without a condition (the nodes' Firestore grant, before the heartbeats had a database of
+    # their own) and now made with one: a build over such a project must leave only the conditioned binding.
+    node = f"serviceAccount:{NODES[0]}"
     old = [["projects", PROJECT, node, f"projects/{PROJECT}/roles/respawnNodeHeartbeat"],
-           ["storage buckets", f"gs://{BUCKET}", node, f"projects/{PROJECT}/roles/respawnCheckpoints"]]
+           ["storage buckets", f"gs://{BUCKET}", node, f"projects/{PROJECT}/roles/respawnRelease"]]
     state = {**seeded_state(), "bindings": [list(b) for b in old],
              "iam service-accounts": {a: {} for a in (deployment.CONTROLLER_SA, deployment.NOTIFIER_SA,
-                                                      deployment.TRIGGER_SA, deployment.NODE_SA)},
+                                                      deployment.TRIGGER_SA, *deployment.node_identities(8))},
              "pubsub topics": {t: {} for t in (deployment.LOG_EVENTS_TOPIC, deployment.ALERTS_TOPIC,
                                                deployment.SWEEP_TOPIC)}}
     results, standin = _run_only(deployed, tmp_path, state, {"bindings"})
@@ -310,6 +323,14 @@ def test_missing_prerequisite_fails_with_the_command_that_fixes_it(deployed, tmp
     results, _ = _run_only(deployed, tmp_path, state, {"preconditions"})
     assert results[-1].rc != 0
     assert hint in results[-1].stderr
+
+
+def test_a_bucket_without_uniform_access_fails_with_the_command_that_fixes_it(deployed, tmp_path):
+    state = seeded_state()
+    state["storage buckets"][f"gs://{BUCKET}"]["uniform_bucket_level_access"] = False
+    results, _ = _run_only(deployed, tmp_path, state, {"preconditions"})
+    assert results[-1].rc != 0
+    assert f"gcloud storage buckets update gs://{BUCKET} --uniform-bucket-level-access" in results[-1].stderr
 
 
 def test_a_recently_deleted_role_is_undeleted_not_recreated(deployed, tmp_path):

@@ -122,7 +122,7 @@ def test_acting_as_the_node_is_granted_on_the_node_account_only():
         if "iam.serviceAccounts.actAs" in role.permissions:
             assert role.scope == "node-service-account" and role.permissions == ["iam.serviceAccounts.actAs"]
         if any(p.startswith("storage.") for p in role.permissions):
-            assert role.scope == "checkpoint-bucket"
+            assert role.scope in ("checkpoint-bucket", "job-folder")
         if any(p.startswith("pubsub.") for p in role.permissions):
             assert role.scope in ("alerts-topic", "sweep-topic")
 
@@ -176,11 +176,13 @@ def test_scan_finds_a_new_unlisted_call(tmp_path):
         raise AssertionError("an unlisted client call must fail the scan")
 
 
-# ---- what a node's identity can and cannot reach, computed from the bindings the build makes (deploy.iam.Policy):
-# the emulators enforce no IAM, so the policy is tested as data. The conditions' CEL is made from the same names.
+# ---- what a node's identity can and cannot reach, computed from the bindings the build makes and the folder grant the
+# controller makes (deploy.iam.Policy): the emulators enforce no IAM, so the policy is tested as data. Two jobs run:
+# job A holds identity 1 (its checkpoints in gs://B/runs/a/), job B identity 2 (gs://B/runs/b/).
 
 P, B = "proj-a", "ckpt-bucket"
-POLICY = iam.Policy(P, B)
+A, NODE_B, IDLE = (deployment.service_account_email(deployment.node_identity(i), P) for i in (1, 2, 3))
+POLICY = iam.Policy(P, B, (A, NODE_B, IDLE), {A: f"gs://{B}/runs/a/", NODE_B: f"gs://{B}/runs/b/"})
 DATABASE = f"projects/{P}/databases/"
 OBJECT = f"projects/_/buckets/{B}/objects/"
 RELEASE = f"{OBJECT}{deployment.RELEASES_PREFIX}/build-7/respawn-agent-0.1.0.pyz"
@@ -189,11 +191,11 @@ WORKDIR = f"{OBJECT}{WORKDIRS_PREFIX}/sha256-{'a' * 64}.tar.gz"
 
 def test_a_node_writes_heartbeats_and_no_job_state():
     for perm in ("datastore.entities.create", "datastore.entities.update"):
-        assert POLICY.may("node", perm, f"{DATABASE}{NODES_DATABASE}")
-        # jobs/* (a new one makes the controller create paid VMs), their events, the capacity records
-        assert not POLICY.may("node", perm, f"{DATABASE}(default)")
-    assert not POLICY.may("node", "datastore.entities.get", f"{DATABASE}(default)")
-    assert not POLICY.may("node", "datastore.entities.delete", f"{DATABASE}{NODES_DATABASE}")
+        assert POLICY.may(A, perm, f"{DATABASE}{NODES_DATABASE}")
+        # jobs/* (a new one makes the controller create paid VMs), their events, the leases, the capacity records
+        assert not POLICY.may(A, perm, f"{DATABASE}(default)")
+    assert not POLICY.may(A, "datastore.entities.get", f"{DATABASE}(default)")
+    assert not POLICY.may(A, "datastore.entities.delete", f"{DATABASE}{NODES_DATABASE}")
     # The controller reads both.
     assert POLICY.may("controller", "datastore.entities.get", f"{DATABASE}{NODES_DATABASE}")
     assert POLICY.may("controller", "datastore.entities.update", f"{DATABASE}(default)")
@@ -201,28 +203,36 @@ def test_a_node_writes_heartbeats_and_no_job_state():
 
 def test_a_node_reads_the_release_and_workdirs_and_cannot_change_them():
     for obj in (RELEASE, WORKDIR):
-        assert POLICY.may("node", "storage.objects.get", obj)
+        assert POLICY.may(A, "storage.objects.get", obj)
         for perm in ("storage.objects.delete", "storage.objects.create", "storage.objects.update"):
-            assert not POLICY.may("node", perm, obj), (perm, obj)
+            assert not POLICY.may(A, perm, obj), (perm, obj)
+    # Nor list them: a workdir archive's name is the digest of its content, so another job's cannot be guessed.
+    assert not POLICY.may(A, "storage.objects.list", f"projects/_/buckets/{B}")
 
 
-def test_a_node_writes_checkpoints_outside_the_respawn_folder_only():
-    ckpt = f"{OBJECT}runs/llama/step-00000100/rank-0.distcp"
-    for perm in ("storage.objects.create", "storage.objects.get", "storage.objects.delete"):
-        assert POLICY.may("node", perm, ckpt)
-    assert POLICY.may("node", "storage.objects.list", f"projects/_/buckets/{B}")
-    assert not POLICY.may("node", "storage.objects.create", f"{OBJECT}{deployment.RESPAWN_PREFIX}/anything")
-    assert not POLICY.may("node", "storage.objects.get", f"projects/_/buckets/other-bucket/objects/x")
+def test_a_node_reaches_its_own_jobs_checkpoints_and_no_other_jobs():
+    own, other = f"{OBJECT}runs/a/step-00000100/rank-0.distcp", f"{OBJECT}runs/b/step-00000100/rank-0.distcp"
+    for perm in ("storage.objects.create", "storage.objects.get", "storage.objects.list", "storage.objects.delete"):
+        assert POLICY.may(A, perm, own), perm
+        assert not POLICY.may(A, perm, other), perm
+        assert POLICY.may(NODE_B, perm, other) and not POLICY.may(NODE_B, perm, own), perm
+        assert not POLICY.may(IDLE, perm, own), perm  # an identity no job holds reaches no checkpoint
+    assert not POLICY.may(A, "storage.objects.create", f"{OBJECT}runs/ab/x")  # a folder is a prefix ending in /
+    assert not POLICY.may(A, "storage.objects.get", "projects/_/buckets/other-bucket/objects/runs/a/x")
 
 
 def test_a_node_creates_no_vm_attaches_no_identity_and_publishes_no_alert():
-    assert not POLICY.may("node", "compute.instances.create", f"projects/{P}/zones/us-central1-a/instances/x")
-    assert not POLICY.may("node", "tpu.nodes.create", f"projects/{P}/locations/us-central2-b/nodes/x")
-    node_sa = f"projects/{P}/serviceAccounts/{deployment.service_account_email(deployment.NODE_SA, P)}"
-    assert not POLICY.may("node", "iam.serviceAccounts.actAs", node_sa)
-    assert POLICY.may("controller", "iam.serviceAccounts.actAs", node_sa)
-    assert POLICY.may("node", "pubsub.topics.publish", f"projects/{P}/topics/{deployment.SWEEP_TOPIC}")
-    assert not POLICY.may("node", "pubsub.topics.publish", f"projects/{P}/topics/{deployment.ALERTS_TOPIC}")
+    assert not POLICY.may(A, "compute.instances.create", f"projects/{P}/zones/us-central1-a/instances/x")
+    assert not POLICY.may(A, "tpu.nodes.create", f"projects/{P}/locations/us-central2-b/nodes/x")
+    for identity in (A, NODE_B):
+        account = f"projects/{P}/serviceAccounts/{identity}"
+        assert not POLICY.may(A, "iam.serviceAccounts.actAs", account)
+        assert POLICY.may("controller", "iam.serviceAccounts.actAs", account)
+    assert not POLICY.may("controller", "iam.serviceAccounts.actAs",
+                          f"projects/{P}/serviceAccounts/{P}-compute@developer.gserviceaccount.com")
+    assert not POLICY.may(A, "storage.managedFolders.setIamPolicy", f"projects/_/buckets/{B}")  # cannot widen its grant
+    assert POLICY.may(A, "pubsub.topics.publish", f"projects/{P}/topics/{deployment.SWEEP_TOPIC}")
+    assert not POLICY.may(A, "pubsub.topics.publish", f"projects/{P}/topics/{deployment.ALERTS_TOPIC}")
     assert not [p for p in iam.load()["predefined"] if p["member"] == "node"]
 
 

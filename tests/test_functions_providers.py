@@ -163,21 +163,22 @@ def test_only_gpu_nodes_ask_for_the_nvidia_driver():
 def test_node_options_reach_the_gpu_vm_and_tpu_bodies(made):
     # What deploy sets in the environment (settings.py reads it) is what the providers put in the create request.
     env = {"RESPAWN_NETWORK": "projects/p/global/networks/train", "RESPAWN_SUBNETWORK": "regions/r/subnetworks/s",
-           "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_NODE_SERVICE_ACCOUNT": "node@p.iam.gserviceaccount.com",
+           "RESPAWN_EXTERNAL_IP": "0",
            "RESPAWN_HEARTBEAT_SECONDS": "7", "RESPAWN_NOTICE_BUDGET_SECONDS": "20", "RESPAWN_OP_TIMEOUT_SECONDS": "42"}
     s = ControlSettings.from_env(env)
     gce = ComputeProvider(made, op_timeout=s.compute_op_timeout_seconds, nodes=s.nodes)
-    body = gce.instance(parse_spec(gpu_spec("vm")), ZONE, "vm-1", 1, "spot", "#!/bin/bash\n")
+    node_sa = "respawn-node-3@p.iam.gserviceaccount.com"  # the identity the job holds (identities.py)
+    body = gce.instance(parse_spec(gpu_spec("vm")), ZONE, "vm-1", 1, "spot", "#!/bin/bash\n", service_account=node_sa)
     nic = body.network_interfaces[0]
     assert (nic.network, nic.subnetwork, list(nic.access_configs)) == (env["RESPAWN_NETWORK"], env["RESPAWN_SUBNETWORK"], [])
-    assert body.service_accounts[0].email == env["RESPAWN_NODE_SERVICE_ACCOUNT"]
+    assert body.service_accounts[0].email == node_sa
     settings = json.loads({i.key: i.value for i in body.metadata.items}["respawn-settings"])
     assert (settings["heartbeat_seconds"], settings["notice_budget_seconds"]) == (7.0, 20.0)
     tpu = TpuProvider(made, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes)
-    node = tpu.node(parse_spec(tpu_spec("tpu")), 1, "spot", "#!/bin/bash\n")
+    node = tpu.node(parse_spec(tpu_spec("tpu")), 1, "spot", "#!/bin/bash\n", service_account=node_sa)
     assert (node.network_config.network, node.network_config.subnetwork) == (env["RESPAWN_NETWORK"], env["RESPAWN_SUBNETWORK"])
     assert node.network_config.enable_external_ips is False
-    assert node.service_account.email == env["RESPAWN_NODE_SERVICE_ACCOUNT"]
+    assert node.service_account.email == node_sa
     assert gce.op_timeout == tpu.op_timeout == 42.0
     # Unset: the documented defaults.
     d = ControlSettings.from_env({})

@@ -28,7 +28,7 @@ def test_unset_means_the_documented_defaults():
     assert (s.slack_attempts, s.slack_backoff_seconds, s.alert_publish_timeout_seconds) == (4, 1, 10)
     assert (s.project, s.compute_endpoint, s.tpu_endpoint, s.alerts_topic, s.slack_webhook_url) == (None,) * 5
     assert (s.sweep_topic, s.sweep_publish_timeout_seconds) == ("respawn-sweep", 60)  # the deployed topic's name
-    assert s.nodes == NodeOptions(None, None, None, True, None, None, 15.0, 25.0, "respawn-sweep")
+    assert s.nodes == NodeOptions((), None, None, True, None, None, 15.0, 25.0, "respawn-sweep")
     # Empty is unset, as before.
     assert ControlSettings.from_env({name: "" for name in _names()}) == s
 
@@ -40,7 +40,8 @@ def test_every_variable_reaches_its_field():
         "RESPAWN_SLACK_ATTEMPTS": "2", "RESPAWN_SLACK_BACKOFF_SECONDS": "0.5", "RESPAWN_STALE_HEARTBEAT_SECONDS": "60",
         "RESPAWN_BOOT_GRACE_SECONDS": "30", "RESPAWN_BACKOFF_BASE_SECONDS": "2", "RESPAWN_MAX_IN_PLACE_RESTARTS": "0",
         "RESPAWN_POLL_SECONDS": "0.05", "RESPAWN_POLL_BUDGET_SECONDS": "15", "RESPAWN_OP_TIMEOUT_SECONDS": "60",
-        "RESPAWN_NODE_SERVICE_ACCOUNT": "n@p.iam.gserviceaccount.com", "RESPAWN_NETWORK": "net",
+        "RESPAWN_NODE_IDENTITIES": "n-1@p.iam.gserviceaccount.com,n-2@p.iam.gserviceaccount.com",
+        "RESPAWN_STORAGE_ENDPOINT": "http://127.0.0.1:3", "RESPAWN_NETWORK": "net",
         "RESPAWN_SUBNETWORK": "sub", "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_AGENT": AGENT, "RESPAWN_LIBRARY": LIBRARY,
         "RESPAWN_HEARTBEAT_SECONDS": "5", "RESPAWN_NOTICE_BUDGET_SECONDS": "20",
         "RESPAWN_SWEEP_TOPIC": "projects/p/topics/sweep", "RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS": "7",
@@ -54,7 +55,9 @@ def test_every_variable_reaches_its_field():
         stale_heartbeat_seconds=60, boot_grace_seconds=30, backoff_base_seconds=2, max_in_place_restarts=0,
         poll_seconds=0.05, poll_budget_seconds=15, compute_op_timeout_seconds=60, tpu_op_timeout_seconds=60,
         progress_timeout_seconds=90, sweep_topic="projects/p/topics/sweep", sweep_publish_timeout_seconds=7,
-        nodes=NodeOptions("n@p.iam.gserviceaccount.com", "net", "sub", False, AGENT, LIBRARY, 5, 20,
+        storage_endpoint="http://127.0.0.1:3",
+        nodes=NodeOptions(("n-1@p.iam.gserviceaccount.com", "n-2@p.iam.gserviceaccount.com"), "net", "sub", False,
+                          AGENT, LIBRARY, 5, 20,
                           "projects/p/topics/sweep"))  # the nodes nudge the controller where its sweep listens
     assert "https://hook" not in repr(s)  # the webhook URL is a secret
     assert ControlSettings.from_env({"GOOGLE_CLOUD_PROJECT": "g", "GCP_PROJECT": "x"}).project == "g"
@@ -65,7 +68,8 @@ def test_every_variable_reaches_its_field():
     ("RESPAWN_STALE_HEARTBEAT_SECONDS", "two minutes"), ("RESPAWN_POLL_SECONDS", "0"), ("RESPAWN_BOOT_GRACE_SECONDS", "-1"),
     ("RESPAWN_OP_TIMEOUT_SECONDS", "inf"), ("RESPAWN_MAX_IN_PLACE_RESTARTS", "1.5"), ("RESPAWN_SLACK_ATTEMPTS", "0"),
     ("RESPAWN_EXTERNAL_IP", "maybe"), ("RESPAWN_HEARTBEAT_SECONDS", "nan"), ("RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS", "x"),
-    ("RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS", "0"),
+    ("RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS", "0"), ("RESPAWN_NODE_IDENTITIES", "a@p.iam.gserviceaccount.com,,"),
+    ("RESPAWN_NODE_IDENTITIES", "a@p.iam.gserviceaccount.com,a@p.iam.gserviceaccount.com"),
 ])
 def test_a_bad_value_names_its_variable(name, value):
     with pytest.raises(SettingsError, match=re.escape(f"{name}={value!r}")):

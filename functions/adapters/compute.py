@@ -112,7 +112,7 @@ class ComputeProvider:
         return found(path, image.name, image.deprecated.state if "deprecated" in image else "")
 
     def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
-                 slot: int = 0):
+                 slot: int = 0, service_account: str | None = None):
         acc = spec.accelerator
         if provisioning == "spot":
             scheduling = compute_v1.Scheduling(
@@ -151,13 +151,13 @@ class ComputeProvider:
             metadata=compute_v1.Metadata(items=items),
             labels=nodespec.labels(spec, attempt, slot),
             service_accounts=[compute_v1.ServiceAccount(
-                email=opts.service_account or DEFAULT_SERVICE_ACCOUNT, scopes=SCOPES)],
+                email=service_account or DEFAULT_SERVICE_ACCOUNT, scopes=SCOPES)],
         )
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
-               slot: int = 0) -> bool:
+               slot: int = 0, service_account: str | None = None) -> bool:
         """Create and wait until the operation is done. False: it already existed (409) and is adopted."""
-        body = self.instance(spec, zone, name, attempt, provisioning, startup_script, slot)
+        body = self.instance(spec, zone, name, attempt, provisioning, startup_script, slot, service_account)
         try:
             op = self.clients.instances().insert_unary(project=self.project, zone=zone, instance_resource=body)
             self._wait(zone, op)

@@ -22,7 +22,8 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
-from respawn.schema import CAPACITY, EVENTS, JOBS, NODES, CapacityRecord, JobEvent, State, capacity_doc_id
+from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, CapacityRecord, JobEvent, State,
+                            capacity_doc_id)
 
 ACTIVE_STATES = [s.value for s in State if not s.terminal]
 
@@ -101,6 +102,33 @@ class Store:
         """The one indexed lookup for a TPU worker VM event: jobs whose current node is in `zone`."""
         query = self.db.collection(JOBS).where(filter=FieldFilter("status.zone", "==", zone))
         return self._counted([(snap.id, snap.to_dict()) for snap in query.stream()])
+
+    def leases(self) -> dict[str, tuple[str, str | None, Any]]:
+        """identity → (the job holding it, the folder it was granted, the lease's version)."""
+        snaps = list(self.db.collection(IDENTITIES).stream())
+        self.reads += max(1, len(snaps))
+        return {s.id: ((s.to_dict() or {}).get("job_id", ""), (s.to_dict() or {}).get("folder"), s.update_time)
+                for s in snaps}
+
+    def lease(self, identity: str, job_id: str, folder: str | None) -> bool:
+        """Take `identity` for `job_id` iff no job holds it (an atomic create); False: another lease exists."""
+        self.writes += 1
+        try:
+            self.db.collection(IDENTITIES).document(identity).create(
+                {"job_id": job_id, "folder": folder, "leased_at": firestore.SERVER_TIMESTAMP})
+        except (gexc.AlreadyExists, gexc.Conflict):
+            return False
+        return True
+
+    def release(self, identity: str, version: Any) -> bool:
+        """End the lease iff it is still the one read at `version`; False: it changed meanwhile."""
+        self.writes += 1
+        try:
+            self.db.collection(IDENTITIES).document(identity).delete(
+                option=self.db.write_option(last_update_time=version))
+        except (gexc.FailedPrecondition, gexc.NotFound, gexc.Aborted, gexc.Conflict):
+            return False
+        return True
 
     def _counted(self, results):
         self.reads += max(1, len(results))

@@ -53,7 +53,8 @@ class TpuProvider:
         nodes; gcp-facts §14): there is no console to read."""
         return None
 
-    def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str):
+    def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str,
+             service_account: str | None = None):
         acc = spec.accelerator
         opts = self.nodes
         network = tpu_v2.NetworkConfig(enable_external_ips=opts.external_ip)
@@ -69,13 +70,13 @@ class TpuProvider:
             labels=nodespec.labels(spec, attempt),
             metadata=nodespec.metadata(spec, attempt, self.project, startup_script, opts),
         )
-        if opts.service_account:  # unset: the project's default compute service account
-            node.service_account = tpu_v2.ServiceAccount(email=opts.service_account, scope=SCOPES)
+        if service_account:  # unset: the project's default compute service account
+            node.service_account = tpu_v2.ServiceAccount(email=service_account, scope=SCOPES)
         return node
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
-               slot: int = 0) -> bool:
-        body = self.node(spec, attempt, provisioning, startup_script)
+               slot: int = 0, service_account: str | None = None) -> bool:
+        body = self.node(spec, attempt, provisioning, startup_script, service_account)
         try:
             op = self.clients.tpu().create_node(parent=f"projects/{self.project}/locations/{zone}", node_id=name, node=body)
             op.result(timeout=self.op_timeout)
