@@ -27,6 +27,9 @@ RATE_LIMIT_CODES = {"RATELIMITEXCEEDED", "USERRATELIMITEXCEEDED"}
 CAPACITY_PHRASES = (
     "does not have enough resources", "no more capacity", "stockout", "resource_availability",
     "insufficient reserved capacity", "currently unavailable", "resource pool exhausted",
+    # Cloud TPU, a Spot node preempted while it was being created (INVALID_ARGUMENT, gcp-facts §15): the zone took
+    # the capacity back, so another zone is tried; the PREEMPTED node is deleted like any preempted TPU.
+    "while in state preempted",
 )
 QUOTA_PHRASES = ("quota", "exhausted. limit")
 

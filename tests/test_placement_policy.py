@@ -50,6 +50,8 @@ STOCKOUT = ("The zone 'projects/p/zones/us-central1-a' does not have enough reso
          "capacity", "ResourceExhausted"),
         (gexc.FailedPrecondition("Insufficient reserved capacity. Contact customer support to increase your reservation."),
          "capacity", "FailedPrecondition"),
+        (gexc.InvalidArgument("Cloud TPU received a bad request. update is not supported while in state PREEMPTED"),
+         "capacity", "InvalidArgument"),
         (gexc.ResourceExhausted("Quota 'TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI' exhausted. Limit 32 in region "
                                 "europe-west4"), "quota", "ResourceExhausted"),
         (gexc.Conflict("The resource 'projects/p/zones/z/instances/job-1' already exists"), "exists", "Conflict"),
