@@ -217,7 +217,7 @@ def run(node_counts: list[int], scale: float) -> dict[str, Any]:
         stack.callback(nodes_db.close)
         # Heartbeats are written once per change here: no staleness, no boot grace in the way of the figures.
         policy = Settings(stale_heartbeat_seconds=1e6, boot_grace_seconds=1e6)
-        deps = Deps(store=Store(db, nodes_db), providers={"gpu": provider}, publish=lambda alert: None, project=PROJECT,
+        deps = Deps(store=Store(db, lambda _database: nodes_db), providers={"gpu": provider}, publish=lambda alert: None, project=PROJECT,
                     startup_script=lambda: "#!/bin/bash\n", config=Config(policy, poll_seconds=POLL_S,
                                                                          poll_budget_seconds=0.5))
         rows = []

@@ -10,7 +10,6 @@ from typing import Callable
 import yaml
 
 from respawn import deployment
-from respawn.contract import NODES_DATABASE
 from respawn.workdir import GCS_PREFIX as WORKDIRS_PREFIX
 
 PERMISSIONS_FILE = Path(__file__).resolve().parent / "iam" / "permissions.yaml"
@@ -76,9 +75,10 @@ class Condition:
         return {"title": self.title, "description": self.description, "expression": self.expression}
 
 
-def _database(project: str, bucket: str) -> Condition:
-    name = f"projects/{project}/databases/{NODES_DATABASE}"
-    return Condition("respawn heartbeats database", f"only the Firestore database {NODES_DATABASE}",
+def _database(project: str, bucket: str, identity: str | None) -> Condition:
+    database = deployment.heartbeat_database(identity)
+    name = f"projects/{project}/databases/{database}"
+    return Condition(f"respawn heartbeats {database}", f"only the Firestore database {database}",
                      f'resource.name == "{name}"', lambda r: r == name)
 
 
@@ -86,14 +86,15 @@ def _object_prefixes(bucket: str, prefixes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"projects/_/buckets/{bucket}/objects/{p.rstrip('/')}/" for p in prefixes)
 
 
-def _release(project: str, bucket: str) -> Condition:
+def _release(project: str, bucket: str, identity: str | None) -> Condition:
     prefixes = _object_prefixes(bucket, (deployment.RELEASES_PREFIX, WORKDIRS_PREFIX))
     return Condition("respawn release and workdirs", "only the objects of the release and the workdir archives",
                      " || ".join(f'resource.name.startsWith("{p}")' for p in prefixes),
                      lambda r: r.startswith(prefixes))
 
 
-CONDITIONS: dict[str, Callable[[str, str], Condition]] = {
+# name → (project, bucket, the node identity the binding is for, if any) → Condition
+CONDITIONS: dict[str, Callable[[str, str, str | None], Condition]] = {
     "nodes-database": _database, "release": _release}
 
 
@@ -144,6 +145,7 @@ class Policy:
                 continue
             for identity, folder in targets:
                 if _covers(role.scope, self.project, self.bucket, identity, folder, resource) and (
-                        role.condition is None or CONDITIONS[role.condition](self.project, self.bucket).admits(resource)):
+                        role.condition is None
+                        or CONDITIONS[role.condition](self.project, self.bucket, identity).admits(resource)):
                     return True
         return False

@@ -30,7 +30,6 @@ import yaml
 
 from deploy import agent_zipapp, iam, stage
 from respawn import audit, deployment
-from respawn.contract import NODES_DATABASE
 
 ROOT = Path(__file__).resolve().parent.parent
 INDEXES_FILE = ROOT / "deploy" / "firestore" / "indexes.yaml"
@@ -73,7 +72,7 @@ def names(project: str, region: str, bucket: str, slack_secret: str, wheel: Path
     return {
         "PROJECT": project, "REGION": region, "BUCKET": bucket, "SLACK_SECRET": slack_secret,
         "NETWORK": network,
-        "NODES_DATABASE": NODES_DATABASE,
+
         "LOG_EVENTS_TOPIC": deployment.LOG_EVENTS_TOPIC, "ALERTS_TOPIC": deployment.ALERTS_TOPIC,
         "SWEEP_TOPIC": deployment.SWEEP_TOPIC, "SINK": deployment.SINK,
         "SCHEDULER_JOB": deployment.SCHEDULER_JOB, "SWEEP_SCHEDULE": deployment.SWEEP_SCHEDULE,
@@ -81,10 +80,12 @@ def names(project: str, region: str, bucket: str, slack_secret: str, wheel: Path
         "CONTROLLER_SA": deployment.CONTROLLER_SA, "NOTIFIER_SA": deployment.NOTIFIER_SA,
         "TRIGGER_SA": deployment.TRIGGER_SA,
         "CONTROLLER_EMAIL": sa["controller"], "NOTIFIER_EMAIL": sa["notifier"], "TRIGGER_EMAIL": sa["trigger"],
-        # The node pool: identity i is NODE_SAS' i-th word, its ingress rule NODE_FIREWALL_RULES' i-th word.
+        # The node pool: identity i is NODE_SAS' i-th word, its ingress rule NODE_FIREWALL_RULES' i-th word, its
+        # heartbeats' database NODE_DATABASES' i-th word.
         "NODE_SAS": " ".join(deployment.node_identities(identities)),
         "NODE_EMAILS": " ".join(node_emails(project, identities)),
         "NODE_FIREWALL_RULES": " ".join(deployment.node_firewall_rule(i) for i in range(1, identities + 1)),
+        "NODE_DATABASES": " ".join(deployment.heartbeat_database(e) for e in node_emails(project, identities)),
         "TTL_COLLECTION_GROUP": deployment.TTL_COLLECTION_GROUP, "TTL_FIELD": deployment.TTL_FIELD,
         "JOB_DOCUMENT_PATTERN": deployment.JOB_DOCUMENT_PATTERN, "JOB_CREATED_EVENT": deployment.JOB_CREATED_EVENT,
         "WHEEL": str(wheel), "WHEEL_URI": wheel_uri, "AGENT": str(agent), "AGENT_URI": agent_uri,
@@ -115,8 +116,8 @@ def function_env(project: str, region: str, node_emails: list[str], agent: str, 
 
 def bindings(project: str, bucket: str, slack_secret: str,
              identities: int = deployment.DEFAULT_NODE_IDENTITIES) -> list[tuple[str, str, str, str, str]]:
-    """(kind, resource, member, role, condition: a key of iam.CONDITIONS or None) for every binding made before the
-    functions exist. A node role is bound for each identity of the pool; the controller's act-as on each identity's
+    """(kind, resource, member, role, condition: "NAME" or "NAME@IDENTITY" (a key of iam.CONDITIONS, made for that
+    node identity) or "None") for every binding made before the functions exist. A node role is bound for each identity of the pool; the controller's act-as on each identity's
     account; a job-folder role by the controller at run time, not here."""
     sa = emails(project)
     nodes = node_emails(project, identities)
@@ -133,7 +134,8 @@ def bindings(project: str, bucket: str, slack_secret: str,
         if r.scope == "node-service-account":
             out += [("service-account", node, f"serviceAccount:{sa[r.member]}", role, condition) for node in nodes]
         elif r.member == "node":
-            out += [(*resource[r.scope], f"serviceAccount:{node}", role, condition) for node in nodes]
+            out += [(*resource[r.scope], f"serviceAccount:{node}", role,
+                     condition if r.condition is None else f"{r.condition}@{node}") for node in nodes]
         else:
             out.append((*resource[r.scope], f"serviceAccount:{sa[r.member]}", role, condition))
     for p in iam.load()["predefined"]:
@@ -195,9 +197,10 @@ def render(project: str, region: str, bucket: str, slack_secret: str, build_id: 
     rows = []
     for *binding, condition in bindings(project, bucket, slack_secret, identities):
         if condition != "None":
-            path = out / "conditions" / f"{condition}.yaml"
-            path.write_text(yaml.safe_dump(iam.CONDITIONS[condition](project, bucket).definition(), sort_keys=False))
-            condition = f"conditions/{condition}.yaml"  # under the build folder (deploy/lib.sh BUILD_DIR)
+            name, _, identity = condition.partition("@")
+            made = iam.CONDITIONS[name](project, bucket, identity or None)
+            condition = f"conditions/{name}-{identity.split('@')[0]}.yaml" if identity else f"conditions/{name}.yaml"
+            (out / condition).write_text(yaml.safe_dump(made.definition(), sort_keys=False))  # under BUILD_DIR
         rows.append("\t".join((*binding, condition)) + "\n")
     (out / "bindings.tsv").write_text("".join(rows))
     (out / "indexes.json").write_text(json.dumps(indexes(), indent=1))

@@ -111,16 +111,14 @@ class Clients:
 
         return self._get("firestore", build)
 
-    def nodes_firestore(self):
-        """The heartbeats' database (respawn.contract.NODES_DATABASE)."""
+    def nodes_firestore(self, database: str):
+        """A heartbeats' database (respawn.deployment.heartbeat_database)."""
         def build():
             from google.cloud import firestore
 
-            from respawn.contract import NODES_DATABASE
+            return firestore.Client(project=self.project, database=database)
 
-            return firestore.Client(project=self.project, database=NODES_DATABASE)
-
-        return self._get("nodes_firestore", build)
+        return self._get(f"nodes_firestore:{database}", build)
 
     def managed_folders(self):
         """Cloud Storage managed folders and their IAM policies (the JSON API: google-cloud-storage has no call for

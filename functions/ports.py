@@ -24,8 +24,9 @@ class ControlStore(Protocol):
         """(the job document, its version: what a commit is conditional on), or None when there is no such job."""
         ...
 
-    def heartbeat(self, node: str) -> dict[str, Any] | None:
-        """nodes/{node} as the agent wrote it, or None."""
+    def heartbeat(self, node: str, database: str) -> dict[str, Any] | None:
+        """nodes/{node} in `database` (deployment.heartbeat_database of the job's identity) as the agent wrote it,
+        or None."""
         ...
 
     def blocked(self, zones: Iterable[str], accelerator: str) -> Mapping[str, datetime]:
@@ -62,6 +63,10 @@ class ControlStore(Protocol):
 
     def release(self, identity: str, version: Any) -> bool:
         """End the lease iff it is still at `version`."""
+        ...
+
+    def identity_of(self, job_id: str) -> str | None:
+        """The node identity `job_id` holds, if any."""
         ...
 
 

@@ -35,7 +35,7 @@ from respawn.control.decide import Act, Action, Decision, NodeObs, Observation, 
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import ControlStore, FolderGrants, NodeProvider
 from respawn.control.settings import ControlSettings
-from respawn import contract, logs, topology
+from respawn import contract, deployment, logs, topology
 from respawn.schema import CONSOLE_TAIL_CHARS, Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
 
 
@@ -73,7 +73,6 @@ class Deps:
     @classmethod
     def default(cls, settings: ControlSettings | None = None) -> "Deps":
         """The production dependencies, configured by `settings` (default: read from the environment now)."""
-        from respawn import deployment
         from respawn.control import clients
         from respawn.control.adapters import pubsub
         from respawn.control.adapters.compute import ComputeProvider
@@ -85,7 +84,7 @@ class Deps:
         c = clients.default(s)
         providers = {"gpu": ComputeProvider(c, op_timeout=s.compute_op_timeout_seconds, nodes=s.nodes),
                      "tpu": TpuProvider(c, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes)}
-        return cls(store=Store(c.firestore(), c.nodes_firestore()), providers=providers,
+        return cls(store=Store(c.firestore(), c.nodes_firestore), providers=providers,
                    publish=lambda alert: pubsub.publish_alert(c, alert, topic=s.alerts_topic,
                                                               timeout=s.alert_publish_timeout_seconds),
                    project=c.project, startup_script=deployment.startup_script, config=Config.from_settings(s),
@@ -139,13 +138,15 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
     seen = None
     now = deps.now()
     consoles: dict[str, str | None] = {}
+    # The heartbeats are in the database of the identity the job holds: no other job's node can write there.
+    database = deployment.heartbeat_database(deps.store.identity_of(job_id) if deps.identities else None)
     if (spec is not None and spec.nodes > 1) or status.members:
-        seen = _observe_members(deps, job_id, kind, status, hint, hint_node, hint_at, now, consoles)
+        seen = _observe_members(deps, job_id, kind, status, hint, hint_node, hint_at, now, consoles, database)
     elif status.node and status.zone:
         provider = deps.providers[kind]
         raw = provider.get(status.zone, status.node)
         node = NodeObs(core.phase_of(kind, raw), raw)
-        heartbeat = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(status.node, w))
+        heartbeat = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(status.node, w), database)
                                           for w in range(_workers(spec))])
         if core.needs_console(status, node, heartbeat, deps.config.settings, now):
             consoles[status.node] = _console(deps, job_id, kind, status.zone, status.node)
@@ -172,7 +173,7 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
 
 def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint: str | None,
                      hint_node: str | None, hint_at: datetime | None, now: datetime,
-                     consoles: dict[str, str | None]) -> list[multinode.MemberObs]:
+                     consoles: dict[str, str | None], database: str) -> list[multinode.MemberObs]:
     """Each member slot's node as the API shows it, its heartbeat, its address once it runs (asked only until it
     is recorded), and the event's hint when the event named that node's current life; into `consoles`, the
     console of a member that decide may call a boot failure."""
@@ -188,7 +189,7 @@ def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint
         if phase is core.Phase.RUNNING and address is None:
             address = provider.address(m.zone, m.node)  # type: ignore[attr-defined]  # ports.MemberProvider
         current = hint_node == m.node and (hint_at is None or m.node_started_at is None or hint_at >= m.node_started_at)
-        heartbeat = _heartbeat(deps, job_id, contract.heartbeat_id(m.node, 0))
+        heartbeat = _heartbeat(deps, job_id, contract.heartbeat_id(m.node, 0), database)
         if core.needs_console(m, NodeObs(phase, raw), heartbeat, deps.config.settings, now):
             consoles[m.node] = _console(deps, job_id, kind, m.zone, m.node)
         seen.append(multinode.MemberObs(NodeObs(phase, raw), heartbeat, address, hint if current else None))
@@ -219,8 +220,8 @@ def _workers(spec: JobSpec | None) -> int:
         return 1
 
 
-def _heartbeat(deps: Deps, job_id: str, doc_id: str) -> Heartbeat | None:
-    hb = deps.store.heartbeat(doc_id)
+def _heartbeat(deps: Deps, job_id: str, doc_id: str, database: str) -> Heartbeat | None:
+    hb = deps.store.heartbeat(doc_id, database)
     if hb is None:
         return None
     try:

@@ -18,7 +18,7 @@ import signal
 import sys
 from typing import TextIO
 
-from respawn.contract import EXIT_CONFIG_ERROR
+from respawn.contract import EXIT_CONFIG_ERROR, NODES_DATABASE
 from respawn.logs import log
 
 from .config import ConfigError, load_config
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         log("ERROR", str(exc), attribute=exc.attribute, metadata=md.host,
             hint="the control plane sets respawn-* attributes when it creates the node; recreate the node")
         return EXIT_CONFIG_ERROR
-    agent = Agent(cfg, md, FirestoreWriter(cfg.project, md))
+    agent = Agent(cfg, md, FirestoreWriter(cfg.project, md,
+                                           database=cfg.settings.heartbeat_database or NODES_DATABASE))
     install_signal_handlers(agent)
     if early:
         agent.on_notice(early[0])

@@ -244,6 +244,9 @@ def _seconds(key: str, value: Any) -> float:
     return float(value)
 
 
+_DATABASE_ID = re.compile(r"^[a-z][a-z0-9-]{2,61}[a-z0-9]$")  # Firestore's rule for a named database's id
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     """What a node runs and how: metadata attribute ATTR_SETTINGS. The writer (to_json) and the validator
@@ -264,6 +267,9 @@ class NodeSettings:
     # publishes sweep_nudge(job) when its trainer or setup fails, so the controller acts now rather than at its next
     # scheduled sweep. None: no nudge (the scheduled sweep still finds the failure).
     sweep_topic: Optional[str] = None
+    # The Firestore database the agent writes its heartbeats to: the one its node identity alone may write
+    # (respawn.deployment.heartbeat_database). None: NODES_DATABASE (a deployment without node identities).
+    heartbeat_database: Optional[str] = None
 
     def __post_init__(self) -> None:
         command = self.command
@@ -293,6 +299,8 @@ class NodeSettings:
             raise SettingsError(f"interpreter must be a program name or path, got {self.interpreter!r}")
         if self.sweep_topic is not None:
             topic_path("project", self.sweep_topic)  # SettingsError naming what is wrong
+        if self.heartbeat_database is not None and not _DATABASE_ID.match(str(self.heartbeat_database)):
+            raise SettingsError(f"heartbeat_database must be a Firestore database id, got {self.heartbeat_database!r}")
 
     def to_json(self) -> str:
         body = asdict(self)

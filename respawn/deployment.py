@@ -6,8 +6,11 @@ variables), the functions and the CLI import them. Imports nothing beyond the st
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from respawn.contract import NODES_DATABASE
 
 # Pub/Sub topics.
 LOG_EVENTS_TOPIC = "respawn-log-events"  # fed by the Logging sink (audit system events)
@@ -30,7 +33,10 @@ TRIGGER_SA = "respawn-trigger"  # the identity Eventarc and Pub/Sub use to invok
 # read-only, its heartbeat database, and its job's other nodes (docs/architecture.md, "Isolation between jobs").
 NODE_SA = "respawn-node"  # the pool's name prefix
 DEFAULT_NODE_IDENTITIES = 8  # at most this many jobs run at once; the build's _NODE_IDENTITIES sets it
-MAX_NODE_IDENTITIES = 90  # a project holds 100 service accounts by default, 4 of them Respawn's own
+# A project holds 100 service accounts by default (3 are Respawn's own) and 100 Firestore databases (one per identity
+# for its heartbeats, and (default)).
+MAX_NODE_IDENTITIES = 90
+_NODE_IDENTITY = re.compile(rf"^{NODE_SA}-([1-9][0-9]*)@")
 
 
 
@@ -99,6 +105,13 @@ def node_identity(index: int) -> str:
 
 def node_identities(count: int) -> list[str]:
     return [node_identity(i) for i in range(1, count + 1)]
+
+
+def heartbeat_database(identity: str | None) -> str:
+    """The Firestore database the nodes running as `identity` (an email) write their heartbeats to, and only they:
+    respawn-nodes-K for the pool's K-th identity; NODES_DATABASE for any other (a deployment without a pool)."""
+    m = _NODE_IDENTITY.match(identity or "")
+    return f"{NODES_DATABASE}-{m.group(1)}" if m else NODES_DATABASE
 
 
 def node_firewall_rule(index: int) -> str:

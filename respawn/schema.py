@@ -441,7 +441,7 @@ def node_labels(spec: JobSpec, attempt: int, slot: int = 0) -> dict[str, str]:
 
 
 def node_settings(spec: JobSpec, *, heartbeat_seconds: float, notice_budget_seconds: float,
-                  sweep_topic: str | None) -> NodeSettings:
+                  sweep_topic: str | None, heartbeat_database: str | None = None) -> NodeSettings:
     return NodeSettings(
         command=tuple(spec.trainer.command),
         env=dict(spec.trainer.env),
@@ -453,20 +453,22 @@ def node_settings(spec: JobSpec, *, heartbeat_seconds: float, notice_budget_seco
         heartbeat_seconds=heartbeat_seconds,
         notice_budget_seconds=notice_budget_seconds,
         sweep_topic=sweep_topic,
+        heartbeat_database=heartbeat_database,
     )
 
 
 def node_metadata(spec: JobSpec, attempt: int, project: str, startup_script: str, *, agent: str | None,
                   library: str | None, heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
                   notice_budget_seconds: float = DEFAULT_NOTICE_BUDGET_SECONDS,
-                  sweep_topic: str | None = None) -> dict[str, str]:
+                  sweep_topic: str | None = None, heartbeat_database: str | None = None) -> dict[str, str]:
     items = {
         ATTR_STARTUP: startup_script,
         ATTR_JOB_ID: spec.id,
         ATTR_ATTEMPT: str(attempt),
         ATTR_PROJECT: project,
         ATTR_SETTINGS: node_settings(spec, heartbeat_seconds=heartbeat_seconds,
-                                     notice_budget_seconds=notice_budget_seconds, sweep_topic=sweep_topic).to_json(),
+                                     notice_budget_seconds=notice_budget_seconds, sweep_topic=sweep_topic,
+                                     heartbeat_database=heartbeat_database).to_json(),
     }
     # Always set by deploy/; local runs (sim/) may start the agent without the startup script.
     for attribute, artifact in ((ATTR_AGENT, agent), (ATTR_LIBRARY, library)):

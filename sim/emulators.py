@@ -160,11 +160,12 @@ def start_storage(bucket: str, timeout: float = 30, log_dir: Path | None = None)
     return _start("storage", argv, port, f"/storage/v1/b/{bucket}", timeout, log_dir)
 
 
-def reset_firestore(host: str, project: str) -> None:
-    """Delete every document in the emulator's databases Respawn uses for `project`: (default) and the nodes'."""
+def reset_firestore(host: str, project: str, databases: tuple[str, ...] = ()) -> None:
+    """Delete every document in the emulator's (default) database for `project`, the heartbeats' database of a
+    deployment without node identities, and `databases` (those of node identities)."""
     from respawn.contract import NODES_DATABASE
 
-    for database in ("(default)", NODES_DATABASE):
+    for database in ("(default)", NODES_DATABASE, *databases):
         req = urllib.request.Request(
             f"http://{host}/emulator/v1/projects/{project}/databases/{database}/documents", method="DELETE"
         )

@@ -157,11 +157,15 @@ class Controller:
         return sorted((s.to_dict() for s in snaps), key=lambda e: e["at"])
 
     def heartbeat(self, node: str, *, state: str = "training", step: int = 10, committed_step: int = 5,
-                  age: float = 0, worker: int = 0, **kw) -> None:
+                  age: float = 0, worker: int = 0, database: str | None = None, **kw) -> None:
         """Write nodes/{node} (a slice's other workers: nodes/{node}-w{worker}) as the agent does; `age` seconds
-        in the past (a node that went silent)."""
+        in the past (a node that went silent). `database`: another than the pool-less deployment's (a node
+        identity's, deployment.heartbeat_database)."""
+        from google.cloud import firestore
+
         job, _, attempt = node.rpartition("-")
-        self.nodes_db.collection(NODES).document(heartbeat_id(node, worker)).set({
+        db = self.nodes_db if database is None else firestore.Client(project=self.project, database=database)
+        db.collection(NODES).document(heartbeat_id(node, worker)).set({
             "job_id": job, "attempt": int(attempt), "worker": worker, "state": state, "step": step,
             "committed_step": committed_step, "heartbeat_at": datetime.now(timezone.utc) - timedelta(seconds=age),
             **kw})

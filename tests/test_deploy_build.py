@@ -238,13 +238,15 @@ def test_roles_and_bindings(deployed):
                     "checkpoint-bucket": ("storage buckets", f"gs://{BUCKET}")}
         own = f"serviceAccount:{deployment.service_account_email(getattr(deployment, role.member.upper() + '_SA'), PROJECT)}" \
             if role.member != "node" else None
-        condition = [iam.CONDITIONS[role.condition](PROJECT, BUCKET).expression] if role.condition else []
+        def condition(identity=None):
+            return [iam.CONDITIONS[role.condition](PROJECT, BUCKET, identity).expression] if role.condition else []
+
         if role.scope == "node-service-account":  # on each identity's own account, for the controller
             want = [["iam service-accounts", e.split("@")[0], own, b[3]] for e, b in zip(NODES, bound)]
-        elif role.member == "node":  # once for each identity of the pool, under the role's condition only
-            want = [[*expected[role.scope], f"serviceAccount:{e}", bound[0][3], *condition] for e in NODES]
+        elif role.member == "node":  # once for each identity of the pool, under its own condition only
+            want = [[*expected[role.scope], f"serviceAccount:{e}", bound[0][3], *condition(e)] for e in NODES]
         else:
-            want = [[*expected[role.scope], own, bound[0][3] if bound else None, *condition]]
+            want = [[*expected[role.scope], own, bound[0][3] if bound else None, *condition()]]
         assert sorted(bound) == sorted(want), f"{role.id} ({role.scope}): {bound}"
     # Nothing but Respawn's own roles and the listed predefined ones is ever granted.
     predefined = {p["role"] for p in iam.load()["predefined"]}
@@ -256,8 +258,13 @@ def test_roles_and_bindings(deployed):
 
 def test_the_nodes_database_and_the_firewall_rule(deployed):
     _, standin, run1, _ = deployed
-    argv = _one(run1, "firestore databases", "create", schema.NODES_DATABASE)
-    assert _flag(argv, "location") == ["nam5"]  # where (default) is
+    # One heartbeats' database per identity, where (default) is; the heartbeat grant of identity K names K's only.
+    for email in NODES:
+        argv = _one(run1, "firestore databases", "create", deployment.heartbeat_database(email))
+        assert _flag(argv, "location") == ["nam5"]
+        [binding] = [b for b in standin.state()["bindings"]
+                     if b[2] == f"serviceAccount:{email}" and b[3].endswith("/respawnNodeHeartbeat")]
+        assert binding[4] == f'resource.name == "projects/{PROJECT}/databases/{deployment.heartbeat_database(email)}"'
     # One ingress rule per identity, from it to itself: a job's nodes reach each other, not another job's.
     for i, node in enumerate(NODES, start=1):
         argv = _one(run1, "compute firewall-rules", "create", deployment.node_firewall_rule(i))

@@ -189,15 +189,18 @@ RELEASE = f"{OBJECT}{deployment.RELEASES_PREFIX}/build-7/respawn-agent-0.1.0.pyz
 WORKDIR = f"{OBJECT}{WORKDIRS_PREFIX}/sha256-{'a' * 64}.tar.gz"
 
 
-def test_a_node_writes_heartbeats_and_no_job_state():
+def test_a_node_writes_its_own_jobs_heartbeats_and_no_job_state():
+    own, other = (f"{DATABASE}{deployment.heartbeat_database(i)}" for i in (A, NODE_B))
     for perm in ("datastore.entities.create", "datastore.entities.update"):
-        assert POLICY.may(A, perm, f"{DATABASE}{NODES_DATABASE}")
+        assert POLICY.may(A, perm, own)
+        assert not POLICY.may(A, perm, other)  # another job's heartbeats: it cannot say that job's nodes are alive
+        assert not POLICY.may(A, perm, f"{DATABASE}{NODES_DATABASE}")  # nor the pool-less deployment's database
         # jobs/* (a new one makes the controller create paid VMs), their events, the leases, the capacity records
         assert not POLICY.may(A, perm, f"{DATABASE}(default)")
     assert not POLICY.may(A, "datastore.entities.get", f"{DATABASE}(default)")
-    assert not POLICY.may(A, "datastore.entities.delete", f"{DATABASE}{NODES_DATABASE}")
-    # The controller reads both.
-    assert POLICY.may("controller", "datastore.entities.get", f"{DATABASE}{NODES_DATABASE}")
+    assert not POLICY.may(A, "datastore.entities.delete", own)
+    # The controller reads them all.
+    assert POLICY.may("controller", "datastore.entities.get", other)
     assert POLICY.may("controller", "datastore.entities.update", f"{DATABASE}(default)")
 
 
@@ -239,7 +242,7 @@ def test_a_node_creates_no_vm_attaches_no_identity_and_publishes_no_alert():
 def test_each_condition_admits_what_its_expression_says():
     # The CEL is what IAM evaluates, `admits` what the tests above evaluate: both are made from the same names.
     for name, make in iam.CONDITIONS.items():
-        c = make(P, B)
+        c = make(P, B, A)
         quoted = re.findall(r'"([^"]+)"', c.expression)
         assert quoted, name
         for literal in quoted:

@@ -4,6 +4,8 @@ folders) and the Firestore emulator."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from functions_fixtures import controller, gpu_spec  # noqa: F401 - fixtures
@@ -16,7 +18,11 @@ ROLE_SUFFIX = f"/roles/{deployment.JOB_DATA_ROLE}"
 
 
 @pytest.fixture
-def pooled(controller, monkeypatch):
+def pooled(controller, monkeypatch, firestore_emulator):
+    from sim import emulators
+
+    emulators.reset_firestore(firestore_emulator, controller.project,
+                              tuple(deployment.heartbeat_database(i) for i in POOL))
     monkeypatch.setenv(deployment.ENV_NODE_IDENTITIES, ",".join(POOL))
     monkeypatch.setenv("RESPAWN_STORAGE_ENDPOINT", controller.sim.endpoint)
     return controller
@@ -72,3 +78,19 @@ def test_concurrent_deliveries_for_one_job_agree_on_one_identity(pooled):
     leases = [d.to_dict()["job_id"] for d in pooled.db.collection(IDENTITIES).stream()]
     assert leases == ["job-a"]
     assert len({n["service_account"] for n in pooled.live(job)}) == 1
+
+
+def test_a_jobs_heartbeats_are_read_from_its_identitys_database_alone(pooled):
+    a = _start(pooled, "job-a")
+    other = next(i for i in POOL if i != a)
+    st = pooled.status("job-a")
+    # The node's settings name its identity's database, where the agent writes.
+    [node] = pooled.live("job-a")
+    assert json.loads(node["attributes"]["respawn-settings"])["heartbeat_database"] == deployment.heartbeat_database(a)
+    # A heartbeat for job-a's node written where another identity's nodes write (a forgery) is not read.
+    pooled.heartbeat(st.node, step=70, committed_step=60, database=deployment.heartbeat_database(other))
+    assert pooled.sweep("job-a") == 200
+    assert pooled.status("job-a").last_committed_step is None
+    pooled.heartbeat(st.node, step=12, committed_step=10, database=deployment.heartbeat_database(a))
+    assert pooled.sweep("job-a") == 200
+    assert pooled.status("job-a").last_committed_step == 10

@@ -138,7 +138,8 @@ class ComputeProvider:
         if opts.external_ip:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         items = [compute_v1.Items(key=k, value=v)
-                 for k, v in nodespec.metadata(spec, attempt, self.project, startup_script, opts).items()]
+                 for k, v in nodespec.metadata(spec, attempt, self.project, startup_script, opts,
+                                               service_account).items()]
         return compute_v1.Instance(
             name=name,
             machine_type=f"zones/{zone}/machineTypes/{acc.machine_type}",

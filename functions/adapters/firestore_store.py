@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
-from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, CapacityRecord, JobEvent, State,
-                            capacity_doc_id)
+from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, NODES_DATABASE, CapacityRecord, JobEvent,
+                            State, capacity_doc_id)
 
 ACTIVE_STATES = [s.value for s in State if not s.terminal]
 
@@ -40,9 +40,9 @@ def _plain(value: Any) -> Any:
 
 
 class Store:
-    def __init__(self, db: firestore.Client, nodes_db: firestore.Client):
-        self.db = db  # jobs, their events, capacity records
-        self.nodes_db = nodes_db  # the heartbeats (NODES_DATABASE: the only database the nodes may write)
+    def __init__(self, db: firestore.Client, nodes_db: Callable[[str], firestore.Client]):
+        self.db = db  # jobs, their events, capacity records, node identity leases
+        self.nodes_db = nodes_db  # database id → its client: the heartbeats (deployment.heartbeat_database)
         self.reads = 0
         self.writes = 0
 
@@ -52,8 +52,8 @@ class Store:
         self.reads += 1
         return (snap.to_dict(), snap.update_time) if snap.exists else None
 
-    def heartbeat(self, node: str) -> dict[str, Any] | None:
-        snap = self.nodes_db.collection(NODES).document(node).get()
+    def heartbeat(self, node: str, database: str = NODES_DATABASE) -> dict[str, Any] | None:
+        snap = self.nodes_db(database).collection(NODES).document(node).get()
         self.reads += 1
         return snap.to_dict() if snap.exists else None
 
@@ -119,6 +119,12 @@ class Store:
         except (gexc.AlreadyExists, gexc.Conflict):
             return False
         return True
+
+    def identity_of(self, job_id: str) -> str | None:
+        """The node identity `job_id` holds, if any (one indexed query)."""
+        query = self.db.collection(IDENTITIES).where(filter=FieldFilter("job_id", "==", job_id)).limit(1)
+        snaps = self._counted(list(query.stream()))
+        return snaps[0].id if snaps else None
 
     def release(self, identity: str, version: Any) -> bool:
         """End the lease iff it is still the one read at `version`; False: it changed meanwhile."""

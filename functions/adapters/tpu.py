@@ -68,7 +68,7 @@ class TpuProvider:
             scheduling_config=tpu_v2.SchedulingConfig(spot=provisioning == "spot", preemptible=provisioning == "preemptible"),
             network_config=network,
             labels=nodespec.labels(spec, attempt),
-            metadata=nodespec.metadata(spec, attempt, self.project, startup_script, opts),
+            metadata=nodespec.metadata(spec, attempt, self.project, startup_script, opts, service_account),
         )
         if service_account:  # unset: the project's default compute service account
             node.service_account = tpu_v2.ServiceAccount(email=service_account, scope=SCOPES)
