@@ -1,5 +1,6 @@
 """Which service account a job's nodes run as: one identity of the deployment's pool (respawn.deployment
-NODE_IDENTITIES), leased to one job at a time, and granted that job's checkpoint folder only.
+node_identities, RESPAWN_NODE_IDENTITIES), leased to one job at a time, and granted that job's checkpoint folder
+only.
 
 A node can then read and write its own job's checkpoints and nothing of another job's (docs/architecture.md,
 "Isolation between jobs"). The lease is a document identities/{email} created atomically, so two jobs never hold one
@@ -30,10 +31,10 @@ def checkpoint_folder(spec: JobSpec) -> str | None:
 
 
 def identity_for(job_id: str, spec: JobSpec, pool: tuple[str, ...], store: ControlStore, grants: FolderGrants,
-                 nodes_left: Callable[[str, dict[str, Any] | None], bool]) -> str | None:
+                 nodes_left: Callable[[dict[str, Any] | None], bool]) -> str | None:
     """The identity the job's next node runs as, its folder granted; None when the deployment has no pool (local
-    runs: the project's default service account). `nodes_left(job_id, job document)`: whether any node of a
-    finished job still exists. Raises NoIdentity when every identity is held by a job still running."""
+    runs: the project's default service account). `nodes_left(job document)`: whether any node a finished job's
+    document names still exists. Raises NoIdentity when every identity is held by a job still running."""
     if not pool:
         return None
     folder = checkpoint_folder(spec)
@@ -70,13 +71,13 @@ def _granted(grants: FolderGrants, folder: str | None, identity: str) -> str:
     return identity
 
 
-def _over(store: ControlStore, job_id: str, nodes_left: Callable[[str, dict[str, Any] | None], bool]) -> bool:
+def _over(store: ControlStore, job_id: str, nodes_left: Callable[[dict[str, Any] | None], bool]) -> bool:
     """The job is gone or terminal, and none of its nodes exists."""
     found = store.job(job_id)
     doc = found[0] if found else None
     if doc is not None and not State(JobStatus.model_validate(doc.get("status") or {}).state).terminal:
         return False
-    return not nodes_left(job_id, doc)
+    return not nodes_left(doc)
 
 
 def known_nodes(doc: Mapping[str, Any] | None) -> list[tuple[str, str]]:

@@ -378,7 +378,7 @@ def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action, provid
     assert spec is not None  # decide only creates or starts for a valid spec
     if a.kind is Act.CREATE:
         identity = identities.identity_for(o.job_id, spec, deps.identities, deps.store, deps.grants,  # type: ignore[arg-type]
-                                           lambda job, doc: _nodes_left(deps, doc))
+                                           lambda doc: _nodes_left(deps, doc))
         created = provider.create(spec, a.zone, a.node, a.attempt, a.provisioning, deps.startup_script(),
                                   slot=a.slot or 0, service_account=identity)
         logs.info(f"{'created' if created else 'adopted existing'} {a.node} in {a.zone} ({a.provisioning})",

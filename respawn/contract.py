@@ -388,8 +388,9 @@ def read_status(path: str) -> Optional[Dict[str, Any]]:
 # ---- the node's name and its heartbeat (written by the agent, read by the control plane as respawn.schema.Heartbeat)
 
 NODES_COLLECTION = "nodes"  # nodes/{node_name(job, attempt)}: one heartbeat document per node
-# Heartbeats live in a Firestore database of their own: the nodes' identity may write there only (an IAM condition on
-# the database name, deploy/iam/permissions.yaml), never to the jobs the controller acts on.
+# Heartbeats live in Firestore databases of their own, never beside the jobs the controller acts on: one per node
+# identity, which alone may write there (respawn.deployment.heartbeat_database, named in NodeSettings), or this one
+# in a deployment without node identities (local runs).
 NODES_DATABASE = "respawn-nodes"
 # Node names are `{job}-{attempt}`; attempts up to 6 digits keep every node name within GCE/TPU's 63 characters.
 MAX_ATTEMPT = 999_999

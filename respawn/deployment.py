@@ -1,7 +1,7 @@
 """The names a Respawn deployment gives its Google Cloud resources, and the environment the functions get.
 
 The single definition: cloudbuild.yaml reads these (through `python -m deploy.render`, which writes them as shell
-variables), the functions and the CLI import them. Imports nothing beyond the standard library.
+variables), the functions and the CLI import them. Imports nothing beyond the standard library and the node contract.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SWEEP_MESSAGE = '{"task":"sweep"}'
 CONTROLLER_SA = "respawn-controller"  # runs on_job_created, on_log_event, on_sweep
 NOTIFIER_SA = "respawn-notifier"  # runs on_alert: reads the Slack secret, nothing else
 TRIGGER_SA = "respawn-trigger"  # the identity Eventarc and Pub/Sub use to invoke the functions
-# The nodes' identities: a pool of NODE_IDENTITIES service accounts respawn-node-1 … respawn-node-N, each leased to
+# The nodes' identities: a pool of service accounts respawn-node-1 … respawn-node-N (node_identities), each leased to
 # one job at a time (respawn.control.identities): a node can reach its own job's checkpoint folder only, the release
 # read-only, its heartbeat database, and its job's other nodes (docs/architecture.md, "Isolation between jobs").
 NODE_SA = "respawn-node"  # the pool's name prefix
@@ -37,8 +37,6 @@ DEFAULT_NODE_IDENTITIES = 8  # at most this many jobs run at once; the build's _
 # for its heartbeats, and (default)).
 MAX_NODE_IDENTITIES = 90
 _NODE_IDENTITY = re.compile(rf"^{NODE_SA}-([1-9][0-9]*)@")
-
-
 
 # The ingress rules that let a multi-node job's members reach each other (torchrun's rendezvous, NCCL, the JAX
 # coordinator): one per node identity, from it to itself, every protocol (node_firewall_rule), so the nodes of two
