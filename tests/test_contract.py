@@ -91,3 +91,13 @@ def test_contract_imports_only_the_standard_library_and_runs_on_the_oldest_node_
     out = subprocess.run([py39, "-I", "-c", code, str(ROOT / "respawn")], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_node_settings_name_a_heartbeat_database_or_leave_it_to_the_default():
+    base = {"command": ["python", "t.py"], "checkpoint_uri": "gs://b/j"}
+    assert NodeSettings(**base).heartbeat_database is None  # the agent writes to NODES_DATABASE
+    named = NodeSettings(**base, heartbeat_database="respawn-nodes-3")
+    assert NodeSettings.from_json(named.to_json()).heartbeat_database == "respawn-nodes-3"
+    for bad in ("(default)", "Respawn", "x", "respawn-nodes-", "a/b"):
+        with pytest.raises(SettingsError, match="heartbeat_database must be a Firestore database id"):
+            NodeSettings(**base, heartbeat_database=bad)
