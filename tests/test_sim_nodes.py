@@ -147,6 +147,11 @@ def test_tpu_node_boots_and_is_preempted(sim_factory):
     client.create_node(parent=parent, node_id="job-t-2", node=node).result(timeout=30)
     node_dir = sim.node_dir(TPU_ZONE, "job-t-2")
     info = boot_info(node_dir, sim=sim)
+    # The node's own metadata, and what Cloud TPU adds on every TPU VM, a single host included (gcp-facts §13).
+    assert {k: info["attributes"].pop(k) for k in ("agent-worker-number", "accelerator-type")} == {
+        "agent-worker-number": "0", "accelerator-type": "v5litepod-8"}
+    endpoints = info["attributes"].pop("worker-network-endpoints")
+    assert endpoints and "," not in endpoints  # one worker (its hostname or IP, in the sim's format)
     assert info["attributes"] == {"respawn-job": "job-t", "respawn-attempt": "2"}
     assert info["name"].startswith("t1v-n-") and info["name"].endswith("-w-0")
     sim.preempt(TPU_ZONE, "job-t-2")
