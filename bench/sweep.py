@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from bench.controller import (Cloud, LogCapture, STORM_ZONES, T4, captured_stdout, machine, parallel, percentile, say,

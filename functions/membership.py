@@ -2,8 +2,7 @@
 library, no I/O, no clock.
 
 A job has `spec.nodes` member slots, numbered 0..nodes-1, all in one zone. Slots 0..on_demand_nodes-1 are
-standard (on-demand) VMs, the rest take the spec's model (Spot or preemptible; standard after the on-demand
-fallback). A slot holds at most one node at a time: its replacement is created only once the old node is gone,
+standard (on-demand) VMs, the rest take the spec's model (Spot or preemptible). A slot holds at most one node at a time: its replacement is created only once the old node is gone,
 so a job never has more than `nodes` live nodes, nor two for one slot. Node names stay `{job}-{attempt}` with one
 attempt counter for the whole job (every create takes the next number), so a replacement always has a new name
 and one node is the N = 1 case of the same naming.
@@ -19,8 +18,9 @@ What happens when slots are empty (plan()):
 - every slot serves: run the generation of all of them (a new one when the members changed: a replacement joined);
 - an empty slot's replacement is on its way (created or booting): wait for it; the survivors hold;
 - the zone refused a replacement: continue with the survivors when they are at least `min_nodes` (a smaller
-  generation; the refused slots are retried), else move the whole job to the next zone of its list once its
-  newest committed step is in the remote store (a lost node's local disk is gone, and so will the survivors' be).
+  generation; the refused slots are retried), else move the whole job to the next zone of its list (members have
+  disks of their own, so the trainer commits a step only once every rank's files are in the remote store: the
+  newest committed step survives the move, docs/checkpoint.md).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from respawn.contract import Generation
 from respawn.schema import JobSpec
 
 
-def slot_provisioning(spec: JobSpec, slot: int, fallback: bool = False) -> str:
+def slot_provisioning(spec: JobSpec, slot: int) -> str:
     """The provisioning model of slot `slot`: standard for the first on_demand_nodes slots, else the spec's
-    model, or standard when the job fell back to on-demand capacity (placement.provisioning_model)."""
+    model."""
     if not 0 <= slot < spec.nodes:
         raise ValueError(f"slot {slot} is outside 0..{spec.nodes - 1}")
-    if slot < spec.on_demand_nodes or fallback:
+    if slot < spec.on_demand_nodes:
         return "standard"
     return spec.provisioning
 
@@ -76,48 +76,41 @@ class Step(str, enum.Enum):
     RUN = "run"  # train in `generation` (every slot, or the survivors of an elastic job)
     WAIT = "wait"  # a replacement is on its way; the survivors hold (generation: the last one, unchanged)
     MOVE = "move"  # fewer than min_nodes and the zone refused: the whole job goes to the next zone
-    HOLD_FOR_UPLOAD = "hold_for_upload"  # a move is due but the newest committed step is not remote yet
 
 
 @dataclass(frozen=True)
 class Plan:
     step: Step
     generation: Generation | None
-    fill: tuple[int, ...] = ()  # empty slots to (re)create in the job's zone now (not the refused ones)
     reason: str = ""
 
 
-def plan(spec: JobSpec, slots: Sequence[SlotView], previous: Generation | None, committed_remote: bool) -> Plan:
-    """What a multi-node job does with the slots as observed. `committed_remote`: the newest committed step is in
-    the remote store (a move deletes every node, local disks included)."""
+def plan(spec: JobSpec, slots: Sequence[SlotView], previous: Generation | None) -> Plan:
+    """What a multi-node job does with the slots as observed (which empty slot gets a node is multinode.decide's)."""
     if sorted(s.slot for s in slots) != list(range(spec.nodes)):
         raise ValueError(f"expected one view per slot 0..{spec.nodes - 1}, got slots {sorted(s.slot for s in slots)}")
     serving = [s for s in slots if s.serving]
     empty = [s for s in slots if not s.serving]
-    to_fill = tuple(s.slot for s in empty if s.node is None and not s.refused)
     if not empty:
         generation = form_generation(previous, serving)
         if generation is None:
-            return Plan(Step.WAIT, previous, (), "a member's address is not known yet")
-        return Plan(Step.RUN, generation, (), "every slot serves")
+            return Plan(Step.WAIT, previous, "a member's address is not known yet")
+        return Plan(Step.RUN, generation, "every slot serves")
     refused = [s for s in empty if s.refused]
     on_the_way = [s for s in empty if not s.refused]  # booting, or to be created now
     if not refused:
-        return Plan(Step.WAIT, previous, to_fill,
-                    f"waiting for slot(s) {', '.join(str(s.slot) for s in empty)} to serve")
+        return Plan(Step.WAIT, previous, f"waiting for slot(s) {', '.join(str(s.slot) for s in empty)} to serve")
     if len(serving) >= spec.min_nodes:
         generation = form_generation(previous, serving)
         if generation is None:
-            return Plan(Step.WAIT, previous, to_fill, "a survivor's address is not known yet")
-        return Plan(Step.RUN, generation, to_fill,
+            return Plan(Step.WAIT, previous, "a survivor's address is not known yet")
+        return Plan(Step.RUN, generation,
                     f"the zone refused slot(s) {', '.join(str(s.slot) for s in refused)}: continuing on "
                     f"{len(serving)} of {spec.nodes} nodes (min_nodes {spec.min_nodes}) and retrying")
     if len(serving) + len(on_the_way) >= spec.min_nodes:
-        return Plan(Step.WAIT, previous, to_fill,
+        return Plan(Step.WAIT, previous,
                     f"the zone refused slot(s) {', '.join(str(s.slot) for s in refused)}; waiting for slot(s) "
                     f"{', '.join(str(s.slot) for s in on_the_way)} to reach min_nodes {spec.min_nodes}")
-    why = (f"{len(serving)} of {spec.nodes} nodes serve, fewer than min_nodes {spec.min_nodes}, and the zone "
-           f"refused slot(s) {', '.join(str(s.slot) for s in refused)}")
-    if not committed_remote:
-        return Plan(Step.HOLD_FOR_UPLOAD, previous, (), why + ": moving once the newest checkpoint is remote")
-    return Plan(Step.MOVE, None, (), why + ": moving the job to the next zone")
+    return Plan(Step.MOVE, None,
+                f"{len(serving)} of {spec.nodes} nodes serve, fewer than min_nodes {spec.min_nodes}, and the zone "
+                f"refused slot(s) {', '.join(str(s.slot) for s in refused)}: moving the job to the next zone")

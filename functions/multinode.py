@@ -274,9 +274,7 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
                                  m.state is State.WAITING_FOR_CAPACITY)
              for i, (m, ob, hb) in enumerate(zip(members, seen, beats))]
     previous = generation(s)
-    # Members have disks of their own, so the trainer commits a step only once every rank's files are in the
-    # remote store (docs/checkpoint.md): a committed step is always remote.
-    p = membership.plan(spec, views, previous, committed_remote=True)
+    p = membership.plan(spec, views, previous)
     if p.step is membership.Step.MOVE:
         st = _upd(s, now, members=members, moving=True, state=State.PREEMPTED, message=p.reason,
                   tried_zones=[*s.tried_zones, *([s.zone] if s.zone else [])], recovering=True,
@@ -381,7 +379,6 @@ def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus],
     members train again in a new generation (the agents stop the trainers still running). Every trainer stopped by
     a notice (exit 75: the node survived it) is no crash; otherwise it is one failure (past max_failures the job
     fails). No backoff: no node is made, and max_failures bounds a trainer that crashes at every start."""
-    s, now = o.status, o.now
     crashed = [(n, hb) for n, hb in ended if _crashed(hb)]
     again = Generation(g.number + 1, g.members, g.master_addr)
     if not crashed:
@@ -461,13 +458,12 @@ def _unstick(o: Observation, spec: JobSpec, members: list[JobStatus], seen: Sequ
              beats: Sequence[Heartbeat | None], g: Generation, idle: float) -> Decision:
     """A stalled generation: replace the member cut off (its slot's node is lost as `unreachable`, a failure), or
     restart the generation when none is to blame (`trainer_stalled`, a failure too)."""
-    s, now = o.status, o.now
     blamed = cut_off(g, members, beats)
     if blamed:
         i = next(i for i, m in enumerate(members) if m.node == blamed[0])
         view = _slot_observation(o, spec, members, i, seen[i])
         d = core._lose(view, view.spec, beats[i], UNREACHABLE)
-        lifted = _lift(d, s, i, len(members))
+        lifted = _lift(d, o.status, i, len(members))
         return replace(lifted, details={**lifted.details, "stalled_seconds": round(idle, 1), "cut_off": blamed})
     d = _restart_failed(o, spec, members, g, STALLED,
                         f"generation {g.number} made no step for {idle:.0f} s while every member trains and beats")

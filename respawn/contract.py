@@ -185,12 +185,6 @@ def split_artifact(value: str) -> Tuple[str, str]:
     return uri, fragment
 
 
-# The two formats of ATTR_WORKER_ENDPOINTS (gcp-facts §13; JAX's Cloud TPU cluster detection,
-# jax/_src/clusters/cloud_tpu_cluster.py, reads both): each entry is a worker's hostname, or, in the older format, a
-# name:uid:IP triple whose third field is the address.
-ENDPOINTS_HOSTNAMES = "hostnames"
-ENDPOINTS_TRIPLES = "triples"
-ENDPOINT_FORMATS = (ENDPOINTS_HOSTNAMES, ENDPOINTS_TRIPLES)
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # RFC 1123: 1-63 characters
 
 
@@ -202,7 +196,8 @@ def _is_hostname(name: str) -> bool:
 def parse_worker_endpoints(value: str) -> List[str]:
     """ATTR_WORKER_ENDPOINTS → every worker's address, worker 0 first: a hostname or an IP address, either of which
     a trainer can connect to (the master address). Each comma-separated entry is a hostname or IP address (the
-    current format) or name:uid:IP (the older one; the IP is taken), as JAX reads it. Strict: ValueError naming the
+    current format) or name:uid:IP (the older one; the IP is taken), as JAX reads it (gcp-facts §13; the sim
+    serves both: sim.tpu.format_worker_endpoints). Strict: ValueError naming the
     entry when it is empty, has two or more than three fields, or its address is neither an IP address nor an
     RFC 1123 hostname."""
     addresses = []
@@ -222,16 +217,6 @@ def parse_worker_endpoints(value: str) -> List[str]:
                          f"worker 0 first, comma-separated, as hostnames (t1v-n-…-w-0,t1v-n-…-w-1,…) or as "
                          f"name:uid:IP triples (t1v-n-…-w-0:UID:10.0.0.2,…), got {value!r}")
     return addresses
-
-
-def format_worker_endpoints(workers: List[Tuple[str, str, str]], fmt: str) -> str:
-    """The ATTR_WORKER_ENDPOINTS value Cloud TPU writes for `workers`, (hostname, uid, IP) each, worker 0 first, in
-    `fmt` (one of ENDPOINT_FORMATS): what the sim serves."""
-    if fmt == ENDPOINTS_HOSTNAMES:
-        return ",".join(name for name, _, _ in workers)
-    if fmt == ENDPOINTS_TRIPLES:
-        return ",".join(f"{name}:{uid}:{ip}" for name, uid, ip in workers)
-    raise ValueError(f"worker endpoint format must be one of {', '.join(ENDPOINT_FORMATS)}, got {fmt!r}")
 
 
 class SettingsError(ValueError):

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from respawn import contract
 from sim.capacity import Timeline
 from sim.compute import ComputeService
 from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
@@ -29,7 +28,7 @@ from sim.metadata import MetadataServer
 from sim.netns import Host, Network
 from sim.nodes import NodeRuntime
 from sim.storage_folders import StorageFolders
-from sim.tpu import TpuService
+from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES, TpuService
 
 LABEL_JOB = "respawn-job"
 
@@ -52,7 +51,7 @@ class SimServer:
         metadata_op_delay: float | None = None,
         network: str = "loopback",
         metadata_servers: bool = True,
-        tpu_endpoints: str = contract.ENDPOINTS_HOSTNAMES,
+        tpu_endpoints: str = ENDPOINTS_HOSTNAMES,
     ) -> None:
         """
         notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
@@ -72,15 +71,15 @@ class SimServer:
             and partition() can cut it off from its peers alone.
         metadata_servers: False boots nodes with no metadata server (and so no boot_command): a node is then only
             its API resource, for benchmarks of thousands of nodes (each server is a thread and a port).
-        tpu_endpoints: the format of a TPU worker's `worker-network-endpoints` (contract.ENDPOINT_FORMATS): the
+        tpu_endpoints: the format of a TPU worker's `worker-network-endpoints` (sim.tpu.ENDPOINT_FORMATS): the
             workers' hostnames (default, the newer format) or name:uid:IP triples (sim/tpu.py).
         """
         if not metadata_servers and boot_command:
             raise ValueError("metadata_servers=False boots no guest: it takes no boot_command")
         if network not in ("loopback", "netns"):
             raise ValueError(f"network must be 'loopback' or 'netns', not {network!r}")
-        if tpu_endpoints not in contract.ENDPOINT_FORMATS:
-            raise ValueError(f"tpu_endpoints must be one of {contract.ENDPOINT_FORMATS}, not {tpu_endpoints!r}")
+        if tpu_endpoints not in ENDPOINT_FORMATS:
+            raise ValueError(f"tpu_endpoints must be one of {ENDPOINT_FORMATS}, not {tpu_endpoints!r}")
         if audit_timing not in ("start", "end"):
             raise ValueError(f"audit_timing must be 'start' or 'end', not {audit_timing!r}")
         self.project = project

@@ -41,6 +41,21 @@ if TYPE_CHECKING:
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 LIVE = ("CREATING", "READY", "DELETING")
+# The two formats of contract.ATTR_WORKER_ENDPOINTS Cloud TPU serves (gcp-facts §13): each entry a worker's hostname,
+# or, in the older format, a name:uid:IP triple whose third field is the address.
+ENDPOINTS_HOSTNAMES = "hostnames"
+ENDPOINTS_TRIPLES = "triples"
+ENDPOINT_FORMATS = (ENDPOINTS_HOSTNAMES, ENDPOINTS_TRIPLES)
+
+
+def format_worker_endpoints(workers: list[tuple[str, str, str]], fmt: str) -> str:
+    """The worker-network-endpoints value for `workers`, (hostname, uid, IP) each, worker 0 first, in `fmt` (one of
+    ENDPOINT_FORMATS)."""
+    if fmt == ENDPOINTS_HOSTNAMES:
+        return ",".join(name for name, _, _ in workers)
+    if fmt == ENDPOINTS_TRIPLES:
+        return ",".join(f"{name}:{uid}:{ip}" for name, uid, ip in workers)
+    raise ValueError(f"worker endpoint format must be one of {', '.join(ENDPOINT_FORMATS)}, got {fmt!r}")
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 ENDPOINT_PORT = 8470  # what the real API lists for every worker
@@ -198,8 +213,8 @@ class TpuService:
             worker_ids = [str(self._ids.randrange(10**18, 10**19)) for _ in range(hosts)]
             addresses, vms = map(list, zip(*self.sim.new_hosts(node_id, hosts, workers)))
             fmt = self.sim.tpu_endpoints
-            names = workers if self.sim.network is not None or fmt == contract.ENDPOINTS_TRIPLES else addresses
-            endpoints = contract.format_worker_endpoints(list(zip(names, worker_ids, addresses)), fmt)
+            names = workers if self.sim.network is not None or fmt == ENDPOINTS_TRIPLES else addresses
+            endpoints = format_worker_endpoints(list(zip(names, worker_ids, addresses)), fmt)
             record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.sim.now())
             runtimes = []
             for w in range(hosts):

@@ -207,7 +207,8 @@ def test_malformed_worker_attributes_name_the_attribute_and_value(worker, endpoi
 
 
 def test_heartbeat_document_per_worker():
-    from respawn.contract import format_worker_endpoints, heartbeat_id, node_name, parse_worker_endpoints
+    from respawn.contract import heartbeat_id, node_name, parse_worker_endpoints
+    from sim.tpu import format_worker_endpoints
 
     node = node_name("llm", 12)
     assert heartbeat_id(node) == heartbeat_id(node, 0) == "llm-12"  # single hosts keep nodes/{node}

@@ -7,7 +7,6 @@ that make recovery safe (never create while a node exists, never act on a finish
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import get_args

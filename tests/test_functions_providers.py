@@ -9,7 +9,6 @@ import sys
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import compute_v1, tpu_v2
 
 from respawn.control import clients as factory
 from respawn.control.adapters.compute import ComputeProvider

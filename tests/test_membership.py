@@ -35,10 +35,9 @@ def empty(slot, refused=False):
     return SlotView(slot, None, False, refused=refused)
 
 
-def test_slot_models_put_the_on_demand_nodes_first_and_follow_the_fallback():
+def test_slot_models_put_the_on_demand_nodes_first():
     assert [slot_provisioning(HYBRID, s) for s in range(3)] == ["standard", "spot", "spot"]
     assert [slot_provisioning(ELASTIC, s) for s in range(3)] == ["spot"] * 3
-    assert slot_provisioning(ELASTIC, 2, fallback=True) == "standard"
     with pytest.raises(ValueError, match="slot 3 is outside 0..2"):
         slot_provisioning(HYBRID, 3)
 
@@ -78,39 +77,34 @@ def test_no_generation_until_every_member_has_an_address():
 FIRST = Generation(1, ("job-1", "job-2", "job-3"), "10.0.0.10")
 
 
-@pytest.mark.parametrize("name, job, slots, remote, step, members, fill", [
-    ("all serve", HYBRID, [serving(0), serving(1), serving(2)], True, Step.RUN, ("job-1", "job-2", "job-3"), ()),
-    ("one lost, slot empty: replace it alone", HYBRID, [serving(0), empty(1), serving(2)], True,
-     Step.WAIT, ("job-1", "job-2", "job-3"), (1,)),
-    ("replacement booting: wait, create nothing", HYBRID, [serving(0), booting(1), serving(2)], True,
-     Step.WAIT, ("job-1", "job-2", "job-3"), ()),
-    ("lost node not yet deleted: nothing to create for its slot", HYBRID,
-     [serving(0), SlotView(1, "job-2", False), serving(2)], True, Step.WAIT, ("job-1", "job-2", "job-3"), ()),
+@pytest.mark.parametrize("name, job, slots, step, members", [
+    ("all serve", HYBRID, [serving(0), serving(1), serving(2)], Step.RUN, ("job-1", "job-2", "job-3")),
+    ("one lost, slot empty: wait for its replacement", HYBRID, [serving(0), empty(1), serving(2)],
+     Step.WAIT, ("job-1", "job-2", "job-3")),
+    ("replacement booting: wait", HYBRID, [serving(0), booting(1), serving(2)], Step.WAIT, ("job-1", "job-2", "job-3")),
+    ("lost node not yet deleted: wait", HYBRID, [serving(0), SlotView(1, "job-2", False), serving(2)],
+     Step.WAIT, ("job-1", "job-2", "job-3")),
     ("refused, survivors >= min_nodes: continue on 2 of 3", ELASTIC, [serving(0), empty(1, refused=True), serving(2)],
-     True, Step.RUN, ("job-1", "job-3"), ()),
-    ("refused, survivors < min_nodes: move", HYBRID, [serving(0), empty(1, refused=True), serving(2)], True,
-     Step.MOVE, None, ()),
-    ("refused, survivors < min_nodes, checkpoint local only: hold", HYBRID,
-     [serving(0), empty(1, refused=True), serving(2)], False, Step.HOLD_FOR_UPLOAD, ("job-1", "job-2", "job-3"), ()),
+     Step.RUN, ("job-1", "job-3")),
+    ("refused, survivors < min_nodes: move", HYBRID, [serving(0), empty(1, refused=True), serving(2)],
+     Step.MOVE, None),
     ("refused, one serving + one booting reach min_nodes 2: wait", ELASTIC,
-     [serving(0), empty(1, refused=True), booting(2)], True, Step.WAIT, ("job-1", "job-2", "job-3"), ()),
-    ("refused, one serving + one empty to fill reach min_nodes 2: wait and fill", ELASTIC,
-     [serving(0), empty(1, refused=True), empty(2)], True, Step.WAIT, ("job-1", "job-2", "job-3"), (2,)),
+     [serving(0), empty(1, refused=True), booting(2)], Step.WAIT, ("job-1", "job-2", "job-3")),
+    ("refused, one serving + one empty on the way reach min_nodes 2: wait", ELASTIC,
+     [serving(0), empty(1, refused=True), empty(2)], Step.WAIT, ("job-1", "job-2", "job-3")),
     ("two refused, one serving < min_nodes 2: move", ELASTIC,
-     [serving(0), empty(1, refused=True), empty(2, refused=True)], True, Step.MOVE, None, ()),
+     [serving(0), empty(1, refused=True), empty(2, refused=True)], Step.MOVE, None),
     ("elastic job grows back when the replacement serves", ELASTIC,
-     [serving(0), serving(1, node="job-4"), serving(2)], True, Step.RUN, ("job-1", "job-4", "job-3"), ()),
+     [serving(0), serving(1, node="job-4"), serving(2)], Step.RUN, ("job-1", "job-4", "job-3")),
 ])
-def test_plan(name, job, slots, remote, step, members, fill):
-    got = plan(job, slots, FIRST, committed_remote=remote)
+def test_plan(name, job, slots, step, members):
+    got = plan(job, slots, FIRST)
     assert got.step is step, (name, got)
     assert (got.generation.members if got.generation else None) == members, (name, got)
-    assert got.fill == fill, (name, got)
     assert got.reason
 
 
-def test_plan_never_creates_more_than_one_node_per_slot_nor_more_than_nodes():
-    # Whatever the views, the slots to fill are empty ones, each once: with the live ones, never more than nodes.
+def test_a_planned_generation_holds_serving_nodes_only_and_at_least_min_nodes():
     import itertools
 
     kinds = [lambda s: serving(s), lambda s: booting(s), lambda s: empty(s), lambda s: empty(s, refused=True),
@@ -118,11 +112,7 @@ def test_plan_never_creates_more_than_one_node_per_slot_nor_more_than_nodes():
     for job in (HYBRID, ELASTIC):
         for combo in itertools.product(range(len(kinds)), repeat=3):
             slots = [kinds[k](s) for s, k in enumerate(combo)]
-            got = plan(job, slots, FIRST, committed_remote=True)
-            live = [s for s in slots if s.node is not None]
-            assert len(set(got.fill)) == len(got.fill)
-            assert all(slots[f].node is None and not slots[f].refused for f in got.fill)
-            assert len(live) + len(got.fill) <= job.nodes
+            got = plan(job, slots, FIRST)
             if got.step is Step.RUN:
                 assert got.generation.world_size >= job.min_nodes
                 assert set(got.generation.members) <= {s.node for s in slots if s.serving}
@@ -130,4 +120,4 @@ def test_plan_never_creates_more_than_one_node_per_slot_nor_more_than_nodes():
 
 def test_plan_wants_one_view_per_slot():
     with pytest.raises(ValueError, match="one view per slot 0..2"):
-        plan(HYBRID, [serving(0), serving(1)], FIRST, committed_remote=True)
+        plan(HYBRID, [serving(0), serving(1)], FIRST)

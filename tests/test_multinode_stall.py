@@ -12,7 +12,7 @@ import pytest
 from respawn.control import multinode
 from respawn.control.decide import Act, Settings
 from respawn.control.multinode import MemberObs
-from respawn.schema import JobStatus, State
+from respawn.schema import State
 from test_multinode_table import GEN1, NOW, RUNNING, beat, observe, running_job
 
 TIMEOUT = 60.0

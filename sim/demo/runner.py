@@ -30,6 +30,7 @@ from sim import emulators, netns, node_image
 from sim.demo.scenario import Preemption, Scenario
 from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, progress_series, summarize, workers_seen
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
+from sim.tpu import ENDPOINTS_HOSTNAMES
 
 PROJECT = "respawn-demo"
 REPO = Path(__file__).resolve().parents[2]
@@ -240,7 +241,7 @@ class DemoRun:
             names = ("the workers' hostnames" if why_not is None else "the workers' addresses (a hostname cannot be "
                      "made to resolve on a shared network)")
             self.say(f"TPU workers' worker-network-endpoints: {sc.tpu_endpoints}, "
-                     + (names if sc.tpu_endpoints == contract.ENDPOINTS_HOSTNAMES else "name:uid:IP"))
+                     + (names if sc.tpu_endpoints == ENDPOINTS_HOSTNAMES else "name:uid:IP"))
         self.sim = SimServer(PROJECT, notice_seconds=sc.notice_seconds, op_delay=0.3,
                              boot_command=boot_command, node_env=node_env, network="loopback" if why_not else "netns",
                              nodes_root=self.out / "nodes", audit_sink=self.router,

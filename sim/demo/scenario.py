@@ -12,8 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from respawn.contract import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES
 from respawn.schema import State, error_lines
+from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES
 
 DEFAULT_ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
 
