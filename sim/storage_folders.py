@@ -20,8 +20,20 @@ class StorageFolders:
         self.sim = sim
         self._lock = threading.Lock()
         self.folders: dict[tuple[str, str], dict] = {}  # (bucket, folder name "a/b/") → {"policy": {...}, "etag": n}
+        self.forbidden: set[str] = set()  # buckets the controller holds no grant on (forbid())
+
+    def forbid(self, bucket: str) -> None:
+        """Answer every call on `bucket` as Cloud Storage answers a caller without the permission (403)."""
+        self.forbidden.add(bucket)
+
+    def _check(self, bucket: str, permission: str) -> None:
+        if bucket in self.forbidden:
+            raise compute_error(403, "forbidden", f"respawn-controller@sim.iam.gserviceaccount.com does not have "
+                                                  f"{permission} access to the Google Cloud Storage bucket. "
+                                                  "Permission denied on resource (or it may not exist).")
 
     def insert(self, bucket: str, name: str) -> dict:
+        self._check(bucket, "storage.managedFolders.create")
         if not name.endswith("/") or name.startswith("/"):
             raise compute_error(400, "invalid", f"Invalid managed folder name {name!r}: a path ending in /")
         with self._lock:
@@ -38,6 +50,7 @@ class StorageFolders:
         return folder
 
     def get_policy(self, bucket: str, name: str) -> dict:
+        self._check(bucket, "storage.managedFolders.getIamPolicy")
         with self._lock:
             folder = self._get(bucket, name)
             return {"kind": "storage#policy", "resourceId": f"projects/_/buckets/{bucket}/managedFolders/{name}",
@@ -45,6 +58,7 @@ class StorageFolders:
                     "etag": _etag(folder["etag"]), "version": 1}
 
     def set_policy(self, bucket: str, name: str, policy: dict) -> dict:
+        self._check(bucket, "storage.managedFolders.setIamPolicy")
         with self._lock:
             folder = self._get(bucket, name)
             if policy.get("etag") not in (None, _etag(folder["etag"])):

@@ -94,3 +94,12 @@ def test_a_jobs_heartbeats_are_read_from_its_identitys_database_alone(pooled):
     pooled.heartbeat(st.node, step=12, committed_step=10, database=deployment.heartbeat_database(a))
     assert pooled.sweep("job-a") == 200
     assert pooled.status("job-a").last_committed_step == 10
+
+
+def test_a_checkpoint_bucket_the_controller_may_not_grant_fails_the_job_naming_it(pooled):
+    pooled.sim.storage_folders.forbid("other-team")
+    job = pooled.register(gpu_spec("job-x", checkpoint_uri="gs://other-team/runs/x"))
+    assert pooled.job_created(job) == 200
+    st = pooled.wait_state(job, "FAILED")
+    assert "other-team" in st.message and "storage.managedFolders.create" in st.message, st.message
+    assert pooled.sim.max_live(job) == 0  # no node ever ran without its folder
