@@ -97,17 +97,6 @@ class Result:
     found: bool = True  # False: no such job (the event was about a node no job owns)
 
 
-# Crash injection for the tests of "a function dies between recording and acting": called with
-# ("after_record", job_id, action) once a decision is committed and before its side effect, and with
-# ("after_create", job_id, action) once a create returned and before its outcome is recorded. None in production.
-fault_hook: Callable[[str, str, Any], None] | None = None
-
-
-def _fault(point: str, job_id: str, action: Any) -> None:
-    if fault_hook is not None:
-        fault_hook(point, job_id, action)
-
-
 def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
             hint_at: datetime | None = None, image_checks: dict[str, ImageCheck | None] | None = None,
             ) -> tuple[Observation, JobSpec | None, Any, list[multinode.MemberObs] | None] | None:
@@ -306,7 +295,6 @@ def _reconcile(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
                           node=d.status.node, zone=d.status.zone, attempt=d.status.attempt, action=d.action.kind.value)
         a = d.action
         if a.kind in (Act.CREATE, Act.START, Act.DELETE, Act.SET_GENERATION):
-            _fault("after_record", job_id, a)
             hint = None  # the event described the node before this action; from here on only observation counts
             _act(deps, o, spec, d)
         if d.alert is not None:
@@ -338,9 +326,6 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         outcome = _perform(deps, o, spec, a, provider)
     except Exception as exc:  # noqa: BLE001 - classified; what the policy says to retry is re-raised below
         error, outcome = exc, core.Outcome.of(placement.classify(exc))
-    else:
-        if a.kind is Act.CREATE:
-            _fault("after_create", o.job_id, a)
     f = core.followup(spec, a, outcome, deps.now())
     if f.propagate and error is not None:
         raise error

@@ -105,11 +105,18 @@ def make_handler(sim: "SimServer"):
                     msg = f"The sim serves project '{sim.project}' only"
                     raise compute_error(404, "notFound", msg) if handler.startswith("c_") else rpc_error(403, msg)
                 fault = FAULT_NAMES.get(handler)
-                if fault and sim.take_api_fault(fault):
+                node = args.get("name") or body.get("name") or query.get("nodeId")
+                injected = None
+                if fault and sim.take_api_fault(fault, node):
                     status = sim.api_faults["status"]
-                    raise (compute_error(status, "backendError", "Internal error. Please try again or contact Google Support.")
-                           if handler.startswith("c_") else rpc_error(status, "The service is currently unavailable."))
+                    injected = (compute_error(status, "backendError", "Internal error. Please try again or contact "
+                                                                      "Google Support.")
+                                if handler.startswith("c_") else rpc_error(status, "The service is currently unavailable."))
+                    if not sim.api_faults["after"]:
+                        raise injected
                 status, result = 200, getattr(self, handler)(body=body, query=query, **args)
+                if injected is not None:
+                    raise injected
             except ApiError as exc:
                 status, result = exc.status, exc.body
             except SimError as exc:
@@ -257,7 +264,8 @@ def make_handler(sim: "SimServer"):
 
         def s_faults(self, body, query):
             sim.set_api_faults(rate=float(body.get("rate", 0.0)), count=int(body.get("count", 0)),
-                               status=int(body.get("status", 503)), methods=tuple(body.get("methods", ("insert", "create"))))
+                               status=int(body.get("status", 503)), methods=tuple(body.get("methods", ("insert", "create"))),
+                               nodes=tuple(body.get("nodes", ())), after=bool(body.get("after", False)))
             return {}
 
     return Handler

@@ -103,7 +103,7 @@ class SimServer:
         self.quota = Timeline()
         self.records: list[NodeRecord] = []
         self.audit_log: list[dict] = []
-        self.api_faults = {"rate": 0.0, "count": 0, "status": 503, "methods": ()}
+        self.api_faults = {"rate": 0.0, "count": 0, "status": 503, "methods": (), "nodes": (), "after": False}
         self._held: dict[str, list[tuple[float, Any, tuple]]] = {}  # zone → its operations' steps waiting
         self._rng = random.Random(seed)
         self.addresses = NodeAddresses()
@@ -210,10 +210,10 @@ class SimServer:
                 return
         self.scheduler.call_later(delay, fn, *args)
 
-    def take_api_fault(self, method: str) -> bool:
+    def take_api_fault(self, method: str, node: str | None = None) -> bool:
         with self.cond:
             f = self.api_faults
-            if method not in f["methods"]:
+            if method not in f["methods"] or (f["nodes"] and node not in f["nodes"]):
                 return False
             if f["count"] > 0:
                 f["count"] -= 1
@@ -241,11 +241,15 @@ class SimServer:
         self.quota.set(region, accelerator_type, limit, self.now() if at is None else float(at), provisioning_model)
 
     def set_api_faults(self, rate: float = 0.0, count: int = 0, status: int = 503,
-                       methods: tuple[str, ...] = ("insert", "create")) -> None:
+                       methods: tuple[str, ...] = ("insert", "create"), nodes: tuple[str, ...] = (),
+                       after: bool = False) -> None:
         """Answer API calls with HTTP `status` itself (not inside an operation): the next `count` calls, then a
-        `rate` fraction. methods: insert, delete, start, stop, get, list (Compute); create, delete, get, list (TPU)."""
+        `rate` fraction. methods: insert, delete, start, stop, get, list (Compute); create, delete, get, list (TPU).
+        `nodes`: only calls about these node names. `after`: the call is carried out first and its answer lost (the
+        caller sees the error, the node exists): a controller that dies right after its call."""
         with self.cond:
-            self.api_faults = {"rate": rate, "count": count, "status": status, "methods": tuple(methods)}
+            self.api_faults = {"rate": rate, "count": count, "status": status, "methods": tuple(methods),
+                               "nodes": tuple(nodes), "after": after}
 
     def hold_operations(self, zone: str) -> None:
         """Create and start operations in `zone` (Compute and TPU) stop where they are: the node stays PROVISIONING

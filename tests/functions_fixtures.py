@@ -245,6 +245,3 @@ def controller(monkeypatch, firestore_db, nodes_db, pubsub_emulator, project, si
     ctl = Controller(project, firestore_db, nodes_db, sim_server, sub, sweep_topic)
     yield ctl
     ctl.sweep_relay.close()
-    from respawn.control import reconcile
-
-    reconcile.fault_hook = None

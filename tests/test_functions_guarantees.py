@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from respawn.control import reconcile
 from functions_fixtures import ZONES, controller, gpu_spec, tpu_spec  # noqa: F401
 from sim_fixtures import sim_factory, sim_server  # noqa: F401
 
@@ -46,20 +45,15 @@ def test_preemption_event_delivered_three_times_concurrently_recovers_once(contr
     assert [a["type"] for a in controller.alerts(want=1)] == ["recovered"]
 
 
-def _crash_once(point):
-    crashed = []
-
-    def hook(where, job_id, action):
-        if where == point and not crashed:
-            crashed.append(action)
-            raise RuntimeError(f"injected crash {where}")
-
-    return hook, crashed
+def _crash_once(controller, node: str, *, after_the_call: bool) -> None:
+    """The function dies once at its create of `node`: before the call reached Compute Engine, or after Compute
+    Engine carried it out (the reply lost). Injected in the dependency (the sim's API), not in the function."""
+    controller.sim.set_api_faults(count=1, methods=("insert",), nodes=(node,), after=after_the_call)
 
 
 def test_crash_between_record_and_create_is_retried_without_harm(controller):
     job = controller.register(gpu_spec("crash1"))
-    reconcile.fault_hook, crashed = _crash_once("after_record")
+    _crash_once(controller, "crash1-1", after_the_call=False)
     assert controller.job_created(job) == 500  # the platform sees a failure and redelivers
     st = controller.status(job)
     assert (st.state.value, st.attempt, st.create_state) == ("PROVISIONING", 1, "pending")
@@ -71,7 +65,7 @@ def test_crash_between_record_and_create_is_retried_without_harm(controller):
 
 def test_crash_after_create_meets_409_on_retry_and_adopts_the_node(controller):
     job = controller.register(gpu_spec("crash2"))
-    reconcile.fault_hook, crashed = _crash_once("after_create")
+    _crash_once(controller, "crash2-1", after_the_call=True)
     assert controller.job_created(job) == 500
     assert controller.status(job).create_state == "pending"  # the outcome was never recorded
     assert [n["name"] for n in controller.live(job)] == ["crash2-1"]
@@ -84,7 +78,7 @@ def test_crash_after_create_meets_409_on_retry_and_adopts_the_node(controller):
 def test_crash_after_create_then_sweep_adopts_via_409_as_well(controller):
     # The retried create is what meets 409: make the node exist but the status still say "pending".
     job = controller.register(gpu_spec("crash3"))
-    reconcile.fault_hook, _ = _crash_once("after_create")
+    _crash_once(controller, "crash3-1", after_the_call=True)
     assert controller.job_created(job) == 500
     assert controller.sweep() == 200
     st = controller.wait_state(job, "RUNNING")
@@ -164,9 +158,8 @@ def test_crash_between_recording_a_restart_in_place_and_starting_it(controller):
     job, st = _running(controller, gpu_spec("crash4"))
     controller.sim.preempt(st.zone, st.node)
     entry = controller.wait_system_event(st.node)
-    reconcile.fault_hook, crashed = _crash_once("after_record")
+    controller.sim.set_api_faults(count=1, methods=("start",), nodes=(st.node,))  # dies as it starts the node
     assert controller.log_event(entry) == 500
-    assert crashed[0].kind.value == "start"
     mid = controller.status(job)
     assert (mid.state.value, mid.create_state, mid.restarts) == ("PROVISIONING", "starting", 1)
     assert controller.log_event(entry) == 200

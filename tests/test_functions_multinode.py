@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 from respawn.contract import ATTR_GENERATION, LABEL_SLOT
-from respawn.control import reconcile
 from functions_fixtures import T4, ZONES, controller, gpu_spec  # noqa: F401
 from sim_fixtures import sim_factory, sim_server  # noqa: F401
 
@@ -201,14 +200,7 @@ def test_a_crash_in_every_member_restarts_the_generation_and_counts(controller):
 
 def test_crash_between_recording_a_member_and_creating_it_makes_no_second_node(controller):
     job = controller.register(_spec("crm", nodes=2))
-    crashed = []
-
-    def hook(where, job_id, action):
-        if where == "after_record" and action.slot == 1 and not crashed:
-            crashed.append(action)
-            raise RuntimeError("injected crash")
-
-    reconcile.fault_hook = hook
+    controller.sim.set_api_faults(count=1, methods=("insert",), nodes=("crm-2",))  # slot 1's create dies
     assert controller.job_created(job) == 500
     assert controller.job_created(job) == 200  # the redelivery re-issues the same create
     _swept_until(controller, lambda: len(controller.live(job)) == 2, timeout=30,
@@ -246,14 +238,7 @@ def test_a_dropped_event_is_caught_by_the_sweep_and_the_member_replaced(controll
 
 def test_crash_after_a_member_create_adopts_it_through_409(controller):
     job = controller.register(_spec("c409", nodes=2))
-    crashed = []
-
-    def hook(where, job_id, action):
-        if where == "after_create" and action.slot == 1 and not crashed:
-            crashed.append(action)
-            raise RuntimeError("injected crash")
-
-    reconcile.fault_hook = hook
+    controller.sim.set_api_faults(count=1, methods=("insert",), nodes=("c409-2",), after=True)  # the reply is lost
     assert controller.job_created(job) == 500  # slot 1's VM exists, its outcome was never recorded
     assert controller.status(job).members[1].create_state == "pending"
     assert controller.job_created(job) == 200  # the redelivery's create meets 409 and adopts it

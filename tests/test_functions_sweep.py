@@ -60,19 +60,12 @@ def test_the_tick_publishes_one_message_per_active_job_and_reconciles_none_itsel
 
 
 def test_one_jobs_failure_is_logged_and_acknowledged_and_the_others_are_reconciled(controller, capsys):
-    from respawn.control import reconcile
-
     bad, good = controller.register(gpu_spec("bad")), controller.register(gpu_spec("good"))
 
-    def crash(point, job_id, action):
-        if job_id == bad and point == "after_record":
-            raise RuntimeError("injected: the function died")
-
-    reconcile.fault_hook = crash
+    controller.sim.set_api_faults(count=1, methods=("insert",), nodes=("bad-1",))  # its reconcile dies at the create
     assert controller.sweep() == 200  # the fanned-out message of "bad" is acknowledged: the next tick sends it again
     assert controller.status(good).state is State.RUNNING
     assert "sweep: reconciling bad failed, the next sweep tries again" in capsys.readouterr().out
-    reconcile.fault_hook = None
     assert controller.sweep() == 200
     assert controller.status(bad).state is State.RUNNING
 
