@@ -297,12 +297,14 @@ class Agent:
                     contract.ENV_MASTER_ADDR: generation.master_addr, contract.ENV_GENERATION: str(generation.number),
                     **contract.torchrun_env(rank, generation.world_size, generation.master_addr)})
         self.exit_code = self.output_tail = None
-        self.trainer_generation, self.trainer_members = generation.number, generation.members
         trainer = TrainerProcess.start(self.node_dir, self._prepared.argv(self.settings.command), env,
                                        job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=_iso_now(),
                                        cwd=self._prepared.cwd, generation=generation.number,
                                        members=list(generation.members))
+        # Training first, then the new number: a heartbeat in between must never say "waiting in generation N" (a
+        # trainer of N that ended), only "training" in the one before, as while the old trainer stopped.
         self._attach(trainer)
+        self.trainer_generation, self.trainer_members = generation.number, generation.members
         self.heartbeater.nudge()
 
     def _stop_for_generation(self) -> None:
