@@ -107,8 +107,8 @@ class Store:
         """identity → (the job holding it, the folder it was granted, the lease's version)."""
         snaps = list(self.db.collection(IDENTITIES).stream())
         self.reads += max(1, len(snaps))
-        return {s.id: ((s.to_dict() or {}).get("job_id", ""), (s.to_dict() or {}).get("folder"), s.update_time)
-                for s in snaps}
+        docs = {s.id: (s.to_dict() or {}, s.update_time) for s in snaps}
+        return {i: (d.get("job_id", ""), d.get("folder"), version) for i, (d, version) in docs.items()}
 
     def lease(self, identity: str, job_id: str, folder: str | None) -> bool:
         """Take `identity` for `job_id` iff no job holds it (an atomic create); False: another lease exists."""
