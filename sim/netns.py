@@ -178,7 +178,10 @@ class Network:
         self._count = 0
         self._relays: dict[int, _Relay] = {}
         self._lock = threading.RLock()
-        _ip("link", "add", self.bridge, "type", "bridge")
+        # A bridge takes the lowest MAC of its ports unless given one: removing that port would change the
+        # gateway's MAC under the nodes' ARP caches, cutting them off from the sim's services for seconds.
+        mac = "02:72:73:" + ":".join(self.id[i:i + 2] for i in (0, 2)) + ":01"
+        _ip("link", "add", self.bridge, "address", mac, "type", "bridge")
         try:
             _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")

@@ -104,6 +104,17 @@ def test_gloo_runs_across_two_nodes_with_a_real_master_address(net):
     assert all("sum 3" in out for out in outs), outs
 
 
+def test_the_gateway_keeps_its_mac_as_nodes_come_and_go(net):
+    """Nodes cache the gateway's MAC: were it to change (a bridge takes its lowest port's MAC unless given one), a
+    node would lose the sim's services for the seconds ARP takes to notice."""
+    mac = Path(f"/sys/class/net/{net.bridge}/address")
+    before = mac.read_text()
+    for host in [net.add_host(f"job-{k}") for k in range(3)]:
+        net.remove_host(host)
+    net.add_host("job-4")
+    assert mac.read_text() == before
+
+
 def test_close_kills_the_nodes_processes_and_removes_every_interface():
     net = Network()
     a = net.add_host("job-1")
@@ -194,7 +205,7 @@ def test_sim_nodes_run_in_namespaces_reach_their_services_and_a_partition_or_a_l
     assert _reach(sim, "job-2", address["job-3"]).stdout.strip() == "hello from job-3"  # the others still meet
     md = sim.metadata_server(zone, "job-1").host
     ok = _host(sim, "job-1").run([sys.executable, "-c", "import socket,sys; socket.create_connection((sys.argv[1], "
-                                  "int(sys.argv[2])), timeout=3)", *md.split(":")], capture_output=True, text=True)
+                                  "int(sys.argv[2])), timeout=10)", *md.split(":")], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     sim.partition(zone, "job-1", heal=True)
     assert _reach(sim, "job-2", address["job-1"]).stdout.strip() == "hello from job-1"
