@@ -83,6 +83,21 @@ ABSENT = NodeObs(Phase.ABSENT)
 
 
 @dataclass(frozen=True)
+class Hint:
+    """What an event said about one node: `cause` (e.g. "preempted") for node `node`, at `at` (the entry's time)."""
+
+    cause: str
+    node: str
+    at: datetime | None = None
+
+    def about(self, node: str | None, started_at: datetime | None) -> str | None:
+        """The cause, when the event is about `node`'s current life (not an older life that a restart replaced)."""
+        if node != self.node or (self.at is not None and started_at is not None and self.at < started_at):
+            return None
+        return self.cause
+
+
+@dataclass(frozen=True)
 class Settings:
     stale_heartbeat_seconds: float = 120  # agents beat every 15 s
     boot_grace_seconds: float = 900  # first heartbeat may take this long after create (image boot, agent install)
@@ -106,7 +121,7 @@ class Observation:
     node: NodeObs  # the API's view of status.node in status.zone
     heartbeat: Heartbeat | None  # nodes/{status.node}
     now: datetime
-    hint: str | None = None  # the cause an event gave for the current node (e.g. "preempted")
+    hint: str | None = None  # the cause an event gave for the current node's current life (Hint.about)
     blocked: Mapping[str, datetime] = field(default_factory=dict)  # zone → cooldown end, for this accelerator
     settings: Settings = Settings()
     image: ImageCheck | None = None  # the boot image as checked on the job's first handling (GPU); None: not checked

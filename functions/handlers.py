@@ -33,10 +33,11 @@ def log_event(entry: Any) -> None:
     except events.Undecodable as exc:
         logs.info(f"log entry ignored: {exc}")
         return
+    from respawn.control.decide import Hint
     from respawn.control.reconcile import Deps, reconcile
 
     if not sig.tpu_worker:
-        result = reconcile(sig.job_id, hint=sig.cause, hint_node=sig.node, hint_at=sig.at)
+        result = reconcile(sig.job_id, Hint(sig.cause, sig.node, sig.at))
         if not result.found:
             logs.info(f"{sig.method} for {sig.node} in {sig.zone}: no job {sig.job_id} owns it; acknowledged",
                       node=sig.node, zone=sig.zone)

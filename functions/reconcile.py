@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from respawn.control import decide as core
 from respawn.control import identities, multinode, placement
-from respawn.control.decide import Act, Action, Decision, NodeObs, Observation, Settings
+from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import ControlStore, FolderGrants, NodeProvider
 from respawn.control.settings import ControlSettings
@@ -91,14 +91,19 @@ class Deps:
                    identities=s.nodes.identities, grants=StorageFolderGrants(c))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Result:
+    """What one reconcile of a job left to do (as controller-runtime's Result): nothing until the next event
+    (requeue_after None), or to be looked at again after `requeue_after` seconds, with the event's `hint` still
+    unconsumed (no action was taken on the node it described)."""
+
     job_id: str
     found: bool = True  # False: no such job (the event was about a node no job owns)
+    requeue_after: float | None = None
+    hint: Hint | None = None
 
 
-def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
-            hint_at: datetime | None = None, image_checks: dict[str, ImageCheck | None] | None = None,
+def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, ImageCheck | None] | None = None,
             ) -> tuple[Observation, JobSpec | None, Any, list[multinode.MemberObs] | None] | None:
     """What decide() needs, plus the job document's version (its update_time) that a commit is conditional on,
     and for a job of several nodes what multinode.decide needs of each member slot (None: a one-node job).
@@ -130,7 +135,7 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
     # The heartbeats are in the database of the identity the job holds: no other job's node can write there.
     database = deployment.heartbeat_database(deps.store.identity_of(job_id) if deps.identities else None)
     if (spec is not None and spec.nodes > 1) or status.members:
-        seen = _observe_members(deps, job_id, kind, status, hint, hint_node, hint_at, now, consoles, database)
+        seen = _observe_members(deps, job_id, kind, status, hint, now, consoles, database)
     elif status.node and status.zone:
         provider = deps.providers[kind]
         raw = provider.get(status.zone, status.node)
@@ -144,24 +149,19 @@ def observe(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
                                                                                    seen))
                              if seen is not None else core.needs_capacity(status, node)):
         blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
-    # An event is a hint about the node it names, and only about that node's life at the time of the event.
-    if hint_node != status.node or (hint_at is not None and status.node_started_at is not None
-                                    and hint_at < status.node_started_at):
-        hint = None
     cancel_requested = bool(doc.get("cancel_requested"))
     image = None
     if spec is not None and status.state is State.PENDING and not cancel_requested:
         image = _check_image(deps, job_id, spec, {} if image_checks is None else image_checks)
     o = Observation(
         job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=cancel_requested,
-        node=node, heartbeat=heartbeat, now=now, hint=hint,
+        node=node, heartbeat=heartbeat, now=now, hint=hint.about(status.node, status.node_started_at) if hint else None,
         blocked=blocked, settings=deps.config.settings, image=image, consoles=consoles,
     )
     return o, spec, version, seen
 
 
-def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint: str | None,
-                     hint_node: str | None, hint_at: datetime | None, now: datetime,
+def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint: Hint | None, now: datetime,
                      consoles: dict[str, str | None], database: str) -> list[multinode.MemberObs]:
     """Each member slot's node as the API shows it, its heartbeat, its address once it runs (asked only until it
     is recorded), and the event's hint when the event named that node's current life; into `consoles`, the
@@ -177,11 +177,11 @@ def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint
         address = m.address
         if phase is core.Phase.RUNNING and address is None:
             address = provider.address(m.zone, m.node)  # type: ignore[attr-defined]  # ports.MemberProvider
-        current = hint_node == m.node and (hint_at is None or m.node_started_at is None or hint_at >= m.node_started_at)
         heartbeat = _heartbeat(deps, job_id, contract.heartbeat_id(m.node, 0), database)
         if core.needs_console(m, NodeObs(phase, raw), heartbeat, deps.config.settings, now):
             consoles[m.node] = _console(deps, job_id, kind, m.zone, m.node)
-        seen.append(multinode.MemberObs(NodeObs(phase, raw), heartbeat, address, hint if current else None))
+        seen.append(multinode.MemberObs(NodeObs(phase, raw), heartbeat, address,
+                                        hint.about(m.node, m.node_started_at) if hint else None))
     return seen
 
 
@@ -261,29 +261,38 @@ def _commit(deps: Deps, job_id: str, version: Any, after: JobStatus, event: JobE
     return deps.store.commit(job_id, version, after.model_dump(), event)
 
 
-def reconcile(job_id: str, *, hint: str | None = None, hint_node: str | None = None, hint_at: datetime | None = None,
-              deps: Deps | None = None) -> Result:
+def reconcile(job_id: str, hint: Hint | None = None, *, deps: Deps | None = None) -> Result:
+    """Reconcile the job until it needs nothing for now: a transition under way is looked at again (requeued) while
+    this invocation's budget lasts (Config.poll_budget_seconds), then left to the sweep."""
     deps = deps or Deps.default()
     reads, writes, started = deps.store.reads, deps.store.writes, time.monotonic()
+    deadline = started + deps.config.poll_budget_seconds
     try:
-        return _reconcile(deps, job_id, hint, hint_node, hint_at)
+        while True:
+            result = reconcile_once(job_id, hint, deps)
+            if result.requeue_after is None:
+                return result
+            if time.monotonic() + result.requeue_after > deadline:
+                logs.info(f"job {job_id}: still in transition; the sweep will look again", job_id=job_id)
+                return result
+            deps.sleep(result.requeue_after)
+            hint = result.hint
     finally:
         # Per invocation: what it cost in Firestore operations and time (bench/controller.py sums these).
         logs.info(f"job {job_id}: reconcile finished", job_id=job_id, firestore_reads=deps.store.reads - reads,
                   firestore_writes=deps.store.writes - writes, duration_ms=round((time.monotonic() - started) * 1000, 1))
 
 
-def _reconcile(deps: Deps, job_id: str, hint: str | None, hint_node: str | None, hint_at: datetime | None) -> Result:
+def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
+    """One reconcile: observe → decide → record → act, pass after pass, until nothing is left to do at once; what it
+    returns says whether (and when) to look again."""
     cfg = deps.config
-    result = Result(job_id)
-    poll_deadline = time.monotonic() + cfg.poll_budget_seconds
     image_checks: dict[str, ImageCheck | None] = {}
     for _ in range(cfg.max_passes):
-        observed = observe(deps, job_id, hint, hint_node, hint_at, image_checks)
+        observed = observe(deps, job_id, hint, image_checks)
         if observed is None:
-            result.found = False
             logs.info(f"no job {job_id}: nothing to reconcile", job_id=job_id)
-            return result
+            return Result(job_id, found=False)
         o, spec, version, seen = observed
         d = core.decide(o) if seen is None else multinode.decide(o, seen)
         if d.status is not None:
@@ -300,19 +309,12 @@ def _reconcile(deps: Deps, job_id: str, hint: str | None, hint_node: str | None,
         if d.alert is not None:
             deps.publish(d.alert)
         if a.kind is Act.POLL:
-            if time.monotonic() + cfg.poll_seconds > poll_deadline:
-                logs.info(f"job {job_id}: {o.status.node} still in transition ({o.node.raw_state}); the sweep will "
-                          "look again", job_id=job_id)
-                return result
-            deps.sleep(cfg.poll_seconds)
-            continue
-        if a.kind in (Act.NONE, Act.WAIT) and d.status is None:
-            return result
-        if a.kind is Act.WAIT:
-            return result
+            return Result(job_id, requeue_after=cfg.poll_seconds, hint=hint)
+        if a.kind is Act.WAIT or (a.kind is Act.NONE and d.status is None):
+            return Result(job_id)  # nothing to do before the next event or sweep
     logs.warning(f"job {job_id}: still changing after {cfg.max_passes} passes; the next event or sweep continues",
                  job_id=job_id)
-    return result
+    return Result(job_id)
 
 
 def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:

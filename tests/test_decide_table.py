@@ -15,7 +15,7 @@ import pytest
 
 from respawn.control import alerts, placement
 from respawn.control.decide import (
-    Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase, Settings, after_act, after_create_failed,
+    Act, Action, Hint, NodeObs, Observation, Outcome, OutcomeKind, Phase, Settings, after_act, after_create_failed,
     after_create_refused, after_created, after_start_refused, decide, followup, loss_kind, needs_capacity,
     needs_console, phase_of,
 )
@@ -681,3 +681,20 @@ def test_slice_heartbeat_lets_a_failing_or_noticed_worker_speak_for_the_slice(wo
     hbs = [hb(st, worker=i, exit_code=code, notice=note) for i, (st, code, note) in enumerate(workers)]
     got = slice_heartbeat(hbs)
     assert (got.state.value, got.exit_code, got.notice) == (state, exit_code, notice)
+
+
+STARTED = NOW - timedelta(minutes=10)
+
+
+@pytest.mark.parametrize("hint, node, started_at, cause", [
+    (Hint("preempted", "job-3", NOW), "job-3", STARTED, "preempted"),  # about the current life
+    (Hint("preempted", "job-2", NOW), "job-3", STARTED, None),  # about an earlier node of the job
+    (Hint("preempted", "job-3", STARTED - timedelta(seconds=1)), "job-3", STARTED, None),  # before a restart in place
+    (Hint("preempted", "job-3", STARTED), "job-3", STARTED, "preempted"),  # at the start itself: this life
+    (Hint("preempted", "job-3"), "job-3", STARTED, "preempted"),  # an entry without a time: its node decides
+    (Hint("preempted", "job-3", NOW), "job-3", None, "preempted"),  # a node whose start was never recorded
+    (Hint("preempted", "job-3", NOW), None, None, None),  # the job has no node
+])
+def test_an_events_hint_counts_only_for_the_node_it_names_in_the_life_it_described(hint, node, started_at, cause):
+    assert hint.about(node, started_at) == cause
+
