@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
-from respawn.control import alerts, placement
+from respawn.control import alerts, placement, recovery
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
 from respawn.schema import (CONSOLE_TAIL_CHARS, MAX_PREEMPTION_TIMES, CapacityRecord, Heartbeat, JobSpec, JobStatus,
                             NodeState, State, node_name)
@@ -309,7 +309,7 @@ def decide(o: Observation) -> Decision:
         if phase is Phase.RUNNING:
             return _running(o, s, hb)
         if phase is Phase.DEAD:
-            if s.create_state == "starting" and _stop_spot(spec):
+            if s.create_state == "starting" and recovery.strategy_for(spec).restart_in_place:
                 # A restart in place was recorded but not (yet) seen to take: another delivery may be starting it
                 # right now. Starting again is idempotent; counting a new loss would delete the node being started.
                 return Decision(Action(Act.START, zone=s.zone, node=s.node, attempt=s.attempt))
@@ -403,21 +403,9 @@ def _running(o: Observation, s: JobStatus, hb: Heartbeat | None) -> Decision:
     return Decision(NONE, st, "node_running")
 
 
-def _stop_spot(spec: JobSpec) -> bool:
-    """A GPU Spot VM that a preemption stops (keeping its disk) rather than deletes."""
-    return spec.accelerator.kind == "gpu" and spec.termination_action == "STOP"
-
-
 def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
-    """A STOP-terminated Spot GPU VM keeps its disk (and the emergency checkpoint on it): start it again in place
-    when its zone is not under a capacity cooldown and it has not been restarted in place too often."""
-    s = o.status
-    if not _stop_spot(spec) or s.provisioning != "spot":
-        return False
-    until = o.blocked.get(s.zone or "")
-    if until is not None and until > o.now:
-        return False
-    return s.in_place_restarts < o.settings.max_in_place_restarts
+    """The job's strategy restarts the stopped node where it stands (recovery.Strategy.in_place)."""
+    return recovery.strategy_for(spec).in_place(o.status, o.blocked, o.now, o.settings.max_in_place_restarts)
 
 
 # Why a node was lost → what it counts as. A failure is the job's own doing: its trainer crashed, or its agent
@@ -600,7 +588,7 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
 def _provision(o: Observation, spec: JobSpec, s: JobStatus, cause: str) -> Decision:
     """Choose a zone and commit the next attempt's node name before creating it; or wait when every zone refused."""
     now = o.now
-    choice = placement.choose_zone(spec, s, o.blocked, now)
+    choice = recovery.strategy_for(spec).choose(spec, s, o.blocked, now)
     if choice.zone is None:
         failures = s.consecutive_failures + (1 if s.state is State.WAITING_FOR_CAPACITY else 0)
         waiting = s.model_copy(update={"consecutive_failures": failures})

@@ -1,6 +1,7 @@
-"""Placement policy: which zone (and which provisioning model) the next node goes to, and what a failed create
-means. Pure: no cloud library is imported; exceptions are read by their shape (google.api_core exceptions carry
-`.code` (HTTP status), `.errors`, `.message`; Compute errors are proto messages or dicts with a `code`/`reason`).
+"""Placement policy: what a failed create means, how long a refusing zone cools down, how long to wait when every
+zone refused (the next node's zone and model are the job's recovery strategy's: recovery.py). Pure: no cloud library
+is imported; exceptions are read by their shape (google.api_core exceptions carry `.code` (HTTP status), `.errors`,
+`.message`; Compute errors are proto messages or dicts with a `code`/`reason`).
 """
 
 from __future__ import annotations
@@ -98,42 +99,6 @@ def classify(exc: BaseException) -> Classified:
     if http is not None and 400 <= http < 500:
         return Classified("fatal", first, message)
     return Classified("transient", first, message)
-
-
-@dataclass(frozen=True)
-class Choice:
-    zone: str | None  # None: every zone refused: wait
-    provisioning: str
-    skipped: tuple[str, ...] = ()
-
-
-def provisioning_model(spec: JobSpec, status: JobStatus) -> str:
-    """The spec's model, or standard (on-demand) after N consecutive failures when the spec allows it."""
-    p = spec.placement
-    if spec.provisioning != "standard" and p.on_demand_fallback and status.consecutive_failures >= p.fallback_after_failures:
-        return "standard"
-    return spec.provisioning
-
-
-def choose_zone(spec: JobSpec, status: JobStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
-    """Walk the ordered zone list: skip zones under a capacity/quota cooldown (shared by every job, whatever the
-    provisioning model) and zones that refused this job in the current round; the zone that just preempted the job goes last (tried only when no
-    other zone is left, so a single-zone job still recovers)."""
-    model = provisioning_model(spec, status)
-    # Zones that refused this round refused the model tried then: falling back to on-demand starts a new round.
-    tried = status.tried_zones if status.provisioning in (None, model) else []
-    skipped = []
-    eligible = []
-    for zone in spec.zones:
-        until = blocked.get(zone)
-        if (until is not None and until > now) or zone in tried:
-            skipped.append(zone)
-        else:
-            eligible.append(zone)
-    if spec.placement.avoid_preempting_zone and status.preempted_zone in eligible and len(eligible) > 1:
-        eligible.remove(status.preempted_zone)
-        eligible.append(status.preempted_zone)
-    return Choice(eligible[0] if eligible else None, model, tuple(skipped))
 
 
 def backoff(spec: JobSpec, status: JobStatus, blocked: Mapping[str, datetime], now: datetime, base_seconds: float) -> datetime:

@@ -359,12 +359,19 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
     """The job's spec and status."""
 
     def go() -> None:
+        from respawn.control.recovery import strategy_for
+
         doc = _store(project).job_document(job_id)
         status = schema.JobStatus.model_validate(doc.get("status") or {})
+        try:
+            recovery = strategy_for(schema.parse_spec(doc.get("spec"))).name
+        except schema.SpecError:
+            recovery = None  # the status says why the spec is invalid
         body = {
             "id": job_id,
             "cancel_requested": bool(doc.get("cancel_requested")),
             "created_at": _fmt_time(doc.get("created_at")),
+            "recovery": recovery,
             "status": status.model_dump(mode="json", exclude_none=True),
             "spec": doc.get("spec"),
         }

@@ -234,12 +234,26 @@ class Trainer(_Strict):
         return v
 
 
+ZoneOrder = Literal["next_zone", "same_zone", "in_order"]  # functions/recovery.py
+
+
 class Placement(_Strict):
     cooldown_seconds: int = Field(default=600, ge=0, description="how long a zone that refused is skipped")
-    avoid_preempting_zone: bool = Field(default=True, description="skip the zone that just preempted the job")
+    strategy: ZoneOrder | None = Field(
+        default=None, description="the order of the zones after a loss (docs/job-spec.md, Recovery strategies); "
+                                  "default next_zone (in_order when avoid_preempting_zone is false)")
+    avoid_preempting_zone: bool = Field(default=True, description="the older spelling of strategy: next_zone (true) "
+                                                                  "or in_order (false)")
     on_demand_fallback: bool = Field(default=False, description="fall back to standard (on-demand) VMs")
     fallback_after_failures: int = Field(default=3, ge=1, description="consecutive failed attempts before falling back")
     max_backoff_seconds: int = Field(default=900, ge=1, description="cap of the wait when every zone refused")
+
+    @model_validator(mode="after")
+    def _one_order(self) -> "Placement":
+        if "avoid_preempting_zone" in self.model_fields_set and self.strategy is not None:
+            raise ValueError(f"strategy {self.strategy} and avoid_preempting_zone {self.avoid_preempting_zone} both "
+                             "choose the zone order: keep strategy alone")
+        return self
 
 
 class PreemptionRate(_Strict):

@@ -63,6 +63,7 @@ def test_register_list_describe_cancel_round_trip(firestore_db, project, spec_fi
     assert (described["status"]["failures"], described["status"]["preemptions"]) == (0, 0)
     assert described["spec"]["max_failures"] == 3 and "max_restarts" not in described["spec"]
     assert described["spec"]["checkpoint_uri"] == "gs://ckpt-bucket/cli-job"
+    assert described["recovery"] == "restart_in_place → next_zone"  # a GPU Spot VM stopped by its preemption
 
     # The sweep topic does not exist on a bare project: cancel still records the request.
     r = respawn("jobs", "cancel", "cli-job", "--project", project)

@@ -1,4 +1,4 @@
-"""functions/placement.py: error classification from the real exception shapes, and the zone walk."""
+"""functions/placement.py: error classification from the real exception shapes, the backoff, the capacity key."""
 
 import json
 from datetime import datetime, timedelta, timezone
@@ -111,36 +111,6 @@ def test_api_rate_limit_is_transient_never_a_zone_refusal(exc):
     assert f.propagate and f.capacity is None and not f.record
 
 
-def test_zone_walk_follows_the_list_and_skips_cooldowns_and_tried_zones():
-    s = spec()
-    assert placement.choose_zone(s, JobStatus(), {}, NOW).zone == "us-central1-a"
-    blocked = {"us-central1-a": NOW + timedelta(seconds=5)}
-    assert placement.choose_zone(s, JobStatus(), blocked, NOW).zone == "us-central1-b"
-    expired = {"us-central1-a": NOW - timedelta(seconds=1)}
-    assert placement.choose_zone(s, JobStatus(), expired, NOW).zone == "us-central1-a"
-    tried = JobStatus(tried_zones=["us-central1-a", "us-central1-b"])
-    assert placement.choose_zone(s, tried, {}, NOW).zone == "us-central1-c"
-    all_tried = JobStatus(tried_zones=["us-central1-a", "us-central1-b", "us-central1-c"])
-    assert placement.choose_zone(s, all_tried, {}, NOW).zone is None
-
-
-def test_the_preempting_zone_goes_last_when_avoidance_is_on():
-    s = spec()
-    st = JobStatus(preempted_zone="us-central1-a")
-    assert placement.choose_zone(s, st, {}, NOW).zone == "us-central1-b"
-    only = spec(zones=["z1-a"])
-    assert placement.choose_zone(only, st, {}, NOW).zone == "us-central1-a"  # a one-zone job still recovers
-    off = spec(placement={"avoid_preempting_zone": False})
-    assert placement.choose_zone(off, st, {}, NOW).zone == "us-central1-a"
-
-
-def test_on_demand_fallback_after_n_failures_only_when_allowed():
-    allowed = spec(placement={"on_demand_fallback": True, "fallback_after_failures": 2})
-    assert placement.provisioning_model(allowed, JobStatus(consecutive_failures=1)) == "spot"
-    assert placement.provisioning_model(allowed, JobStatus(consecutive_failures=2)) == "standard"
-    assert placement.provisioning_model(spec(), JobStatus(consecutive_failures=99)) == "spot"
-
-
 def test_backoff_grows_exponentially_is_capped_and_waits_for_the_first_cooldown_end():
     s = spec(placement={"max_backoff_seconds": 100})
     waits = [(placement.backoff(s, JobStatus(consecutive_failures=n), {}, NOW, 10) - NOW).total_seconds() for n in range(1, 7)]
@@ -155,13 +125,3 @@ def test_accelerator_key_names_what_a_capacity_record_is_about():
     assert placement.accelerator_key(gpu) == "nvidia-tesla-t4"
     tpu = spec(accelerator={"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"})
     assert placement.accelerator_key(tpu) == "v5litepod-8"
-
-
-def test_falling_back_to_on_demand_starts_a_new_round_of_zones():
-    allowed = spec(placement={"on_demand_fallback": True, "fallback_after_failures": 3})
-    spot_round = JobStatus(consecutive_failures=3, provisioning="spot",
-                           tried_zones=["us-central1-a", "us-central1-b", "us-central1-c"])
-    choice = placement.choose_zone(allowed, spot_round, {}, NOW)
-    assert (choice.zone, choice.provisioning) == ("us-central1-a", "standard")
-    standard_round = spot_round.model_copy(update={"provisioning": "standard"})
-    assert placement.choose_zone(allowed, standard_round, {}, NOW).zone is None

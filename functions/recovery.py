@@ -1,0 +1,87 @@
+"""Recovery strategies: where a job's next node goes, and on what terms, after a loss or a refusal. Pure.
+
+A strategy is chosen in one place (`strategy_for`, from the spec) and answers every placement question decide.py
+asks, so a new way of getting capacity is a new strategy here, not a branch in decide.py:
+
+- `in_place`: whether a lost node may be started again where it stands (a STOP-terminated Spot GPU VM keeps its
+  disk, and the emergency checkpoint on it), before any new node is made;
+- `model`: the provisioning model the next node asks for (the spec's, or on-demand after refusals in a row);
+- `choose`: the zone of the next node, by the strategy's zone order.
+
+Zone orders (docs/job-spec.md, "Recovery strategies"), named as users of SkyPilot know them:
+- `next_zone` (default): the zones in the spec's order, the zone that just lost the job last (tried only when no
+  other is left, so a one-zone job still recovers): a preemption often means the zone is short of capacity.
+- `same_zone`: the zone that just lost the job first, then the others in order (the data, a reservation, or a
+  quota are there; Spot capacity often comes back within minutes).
+- `in_order`: the spec's order, whatever lost the job.
+Every order skips the zones under a capacity cooldown (shared by every job asking for the same accelerator) and the
+zones that refused the job in the current round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Mapping
+
+from respawn.schema import JobSpec, JobStatus, ZoneOrder
+
+
+@dataclass(frozen=True)
+class Choice:
+    zone: str | None  # None: every zone refused: wait
+    provisioning: str
+    skipped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Strategy:
+    order: ZoneOrder
+    restart_in_place: bool  # a STOP-terminated Spot GPU VM is started again where it stands
+    fallback_after: int | None  # refusals in a row after which the next node is on-demand; None: never
+
+    @property
+    def name(self) -> str:
+        stages = ["restart_in_place"] * self.restart_in_place + [self.order]
+        if self.fallback_after is not None:
+            stages.append(f"on_demand_after_{self.fallback_after}")
+        return " → ".join(stages)
+
+    def model(self, spec: JobSpec, status: JobStatus) -> str:
+        """The provisioning model of the next node."""
+        if self.fallback_after is not None and status.consecutive_failures >= self.fallback_after:
+            return "standard"
+        return spec.provisioning
+
+    def in_place(self, status: JobStatus, blocked: Mapping[str, datetime], now: datetime, max_restarts: int) -> bool:
+        """Whether the current (stopped) node is started again in place: a Spot node, its zone not under a
+        capacity cooldown, restarted in place fewer than `max_restarts` times."""
+        if not self.restart_in_place or status.provisioning != "spot":
+            return False
+        until = blocked.get(status.zone or "")
+        return (until is None or until <= now) and status.in_place_restarts < max_restarts
+
+    def choose(self, spec: JobSpec, status: JobStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
+        """The next node's zone and model; zone None when every zone is cooling down or refused this round."""
+        model = self.model(spec, status)
+        # Zones that refused this round refused the model tried then: falling back to on-demand starts a new round.
+        tried = status.tried_zones if status.provisioning in (None, model) else []
+        skipped, eligible = [], []
+        for zone in spec.zones:
+            until = blocked.get(zone)
+            (skipped if (until is not None and until > now) or zone in tried else eligible).append(zone)
+        lost_in = status.preempted_zone
+        if lost_in in eligible and len(eligible) > 1 and self.order != "in_order":
+            eligible.remove(lost_in)
+            eligible.insert(0 if self.order == "same_zone" else len(eligible), lost_in)
+        return Choice(eligible[0] if eligible else None, model, tuple(skipped))
+
+
+def strategy_for(spec: JobSpec) -> Strategy:
+    """The job's strategy, from its spec: placement.strategy (the older avoid_preempting_zone: false reads as
+    in_order), a restart in place for GPU Spot VMs that a preemption stops, the on-demand fallback when allowed."""
+    p = spec.placement
+    order: ZoneOrder = p.strategy or ("next_zone" if p.avoid_preempting_zone else "in_order")
+    stop_spot = spec.accelerator.kind == "gpu" and spec.termination_action == "STOP"
+    falls_back = p.on_demand_fallback and spec.provisioning != "standard"
+    return Strategy(order, stop_spot, p.fallback_after_failures if falls_back else None)

@@ -1,0 +1,91 @@
+"""functions/recovery.py: the named recovery strategies, table-driven. Pure: a spec and a status in, a choice out."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from respawn.control.recovery import Strategy, strategy_for
+from respawn.schema import JobStatus, SpecError, parse_spec
+
+NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
+A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
+SOON = NOW + timedelta(seconds=5)
+
+
+def spec(**over):
+    base = {"id": "job", "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"}, "zones": [A, B, C],
+            "trainer": {"command": ["python", "t.py"]}, "checkpoint_uri": "gs://bucket/job"}
+    return parse_spec({**base, **over})
+
+
+TPU = {"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"}
+FALLBACK = {"on_demand_fallback": True, "fallback_after_failures": 2}
+
+
+@pytest.mark.parametrize("over, name", [
+    ({}, "restart_in_place → next_zone"),  # a GPU Spot VM is stopped by a preemption (the default)
+    ({"termination_action": "DELETE"}, "next_zone"),
+    ({"accelerator": TPU}, "next_zone"),  # a preempted TPU is never started again
+    ({"placement": {"avoid_preempting_zone": False}}, "restart_in_place → in_order"),  # the older spelling
+    ({"placement": {"strategy": "same_zone"}, "termination_action": "DELETE"}, "same_zone"),
+    ({"placement": FALLBACK}, "restart_in_place → next_zone → on_demand_after_2"),
+    ({"placement": FALLBACK, "provisioning": "standard"}, "next_zone"),  # on-demand already: nothing to fall back to
+])
+def test_the_strategy_is_chosen_in_one_place_from_the_spec(over, name):
+    assert strategy_for(spec(**over)).name == name
+
+
+LOST_IN_A = dict(preempted_zone=A)
+
+
+@pytest.mark.parametrize("order, status, blocked, zone", [
+    # Every order walks the list, skipping zones cooling down and zones that refused this round.
+    ("next_zone", {}, {}, A),
+    ("next_zone", {}, {A: SOON}, B),
+    ("next_zone", {}, {A: NOW - timedelta(seconds=1)}, A),  # a cooldown that ended
+    ("next_zone", dict(tried_zones=[A, B]), {}, C),
+    ("next_zone", dict(tried_zones=[A, B, C]), {}, None),  # every zone refused: wait
+    ("in_order", dict(tried_zones=[A], **LOST_IN_A), {}, B),
+    ("same_zone", dict(tried_zones=[A], **LOST_IN_A), {}, B),  # the zone that lost it refused since
+    # The zone that just lost the job: last, in its place, or first.
+    ("next_zone", LOST_IN_A, {}, B),
+    ("in_order", LOST_IN_A, {}, A),
+    ("same_zone", dict(preempted_zone=C), {}, C),
+    ("same_zone", dict(preempted_zone=C), {C: SOON}, A),  # cooling down: not even the same zone
+    ("next_zone", dict(preempted_zone=C, tried_zones=[A, B]), {}, C),  # the only zone left: a job still recovers
+])
+def test_zone_orders(order, status, blocked, zone):
+    choice = Strategy(order, False, None).choose(spec(), JobStatus(**status), blocked, NOW)
+    assert (choice.zone, choice.provisioning) == (zone, "spot")
+    assert set(choice.skipped) == {z for z in (A, B, C) if z in status.get("tried_zones", []) or
+                                   (z in blocked and blocked[z] > NOW)}
+
+
+@pytest.mark.parametrize("failures, provisioning, tried, expect", [
+    (1, "spot", [], (A, "spot")),
+    (2, "spot", [], (A, "standard")),  # K refusals in a row: on-demand
+    (2, "spot", [A, B, C], (A, "standard")),  # the Spot round's refusals do not count against on-demand: a new round
+    (3, "standard", [A, B, C], (None, "standard")),  # on-demand refused everywhere too: wait
+])
+def test_on_demand_fallback_after_refusals_in_a_row(failures, provisioning, tried, expect):
+    status = JobStatus(consecutive_failures=failures, provisioning=provisioning, tried_zones=tried)
+    choice = strategy_for(spec(placement=FALLBACK)).choose(spec(placement=FALLBACK), status, {}, NOW)
+    assert (choice.zone, choice.provisioning) == expect
+    assert strategy_for(spec()).model(spec(), status) == "spot"  # without the fallback: never
+
+
+@pytest.mark.parametrize("over, status, blocked, restarts", [
+    ({}, dict(zone=A, provisioning="spot"), {}, True),
+    ({}, dict(zone=A, provisioning="spot", in_place_restarts=1), {}, False),  # restarted once already
+    ({}, dict(zone=A, provisioning="spot"), {A: SOON}, False),  # the zone is short of capacity: go elsewhere
+    ({}, dict(zone=A, provisioning="standard"), {}, False),  # fallen back to on-demand: no Spot VM to restart
+    ({"termination_action": "DELETE"}, dict(zone=A, provisioning="spot"), {}, False),  # deleted: nothing to start
+])
+def test_restart_in_place(over, status, blocked, restarts):
+    assert strategy_for(spec(**over)).in_place(JobStatus(**status), blocked, NOW, max_restarts=1) is restarts
+
+
+def test_a_spec_names_the_zone_order_once():
+    assert strategy_for(spec(placement={"strategy": "in_order"})).order == "in_order"
+    with pytest.raises(SpecError, match="keep strategy alone"):
+        spec(placement={"strategy": "same_zone", "avoid_preempting_zone": False})
