@@ -1,4 +1,4 @@
-"""Per-step cost of the notice agreement in a multi-rank job (respawn.ckpt.distributed.Job.agree_notice: one int64
+"""Per-step cost of the notice agreement in a multi-rank job (respawn.ckpt.distributed.TorchJob.agree_notice: one int64
 MAX all-reduce on gloo). `python -m bench.agreement [--ranks 2] [--steps 100] [--step-ms 100] [--json]`.
 
 Each rank (torch.multiprocessing, gloo on 127.0.0.1, one thread) runs --steps steps: a --step-ms sleep (the step
@@ -25,11 +25,11 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from respawn.ckpt import CheckpointManager
-    from respawn.ckpt.distributed import Job
+    from respawn.ckpt.distributed import TorchJob
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks)
-    job = Job()
+    job = TorchJob({})
     with tempfile.TemporaryDirectory(prefix="respawn-bench-agree-") as tmp:
         mgr = CheckpointManager(local_dir=tmp)
         times = []

@@ -104,7 +104,6 @@ def _rank_main(rank: int, world: int, port: int, work: str, size: int, saves: in
                 shutil.rmtree(os.path.join(work, f"async{i}"))
 
         mgr = TorchShardedManager(local_dir=os.path.join(work, "ckpt"), keep=1, notice_budget_s=3600)
-        mgr.attach()
         mgr.prepare_snapshot(state)
         for i in range(n):  # respawn's periodic save
             mutate()

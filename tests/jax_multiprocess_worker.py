@@ -42,7 +42,6 @@ def state(pid: int, scale: float) -> dict:
 
 def main(mode: str, pid: int, coordinator: str, root: str) -> None:
     jax.distributed.initialize(coordinator, 2, pid)
-    job = jax_distributed.JaxJob()
     remote = f"file://{root}/remote" if mode.startswith("hosts") else None
     if mode in ("unshared", "hosts-save", "hosts-restore"):  # hosts with disks of their own
         root = os.path.join(root, f"process-{pid}")
@@ -69,7 +68,7 @@ def main(mode: str, pid: int, coordinator: str, root: str) -> None:
         twenty = mgr.emergency_save(20, state(pid, 2.0))
         print("result", json.dumps({"step": 20, "state": twenty.state.value, "reason": twenty.reason}), flush=True)
         os._exit(0)  # process 1 is gone: skip jax.distributed's shutdown barrier
-    step, restored = mgr.restore_all(job)
+    step, restored = mgr.restore()
     rows = multihost_utils.process_allgather(restored["rows"], tiled=True)
     print("result", json.dumps({"restored": step, "rows_ok": bool(np.array_equal(rows, np.arange(32).reshape(4, 8))),
                       "vec": np.asarray(restored["vec"].addressable_data(0)).tolist(),

@@ -182,17 +182,16 @@ def test_sharded_parameters_make_every_rank_a_writer():
     import torch.distributed as dist
     from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
 
-    from respawn.ckpt.distributed import Job
+    from respawn.ckpt.distributed import TorchJob
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model = torch.nn.Linear(4, 4)
-        job = Job()
-        job.check_replicated({"model": model, "data": {"pos": 0}})  # plain (DDP-style) parameters: rank 0 writes
+        job = TorchJob({"model": model, "data": {"pos": 0}})  # plain (DDP-style) parameters: rank 0 writes
         assert job.sharded is None
         model.weight = torch.nn.Parameter(distribute_tensor(model.weight.data, DeviceMesh("cpu", [0]), [Shard(0)]))
         objects = {"model": model}
-        job.check_replicated(objects)  # DTensor parameters: every rank writes its shards (test_trainer_sharded.py)
+        job = TorchJob(objects)  # DTensor parameters: every rank writes its shards (test_trainer_sharded.py)
         assert job.sharded is objects and job.writer
     finally:
         dist.destroy_process_group()

@@ -27,18 +27,18 @@ import time
 import pytest
 
 from respawn.ckpt import PREEMPTED_EXIT_CODE, read_status
-from respawn.ckpt.torch_sharded import TEST_EXIT_ENV
 from trainer_helpers import free_port
 
 STEPS, EVERY = 60, 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start(run, ranks: int, ckpt, *extra: str, env: dict | None = None, node: tuple[int, int, int] | None = None):
+def start(run, ranks: int, ckpt, *extra: str, env: dict | None = None, node: tuple[int, int, int] | None = None,
+          trainer: tuple[str, ...] = ("-m", "respawn.ckpt.examples.torch_fsdp")):
     """`python -m respawn.ckpt.launch torchrun --nproc-per-node N -m respawn.ckpt.examples.torch_fsdp` in its own
     process group (as the node agent starts a trainer), rendezvous and gloo on 127.0.0.1 only.
     node=(node rank, nodes, master port): one host of a multi-host job (static rendezvous), with a local checkpoint
-    directory of its own ({ckpt}/local-{node rank}) and the job's shared remote store."""
+    directory of its own ({ckpt}/local-{node rank}) and the job's shared remote store. trainer: what torchrun runs."""
     run.mkdir(parents=True, exist_ok=True)
     if node is None:
         rendezvous = ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
@@ -50,7 +50,7 @@ def start(run, ranks: int, ckpt, *extra: str, env: dict | None = None, node: tup
     cmd = [sys.executable, "-m", "respawn.ckpt.launch",
            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), *rendezvous,
            "--local-addr", "127.0.0.1",
-           "-m", "respawn.ckpt.examples.torch_fsdp", "--checkpoint-every", str(EVERY), "--seed", "3",
+           *trainer, "--checkpoint-every", str(EVERY), "--seed", "3",
            "--log-every", "1", *extra]
     env = {**os.environ, "PYTHONPATH": ROOT, "GLOO_SOCKET_IFNAME": "lo",
            "RESPAWN_LOCAL_CHECKPOINT_DIR": local, "RESPAWN_CHECKPOINT_URI": f"file://{ckpt}/remote",
@@ -98,10 +98,12 @@ def committed(store) -> list[int]:
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
-    """A 4-rank run whose rank 2 exits in the save of step 2*EVERY, after its shards are written, before its vote.
-    Its losses up to that step are the uninterrupted run's."""
+    """A 4-rank run whose rank 2 exits in the save of step 2*EVERY, after its shards are written, before its vote
+    (the fault goes in through the manager's seam: tests/fsdp_dies_before_vote.py). Its losses up to that step are
+    the uninterrupted run's."""
     tmp = tmp_path_factory.mktemp("fsdp-killed")
-    proc = start(tmp / "run", 4, tmp / "ckpt", "--steps", str(STEPS), env={TEST_EXIT_ENV: f"2:{2 * EVERY}"})
+    worker = os.path.join(ROOT, "tests", "fsdp_dies_before_vote.py")
+    proc = start(tmp / "run", 4, tmp / "ckpt", "--steps", str(STEPS), trainer=(worker, "2", str(2 * EVERY)))
     code, text = finish(proc, tmp / "run")
     return tmp, code, text
 

@@ -25,12 +25,12 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from respawn import contract
 
 from . import _log
-from .manager import CheckpointManager, SaveOutcome, SaveState
+from .manager import CheckpointManager, Manager, SaveOutcome, SaveState
 
 _STATES = list(SaveState)
 _DURABLE = [None, "local", "remote"]
@@ -55,6 +55,14 @@ def collective_timeout() -> timedelta:
         raise ValueError(f"{contract.ENV_COLLECTIVE_TIMEOUT}={raw!r} is not a positive number of seconds: set it "
                          f"to e.g. {DEFAULT_COLLECTIVE_TIMEOUT_S:.0f}, or unset it for the default")
     return timedelta(seconds=seconds)
+
+
+def wait(work: Any, deadline: float | None) -> None:
+    """Wait for an asynchronous collective until `deadline` (time.monotonic(); None: the group's timeout)."""
+    if deadline is None:
+        work.wait()
+    else:
+        work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
 
 
 def run_beating(work: Callable[[], Any] | None, group: Any) -> Any:
@@ -96,7 +104,23 @@ def run_beating(work: Callable[[], Any] | None, group: Any) -> Any:
     return box.get("result")
 
 
-def current_job(objects: dict[str, Any] | None = None) -> "Job | None":
+class Job(Protocol):
+    """A job of several processes as TrainingLoop drives it (TorchJob; jax_distributed.JaxJob): every member makes the
+    same calls in the same order. writer: whether this member saves (rank 0 of a DDP job; every member of a sharded
+    one). save_outcome runs `save` where this member writes and returns the job's outcome, waiting for it until
+    `deadline` (time.monotonic(); None: as long as it takes)."""
+
+    rank: int
+    writer: bool
+
+    def default_manager(self, total_steps: int) -> Manager: ...
+    def agree_notice(self, manager: Manager) -> bool: ...
+    def restore(self, manager: Manager) -> tuple[int, Any] | None: ...
+    def save_outcome(self, step: int, save: Callable[[], SaveOutcome | None],
+                     deadline: float | None) -> SaveOutcome: ...
+
+
+def current_job(objects: dict[str, Any] | None = None) -> Job | None:
     """The job this process is a rank of, or None for a single process (neither torch.distributed nor
     jax.distributed initialized with more than one member). A world of one rank is a job too when `objects` hold
     DTensor parameters (FSDP2 under torchrun --nproc-per-node 1): that state is saved and restored through DCP,
@@ -104,7 +128,7 @@ def current_job(objects: dict[str, Any] | None = None) -> "Job | None":
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized() and (
             dist.get_world_size() > 1 or _sharded(objects or {})):
-        return Job()
+        return TorchJob(objects or {})
     if sys.modules.get("jax") is not None:
         from .jax_distributed import current_job as jax_job  # one process per host: respawn.ckpt.jax_distributed
 
@@ -121,41 +145,21 @@ def _sharded(objects: dict[str, Any]) -> bool:
                for p in obj.parameters())
 
 
-class Job:
-    """This rank's side of the protocol. Every rank must make the same calls in the same order (collectives)."""
+class TorchJob:
+    """This rank's side of the protocol. Every rank must make the same calls in the same order (collectives).
+    objects: the loop's; DTensor parameters among them make the state sharded."""
 
-    def __init__(self) -> None:
+    def __init__(self, objects: dict[str, Any]) -> None:
         import torch
         import torch.distributed as dist
-
-        self._torch, self._dist = torch, dist
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        # The agreement runs at every step: on gloo (CPU tensors) so that an NCCL job does not synchronize its GPU
-        # stream per step; on a group of its own, with Respawn's collective timeout whatever the default group's.
-        # new_group is itself collective: every rank builds its TrainingLoop.
-        self.group = dist.new_group(backend="gloo", timeout=collective_timeout())
-        self._age = torch.zeros(1, dtype=torch.int64)
-        self.sharded: dict[str, Any] | None = None  # the loop's objects, when they hold sharded parameters
-
-    @property
-    def writer(self) -> bool:
-        """Whether this rank saves: rank 0 alone for replicated state; every rank, its own shards, for sharded."""
-        return self.rank == 0 or self.sharded is not None
-
-    def default_manager(self, total_steps: int) -> CheckpointManager:
-        if self.sharded is not None:
-            from .torch_sharded import TorchShardedManager
-
-            return TorchShardedManager.from_env(total_steps=total_steps)
-        return CheckpointManager.from_env(total_steps=total_steps)
-
-    def check_replicated(self, objects: dict[str, Any]) -> None:
-        """Replicated (DDP) state is saved by rank 0; DTensor parameters (FSDP2's fully_shard, tensor parallel) make
-        the state sharded: every rank saves its shards through DCP (respawn.ckpt.torch_sharded). FSDP1's wrapper
-        is refused: its state_dict() is not DTensors, so rank 0's copy would be a wrong checkpoint."""
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.nn import Module
 
+        self._torch, self._dist = torch, dist
+        self.rank = dist.get_rank()
+        # Replicated (DDP) state is saved by rank 0; DTensor parameters (FSDP2's fully_shard, tensor parallel) make
+        # the state sharded: every rank saves its shards through DCP (respawn.ckpt.torch_sharded). FSDP1's wrapper
+        # is refused: its state_dict() is not DTensors, so rank 0's copy would be a wrong checkpoint.
         modules = {name: obj for name, obj in objects.items() if isinstance(obj, Module)}
         for name, module in modules.items():
             if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
@@ -163,10 +167,26 @@ class Job:
                     f"TrainingLoop: {name}= is wrapped in FSDP1 (FullyShardedDataParallel), which is not supported: "
                     "shard it with FSDP2 (torch.distributed.fsdp.fully_shard), whose DTensor state every rank "
                     "saves, or use DDP.")
-        if _sharded(modules):
-            self.sharded = objects
+        self.sharded = objects if _sharded(modules) else None  # the loop's objects, when sharded
+        # The agreement runs at every step: on gloo (CPU tensors) so that an NCCL job does not synchronize its GPU
+        # stream per step; on a group of its own, with Respawn's collective timeout whatever the default group's.
+        # new_group is itself collective: every rank builds its TrainingLoop.
+        self.group = dist.new_group(backend="gloo", timeout=collective_timeout())
+        self._age = torch.zeros(1, dtype=torch.int64)
 
-    def agree_notice(self, manager: CheckpointManager) -> bool:
+    @property
+    def writer(self) -> bool:
+        """Whether this rank saves: rank 0 alone for replicated state; every rank, its own shards, for sharded."""
+        return self.rank == 0 or self.sharded is not None
+
+    def default_manager(self, total_steps: int) -> Manager:
+        if self.sharded is not None:
+            from .torch_sharded import TorchShardedManager
+
+            return TorchShardedManager.from_env(total_steps=total_steps)
+        return CheckpointManager.from_env(total_steps=total_steps)
+
+    def agree_notice(self, manager: Manager) -> bool:
         """Whether any rank has seen a notice; on True every rank's manager holds the earliest notice's time.
         Milliseconds since the notice rather than its time: monotonic clocks differ between hosts, ages do not."""
         seen = manager.preemption_requested
@@ -182,7 +202,7 @@ class Job:
                          rank=self.rank, seconds_since_notice=age_ms / 1000)
         return True
 
-    def restore(self, manager: CheckpointManager) -> tuple[int, Any] | None:
+    def restore(self, manager: Manager) -> tuple[int, Any] | None:
         """Every rank restores the step rank 0 restored. Each rank reads the files itself, after rank 0 (which
         may first have downloaded the step into the node's local directory): every rank needs all of the
         replicated state, and N ranks reading it from the node's page cache is cheaper than broadcasting all of
@@ -195,13 +215,14 @@ class Job:
                 raise TypeError("TrainingLoop: sharded (DTensor) parameters need a respawn.ckpt.torch_sharded."
                                 "TorchShardedManager on every rank: pass manager=TorchShardedManager.from_env(...), "
                                 "or no manager=")
-            manager.attach()
-            return manager.restore_sharded(self.sharded, self._broadcast_step)
+            return manager.restore(like=self.sharded)
         found: list = []
         # Rank 0's restore may download and read the whole step: the others wait beating (run_beating).
         run_beating((lambda: found.append(manager.restore())) if self.rank == 0 else None, self.group)
         restored = found[0] if found else None
-        step = self._broadcast_step(restored[0] if restored is not None else -1)
+        message = self._torch.tensor([restored[0] if restored is not None else -1], dtype=self._torch.int64)
+        self._dist.broadcast(message, src=0, group=self.group)  # rank 0's step (-1: none) on every rank
+        step = int(message[0])
         if self.rank == 0 or step < 0:
             return restored
         restored = manager.restore(step=step)
@@ -209,12 +230,6 @@ class Job:
             raise RuntimeError(f"rank {self.rank} cannot restore step {step}, which rank 0 restored; see the "
                                "warnings above (a multi-rank job needs every rank to read the same checkpoint)")
         return restored
-
-    def _broadcast_step(self, step: int) -> int:
-        """Rank 0's step (-1: none) on every rank."""
-        message = self._torch.tensor([step], dtype=self._torch.int64)
-        self._dist.broadcast(message, src=0, group=self.group)
-        return int(message[0])
 
     def save_outcome(self, step: int, save: Callable[[], SaveOutcome | None],
                      deadline: float | None) -> SaveOutcome:
@@ -233,12 +248,8 @@ class Job:
             run_beating(None, self.group)
         if self.rank == 0:
             message[0], message[1] = _STATES.index(outcome.state), _DURABLE.index(outcome.durable)
-        work = self._dist.broadcast(message, src=0, group=self.group, async_op=True)
         try:
-            if deadline is None:
-                work.wait()
-            else:
-                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            wait(self._dist.broadcast(message, src=0, group=self.group, async_op=True), deadline)
         except RuntimeError as exc:  # gloo's timeout, or a peer that is gone
             if self.rank == 0:
                 _log.warning("could not tell the other ranks the save's outcome", step=step, error=str(exc))

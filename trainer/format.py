@@ -92,6 +92,27 @@ def marker_bytes(step: int, manifest_data: bytes, algorithm: str) -> bytes:
                        "checksum_algorithm": algorithm}).encode()
 
 
+def new_manifest(step: int, kind: str, framework: str, durable: str, files: dict[str, dict],
+                 algorithm: str = checksum.DEFAULT_ALGORITHM, **extra) -> dict:
+    """A step's manifest: what the marker's checksum covers and what a reader checks every file against."""
+    return {"format": FORMAT, "version": VERSION, "step": step, "kind": kind, "framework": framework,
+            "created_at": time.time(), "durable": durable, "checksum_algorithm": algorithm,
+            "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())), **extra}
+
+
+def commit(step_dir: str, step: int, manifest_data: bytes, control: WriteControl | None = None,
+           algorithm: str = checksum.DEFAULT_ALGORITHM) -> None:
+    """The manifest, then COMMITTED last, each fsync'd with its directory and the parent: the step's data files must
+    be durable already. The control is checked once more before the marker."""
+    write_file_durable(os.path.join(step_dir, MANIFEST), manifest_data)
+    fsync_dir(step_dir)
+    if control is not None:
+        control.check(f"committing step {step}")
+    write_file_durable(os.path.join(step_dir, MARKER), marker_bytes(step, manifest_data, algorithm))
+    fsync_dir(step_dir)
+    fsync_dir(os.path.dirname(step_dir))
+
+
 @dataclass
 class WriteControl:
     """Stops a write between chunks: at `deadline` (time.monotonic()) or when `cancelled()` turns true."""
@@ -189,20 +210,8 @@ def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durab
         control.check(f"finishing step {step}")
         write_file_durable(os.path.join(final, SKELETON), payload.skeleton)
         files[SKELETON] = {"size": len(payload.skeleton), "checksum": checksum.of_bytes(payload.skeleton, algorithm)}
-        manifest = {
-            "format": FORMAT, "version": VERSION, "step": step, "kind": kind, "framework": payload.framework,
-            "created_at": time.time(), "durable": durable, "checksum_algorithm": algorithm,
-            "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())),
-            "arrays": entries,
-            **(extra or {}),
-        }
-        manifest_data = json.dumps(manifest, indent=1).encode()
-        write_file_durable(os.path.join(final, MANIFEST), manifest_data)
-        fsync_dir(final)
-        control.check(f"committing step {step}")
-        write_file_durable(os.path.join(final, MARKER), marker_bytes(step, manifest_data, algorithm))
-        fsync_dir(final)
-        fsync_dir(root)
+        manifest = new_manifest(step, kind, payload.framework, durable, files, algorithm, arrays=entries, **(extra or {}))
+        commit(final, step, json.dumps(manifest, indent=1).encode(), control, algorithm)
         return manifest
     except BaseException:
         hash_ex.shutdown(wait=True, cancel_futures=True)

@@ -3,7 +3,7 @@
 Each rank writes a token of its own into the local directory, the tokens are exchanged (an all-gather: the ranks'
 files are all written before any rank reads), and each rank reports the ranks whose token it can read back there.
 A shared filesystem mounted on several hosts counts as shared, as it is. The answer decides the commit protocol
-(torch_sharded.py, jax_distributed.py): one directory for the job → commit there, then upload; several → every
+(commit.py): one directory for the job → commit there, then upload; several → every
 host uploads its own files and the commit is written in the remote store.
 """
 

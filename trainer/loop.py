@@ -18,18 +18,15 @@ step (respawn.ckpt.distributed).
 
 from __future__ import annotations
 
-import random
 import signal
-import sys
 import time
-from typing import Any, Callable, Iterator
-
-import numpy as np
+from typing import Any, Iterator
 
 from respawn import contract
 
 from . import _log, distributed
-from .manager import CheckpointManager, SaveOutcome
+from .manager import CheckpointManager, Manager, SaveOutcome
+from .objects import accessors, capture_rng, like, restore_rng
 
 
 class Preempted(SystemExit):
@@ -40,48 +37,6 @@ class Preempted(SystemExit):
     def __init__(self, outcome: SaveOutcome) -> None:
         super().__init__(contract.EXIT_PREEMPTED)
         self.outcome = outcome
-
-
-def _accessors(name: str, obj: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """(get_state, load_state) for an object the loop restores in place."""
-    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
-        return obj.state_dict, obj.load_state_dict  # torch modules, optimizers, schedulers; DCP-style Stateful
-    if callable(getattr(obj, "get_state", None)) and callable(getattr(obj, "set_state", None)):
-        return obj.get_state, obj.set_state  # torch.Generator, numpy.random.RandomState
-    if isinstance(obj, np.random.Generator):
-        bit_generator = obj.bit_generator
-        return (lambda: bit_generator.state), (lambda s: setattr(bit_generator, "state", s))
-    if isinstance(obj, dict):
-        return (lambda: obj), (lambda s: (obj.clear(), obj.update(s)))
-    raise TypeError(f"TrainingLoop cannot restore {name}={type(obj).__name__} in place: pass an object with "
-                    "state_dict()/load_state_dict() or get_state()/set_state(), a numpy Generator or a dict, "
-                    "or put immutable values into state=")
-
-
-def _capture_rng() -> dict:
-    if sys.modules.get("torch") is not None:
-        from .torch_state import capture_rng
-
-        return capture_rng()  # torch (and initialized CUDA), Python, NumPy
-    return {"python": random.getstate(), "numpy": np.random.get_state()}
-
-
-def _restore_rng(rng: dict) -> None:
-    if "torch" in rng:
-        from .torch_state import restore_rng
-
-        restore_rng(rng)
-        return
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-
-
-def _like(restored: Any, template: Any) -> Any:
-    if sys.modules.get("jax") is not None:
-        from .jax_state import to_template
-
-        return to_template(restored, template)  # the template's pytree structure and shardings
-    return restored
 
 
 class TrainingLoop:
@@ -101,7 +56,7 @@ class TrainingLoop:
     save's SaveOutcome).
     """
 
-    def __init__(self, total_steps: int, *, every: int, state: Any = None, manager: CheckpointManager | None = None,
+    def __init__(self, total_steps: int, *, every: int, state: Any = None, manager: Manager | None = None,
                  rng: bool = True, signals: tuple[int, ...] = (signal.SIGTERM,), **objects: Any) -> None:
         if total_steps < 0 or every < 0:
             raise ValueError(f"total_steps and every must be >= 0, got {total_steps} and {every}")
@@ -112,10 +67,8 @@ class TrainingLoop:
         self._has_state = state is not None
         # None: a single process, on which nothing below costs anything (FSDP2 at world size 1 is a job: DCP state).
         self._job = distributed.current_job(objects)
-        if self._job is not None:
-            self._job.check_replicated(objects)
         self._writes = self._job is None or self._job.writer
-        self._objects = {name: _accessors(name, obj) for name, obj in objects.items()}
+        self._objects = {name: accessors(name, obj) for name, obj in objects.items()}
         if manager is None:
             manager = (CheckpointManager.from_env(total_steps=total_steps) if self._job is None
                        else self._job.default_manager(total_steps))
@@ -169,9 +122,9 @@ class TrainingLoop:
             for name, (_, load) in self._objects.items():
                 load(ckpt[name])
             if self._has_state:
-                self.state = _like(ckpt["state"], self.state)
+                self.state = like(ckpt["state"], self.state)
             if self.rng and "rng" in ckpt:
-                _restore_rng(ckpt["rng"])
+                restore_rng(ckpt["rng"])
             self.start = self.step = step
         if self._writes and self.every and (self.start // self.every + 1) * self.every < self.total_steps:
             self.manager.prepare_snapshot(self._capture())  # buffers for the periodic saves, off the loop
@@ -183,7 +136,7 @@ class TrainingLoop:
         if self._has_state:
             ckpt["state"] = self.state
         if self.rng:
-            ckpt["rng"] = _capture_rng()
+            ckpt["rng"] = capture_rng()
         return ckpt
 
     # ---- the steps ------------------------------------------------------------------------------------------
@@ -201,7 +154,7 @@ class TrainingLoop:
     def _steps(self) -> Iterator[int]:
         mgr, total, every = self.manager, self.total_steps, self.every
         step = self.start
-        if self._notice():  # the notice came during the restore
+        if mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr):  # during the restore
             self._preempt(step)
         first, began = True, time.monotonic()
         while step < total:
@@ -212,7 +165,7 @@ class TrainingLoop:
             if first:  # when this life's training really began (the boot benchmark reads it, bench/boot.py)
                 _log.info("first step done", step=step, seconds=round(time.monotonic() - began, 3))
                 first = False
-            # self._notice(), inlined: the single-process path pays no extra call per step.
+            # Inlined: the single-process path pays no extra call per step.
             if mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr):
                 self._preempt(step)
             if every and step % every == 0 and step < total and self._writes:
@@ -228,9 +181,6 @@ class TrainingLoop:
         if self.final is None or not self.final.committed:
             why = f"{self.final.state.value}: {self.final.reason}" if self.final else "the save thread died"
             raise RuntimeError(f"the final checkpoint (step {total}) was not committed: {why}")
-
-    def _notice(self) -> bool:
-        return self.manager.preemption_requested if self._job is None else self._job.agree_notice(self.manager)
 
     def _preempt(self, step: int) -> None:
         mgr = self.manager

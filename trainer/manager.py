@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Callable, Iterator, Literal, Protocol
 
 from respawn import contract
 
@@ -67,6 +67,31 @@ def plan_retention(steps: dict[int, bool], kinds: dict[int, str], keep: int, pro
     if emergencies:
         keep_set.add(emergencies[0])
     return sorted(s for s in steps if s not in keep_set)
+
+
+class Manager(Protocol):
+    """What TrainingLoop and a job use of a checkpoint manager: CheckpointManager (one process; DDP's ranks),
+    TorchShardedManager and ShardedCheckpointManager. restore() means the same on each: (step, state) of the newest
+    committed step that verifies (`step`: that one only), or None; where every member writes shards, every member
+    calls it and all get the same step, loaded into `like` (the objects restored in place) for DCP."""
+
+    status: StatusWriter
+
+    @property
+    def preemption_requested(self) -> bool: ...
+    @property
+    def notice_at(self) -> float | None: ...
+    def install_notice_handler(self, signals: tuple[int, ...] = ...) -> dict | None: ...
+    def request_preemption(self, reason: str = ..., notice_at: float | None = None) -> None: ...
+    def deadline(self) -> float: ...
+    def report_step(self, step: int) -> None: ...
+    def prepare_snapshot(self, state: Any) -> None: ...
+    def save(self, step: int, state: Any, *, blocking: bool = ..., kind: str = ...) -> SaveOutcome | None: ...
+    def emergency_save(self, step: int, state: Any) -> SaveOutcome: ...
+    def note_outcome(self, outcome: SaveOutcome, kind: str) -> None: ...
+    def finish(self, step: int) -> None: ...
+    def close(self) -> None: ...
+    def restore(self, step: int | None = None, like: Any = None) -> tuple[int, Any] | None: ...
 
 
 class CheckpointManager:
@@ -371,12 +396,65 @@ class CheckpointManager:
 
     # ---- restore --------------------------------------------------------------------------------------------
 
-    def restore(self, step: int | None = None) -> tuple[int, Any] | None:
+    def restore(self, step: int | None = None, like: Any = None) -> tuple[int, Any] | None:
         """(step, state) of the highest committed step whose checksums verify, looking at the local dir and
         the remote store; falls back step by step past torn or corrupt ones. None if there is none.
-        step: that step only (a multi-rank job restores on every rank the step its rank 0 restored)."""
-        only = step
+        step: that step only (a multi-rank job restores on every rank the step its rank 0 restored).
+        like: what a format that loads into existing state needs (torch DCP); this format holds the whole state."""
         started = time.monotonic()
+
+        def load(store, s: int) -> tuple[dict, Any]:
+            step_dir = store.get_step(s, self.local.root)
+            manifest = fmt.verify(step_dir, data=False)
+            fmt.check_layout(manifest, s, None)
+            return manifest, fmt.load(step_dir, manifest)  # checks the data checksums as it reads
+
+        for s, store, (manifest, state) in self._verified_steps(load, only=step):
+            self._restored(s, manifest, store=store.uri, seconds=round(time.monotonic() - started, 3))
+            return s, state
+        return None
+
+    def _verified_steps(self, open_step: Callable[[Any, int], Any], only: int | None = None) -> Iterator[tuple]:
+        """The one search for the newest verified step, which every manager's restore runs: (step, store,
+        open_step(store, step)) for each committed step that opens, newest first, the local copy before the remote
+        one (`only`: that step alone). A step that does not open (torn, corrupt, unreadable) is logged and the next
+        older one tried. Past the last: NotRestorable if a committed step failed to open (training must not start
+        over at step 0 unnoticed), else a log line that there was none."""
+        started = time.monotonic()
+        local, remote = self._committed_steps()
+        failed: dict[int, str] = {}
+        for step in sorted((s for s in local | remote if only is None or s == only), reverse=True):
+            for store in ([self.local] if step in local else []) + ([self.remote] if step in remote else []):
+                try:
+                    opened = open_step(store, step)
+                except fmt.NotRestorable:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - corrupt, torn or unreadable: the next copy or step
+                    failed[step] = str(exc) if isinstance(exc, fmt.CorruptCheckpoint) else f"{type(exc).__name__}: {exc}"
+                    _log.warning("checkpoint unusable; falling back to an older one", step=step, store=store.uri,
+                                 reason=failed[step])
+                    continue
+                yield step, store, opened
+                break
+        if failed:
+            raise unrestorable(failed, self.local.uri, self.remote.uri if self.remote else None)
+        _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri,
+                  remote=self.remote.uri if self.remote else None, seconds=round(time.monotonic() - started, 3))
+
+    def _restored(self, step: int, manifest: dict, **fields: Any) -> None:
+        """Record a restored step: this life starts there (status file and log)."""
+        durable = "remote" if self.remote is None or step in self._remote_committed else "local"
+        self._step = step
+        self.status.update(step=step, committed_step=step, committed_kind=manifest["kind"], committed_durable=durable)
+        _log.info("restored checkpoint", step=step, kind=manifest["kind"], durable=durable,
+                  framework=manifest["framework"], bytes=manifest["total_bytes"], **fields)
+
+    # ---- retention ------------------------------------------------------------------------------------------
+
+    def _committed_steps(self) -> tuple[set[int], set[int]]:
+        """The committed steps on the local disk and in the remote store, remembered as the remote's; a remote
+        store that cannot be listed counts as empty (the local copies may still do). Uncommitted steps newer than
+        all of them are logged: a torn or interrupted save."""
         listing = {self.local: self.local.steps()}
         if self.remote is not None:
             try:
@@ -384,79 +462,20 @@ class CheckpointManager:
             except Exception as exc:  # noqa: BLE001 - local copies may still do
                 _log.error("cannot list the remote checkpoint store; trying local copies only",
                            remote=self.remote.uri, error=f"{type(exc).__name__}: {exc}")
-        local_steps = {s for s, c in listing[self.local].items() if c}
-        remote_steps = {s for s, c in listing.get(self.remote, {}).items() if c} if self.remote else set()
-        newest = max(local_steps | remote_steps, default=-1)
+        committed = {store: {s for s, c in steps.items() if c} for store, steps in listing.items()}
+        newest = max(set().union(*committed.values()), default=-1)
         for store, steps in listing.items():
             for s in sorted((s for s, c in steps.items() if not c and s > newest), reverse=True):
                 _log.warning("checkpoint has no commit marker (torn or interrupted save); falling back to an "
                              "older one", step=s, store=store.uri)
-        self._remote_committed = set(remote_steps)
-        failed: dict[int, str] = {}
-        for step in sorted(local_steps | remote_steps, reverse=True):
-            if only is not None and step != only:
-                continue
-            sources = ([self.local] if step in local_steps else []) + ([self.remote] if step in remote_steps else [])
-            for store in sources:
-                try:
-                    step_dir = store.get_step(step, self.local.root)
-                    manifest = fmt.verify(step_dir, data=False)
-                    fmt.check_layout(manifest, step, None)
-                    state = fmt.load(step_dir, manifest)  # checks the data checksums as it reads
-                except fmt.NotRestorable:
-                    raise
-                except (fmt.CorruptCheckpoint, OSError, ValueError, EOFError) as exc:
-                    failed[step] = (f"{type(exc).__name__}: {exc}" if not isinstance(exc, fmt.CorruptCheckpoint)
-                                    else str(exc))
-                    _log.warning("checkpoint unusable; falling back to an older one", step=step, store=store.uri,
-                                 reason=failed[step])
-                    continue
-                except Exception as exc:  # noqa: BLE001 - e.g. a network error on one store: try the next
-                    failed[step] = f"{type(exc).__name__}: {exc}"
-                    _log.warning("checkpoint could not be read; falling back", step=step, store=store.uri,
-                                 reason=failed[step])
-                    continue
-                durable = "remote" if (self.remote is None or step in remote_steps) else "local"
-                self._step = step
-                self.status.update(step=step, committed_step=step, committed_kind=manifest["kind"],
-                                   committed_durable=durable)
-                _log.info("restored checkpoint", step=step, kind=manifest["kind"], store=store.uri, durable=durable,
-                          framework=manifest["framework"], bytes=manifest["total_bytes"],
-                          seconds=round(time.monotonic() - started, 3))
-                return step, state
-        if failed:
-            raise unrestorable(failed, self.local.uri, self.remote.uri if self.remote else None)
-        _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri,
-                  remote=self.remote.uri if self.remote else None, seconds=round(time.monotonic() - started, 3))
-        return None
-
-    # ---- retention ------------------------------------------------------------------------------------------
-
-    def _committed_steps(self) -> tuple[set[int], set[int]]:
-        """The committed steps on the local disk and in the remote store, remembered as the remote's; a remote
-        store that cannot be listed counts as empty (the local copies may still do). For the multi-rank managers'
-        restore, which need no report of uncommitted steps."""
-        local = {s for s, c in self.local.steps().items() if c}
-        remote: set[int] = set()
-        if self.remote is not None:
-            try:
-                remote = {s for s, c in self.remote.steps().items() if c}
-            except Exception as exc:  # noqa: BLE001 - local copies may still do
-                _log.error("cannot list the remote checkpoint store; trying local copies only",
-                           remote=self.remote.uri, error=f"{type(exc).__name__}: {exc}")
-        self._remote_committed = set(remote)
-        return local, remote
+        self._remote_committed = set(committed.get(self.remote, ()))
+        return committed[self.local], set(self._remote_committed)
 
     def _kind(self, store, step: int) -> str | None:
         key = (store.uri, step)
         if key not in self._kinds:
             try:
-                if isinstance(store, LocalStore):
-                    with open(os.path.join(store.step_dir(step), fmt.MANIFEST), "rb") as f:
-                        self._kinds[key] = json.loads(f.read())["kind"]
-                else:
-                    blob = store.bucket.blob(store._name(step, fmt.MANIFEST))
-                    self._kinds[key] = json.loads(blob.download_as_bytes())["kind"]
+                self._kinds[key] = json.loads(store.read(step, fmt.MANIFEST))["kind"]
             except Exception:  # noqa: BLE001 - unknown kind counts as periodic
                 return None
         return self._kinds[key]

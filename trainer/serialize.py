@@ -178,7 +178,7 @@ class SnapshotBuffers:
         self._bufs.clear()
 
 
-def _map_tree(x: Any, replace: Callable[[Any], Any]) -> Any:
+def map_tree(x: Any, replace: Callable[[Any], Any]) -> Any:
     """Rebuild the containers of `x` (dicts and OrderedDicts, lists, tuples, namedtuples such as optimizer states)
     with every node for which `replace` returns something other than None replaced by that; anything else is kept
     as it is (and pickled whole)."""
@@ -187,13 +187,13 @@ def _map_tree(x: Any, replace: Callable[[Any], Any]) -> Any:
         return new
     t = type(x)
     if t is dict or (isinstance(x, dict) and t.__name__ == "OrderedDict"):
-        return t((k, _map_tree(v, replace)) for k, v in x.items())
+        return t((k, map_tree(v, replace)) for k, v in x.items())
     if t is list:
-        return [_map_tree(v, replace) for v in x]
+        return [map_tree(v, replace) for v in x]
     if t is tuple:
-        return tuple(_map_tree(v, replace) for v in x)
+        return tuple(map_tree(v, replace) for v in x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return t(*(_map_tree(v, replace) for v in x))
+        return t(*(map_tree(v, replace) for v in x))
     return x
 
 
@@ -239,14 +239,14 @@ def flatten(state: Any, *, copy: bool, buffers: SnapshotBuffers | None = None, f
             return ArrayRef(index)
         return None
 
-    skeleton = _map_tree(state, take)
+    skeleton = map_tree(state, take)
     if cuda_used:
         _torch().cuda.synchronize()  # the non_blocking copies must land before the loop mutates the source
     fw = framework or ("torch" if seen["torch"] else "jax" if seen["jax"] else "numpy")
     return Payload(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), arrays, fw)
 
 
-def _np_dtype(name: str) -> np.dtype:
+def np_dtype(name: str) -> np.dtype:
     try:
         return np.dtype(name)
     except TypeError:
@@ -263,7 +263,7 @@ def allocate(meta: dict):
 
         t = torch.empty(shape, dtype=getattr(torch, meta["dtype"]))
         return t, t.reshape(-1).view(torch.uint8).numpy()
-    a = np.empty(shape, dtype=_np_dtype(meta["dtype"]))
+    a = np.empty(shape, dtype=np_dtype(meta["dtype"]))
     return a, a.reshape(-1).view(np.uint8)
 
 
@@ -281,4 +281,4 @@ def finish(meta: dict, arr):
 
 
 def unflatten(skeleton: bytes, arrays: list) -> Any:
-    return _map_tree(pickle.loads(skeleton), lambda x: arrays[x.index] if isinstance(x, ArrayRef) else None)
+    return map_tree(pickle.loads(skeleton), lambda x: arrays[x.index] if isinstance(x, ArrayRef) else None)

@@ -17,7 +17,7 @@ import threading
 import time
 from urllib.parse import urlparse
 
-from . import checksum, format as fmt
+from . import format as fmt
 
 UPLOAD_WORKERS = 8
 
@@ -129,16 +129,12 @@ class LocalStore:
 
     def commit_step(self, step: int, manifest: dict, control=None) -> None:
         """The manifest, then the marker: the step's data files must be here already."""
-        dst = self.step_dir(step)
-        data = remote_manifest(manifest)
-        fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), data)
-        fmt.fsync_dir(dst)
-        if control is not None:
-            control.check(f"committing copy of step {step}")
-        fmt.write_file_durable(os.path.join(dst, fmt.MARKER),
-                               fmt.marker_bytes(step, data, manifest["checksum_algorithm"]))
-        fmt.fsync_dir(dst)
-        fmt.fsync_dir(self.root)
+        fmt.commit(self.step_dir(step), step, remote_manifest(manifest), control, manifest["checksum_algorithm"])
+
+    def read(self, step: int, name: str) -> bytes:
+        """One file of a step (e.g. its manifest)."""
+        with open(os.path.join(self.step_dir(step), name), "rb") as f:
+            return f.read()
 
     def get_step(self, step: int, local_root: str, control=None, names=None) -> str:
         """A local directory holding this step (for a local store: the directory itself, nothing copied)."""
@@ -209,6 +205,10 @@ class GCSStore:
                 blob.delete()
             except exceptions.NotFound:
                 pass
+
+    def read(self, step: int, name: str) -> bytes:
+        """One object of a step (e.g. its manifest)."""
+        return self.bucket.blob(self._name(step, name)).download_as_bytes()
 
     def put_step(self, src_dir: str, step: int, manifest: dict, control=None) -> None:
         self.delete_step(step)  # an uncommitted leftover of an earlier attempt
@@ -283,4 +283,4 @@ def open_store(uri: str):
     return LocalStore(uri)
 
 
-__all__ = ["LocalStore", "GCSStore", "open_store", "checksum"]
+__all__ = ["LocalStore", "GCSStore", "open_store"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,10 +25,12 @@ from torch.distributed.fsdp import fully_shard
 from respawn.ckpt import TrainingLoop, collective_timeout
 from respawn.ckpt.examples._common import parse_args, progress
 from respawn.ckpt.examples.torch_mlp import BATCH, D_IN, HIDDEN, N
+from respawn.ckpt.commit import Seam
 from respawn.ckpt.torch_sharded import TorchShardedManager
 
 
-def main(argv=None) -> int:
+def main(argv=None, seam: Callable[[], Seam] | None = None) -> int:
+    """seam: builds the checkpoint commit's exchanges (default: TorchShardedManager's; a test injects a fault)."""
     args = parse_args("torch_fsdp", argv)
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
@@ -75,7 +78,8 @@ def main(argv=None) -> int:
         return total.item() / world
 
     # Every rank writes its shards; under the node agent only rank 0 writes RESPAWN_STATUS_FILE.
-    mgr = TorchShardedManager.from_env(default_dir=args.checkpoint_dir, total_steps=args.steps, keep=args.keep)
+    mgr = TorchShardedManager.from_env(default_dir=args.checkpoint_dir, total_steps=args.steps, keep=args.keep,
+                                       seam=seam() if seam else None)
     with TrainingLoop(args.steps, every=args.checkpoint_every, manager=mgr, model=model, optimizer=opt,
                       scheduler=sched, data=data, shuffle=shuffle) as loop, \
             progress(f"torch_fsdp[rank {rank}]", args, loop) as report:
