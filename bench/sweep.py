@@ -41,7 +41,7 @@ from respawn.control import clients
 from respawn.control.adapters.compute import ComputeProvider
 from respawn.control.settings import ControlSettings
 from respawn.contract import heartbeat_id
-from respawn.schema import JOBS, NODES, JobStatus, State, node_name, parse_spec
+from respawn.schema import JOBS, NODES, JobStatus, MemberStatus, State, node_name, parse_spec
 from sim.bridges import pubsub_cloudevent
 
 SLOW_ZONE = "us-west1-a"  # a-slow's only zone: its operations hang there
@@ -60,8 +60,10 @@ def _mix(jobs: int) -> dict[str, list[str]]:
 
 def _running_status(zone: str, node: str) -> dict[str, Any]:
     now = datetime.now(timezone.utc)
-    return JobStatus(state=State.RUNNING, attempt=1, node=node, zone=zone, provisioning="spot", create_state="created",
-                     node_started_at=now, zones_used=[zone], updated_at=now, revision=1).model_dump()
+    member = MemberStatus(state=State.RUNNING, attempt=1, node=node, zone=zone, provisioning="spot",
+                          create_state="created", node_started_at=now)
+    return JobStatus(state=State.RUNNING, attempt=1, node=node, zone=zone, provisioning="spot", members=[member],
+                     zones_used=[zone], updated_at=now, revision=1).model_dump()
 
 
 def setup(cloud: Cloud, mix: dict[str, list[str]], concurrency: int) -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""The decision core: a pure function from what reconcile observed to at most one action plus the status to record.
+"""The decision core: a pure function from what reconcile observed of one member slot (a one-node job has one;
+functions/job.py calls it for each) to at most one action plus the slot's status to record.
 
-All recovery policy lives here (and in placement.py, which it calls), including what an action's outcome means
+All recovery policy lives here (and in placement.py and recovery.py, which it calls), including what an action's outcome means
 (followup, after_act: reconcile._act only performs the call, classifies how it ended and carries out the answer).
 No cloud library, no I/O, no clock: `now` is part of the observation. reconcile.py commits `Decision.status` with a
 conditional write *before* it performs `Decision.action`, and every action is idempotent, so a crash or a duplicate
@@ -11,7 +12,8 @@ terminated, stopped, gone, stale heartbeat, crashed trainer) → PREEMPTED while
 (a STOP-terminated Spot VM may instead be started in place: → PROVISIONING directly); every zone refused →
 WAITING_FOR_CAPACITY → PROVISIONING after a backoff; FAILED past max_failures (or max_preemptions, or a preemption
 rate whose action is fail), after two boots in a row whose agent never reported, or on a non-retryable error;
-CANCELLED on request; INVALID when the spec does not validate. A terminal job's node is always deleted.
+CANCELLED on request; INVALID when the spec does not validate (those two, and deleting a terminal job's nodes, are
+the job's: functions/job.py).
 
 A loss is a preemption (the platform took the node: preempted, host error, stopped or deleted from outside) or a
 failure (the job's own: its trainer crashed, its agent went silent, or it never reported after boot: a boot
@@ -29,7 +31,7 @@ from typing import Any, Literal, Mapping, Sequence
 from respawn.control import alerts, placement, recovery
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
 from respawn.schema import (CONSOLE_TAIL_CHARS, MAX_PREEMPTION_TIMES, CapacityRecord, Heartbeat, JobSpec, JobStatus,
-                            NodeState, State, node_name)
+                            MemberStatus, NodeState, SlotStatus, State, node_name)
 
 
 class Phase(str, enum.Enum):
@@ -104,7 +106,7 @@ class Settings:
     backoff_base_seconds: float = 30
     max_in_place_restarts: int = 1  # per node; then the node is replaced (a new name, maybe a new zone)
     # A multi-node generation whose step has not changed for this long while every member trains in it and beats is
-    # stalled (a partition: multinode.stalled); 0 turns the rule off. Far above a beat (15 s) and a usual pause
+    # stalled (a partition: job.stalled); 0 turns the rule off. Far above a beat (15 s) and a usual pause
     # between two steps (a checkpoint save, a trainer's start and restore), and below the trainers' collective
     # timeout (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS, 300 s), so a cut-off member is replaced before the survivors'
     # collectives fail and restart the world with it. Raise both for longer pauses.
@@ -116,7 +118,7 @@ class Observation:
     job_id: str
     spec: JobSpec | None
     spec_errors: tuple[str, ...]
-    status: JobStatus
+    status: SlotStatus | JobStatus  # a member slot's (decide), the job's (functions/job.py)
     cancel_requested: bool
     node: NodeObs  # the API's view of status.node in status.zone
     heartbeat: Heartbeat | None  # nodes/{status.node}
@@ -125,7 +127,7 @@ class Observation:
     blocked: Mapping[str, datetime] = field(default_factory=dict)  # zone → cooldown end, for this accelerator
     settings: Settings = Settings()
     image: ImageCheck | None = None  # the boot image as checked on the job's first handling (GPU); None: not checked
-    # A member slot of a job of several nodes is decided as a one-node job (functions/multinode.py): its next node
+    # A member slot of a job of several nodes is decided as a one-node job (functions/job.py): its next node
     # takes the job-wide attempt counter's next number, not its own. None: status.attempt + 1.
     next_attempt: int | None = None
     # node name → the end of its serial console, read only for a node that needs_console() says decide may declare
@@ -140,7 +142,7 @@ class Act(str, enum.Enum):
     DELETE = "delete"  # delete the node; 404 is success
     POLL = "poll"  # a transition is under way: look again shortly (within this invocation's budget)
     WAIT = "wait"  # nothing to do before `until` (the sweep comes back)
-    SET_GENERATION = "set_generation"  # write generation `value` into the `targets` members' metadata (multinode.py)
+    SET_GENERATION = "set_generation"  # write generation `value` into the `targets` members' metadata (functions/job.py)
 
 
 @dataclass(frozen=True)
@@ -163,20 +165,20 @@ POLL = Action(Act.POLL)
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    status: JobStatus | None = None  # to commit before acting; None: unchanged
+    status: SlotStatus | JobStatus | None = None  # to commit before acting; None: unchanged
     cause: str | None = None  # the event cause when the state changes
     alert: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def needs_capacity(status: JobStatus, node: NodeObs) -> bool:
+def needs_capacity(status: MemberStatus, node: NodeObs) -> bool:
     """Whether decide() may consult the zone cooldowns (Observation.blocked) for a job in `status` whose node is
     `node`: only when it may place a node or weigh a restart in place. observe() skips those reads otherwise."""
     return (status.state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
             or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING))
 
 
-def needs_console(status: JobStatus, node: NodeObs, heartbeat: Heartbeat | None, settings: Settings,
+def needs_console(status: MemberStatus, node: NodeObs, heartbeat: Heartbeat | None, settings: Settings,
                   now: datetime) -> bool:
     """Whether decide() may declare the current node a boot failure (it serves, past its boot grace, and its agent
     never reported), and so read its console (Observation.consoles): observe() reads it only then."""
@@ -193,7 +195,7 @@ def relevant_heartbeat(o: Observation) -> Heartbeat | None:
     return _current(o.heartbeat, o.status)
 
 
-def _current(hb: Heartbeat | None, s: JobStatus) -> Heartbeat | None:
+def _current(hb: Heartbeat | None, s: MemberStatus) -> Heartbeat | None:
     if hb is None or hb.attempt != s.attempt:
         return None
     if s.node_started_at is not None and hb.heartbeat_at < s.node_started_at:
@@ -232,7 +234,7 @@ def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
     })
 
 
-def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:
+def _upd(s: SlotStatus, now: datetime, **changes: Any) -> SlotStatus:
     return s.model_copy(update={**changes, "updated_at": now, "revision": s.revision + 1})
 
 
@@ -241,25 +243,12 @@ def _delete(o: Observation) -> Action:
 
 
 def decide(o: Observation) -> Decision:
-    s, now = o.status, o.now
+    """A member slot's decision. Its job is live: one that ended, is cancelled or has an invalid spec is decided
+    for the whole job, before any slot (functions/job.py)."""
+    s, now, spec = o.status, o.now, o.spec
     state = s.state
-
-    if state.terminal:
-        # Nothing may keep billing after the end: a node left by a crash between record and delete goes now.
-        if o.node.present and o.node.phase is not Phase.DELETING:
-            return Decision(_delete(o))
-        return Decision(POLL if o.node.phase is Phase.DELETING else NONE)
-
-    if o.spec is None:
-        msg = "invalid job spec: " + "; ".join(o.spec_errors)
-        st = _upd(s, now, state=State.INVALID, message=msg)
-        alert = alerts.make("invalid_spec", o.job_id, now, msg, errors=list(o.spec_errors))
-        return Decision(_delete(o) if o.node.present else NONE, st, "invalid_spec", alert)
-    spec = o.spec
-
-    if o.cancel_requested:
-        st = _upd(s, now, state=State.CANCELLED, message="cancelled by the user")
-        return Decision(_delete(o) if o.node.present else NONE, st, "cancel_requested")
+    if spec is None or state.terminal or o.cancel_requested:
+        raise ValueError(f"job {o.job_id} is {state.value}, cancelled or invalid: functions/job.py decides it")
 
     hb = relevant_heartbeat(o)
     if hb is not None and hb.state is NodeState.EXITED and hb.exit_code == 0:
@@ -340,7 +329,7 @@ def decide(o: Observation) -> Decision:
     return Decision(POLL)  # BOOTING (restarting), STOPPING before a restart in place, DELETING, UNKNOWN
 
 
-def _setup_failed(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
+def _setup_failed(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
     """A trainer.setup command failed on the node: the job's environment is wrong, and another node (or zone) runs
     the same command. Not a preemption and not a crash to restart: the job ends FAILED, naming the command."""
     command = " ".join(hb.failed_command or ["?"])
@@ -363,7 +352,7 @@ def _dead_cause(o: Observation) -> str:
     return "preempted" if raw == "PREEMPTED" else f"node_{raw.lower() or 'dead'}"
 
 
-def _progress(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
+def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
     """A healthy running node: record its progress when it changed (no event, no action). A replacement training
     is the recovery, and Slack hears of it: never before, so a node that never reports, or whose setup then fails,
     is never called recovered. Training that advances ends a streak of failures (their backoff)."""
@@ -393,7 +382,7 @@ def _progress(o: Observation, s: JobStatus, hb: Heartbeat) -> Decision:
     return Decision(NONE, _upd(s, o.now, **changes), "recovered" if alert else None, alert)
 
 
-def _running(o: Observation, s: JobStatus, hb: Heartbeat | None) -> Decision:
+def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
     """The API says the node serves: the job runs. After a loss the recovery is told once it trains again
     (_progress), not here: the node may never get that far."""
     message = (f"replacement {s.node} running in {s.zone}; waiting for its agent's first heartbeat" if s.recovering
@@ -413,7 +402,7 @@ def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
 # node served past its boot grace and its agent never reported (a broken image, a failing startup script, an agent
 # that cannot install). Every other cause is the platform taking the node: a preemption (preempted, host error,
 # stopped, deleted or gone from outside, a notice seen by the agent).
-FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # unreachable: multinode.UNREACHABLE
+FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # unreachable: job.UNREACHABLE
 BOOT_FAILURE = "no_heartbeat"
 BOOT_FAILURES_TO_FAIL = 2  # boots in a row whose agent never reported: the second ends the job
 LossKind = Literal["preemption", "failure", "boot_failure"]
@@ -452,7 +441,7 @@ def boot_help(spec: JobSpec, node: str | None, grace: float) -> str:
             "firestore.googleapis.com)")
 
 
-def _recent(s: JobStatus, spec: JobSpec, now: datetime) -> list[datetime]:
+def _recent(s: SlotStatus, spec: JobSpec, now: datetime) -> list[datetime]:
     """The preemption times the rate needs, this one included, newest last."""
     times = [*s.preempted_times, now]
     rate = spec.preemption_rate
@@ -585,7 +574,7 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
     return None
 
 
-def _provision(o: Observation, spec: JobSpec, s: JobStatus, cause: str) -> Decision:
+def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Decision:
     """Choose a zone and commit the next attempt's node name before creating it; or wait when every zone refused."""
     now = o.now
     choice = recovery.strategy_for(spec).choose(spec, s, o.blocked, now)
@@ -684,7 +673,7 @@ def followup(spec: JobSpec | None, a: Action, out: Outcome, now: datetime) -> Fo
     return Followup(record=True)
 
 
-def after_act(job_id: str, s: JobStatus, a: Action, out: Outcome, now: datetime) -> Decision:
+def after_act(job_id: str, s: SlotStatus, a: Action, out: Outcome, now: datetime) -> Decision:
     """What to record after action `a` ended with `out`, on the job's status `s` read after the action.
 
     Decision.status: commit it, conditional on `s` (None: nothing, e.g. a stale outcome: the job moved on);
@@ -719,7 +708,7 @@ def after_act(job_id: str, s: JobStatus, a: Action, out: Outcome, now: datetime)
     return Decision(NONE, failed.status, failed.cause, failed.alert, {"code": out.code, "message": out.message[:500]})
 
 
-def after_create_refused(s: JobStatus, attempt: int, zone: str, kind: str, message: str, now: datetime) -> JobStatus | None:
+def after_create_refused(s: SlotStatus, attempt: int, zone: str, kind: str, message: str, now: datetime) -> SlotStatus | None:
     """The create of `attempt` in `zone` was refused for capacity or quota: remember the zone for this round and
     count the failure. None when the status has moved on (a stale outcome)."""
     if s.attempt != attempt or s.zone != zone or s.create_state != "pending" or s.state is not State.PROVISIONING:
@@ -728,7 +717,7 @@ def after_create_refused(s: JobStatus, attempt: int, zone: str, kind: str, messa
                 tried_zones=[*s.tried_zones, zone], message=f"{zone} refused {s.node} ({kind}): {message}"[:1000])
 
 
-def after_start_refused(s: JobStatus, attempt: int, zone: str, message: str, now: datetime) -> JobStatus | None:
+def after_start_refused(s: SlotStatus, attempt: int, zone: str, message: str, now: datetime) -> SlotStatus | None:
     """A restart in place was refused: the stopped node is deleted (PREEMPTED: the restart was already counted)
     and the replacement goes to another zone of the list."""
     if s.attempt != attempt or s.zone != zone or s.state is not State.PROVISIONING:
@@ -738,7 +727,7 @@ def after_start_refused(s: JobStatus, attempt: int, zone: str, message: str, now
                 message=f"{zone} refused to restart {s.node} in place: {message}"[:1000])
 
 
-def after_create_failed(job_id: str, s: JobStatus, attempt: int, message: str, now: datetime) -> Decision | None:
+def after_create_failed(job_id: str, s: SlotStatus, attempt: int, message: str, now: datetime) -> Decision | None:
     """A create failed for a reason no zone change fixes (bad machine type, permission): the job fails."""
     if s.attempt != attempt or s.state.terminal:
         return None
@@ -748,7 +737,7 @@ def after_create_failed(job_id: str, s: JobStatus, attempt: int, message: str, n
                     alerts.make("failed", job_id, now, msg, restarts=s.restarts, attempt=attempt, cause="create_failed"))
 
 
-def after_created(s: JobStatus, attempt: int, node: str, now: datetime) -> JobStatus | None:
+def after_created(s: SlotStatus, attempt: int, node: str, now: datetime) -> SlotStatus | None:
     """The create of `attempt` finished (or met 409 and adopted the node), or its restart in place did."""
     if s.attempt != attempt or s.node != node or s.create_state not in ("pending", "starting"):
         return None
@@ -763,7 +752,7 @@ def after_created(s: JobStatus, attempt: int, node: str, now: datetime) -> JobSt
 # What a look found and the help text are respawn.images' (the CLI looks too, before it registers a job).
 
 
-def image_missing(o: Observation, s: JobStatus) -> Decision:
+def image_missing(o: Observation, s: SlotStatus) -> Decision:
     """The job's boot image does not exist (seen on its first handling, before any node): INVALID, naming it."""
     assert o.image is not None
     error = missing_error(o.image)

@@ -33,6 +33,12 @@ from respawn.contract import Generation
 from respawn.schema import JobSpec
 
 
+def forms_generations(nodes: int) -> bool:
+    """Whether a job of `nodes` nodes forms generations: a world of several nodes meets at a master; one node
+    trains alone (its agent starts the trainer as soon as it is prepared), so its slot's decision is the job's."""
+    return nodes > 1
+
+
 def slot_provisioning(spec: JobSpec, slot: int) -> str:
     """The provisioning model of slot `slot`: standard for the first on_demand_nodes slots, else the spec's
     model."""
@@ -86,7 +92,7 @@ class Plan:
 
 
 def plan(spec: JobSpec, slots: Sequence[SlotView], previous: Generation | None) -> Plan:
-    """What a multi-node job does with the slots as observed (which empty slot gets a node is multinode.decide's)."""
+    """What a multi-node job does with the slots as observed (which empty slot gets a node is job.decide's)."""
     if sorted(s.slot for s in slots) != list(range(spec.nodes)):
         raise ValueError(f"expected one view per slot 0..{spec.nodes - 1}, got slots {sorted(s.slot for s in slots)}")
     serving = [s for s in slots if s.serving]

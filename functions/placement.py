@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping
 
-from respawn.schema import JobSpec, JobStatus
+from respawn.schema import JobSpec, SlotStatus
 
 Kind = Literal["capacity", "quota", "exists", "not_found", "fatal", "transient"]
 
@@ -101,7 +101,7 @@ def classify(exc: BaseException) -> Classified:
     return Classified("transient", first, message)
 
 
-def backoff(spec: JobSpec, status: JobStatus, blocked: Mapping[str, datetime], now: datetime, base_seconds: float) -> datetime:
+def backoff(spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime, base_seconds: float) -> datetime:
     """When to try again after every zone refused: exponential in the consecutive failures, capped by the spec;
     when zones are under a cooldown, not before the first one ends (nothing could succeed earlier), within the cap."""
     cap = spec.placement.max_backoff_seconds

@@ -125,15 +125,11 @@ class NodeProvider(Protocol):
         """Delete the node and wait for the operation; a node that does not exist is success."""
         ...
 
-
-class MemberProvider(Protocol):
-    """What a job of several GPU VMs needs beside NodeProvider (Compute Engine): a member's address, and writing
-    its generation into its metadata (functions/multinode.py; docs/architecture.md, "Multi-node jobs")."""
-
     def address(self, zone: str, name: str) -> str | None:
-        """The node's internal IP, or None while it has none (or it is gone)."""
+        """The node's internal IP (a TPU slice's worker 0), or None while it has none (or it is gone): a member's
+        address in a job of several nodes (functions/job.py; docs/architecture.md, "Multi-node jobs")."""
         ...
 
     def set_attributes(self, zone: str, name: str, values: dict[str, str]) -> None:
-        """Set these attributes, keep the others, wait for the operation; retried on a stale fingerprint (412)."""
+        """Set these metadata attributes, keep the others, wait for the operation (a member's generation)."""
         ...

@@ -1,15 +1,17 @@
 """reconcile(job_id): observe → decide → record → act, repeated until there is nothing left to do right now.
 
-Observe: the job document, the current node's heartbeat, the node's real state from the Compute Engine or Cloud
-TPU API, the zones under a capacity cooldown (only when decide may place a node: decide.needs_capacity), and the
-tail of the node's serial console (only when decide may call it a boot failure: decide.needs_console). Decide: functions/decide.py (pure). Record: the new status (and
-its lifecycle event) is committed atomically, conditional on the job document being unchanged since it was
-observed (an optimistic transaction, see adapters/firestore_store.py), *before* the side effect; if it changed
+Observe: the job document, each member slot's node as the Compute Engine or Cloud TPU API shows it and its
+heartbeat (job.MemberObs; a one-node job is one slot), the zones under a capacity cooldown (only when decide may
+place a node: decide.needs_capacity), the tail of a node's serial console (only when decide may call it a boot
+failure: decide.needs_console), a member's address (only when the job forms generations: job.needs_address).
+Decide: functions/job.py, the one entry of the pure core (each slot through functions/decide.py). Record: the new
+status (and its lifecycle event) is committed atomically, conditional on the job document being unchanged since it
+was observed (an optimistic transaction, see adapters/firestore_store.py), *before* the side effect; if it changed
 (a concurrent delivery got there first, the user cancelled) nothing is written and the loop observes again. Act:
 create (409 → adopt), start, delete (404 → done): all idempotent.
 
 Outcomes: _act performs the call and classifies how it ended (decide.Outcome, from placement.classify); what that
-means is pure policy in decide.py: followup() (re-raise, cool the zone down) and after_act() (what to commit on the
+means is pure policy: decide.followup() (re-raise, cool the zone down) and job.after_act() (what to commit on the
 job's status read again, the alert, the delete of a node made for a placement the job has left). So capacity/quota
 refusals are recorded (capacity/{zone}~{accel}, and the job's round) and placement goes on; a request that no zone
 can satisfy fails the job; anything transient propagates, so the platform redelivers the event and the next
@@ -30,7 +32,7 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from respawn.control import decide as core
-from respawn.control import identities, multinode, placement
+from respawn.control import identities, job, placement
 from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import ControlStore, FolderGrants, NodeProvider
@@ -104,11 +106,10 @@ class Result:
 
 
 def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, ImageCheck | None] | None = None,
-            ) -> tuple[Observation, JobSpec | None, Any, list[multinode.MemberObs] | None] | None:
-    """What decide() needs, plus the job document's version (its update_time) that a commit is conditional on,
-    and for a job of several nodes what multinode.decide needs of each member slot (None: a one-node job).
-    `image_checks`: boot images already checked in this invocation (image path → check), so that a pass repeated
-    after a conflicting write asks Compute Engine once."""
+            ) -> tuple[Observation, JobSpec | None, Any, list[job.MemberObs]] | None:
+    """What decide() needs: the job, what each member slot's node is (job.MemberObs), and the job document's
+    version (its update_time) that a commit is conditional on. `image_checks`: boot images already checked in this
+    invocation (image path → check), so that a pass repeated after a conflicting write asks Compute Engine once."""
     found = deps.store.job(job_id)
     if found is None:
         return None
@@ -126,62 +127,47 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
             raise SpecError([f"id: {spec.id!r} does not match the document id {job_id!r}"])
     except SpecError as exc:
         spec, errors = None, tuple(exc.errors)
-    kind = spec.accelerator.kind if spec else "gpu"
-    node = core.ABSENT
-    heartbeat = None
-    seen = None
     now = deps.now()
     consoles: dict[str, str | None] = {}
-    # The heartbeats are in the database of the identity the job holds: no other job's node can write there.
-    database = deployment.heartbeat_database(deps.store.identity_of(job_id) if deps.identities else None)
-    if (spec is not None and spec.nodes > 1) or status.members:
-        seen = _observe_members(deps, job_id, kind, status, hint, now, consoles, database)
-    elif status.node and status.zone:
-        provider = deps.providers[kind]
-        raw = provider.get(status.zone, status.node)
-        node = NodeObs(core.phase_of(kind, raw), raw)
-        heartbeat = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(status.node, w), database)
-                                          for w in range(_workers(spec))])
-        if core.needs_console(status, node, heartbeat, deps.config.settings, now):
-            consoles[status.node] = _console(deps, job_id, kind, status.zone, status.node)
+    seen = _observe_members(deps, job_id, spec, status, hint, now, consoles)
     blocked = {}
-    if spec is not None and (any(core.needs_capacity(m, ob.node) for m, ob in zip(multinode.slots(status, spec.nodes),
-                                                                                   seen))
-                             if seen is not None else core.needs_capacity(status, node)):
+    if spec is not None and any(core.needs_capacity(m, ob.node) for m, ob in zip(job.slots(status, spec.nodes),
+                                                                                  seen)):
         blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
     cancel_requested = bool(doc.get("cancel_requested"))
     image = None
     if spec is not None and status.state is State.PENDING and not cancel_requested:
         image = _check_image(deps, job_id, spec, {} if image_checks is None else image_checks)
-    o = Observation(
-        job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=cancel_requested,
-        node=node, heartbeat=heartbeat, now=now, hint=hint.about(status.node, status.node_started_at) if hint else None,
-        blocked=blocked, settings=deps.config.settings, image=image, consoles=consoles,
-    )
+    o = Observation(job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=cancel_requested,
+                    node=core.ABSENT, heartbeat=None, now=now, blocked=blocked, settings=deps.config.settings,
+                    image=image, consoles=consoles)
     return o, spec, version, seen
 
 
-def _observe_members(deps: Deps, job_id: str, kind: str, status: JobStatus, hint: Hint | None, now: datetime,
-                     consoles: dict[str, str | None], database: str) -> list[multinode.MemberObs]:
-    """Each member slot's node as the API shows it, its heartbeat, its address once it runs (asked only until it
-    is recorded), and the event's hint when the event named that node's current life; into `consoles`, the
-    console of a member that decide may call a boot failure."""
+def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, status: JobStatus, hint: Hint | None,
+                     now: datetime, consoles: dict[str, str | None]) -> list[job.MemberObs]:
+    """Each member slot's node as the API shows it, its heartbeat (a TPU slice's: every worker's), its address when
+    the job's core needs it, and the event's hint when the event named that node's current life; into `consoles`,
+    the console of a member that decide may call a boot failure."""
+    kind = spec.accelerator.kind if spec else "gpu"
     provider = deps.providers[kind]
+    # The heartbeats are in the database of the identity the job holds: no other job's node can write there.
+    database = deployment.heartbeat_database(deps.store.identity_of(job_id) if deps.identities else None)
     seen = []
-    for m in status.members:
+    for m in job.slots(status, spec.nodes if spec else len(status.members)):
         if not (m.node and m.zone):
-            seen.append(multinode.MemberObs())
+            seen.append(job.MemberObs())
             continue
         raw = provider.get(m.zone, m.node)
-        phase = core.phase_of(kind, raw)
+        node = NodeObs(core.phase_of(kind, raw), raw)
         address = m.address
-        if phase is core.Phase.RUNNING and address is None:
-            address = provider.address(m.zone, m.node)  # type: ignore[attr-defined]  # ports.MemberProvider
-        heartbeat = _heartbeat(deps, job_id, contract.heartbeat_id(m.node, 0), database)
-        if core.needs_console(m, NodeObs(phase, raw), heartbeat, deps.config.settings, now):
+        if job.needs_address(spec, m, node):
+            address = provider.address(m.zone, m.node)
+        heartbeat = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(m.node, w), database)
+                                          for w in range(_workers(spec))])
+        if core.needs_console(m, node, heartbeat, deps.config.settings, now):
             consoles[m.node] = _console(deps, job_id, kind, m.zone, m.node)
-        seen.append(multinode.MemberObs(NodeObs(phase, raw), heartbeat, address,
-                                        hint.about(m.node, m.node_started_at) if hint else None))
+        seen.append(job.MemberObs(node, heartbeat, address, hint.about(m.node, m.node_started_at) if hint else None))
     return seen
 
 
@@ -238,25 +224,6 @@ def _check_image(deps: Deps, job_id: str, spec: JobSpec, checked: dict[str, Imag
     return check
 
 
-def _event(o: Observation, d: Decision) -> JobEvent | None:
-    """The lifecycle event of a decision: a state change, or a move to the next zone while provisioning."""
-    if d.status is None:
-        return None
-    slot = d.details.get("slot")
-    if slot is not None:  # a member slot's change: an event when that slot's state changed
-        before = o.status.members[slot].state if slot < len(o.status.members) else State.PENDING
-        changed = before != d.status.members[slot].state or d.status.state != o.status.state
-    else:
-        changed = d.status.state != o.status.state or d.cause in ("generation", "trainer_crashed", "move", "recovered")
-    if not changed and d.cause != "zone_refused":
-        return None
-    details = dict(d.details)
-    slot = details.get("slot")
-    member = d.status.members[slot] if slot is not None else d.status
-    details.update({k: v for k, v in (("node", member.node), ("zone", member.zone), ("attempt", member.attempt)) if v})
-    return JobEvent.new(o.status.state, d.status.state, d.cause or "reconcile", **details)
-
-
 def _commit(deps: Deps, job_id: str, version: Any, after: JobStatus, event: JobEvent | None) -> bool:
     return deps.store.commit(job_id, version, after.model_dump(), event)
 
@@ -294,9 +261,9 @@ def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
             logs.info(f"no job {job_id}: nothing to reconcile", job_id=job_id)
             return Result(job_id, found=False)
         o, spec, version, seen = observed
-        d = core.decide(o) if seen is None else multinode.decide(o, seen)
+        d = job.decide(o, seen)
         if d.status is not None:
-            if not _commit(deps, job_id, version, d.status, _event(o, d)):
+            if not _commit(deps, job_id, version, d.status, job.event(o, d)):
                 logs.info(f"job {job_id}: status changed concurrently; observing again", job_id=job_id)
                 continue
             if d.status.state != o.status.state:
@@ -358,7 +325,7 @@ def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action, provid
         return core.DONE
     if a.kind is Act.SET_GENERATION:  # every member behind at once (a failure re-raises after the others ended)
         with ThreadPoolExecutor(len(a.targets)) as pool:
-            list(pool.map(lambda t: provider.set_attributes(t[1], t[2], {contract.ATTR_GENERATION: a.value}),  # type: ignore[attr-defined]
+            list(pool.map(lambda t: provider.set_attributes(t[1], t[2], {contract.ATTR_GENERATION: a.value}),
                           a.targets))
         logs.info(f"gave {', '.join(t[2] for t in a.targets)} generation {a.value}", job_id=o.job_id)
         return core.DONE
@@ -393,8 +360,7 @@ def _record_outcome(deps: Deps, job_id: str, a: Action, outcome: core.Outcome) -
             return Decision(core.NONE), False, JobStatus()
         doc, version = found
         current = JobStatus.model_validate(doc.get("status") or {})
-        multi = a.slot is not None or a.kind is Act.SET_GENERATION
-        after = (multinode.after_act if multi else core.after_act)(job_id, current, a, outcome, deps.now())
+        after = job.after_act(job_id, current, a, outcome, deps.now())
         if after.status is None:
             return after, False, current
         event = JobEvent.new(current.state, after.status.state, after.cause, **after.details) if after.cause else None

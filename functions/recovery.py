@@ -1,21 +1,9 @@
-"""Recovery strategies: where a job's next node goes, and on what terms, after a loss or a refusal. Pure.
-
-A strategy is chosen in one place (`strategy_for`, from the spec) and answers every placement question decide.py
-asks, so a new way of getting capacity is a new strategy here, not a branch in decide.py:
-
-- `in_place`: whether a lost node may be started again where it stands (a STOP-terminated Spot GPU VM keeps its
-  disk, and the emergency checkpoint on it), before any new node is made;
-- `model`: the provisioning model the next node asks for (the spec's, or on-demand after refusals in a row);
-- `choose`: the zone of the next node, by the strategy's zone order.
-
-Zone orders (docs/job-spec.md, "Recovery strategies"), named as users of SkyPilot know them:
-- `next_zone` (default): the zones in the spec's order, the zone that just lost the job last (tried only when no
-  other is left, so a one-zone job still recovers): a preemption often means the zone is short of capacity.
-- `same_zone`: the zone that just lost the job first, then the others in order (the data, a reservation, or a
-  quota are there; Spot capacity often comes back within minutes).
-- `in_order`: the spec's order, whatever lost the job.
-Every order skips the zones under a capacity cooldown (shared by every job asking for the same accelerator) and the
-zones that refused the job in the current round.
+"""Recovery strategies: where a job's next node goes, and on what terms. Pure. Chosen in one place (strategy_for),
+a strategy answers every placement question decide.py asks, so a new way of getting capacity is a new strategy,
+not a branch in decide.py: may the lost node be started again in place (`in_place`), which provisioning model the
+next node asks for (`model`), which zone (`choose`, by the strategy's zone order: docs/job-spec.md,
+placement.strategy). Every order skips the zones cooling down (every job's refusals) and those that refused the job
+in the current round.
 """
 
 from __future__ import annotations
@@ -24,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping
 
-from respawn.schema import JobSpec, JobStatus, ZoneOrder
+from respawn.schema import JobSpec, SlotStatus, ZoneOrder
 
 
 @dataclass(frozen=True)
@@ -47,13 +35,13 @@ class Strategy:
             stages.append(f"on_demand_after_{self.fallback_after}")
         return " → ".join(stages)
 
-    def model(self, spec: JobSpec, status: JobStatus) -> str:
+    def model(self, spec: JobSpec, status: SlotStatus) -> str:
         """The provisioning model of the next node."""
         if self.fallback_after is not None and status.consecutive_failures >= self.fallback_after:
             return "standard"
         return spec.provisioning
 
-    def in_place(self, status: JobStatus, blocked: Mapping[str, datetime], now: datetime, max_restarts: int) -> bool:
+    def in_place(self, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime, max_restarts: int) -> bool:
         """Whether the current (stopped) node is started again in place: a Spot node, its zone not under a
         capacity cooldown, restarted in place fewer than `max_restarts` times."""
         if not self.restart_in_place or status.provisioning != "spot":
@@ -61,7 +49,7 @@ class Strategy:
         until = blocked.get(status.zone or "")
         return (until is None or until <= now) and status.in_place_restarts < max_restarts
 
-    def choose(self, spec: JobSpec, status: JobStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
+    def choose(self, spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
         """The next node's zone and model; zone None when every zone is cooling down or refused this round."""
         model = self.model(spec, status)
         # Zones that refused this round refused the model tried then: falling back to on-demand starts a new round.

@@ -1,5 +1,5 @@
 """What a multi-node member's heartbeat says about progress and the network, for the control plane's stall rule
-(functions/multinode.py): how long the trainer's step has not changed, and whether the generation's master answers.
+(functions/job.py): how long the trainer's step has not changed, and whether the generation's master answers.
 
 A partitioned member still beats (it reaches Firestore) while its collective hangs; the controller sees the step
 stop everywhere, and tells which member is cut off by who can no longer reach the master.

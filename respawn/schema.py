@@ -600,53 +600,97 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class JobStatus(_Record):
-    state: State = State.PENDING
-    message: str = ""
-    attempt: int = 0  # the newest attempt whose node name has been committed; node = {job}-{attempt}
-    node: str | None = None
-    zone: str | None = None
-    provisioning: str | None = None  # the model of the current node: spot, preemptible or standard (fallback)
+class JobCounters(_Record):
+    """The job-wide record every member slot's decision reads and adds to (functions/decide.py)."""
+
     restarts: int = 0  # every recovery, failures and preemptions alike (shown by the CLI and the demo)
     failures: int = 0  # losses counted against spec.max_failures: crashes, boot failures, stale heartbeats
     preemptions: int = 0  # losses the platform caused (preemption, host error, node stopped or deleted)
     failure_streak: int = 0  # failures since training last advanced: the exponent of the backoff before a create
-    boot_failures: int = 0  # the node's slot: boots in a row that never heartbeat (two end the job)
-    console_tail: str | None = None  # the end of the serial console of the last node that never heartbeat
     preempted_times: list[datetime] = Field(default_factory=list)  # recent preemptions (spec.preemption_rate)
     rate_exceeded_at: datetime | None = None  # when the preemption rate was last exceeded (one alert per window)
-    consecutive_failures: int = 0
     last_committed_step: int | None = None
+    last_step: int | None = None  # the newest step a heartbeat reported
     total_steps: int | None = None
     zones_used: list[str] = Field(default_factory=list)
+    updated_at: datetime | None = None
+    revision: int = 0  # bumped by every controller write: the optimistic-concurrency check of reconcile
+
+
+class _Loss(_Record):
+    """Of the last loss, and of the recovery from it (a member's own, and the job's: its first member lost)."""
+
+    recovering: bool = False  # a node was lost and its replacement has not run yet
+    last_cause: str | None = None
     preempted_zone: str | None = None
     preempted_at: datetime | None = None
-    next_attempt_at: datetime | None = None
-    updated_at: datetime | None = None
-    # Controller bookkeeping (functions/decide.py); all optional so older documents still load.
-    revision: int = 0  # bumped by every controller write: the optimistic-concurrency check of reconcile
+    steps_lost: int | None = None  # at the last loss: last step seen minus the newest committed step
+    exit_code: int | None = None
+
+
+class MemberStatus(_Loss):
+    """One member slot of a job (a one-node job has one): the life of its current node."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _job_fields_stay_with_the_job(cls, data: Any) -> Any:
+        """A slot stored before the one shape carried the job's fields too, at their blank values: dropped."""
+        if cls is MemberStatus and isinstance(data, dict) and {"members", "restarts"} & data.keys():
+            return {k: v for k, v in data.items() if k in MemberStatus.model_fields or k not in JobStatus.model_fields}
+        return data
+
+    state: State = State.PENDING
+    message: str = ""
+    attempt: int = 0  # the attempt whose node name was last committed for this slot; node = {job}-{attempt}
+    node: str | None = None
+    zone: str | None = None
+    provisioning: str | None = None  # the model of the node: spot, preemptible or standard (fallback)
     # Of the current attempt's create call ("starting": a restart in place issued, its outcome not yet recorded).
     create_state: Literal["pending", "starting", "created", "failed"] | None = None
     node_started_at: datetime | None = None  # when the current node was created or restarted in place
     tried_zones: list[str] = Field(default_factory=list)  # zones that refused during the current placement round
+    consecutive_failures: int = 0  # refusals in a row (the backoff, the on-demand fallback)
+    next_attempt_at: datetime | None = None
     in_place_restarts: int = 0  # restarts in place of the current node (STOP-terminated Spot VM)
-    recovering: bool = False  # a node was lost and its replacement has not run yet
-    last_cause: str | None = None
-    last_step: int | None = None  # the newest step a heartbeat reported
-    steps_lost: int | None = None  # at the last loss: last step seen minus the newest committed step
-    exit_code: int | None = None
-    # A job of several nodes (spec.nodes > 1, functions/multinode.py). members[i]: member slot i, decided as a
-    # one-node job (its node-lifecycle fields above; the job-wide ones are kept here at the top level, which then
-    # holds the job's zone, its aggregate state, and in `node` the master's node).
-    members: list["JobStatus"] = Field(default_factory=list)
-    generation: dict[str, Any] | None = None  # the newest generation (respawn.contract.Generation, as JSON data)
-    moving: bool = False  # the whole job is leaving its zone: every member is deleted, then placed anew
-    # Of one member slot: its internal address once the API showed it, and the generation its node was last given.
+    boot_failures: int = 0  # boots in a row that never heartbeat (two end the job)
+    console_tail: str | None = None  # the end of the serial console of the last node that never heartbeat
+    # Its internal address once the API showed it, and the generation its node was last given (multi-node jobs).
     address: str | None = None
     generation_sent: int = 0
 
 
-JobStatus.model_rebuild()
+class SlotStatus(MemberStatus, JobCounters):
+    """A member slot as decide.decide sees it: its own node's life and the job's counters (functions/job.py)."""
+
+
+class JobStatus(JobCounters, _Loss):
+    """jobs/{job}.status: the job, and its member slots. A one-node job is one slot; the top level sums the slots
+    up (state, node: the master's, zone, the current recovery) for the CLI, the alerts and Firestore's queries."""
+
+    state: State = State.PENDING
+    message: str = ""
+    attempt: int = 0  # the newest attempt of any slot: every node of the job has its own number
+    node: str | None = None
+    zone: str | None = None
+    provisioning: str | None = None
+    tried_zones: list[str] = Field(default_factory=list)  # zones the job tried in its current placement round
+    members: list[MemberStatus] = Field(default_factory=list)
+    generation: dict[str, Any] | None = None  # the newest generation (respawn.contract.Generation, as JSON data)
+    moving: bool = False  # the whole job is leaving its zone: every member is deleted, then placed anew
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_shape(cls, data: Any) -> Any:
+        """A status stored before the one shape (version 0.x): a one-node job's node fields at the top level become
+        its one slot (none before its first node)."""
+        if not isinstance(data, dict) or data.get("members"):
+            return data
+        own = set(MemberStatus.model_fields) - set(JobStatus.model_fields)
+        if not own & data.keys():
+            return data
+        top = {k: v for k, v in data.items() if k not in own}
+        return {**top, "members": [{k: data[k] for k in MemberStatus.model_fields if k in data}] if data.get("node")
+                else []}
 
 
 class Heartbeat(_Record):
@@ -667,7 +711,7 @@ class Heartbeat(_Record):
     emergency: dict[str, Any] | None = None  # the trainer's emergency-save outcome
     started_at: datetime | None = None
     generation: int | None = None  # a multi-node member: the generation its trainer runs (or last ran)
-    step_idle_seconds: float | None = None  # since the trainer's step last changed (the stall rule, multinode.py)
+    step_idle_seconds: float | None = None  # since the trainer's step last changed (the stall rule, functions/job.py)
     master_reachable: bool | None = None  # a member other than the master: the master's address answered
     heartbeat_at: datetime
 

@@ -38,6 +38,7 @@ ROUTES = [
     ("GET", _T + r"/nodes", "t_list"),
     ("GET", _T + r"/nodes/(?P<name>[^/:]+)", "t_get"),
     ("DELETE", _T + r"/nodes/(?P<name>[^/:]+)", "t_delete"),
+    ("PATCH", _T + r"/nodes/(?P<name>[^/:]+)", "t_update"),
     ("GET", _T + r"/operations/(?P<op>[^/]+)", "t_op"),
     ("GET", r"/sim/instances", "s_instances"),
     ("GET", r"/sim/history", "s_history"),
@@ -100,7 +101,7 @@ def make_handler(sim: "SimServer"):
                 return
             args = match.groupdict()
             try:
-                body = self._body() if method in ("POST", "PUT") else {}
+                body = self._body() if method in ("POST", "PUT", "PATCH") else {}
                 if "project" in args and args.pop("project") != sim.project:
                     msg = f"The sim serves project '{sim.project}' only"
                     raise compute_error(404, "notFound", msg) if handler.startswith("c_") else rpc_error(403, msg)
@@ -136,6 +137,9 @@ def make_handler(sim: "SimServer"):
 
         def do_DELETE(self):
             self._dispatch("DELETE")
+
+        def do_PATCH(self):
+            self._dispatch("PATCH")
 
         # --- Compute ---
         def c_insert(self, zone, body, query):
@@ -202,6 +206,9 @@ def make_handler(sim: "SimServer"):
 
         def t_delete(self, zone, name, body, query):
             return sim.tpu.delete(zone, name)
+
+        def t_update(self, zone, name, body, query):
+            return sim.tpu.update(zone, name, body, query.get("updateMask", ""))
 
         def t_op(self, zone, op, body, query):
             return sim.tpu.get_operation(f"projects/{sim.project}/locations/{zone}/operations/{op}")

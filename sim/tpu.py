@@ -251,6 +251,32 @@ class TpuService:
         with self.sim.cond:
             return dict(self._get(zone, name).body)
 
+    def update(self, zone: str, name: str, body: dict, mask: str) -> dict:
+        """nodes.patch with updateMask=metadata (the one field the sim updates): the node's metadata becomes the
+        body's, and every worker's metadata server serves it at once (a worker not booted yet gets it at boot)."""
+        fields = {f.strip() for f in mask.split(",") if f.strip()}
+        if fields != {"metadata"}:
+            raise rpc_error(400, f"Invalid update mask {mask!r}: the sim updates metadata only")
+        with self.sim.cond:
+            node = self._get(zone, name)
+            before, after = dict(node.body.get("metadata") or {}), dict(body.get("metadata") or {})
+            node.body["metadata"] = after
+            for runtime in node.runtimes:
+                attributes = runtime.metadata_kwargs["attributes"]
+                for key in before.keys() - after.keys():
+                    attributes.pop(key, None)
+                attributes.update(after)
+                server = runtime.metadata
+                if server is not None:
+                    for key in before.keys() - after.keys():
+                        server.delete(f"instance/attributes/{key}")
+                    for key, value in after.items():
+                        server.set_attribute(key, value)
+            op = self._new_op(zone, "update", self._path(zone, name))
+            self.sim.op_step(zone, self.sim.op_delay, lambda: self._finish(op, response={"@type": NODE_TYPE,
+                                                                                        **node.body}))
+        return dict(op.body)
+
     def list(self, zone: str) -> dict:
         with self.sim.cond:
             return {"nodes": [dict(n.body) for (z, _), n in sorted(self.nodes.items()) if z == zone]}

@@ -13,13 +13,14 @@ from typing import get_args
 
 import pytest
 
-from respawn.control import alerts, placement
+from respawn.control import alerts, job, placement
+from respawn.control import decide as core
 from respawn.control.decide import (
     Act, Action, Hint, NodeObs, Observation, Outcome, OutcomeKind, Phase, Settings, after_act, after_create_failed,
-    after_create_refused, after_created, after_start_refused, decide, followup, loss_kind, needs_capacity,
+    after_create_refused, after_created, after_start_refused, followup, loss_kind, needs_capacity,
     needs_console, phase_of,
 )
-from respawn.schema import Heartbeat, JobStatus, NodeState, State, node_name, parse_spec
+from respawn.schema import Heartbeat, SlotStatus, NodeState, State, node_name, parse_spec
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
@@ -65,7 +66,7 @@ def status(state, **kw):
     if state == "PENDING":
         base = dict(state=State.PENDING)
     base.update(kw)
-    return JobStatus(**base)
+    return SlotStatus(**base)
 
 
 def obs(state, raw="RUNNING", heartbeat="fresh", spec=GPU_STOP, cancel=False, hint=None, blocked=None, **st):
@@ -75,6 +76,14 @@ def obs(state, raw="RUNNING", heartbeat="fresh", spec=GPU_STOP, cancel=False, hi
         status=status(state, **st), cancel_requested=cancel, node=NodeObs(phase_of(kind, raw), raw),
         heartbeat=HEARTBEATS[heartbeat], now=NOW, hint=hint, blocked=blocked or {}, settings=SETTINGS,
     )
+
+
+def decide(o):
+    """The decision production makes of the row: a live job's slot by decide.decide; a job that ended, is cancelled
+    or has an invalid spec by functions/job.py, for the whole job (here of one node)."""
+    if o.spec is None or o.status.state.terminal or o.cancel_requested:
+        return job.decide(*_job_of(o, 1))
+    return core.decide(o)
 
 
 def new_state(d, o):
@@ -698,3 +707,62 @@ STARTED = NOW - timedelta(minutes=10)
 def test_an_events_hint_counts_only_for_the_node_it_names_in_the_life_it_described(hint, node, started_at, cause):
     assert hint.about(node, started_at) == cause
 
+
+
+# One code for every job: a row's node is a slot of a job (functions/job.py decides every job through decide.decide).
+# With nodes: 1 the job's decision is the row's; with nodes: 3 the same row, as slot 1 of a job whose other members
+# train in its generation, acts on slot 1 alone, the same way.
+
+def _job_of(o, nodes):
+    from respawn.control.job import MemberObs
+    from respawn.schema import JobCounters, JobStatus, MemberStatus
+
+    s = o.status
+    row = MemberStatus(**{k: getattr(s, k) for k in MemberStatus.model_fields})
+    counters = {k: getattr(s, k) for k in JobCounters.model_fields}
+    seen_row = MemberObs(o.node, o.heartbeat, None, o.hint)
+    if nodes == 1:
+        job = JobStatus(**counters, state=s.state, attempt=s.attempt, node=s.node, zone=s.zone,
+                        members=[row] if s.node else [])
+        return replace(o, status=job), [seen_row]
+    others = [MemberStatus(state=State.RUNNING, attempt=a, node=f"job-{a}", zone=s.zone, provisioning="spot",
+                           create_state="created", node_started_at=NOW - timedelta(hours=1), address=f"10.0.0.{a}",
+                           generation_sent=1) for a in (1, 2)]
+    gen = {"number": 1, "members": ["job-1", "job-3", "job-2"], "master_addr": "10.0.0.1"}
+    job = JobStatus(**counters, state=State.RUNNING, attempt=s.attempt, node="job-1", zone=s.zone,
+                    members=[others[0], row.model_copy(update={"generation_sent": 1, "address": "10.0.0.3"}),
+                             others[1]], generation=gen)
+    trains = [MemberObs(NodeObs(Phase.RUNNING, "RUNNING"), hb(attempt=a, generation=1), f"10.0.0.{a}") for a in (1, 2)]
+    return replace(o, status=job, spec=o.spec.model_copy(update={"nodes": 3, "min_nodes": 3})), [trains[0], seen_row,
+                                                                                                trains[1]]
+
+
+@pytest.mark.parametrize("name,o,action,state,alert", ROWS, ids=[r[0] for r in ROWS])
+def test_every_row_decides_a_one_node_job_the_same(name, o, action, state, alert):
+    from respawn.control import job
+
+    jo, seen = _job_of(o, 1)
+    d = job.decide(jo, seen)
+    assert (d.action.kind, new_state(d, jo), alert_type(d)) == (action, state, alert)
+
+
+# The job's own decisions, not a slot's, differ by design with several nodes: a cancel deletes every member, one
+# member's trainer exiting 0 ends the job only with the last step committed, and a slot that is not placing the job
+# stays in the job's zone (a refused zone moves the whole job: membership.plan).
+JOB_WIDE = {"running, cancel requested: cancelled, delete", "running, trainer exited 0: succeeded, delete",
+            "running, exited 0 and node already stopped", "provisioning, zone refused: next attempt"}
+ACTING = [r for r in ROWS if r[2] in (Act.CREATE, Act.START, Act.DELETE) and r[1].spec is not None
+          and r[1].spec.accelerator.kind == "gpu" and not r[1].blocked and r[0] not in JOB_WIDE
+          and r[1].status.state in (State.RUNNING, State.PROVISIONING, State.PREEMPTED)]
+
+
+@pytest.mark.parametrize("name,o,action,state,alert", ACTING, ids=[r[0] for r in ACTING])
+def test_the_same_rows_act_on_one_slot_of_a_three_node_job(name, o, action, state, alert):
+    from respawn.control import job
+
+    jo, seen = _job_of(o, 3)
+    d = job.decide(jo, seen)
+    assert (d.action.kind, d.action.slot) == (action, 1)
+    after = d.status.members[1].state.value if d.status is not None else o.status.state.value
+    assert after == state or (d.status.state.value == state and State(state).terminal)
+    assert [m.node for i, m in enumerate((d.status or jo.status).members) if i != 1] == ["job-1", "job-2"]

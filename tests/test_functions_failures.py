@@ -50,8 +50,8 @@ def test_a_job_whose_agent_never_starts_fails_after_two_boots_with_the_console_t
     booted = [r for r in controller.sim.history() if r["labels"].get("respawn-job") == job]
     assert [r["name"] for r in booted] == ["noagent-1", "noagent-2"]  # exactly two boots, then nothing more
     assert controller.live(job) == [] and controller.sim.max_live(job) == 1
-    assert (st.failures, st.preemptions, st.boot_failures, st.last_cause) == (2, 0, 2, "no_heartbeat")
-    assert "no python3 on this image" in st.console_tail
+    assert (st.failures, st.preemptions, st.members[0].boot_failures, st.last_cause) == (2, 0, 2, "no_heartbeat")
+    assert "no python3 on this image" in st.members[0].console_tail
     for what in ("boot image", "startup script", "respawn-agent", "noagent-2"):
         assert what in st.message, what
     alerts = controller.alerts(want=2)

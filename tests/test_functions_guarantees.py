@@ -56,7 +56,7 @@ def test_crash_between_record_and_create_is_retried_without_harm(controller):
     _crash_once(controller, "crash1-1", after_the_call=False)
     assert controller.job_created(job) == 500  # the platform sees a failure and redelivers
     st = controller.status(job)
-    assert (st.state.value, st.attempt, st.create_state) == ("PROVISIONING", 1, "pending")
+    assert (st.state.value, st.attempt, st.members[0].create_state) == ("PROVISIONING", 1, "pending")
     assert controller.sim.history() == []  # recorded, not acted
     assert controller.job_created(job) == 200  # the redelivery
     st = controller.wait_state(job, "RUNNING")
@@ -67,11 +67,11 @@ def test_crash_after_create_meets_409_on_retry_and_adopts_the_node(controller):
     job = controller.register(gpu_spec("crash2"))
     _crash_once(controller, "crash2-1", after_the_call=True)
     assert controller.job_created(job) == 500
-    assert controller.status(job).create_state == "pending"  # the outcome was never recorded
+    assert controller.status(job).members[0].create_state == "pending"  # the outcome was never recorded
     assert [n["name"] for n in controller.live(job)] == ["crash2-1"]
     assert controller.job_created(job) == 200
     st = controller.wait_state(job, "RUNNING")
-    assert (st.attempt, st.node, st.create_state) == (1, "crash2-1", "created")
+    assert (st.attempt, st.node, st.members[0].create_state) == (1, "crash2-1", "created")
     assert len(controller.sim.history()) == 1 and controller.sim.max_live(job) == 1
 
 
@@ -161,8 +161,8 @@ def test_crash_between_recording_a_restart_in_place_and_starting_it(controller):
     controller.sim.set_api_faults(count=1, methods=("start",), nodes=(st.node,))  # dies as it starts the node
     assert controller.log_event(entry) == 500
     mid = controller.status(job)
-    assert (mid.state.value, mid.create_state, mid.restarts) == ("PROVISIONING", "starting", 1)
+    assert (mid.state.value, mid.members[0].create_state, mid.restarts) == ("PROVISIONING", "starting", 1)
     assert controller.log_event(entry) == 200
     after = controller.wait_state(job, "RUNNING")
-    assert (after.restarts, after.node, after.attempt, after.create_state) == (1, st.node, st.attempt, "created")
+    assert (after.restarts, after.node, after.attempt, after.members[0].create_state) == (1, st.node, st.attempt, "created")
     assert [r["name"] for r in controller.sim.history()] == [st.node] and controller.sim.max_live(job) == 1

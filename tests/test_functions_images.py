@@ -24,7 +24,7 @@ from respawn.control.adapters.compute import ComputeProvider
 from respawn.control.adapters.tpu import TpuProvider
 from respawn.control.decide import ABSENT, Act, Action, Observation, Outcome, OutcomeKind, after_act, decide
 from respawn.images import ImageCheck, ImageVerdict, image_help
-from respawn.schema import GpuAccelerator, JobStatus, State, parse_spec
+from respawn.schema import GpuAccelerator, SlotStatus, State, parse_spec
 from sim import compute as sim_compute
 from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory, sim_server  # noqa: F401
 from tests.deploy_fixtures import check_against_cli, cli_tree
@@ -144,7 +144,7 @@ def test_the_check_finds_families_names_and_own_images_and_says_what_it_could_no
 
 def _observation(image: ImageCheck | None, state: str = "PENDING") -> Observation:
     spec = _spec(DEFAULT)
-    return Observation(job_id="img", spec=spec, spec_errors=(), status=JobStatus(state=State(state)),
+    return Observation(job_id="img", spec=spec, spec_errors=(), status=SlotStatus(state=State(state)),
                        cancel_requested=False, node=ABSENT, heartbeat=None, now=NOW, image=image)
 
 
@@ -161,7 +161,7 @@ def test_decide_refuses_a_missing_image_only_on_the_first_handling():
 
 
 def test_a_create_404_naming_an_image_fails_the_job_with_how_to_find_one():
-    s = JobStatus(state=State.PROVISIONING, attempt=1, node="img-1", zone=ZONES[0], create_state="pending")
+    s = SlotStatus(state=State.PROVISIONING, attempt=1, node="img-1", zone=ZONES[0], create_state="pending")
     a = Action(Act.CREATE, zone=ZONES[0], node="img-1", attempt=1, provisioning="spot")
     image_404 = Outcome(OutcomeKind.NOT_FOUND, "notFound", f"The resource '{MISSING_FAMILY}' was not found")
     d = after_act("img", s, a, image_404, NOW)

@@ -62,7 +62,7 @@ def test_stop_terminated_spot_vm_is_restarted_in_place_and_slack_hears_it(contro
     entry = controller.wait_system_event(st.node)
     assert controller.log_event(entry) == 200
     after = controller.wait_state(job, "RUNNING")
-    assert (after.node, after.zone, after.attempt, after.restarts, after.in_place_restarts) == (st.node, st.zone, 1, 1, 1)
+    assert (after.node, after.zone, after.attempt, after.restarts, after.members[0].in_place_restarts) == (st.node, st.zone, 1, 1, 1)
     assert after.steps_lost == 10 and after.last_cause == "preempted"
     [node] = controller.live(job)
     assert node["status"] == "RUNNING"
@@ -141,7 +141,7 @@ def test_trainer_crash_restarts_on_a_new_node_with_an_alert(controller):
     controller.heartbeat(st.node, state="exited", exit_code=3, step=70, committed_step=60, output_tail="ValueError: nan")
     assert controller.sweep() == 200
     waiting = controller.status(job)  # a failure: the next node waits out the backoff (1 s here)
-    assert waiting.state.value == "PREEMPTED" and waiting.next_attempt_at is not None
+    assert waiting.state.value == "PREEMPTED" and waiting.members[0].next_attempt_at is not None
     after = _swept_until(controller, job, "RUNNING")
     assert (after.attempt, after.restarts, after.last_cause, after.exit_code) == (2, 1, "trainer_crashed", 3)
     assert (after.failures, after.preemptions, after.failure_streak) == (1, 0, 1)
@@ -205,3 +205,33 @@ def test_host_error_event_replaces_the_node_and_records_the_cause(controller):
     after = controller.wait_state(job, "RUNNING")
     assert (after.attempt, after.last_cause, after.restarts) == (2, "host_error", 1)
     assert controller.sim.status_of(st.zone, st.node) is None and controller.sim.max_live(job) == 1
+
+
+def test_a_one_node_status_stored_by_the_previous_version_is_migrated_on_first_touch(controller):
+    """Before the one status shape, a one-node job's node fields were at the top level of its status (no members).
+    Such a document is read as the job's one slot, and the next write stores the one shape."""
+    job, st = _running(controller, gpu_spec("stored", termination_action="DELETE"))
+    t = st.updated_at.isoformat()
+    old = {  # what the previous version wrote for a RUNNING one-node job, field for field
+        "state": "RUNNING", "message": f"running on {st.node} in {st.zone}", "attempt": 1, "node": st.node,
+        "zone": st.zone, "provisioning": "spot", "restarts": 0, "failures": 0, "preemptions": 0, "failure_streak": 0,
+        "boot_failures": 0, "console_tail": None, "preempted_times": [], "rate_exceeded_at": None,
+        "consecutive_failures": 0, "last_committed_step": None, "total_steps": None, "zones_used": [st.zone],
+        "preempted_zone": None, "preempted_at": None, "next_attempt_at": None, "updated_at": t, "revision": 3,
+        "create_state": "created", "node_started_at": t, "tried_zones": [], "in_place_restarts": 0,
+        "recovering": False, "last_cause": None, "last_step": None, "steps_lost": None, "exit_code": None,
+        "members": [], "generation": None, "moving": False, "address": None, "generation_sent": 0,
+    }
+    controller.db.collection("jobs").document(job).update({"status": old})
+    controller.heartbeat(st.node, step=40, committed_step=30)
+    assert controller.sweep(job) == 200  # its first touch: progress recorded, in the one shape
+    stored = controller.db.collection("jobs").document(job).get().to_dict()["status"]
+    assert [(m["node"], m["zone"], m["create_state"]) for m in stored["members"]] == [(st.node, st.zone, "created")]
+    assert not {"create_state", "node_started_at", "address", "generation_sent"} & stored.keys()
+    assert (stored["last_step"], stored["last_committed_step"]) == (40, 30)
+    # And it recovers as any job: the node's loss is seen on the migrated slot.
+    controller.sim.preempt(st.zone, st.node)
+    assert controller.log_event(controller.wait_system_event(st.node)) == 200
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.node, after.attempt, after.preemptions, after.last_cause) == (f"{job}-2", 2, 1, "preempted")
+    assert [m.node for m in after.members] == [f"{job}-2"]

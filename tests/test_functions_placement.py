@@ -46,16 +46,16 @@ def test_every_zone_refusing_waits_with_backoff_then_recovers_when_capacity_retu
     job = controller.register(gpu_spec("patient", placement={"cooldown_seconds": 1, "max_backoff_seconds": 2}))
     assert controller.job_created(job) == 200
     st = controller.wait_state(job, "WAITING_FOR_CAPACITY")
-    assert st.next_attempt_at is not None and controller.live(job) == []
+    assert st.members[0].next_attempt_at is not None and controller.live(job) == []
     assert [a["type"] for a in controller.alerts(want=1)] == ["waiting_for_capacity"]
     assert controller.sweep() == 200  # before next_attempt_at: nothing is tried
     assert controller.status(job).attempt == st.attempt
     controller.sim.set_capacity(ZONES[2], T4, None)
-    while controller.status(job).next_attempt_at and time.time() < controller.status(job).next_attempt_at.timestamp():
+    while (until := controller.status(job).members[0].next_attempt_at) and time.time() < until.timestamp():
         time.sleep(0.2)
     assert controller.sweep() == 200
     after = controller.wait_state(job, "RUNNING")
-    assert after.zone == ZONES[2] and after.consecutive_failures == 0
+    assert after.zone == ZONES[2] and after.members[0].consecutive_failures == 0
 
 
 def test_on_demand_fallback_after_n_spot_failures(controller):

@@ -237,3 +237,24 @@ def test_node_attributes_are_set_in_place_and_a_running_node_hears_at_once(made,
     fingerprint = made.instances().get(project=PROJECT, zone=ZONE, instance="vm-1").metadata.fingerprint
     gce.set_attributes(ZONE, "vm-1", {"respawn-generation": "2"})  # already so: nothing written
     assert made.instances().get(project=PROJECT, zone=ZONE, instance="vm-1").metadata.fingerprint == fingerprint
+
+
+def test_a_tpu_nodes_address_and_attributes_through_the_tpu_api(made, sim_server):
+    # NodeProvider is one port for both kinds: a TPU node's address is its first network endpoint (worker 0), and
+    # its attributes are set with nodes.patch (updateMask=metadata), the other attributes kept, every worker hearing.
+    from respawn.agent.metadata import MetadataClient
+
+    spec = parse_spec(tpu_spec("tpu", accelerator={"kind": "tpu", "accelerator_type": "v5litepod-16",
+                                                    "runtime_version": "v2-alpha-tpuv5-lite"}))
+    tpu = TpuProvider(made)
+    assert tpu.address(ZONE, "tpu-1") is None  # no such node
+    tpu.create(spec, ZONE, "tpu-1", 1, "spot", "#!/bin/bash\n")
+    node = made.tpu().get_node(name=f"projects/{PROJECT}/locations/{ZONE}/nodes/tpu-1")
+    assert tpu.address(ZONE, "tpu-1") == node.network_endpoints[0].ip_address and len(node.network_endpoints) == 4
+    tpu.set_attributes(ZONE, "tpu-1", {"respawn-generation": "7"})
+    after = made.tpu().get_node(name=f"projects/{PROJECT}/locations/{ZONE}/nodes/tpu-1").metadata
+    assert after["respawn-generation"] == "7" and after["respawn-job-id"] == "tpu" and "startup-script" in after
+    for worker in range(4):
+        md = MetadataClient(sim_server.metadata_server(ZONE, "tpu-1", worker).host)
+        assert md.read("instance/attributes/respawn-generation")[0] == "7"
+        assert md.read("instance/attributes/agent-worker-number")[0] == str(worker)  # what Cloud TPU adds stays

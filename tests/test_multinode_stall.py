@@ -1,4 +1,4 @@
-"""functions/multinode.py's stall rule, row by row (pure): a generation whose step stopped while every member
+"""functions/job.py's stall rule, row by row (pure): a generation whose step stopped while every member
 trains in it and beats (a network partition: the collective hangs, the heartbeats go on) is noticed after
 Settings.progress_timeout_seconds, and the member cut off (told by who reaches the master) is replaced; with no
 member to blame the generation restarts; either counts against the job's budget, so it cannot loop forever."""
@@ -9,11 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from respawn.control import multinode
+from respawn.control import job
 from respawn.control.decide import Act, Settings
-from respawn.control.multinode import MemberObs
+from respawn.control.job import MemberObs
 from respawn.schema import State
-from test_multinode_table import GEN1, NOW, RUNNING, beat, observe, running_job
+from test_job_table import GEN1, NOW, RUNNING, beat, observe, running_job
 
 TIMEOUT = 60.0
 
@@ -29,22 +29,22 @@ def training(idle: float, reach: list[bool | None], generation: dict = GEN1, sen
 
 
 def decide(status, seen, timeout: float = TIMEOUT):
-    return multinode.decide(observe(status, seen, settings=Settings(progress_timeout_seconds=timeout)), seen)
+    return job.decide(observe(status, seen, settings=Settings(progress_timeout_seconds=timeout)), seen)
 
 
 def test_a_generation_that_steps_or_pauses_less_than_the_timeout_is_left_alone():
     for idle in (0.0, TIMEOUT - 5):  # the beat is 2 s old: 57 s of the 60
         status, seen = training(idle, [None, True, True])
         d = decide(status, seen)
-        assert d.action.kind is not Act.DELETE and d.cause != multinode.STALLED, idle
+        assert d.action.kind is not Act.DELETE and d.cause != job.STALLED, idle
     status, seen = training(10 * TIMEOUT, [None, False, True])
-    assert decide(status, seen, timeout=0).cause not in (multinode.STALLED, multinode.UNREACHABLE)  # 0: off
+    assert decide(status, seen, timeout=0).cause not in (job.STALLED, job.UNREACHABLE)  # 0: off
 
 
 def test_the_member_that_cannot_reach_the_master_while_the_other_can_is_replaced_and_counted():
     status, seen = training(TIMEOUT, [None, True, False])
     d = decide(status, seen)
-    assert d.cause == multinode.UNREACHABLE and d.details["cut_off"] == ["job-3"]
+    assert d.cause == job.UNREACHABLE and d.details["cut_off"] == ["job-3"]
     assert (d.action.kind, d.action.node, d.action.slot) == (Act.DELETE, "job-3", 2)
     assert d.status.members[2].state is State.PREEMPTED and d.status.members[:2] == status.members[:2]
     assert d.status.restarts == status.restarts + 1  # against the job's budget
@@ -52,14 +52,14 @@ def test_the_member_that_cannot_reach_the_master_while_the_other_can_is_replaced
     # slot is refilled (after the failure's backoff, where the job has one), nobody else is touched.
     seen[2] = MemberObs()
     again = decide(d.status, seen)
-    assert again.cause != multinode.UNREACHABLE and again.action.kind in (Act.WAIT, Act.CREATE)
+    assert again.cause != job.UNREACHABLE and again.action.kind in (Act.WAIT, Act.CREATE)
     assert again.action.kind is Act.WAIT or again.action.slot == 2
 
 
 def test_a_master_no_member_reaches_is_the_one_replaced():
     status, seen = training(TIMEOUT + 1, [None, False, False])
     d = decide(status, seen)
-    assert d.cause == multinode.UNREACHABLE and (d.action.kind, d.action.node, d.action.slot) == (Act.DELETE, "job-1", 0)
+    assert d.cause == job.UNREACHABLE and (d.action.kind, d.action.node, d.action.slot) == (Act.DELETE, "job-1", 0)
 
 
 def test_two_nodes_blame_the_member_first_then_the_master_when_its_replacement_cannot_reach_it_either():
@@ -69,17 +69,17 @@ def test_two_nodes_blame_the_member_first_then_the_master_when_its_replacement_c
     seen = seen[:2]
     spec = observe(status, seen).spec.model_copy(update={"nodes": 2})
     o = observe(status, seen, spec=spec, settings=Settings(progress_timeout_seconds=TIMEOUT))
-    assert multinode.decide(o, seen).action.node == "job-2"
-    replaced = status.members[1].model_copy(update={"last_cause": multinode.UNREACHABLE})
+    assert job.decide(o, seen).action.node == "job-2"
+    replaced = status.members[1].model_copy(update={"last_cause": job.UNREACHABLE})
     status = status.model_copy(update={"members": [status.members[0], replaced]})
     o = observe(status, seen, spec=spec, settings=Settings(progress_timeout_seconds=TIMEOUT))
-    assert multinode.decide(o, seen).action.node == "job-1"
+    assert job.decide(o, seen).action.node == "job-1"
 
 
 def test_a_stall_no_member_is_blamed_for_restarts_the_generation_until_the_budget_is_spent():
     status, seen = training(TIMEOUT, [None, True, True])
     d = decide(status, seen)
-    assert d.cause == multinode.STALLED and d.action.kind is Act.NONE
+    assert d.cause == job.STALLED and d.action.kind is Act.NONE
     assert d.status.generation == {**GEN1, "number": 2} and d.status.restarts == status.restarts + 1
     assert d.status.failures == status.failures + 1 and d.status.preemptions == status.preemptions
     assert d.alert is not None and "made no step" in d.alert["message"]
@@ -87,7 +87,7 @@ def test_a_stall_no_member_is_blamed_for_restarts_the_generation_until_the_budge
     assert decide(preempted, seen).status.state is State.RUNNING
     spent = status.model_copy(update={"failures": observe(status, seen).spec.max_failures})
     d = decide(spent, seen)
-    assert d.status.state is State.FAILED and multinode.STALLED in d.status.message
+    assert d.status.state is State.FAILED and job.STALLED in d.status.message
 
 
 @pytest.mark.parametrize("change", [
@@ -101,14 +101,14 @@ def test_no_stall_is_read_unless_every_member_trains_in_the_generation_and_says_
                                               for k, v in change.items()})
     seen[1] = MemberObs(RUNNING, hb, "10.0.0.2")
     d = decide(status, seen)
-    assert d.cause not in (multinode.STALLED, multinode.UNREACHABLE), change
+    assert d.cause not in (job.STALLED, job.UNREACHABLE), change
 
 
 def test_the_age_of_the_beat_counts_towards_the_idle_time():
     status, seen = training(TIMEOUT - 30, [None, True, False])
     old = [MemberObs(RUNNING, s.heartbeat.model_copy(update={"heartbeat_at": NOW - timedelta(seconds=31)}), s.address)
            for s in seen]
-    assert decide(status, old).cause == multinode.UNREACHABLE
+    assert decide(status, old).cause == job.UNREACHABLE
 
 
 def test_the_agents_step_clock_times_only_a_trainer_that_has_stepped():

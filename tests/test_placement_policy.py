@@ -10,7 +10,7 @@ from google.rpc import error_details_pb2
 
 from respawn.control import placement
 from respawn.control.decide import Act, Action, Outcome, followup
-from respawn.schema import JobStatus, parse_spec
+from respawn.schema import SlotStatus, parse_spec
 
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
@@ -113,10 +113,10 @@ def test_api_rate_limit_is_transient_never_a_zone_refusal(exc):
 
 def test_backoff_grows_exponentially_is_capped_and_waits_for_the_first_cooldown_end():
     s = spec(placement={"max_backoff_seconds": 100})
-    waits = [(placement.backoff(s, JobStatus(consecutive_failures=n), {}, NOW, 10) - NOW).total_seconds() for n in range(1, 7)]
+    waits = [(placement.backoff(s, SlotStatus(consecutive_failures=n), {}, NOW, 10) - NOW).total_seconds() for n in range(1, 7)]
     assert waits == [10, 20, 40, 80, 100, 100]
     blocked = {"us-central1-b": NOW + timedelta(seconds=60)}
-    assert (placement.backoff(s, JobStatus(consecutive_failures=1), blocked, NOW, 10) - NOW).total_seconds() == 60
+    assert (placement.backoff(s, SlotStatus(consecutive_failures=1), blocked, NOW, 10) - NOW).total_seconds() == 60
 
 
 def test_accelerator_key_names_what_a_capacity_record_is_about():

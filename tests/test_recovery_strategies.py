@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from respawn.control.recovery import Strategy, strategy_for
-from respawn.schema import JobStatus, SpecError, parse_spec
+from respawn.schema import SlotStatus, SpecError, parse_spec
 
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
@@ -55,7 +55,7 @@ LOST_IN_A = dict(preempted_zone=A)
     ("next_zone", dict(preempted_zone=C, tried_zones=[A, B]), {}, C),  # the only zone left: a job still recovers
 ])
 def test_zone_orders(order, status, blocked, zone):
-    choice = Strategy(order, False, None).choose(spec(), JobStatus(**status), blocked, NOW)
+    choice = Strategy(order, False, None).choose(spec(), SlotStatus(**status), blocked, NOW)
     assert (choice.zone, choice.provisioning) == (zone, "spot")
     assert set(choice.skipped) == {z for z in (A, B, C) if z in status.get("tried_zones", []) or
                                    (z in blocked and blocked[z] > NOW)}
@@ -68,7 +68,7 @@ def test_zone_orders(order, status, blocked, zone):
     (3, "standard", [A, B, C], (None, "standard")),  # on-demand refused everywhere too: wait
 ])
 def test_on_demand_fallback_after_refusals_in_a_row(failures, provisioning, tried, expect):
-    status = JobStatus(consecutive_failures=failures, provisioning=provisioning, tried_zones=tried)
+    status = SlotStatus(consecutive_failures=failures, provisioning=provisioning, tried_zones=tried)
     choice = strategy_for(spec(placement=FALLBACK)).choose(spec(placement=FALLBACK), status, {}, NOW)
     assert (choice.zone, choice.provisioning) == expect
     assert strategy_for(spec()).model(spec(), status) == "spot"  # without the fallback: never
@@ -82,7 +82,7 @@ def test_on_demand_fallback_after_refusals_in_a_row(failures, provisioning, trie
     ({"termination_action": "DELETE"}, dict(zone=A, provisioning="spot"), {}, False),  # deleted: nothing to start
 ])
 def test_restart_in_place(over, status, blocked, restarts):
-    assert strategy_for(spec(**over)).in_place(JobStatus(**status), blocked, NOW, max_restarts=1) is restarts
+    assert strategy_for(spec(**over)).in_place(SlotStatus(**status), blocked, NOW, max_restarts=1) is restarts
 
 
 def test_a_spec_names_the_zone_order_once():

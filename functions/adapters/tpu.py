@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
+from google.protobuf import field_mask_pb2
 
 from respawn.contract import LABEL_JOB
 from respawn.control import nodespec
@@ -83,6 +84,25 @@ class TpuProvider:
         except (gexc.AlreadyExists, gexc.Conflict):
             return False
         return True
+
+    def address(self, zone: str, name: str) -> str | None:
+        """Worker 0's internal IP (the node's first network endpoint), or None while it has none or is gone."""
+        try:
+            endpoints = self.clients.tpu().get_node(name=self._name(zone, name)).network_endpoints
+        except gexc.NotFound:
+            return None
+        return (endpoints[0].ip_address or None) if endpoints else None
+
+    def set_attributes(self, zone: str, name: str, values: dict[str, str]) -> None:
+        """Set metadata attributes of the node (the others kept; every worker VM serves them) and wait: nodes.patch
+        with updateMask=metadata replaces the whole map, so it is read first."""
+        tpu = self.clients.tpu()
+        current = dict(tpu.get_node(name=self._name(zone, name)).metadata)
+        if all(current.get(k) == v for k, v in values.items()):
+            return  # already so: a repeated delivery writes nothing
+        node = tpu_v2.Node(name=self._name(zone, name), metadata={**current, **values})
+        tpu.update_node(node=node, update_mask=field_mask_pb2.FieldMask(paths=["metadata"])).result(
+            timeout=self.op_timeout)
 
     def start(self, zone: str, name: str) -> None:
         raise gexc.FailedPrecondition(f"TPU node {name} in {zone}: a preempted TPU is recreated, never started in place")

@@ -25,7 +25,7 @@ def _panel(p: Progress) -> Panel:
     if len(p.workers) > 1:  # a multi-host TPU slice: each worker's agent beats on its own
         rows.insert(5, ("workers", "  ".join(f"w{w} {state} {'-' if step is None else step}"
                                               for w, state, step in p.workers)))
-    if p.members:  # a job of several nodes: every member slot's node
+    if p.members:  # a job of several nodes (DemoRun lists the slots then): every member slot's node
         rows.insert(5, ("members", "  ".join(f"{slot}:{node} {state} {'-' if step is None else step}"
                                               for slot, node, state, step in p.members)))
     for k, v in rows:

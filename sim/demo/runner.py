@@ -180,7 +180,7 @@ def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int,
         return None
     if p.when == "joined":
         return None if targets[0].node in known or state(targets[0].node) is None else [(targets[0].zone, targets[0].node)]
-    world = ((status.generation or {}).get("members") if status.members else None) or [status.node]
+    world = (status.generation or {}).get("members") or [status.node]
     if not all(state(n) == "training" for n in world) or any(t.node not in world for t in targets):
         return None
     return [(t.zone, t.node) for t in targets]  # type: ignore[misc]
@@ -417,7 +417,7 @@ class DemoRun:
                 if due:
                     pending.pop(0)
                     injected += 1
-                    known.update(m.node for m in [status, *status.members] if m.node)
+                    known.update(m.node for m in status.members if m.node)
                     for zone, victim in victims:  # one moment: nothing is awaited in between
                         self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
                         try:
@@ -438,8 +438,10 @@ class DemoRun:
             progress.step, progress.committed = current.get("step"), current.get("committed_step")
             progress.live_nodes, progress.alerts = len(live), len(self.slack.payloads)
             progress.workers = [(w, str(hb.get("state")), hb.get("step")) for w, hb in sorted(hosts.items())]
+            # Each slot's row when there are several (one node is the job's own line already).
             progress.members = [(i, m.node or "-", str((beats.get(m.node or "") or {}).get(0, {}).get("state", m.state.value)),
-                                 (beats.get(m.node or "") or {}).get(0, {}).get("step")) for i, m in enumerate(status.members)]
+                                 (beats.get(m.node or "") or {}).get(0, {}).get("step"))
+                                for i, m in enumerate(status.members)] if len(status.members) > 1 else []
             self.on_progress(progress)
             if status.state.terminal:
                 break

@@ -1,21 +1,25 @@
-"""A job of several GPU VMs (spec.nodes > 1): each member slot decided as a one-node job, the membership over them.
-Pure: no cloud library, no I/O, no clock.
+"""A job, whatever its number of nodes: each member slot decided by decide.decide, the membership over them. The
+one entry of the decision core (reconcile calls decide, after_act and event here, for every job). Pure: no cloud
+library, no I/O, no clock.
 
-The job document's status holds the job (its zone, its aggregate state, the job-wide counters: attempts, restarts,
-steps) and `members`: one status per slot, with the node-lifecycle fields of a one-node job. A slot is decided by
-decide.decide itself, on a one-node view of the job (project): the slot's own node, the job's counters, a spec
-whose zone list is the job's zone once the job has one, and whose provisioning is the slot's (on-demand for the
-first on_demand_nodes slots). So a lost member is deleted and replaced, restarted in place, refused, fallen back to
-on-demand, exactly as the node of a one-node job is; its replacement takes the job-wide attempt counter's next
-number (a new deterministic name). Slot 0 places the job: while no other slot holds a node it walks the whole zone
-list; every other slot waits for it and then stays in its zone.
+The job document's status (respawn.schema.JobStatus) holds the job (its zone, its state summed up, the job-wide
+counters: JobCounters) and `members`: one MemberStatus per slot, the life of its current node. A one-node job is
+one slot. A slot is decided by decide.decide on a SlotStatus (project): the slot's own node, the job's counters, a
+spec whose zone list is the job's zone once the job has one, and whose provisioning is the slot's (on-demand for
+the first on_demand_nodes slots); merge puts each part of the decided SlotStatus back where its type says. So a
+lost member is deleted and replaced, restarted in place, refused, fallen back to on-demand, exactly as every other
+node; its replacement takes the job-wide attempt counter's next number (a new deterministic name). Slot 0 places
+the job: while no other slot holds a node it walks the whole zone list; every other slot waits for it and then
+stays in its zone.
 
-When no slot has anything to do, membership.plan reads the slots: it forms the generation of the serving members
-(committed, then written into each member's metadata, one SET_GENERATION action per member), keeps the survivors'
-generation while a replacement is on its way, continues on fewer nodes when the zone refused and min_nodes allows,
-or moves the whole job: `moving` is committed, every member is deleted, and slot 0 places the job again outside
-the zones tried. The job ends SUCCEEDED when a member's trainer exited 0 with the last step committed (or every
-member of its generation exited 0).
+A job of one node forms no generation (membership.forms_generations): its slot's decision is the job's, and the
+top level of its status repeats its slot. For several nodes, when no slot has anything to do, membership.plan
+reads the slots: it forms the generation of the serving members (committed, then written into each member's
+metadata, one SET_GENERATION action per member), keeps the survivors' generation while a replacement is on its
+way, continues on fewer nodes when the zone refused and min_nodes allows, or moves the whole job: `moving` is
+committed, every member is deleted, and slot 0 places the job again outside the zones tried. Such a job ends
+SUCCEEDED when a member's trainer exited 0 with the last step committed (or every member of its generation exited
+0).
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from typing import Any, Sequence
 from respawn.contract import EXIT_PREEMPTED, Generation
 from respawn.control import alerts, decide as core, membership
 from respawn.control.decide import ABSENT, NONE, POLL, Act, Action, Decision, NodeObs, Observation, Outcome, Phase
-from respawn.schema import Heartbeat, JobSpec, JobStatus, NodeState, State
+from respawn.schema import (Heartbeat, JobCounters, JobEvent, JobSpec, JobStatus, MemberStatus, NodeState, SlotStatus,
+                            State)
 
-# The status fields that belong to the job, not to a slot: a slot's one-node view carries the job's, and what the
-# slot's decision makes of them goes back to the job.
-SHARED = ("restarts", "failures", "preemptions", "failure_streak", "preempted_times", "rate_exceeded_at",
-          "last_committed_step", "last_step", "total_steps", "zones_used", "revision", "updated_at")
-_BLANK = JobStatus()
+_COUNTERS = tuple(JobCounters.model_fields)  # the job's, whichever slot's decision changed them
+_MEMBER = tuple(MemberStatus.model_fields)
+# What the top level of a one-node job's status repeats of its slot (JobStatus: the job summed up).
+_SOLO_SUMMARY = ("state", "message", "node", "zone", "provisioning", "tried_zones", "recovering", "last_cause",
+                 "preempted_zone", "preempted_at", "steps_lost", "exit_code")
 
 
 @dataclass(frozen=True)
@@ -46,15 +51,22 @@ class MemberObs:
     hint: str | None = None  # the cause an event gave for this node
 
 
-def slots(s: JobStatus, nodes: int) -> list[JobStatus]:
+def needs_address(spec: JobSpec | None, m: MemberStatus, node: NodeObs) -> bool:
+    """Whether reconcile asks the API for a member's internal address: a running member of a job that forms
+    generations (its master's address is the generation's), until its address is recorded."""
+    return (spec is not None and membership.forms_generations(spec.nodes) and node.phase is Phase.RUNNING
+            and m.address is None)
+
+
+def slots(s: JobStatus, nodes: int) -> list[MemberStatus]:
     """The member slots as recorded, one per node (empty ones on the job's first handling)."""
-    return [*s.members[:nodes], *(JobStatus() for _ in range(nodes - len(s.members)))]
+    return [*s.members[:nodes], *(MemberStatus() for _ in range(nodes - len(s.members)))]
 
 
-def project(s: JobStatus, i: int, nodes: int | None = None) -> JobStatus:
-    """Member slot `i` as a one-node job's status: its own node fields, the job's shared ones."""
+def project(s: JobStatus, i: int, nodes: int | None = None) -> SlotStatus:
+    """Member slot `i` as decide.decide sees it: its own node's life, the job's counters."""
     member = slots(s, nodes if nodes is not None else len(s.members))[i]
-    return member.model_copy(update={k: getattr(s, k) for k in SHARED})
+    return SlotStatus(**{k: getattr(member, k) for k in _MEMBER}, **{k: getattr(s, k) for k in _COUNTERS})
 
 
 def generation(s: JobStatus) -> Generation | None:
@@ -89,17 +101,20 @@ def _aggregate(s: JobStatus) -> JobStatus:
     return s.model_copy(update={"state": state, "node": node})
 
 
-def merge(s: JobStatus, i: int, member: JobStatus, nodes: int) -> JobStatus:
-    """The job's status with slot `i` replaced by `member` (a one-node status, as decided): the shared fields go
-    to the job; a member with a new node (or a new life of it) has no known address and has been given no
-    generation; slot 0 placing the job alone carries the job's zone with it."""
+def merge(s: JobStatus, i: int, slot: SlotStatus, nodes: int) -> JobStatus:
+    """The job's status with slot `i` as decided (`slot`): its counters go to the job, its node's life to member
+    `i`; a member with a new node (or a new life of it) has no known address and has been given no generation;
+    slot 0 placing the job alone carries the job's zone with it. A one-node job's top level repeats its slot."""
     members = slots(s, nodes)
     old = members[i]
+    member = MemberStatus(**{k: getattr(slot, k) for k in _MEMBER})
     if (member.node, member.node_started_at) != (old.node, old.node_started_at):
         member = member.model_copy(update={"address": None, "generation_sent": 0})
-    members[i] = member.model_copy(update={k: getattr(_BLANK, k) for k in SHARED})
-    job = s.model_copy(update={**{k: getattr(member, k) for k in SHARED}, "members": members,
+    members[i] = member
+    job = s.model_copy(update={**{k: getattr(slot, k) for k in _COUNTERS}, "members": members,
                                "attempt": max(s.attempt, member.attempt)})
+    if not membership.forms_generations(nodes):
+        return job.model_copy(update={k: getattr(member, k) for k in _SOLO_SUMMARY})
     if i == 0 and not any(_holds(m) for m in members[1:]):
         job = job.model_copy(update={"zone": member.zone, "provisioning": member.provisioning,
                                      "tried_zones": list(member.tried_zones)})
@@ -109,7 +124,7 @@ def merge(s: JobStatus, i: int, member: JobStatus, nodes: int) -> JobStatus:
     return _aggregate(job.model_copy(update={"message": member.message[:1000]}))
 
 
-def _holds(m: JobStatus) -> bool:
+def _holds(m: MemberStatus) -> bool:
     """The slot holds a node in the job's zone (being created, running, or lost and being deleted), as opposed to a
     slot never filled, or whose last create was refused (it still names that node, which never came to be)."""
     return (m.node is not None and m.create_state in ("pending", "starting", "created")
@@ -120,7 +135,7 @@ def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:
     return s.model_copy(update={**changes, "updated_at": now, "revision": s.revision + 1})
 
 
-def _slot_spec(spec: JobSpec, s: JobStatus, members: Sequence[JobStatus], i: int) -> JobSpec:
+def _slot_spec(spec: JobSpec, s: JobStatus, members: Sequence[MemberStatus], i: int) -> JobSpec:
     """The spec slot `i` is decided with: one node, the slot's provisioning model, and the job's zone alone once
     the job has one (slot 0 placing the job alone walks the whole list)."""
     placing = i == 0 and not any(_holds(m) for m in members[1:])
@@ -131,14 +146,14 @@ def _slot_spec(spec: JobSpec, s: JobStatus, members: Sequence[JobStatus], i: int
     return spec.model_copy(update=update)
 
 
-def _slot_observation(o: Observation, spec: JobSpec, members: Sequence[JobStatus], i: int, seen: MemberObs
+def _slot_observation(o: Observation, spec: JobSpec, members: Sequence[MemberStatus], i: int, seen: MemberObs
                       ) -> Observation:
     s = o.status
     return replace(o, spec=_slot_spec(spec, s, members, i), status=project(s, i, len(members)), node=seen.node,
                    heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1)
 
 
-def _delete_any(o: Observation, members: Sequence[JobStatus], seen: Sequence[MemberObs]) -> Action:
+def _delete_any(o: Observation, members: Sequence[MemberStatus], seen: Sequence[MemberObs]) -> Action:
     """The delete of the first member still there (one per pass), POLL while one is being deleted, else NONE."""
     deleting = False
     for i, (m, ob) in enumerate(zip(members, seen)):
@@ -150,7 +165,7 @@ def _delete_any(o: Observation, members: Sequence[JobStatus], seen: Sequence[Mem
 
 
 def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
-    """decide.decide for a job of several nodes; `seen`: one MemberObs per slot (as recorded in status.members)."""
+    """The job's decision; `seen`: one MemberObs per slot (as recorded in status.members)."""
     s, now, spec = o.status, o.now, o.spec
     nodes = spec.nodes if spec is not None else max(len(s.members), 1)
     members = slots(s, nodes)
@@ -168,8 +183,10 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         return Decision(_delete_any(o, members, seen), base.model_copy(update={
             "state": State.CANCELLED, "message": "cancelled by the user"}), "cancel_requested")
 
-    g = generation(s)
     views = [_slot_observation(o, spec, members, i, seen[i]) for i in range(nodes)]  # each slot as a one-node job
+    if not membership.forms_generations(nodes):  # one node trains alone: its slot's decision is the job's
+        return _lift(core.decide(views[0]), s, 0, nodes)
+    g = generation(s)
     beats = [core.relevant_heartbeat(v) for v in views]
     if _finished(g, members, beats):
         committed = max((hb.committed_step for hb in beats if hb is not None and hb.committed_step is not None),
@@ -203,7 +220,7 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
 _PROGRESS = ("last_step", "last_committed_step", "total_steps")
 
 
-def _progress_only(before: JobStatus, after: JobStatus) -> bool:
+def _progress_only(before: SlotStatus, after: SlotStatus) -> bool:
     """`after` differs from `before` in the training progress alone (decide._progress's record, no event)."""
     ignore = {*_PROGRESS, "updated_at", "revision"}
     return before.model_dump(exclude=ignore) == after.model_dump(exclude=ignore)
@@ -222,11 +239,14 @@ def _progress(s: JobStatus, beats: Sequence[Heartbeat | None]) -> dict[str, Any]
 
 
 def _lift(d: Decision, s: JobStatus, i: int, nodes: int) -> Decision:
-    """A slot's one-node decision as the job's. A member's loss starts the job's recovery (its downtime counts from
-    the first loss); the job's alerts are its own: a slot's `recovered` (its node reports) is not the job training
-    again (_recovered says that), and a slot refused in the job's zone is not the job waiting for capacity unless
-    that slot is placing the job."""
-    status = merge(s, i, d.status, nodes) if d.status is not None else None
+    """A slot's decision as the job's. A one-node job's is the job's as it stands. Of several nodes, a member's loss
+    starts the job's recovery (its downtime counts from the first loss); the job's alerts are its own: a slot's
+    `recovered` (its node reports) is not the job training again (_recovered says that), and a slot refused in
+    the job's zone is not the job waiting for capacity unless that slot is placing the job."""
+    status = merge(s, i, d.status, nodes) if d.status is not None else None  # type: ignore[arg-type]
+    action = replace(d.action, slot=i) if d.action.kind not in (Act.NONE, Act.POLL, Act.WAIT) else d.action
+    if not membership.forms_generations(nodes):
+        return Decision(action, status, d.cause, d.alert, d.details)
     old = slots(s, nodes)[i]
     if status is not None and d.status is not None and d.status.recovering and d.status.preempted_at != old.preempted_at:
         status = status.model_copy(update={
@@ -236,11 +256,10 @@ def _lift(d: Decision, s: JobStatus, i: int, nodes: int) -> Decision:
     placing = i == 0 and not any(_holds(m) for m in slots(s, nodes)[1:])
     if alert is not None and (alert["type"] == "recovered" or (alert["type"] == "waiting_for_capacity" and not placing)):
         alert = None
-    action = replace(d.action, slot=i) if d.action.kind not in (Act.NONE, Act.POLL, Act.WAIT) else d.action
     return Decision(action, status, d.cause, alert, {**d.details, "slot": i})
 
 
-def _finished(g: Generation | None, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> bool:
+def _finished(g: Generation | None, members: Sequence[MemberStatus], beats: Sequence[Heartbeat | None]) -> bool:
     """The training is done: a member's trainer exited 0 having committed the last step (in the remote store, so
     after every rank's files: the other members may go, even if a newer generation was formed meanwhile), or
     every member of the generation exited 0."""
@@ -252,14 +271,14 @@ def _finished(g: Generation | None, members: Sequence[JobStatus], beats: Sequenc
                                  and hb.exit_code == 0 for n in g.members)
 
 
-def _serving(m: JobStatus, ob: MemberObs, hb: Heartbeat | None, o: Observation) -> bool:
+def _serving(m: MemberStatus, ob: MemberObs, hb: Heartbeat | None, o: Observation) -> bool:
     """The member runs and its agent, prepared, beats (waiting for a generation or training in one)."""
     return (m.state is State.RUNNING and ob.node.phase is Phase.RUNNING and hb is not None
             and hb.state in (NodeState.WAITING, NodeState.TRAINING)
             and (o.now - hb.heartbeat_at).total_seconds() <= o.settings.stale_heartbeat_seconds)
 
 
-def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: Sequence[MemberObs],
+def _membership(o: Observation, spec: JobSpec, members: list[MemberStatus], seen: Sequence[MemberObs],
                 beats: Sequence[Heartbeat | None], waits: Sequence[Action]) -> Decision:
     s, now = o.status, o.now
     if not any(_holds(m) for m in members):  # slot 0 has not placed the job (it waits for capacity): no membership
@@ -310,7 +329,7 @@ def _membership(o: Observation, spec: JobSpec, members: list[JobStatus], seen: S
     return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones, **_progress(s, beats))
 
 
-def _settle(o: Observation, members: list[JobStatus], waits: Sequence[Action], message: str | None = None,
+def _settle(o: Observation, members: list[MemberStatus], waits: Sequence[Action], message: str | None = None,
             **changes: Any) -> Decision:
     """Nothing to act on: commit the job's aggregate state (or its progress) when it changed, else wait as the
     slots do."""
@@ -330,14 +349,14 @@ def _running_message(g: Generation | None, zone: str | None) -> str:
     return f"generation {g.number}: {g.world_size} nodes in {zone}, master {g.members[0]} ({g.master_addr})"
 
 
-def _training(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> bool:
+def _training(g: Generation, members: Sequence[MemberStatus], beats: Sequence[Heartbeat | None]) -> bool:
     """Every member of generation `g` trains in it."""
     by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
     return all((hb := by_node.get(n)) is not None and hb.state is NodeState.TRAINING and hb.generation == g.number
                for n in g.members)
 
 
-def _recovered(o: Observation, spec: JobSpec, members: list[JobStatus], g: Generation) -> Decision:
+def _recovered(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Generation) -> Decision:
     """The job trains again after a loss (a member replaced, an elastic world formed, a move): one alert for the
     recovery, however many nodes it took, with what the resumed generation lost."""
     s, now = o.status, o.now
@@ -351,7 +370,7 @@ def _recovered(o: Observation, spec: JobSpec, members: list[JobStatus], g: Gener
                     {"generation": g.number})
 
 
-def _new_generation(o: Observation, members: list[JobStatus], g: Generation, reason: str, cause: str,
+def _new_generation(o: Observation, members: list[MemberStatus], g: Generation, reason: str, cause: str,
                     **changes: Any) -> Decision:
     s = o.status
     st = _aggregate(_upd(s, o.now, members=members, generation=_as_data(g), **changes))
@@ -360,7 +379,7 @@ def _new_generation(o: Observation, members: list[JobStatus], g: Generation, rea
                                             "master_addr": g.master_addr})
 
 
-def _ended(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]
+def _ended(g: Generation, members: Sequence[MemberStatus], beats: Sequence[Heartbeat | None]
            ) -> list[tuple[str, Heartbeat]]:
     """The members of generation `g` that ran it and wait again (their trainer ended), with their heartbeats."""
     by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
@@ -373,7 +392,7 @@ def _crashed(hb: Heartbeat) -> bool:
     return hb.exit_code not in (0, EXIT_PREEMPTED, None) and hb.notice is None
 
 
-def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus], g: Generation,
+def _restart_generation(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Generation,
                         ended: Sequence[tuple[str, Heartbeat]]) -> Decision:
     """Every member's trainer ended in the current generation, or one crashed, while every member serves: the same
     members train again in a new generation (the agents stop the trainers still running). Every trainer stopped by
@@ -389,7 +408,7 @@ def _restart_generation(o: Observation, spec: JobSpec, members: list[JobStatus],
                            exit_code=worst.exit_code, output_tail=worst.output_tail)
 
 
-def _restart_failed(o: Observation, spec: JobSpec, members: list[JobStatus], g: Generation, cause: str, why: str,
+def _restart_failed(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Generation, cause: str, why: str,
                     exit_code: int | None = None, output_tail: str | None = None) -> Decision:
     """The same members train again in a new generation after a failure of theirs (a crash, a stall): one failure
     against max_failures (past it the job fails), preemptions not counted. No backoff: no node is made, and
@@ -419,7 +438,7 @@ STALLED = "trainer_stalled"
 UNREACHABLE = "unreachable"
 
 
-def stalled(timeout: float, g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None],
+def stalled(timeout: float, g: Generation, members: Sequence[MemberStatus], beats: Sequence[Heartbeat | None],
             now: datetime) -> float | None:
     """Seconds generation `g` has not stepped, when that is at least `timeout` (> 0) and every member trains in it
     and says how long its step has been idle (its beat's step_idle_seconds, aged by the beat's age); else None."""
@@ -436,7 +455,7 @@ def stalled(timeout: float, g: Generation, members: Sequence[JobStatus], beats: 
     return min(idle) if min(idle) >= timeout else None
 
 
-def cut_off(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbeat | None]) -> list[str]:
+def cut_off(g: Generation, members: Sequence[MemberStatus], beats: Sequence[Heartbeat | None]) -> list[str]:
     """The members of a stalled generation to replace, from who reaches its master (each member other than the
     master probes it): those that do not while others do; the master when two or more members do not reach it and
     none does; with one member besides the master (who is cut off cannot be told), that member, unless its slot's
@@ -454,7 +473,7 @@ def cut_off(g: Generation, members: Sequence[JobStatus], beats: Sequence[Heartbe
     return lost
 
 
-def _unstick(o: Observation, spec: JobSpec, members: list[JobStatus], seen: Sequence[MemberObs],
+def _unstick(o: Observation, spec: JobSpec, members: list[MemberStatus], seen: Sequence[MemberObs],
              beats: Sequence[Heartbeat | None], g: Generation, idle: float) -> Decision:
     """A stalled generation: replace the member cut off (its slot's node is lost as `unreachable`, a failure), or
     restart the generation when none is to blame (`trainer_stalled`, a failure too)."""
@@ -470,14 +489,14 @@ def _unstick(o: Observation, spec: JobSpec, members: list[JobStatus], seen: Sequ
     return replace(d, details={**d.details, "stalled_seconds": round(idle, 1)})
 
 
-def _move(o: Observation, members: list[JobStatus], seen: Sequence[MemberObs]) -> Decision:
+def _move(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]) -> Decision:
     """The whole job leaves its zone: delete every member, then let slot 0 place the job again, outside the zones
     this round tried."""
     s = o.status
     a = _delete_any(o, members, seen)
     if a.kind is not Act.NONE:
         return Decision(a)
-    fresh = [JobStatus(tried_zones=list(s.tried_zones))] + [JobStatus() for _ in members[1:]]
+    fresh = [MemberStatus(tried_zones=list(s.tried_zones))] + [MemberStatus() for _ in members[1:]]
     st = _upd(s, o.now, members=fresh, moving=False, zone=None, node=None, state=State.PROVISIONING,
               message=f"every node of the job deleted in {s.zone}; placing the job again (zones tried: "
                       f"{', '.join(s.tried_zones) or 'none'})")
@@ -500,3 +519,23 @@ def after_act(job_id: str, s: JobStatus, a: Action, out: Outcome, now: datetime)
         return Decision(NONE)
     d = core.after_act(job_id, project(s, i), a, out, now)
     return _lift(d, s, i, nodes)
+
+
+def event(o: Observation, d: Decision) -> JobEvent | None:
+    """The lifecycle event of a decision: a state change (of the job, or of the member slot a decision is about),
+    a move to the next zone while provisioning, a generation formed, a crash, a recovery."""
+    if d.status is None:
+        return None
+    slot = d.details.get("slot")
+    if slot is not None:  # a member slot's change: an event when that slot's state changed
+        before = o.status.members[slot].state if slot < len(o.status.members) else State.PENDING
+        changed = before != d.status.members[slot].state or d.status.state != o.status.state
+    else:
+        changed = d.status.state != o.status.state or d.cause in ("generation", "trainer_crashed", "move", "recovered")
+    if not changed and d.cause != "zone_refused":
+        return None
+    details = dict(d.details)
+    member = d.status.members[slot] if slot is not None else d.status
+    details.update({k: v for k, v in (("node", member.node), ("zone", member.zone), ("attempt", member.attempt)) if v})
+    return JobEvent.new(o.status.state, d.status.state, d.cause or "reconcile", **details)
+

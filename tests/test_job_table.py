@@ -1,15 +1,15 @@
-"""functions/multinode.py: the decisions for a job of several GPU VMs, row by row. Pure: an Observation and one
+"""functions/job.py: the decisions for a job of several GPU VMs, row by row. Pure: an Observation and one
 MemberObs per slot in, a Decision out (the entry-point tests are tests/test_functions_multinode.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from respawn.control import multinode
+from respawn.control import job
 from respawn.control.decide import Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase
-from respawn.control.multinode import MemberObs
+from respawn.control.job import MemberObs
 from respawn.contract import EXIT_PREEMPTED
-from respawn.schema import Heartbeat, JobStatus, NodeState, State, parse_spec
+from respawn.schema import Heartbeat, JobStatus, MemberStatus, NodeState, State, parse_spec
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 ZONES = ["us-central1-a", "us-central1-b"]
@@ -19,8 +19,8 @@ SPEC = parse_spec({"id": "job", "accelerator": {"kind": "gpu", "machine_type": "
 RUNNING = NodeObs(Phase.RUNNING, "RUNNING")
 
 
-def member(slot: int, attempt: int, **kw) -> JobStatus:
-    return JobStatus(state=State.RUNNING, attempt=attempt, node=f"job-{attempt}", zone=ZONES[0],
+def member(slot: int, attempt: int, **kw) -> MemberStatus:
+    return MemberStatus(state=State.RUNNING, attempt=attempt, node=f"job-{attempt}", zone=ZONES[0],
                      provisioning="standard" if slot == 0 else "spot", create_state="created",
                      node_started_at=NOW - timedelta(minutes=5), address=f"10.0.0.{attempt}", **kw)
 
@@ -47,26 +47,26 @@ GEN1 = {"number": 1, "members": ["job-1", "job-2", "job-3"], "master_addr": "10.
 
 
 def test_a_pending_job_places_slot_0_first_with_the_first_attempt():
-    d = multinode.decide(observe(JobStatus(), []), [])
+    d = job.decide(observe(JobStatus(), []), [])
     assert (d.action.kind, d.action.zone, d.action.node, d.action.slot, d.action.provisioning) == (
         Act.CREATE, ZONES[0], "job-1", 0, "standard")
     assert len(d.status.members) == 3 and d.status.zone == ZONES[0] and d.status.attempt == 1
 
 
 def test_the_other_slots_follow_slot_0_into_its_zone_even_when_that_zone_cools_down():
-    first = multinode.decide(observe(JobStatus(), []), []).status
+    first = job.decide(observe(JobStatus(), []), []).status
     booting = [MemberObs(NodeObs(Phase.BOOTING, "STAGING"))]
-    d = multinode.decide(observe(first, booting), booting)
+    d = job.decide(observe(first, booting), booting)
     assert (d.action.kind, d.action.zone, d.action.node, d.action.slot) == (Act.CREATE, ZONES[0], "job-2", 1)
     # Zone a under a capacity cooldown: slot 1 waits for capacity there instead of going to zone b.
-    cold = multinode.decide(observe(first, booting, blocked={ZONES[0]: NOW + timedelta(minutes=5)}), booting)
+    cold = job.decide(observe(first, booting, blocked={ZONES[0]: NOW + timedelta(minutes=5)}), booting)
     assert cold.action.kind is Act.WAIT and cold.status.members[1].state is State.WAITING_FOR_CAPACITY
     assert all(m.zone in (None, ZONES[0]) for m in cold.status.members)
 
 
 def test_every_slot_serving_forms_the_generation_with_the_on_demand_master():
     status, seen = running_job()
-    d = multinode.decide(observe(status, seen), seen)
+    d = job.decide(observe(status, seen), seen)
     assert d.action.kind is Act.NONE and d.cause == "generation"
     assert d.status.generation == GEN1 and d.status.state is State.RUNNING
 
@@ -74,17 +74,17 @@ def test_every_slot_serving_forms_the_generation_with_the_on_demand_master():
 def test_a_committed_generation_is_written_to_every_member_behind_in_one_action():
     status, seen = running_job(GEN1)
     status.members[1] = status.members[1].model_copy(update={"generation_sent": 1})
-    d = multinode.decide(observe(status, seen), seen)
+    d = job.decide(observe(status, seen), seen)
     assert d.action.kind is Act.SET_GENERATION
     assert d.action.targets == ((0, ZONES[0], "job-1"), (2, ZONES[0], "job-3"))
-    after = multinode.after_act("job", status, d.action, Outcome(OutcomeKind.DONE), NOW)
+    after = job.after_act("job", status, d.action, Outcome(OutcomeKind.DONE), NOW)
     assert [m.generation_sent for m in after.status.members] == [1, 1, 1]
 
 
 def test_a_lost_member_is_replaced_alone_in_the_jobs_zone_and_the_survivors_untouched():
     status, seen = running_job(GEN1, sent=1)
     seen[2] = MemberObs()  # job-3 is gone (404)
-    d = multinode.decide(observe(status, seen), seen)
+    d = job.decide(observe(status, seen), seen)
     assert (d.action.kind, d.action.zone, d.action.node, d.action.slot) == (Act.CREATE, ZONES[0], "job-4", 2)
     assert d.status.restarts == 1 and d.status.attempt == 4
     assert d.status.members[:2] == status.members[:2]
@@ -93,29 +93,29 @@ def test_a_lost_member_is_replaced_alone_in_the_jobs_zone_and_the_survivors_unto
 
 def test_a_refused_slot_with_too_few_survivors_moves_the_job_then_deletes_every_member():
     status, seen = running_job(GEN1, sent=1)
-    status.members[2] = JobStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
+    status.members[2] = MemberStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
                                   next_attempt_at=NOW + timedelta(minutes=1))
     seen[2] = MemberObs()
-    d = multinode.decide(observe(status, seen), seen)
+    d = job.decide(observe(status, seen), seen)
     assert d.cause == "move" and d.status.moving and d.status.tried_zones == [ZONES[0]]
     assert d.status.recovering and d.status.preempted_at == NOW and d.status.preempted_zone == ZONES[0]
     moving = d.status
-    d = multinode.decide(observe(moving, seen), seen)
+    d = job.decide(observe(moving, seen), seen)
     assert (d.action.kind, d.action.node) == (Act.DELETE, "job-1")
     gone = [MemberObs()] * 3
-    d = multinode.decide(observe(moving, gone), gone)
+    d = job.decide(observe(moving, gone), gone)
     assert not d.status.moving and d.status.zone is None and d.status.members[0].tried_zones == [ZONES[0]]
-    d = multinode.decide(observe(d.status, gone), gone)
+    d = job.decide(observe(d.status, gone), gone)
     assert (d.action.kind, d.action.zone) == (Act.CREATE, ZONES[1])  # slot 0 places the job outside zone a
 
 
 def test_min_nodes_lets_the_survivors_continue_while_the_slot_is_refused():
     spec = parse_spec({**SPEC.to_doc(), "min_nodes": 2, "trainer": {"command": ["python", "t.py"]}})
     status, seen = running_job(GEN1, sent=1)
-    status.members[2] = JobStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
+    status.members[2] = MemberStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
                                   next_attempt_at=NOW + timedelta(minutes=1))
     seen[2] = MemberObs()
-    d = multinode.decide(observe(status, seen, spec=spec), seen)
+    d = job.decide(observe(status, seen, spec=spec), seen)
     assert d.cause == "generation" and d.status.generation["members"] == ["job-1", "job-2"]
     assert d.status.generation["number"] == 2 and not d.status.moving
 
@@ -123,9 +123,9 @@ def test_min_nodes_lets_the_survivors_continue_while_the_slot_is_refused():
 def test_a_finished_job_deletes_its_members_one_by_one():
     status, seen = running_job(GEN1, sent=1)
     done = status.model_copy(update={"state": State.SUCCEEDED})
-    assert multinode.decide(observe(done, seen), seen).action == Action(Act.DELETE, zone=ZONES[0], node="job-1",
+    assert job.decide(observe(done, seen), seen).action == Action(Act.DELETE, zone=ZONES[0], node="job-1",
                                                                         attempt=1, slot=0)
-    assert multinode.decide(observe(done, [MemberObs()] * 3), [MemberObs()] * 3).action.kind is Act.NONE
+    assert job.decide(observe(done, [MemberObs()] * 3), [MemberObs()] * 3).action.kind is Act.NONE
 
 
 def training(i: int, generation: int = 1, **kw) -> MemberObs:
@@ -138,21 +138,21 @@ def test_one_members_crash_starts_the_next_generation_on_every_member_while_the_
     seen = [training(0), training(1),
             MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1, output_tail="RuntimeError: boom"),
                       "10.0.0.3")]
-    d = multinode.decide(observe(status, seen), seen)
+    d = job.decide(observe(status, seen), seen)
     assert d.cause == "trainer_crashed" and d.action.kind is Act.NONE
     assert d.status.generation == {**GEN1, "number": 2} and d.status.state is State.RUNNING
     assert (d.status.failures, d.status.restarts, d.status.preemptions) == (1, 1, 0)
     assert d.alert["type"] == "crashed" and d.alert["exit_code"] == 1 and d.alert["output_tail"] == "RuntimeError: boom"
     assert "job-3" in d.alert["message"] and "job-1" not in d.alert["message"]
     # The next pass writes generation 2 to every member at once: the survivors' agents stop their blocked trainers.
-    d2 = multinode.decide(observe(d.status, seen), seen)
+    d2 = job.decide(observe(d.status, seen), seen)
     assert d2.action.kind is Act.SET_GENERATION and d2.alert is None
     assert [t[2] for t in d2.action.targets] == ["job-1", "job-2", "job-3"]
-    after = multinode.after_act("job", d.status, d2.action, Outcome(OutcomeKind.DONE), NOW).status
+    after = job.after_act("job", d.status, d2.action, Outcome(OutcomeKind.DONE), NOW).status
     # The survivors' trainers then fail in generation 1 too (their collective broke): one crash, counted once.
     failed = [MemberObs(RUNNING, beat(i + 1, "waiting", generation=1, exit_code=1), f"10.0.0.{i + 1}")
               for i in range(3)]
-    d3 = multinode.decide(observe(after, failed), failed)
+    d3 = job.decide(observe(after, failed), failed)
     assert d3.alert is None and (d3.status is None or (d3.status.failures, d3.status.generation["number"]) == (1, 2))
 
 
@@ -161,7 +161,7 @@ def test_a_member_stopped_by_the_notice_or_done_waits_for_the_others():
     for code in (EXIT_PREEMPTED, 0):
         seen = [training(0), training(1), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=code),
                                                     "10.0.0.3")]
-        d = multinode.decide(observe(status, seen), seen)
+        d = job.decide(observe(status, seen), seen)
         assert d.alert is None and (d.status is None or d.status.generation == GEN1), code
 
 
@@ -170,7 +170,7 @@ def test_a_crash_reported_in_an_older_generation_restarts_nothing():
     status, _ = running_job(gen2, sent=2)
     seen = [training(0, 2), training(1, 2), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1),
                                                       "10.0.0.3")]
-    d = multinode.decide(observe(status, seen), seen)
+    d = job.decide(observe(status, seen), seen)
     assert d.alert is None and (d.status is None or d.status.generation == gen2)
 
 
@@ -178,10 +178,10 @@ def test_a_crash_past_max_failures_fails_the_job_and_preemptions_do_not_count():
     status, _ = running_job(GEN1, sent=1)
     seen = [training(0), training(1), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1), "10.0.0.3")]
     preempted = status.model_copy(update={"restarts": 40, "preemptions": 40})
-    d = multinode.decide(observe(preempted, seen), seen)
+    d = job.decide(observe(preempted, seen), seen)
     assert d.status.state is State.RUNNING and d.alert["type"] == "crashed" and d.status.failures == 1
     spent = status.model_copy(update={"failures": SPEC.max_failures, "restarts": SPEC.max_failures})
-    d = multinode.decide(observe(spent, seen), seen)
+    d = job.decide(observe(spent, seen), seen)
     assert d.status.state is State.FAILED and d.alert["type"] == "failed" and d.status.exit_code == 1
     assert f"gave up after {SPEC.max_failures} failures" in d.status.message and "job-3" in d.status.message
 
@@ -193,25 +193,24 @@ def test_members_a_step_apart_record_the_jobs_progress_once_and_settle():
             training(2, step=69, total_steps=120)]
     writes = []
     for _ in range(4):
-        d = multinode.decide(observe(status, seen), seen)
+        d = job.decide(observe(status, seen), seen)
         if d.status is None:
             break
         writes.append(d)
         status = d.status
     assert len(writes) == 1 and d.status is None
     assert (status.last_step, status.last_committed_step, status.total_steps) == (70, 50, 120)
-    assert all(m.last_step is None for m in status.members)
 
 
 def settle(status: JobStatus, seen: list[MemberObs], passes: int = 8, **kw):
     """Decide and record pass after pass (acting as if every action succeeded) until nothing changes; the alerts."""
     sent = []
     for _ in range(passes):
-        d = multinode.decide(observe(status, seen, **kw), seen)
+        d = job.decide(observe(status, seen, **kw), seen)
         if d.alert is not None:
             sent.append(d.alert)
         if d.action.kind is Act.SET_GENERATION:
-            d = multinode.after_act("job", d.status or status, d.action, Outcome(OutcomeKind.DONE), NOW)
+            d = job.after_act("job", d.status or status, d.action, Outcome(OutcomeKind.DONE), NOW)
         if d.status is None:
             break
         status = d.status
@@ -245,19 +244,19 @@ def test_a_member_lost_and_replaced_is_one_recovered_alert_once_the_new_generati
 def test_a_slot_refused_in_the_jobs_zone_is_not_the_job_waiting_for_capacity():
     spec = parse_spec({**SPEC.to_doc(), "min_nodes": 2, "trainer": {"command": ["python", "t.py"]}})
     status, seen = running_job(GEN1, sent=1)
-    status.members[2] = JobStatus(state=State.PROVISIONING, attempt=4, node="job-4", zone=ZONES[0],
+    status.members[2] = MemberStatus(state=State.PROVISIONING, attempt=4, node="job-4", zone=ZONES[0],
                                   create_state="failed", tried_zones=[ZONES[0]])
     seen[2] = MemberObs()
-    d = multinode.decide(observe(status, seen, spec=spec, blocked={ZONES[0]: NOW + timedelta(minutes=5)}), seen)
+    d = job.decide(observe(status, seen, spec=spec, blocked={ZONES[0]: NOW + timedelta(minutes=5)}), seen)
     assert d.status.members[2].state is State.WAITING_FOR_CAPACITY and d.alert is None
 
 
 def test_a_move_records_what_the_survivors_committed_before_their_nodes_go():
     status, seen = running_job(GEN1, sent=1)
-    status.members[2] = JobStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
+    status.members[2] = MemberStatus(state=State.WAITING_FOR_CAPACITY, attempt=4, node="job-4", zone=ZONES[0],
                                   next_attempt_at=NOW + timedelta(minutes=1))
     seen[:2] = [MemberObs(RUNNING, beat(a, "waiting", generation=1, step=41, committed_step=41), f"10.0.0.{a}")
                 for a in (1, 2)]
     seen[2] = MemberObs()
-    d = multinode.decide(observe(status, seen), seen)
+    d = job.decide(observe(status, seen), seen)
     assert d.cause == "move" and (d.status.last_step, d.status.last_committed_step) == (41, 41)
