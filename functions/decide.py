@@ -127,8 +127,8 @@ class Observation:
     blocked: Mapping[str, datetime] = field(default_factory=dict)  # zone → cooldown end, for this accelerator
     settings: Settings = Settings()
     image: ImageCheck | None = None  # the boot image as checked on the job's first handling (GPU); None: not checked
-    # A member slot of a job of several nodes is decided as a one-node job (functions/job.py): its next node
-    # takes the job-wide attempt counter's next number, not its own. None: status.attempt + 1.
+    # A slot's next node takes the job-wide attempt counter's next number (functions/job.py passes it; every node
+    # of a job has its own name). None: the slot's attempt + 1.
     next_attempt: int | None = None
     # node name → the end of its serial console, read only for a node that needs_console() says decide may declare
     # a boot failure of (None: the provider has no console for it, e.g. a Cloud TPU VM).
@@ -142,7 +142,6 @@ class Act(str, enum.Enum):
     DELETE = "delete"  # delete the node; 404 is success
     POLL = "poll"  # a transition is under way: look again shortly (within this invocation's budget)
     WAIT = "wait"  # nothing to do before `until` (the sweep comes back)
-    SET_GENERATION = "set_generation"  # write generation `value` into the `targets` members' metadata (functions/job.py)
 
 
 @dataclass(frozen=True)
@@ -154,8 +153,6 @@ class Action:
     provisioning: str | None = None
     until: datetime | None = None
     slot: int | None = None  # the member slot acted on (a job of several nodes); None: the job's one node
-    value: str | None = None  # SET_GENERATION: the generation's JSON
-    targets: tuple[tuple[int, str, str], ...] = ()  # SET_GENERATION: (slot, zone, node) of each member to write
 
 
 NONE = Action(Act.NONE)
@@ -650,14 +647,10 @@ def followup(spec: JobSpec | None, a: Action, out: Outcome, now: datetime) -> Fo
     """For a delete: 404 is success, any other failure is retried by redelivery. For a create or a start: a
     transient failure is retried by redelivery; a capacity or quota refusal cools the zone down for every job (the
     spec's cooldown) and is recorded on the job; a start that meets 404 records nothing (the stopped node vanished
-    meanwhile: the next pass observes it absent); every other outcome is recorded on the job (after_act). A
-    generation written (SET_GENERATION) is recorded on its member; a member gone meanwhile (404) records nothing
-    (the next pass observes it absent); any other failure is retried by redelivery."""
+    meanwhile: the next pass observes it absent); every other outcome is recorded on the job (after_act)."""
     k = out.kind
     if a.kind is Act.DELETE:
         return Followup(propagate=k not in (OutcomeKind.DONE, OutcomeKind.NOT_FOUND))
-    if a.kind is Act.SET_GENERATION:
-        return Followup(propagate=k not in (OutcomeKind.DONE, OutcomeKind.NOT_FOUND), record=k is OutcomeKind.DONE)
     if a.kind not in (Act.CREATE, Act.START):
         raise ValueError(f"{a.kind.value} is not an action with an outcome")
     if k is OutcomeKind.TRANSIENT:

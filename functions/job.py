@@ -15,7 +15,7 @@ stays in its zone.
 A job of one node forms no generation (membership.forms_generations): its slot's decision is the job's, and the
 top level of its status repeats its slot. For several nodes, when no slot has anything to do, membership.plan
 reads the slots: it forms the generation of the serving members (committed, then written into each member's
-metadata, one SET_GENERATION action per member), keeps the survivors' generation while a replacement is on its
+metadata at once: the job's own action, SetGeneration), keeps the survivors' generation while a replacement is on its
 way, continues on fewer nodes when the zone refused and min_nodes allows, or moves the whole job: `moving` is
 committed, every member is deleted, and slot 0 places the job again outside the zones tried. Such a job ends
 SUCCEEDED when a member's trainer exited 0 with the last step committed (or every member of its generation exited
@@ -24,6 +24,7 @@ SUCCEEDED when a member's trainer exited 0 with the last step committed (or ever
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Sequence
@@ -39,6 +40,19 @@ _MEMBER = tuple(MemberStatus.model_fields)
 # What the top level of a one-node job's status repeats of its slot (JobStatus: the job summed up).
 _SOLO_SUMMARY = ("state", "message", "node", "zone", "provisioning", "tried_zones", "recovering", "last_cause",
                  "preempted_zone", "preempted_at", "steps_lost", "exit_code")
+
+
+class JobAct(str, enum.Enum):
+    SET_GENERATION = "set_generation"  # the job's own action (the slots' are decide.Act's)
+
+
+@dataclass(frozen=True)
+class SetGeneration:
+    """Write generation `value` (its JSON) into the metadata of each member of `targets` (slot, zone, node) at once."""
+
+    value: str
+    targets: tuple[tuple[int, str, str], ...]
+    kind: JobAct = JobAct.SET_GENERATION
 
 
 @dataclass(frozen=True)
@@ -321,7 +335,7 @@ def _membership(o: Observation, spec: JobSpec, members: list[MemberStatus], seen
         behind = tuple((i, m.zone, m.node) for i, m in enumerate(members)
                        if m.node in g.members and m.zone and m.generation_sent < g.number)
         if behind:  # every member behind at once: they restart together, and the writes run side by side
-            return Decision(Action(Act.SET_GENERATION, value=g.to_json(), targets=behind))  # type: ignore[arg-type]
+            return Decision(SetGeneration(g.to_json(), behind))  # type: ignore[arg-type]
         if s.recovering and _training(g, members, beats):
             return _recovered(o, spec, members, g)
     full = p.step is membership.Step.RUN and p.generation is not None and p.generation.world_size == spec.nodes
@@ -503,12 +517,23 @@ def _move(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]
     return Decision(NONE, st, "move")
 
 
-def after_act(job_id: str, s: JobStatus, a: Action, out: Outcome, now: datetime) -> Decision:
+def followup(spec: JobSpec | None, a: Action | SetGeneration, out: Outcome, now: datetime) -> core.Followup:
+    """decide.followup for a slot's action. A generation written is recorded on its members; a member gone
+    meanwhile (404) records nothing (the next pass observes it absent); any other failure is retried by
+    redelivery."""
+    if isinstance(a, SetGeneration):
+        k = out.kind
+        return core.Followup(propagate=k not in (core.OutcomeKind.DONE, core.OutcomeKind.NOT_FOUND),
+                             record=k is core.OutcomeKind.DONE)
+    return core.followup(spec, a, out, now)
+
+
+def after_act(job_id: str, s: JobStatus, a: Action | SetGeneration, out: Outcome, now: datetime) -> Decision:
     """decide.after_act for an action on member slot `a.slot`: the slot's one-node outcome, lifted to the job; a
     generation written is recorded on each of its members (unless the slot holds another node now)."""
     nodes = len(s.members)
-    if a.kind is Act.SET_GENERATION:
-        number = Generation.from_json(a.value or "").number
+    if isinstance(a, SetGeneration):
+        number = Generation.from_json(a.value).number
         members = list(s.members)
         for i, _zone, node in a.targets:
             if 0 <= i < nodes and members[i].node == node and members[i].generation_sent < number:

@@ -270,7 +270,7 @@ def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
                 logs.info(f"job {job_id}: {o.status.state.value} → {d.status.state.value} ({d.cause})", job_id=job_id,
                           node=d.status.node, zone=d.status.zone, attempt=d.status.attempt, action=d.action.kind.value)
         a = d.action
-        if a.kind in (Act.CREATE, Act.START, Act.DELETE, Act.SET_GENERATION):
+        if a.kind in (Act.CREATE, Act.START, Act.DELETE, job.JobAct.SET_GENERATION):
             hint = None  # the event described the node before this action; from here on only observation counts
             _act(deps, o, spec, d)
         if d.alert is not None:
@@ -285,7 +285,7 @@ def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
 
 
 def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
-    """Perform the action, classify how it ended, and carry out what the policy (decide.followup, decide.after_act)
+    """Perform the action, classify how it ended, and carry out what the policy (job.followup, job.after_act)
     says that outcome means: re-raise, record the zone's refusal, commit the job's status, publish, delete."""
     a = d.action
     kind = spec.accelerator.kind if spec else "gpu"
@@ -295,7 +295,7 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         outcome = _perform(deps, o, spec, a, provider)
     except Exception as exc:  # noqa: BLE001 - classified; what the policy says to retry is re-raised below
         error, outcome = exc, core.Outcome.of(placement.classify(exc))
-    f = core.followup(spec, a, outcome, deps.now())
+    f = job.followup(spec, a, outcome, deps.now())
     if f.propagate and error is not None:
         raise error
     if f.capacity is not None:
@@ -317,13 +317,14 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         provider.delete(after.action.zone, after.action.node)
 
 
-def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action, provider: NodeProvider) -> core.Outcome:
+def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action | job.SetGeneration,
+             provider: NodeProvider) -> core.Outcome:
     """The provider call of a create, start or delete; raises what the provider raised."""
     if a.kind is Act.DELETE:
         provider.delete(a.zone, a.node)
         logs.info(f"deleted {a.node} in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
         return core.DONE
-    if a.kind is Act.SET_GENERATION:  # every member behind at once (a failure re-raises after the others ended)
+    if isinstance(a, job.SetGeneration):  # every member behind at once (a failure re-raises after the others ended)
         with ThreadPoolExecutor(len(a.targets)) as pool:
             list(pool.map(lambda t: provider.set_attributes(t[1], t[2], {contract.ATTR_GENERATION: a.value}),
                           a.targets))
@@ -350,7 +351,8 @@ def _nodes_left(deps: Deps, doc: dict[str, Any] | None) -> bool:
     return provider is None or any(provider.get(zone, node) is not None for zone, node in identities.known_nodes(doc))
 
 
-def _record_outcome(deps: Deps, job_id: str, a: Action, outcome: core.Outcome) -> tuple[Decision, bool, JobStatus]:
+def _record_outcome(deps: Deps, job_id: str, a: Action | job.SetGeneration, outcome: core.Outcome
+                    ) -> tuple[Decision, bool, JobStatus]:
     """Commit decide.after_act() on the job's current status: (that decision, whether it was committed, the status
     read last). A conflicting write in between: read and decide again (the next pass does, after 5)."""
     after, current = Decision(core.NONE), JobStatus()

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from respawn.control import job
 from respawn.control.decide import Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase
 from respawn.control.job import MemberObs
-from respawn.contract import EXIT_PREEMPTED
+from respawn.contract import EXIT_PREEMPTED, Generation
 from respawn.schema import Heartbeat, JobStatus, MemberStatus, NodeState, State, parse_spec
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -75,7 +75,7 @@ def test_a_committed_generation_is_written_to_every_member_behind_in_one_action(
     status, seen = running_job(GEN1)
     status.members[1] = status.members[1].model_copy(update={"generation_sent": 1})
     d = job.decide(observe(status, seen), seen)
-    assert d.action.kind is Act.SET_GENERATION
+    assert d.action.kind is job.JobAct.SET_GENERATION
     assert d.action.targets == ((0, ZONES[0], "job-1"), (2, ZONES[0], "job-3"))
     after = job.after_act("job", status, d.action, Outcome(OutcomeKind.DONE), NOW)
     assert [m.generation_sent for m in after.status.members] == [1, 1, 1]
@@ -146,7 +146,7 @@ def test_one_members_crash_starts_the_next_generation_on_every_member_while_the_
     assert "job-3" in d.alert["message"] and "job-1" not in d.alert["message"]
     # The next pass writes generation 2 to every member at once: the survivors' agents stop their blocked trainers.
     d2 = job.decide(observe(d.status, seen), seen)
-    assert d2.action.kind is Act.SET_GENERATION and d2.alert is None
+    assert d2.action.kind is job.JobAct.SET_GENERATION and d2.alert is None
     assert [t[2] for t in d2.action.targets] == ["job-1", "job-2", "job-3"]
     after = job.after_act("job", d.status, d2.action, Outcome(OutcomeKind.DONE), NOW).status
     # The survivors' trainers then fail in generation 1 too (their collective broke): one crash, counted once.
@@ -209,7 +209,7 @@ def settle(status: JobStatus, seen: list[MemberObs], passes: int = 8, **kw):
         d = job.decide(observe(status, seen, **kw), seen)
         if d.alert is not None:
             sent.append(d.alert)
-        if d.action.kind is Act.SET_GENERATION:
+        if d.action.kind is job.JobAct.SET_GENERATION:
             d = job.after_act("job", d.status or status, d.action, Outcome(OutcomeKind.DONE), NOW)
         if d.status is None:
             break
@@ -260,3 +260,17 @@ def test_a_move_records_what_the_survivors_committed_before_their_nodes_go():
     seen[2] = MemberObs()
     d = job.decide(observe(status, seen), seen)
     assert d.cause == "move" and (d.status.last_step, d.status.last_committed_step) == (41, 41)
+
+
+def test_writing_a_generation_is_the_jobs_own_action_with_its_own_outcomes():
+    # Written: recorded on its members. A member gone meanwhile (404): nothing recorded, the next pass sees it gone.
+    # Anything else (5xx, the network): retried by redelivery. decide.followup knows nothing of generations.
+    write = job.SetGeneration(Generation(2, ("job-1", "job-2"), "10.0.0.1").to_json(), ((0, ZONES[0], "job-1"),))
+    done, gone, flaky = (job.followup(SPEC, write, Outcome(k), NOW) for k in
+                         (OutcomeKind.DONE, OutcomeKind.NOT_FOUND, OutcomeKind.TRANSIENT))
+    assert (done.record, done.propagate) == (True, False)
+    assert (gone.record, gone.propagate) == (False, False)
+    assert (flaky.record, flaky.propagate) == (False, True)
+    status, _ = running_job(GEN1, sent=1)
+    after = job.after_act("job", status, write, Outcome(OutcomeKind.DONE), NOW).status
+    assert [m.generation_sent for m in after.members] == [2, 1, 1]
