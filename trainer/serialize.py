@@ -71,22 +71,9 @@ class Payload:
         self.nbytes = sum(a.nbytes for a in self.arrays)
 
 
-def _torch():
-    return sys.modules.get("torch")
-
-
-def _jax():
-    return sys.modules.get("jax")
-
-
 def _is_torch_tensor(x) -> bool:
-    torch = _torch()
+    torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _is_jax_array(x) -> bool:
-    jax = _jax()
-    return jax is not None and isinstance(x, jax.Array)
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -131,27 +118,30 @@ class SnapshotBuffers:
     def __init__(self) -> None:
         self._bufs: dict[int, Any] = {}
 
-    def torch_copy(self, index: int, t):
-        import torch
-
+    def _buffer(self, index: int, src):
+        """The host buffer of array `index`, allocated anew when `src`'s type, shape or dtype changed (pinned for a
+        CUDA tensor)."""
+        torch = sys.modules.get("torch") if _is_torch_tensor(src) else None
         buf = self._bufs.get(index)
-        if not (isinstance(buf, torch.Tensor) and buf.shape == t.shape and buf.dtype == t.dtype):
-            pin = t.device.type == "cuda"
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-            self._bufs[index] = buf
+        if not (isinstance(buf, torch.Tensor if torch else np.ndarray) and buf.shape == src.shape
+                and buf.dtype == src.dtype):
+            buf = self._bufs[index] = (
+                torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.device.type == "cuda") if torch
+                else np.empty(src.shape, dtype=src.dtype))
+        return buf
+
+    def torch_copy(self, index: int, t):
+        buf = self._buffer(index, t)
         if t.device.type == "cuda":
-            buf.copy_(t.detach(), non_blocking=True)
+            buf.copy_(t, non_blocking=True)
         elif t.is_contiguous():
-            parallel_copy(buf.view(-1), t.detach().view(-1), t.numel() * t.element_size())
+            parallel_copy(buf.view(-1), t.view(-1), t.numel() * t.element_size())
         else:
-            buf.copy_(t.detach())
+            buf.copy_(t)
         return buf
 
     def numpy_copy(self, index: int, a: np.ndarray):
-        buf = self._bufs.get(index)
-        if not (isinstance(buf, np.ndarray) and buf.shape == a.shape and buf.dtype == a.dtype):
-            buf = np.empty(a.shape, dtype=a.dtype)
-            self._bufs[index] = buf
+        buf = self._buffer(index, a)
         if a.flags.c_contiguous and a.ndim > 0:
             parallel_copy(buf.reshape(-1), a.reshape(-1), a.nbytes)
         else:
@@ -165,17 +155,9 @@ class SnapshotBuffers:
             if _is_torch_tensor(src):
                 import torch
 
-                pin = src.device.type == "cuda"
-                buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pin)
-                buf.reshape(-1).view(torch.uint8).zero_()  # touch every page now, not during the first save
-                self._bufs[index] = buf
+                self._buffer(index, src).reshape(-1).view(torch.uint8).zero_()  # every page now, not in the first save
             elif isinstance(src, np.ndarray):
-                buf = np.empty(src.shape, dtype=src.dtype)
-                buf.reshape(-1).view(np.uint8).fill(0)
-                self._bufs[index] = buf
-
-    def clear(self) -> None:
-        self._bufs.clear()
+                self._buffer(index, src).reshape(-1).view(np.uint8).fill(0)
 
 
 def map_tree(x: Any, replace: Callable[[Any], Any]) -> Any:
@@ -197,18 +179,19 @@ def map_tree(x: Any, replace: Callable[[Any], Any]) -> Any:
     return x
 
 
-def flatten(state: Any, *, copy: bool, buffers: SnapshotBuffers | None = None, framework: str | None = None) -> Payload:
+def flatten(state: Any, *, copy: bool, buffers: SnapshotBuffers | None = None) -> Payload:
     """Split `state` into skeleton + arrays. copy=True takes a snapshot the training loop may then mutate
     (periodic saves); copy=False references the live arrays (emergency saves: the loop is stopped)."""
     arrays: list[ArrayItem] = []
     seen = {"torch": False, "jax": False}
     bufs = buffers if buffers is not None else SnapshotBuffers()
+    torch, jax = sys.modules.get("torch"), sys.modules.get("jax")
     cuda_used = False
 
     def take(x):
         nonlocal cuda_used
         index = len(arrays)
-        if _is_torch_tensor(x) and x.layout == _torch().strided and not x.is_quantized:
+        if torch is not None and isinstance(x, torch.Tensor) and x.layout == torch.strided and not x.is_quantized:
             seen["torch"] = True
             src = x.detach()
             if copy:
@@ -217,33 +200,24 @@ def flatten(state: Any, *, copy: bool, buffers: SnapshotBuffers | None = None, f
             meta = {"kind": "torch", "dtype": str(x.dtype).removeprefix("torch."), "shape": list(x.shape)}
             arrays.append(ArrayItem(meta, src, x.numel() * x.element_size()))
             return ArrayRef(index)
-        if _is_jax_array(x):
+        if jax is not None and isinstance(x, jax.Array):
             seen["jax"] = True
-            jax = _jax()
-            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-                impl = str(jax.random.key_impl(x))
-                data = np.asarray(jax.random.key_data(x))
-                src = bufs.numpy_copy(index, data) if copy else data
-                meta = {"kind": "jax_key", "dtype": data.dtype.name, "shape": list(data.shape), "impl": impl}
-                arrays.append(ArrayItem(meta, src, data.nbytes))
-                return ArrayRef(index)
-            host = np.asarray(x)  # device-to-host transfer; on the CPU backend a read-only view
-            src = bufs.numpy_copy(index, host) if copy else host
-            meta = {"kind": "jax", "dtype": host.dtype.name, "shape": list(host.shape)}
-            arrays.append(ArrayItem(meta, src, host.nbytes))
-            return ArrayRef(index)
-        if isinstance(x, np.ndarray) and x.dtype != object:
-            src = bufs.numpy_copy(index, x) if copy else x
-            meta = {"kind": "numpy", "dtype": x.dtype.name, "shape": list(x.shape)}
-            arrays.append(ArrayItem(meta, src, x.nbytes))
-            return ArrayRef(index)
-        return None
+            key = jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+            host = np.asarray(jax.random.key_data(x) if key else x)  # device-to-host; on the CPU backend a view
+            kind, extra = ("jax_key", {"impl": str(jax.random.key_impl(x))}) if key else ("jax", {})
+        elif isinstance(x, np.ndarray) and x.dtype != object:
+            host, kind, extra = x, "numpy", {}
+        else:
+            return None
+        meta = {"kind": kind, "dtype": host.dtype.name, "shape": list(host.shape), **extra}
+        arrays.append(ArrayItem(meta, bufs.numpy_copy(index, host) if copy else host, host.nbytes))
+        return ArrayRef(index)
 
     skeleton = map_tree(state, take)
     if cuda_used:
-        _torch().cuda.synchronize()  # the non_blocking copies must land before the loop mutates the source
-    fw = framework or ("torch" if seen["torch"] else "jax" if seen["jax"] else "numpy")
-    return Payload(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), arrays, fw)
+        torch.cuda.synchronize()  # the non_blocking copies must land before the loop mutates the source
+    framework = "torch" if seen["torch"] else "jax" if seen["jax"] else "numpy"
+    return Payload(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), arrays, framework)
 
 
 def np_dtype(name: str) -> np.dtype:
