@@ -239,13 +239,12 @@ class TorchJob:
         never a torn step."""
         message = self._torch.full((2,), -1, dtype=self._torch.int64)
         outcome = None
-        if self.writer and deadline is None:  # the final save: rank 0 may write and upload for long, others wait
-            outcome = run_beating(save, self.group) or SaveOutcome(SaveState.FAILED, step,
-                                                                   reason="the save thread died")
+        if deadline is None:  # the final save: rank 0 may write and upload for long, the others wait beating
+            outcome = run_beating(save if self.writer else None, self.group)
         elif self.writer:
-            outcome = save() or SaveOutcome(SaveState.FAILED, step, reason="the save thread died")
-        elif deadline is None:
-            run_beating(None, self.group)
+            outcome = save()
+        if self.writer:
+            outcome = outcome or SaveOutcome(SaveState.FAILED, step, reason="the save thread died")
         if self.rank == 0:
             message[0], message[1] = _STATES.index(outcome.state), _DURABLE.index(outcome.durable)
         try:

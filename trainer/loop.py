@@ -170,25 +170,22 @@ class TrainingLoop:
                 self._preempt(step)
             if every and step % every == 0 and step < total and self._writes:
                 mgr.save(step, self._capture())  # blocks for the snapshot only
-        if self._job is None:
-            self.final = mgr.save(total, self._capture(), blocking=True)
-        else:
-            self.final = self._job.save_outcome(total, lambda: mgr.save(total, self._capture(), blocking=True),
-                                                deadline=None)
-            if not self._writes:
-                mgr.note_outcome(self.final, "periodic")
+        self.final = self._save(total, lambda: mgr.save(total, self._capture(), blocking=True), "periodic")
         mgr.finish(total)
         if self.final is None or not self.final.committed:
             why = f"{self.final.state.value}: {self.final.reason}" if self.final else "the save thread died"
             raise RuntimeError(f"the final checkpoint (step {total}) was not committed: {why}")
 
     def _preempt(self, step: int) -> None:
-        mgr = self.manager
-        if self._job is None:
-            raise Preempted(mgr.emergency_save(step, self._capture()))
         # Every rank waits for rank 0's outcome within the notice deadline, then all exit with the same code.
-        outcome = self._job.save_outcome(step, lambda: mgr.emergency_save(step, self._capture()),
-                                         deadline=mgr.deadline())
+        raise Preempted(self._save(step, lambda: self.manager.emergency_save(step, self._capture()), "emergency",
+                                   deadline=self.manager.deadline()))
+
+    def _save(self, step: int, save, kind: str, deadline: float | None = None) -> SaveOutcome | None:
+        """save() here; in a job, the job's outcome, which a member that does not write records as well."""
+        if self._job is None:
+            return save()
+        outcome = self._job.save_outcome(step, save, deadline)
         if not self._writes:
-            mgr.note_outcome(outcome, "emergency")
-        raise Preempted(outcome)
+            self.manager.note_outcome(outcome, kind)
+        return outcome

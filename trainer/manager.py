@@ -113,14 +113,9 @@ class CheckpointManager:
             raise ValueError("CheckpointManager needs checkpoint_uri or local_dir (or use from_env)")
         remote = open_store(checkpoint_uri) if checkpoint_uri else None
         if local_dir is None:
-            if isinstance(remote, LocalStore):
-                local_dir, remote = remote.root, None
-            else:
-                local_dir = tempfile.mkdtemp(prefix="respawn-ckpt-")
+            local_dir = remote.root if isinstance(remote, LocalStore) else tempfile.mkdtemp(prefix="respawn-ckpt-")
         self.local = LocalStore(local_dir)
-        if isinstance(remote, LocalStore) and remote.root == self.local.root:
-            remote = None
-        self.remote = remote
+        self.remote = None if isinstance(remote, LocalStore) and remote.root == self.local.root else remote
         os.makedirs(self.local.root, exist_ok=True)
         self.keep = keep
         self.notice_budget_s = DEFAULT_NOTICE_BUDGET_S if notice_budget_s is None else float(notice_budget_s)
@@ -342,12 +337,9 @@ class CheckpointManager:
         started = time.monotonic()
         job = self._inflight
         if job is not None and job["thread"].is_alive():
-            if job["step"] == step:
-                # The periodic save of this very step is already under way: let it finish within the deadline.
-                job["thread"].join(max(0.0, deadline - time.monotonic()))
-            else:
-                job["cancel"].set()  # an older step: free the disk for this one
-                job["thread"].join(max(0.0, deadline - time.monotonic()))
+            if job["step"] != step:  # an older step: free the disk for this one
+                job["cancel"].set()
+            job["thread"].join(max(0.0, deadline - time.monotonic()))  # this very step: let it finish in time
         control = fmt.WriteControl(deadline=deadline)
         if self._is_committed(step):  # committed already (the periodic save of this step, or a resume here)
             if self.remote is None or step in self._remote_committed:
@@ -363,10 +355,9 @@ class CheckpointManager:
             try:
                 payload = self._flatten(state, copy=False)
             except Exception as exc:  # noqa: BLE001 - reported in the outcome
-                payload = None
                 outcome = SaveOutcome(SaveState.FAILED, step,
                                       reason=f"cannot serialize state: {type(exc).__name__}: {exc}")
-            if payload is not None:
+            else:
                 outcome = self._write_and_ship(step, "emergency", payload, control, retention=False)
         outcome = replace(outcome, seconds=round(time.monotonic() - started, 3))
         self.status.update(emergency={"state": outcome.state.value, "step": step, "reason": outcome.reason})

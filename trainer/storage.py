@@ -72,7 +72,16 @@ def remote_manifest(manifest: dict) -> bytes:
     return json.dumps(m, indent=1).encode()
 
 
-class LocalStore:
+class _Store:
+    def put_step(self, src_dir: str, step: int, manifest: dict, control=None) -> None:
+        """Copy a committed step here: an uncommitted leftover of an earlier attempt goes, then the data files, then
+        the manifest and the marker."""
+        self.delete_step(step)
+        self.put_files(src_dir, step, list(manifest["files"]), control)
+        self.commit_step(step, manifest, control)
+
+
+class LocalStore(_Store):
     """A directory of step_* directories."""
 
     def __init__(self, root: str) -> None:
@@ -108,12 +117,6 @@ class LocalStore:
             pass
         shutil.rmtree(path, ignore_errors=True)
 
-    def put_step(self, src_dir: str, step: int, manifest: dict, control=None) -> None:
-        if os.path.exists(self.step_dir(step)):
-            self.delete_step(step)
-        self.put_files(src_dir, step, list(manifest["files"]), control)
-        self.commit_step(step, manifest, control)
-
     def put_files(self, src_dir: str, step: int, names: list[str], control=None) -> None:
         """Copy (and fsync) data files of a step; no marker. A file already there is replaced."""
         dst = self.step_dir(step)
@@ -141,7 +144,7 @@ class LocalStore:
         return self.step_dir(step)
 
 
-class GCSStore:
+class GCSStore(_Store):
     """gs://bucket/prefix through google-cloud-storage (STORAGE_EMULATOR_HOST is honoured)."""
 
     def __init__(self, uri: str, client=None, workers: int = UPLOAD_WORKERS) -> None:
@@ -209,11 +212,6 @@ class GCSStore:
     def read(self, step: int, name: str) -> bytes:
         """One object of a step (e.g. its manifest)."""
         return self.bucket.blob(self._name(step, name)).download_as_bytes()
-
-    def put_step(self, src_dir: str, step: int, manifest: dict, control=None) -> None:
-        self.delete_step(step)  # an uncommitted leftover of an earlier attempt
-        self.put_files(src_dir, step, list(manifest["files"]), control)
-        self.commit_step(step, manifest, control)
 
     def put_files(self, src_dir: str, step: int, names: list[str], control=None) -> None:
         """Upload data files of a step (in parallel); no marker. An object already there is replaced."""
