@@ -7,16 +7,26 @@ import argparse
 import os
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from respawn.ckpt import Preempted, TrainingLoop
 
+N, BATCH = 4096, 64  # the examples' data: N rows, global batches of BATCH
 FAIL_AT_STEP_ENV = "EXAMPLE_FAIL_AT_STEP"
 FAIL_RANK_ENV = "EXAMPLE_FAIL_RANK"
 
 
 class InjectedFailure(RuntimeError):
     """The error --fail-at-step raises."""
+
+
+def next_batch(data: dict, reshuffle: Callable[[], Any]):
+    """The row indices of the next global batch, advancing the data position `data` (restored in place); a new epoch
+    takes a new permutation, reshuffle(), from the checkpointed generator."""
+    if data["pos"] + BATCH > N:
+        data.update(epoch=data["epoch"] + 1, pos=0, perm=reshuffle())
+    data["pos"] += BATCH
+    return data["perm"][data["pos"] - BATCH:data["pos"]]
 
 
 def _fail_once(name: str, args: argparse.Namespace, done: int) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
-from respawn.ckpt.examples._common import parse_args, progress
+from respawn.ckpt.examples._common import N, next_batch, parse_args, progress
 
-N, D_IN, HIDDEN, BATCH, LR = 4096, 32, 64, 64, 1e-3
+D_IN, HIDDEN, LR = 32, 64, 1e-3
 
 
 def main(argv=None) -> int:
@@ -72,10 +72,7 @@ def main(argv=None) -> int:
     data = {"epoch": 0, "pos": 0, "perm": shuffle.permutation(N)}  # the data position (restored in place)
 
     def train_step(state):
-        if data["pos"] + BATCH > N:  # new epoch: reshuffle from the checkpointed generator
-            data.update(epoch=data["epoch"] + 1, pos=0, perm=shuffle.permutation(N))
-        idx = data["perm"][data["pos"]:data["pos"] + BATCH]
-        data["pos"] += BATCH
+        idx = next_batch(data, lambda: shuffle.permutation(N))
         params, opt, key, loss = update(state["params"], state["opt"], state["key"], x[idx], y[idx])
         return {**state, "params": params, "opt": opt, "key": key}, float(loss)
 

@@ -20,9 +20,9 @@ import os
 import sys
 
 from respawn import contract
-from respawn.ckpt.examples._common import parse_args, progress
+from respawn.ckpt.examples._common import N, next_batch, parse_args, progress
 
-N, D_IN, HIDDEN, BATCH, LR = 4096, 32, 64, 64, 1e-3
+D_IN, HIDDEN, LR = 32, 64, 1e-3
 # The port JAX's own Cloud TPU cluster detection puts the coordinator on (jax/_src/clusters/cloud_tpu_cluster.py,
 # `coordinator_port = '8482'`, jax 0.10.2): the processes cannot agree on a port before the coordinator is up, so
 # it is fixed, and using JAX's keeps a job the same whether it names the coordinator or lets JAX find it.
@@ -138,10 +138,7 @@ def main(argv=None) -> int:
         return jax.make_array_from_callback(rows.shape, by_row, lambda index: rows[index])
 
     def train_step(state):
-        if data["pos"] + BATCH > N:  # new epoch: reshuffle from the checkpointed generator
-            data.update(epoch=data["epoch"] + 1, pos=0, perm=shuffle.permutation(N))
-        idx = data["perm"][data["pos"]:data["pos"] + BATCH]
-        data["pos"] += BATCH
+        idx = next_batch(data, lambda: shuffle.permutation(N))
         state, loss = update(state, batch(x[idx]), batch(y[idx]))
         return state, float(loss.addressable_data(0))
 

@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from respawn.ckpt import CheckpointManager, TrainingLoop, collective_timeout
-from respawn.ckpt.examples._common import parse_args, progress
-from respawn.ckpt.examples.torch_mlp import BATCH, D_IN, MLP, N
+from respawn.ckpt.examples._common import BATCH, N, next_batch, parse_args, progress
+from respawn.ckpt.examples.torch_mlp import MLP, regression_data
 
 
 def _rank_ordered_mean(_state, bucket):  # no return annotation: DDP checks it, and this module's are strings
@@ -54,11 +54,7 @@ def main(argv=None) -> int:
     part = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
 
     torch.manual_seed(args.seed)
-    data_gen = torch.Generator().manual_seed(args.seed + 1000)
-    x = torch.randn(N, D_IN, generator=data_gen)
-    teacher = torch.randn(D_IN, 1, generator=data_gen)
-    y = torch.sin(x @ teacher) + 0.1 * torch.randn(N, 1, generator=data_gen)
-    x, y = x.to(device), y.to(device)
+    x, y = (t.to(device) for t in regression_data(args.seed))
 
     model = DistributedDataParallel(MLP(max(1, int(args.state_mb * (1 << 20)) // 4)).to(device))
     model.register_comm_hook(None, _rank_ordered_mean)
@@ -68,10 +64,7 @@ def main(argv=None) -> int:
     data = {"epoch": 0, "pos": 0, "perm": torch.randperm(N, generator=shuffle)}  # the global data position
 
     def train_step(step: int) -> float:
-        if data["pos"] + BATCH > N:
-            data.update(epoch=data["epoch"] + 1, pos=0, perm=torch.randperm(N, generator=shuffle))
-        idx = data["perm"][data["pos"]:data["pos"] + BATCH].to(device)
-        data["pos"] += BATCH
+        idx = next_batch(data, lambda: torch.randperm(N, generator=shuffle)).to(device)
         model.train()
         # Every rank runs the whole global batch (so every rank draws the same dropout masks and its RNG stays rank
         # 0's, which is what a checkpoint keeps: the resume is exact on any world) and learns from its part: the

@@ -23,8 +23,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from respawn.ckpt import TrainingLoop, collective_timeout
-from respawn.ckpt.examples._common import parse_args, progress
-from respawn.ckpt.examples.torch_mlp import BATCH, D_IN, HIDDEN, N
+from respawn.ckpt.examples._common import BATCH, N, next_batch, parse_args, progress
+from respawn.ckpt.examples.torch_mlp import D_IN, HIDDEN, regression_data
 from respawn.ckpt.commit import Seam
 from respawn.ckpt.torch_sharded import TorchShardedManager
 
@@ -44,11 +44,7 @@ def main(argv=None, seam: Callable[[], Seam] | None = None) -> int:
     local_batch = BATCH // world
 
     torch.manual_seed(args.seed)  # the same initial parameters on every rank, before sharding
-    data_gen = torch.Generator().manual_seed(args.seed + 1000)
-    x = torch.randn(N, D_IN, generator=data_gen)
-    teacher = torch.randn(D_IN, 1, generator=data_gen)
-    y = torch.sin(x @ teacher) + 0.1 * torch.randn(N, 1, generator=data_gen)
-    x, y = x.to(device), y.to(device)
+    x, y = (t.to(device) for t in regression_data(args.seed))
 
     model = torch.nn.Sequential(torch.nn.Linear(D_IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN),
                                 torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)).to(device)
@@ -63,11 +59,8 @@ def main(argv=None, seam: Callable[[], Seam] | None = None) -> int:
     data = {"epoch": 0, "pos": 0, "perm": torch.randperm(N, generator=shuffle)}  # the global data position
 
     def train_step(step: int) -> float:
-        if data["pos"] + BATCH > N:
-            data.update(epoch=data["epoch"] + 1, pos=0, perm=torch.randperm(N, generator=shuffle))
-        start = data["pos"] + rank * local_batch  # this rank's slice of the global batch
-        idx = data["perm"][start:start + local_batch].to(device)
-        data["pos"] += BATCH
+        batch = next_batch(data, lambda: torch.randperm(N, generator=shuffle))
+        idx = batch[rank * local_batch:(rank + 1) * local_batch].to(device)  # this rank's slice of the global batch
         loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()  # FSDP2 reduce-scatters the gradients: each rank keeps the mean of its shard

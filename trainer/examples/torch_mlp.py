@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from respawn.ckpt import CheckpointManager, TrainingLoop
-from respawn.ckpt.examples._common import parse_args, progress
+from respawn.ckpt.examples._common import N, next_batch, parse_args, progress
 
-N, D_IN, HIDDEN, BATCH = 4096, 32, 64, 64
+D_IN, HIDDEN = 32, 64
 
 
 class MLP(torch.nn.Module):
@@ -29,14 +29,19 @@ class MLP(torch.nn.Module):
         return self.net(x)
 
 
+def regression_data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The examples' data (the same on every rank): x, and y a noisy function of it."""
+    gen = torch.Generator().manual_seed(seed + 1000)
+    x = torch.randn(N, D_IN, generator=gen)
+    teacher = torch.randn(D_IN, 1, generator=gen)
+    return x, torch.sin(x @ teacher) + 0.1 * torch.randn(N, 1, generator=gen)
+
+
 def main(argv=None) -> int:
     args = parse_args("torch_mlp", argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    data_gen = torch.Generator().manual_seed(args.seed + 1000)
-    x = torch.randn(N, D_IN, generator=data_gen)
-    teacher = torch.randn(D_IN, 1, generator=data_gen)
-    y = torch.sin(x @ teacher) + 0.1 * torch.randn(N, 1, generator=data_gen)
+    x, y = regression_data(args.seed)
 
     model = MLP(max(1, int(args.state_mb * (1 << 20)) // 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -45,10 +50,7 @@ def main(argv=None) -> int:
     data = {"epoch": 0, "pos": 0, "perm": torch.randperm(N, generator=shuffle)}  # the data position
 
     def train_step(step: int) -> float:
-        if data["pos"] + BATCH > N:  # new epoch: reshuffle from the checkpointed generator
-            data.update(epoch=data["epoch"] + 1, pos=0, perm=torch.randperm(N, generator=shuffle))
-        idx = data["perm"][data["pos"]:data["pos"] + BATCH]
-        data["pos"] += BATCH
+        idx = next_batch(data, lambda: torch.randperm(N, generator=shuffle))
         model.train()
         loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
