@@ -1,19 +1,10 @@
-"""The commit of a step that every member of a job writes a part of (every rank of a sharded torch job:
-torch_sharded.py; every process of a multi-process JAX job: jax_distributed.py), over one small seam with two
-implementations: torch_sharded.GroupSeam (a gloo group of the checkpoint's own) and jax_distributed.KeyValueSeam
-(the coordination service's key-value store). Importing it imports neither torch nor jax.
-
-The commit is two-phase. (1) Every member writes its files of the step, fsyncs them and sizes and checksums them (on
-hosts with disks of their own it also uploads them to the remote store): its vote. A member whose write raised, was
-cancelled or passed the deadline votes no. (2) The votes meet in one all_gather, bounded by the deadline and the
-cancel; member 0 commits only if every member voted yes: in the directory the members share, it checks that every
-voted file is there with its size, removes what no vote names (an earlier attempt's), and writes the manifest and
-COMMITTED last; for hosts with disks of their own it writes them in the remote store. Member 0 then broadcasts the
-outcome, which every member returns. A member that dies or overruns leaves the step without its marker: restore falls
-back to the previous committed step, never a torn one.
-
-Restore: member 0 picks the newest step that verifies (CheckpointManager._verified_steps) and broadcasts it; every
-member loads its part; all learn whether every member did, else they go on to the next older step together.
+"""The two-phase commit of a step that every member of a job writes a part of (the ranks of a sharded torch job,
+torch_sharded.py; the processes of a multi-process JAX job, jax_distributed.py), over one small seam
+(torch_sharded.GroupSeam, a gloo group of the checkpoint's own; jax_distributed.KeyValueSeam, the coordination
+service's key-value store): every member votes with its durable files, and member 0 writes the manifest and
+COMMITTED only if every vote is yes, so a member that fails, dies or overruns leaves no torn step. Restore agrees on
+the newest step every member can load. The protocol in full: docs/checkpoint.md ("Sharded state (FSDP2, DTensor) on
+DCP"). Importing it imports neither torch nor jax.
 """
 
 from __future__ import annotations
@@ -75,8 +66,8 @@ class ShardedManager(CheckpointManager):
     save, emergency_save and restore, in the same order). The notice, the deadline, the asynchronous periodic saves
     and the status file work as for one process; member 0 alone commits, uploads a shared directory's step and
     applies retention. A subclass names its layout and implements, for one member:
-    _write_files(step, payload, control) -> its vote: its part durable (and uploaded, for hosts with disks of their
-        own), with `files` {name: {size, checksum}} and what _manifest_extra(votes) reads, which returns the
+    _write_files(step, payload, control) -> its vote: its part durable, with `files` {name: {size, checksum}} (on
+        hosts with disks of their own, uploaded next) and what _manifest_extra(votes) reads, which returns the
         layout's manifest fields (raising when the votes do not add up);
     _open_for_restore(store, step) -> (member 0) the step's directory, checked enough to offer it to every member;
     _load_part(step, step_dir, like) -> (manifest, this member's state) of the step member 0 offered."""
@@ -114,6 +105,8 @@ class ShardedManager(CheckpointManager):
         try:
             self._find_hosts()
             vote = {"ok": True, **self._write_files(step, payload, control)}
+            if self._per_host:  # every member's files are in the remote store before it votes
+                self.remote.put_files(self.local.step_dir(step), step, list(vote["files"]), control)
         except Exception as exc:  # noqa: BLE001 - this member votes no; member 0 then does not commit
             late = isinstance(exc, fmt.Abandoned)
             vote = {"ok": False, "late": late, "reason": str(exc) if late else f"{type(exc).__name__}: {exc}"}

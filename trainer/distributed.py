@@ -1,19 +1,8 @@
-"""A multi-rank job in TrainingLoop (torch.distributed initialized with world_size > 1, e.g. under torchrun):
-the notice agreement, rank 0 as the only writer, the same restore on every rank.
-
-- Notice agreement: at every step boundary one MAX all-reduce of "milliseconds since this rank's notice, or -1",
-  so that a notice seen by any rank stops every rank after the same step, with the deadline of the earliest notice.
-- Replicated (DDP) state: rank 0 writes every checkpoint in the single-process format (its atomic commit marker
-  is the job's commit); after an emergency or final save the other ranks receive its outcome.
-- Restore: rank 0 restores first; the others then restore exactly the step it restored.
-- Sharded state (DTensor parameters: FSDP2, tensor parallel): every rank saves its shards through DCP and rank 0
-  commits once all are durable; every rank loads the step rank 0 verified (respawn.ckpt.torch_sharded).
-
-- Timeouts: every process group made here (and the examples' default group) raises after
-  collective_timeout() (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS, default 300 s) rather than gloo's 30 minutes, so a rank
-  whose peer vanished exits in minutes. Work one rank does while the others wait (rank 0's restore, download and
-  final save) runs under run_beating: a small all-reduce every few seconds, so no collective waits on a disk or a
-  download, and the timeout bounds only a peer that is gone.
+"""A multi-rank torch job in TrainingLoop (torch.distributed initialized with world_size > 1, e.g. under torchrun; at
+any world size when the state holds DTensor parameters): the notice agreed by one MAX all-reduce per step boundary,
+rank 0 as the only writer of replicated (DDP) state (every rank writes its shards of sharded state:
+respawn.ckpt.torch_sharded), the same restore on every rank, and the collective timeout, with run_beating so that
+no collective waits on one rank's disk or download. In full: docs/checkpoint.md ("Multi-rank jobs (torchrun, DDP)").
 
 loop.py calls current_job() only; nothing here runs, and torch is not imported, in a single-process job.
 """
@@ -34,11 +23,9 @@ from .manager import CheckpointManager, Manager, SaveOutcome, SaveState
 
 _STATES = list(SaveState)
 _DURABLE = [None, "local", "remote"]
-# Why 300 s: the longest legitimate wait in one collective is then the ranks' skew (a slow rank's step before the
-# notice agreement, one rank's shard write before DCP's gather, the user's start-up before the first all-reduce),
-# never a checkpoint's size: rank 0's restore, downloads and final save run under run_beating. Five minutes
-# covers that skew with room, and is a tenth of gloo's default: a trainer whose peer vanished without closing its
-# connections (a lost VM sends no FIN) exits 1 within it, and its node reports the failure.
+# Why 300 s (docs/checkpoint.md, "Collective timeouts"): with rank 0's restore, downloads and final save under
+# run_beating, a collective waits only on the ranks' skew, never on a checkpoint's size; five minutes covers that skew
+# with room and is a tenth of gloo's default, so a trainer whose peer vanished (a lost VM sends no FIN) exits 1 in it.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 

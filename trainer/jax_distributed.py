@@ -1,18 +1,9 @@
-"""Multi-process JAX (jax.distributed initialized, one process per host, process_count() > 1) in TrainingLoop.
-
-- Notice agreement, off the training path (as jax's own preemption sync point): a process that sees a notice
-  announces it in the coordination service's key-value store; every process, as soon as it learns of it (a
-  watcher thread), publishes the last step boundary it passed, and all stop after the largest published boundary
-  + 1. Per step the loop pays a lock and a flag check, no collective.
-- Sharded save: every process writes the shards of the global arrays it addresses (replica_id 0 only, so
-  replicated data is written once) plus its own host state (the pickled rest of the state: data position, RNGs)
-  into flat files of the step directory and fsyncs them; respawn.ckpt.commit's two-phase commit (votes, manifest,
-  COMMITTED) runs over the coordination service's key-value store (KeyValueSeam).
-- Restore: process 0 picks the step, every process reads the shards its devices need (checksums checked on the
-  files it reads) into arrays of the saved mesh and sharding, and all agree that every process succeeded.
-
-Hosts with disks of their own commit in the remote store (respawn.ckpt.commit); on restore every process downloads
-just the files its shards need. Processes that share a directory commit there and process 0 uploads the step.
+"""Multi-process JAX (jax.distributed initialized, one process per host, process_count() > 1) in TrainingLoop: the
+notice agreed off the training path through the coordination service's key-value store (_NoticeAgreement); every
+process writes the shards of the global arrays it addresses (replica 0 only) and its own host state, and
+respawn.ckpt.commit's two-phase commit runs over the same store (KeyValueSeam); on restore every process reads the
+shards its devices need into arrays of the saved mesh and sharding. In full: docs/checkpoint.md ("Multi-process JAX
+(jax.distributed)").
 """
 
 from __future__ import annotations
@@ -311,10 +302,8 @@ class ShardedCheckpointManager(ShardedManager):
             finally:
                 client.key_value_set(clean, "1")
         part = _write_part(step_dir, self._rank, payload, control)
-        if self._per_host:
-            if self._rank != 0:
-                _wait_key(client, clean, control)
-            self.remote.put_files(step_dir, step, list(part["files"]), control)
+        if self._per_host and self._rank != 0:
+            _wait_key(client, clean, control)  # process 0's delete first: this process uploads next
         return part
 
     def _manifest_extra(self, votes: list[dict]) -> dict:

@@ -2,18 +2,12 @@
 
     python -m respawn.ckpt.launch torchrun --standalone --nproc-per-node 8 train.py ...
 
-Why: torchrun never exits 75. On SIGTERM it forwards the signal to its workers, waits for them (up to
-TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s) and then dies of its own SignalException: exit 1. When its workers all exit 75
-by themselves (a notice delivered to them only), it reports a failed worker group: exit 1 too. The node agent
-would read either as a crash.
-
-The command runs in this process's group, so the node agent's SIGTERM to the group reaches the launcher directly;
-this process only notes the signal and waits. After the launcher exits: 0 stays 0; any other status becomes 75 when
-the node's status file (RESPAWN_STATUS_FILE, written by the node's first rank during this run) shows the emergency
-save ended (committed, abandoned or failed). Without RESPAWN_STATUS_FILE (run by hand, outside the node agent) the
-wrapper gives the launcher a private one in a temporary directory, removed at exit, so it exits 75 there too. The job's save starts only after every rank agreed on the notice, and
-every rank then exits 75 (respawn.ckpt.distributed), so that is "every rank stopped on the notice". Otherwise the launcher's status
-passes through (a signal N as 128+N).
+Why: torchrun never exits 75: on SIGTERM, and when its workers all exit 75, it exits 1, which the node agent would
+read as a crash. The launcher runs in this process's group, so the agent's SIGTERM reaches it directly; this process
+only notes the signal and waits. After the launcher exits, 0 stays 0; any other status becomes 75 when the node's
+status file (RESPAWN_STATUS_FILE; run by hand, a private one in a temporary directory) shows that an emergency save
+ended during this run (every rank then stopped on the notice); otherwise the status passes through (a signal N as
+128+N). In full: docs/checkpoint.md ("Multi-rank jobs (torchrun, DDP)", the exit code).
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Sharded PyTorch state (FSDP2 / DTensor parameters) in a multi-rank job: every rank writes its own shards with
-torch.distributed.checkpoint (DCP), and rank 0 commits the step once every rank's files are durable (the two-phase
-commit of respawn.ckpt.commit, on a gloo group of the checkpoint's own: GroupSeam).
-
-    step_{step:012d}/  __0_0.distcp __1_0.distcp ...  .metadata  manifest.json  COMMITTED
-
-- The `.distcp` files and `.metadata` are DCP's own (FileSystemWriter: each rank writes the items DCP planned for
-  it, replicated tensors and non-tensor values once for the job, and fsyncs them; rank 0 writes `.metadata`). A
-  checkpoint written by N ranks loads on M ranks: DCP reads, for each rank's DTensor shards, the byte ranges of
-  the saved shards they overlap (resharding).
-- `manifest.json` and `COMMITTED` are the single-process format's (respawn.ckpt.format), the manifest with
-  `layout: "torch-dcp"`, `world_size` and every file of the step with its size and checksum. A rank's vote is its
-  own files; rank 0 commits only if the votes also cover every file DCP's metadata names.
+torch.distributed.checkpoint (DCP) into the step directory, and rank 0 commits the step with the single-process
+manifest (`layout: "torch-dcp"`) and marker (respawn.ckpt.commit, over GroupSeam). Layout, snapshot, emergency save
+and restore: docs/checkpoint.md ("Sharded state (FSDP2, DTensor) on DCP").
 
 Not a FileSystemWriter whose finish() commits (DCP's coordinator hook): DCP's gather of the write results waits for
 the group's timeout, not the notice's deadline, and the results carry no checksums (unless classes of ours are
-pickled into `.metadata`); the vote round is one small all_gather beside the file writes.
-
-Periodic saves stay asynchronous: the loop blocks for a copy of the state dict into CPU buffers that are reused
-from save to save (DCP's own staging helpers); dcp.save, the checksums and the commit run on the background
-thread. The emergency save writes the live state (the loop is stopped) on a helper thread joined at the deadline:
-DCP's save cannot be stopped half-way, so a rank that overruns abandons it and its vote never comes.
+pickled into `.metadata`); the vote round is one small all_gather beside the file writes. DCP's save cannot be
+stopped half-way: the emergency save runs it on a helper thread joined at the deadline, and a rank that overruns
+abandons it (its vote never comes).
 """
 
 from __future__ import annotations
@@ -153,8 +141,6 @@ class TorchShardedManager(ShardedManager):
             size, digest = checksum.of_file(os.path.join(step_dir, name))
             files[name] = {"size": size, "checksum": digest}
         control.check(f"checksumming step {step}")
-        if self._per_host:
-            self.remote.put_files(step_dir, step, mine, control)
         return {"files": files, "named": sorted(named) if self._rank == 0 else None}
 
     def _manifest_extra(self, votes: list[dict]) -> dict:
