@@ -39,15 +39,20 @@ def _rank_ordered_mean(_state, bucket):  # no return annotation: DDP checks it, 
     return done
 
 
-def main(argv=None) -> int:
-    args = parse_args("torch_ddp", argv)
-    torch.set_num_threads(args.threads)
+def init_distributed(name: str, threads: int) -> tuple[int, int, torch.device]:
+    """The default process group of a torchrun example (NCCL on GPUs, gloo on CPU): (rank, world size, device)."""
+    torch.set_num_threads(threads)
     cuda = torch.cuda.is_available()
     # A peer that vanished ends this rank in minutes (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS), not gloo's 30.
     dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout())
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
-    print(f"torch_ddp: rank {rank} of {world} pid {os.getpid()}", flush=True)
+    print(f"{name}: rank {rank} of {world} pid {os.getpid()}", flush=True)
+    return rank, world, torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+
+
+def main(argv=None) -> int:
+    args = parse_args("torch_ddp", argv)
+    rank, world, device = init_distributed("torch_ddp", args.threads)
     if world > BATCH:
         raise SystemExit(f"torch_ddp: {world} ranks for a global batch of {BATCH}: at most {BATCH} ranks")
     # This rank's part of the global batch, as even as the world allows (3 nodes, or an elastic job's 4 of 6 ranks).

@@ -13,7 +13,6 @@ dropout: its masks would depend on how the batch is split, so a resumed run at a
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Callable
 
@@ -22,8 +21,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from respawn.ckpt import TrainingLoop, collective_timeout
+from respawn.ckpt import TrainingLoop
 from respawn.ckpt.examples._common import BATCH, N, next_batch, parse_args, progress
+from respawn.ckpt.examples.torch_ddp import init_distributed
 from respawn.ckpt.examples.torch_mlp import D_IN, HIDDEN, regression_data
 from respawn.ckpt.commit import Seam
 from respawn.ckpt.torch_sharded import TorchShardedManager
@@ -32,13 +32,7 @@ from respawn.ckpt.torch_sharded import TorchShardedManager
 def main(argv=None, seam: Callable[[], Seam] | None = None) -> int:
     """seam: builds the checkpoint commit's exchanges (default: TorchShardedManager's; a test injects a fault)."""
     args = parse_args("torch_fsdp", argv)
-    torch.set_num_threads(args.threads)
-    cuda = torch.cuda.is_available()
-    # A peer that vanished ends this rank in minutes (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS), not gloo's 30.
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout())
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
-    print(f"torch_fsdp: rank {rank} of {world} pid {os.getpid()}", flush=True)
+    rank, world, device = init_distributed("torch_fsdp", args.threads)
     if BATCH % world:
         raise SystemExit(f"torch_fsdp: the global batch ({BATCH}) must divide among {world} ranks")
     local_batch = BATCH // world
