@@ -11,7 +11,7 @@ was observed (an optimistic transaction, see adapters/firestore_store.py), *befo
 create (409 → adopt), start, delete (404 → done): all idempotent.
 
 Outcomes: _act performs the call and classifies how it ended (decide.Outcome, from placement.classify); what that
-means is pure policy: decide.followup() (re-raise, cool the zone down) and job.after_act() (what to commit on the
+means is pure policy: job.followup() (re-raise, cool the zone down) and job.after_act() (what to commit on the
 job's status read again, the alert, the delete of a node made for a placement the job has left). So capacity/quota
 refusals are recorded (capacity/{zone}~{accel}, and the job's round) and placement goes on; a request that no zone
 can satisfy fails the job; anything transient propagates, so the platform redelivers the event and the next
