@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 SDK_ROOTS = [Path("/usr/lib/google-cloud-sdk"), Path("/usr/share/google-cloud-sdk")]
 FIRESTORE_BIN = "platform/cloud-firestore-emulator/cloud_firestore_emulator"
@@ -31,6 +32,10 @@ INSTALL_HINT = (
 
 class EmulatorError(RuntimeError):
     pass
+
+
+class PortTaken(EmulatorError):
+    """The port was taken between free_port() and the emulator's bind (another process got there first)."""
 
 
 def free_port() -> int:
@@ -120,6 +125,9 @@ def _start(name: str, argv: list[str], port: int, ready_path: str, timeout: floa
     emu = Emulator(name=name, host=f"127.0.0.1:{port}", proc=proc, log_path=log_path, _log=log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if _port_taken(log_path):  # the Firestore emulator exits then, the Pub/Sub one lives on without its port
+            emu.stop()
+            raise PortTaken(f"the {name} emulator could not bind 127.0.0.1:{port}: Address already in use")
         if proc.poll() is not None:
             emu.stop()
             raise EmulatorError(f"the {name} emulator exited with code {proc.returncode} while starting:\n{emu.log_tail()}")
@@ -134,18 +142,41 @@ def _start(name: str, argv: list[str], port: int, ready_path: str, timeout: floa
     raise EmulatorError(f"the {name} emulator did not answer on 127.0.0.1:{port} within {timeout:.0f} s:\n{emu.log_tail()}")
 
 
+PORT_TRIES = 3
+
+
+def _port_taken(log_path: Path) -> bool:
+    """The emulator's log says its port was taken (a JVM binds it seconds after free_port() found it free)."""
+    try:
+        return b"java.net.BindException: Address already in use" in log_path.read_bytes()
+    except OSError:
+        return False
+
+
+def _start_on_a_free_port(name: str, argv: Callable[[int], list[str]], ready_path: str, timeout: float,
+                          log_dir: Path | None) -> Emulator:
+    """_start on a free port; when the port was taken before the emulator bound it, again on another one."""
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        try:
+            return _start(name, argv(port), port, ready_path, timeout, log_dir)
+        except EmulatorError as exc:
+            if attempt == PORT_TRIES or not isinstance(exc, PortTaken):
+                raise
+            print(f"the {name} emulator's port {port} was taken before it bound it; trying another", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def start_firestore(timeout: float = 60, log_dir: Path | None = None) -> Emulator:
     launcher = _find(FIRESTORE_BIN, "RESPAWN_FIRESTORE_EMULATOR", "Firestore")
-    port = free_port()
-    argv = [launcher, "start", "--host=127.0.0.1", f"--port={port}"]
-    return _start("firestore", argv, port, "/", timeout, log_dir)
+    return _start_on_a_free_port("firestore", lambda port: [launcher, "start", "--host=127.0.0.1", f"--port={port}"],
+                                 "/", timeout, log_dir)
 
 
 def start_pubsub(timeout: float = 60, log_dir: Path | None = None) -> Emulator:
     launcher = _find(PUBSUB_BIN, "RESPAWN_PUBSUB_EMULATOR", "Pub/Sub")
-    port = free_port()
-    argv = [launcher, "--host=127.0.0.1", f"--port={port}"]
-    return _start("pubsub", argv, port, "/", timeout, log_dir)
+    return _start_on_a_free_port("pubsub", lambda port: [launcher, "--host=127.0.0.1", f"--port={port}"], "/",
+                                 timeout, log_dir)
 
 
 def start_storage(bucket: str, timeout: float = 30, log_dir: Path | None = None) -> Emulator:
@@ -154,10 +185,9 @@ def start_storage(bucket: str, timeout: float = 30, log_dir: Path | None = None)
     launcher = Path(sys.executable).with_name("gcp-storage-emulator")
     if not launcher.exists():
         raise EmulatorError(f"{launcher} is missing: install the dev extra (pip install -e '.[dev]')")
-    port = free_port()
-    argv = [str(launcher), "start", "--host", "127.0.0.1", "--port", str(port), "--default-bucket", bucket,
-            "--in-memory", "--quiet"]
-    return _start("storage", argv, port, f"/storage/v1/b/{bucket}", timeout, log_dir)
+    return _start_on_a_free_port("storage", lambda port: [str(launcher), "start", "--host", "127.0.0.1", "--port",
+                                                           str(port), "--default-bucket", bucket, "--in-memory",
+                                                           "--quiet"], f"/storage/v1/b/{bucket}", timeout, log_dir)
 
 
 def reset_firestore(host: str, project: str, databases: tuple[str, ...] = ()) -> None:

@@ -2,7 +2,7 @@
 directly, for tests/test_trainer_jax_distributed.py:
 
     python tests/jax_multiprocess_worker.py save PROCESS_ID COORDINATOR DIR   # commits step 10, then process 1
-                                                                             # dies while writing step 20
+                                                                             # dies in step 20's save
     python tests/jax_multiprocess_worker.py restore PROCESS_ID COORDINATOR DIR
     python tests/jax_multiprocess_worker.py unshared PROCESS_ID COORDINATOR DIR  # each process its own directory
     python tests/jax_multiprocess_worker.py hosts-save PROCESS_ID COORDINATOR DIR     # the same, with a remote
@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from respawn.ckpt import jax_distributed  # noqa: E402
+from respawn.ckpt import commit, jax_distributed  # noqa: E402
 
 
 def state(pid: int, scale: float) -> dict:
@@ -40,12 +40,32 @@ def state(pid: int, scale: float) -> dict:
     }
 
 
+class DiesMidSave(jax_distributed.KeyValueSeam):
+    """The fault, through the manager's seam (its commit's exchanges): process 1 is killed in the middle of step
+    `step`'s save, its part file torn, before its vote; no report reaches process 0."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+        self.step_dir = ""  # the manager's directory of the step (set once the manager exists)
+
+    def all_gather(self, key, data, control=None):
+        if self.rank == 1 and key == commit.votes_key(self.step):
+            with open(os.path.join(self.step_dir, "p00001.bin"), "r+b") as f:
+                f.truncate(10)  # torn: half written
+            os._exit(9)
+        return super().all_gather(key, data, control)
+
+
 def main(mode: str, pid: int, coordinator: str, root: str) -> None:
     jax.distributed.initialize(coordinator, 2, pid)
     remote = f"file://{root}/remote" if mode.startswith("hosts") else None
     if mode in ("unshared", "hosts-save", "hosts-restore"):  # hosts with disks of their own
         root = os.path.join(root, f"process-{pid}")
-    mgr = jax_distributed.ShardedCheckpointManager(remote, local_dir=root, notice_budget_s=5)
+    seam = DiesMidSave(20) if mode == "save" else None
+    mgr = jax_distributed.ShardedCheckpointManager(remote, local_dir=root, notice_budget_s=5, seam=seam)
+    if seam is not None:
+        seam.step_dir = mgr.local.step_dir(20)
     if mode in ("unshared", "hosts-save"):
         outcome = mgr.save(10, state(pid, 1.0), blocking=True)
         print("result", json.dumps({"step": 10, "state": outcome.state.value, "reason": outcome.reason}), flush=True)
@@ -53,17 +73,6 @@ def main(mode: str, pid: int, coordinator: str, root: str) -> None:
     if mode == "save":
         ten = mgr.save(10, state(pid, 1.0), blocking=True)
         print("result", json.dumps({"step": 10, "state": ten.state.value}), flush=True)
-        write = jax_distributed._write_part
-
-        def dies_half_way(step_dir, p, payload, control):
-            if p == 1:
-                os.makedirs(step_dir, exist_ok=True)
-                with open(os.path.join(step_dir, "p00001.bin"), "wb") as f:
-                    f.write(b"half of it")
-                os._exit(9)  # killed mid-save: no report reaches process 0
-            return write(step_dir, p, payload, control)
-
-        jax_distributed._write_part = dies_half_way
         mgr.request_preemption("test")
         twenty = mgr.emergency_save(20, state(pid, 2.0))
         print("result", json.dumps({"step": 20, "state": twenty.state.value, "reason": twenty.reason}), flush=True)

@@ -96,7 +96,14 @@ def test_a_generation_restarted_for_a_peers_crash_kills_the_trainer_blocked_in_a
         assert "SIGTERM handler ran" not in (node_dir / "trainer.log").read_text()
         # torchrun runs its worker in a session of its own: the kill reached it all the same (a worker left behind
         # would hold its memory, its device and its peers until gloo's timeout).
-        assert wait_for(lambda: not generation_processes("1"), 10, "generation 1's processes gone", interval=0.2)
+        # SIGKILLed at once, each is gone once the kernel has torn it down: seconds for a process holding torch's
+        # memory on a loaded machine (CI: 10 s were not always enough), never for one the kill missed.
+        try:
+            wait_for(lambda: not generation_processes("1"), 30, "generation 1's processes gone", interval=0.2)
+        except AssertionError:
+            left = subprocess.run(["ps", "-o", "pid,stat,etime,args", "-p", ",".join(map(str, generation_processes("1")))
+                                   or "1"], capture_output=True, text=True).stdout
+            raise AssertionError(f"generation 1's processes outlived its kill: {left}") from None
     finally:
         # The peer's torchrun and its worker, which runs in a session of its own (the group's kill misses it).
         for pid in processes_with(f"PEER_OF={tmp_path}".encode()):

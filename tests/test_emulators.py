@@ -68,3 +68,25 @@ def test_firestore_is_empty_at_the_start_of_each_test(firestore_db):
 def test_firestore_is_empty_again(firestore_db):
     assert list(firestore_db.collection("leftover").stream()) == []
     firestore_db.collection("leftover").document("x").set({"v": 1})
+
+
+def test_a_port_taken_before_the_emulator_binds_it_is_replaced_by_another(monkeypatch, capsys):
+    # free_port() finds a port free, then the JVM binds it seconds later: another process may take it in between
+    # (CI's parallel tests did). The emulator then fails to bind; the harness starts it again on another port.
+    import socket
+
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    real = emulators.free_port
+    try:
+        for start in (emulators.start_pubsub, emulators.start_firestore):  # one lives on unbound, one exits
+            ports = iter([port])
+            monkeypatch.setattr(emulators, "free_port", lambda: next(ports, None) or real())
+            emu = start()
+            try:
+                assert emu.host != f"127.0.0.1:{port}" and emu.proc.poll() is None
+                assert f"port {port} was taken before it bound it" in capsys.readouterr().err
+            finally:
+                emu.stop()
+    finally:
+        taken.close()
