@@ -240,7 +240,7 @@ ZoneOrder = Literal["next_zone", "same_zone", "in_order"]  # functions/recovery.
 class Placement(_Strict):
     cooldown_seconds: int = Field(default=600, ge=0, description="how long a zone that refused is skipped")
     strategy: ZoneOrder | None = Field(
-        default=None, description="the order of the zones after a loss (docs/job-spec.md, Recovery strategies); "
+        default=None, description="the order of the zones after a loss (docs/job-spec.md, placement.strategy); "
                                   "default next_zone (in_order when avoid_preempting_zone is false)")
     avoid_preempting_zone: bool = Field(default=True, description="the older spelling of strategy: next_zone (true) "
                                                                   "or in_order (false)")
