@@ -38,7 +38,8 @@ from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import ControlStore, FolderGrants, NodeProvider
 from respawn.control.settings import ControlSettings
 from respawn import contract, deployment, logs, topology
-from respawn.schema import CONSOLE_TAIL_CHARS, Heartbeat, JobEvent, JobSpec, JobStatus, SpecError, State, parse_spec
+from respawn.schema import (CONSOLE_TAIL_CHARS, Heartbeat, JobEvent, JobSpec, JobStatus, MemberStatus, SpecError, State,
+                            parse_spec)
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,10 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
         spec, errors = None, tuple(exc.errors)
     now = deps.now()
     consoles: dict[str, str | None] = {}
-    seen = _observe_members(deps, job_id, spec, status, hint, now, consoles)
+    members = job.slots(status, spec.nodes if spec else len(status.members))
+    seen = _observe_members(deps, job_id, spec, members, hint, now, consoles)
     blocked = {}
-    if spec is not None and any(core.needs_capacity(m, ob.node) for m, ob in zip(job.slots(status, spec.nodes),
-                                                                                  seen)):
+    if spec is not None and any(core.needs_capacity(m, ob.node) for m, ob in zip(members, seen)):
         blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
     cancel_requested = bool(doc.get("cancel_requested"))
     image = None
@@ -144,7 +145,7 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
     return o, spec, version, seen
 
 
-def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, status: JobStatus, hint: Hint | None,
+def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, members: list[MemberStatus], hint: Hint | None,
                      now: datetime, consoles: dict[str, str | None]) -> list[job.MemberObs]:
     """Each member slot's node as the API shows it, its heartbeat (a TPU slice's: every worker's), its address when
     the job's core needs it, and the event's hint when the event named that node's current life; into `consoles`,
@@ -154,7 +155,7 @@ def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, status: JobS
     # The heartbeats are in the database of the identity the job holds: no other job's node can write there.
     database = deployment.heartbeat_database(deps.store.identity_of(job_id) if deps.identities else None)
     seen = []
-    for m in job.slots(status, spec.nodes if spec else len(status.members)):
+    for m in members:
         if not (m.node and m.zone):
             seen.append(job.MemberObs())
             continue

@@ -400,13 +400,7 @@ class ComputeService:
             digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode() + inst.id.encode()).digest()
             inst.body["metadata"] = {"kind": "compute#metadata", "items": items,
                                      "fingerprint": base64.b64encode(digest[:8]).decode()}
-            inst.runtime.metadata_kwargs["attributes"] = dict(after)
-            server = inst.runtime.metadata
-            if server is not None:
-                for key in before.keys() - after.keys():
-                    server.delete(f"instance/attributes/{key}")
-                for key, value in after.items():
-                    server.set_attribute(key, value)
+            inst.runtime.set_attributes(before.keys() - after.keys(), after)
             op = self._new_op(zone, "setMetadata", self._path(zone, name), inst.id)
             self.sim.scheduler.call_later(self.sim.metadata_op_delay, self._finish, op)
         return dict(op.body)

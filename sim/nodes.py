@@ -52,6 +52,19 @@ class NodeRuntime:
         self.boot_id: str | None = None
         self._lock = threading.Lock()
 
+    def set_attributes(self, removed: set[str], values: dict[str, str]) -> None:
+        """The node's metadata attributes changed: `removed` gone, `values` set. A running node's metadata server
+        serves them at once (waking its hanging GETs); a node not booted yet gets them at boot."""
+        attributes = self.metadata_kwargs.setdefault("attributes", {})
+        for key in removed:
+            attributes.pop(key, None)
+        attributes.update(values)
+        if self.metadata is not None:
+            for key in removed:
+                self.metadata.delete(f"instance/attributes/{key}")
+            for key, value in values.items():
+                self.metadata.set_attribute(key, value)
+
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None

@@ -261,17 +261,8 @@ class TpuService:
             node = self._get(zone, name)
             before, after = dict(node.body.get("metadata") or {}), dict(body.get("metadata") or {})
             node.body["metadata"] = after
-            for runtime in node.runtimes:
-                attributes = runtime.metadata_kwargs["attributes"]
-                for key in before.keys() - after.keys():
-                    attributes.pop(key, None)
-                attributes.update(after)
-                server = runtime.metadata
-                if server is not None:
-                    for key in before.keys() - after.keys():
-                        server.delete(f"instance/attributes/{key}")
-                    for key, value in after.items():
-                        server.set_attribute(key, value)
+            for runtime in node.runtimes:  # each keeps what Cloud TPU adds (worker number, endpoints)
+                runtime.set_attributes(before.keys() - after.keys(), after)
             op = self._new_op(zone, "update", self._path(zone, name))
             self.sim.op_step(zone, self.sim.op_delay, lambda: self._finish(op, response={"@type": NODE_TYPE,
                                                                                         **node.body}))
