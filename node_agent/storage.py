@@ -1,4 +1,5 @@
-"""Download one object — the user's workdir archive, the respawn wheel — to a local file, checking its sha256.
+"""Download one object — the user's workdir archive, the respawn wheel — to a local file, checking its sha256;
+and upload one (Uploader: the environment cache's archive, streamed, and its manifest).
 
 gs://BUCKET/OBJECT: the Cloud Storage JSON API, `GET {host}/storage/v1/b/BUCKET/o/OBJECT?alt=media` with the VM's
 service-account token from the metadata server; host = RESPAWN_STORAGE_HOST, else STORAGE_EMULATOR_HOST (local
@@ -7,6 +8,12 @@ streamed in 1 MiB chunks (never the whole object in memory), no proxies (as the 
 
 Transient trouble (connection errors, timeouts, 429, 5xx) is retried with backoff for `retry_seconds`; what
 retrying cannot fix (404, 403, other 4xx) raises FetchError at once, its message naming the object and what to do.
+
+Uploads go to `POST {host}/upload/storage/v1/b/BUCKET/o`: a small object in one request (uploadType=media), a
+stream of unknown length as a resumable upload in UPLOAD_CHUNK pieces (each a multiple of 256 KiB but the last; the
+object exists only once the last piece is in, so an upload stopped half-way leaves nothing visible). A file:///
+destination is written beside its name and renamed into place when complete. Uploads are not retried: the one
+caller (the environment cache) is best-effort and fails over to what it did before.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError, ServiceAc
 
 PRODUCTION_HOST = "https://storage.googleapis.com"
 CHUNK = 1 << 20
+UPLOAD_CHUNK = 16 << 20  # a multiple of 256 KiB, as a resumable upload's pieces must be
+RESUME_INCOMPLETE = 308  # a resumable upload's answer to a piece that is not the last
 
 
 class FetchError(Exception):
@@ -177,3 +186,205 @@ def _pump(src: BinaryIO, out: BinaryIO, interrupted: Callable[[], bool], uri: st
         out.write(chunk)
         size += len(chunk)
     return size, digest.hexdigest()
+
+
+class UploadError(Exception):
+    """An upload failed; the message names the object and what to do."""
+
+
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        import ssl
+
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.netloc, timeout=timeout, context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(parts.netloc, timeout=timeout)
+    return conn, parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+class Uploader:
+    """Uploads to gs:// and file:/// with the VM's service account; `open(uri)` streams one object."""
+
+    def __init__(self, md: MetadataClient, *, environ: dict[str, str] | None = None, timeout: float = 120.0):
+        self.host = storage_host(environ)
+        self.timeout = timeout
+        self._token = ServiceAccountToken(md)
+
+    def _headers(self, uri: str, **extra: str) -> dict[str, str]:
+        try:
+            return {"Authorization": f"Bearer {self._token.get()}", **extra}
+        except TokenError as exc:
+            raise UploadError(f"cannot upload {uri}: {exc}") from None
+
+    def _send(self, uri: str, method: str, url: str, body: bytes, headers: dict[str, str]):
+        conn, path = _connection(url, self.timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except TRANSPORT_ERRORS as exc:
+            raise UploadError(f"uploading {uri} to {self.host} failed: {exc!r}; check the node's network") from None
+        finally:
+            conn.close()
+        if resp.status not in (200, 201, RESUME_INCOMPLETE):
+            raise _upload_failure(uri, resp.status, data.decode("utf-8", errors="replace"))
+        return resp
+
+    def put(self, uri: str, data: bytes) -> None:
+        """Write the small object `uri` in one request. Sent as application/octet-stream whatever it holds: the
+        storage emulator reads an application/json body as the object's metadata, not its content."""
+        if uri.startswith("file:///"):
+            _put_local(uri[len("file://"):], data)
+            return
+        bucket, name = _split_upload(uri)
+        url = (f"{self.host}/upload/storage/v1/b/{quote(bucket, safe='')}/o?uploadType=media&"
+               f"name={quote(name, safe='')}")
+        self._send(uri, "POST", url, data, self._headers(uri, **{"Content-Type": "application/octet-stream"}))
+
+    def open(self, uri: str, interrupted: Callable[[], bool]) -> "UploadStream":
+        """A writable stream for `uri`: write(), then commit() (the object appears) or abort()."""
+        if uri.startswith("file:///"):
+            return _LocalStream(uri, interrupted)
+        bucket, name = _split_upload(uri)
+        url = (f"{self.host}/upload/storage/v1/b/{quote(bucket, safe='')}/o?uploadType=resumable&"
+               f"name={quote(name, safe='')}")
+        resp = self._send(uri, "POST", url, b"", self._headers(uri, **{
+            "Content-Type": "application/json; charset=UTF-8", "X-Upload-Content-Type": "application/x-tar"}))
+        session = resp.getheader("Location")
+        if not session:
+            raise UploadError(f"uploading {uri}: Cloud Storage started no resumable upload (no Location header)")
+        return _ResumableStream(self, uri, session, interrupted)
+
+
+def _split_upload(uri: str) -> tuple[str, str]:
+    if not uri.startswith("gs://"):
+        raise UploadError(f"{uri}: only gs:// and file:/// URIs can be uploaded to")
+    try:
+        return split_gs(uri)
+    except FetchError as exc:
+        raise UploadError(str(exc)) from None
+
+
+def _upload_failure(uri: str, status: int, body: str) -> UploadError:
+    try:
+        body = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    detail = body.strip().replace("\n", " ")[:200]
+    if status in (401, 403):
+        bucket = uri[len("gs://"):].split("/", 1)[0]
+        return UploadError(f"the node's service account may not write {uri} (HTTP {status}: {detail}): it needs "
+                           f"storage.objects.create on gs://{bucket} under the job's checkpoint_uri")
+    return UploadError(f"uploading {uri} failed with HTTP {status}: {detail}")
+
+
+def _put_local(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.partial-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class UploadStream:
+    """Bytes written are counted (`size`) and hashed (`sha256`); a notice (`interrupted()`) raises Interrupted at
+    the next write."""
+
+    def __init__(self, uri: str, interrupted: Callable[[], bool]):
+        self.uri, self.interrupted = uri, interrupted
+        self.size = 0
+        self._digest = hashlib.sha256()
+
+    @property
+    def sha256(self) -> str:
+        return self._digest.hexdigest()
+
+    def write(self, data: bytes) -> int:
+        if self.interrupted():
+            raise Interrupted(self.uri)
+        self._digest.update(data)
+        self.size += len(data)
+        self._write(data)
+        return len(data)
+
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+
+class _LocalStream(UploadStream):
+    def __init__(self, uri: str, interrupted: Callable[[], bool]):
+        super().__init__(uri, interrupted)
+        self.path = uri[len("file://"):]
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.tmp = f"{self.path}.partial-{os.getpid()}"
+        self._file = open(self.tmp, "wb")
+
+    def _write(self, data: bytes) -> None:
+        self._file.write(data)
+
+    def commit(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self._file.close()
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
+class _ResumableStream(UploadStream):
+    def __init__(self, uploader: Uploader, uri: str, session: str, interrupted: Callable[[], bool]):
+        super().__init__(uri, interrupted)
+        self.uploader, self.session = uploader, session
+        self._buf = bytearray()
+        self._sent = 0
+
+    def _write(self, data: bytes) -> None:
+        self._buf += data
+        while len(self._buf) >= UPLOAD_CHUNK:
+            del self._buf[:self._piece(bytes(self._buf[:UPLOAD_CHUNK]), last=False)]
+
+    def _piece(self, data: bytes, *, last: bool) -> int:
+        """Send one piece; returns how many of its bytes Cloud Storage kept (it may keep fewer than were sent:
+        its answer's Range says up to where; the rest goes again with the next piece)."""
+        total = str(self._sent + len(data)) if last else "*"
+        span = f"{self._sent}-{self._sent + len(data) - 1}" if data else "*"
+        resp = self.uploader._send(self.uri, "PUT", self.session, data, self.uploader._headers(
+            self.uri, **{"Content-Range": f"bytes {span}/{total}"}))
+        if last:
+            if resp.status == RESUME_INCOMPLETE:
+                raise UploadError(f"uploading {self.uri}: Cloud Storage did not complete the object after its last "
+                                  f"piece ({total} bytes)")
+            kept = len(data)
+        else:
+            persisted = (resp.getheader("Range") or "").rpartition("-")[2]
+            kept = (int(persisted) + 1 if persisted.isdigit() else 0) - self._sent
+            if not 0 < kept <= len(data):  # none kept: sending it again would go round for ever
+                raise UploadError(f"uploading {self.uri}: Cloud Storage says it holds bytes up to {persisted!r} "
+                                  f"after the piece {span}")
+        self._sent += kept
+        return kept
+
+    def commit(self) -> None:
+        if self.interrupted():
+            raise Interrupted(self.uri)
+        self._piece(bytes(self._buf), last=True)
+        self._buf.clear()
+
+    def abort(self) -> None:
+        # An unfinished resumable upload creates no object; Cloud Storage drops the session after a week.
+        self._buf.clear()

@@ -57,8 +57,11 @@ def _relative_name(name: str) -> str:
     return "/".join(parts)
 
 
-def check_members(members: list[tarfile.TarInfo]) -> list[tuple[str, tarfile.TarInfo]]:
-    """(relative name, member) for each member to write, in archive order; UnsafeArchive for the first bad one."""
+def check_members(members: list[tarfile.TarInfo], *,
+                  links_out: bool = False) -> list[tuple[str, tarfile.TarInfo]]:
+    """(relative name, member) for each member to write, in archive order; UnsafeArchive for the first bad one.
+    `links_out`: symlinks may point anywhere (a venv's bin/python names its base interpreter by absolute path);
+    nothing is ever written through one either way."""
     plan: list[tuple[str, tarfile.TarInfo]] = []
     seen: dict[str, str] = {}  # relative name → "dir" | "file" | "symlink"
     for m in members:
@@ -70,10 +73,10 @@ def check_members(members: list[tarfile.TarInfo]) -> list[tuple[str, tarfile.Tar
         elif m.issym():
             kind = "symlink"
             target = m.linkname
-            if not target or target.startswith("/"):
+            if not target or (target.startswith("/") and not links_out):
                 raise UnsafeArchive(m.name, f"is a symlink to {target!r}: only relative symlinks are allowed")
             resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-            if resolved == ".." or resolved.startswith("../"):
+            if not links_out and (resolved == ".." or resolved.startswith("../")):
                 raise UnsafeArchive(m.name, f"is a symlink to {target!r}, which points outside the workdir")
         elif m.islnk():
             raise UnsafeArchive(m.name, "is a hard link; only regular files, directories and symlinks are allowed")

@@ -2,9 +2,12 @@
 refusals the emulator cannot produce (403, 412). The real google-cloud-storage client reaches it through
 STORAGE_EMULATOR_HOST.
 
-    python tests/gcs_standin.py --get 403 --upload 403 [--size N] [--log FILE]
+    python tests/gcs_standin.py --get 403 --upload 403 [--size N] [--log FILE] [--piece-seconds S]
 
-Binds 127.0.0.1 on a free port and prints the port on its first line; logs "METHOD PATH?QUERY" per request.
+Binds 127.0.0.1 on a free port and prints the port on its first line; logs "METHOD PATH?QUERY" per request (with
+the Content-Range of a resumable upload's piece). With --upload 200, a resumable upload (uploadType=resumable) gets
+a session, and each piece sent to it is answered after --piece-seconds: 308 while the total is unknown (bytes
+A-B/*), 200 for the last piece — a slow Cloud Storage for uploads a notice must stop half-way.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
@@ -31,6 +35,7 @@ def main() -> None:
     parser.add_argument("--upload", type=int, required=True, help="status of uploads (200: accepted)")
     parser.add_argument("--size", type=int, default=0)
     parser.add_argument("--log")
+    parser.add_argument("--piece-seconds", type=float, default=0.0)
     args = parser.parse_args()
 
     class Handler(BaseHTTPRequestHandler):
@@ -38,9 +43,7 @@ def main() -> None:
             pass
 
         def _answer(self, status: int, name: str) -> None:
-            if args.log:
-                with open(args.log, "a") as log:
-                    log.write(f"{self.command} {self.path}\n")
+            self._log_line()
             if status == 200:
                 body = {"kind": "storage#object", "name": name, "bucket": "b", "size": str(args.size),
                         "generation": "1", "metageneration": "1"}
@@ -65,9 +68,35 @@ def main() -> None:
 
         def do_POST(self) -> None:
             self._drain()  # answering before the body is read would reset the client's connection
+            if args.upload == 200 and "uploadType=resumable" in self.path:
+                self._log_line()
+                self.send_response(200)
+                self.send_header("Location", f"http://127.0.0.1:{self.server.server_address[1]}{self.path}"
+                                             "&upload_id=1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             self._answer(args.upload, "")
 
-        do_PUT = do_POST
+        def do_PUT(self) -> None:
+            self._drain()
+            piece = self.headers.get("Content-Range", "")
+            if args.upload == 200 and "upload_id=" in self.path:
+                time.sleep(args.piece_seconds)
+                if piece.endswith("/*"):
+                    self._log_line()
+                    self.send_response(308)
+                    self.send_header("Range", "bytes=0-" + piece.split("-")[1].split("/")[0])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+            self._answer(args.upload, "")
+
+        def _log_line(self) -> None:
+            if args.log:
+                piece = self.headers.get("Content-Range")
+                with open(args.log, "a") as log:
+                    log.write(f"{self.command} {self.path}" + (f" {piece}" if piece else "") + "\n")
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     print(server.server_address[1], flush=True)
