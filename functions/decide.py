@@ -24,14 +24,15 @@ max_failures; each failure is followed by an exponential backoff before the next
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
+from respawn.contract import SOFT_OFF_SECONDS, Handover
 from respawn.control import alerts, placement, recovery
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
 from respawn.schema import (CONSOLE_TAIL_CHARS, MAX_PREEMPTION_TIMES, CapacityRecord, Heartbeat, JobSpec, JobStatus,
-                            MemberStatus, NodeState, SlotStatus, State, node_name)
+                            Leaving, MemberStatus, NodeState, SlotStatus, State, node_name)
 
 
 class Phase(str, enum.Enum):
@@ -84,6 +85,10 @@ class NodeObs:
 ABSENT = NodeObs(Phase.ABSENT)
 
 
+# The cause of a hint from a node agent's notice message (contract.notice_nudge): the node is about to go.
+NOTICE = "notice"
+
+
 @dataclass(frozen=True)
 class Hint:
     """What an event said about one node: `cause` (e.g. "preempted") for node `node`, at `at` (the entry's time)."""
@@ -111,6 +116,7 @@ class Settings:
     # timeout (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS, 300 s), so a cut-off member is replaced before the survivors'
     # collectives fail and restart the world with it. Raise both for longer pauses.
     progress_timeout_seconds: float = 240
+    timings: recovery.Timings = recovery.Timings()  # a fresh node against a restart in place, during a notice
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,7 @@ class Action:
     provisioning: str | None = None
     until: datetime | None = None
     slot: int | None = None  # the member slot acted on (a job of several nodes); None: the job's one node
+    handover: Handover | None = None  # a create during a notice: the node it replaces, still saving (ATTR_HANDOVER)
 
 
 NONE = Action(Act.NONE)
@@ -168,11 +175,12 @@ class Decision:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def needs_capacity(status: MemberStatus, node: NodeObs) -> bool:
+def needs_capacity(status: MemberStatus, node: NodeObs, hint: str | None = None) -> bool:
     """Whether decide() may consult the zone cooldowns (Observation.blocked) for a job in `status` whose node is
-    `node`: only when it may place a node or weigh a restart in place. observe() skips those reads otherwise."""
+    `node` (`hint`: what an event said of it): only when it may place a node or weigh a restart in place. observe()
+    skips those reads otherwise."""
     return (status.state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
-            or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING))
+            or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING) or hint == NOTICE)
 
 
 def needs_console(status: MemberStatus, node: NodeObs, heartbeat: Heartbeat | None, settings: Settings,
@@ -241,12 +249,23 @@ def _delete(o: Observation) -> Action:
 
 def decide(o: Observation) -> Decision:
     """A member slot's decision. Its job is live: one that ended, is cancelled or has an invalid spec is decided
-    for the whole job, before any slot (functions/job.py)."""
-    s, now, spec = o.status, o.now, o.spec
-    state = s.state
-    if spec is None or state.terminal or o.cancel_requested:
-        raise ValueError(f"job {o.job_id} is {state.value}, cancelled or invalid: functions/job.py decides it")
+    for the whole job, before any slot (functions/job.py). A node replaced during its notice (status.leaving) is
+    deleted once its notice is over, when the slot has nothing else to do."""
+    if o.spec is None or o.status.state.terminal or o.cancel_requested:
+        raise ValueError(f"job {o.job_id} is {o.status.state.value}, cancelled or invalid: functions/job.py decides it")
+    d = _decide(o)
+    gone = o.status.leaving
+    if gone is None or o.now < gone.until or d.action.kind not in (Act.NONE, Act.WAIT, Act.POLL):
+        return d
+    base = d.status if d.status is not None else o.status
+    return Decision(Action(Act.DELETE, zone=gone.zone, node=gone.node, attempt=gone.attempt),
+                    _upd(base, o.now, leaving=None), d.cause, d.alert, d.details)
 
+
+def _decide(o: Observation) -> Decision:
+    s, now, spec = o.status, o.now, o.spec
+    assert spec is not None
+    state = s.state
     hb = relevant_heartbeat(o)
     if hb is not None and hb.state is NodeState.EXITED and hb.exit_code == 0:
         committed = hb.committed_step if hb.committed_step is not None else s.last_committed_step
@@ -258,6 +277,11 @@ def decide(o: Observation) -> Decision:
         return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert)
     if hb is not None and hb.state is NodeState.SETUP_FAILED and not _noticed(hb):
         return _setup_failed(o, s, hb)
+    if o.hint == NOTICE:
+        early = _on_notice(o, spec, hb)
+        if early is not None:
+            return early
+        o = replace(o, hint="preempted")  # no head start: the notice is a preemption on its way, as an event says
 
     if state is State.PENDING:
         if o.image is not None and o.image.verdict is ImageVerdict.MISSING:
@@ -290,6 +314,8 @@ def decide(o: Observation) -> Decision:
                 # same name, same zone, so a create that did happen answers 409 and is adopted.
                 return Decision(Action(Act.CREATE, zone=s.zone, node=s.node, attempt=s.attempt, provisioning=s.provisioning))
             if s.create_state == "failed":
+                if s.next_attempt_at is not None and now < s.next_attempt_at:
+                    return Decision(Action(Act.WAIT, until=s.next_attempt_at))
                 return _provision(o, spec, s, cause="zone_refused")
             return _lose(o, spec, hb, o.hint or "node_gone")
         if phase is Phase.RUNNING:
@@ -324,6 +350,29 @@ def decide(o: Observation) -> Decision:
     if phase is Phase.STOPPING and not _in_place_candidate(o, spec):
         return _lose(o, spec, hb, o.hint or "node_stopping")
     return Decision(POLL)  # BOOTING (restarting), STOPPING before a restart in place, DELETING, UNKNOWN
+
+
+def _on_notice(o: Observation, spec: JobSpec, hb: Heartbeat | None) -> Decision | None:
+    """The node's agent saw a preemption (or terminating maintenance) notice: its VM goes at the end of the notice
+    window. Create the replacement now, while the node saves its emergency checkpoint, unless restarting it in place
+    once it stopped would serve sooner (recovery.fresh_beats_in_place), or the loss would not create a node at once
+    (a backoff, a limit reached, no zone): then None, and the stop is handled as any preemption. The noticed node
+    is recorded as `leaving`: the new one's agent waits for its final heartbeat before training (ATTR_HANDOVER)."""
+    s = o.status
+    if (s.state not in (State.RUNNING, State.PROVISIONING) or o.node.phase not in (Phase.RUNNING, Phase.STOPPING)
+            or s.leaving is not None):  # one node saving beside the slot's at a time
+        return None
+    window = spec.notice_seconds + SOFT_OFF_SECONDS
+    if _in_place_candidate(o, spec) and not recovery.fresh_beats_in_place(window, o.settings.timings):
+        return None
+    assert s.node is not None and s.zone is not None
+    leaving = Leaving(node=s.node, zone=s.zone, attempt=s.attempt, until=o.now + timedelta(seconds=window))
+    d = _lose(o, spec, hb, "preempted", leaving=leaving)
+    if d.action.kind is not Act.CREATE:
+        return None
+    handover = Handover(leaving.node, leaving.until.isoformat())
+    return Decision(replace(d.action, handover=handover), d.status, d.cause, d.alert,
+                    {**d.details, "during_notice": True, "leaving": leaving.node})
 
 
 def _setup_failed(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
@@ -454,10 +503,11 @@ def _backoff(spec: JobSpec, o: Observation, n: int) -> float:
     return min(float(spec.placement.max_backoff_seconds), o.settings.backoff_base_seconds * 2 ** min(max(n - 1, 0), 20))
 
 
-def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str) -> Decision:
+def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str, leaving: Leaving | None = None
+          ) -> Decision:
     """The current node no longer serves. Count it as a preemption or a failure (or give up), then restart it in
     place, delete it, or — when it is already gone — provision the replacement (after a failure: once its backoff
-    is over)."""
+    is over). `leaving`: the node is in its notice (_on_notice): provision the replacement beside it."""
     s, now = o.status, o.now
     kind = loss_kind(cause, hb)
     committed = s.last_committed_step
@@ -528,7 +578,9 @@ def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str) -> De
                         {"in_place": True})
 
     wait = f"; the next node after {until.isoformat()}" if until is not None else ""
-    if o.node.present:
+    if leaving is not None and until is None:
+        lost["leaving"] = leaving
+    elif o.node.present:
         st = _upd(s, now, state=State.PREEMPTED,
                   message=f"{s.node} lost ({cause}); deleting it before the replacement{wait}", **lost)
         return Decision(_delete(o), st, cause, alert, {"node_state": o.node.raw_state, "counted_as": kind})
@@ -657,6 +709,8 @@ def followup(spec: JobSpec | None, a: Action, out: Outcome, now: datetime) -> Fo
         return Followup(propagate=True)
     if k is OutcomeKind.NOT_FOUND and a.kind is Act.START:
         return Followup()
+    if k is OutcomeKind.QUOTA and a.handover is not None:
+        return Followup(record=True)  # the leaving node's own quota, most likely: no cooldown for every job
     if k in (OutcomeKind.CAPACITY, OutcomeKind.QUOTA):
         if spec is None or a.zone is None:
             raise ValueError("a refused create/start names its spec and zone")
@@ -706,6 +760,10 @@ def after_create_refused(s: SlotStatus, attempt: int, zone: str, kind: str, mess
     count the failure. None when the status has moved on (a stale outcome)."""
     if s.attempt != attempt or s.zone != zone or s.create_state != "pending" or s.state is not State.PROVISIONING:
         return None
+    if kind == "quota" and s.leaving is not None and s.leaving.until > now:
+        # Created during a notice: the quota is likely the leaving node's own, free once it is off. Same zone then.
+        return _upd(s, now, create_state="failed", next_attempt_at=s.leaving.until,
+                    message=f"{zone} refused {s.node} while {s.leaving.node} still holds its quota: {message}"[:1000])
     return _upd(s, now, create_state="failed", consecutive_failures=s.consecutive_failures + 1,
                 tried_zones=[*s.tried_zones, zone], message=f"{zone} refused {s.node} ({kind}): {message}"[:1000])
 

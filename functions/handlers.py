@@ -74,7 +74,9 @@ def sweep(message: Any) -> None:
         return
     swept_at = message.get("swept_at")
     if swept_at is None:
-        reconcile(job_id)  # the CLI's nudge: a failure raises, and the platform redelivers it
+        # The CLI's nudge, or an agent's (with a notice: its node is about to go, contract.notice_nudge). A failure
+        # raises, and the platform redelivers it.
+        reconcile(job_id, _notice_hint(job_id, message.get("notice")))
         return
     try:
         reconcile(job_id)
@@ -82,6 +84,26 @@ def sweep(message: Any) -> None:
         # on top of it would only pile up reconciles of a job that keeps failing
         logs.error(f"sweep: reconciling {job_id} failed, the next sweep tries again: {type(exc).__name__}: {exc}",
                    job_id=job_id, swept_at=swept_at)
+
+
+def _notice_hint(job_id: str, notice: Any) -> Any:
+    """The decide.Hint of an agent's notice message; None without one, or (logged) when it is malformed."""
+    from datetime import datetime
+
+    from respawn.control.decide import NOTICE, Hint
+
+    if notice is None:
+        return None
+    try:
+        node, at = notice["node"], datetime.fromisoformat(notice["at"])
+        if not isinstance(node, str) or not node or at.tzinfo is None:
+            raise ValueError("node must be a name and at an RFC 3339 time with its offset")
+    except (KeyError, TypeError, ValueError) as exc:
+        logs.warning(f"sweep: the notice of job {job_id} is malformed ({exc}); reconciling without it",
+                     job_id=job_id, notice=repr(notice)[:300])
+        return None
+    logs.info(f"job {job_id}: {node} saw a {notice.get('kind', 'preemption')} notice", job_id=job_id, node=node)
+    return Hint(NOTICE, node, at)
 
 
 def _fan_out() -> None:

@@ -167,15 +167,22 @@ def _slot_observation(o: Observation, spec: JobSpec, members: Sequence[MemberSta
                    heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1)
 
 
-def _delete_any(o: Observation, members: Sequence[MemberStatus], seen: Sequence[MemberObs]) -> Action:
-    """The delete of the first member still there (one per pass), POLL while one is being deleted, else NONE."""
+def _delete_any(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]
+                ) -> tuple[Action, list[MemberStatus]]:
+    """The delete of the first member still there (one per pass), POLL while one is being deleted, else NONE; and
+    the members to commit with it. A node a member replaced during its notice (`leaving`) goes first, unobserved (a
+    delete of a node gone answers 404: done); the members committed with its delete no longer name it."""
+    for i, m in enumerate(members):
+        if m.leaving is not None:
+            left = [*members[:i], m.model_copy(update={"leaving": None}), *members[i + 1:]]
+            return Action(Act.DELETE, zone=m.leaving.zone, node=m.leaving.node, attempt=m.leaving.attempt, slot=i), left
     deleting = False
     for i, (m, ob) in enumerate(zip(members, seen)):
         if ob.node.phase is Phase.DELETING:
             deleting = True
         elif ob.node.present and m.node and m.zone:
-            return Action(Act.DELETE, zone=m.zone, node=m.node, attempt=m.attempt, slot=i)
-    return POLL if deleting else NONE
+            return Action(Act.DELETE, zone=m.zone, node=m.node, attempt=m.attempt, slot=i), members
+    return (POLL if deleting else NONE), members
 
 
 def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
@@ -186,16 +193,17 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     seen = [*seen[:nodes], *(MemberObs() for _ in range(nodes - len(seen)))]
 
     if s.state.terminal:  # nothing may keep billing after the end
-        return Decision(_delete_any(o, members, seen))
+        a, left = _delete_any(o, members, seen)
+        return Decision(a, _upd(s, now, members=left) if left != members else None)
     if spec is None or o.cancel_requested:
-        base = _upd(s, now, members=members)
+        a, left = _delete_any(o, members, seen)
+        base = _upd(s, now, members=left)
         if spec is None:
             msg = "invalid job spec: " + "; ".join(o.spec_errors)
             alert = alerts.make("invalid_spec", o.job_id, now, msg, errors=list(o.spec_errors))
-            return Decision(_delete_any(o, members, seen), base.model_copy(update={"state": State.INVALID,
-                                                                                   "message": msg}), "invalid_spec", alert)
-        return Decision(_delete_any(o, members, seen), base.model_copy(update={
-            "state": State.CANCELLED, "message": "cancelled by the user"}), "cancel_requested")
+            return Decision(a, base.model_copy(update={"state": State.INVALID, "message": msg}), "invalid_spec", alert)
+        return Decision(a, base.model_copy(update={"state": State.CANCELLED, "message": "cancelled by the user"}),
+                        "cancel_requested")
 
     views = [_slot_observation(o, spec, members, i, seen[i]) for i in range(nodes)]  # each slot as a one-node job
     if not membership.forms_generations(nodes):  # one node trains alone: its slot's decision is the job's
@@ -205,11 +213,12 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     if _finished(g, members, beats):
         committed = max((hb.committed_step for hb in beats if hb is not None and hb.committed_step is not None),
                         default=s.last_committed_step)
-        st = _upd(s, now, members=members, state=State.SUCCEEDED, message="every member's trainer exited 0",
+        a, left = _delete_any(o, members, seen)
+        st = _upd(s, now, members=left, state=State.SUCCEEDED, message="every member's trainer exited 0",
                   exit_code=0, last_committed_step=committed, recovering=False)
         alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0 on every node; nodes deleted", zone=s.zone,
                             restarts=s.restarts, attempt=s.attempt, committed_step=committed)
-        return Decision(_delete_any(o, members, seen), st, "trainer_succeeded", alert)
+        return Decision(a, st, "trainer_succeeded", alert)
 
     if s.moving:
         return _move(o, members, seen)
@@ -507,9 +516,9 @@ def _move(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]
     """The whole job leaves its zone: delete every member, then let slot 0 place the job again, outside the zones
     this round tried."""
     s = o.status
-    a = _delete_any(o, members, seen)
+    a, left = _delete_any(o, members, seen)
     if a.kind is not Act.NONE:
-        return Decision(a)
+        return Decision(a, _upd(s, o.now, members=left) if left != members else None)
     fresh = [MemberStatus(tried_zones=list(s.tried_zones))] + [MemberStatus() for _ in members[1:]]
     st = _upd(s, o.now, members=fresh, moving=False, zone=None, node=None, state=State.PROVISIONING,
               message=f"every node of the job deleted in {s.zone}; placing the job again (zones tried: "

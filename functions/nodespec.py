@@ -6,6 +6,7 @@ installs)."""
 
 from __future__ import annotations
 
+from respawn.contract import ATTR_HANDOVER, Handover
 from respawn.control.settings import NodeOptions
 from respawn.deployment import heartbeat_database
 from respawn.schema import JobSpec, node_labels, node_metadata, node_settings
@@ -23,11 +24,16 @@ def settings_json(spec: JobSpec, options: NodeOptions = DEFAULTS) -> str:
 
 
 def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str,
-             options: NodeOptions = DEFAULTS, service_account: str | None = None) -> dict[str, str]:
-    """`service_account`: the node identity the node runs as; its heartbeats go to that identity's database."""
-    return node_metadata(spec, attempt, project, startup_script, agent=options.agent, library=options.library,
-                         heartbeat_database=heartbeat_database(service_account) if service_account else None,
-                         **_deployment(options))
+             options: NodeOptions = DEFAULTS, service_account: str | None = None,
+             handover: Handover | None = None) -> dict[str, str]:
+    """`service_account`: the node identity the node runs as; its heartbeats go to that identity's database.
+    `handover`: the node this one replaces during its notice (decide._on_notice)."""
+    items = node_metadata(spec, attempt, project, startup_script, agent=options.agent, library=options.library,
+                          heartbeat_database=heartbeat_database(service_account) if service_account else None,
+                          **_deployment(options))
+    if handover is not None:
+        items[ATTR_HANDOVER] = handover.to_json()
+    return items
 
 
 def labels(spec: JobSpec, attempt: int, slot: int = 0) -> dict[str, str]:

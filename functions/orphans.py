@@ -2,8 +2,9 @@
 one invariant that costs money, "never more than one live node per job".
 
 A node labelled `respawn-job=J, respawn-attempt=A` is an orphan when job J does not exist any more, or J is
-finished, or (name, zone) is not the current node of J (of one of its member slots, for a job of several nodes). Decide never commits a new attempt before the previous
-node is gone, so such a node can only come from a create that finished after its job moved on and whose function
+finished, or (name, zone) is neither the current node of J (of one of its member slots, for a job of several nodes)
+nor a node one of them replaced during its notice and is still saving (`leaving`). Decide never commits a new
+attempt before the previous node is gone or recorded as leaving, so such a node can only come from a create that finished after its job moved on and whose function
 died before deleting it, or from a job document deleted while its node ran.
 """
 
@@ -40,8 +41,9 @@ def orphans(nodes: list[Seen], jobs: Mapping[str, Mapping[str, Any]]) -> list[Se
         if status is None:
             out.append(n)  # its job document is gone
             continue
-        current = {(m.get("node"), m.get("zone")) for m in status.get("members") or []} or {
-            (status.get("node"), status.get("zone"))}
+        members = status.get("members") or []
+        current = {(m.get("node"), m.get("zone")) for m in members} or {(status.get("node"), status.get("zone"))}
+        current |= {(m["leaving"].get("node"), m["leaving"].get("zone")) for m in members if m.get("leaving")}
         if status.get("state") in FINISHED or (n.name, n.zone) not in current:
             out.append(n)
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
+from respawn.contract import Handover
 from respawn.images import ImageCheck
 from respawn.schema import CapacityRecord, JobEvent, JobSpec
 
@@ -106,10 +107,10 @@ class NodeProvider(Protocol):
         ...
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
-               slot: int = 0, service_account: str | None = None) -> bool:
+               slot: int = 0, service_account: str | None = None, handover: Handover | None = None) -> bool:
         """Create the node and wait for the operation. True: created; False: it already existed (409), adopted.
         `slot`: the member slot of a job of several nodes (a label; TPU jobs are one node). `service_account`: the
-        identity it runs as (None: the project's default)."""
+        identity it runs as (None: the project's default). `handover`: the node it replaces during a notice."""
         ...
 
     def start(self, zone: str, name: str) -> None:

@@ -133,7 +133,7 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
     members = job.slots(status, spec.nodes if spec else len(status.members))
     seen = _observe_members(deps, job_id, spec, members, hint, now, consoles)
     blocked = {}
-    if spec is not None and any(core.needs_capacity(m, ob.node) for m, ob in zip(members, seen)):
+    if spec is not None and any(core.needs_capacity(m, ob.node, ob.hint) for m, ob in zip(members, seen)):
         blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
     cancel_requested = bool(doc.get("cancel_requested"))
     image = None
@@ -336,7 +336,7 @@ def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action | job.S
         identity = identities.identity_for(o.job_id, spec, deps.identities, deps.store, deps.grants,  # type: ignore[arg-type]
                                            lambda doc: _nodes_left(deps, doc))
         created = provider.create(spec, a.zone, a.node, a.attempt, a.provisioning, deps.startup_script(),
-                                  slot=a.slot or 0, service_account=identity)
+                                  slot=a.slot or 0, service_account=identity, handover=a.handover)
         logs.info(f"{'created' if created else 'adopted existing'} {a.node} in {a.zone} ({a.provisioning})",
                   job_id=o.job_id, node=a.node, zone=a.zone, attempt=a.attempt)
         return core.DONE if created else core.EXISTS

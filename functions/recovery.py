@@ -16,6 +16,23 @@ from respawn.schema import JobSpec, SlotStatus, ZoneOrder
 
 
 @dataclass(frozen=True)
+class Timings:
+    """How long a node takes to serve again, for weighing a fresh node against a restart in place during a notice.
+    Defaults from docs/plan.md's sources: a GPU VM's create → trainer running ~90 s (boot, agent, setup from the
+    environment cache); a stopped Spot VM's start → trainer running ~60 s (same disk: workdir, environment and local
+    checkpoint are there, setup is skipped)."""
+
+    fresh_node_seconds: float = 90.0
+    in_place_start_seconds: float = 60.0
+
+
+def fresh_beats_in_place(window_seconds: float, t: Timings) -> bool:
+    """Whether a fresh node created now, during the notice, serves before the noticed node could be restarted in
+    place: that one must first stop (the rest of the notice window) and then start."""
+    return t.fresh_node_seconds < window_seconds + t.in_place_start_seconds
+
+
+@dataclass(frozen=True)
 class Choice:
     zone: str | None  # None: every zone refused: wait
     provisioning: str

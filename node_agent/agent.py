@@ -7,14 +7,20 @@ Life of one agent:
    - it ended while no agent was watching (same boot, no notice): report how it ended, start nothing;
    - otherwise (first start, a reboot, a restart in place after a notice): heartbeat `preparing`; fetch the
      workdir, install the library into the trainer's interpreter, upload checkpoints a previous life left on the
-     local disk, run setup (prepare.py); then start the trainer in the workdir. A preparation that fails →
-     `setup-failed` (failed_command, exit_code, output_tail), no trainer, and the agent stays up heartbeating it
-     until a notice (prepare.failed.json: an agent restarted in the same boot reports it again, never reruns it).
+     local disk, run setup (prepare.py) or restore its result from the environment cache (envcache.py); then
+     start the trainer in the workdir (a node created during its predecessor's notice first waits for that one's
+     final heartbeat: ATTR_HANDOVER), and upload what setup produced to the cache in the background. A
+     preparation that fails → `setup-failed` (failed_command, exit_code, output_tail), no trainer, and the agent
+     stays up heartbeating it until a notice (prepare.failed.json: an agent restarted in the same boot reports it
+     again, never reruns it).
 3. Heartbeat `training` every `heartbeat_seconds` with the trainer's step and newest committed checkpoint.
 4. The first of: a notice (instance/preempted TRUE, instance/maintenance-event TERMINATE_ON_HOST_MAINTENANCE,
    SIGTERM/SIGINT to the agent) → SIGTERM to the trainer's process group at once, `preempting` (written in the
    background), wait for the trainer to finish its emergency checkpoint and exit, or for the deadline (notice
-   + notice_budget_seconds; then SIGKILL), final heartbeat `exited` with the committed step, exit 0;
+   + notice_budget_seconds; then SIGKILL), final heartbeat `exited` with the committed step, exit 0. A metadata
+   notice is also published to the controller at once (contract.notice_nudge), which may create the replacement
+   during the notice. A SIGTERM after a metadata notice is the soft-off, the notice's second moment (with
+   JobSpec.notice_seconds, that long after the first): the deadline becomes the soft-off + the budget's rest;
    or the trainer exits on its own → final heartbeat `exited` with its exit code (and the tail of its output if
    it failed), exit 0 — what to do next is the controller's decision;
    or SIGHUP → leave the trainer running and exit EXIT_AGENT_DETACH so that systemd restarts the agent, which
@@ -32,6 +38,7 @@ import platform
 import signal
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from respawn import contract
@@ -39,14 +46,15 @@ from respawn.contract import Heartbeat, NodeState
 from respawn.logs import log
 
 from .config import AgentConfig
-from .firestore_rest import FirestoreWriter
+from .envcache import EnvCache
+from .firestore_rest import FirestoreError, FirestoreWriter
 from .heartbeat import Heartbeater, compose_heartbeat
 from .reach import MasterProbe, StepClock
-from .metadata import MetadataClient
+from .metadata import TRANSPORT_ERRORS, MetadataClient, TokenError
 from .nudge import PUBLISH_TIMEOUT_S, Nudger
 from .prepare import AGENT, PrepareFailed, Preparer, write_json
 from .previous_life import upload_previous_life
-from .storage import Fetcher, Interrupted
+from .storage import Fetcher, Interrupted, Uploader
 from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id, read_exit_file
 from .watcher import NOTICE_SIGTERM, ValueWatcher, Watcher, maintenance_watch, preempted_watch
 
@@ -54,6 +62,7 @@ from .watcher import NOTICE_SIGTERM, ValueWatcher, Watcher, maintenance_watch, p
 FINAL_WRITE_GRACE_S = 3.0
 PREEMPTING_WRITE_S = 3.0
 FIRST_READ_WAIT_S = 10.0
+HANDOVER_POLL_S = 0.5  # how often a node created during its predecessor's notice reads that one's heartbeat
 # How long a preparation step killed by a signal waits for the agent's own SIGTERM or the notice (they arrive
 # together on a power-off) before it counts as a failed setup.
 SHUTDOWN_SIGNAL_GRACE_S = 3.0
@@ -103,6 +112,9 @@ class Agent:
         self._lock = threading.Lock()
         self.notice: str | None = None
         self.notice_at = 0.0
+        self.soft_off_at: float | None = None  # a SIGTERM after a metadata notice (monotonic)
+        self._notice_told = False  # the controller was sent this node's notice
+        self.writer = writer
         self.detach = False
         self.state = NodeState.STARTING
         self.started_at = datetime.now(timezone.utc)
@@ -131,6 +143,7 @@ class Agent:
         self.trainer_generation: int | None = None  # the one the trainer runs (or last ran)
         self.trainer_members: tuple[str, ...] | None = None  # its members (None: an adopted trainer's are unknown)
         self._prepared: Preparer | None = None
+        self.env_cache: EnvCache | None = None  # trainer.cache: the heartbeat's env_cache
         self.generation_watch = (ValueWatcher(md, f"instance/attributes/{contract.ATTR_GENERATION}",
                                               self.on_generation, wait_seconds=self.settings.metadata_wait_seconds)
                                  if self.multi_node else None)
@@ -138,11 +151,26 @@ class Agent:
     # --- inputs -------------------------------------------------------------------------------------------
 
     def on_notice(self, notice: str, detail: str = "") -> None:
-        """Called by the watchers and the signal handler; the first notice wins."""
+        """Called by the watchers and the signal handler; the first notice wins. A metadata notice is told to the
+        controller once (whichever came first: a SIGTERM alone may be a user's stop); a SIGTERM after one is the
+        soft-off."""
         with self._lock:
             if self.notice is None:
                 self.notice, self.notice_at = notice, time.monotonic()
+            elif notice == NOTICE_SIGTERM and self.notice != NOTICE_SIGTERM and self.soft_off_at is None:
+                self.soft_off_at = time.monotonic()
+            tell = notice != NOTICE_SIGTERM and not self._notice_told
+            self._notice_told = self._notice_told or tell
+        if tell and self.nudger is not None:
+            self.nudger.nudge(f"{notice} notice", message=contract.notice_nudge(
+                self.cfg.job_id, self.cfg.node, notice, _iso_now()))
         self.wake.set()
+
+    def _save_deadline(self, deadline: float) -> float:
+        """`deadline`, or earlier when the soft-off came: then the save has the budget's rest after it."""
+        if self.soft_off_at is None:
+            return deadline
+        return min(deadline, self.soft_off_at + self.settings.notice_budget_seconds - self.settings.notice_seconds)
 
     def on_generation(self, text: str) -> None:
         """Called by the generation watcher with each new value of ATTR_GENERATION."""
@@ -174,7 +202,7 @@ class Agent:
             status=status, started_at=self.started_at,
             notice=None if failed else self.notice, exit_code=self.exit_code, output_tail=self.output_tail,
             failed_command=self.failed_command, worker=self.cfg.worker, generation=self.trainer_generation,
-            **self._reach(status),
+            env_cache=self.env_cache.status if self.env_cache is not None else None, **self._reach(status),
         )
 
     def _reach(self, status: dict | None) -> dict:
@@ -268,12 +296,47 @@ class Agent:
             self.state = NodeState.WAITING  # the main loop starts the trainer when a generation names this node
             self.heartbeater.nudge()
             return None
+        if not self._await_handover():
+            return None
         started_at = _iso_now()
         trainer = TrainerProcess.start(self.node_dir, prepared.argv(self.settings.command), prepared.env,
                                        job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=started_at,
                                        cwd=prepared.cwd)
         self._attach(trainer)
         return None
+
+    def _await_handover(self) -> bool:
+        """On a node created during its predecessor's notice (ATTR_HANDOVER): wait until that node's final
+        heartbeat says it stopped (its emergency checkpoint is then committed or given up), it never beat, or its
+        notice is over, so that two trainers of one slot never write checkpoints at once. Preparation ran meanwhile.
+        False when a notice or SIGHUP came first. Once per agent."""
+        handover, self.cfg = self.cfg.handover, replace(self.cfg, handover=None)
+        if handover is None:
+            return True
+        until = datetime.fromisoformat(handover.until)
+        doc = contract.heartbeat_id(handover.node, self.cfg.worker)
+        log("INFO", "created during the notice of the node this one replaces: waiting for it to stop before "
+                    "training", predecessor=handover.node, until=handover.until)
+        started, warned = time.monotonic(), False
+        while not self._interrupted():
+            if datetime.now(timezone.utc) >= until:
+                log("INFO", "handover: the predecessor's notice is over; training", predecessor=handover.node,
+                    waited_s=round(time.monotonic() - started, 2))
+                return True
+            try:
+                state = self.writer.get_string(contract.NODES_COLLECTION, doc, "state")
+            except (FirestoreError, TokenError, *TRANSPORT_ERRORS) as exc:
+                if not warned:
+                    log("WARNING", "handover: cannot read the predecessor's heartbeat; waiting for its notice to end "
+                                   "instead", predecessor=handover.node, error=str(exc) or repr(exc))
+                    warned = True
+            else:
+                if state in (None, NodeState.EXITED.value):
+                    log("INFO", "handover: the predecessor stopped; training", predecessor=handover.node,
+                        predecessor_state=state, waited_s=round(time.monotonic() - started, 2))
+                    return True
+            time.sleep(HANDOVER_POLL_S)
+        return False
 
     # --- generations (a multi-node member) -------------------------------------------------------------------
 
@@ -291,6 +354,8 @@ class Agent:
             self._prepared = self._prepare()
             if self._prepared is None or self._interrupted():
                 return
+        if not self._await_handover():
+            return
         rank = generation.node_rank(self.cfg.node)
         env = dict(self._prepared.env)
         env.update({contract.ENV_NODE_RANK: str(rank), contract.ENV_NUM_NODES: str(generation.world_size),
@@ -375,8 +440,12 @@ class Agent:
                                              output_tail=earlier.get("output_tail")))
             return None
         started = time.monotonic()
-        prep = Preparer(self.settings, self.node_dir, self._trainer_env(), fetcher=Fetcher(self.md),
-                        library=self.cfg.library, interrupted=self._interrupted)
+        fetcher = Fetcher(self.md)
+        if self.settings.cache and self.settings.setup:
+            self.env_cache = EnvCache(self.settings.checkpoint_uri, self.node_dir, fetcher, Uploader(self.md),
+                                      interrupted=self._interrupted, on_change=self.heartbeater.nudge)
+        prep = Preparer(self.settings, self.node_dir, self._trainer_env(), fetcher=fetcher,
+                        library=self.cfg.library, interrupted=self._interrupted, cache=self.env_cache)
         try:
             prep.fetch_workdir()
             prep.find_interpreter()
@@ -388,7 +457,8 @@ class Agent:
                                  python=prep.python, env=prep.env)
             if self._interrupted():
                 raise Interrupted("previous-life upload")
-            prep.run_setup()
+            if prep.run_setup() and prep.cache_plan is not None and self.env_cache is not None:
+                self.env_cache.upload_in_background(*prep.cache_plan, self.settings.cache)
         except Interrupted as exc:
             log("WARNING", "preparation stopped: the trainer is not started", during=str(exc),
                 reason="notice" if self.notice is not None else "SIGHUP")
@@ -487,6 +557,7 @@ class Agent:
         )
         preempting.start()
         code = self._wait_for_trainer(deadline) if running else (trainer.poll()[1] if trainer else None)
+        deadline = self._save_deadline(deadline)
         self.exit_code = code
         if code not in (0, contract.EXIT_PREEMPTED) and trainer is not None:
             self.output_tail = trainer.output_tail()
@@ -505,7 +576,13 @@ class Agent:
         the log line saying so; by default, the notice budget's)."""
         assert self.trainer is not None
         seen = None
-        while time.monotonic() < deadline:
+        soft_off_seen = False
+        while time.monotonic() < self._save_deadline(deadline):
+            if self.soft_off_at is not None and not soft_off_seen:
+                soft_off_seen = True
+                log("WARNING", "soft-off: the VM powers off soon; the emergency save must end by then",
+                    seconds_since_notice=round(self.soft_off_at - self.notice_at, 2),
+                    seconds_left=round(self._save_deadline(deadline) - time.monotonic(), 2))
             ended, code = self.trainer.poll()
             if ended:
                 return code

@@ -19,9 +19,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from respawn.contract import (ATTR_ATTEMPT, ATTR_GENERATION, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS,
-                              ATTR_WORKER_ENDPOINTS, ATTR_WORKER_NUMBER, SINGLE_HOST_MASTER_ADDR, NodeSettings,
-                              SettingsError, node_name, parse_worker_endpoints, split_artifact)
+from respawn.contract import (ATTR_ATTEMPT, ATTR_GENERATION, ATTR_HANDOVER, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT,
+                              ATTR_SETTINGS, ATTR_WORKER_ENDPOINTS, ATTR_WORKER_NUMBER, SINGLE_HOST_MASTER_ADDR,
+                              Handover, NodeSettings, SettingsError, node_name, parse_worker_endpoints, split_artifact)
 from respawn.logs import log
 
 from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError
@@ -62,6 +62,7 @@ class AgentConfig:
     # ATTR_GENERATION at boot: None on a node that is not a member of a multi-node job; "" on a member before the
     # first generation forms. A member's ranks come from the generation, which the agent follows (agent.py).
     generation: str | None = None
+    handover: Handover | None = None  # ATTR_HANDOVER: created during this node's predecessor's notice
 
     @property
     def worker(self) -> int:
@@ -185,8 +186,14 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
     if generation is not None and hosts != SINGLE_HOST:
         raise ConfigError(ATTR_GENERATION, "is set on a worker of a multi-host TPU slice: a TPU job is one node, "
                                            "its workers' ranks come from the slice")
+    handover_text = _read(md, attr + ATTR_HANDOVER, ATTR_HANDOVER, retry_seconds, optional=True).strip()
+    try:
+        handover = Handover.from_json(handover_text) if handover_text else None
+    except ValueError as exc:
+        raise ConfigError(ATTR_HANDOVER, str(exc)) from None
     return AgentConfig(
         job_id=job_id, attempt=attempt, project=project, node=node, zone=zone, settings=settings,
         node_dir=os.path.abspath(node_dir or os.environ.get("RESPAWN_NODE_DIR") or DEFAULT_NODE_DIR),
         library=parse_library(library_text) if library_text else None, hosts=hosts, generation=generation,
+        handover=handover,
     )

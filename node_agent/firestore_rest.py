@@ -1,6 +1,7 @@
-"""Write one Firestore document through the REST API (v1 `documents:commit`).
+"""Write one Firestore document through the REST API (v1 `documents:commit`), and read one field of one.
 
-The agent writes exactly one kind of thing (its heartbeat), so a few dozen lines of REST replace
+The agent writes exactly one kind of thing (its heartbeat) and reads one (the state in its predecessor's, on a node
+created during that one's notice: agent.py, the handover), so a few dozen lines of REST replace
 google-cloud-firestore, whose import alone takes the process to about 61 MB resident (measured; see README).
 The document written is the same one the Python client reads: integers, timestamps, maps and nulls map to the
 same Firestore value types.
@@ -80,6 +81,28 @@ class FirestoreWriter:
             self.root = PRODUCTION_ROOT
             self._token = _FirestoreToken(md or MetadataClient())
 
+    def _headers(self) -> dict[str, str]:
+        # The emulator accepts this fixed token as an administrator and skips security rules.
+        return {"Content-Type": "application/json",
+                "Authorization": f"Bearer {self._token.get() if self._token else 'owner'}"}
+
+    def get_string(self, collection: str, doc_id: str, field: str, *, timeout: float = 10.0) -> str | None:
+        """One string field of a document (v1 `documents.get` with a field mask); None when the document or the
+        field does not exist."""
+        url = f"{self.root}{self.db_path}/documents/{collection}/{doc_id}?mask.fieldPaths={field}"
+        resp = _http.request("GET", url, headers=self._headers(), timeout=timeout)
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise FirestoreError(f"Firestore get of {collection}/{doc_id} answered HTTP {resp.status}: "
+                                 f"{resp.text()[:300]}")
+        try:
+            value = json.loads(resp.body).get("fields", {}).get(field)
+        except (ValueError, AttributeError):
+            raise FirestoreError(f"Firestore get of {collection}/{doc_id} answered no document: "
+                                 f"{resp.text()[:300]}") from None
+        return value.get("stringValue") if isinstance(value, dict) else None
+
     def set(self, collection: str, doc_id: str, fields: dict[str, Any], *, server_timestamps: tuple[str, ...] = (),
             timeout: float = 10.0) -> None:
         """Replace the whole document; each field named in `server_timestamps` gets the commit time."""
@@ -90,11 +113,8 @@ class FirestoreWriter:
             },
             "updateTransforms": [{"fieldPath": f, "setToServerValue": "REQUEST_TIME"} for f in server_timestamps],
         }
-        headers = {"Content-Type": "application/json"}
-        # The emulator accepts this fixed token as an administrator and skips security rules.
-        headers["Authorization"] = f"Bearer {self._token.get() if self._token else 'owner'}"
         url = f"{self.root}{self.db_path}/documents:commit"
-        resp = _http.request("POST", url, body=json.dumps({"writes": [write]}).encode(), headers=headers,
+        resp = _http.request("POST", url, body=json.dumps({"writes": [write]}).encode(), headers=self._headers(),
                              timeout=timeout)
         if resp.status != 200:
             raise FirestoreError(f"Firestore commit of {collection}/{doc_id} answered HTTP {resp.status}: "

@@ -24,14 +24,15 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
                       exit_code: int | None = None, output_tail: str | None = None,
                       failed_command: list[str] | None = None, now: datetime | None = None,
                       worker: int = 0, generation: int | None = None, step_idle_seconds: float | None = None,
-                      master_reachable: bool | None = None) -> Heartbeat:
+                      master_reachable: bool | None = None, env_cache: dict[str, Any] | None = None) -> Heartbeat:
     """The nodes/{node} document (respawn.contract.Heartbeat) as a dict of Python values; datetimes stay datetimes
     for the Firestore encoder. `status` is the trainer's status file (respawn.contract.read_status), or None before
     it exists; values of the wrong type in it are left out (None), never passed on. `failed_command` (argv) goes
     with state SETUP_FAILED, beside `exit_code` and `output_tail` of that command. `worker` is this host's index in a
     multi-host TPU slice (the document is nodes/{heartbeat_id(node, worker)}); `generation` the number of the
     generation a multi-node member's trainer runs or last ran; `step_idle_seconds` and `master_reachable` what
-    node_agent/reach.py measured (respawn.contract.Heartbeat says what they mean)."""
+    node_agent/reach.py measured (respawn.contract.Heartbeat says what they mean); `env_cache` the environment
+    cache's state (envcache.EnvCache.status)."""
     status = status or {}
     emergency = status.get("emergency")
     return {
@@ -52,6 +53,7 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
         "generation": generation,
         "step_idle_seconds": None if step_idle_seconds is None else round(float(step_idle_seconds), 3),
         "master_reachable": master_reachable,
+        "env_cache": dict(env_cache) if env_cache is not None else None,
         "heartbeat_at": now or datetime.now(timezone.utc),
     }
 

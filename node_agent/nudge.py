@@ -1,10 +1,13 @@
-"""Wake the controller when this node fails: one Pub/Sub message to its sweep topic.
+"""Wake the controller when this node fails or is about to go: one Pub/Sub message to its sweep topic.
 
 A trainer that exits with an error of its own, or a failed setup, is written to the heartbeat; the control plane
 reads heartbeats when something wakes it (an audit event, the scheduled sweep every 2 minutes). Nothing else wakes
 it for a failure that loses no VM, so a multi-node job would wait for the next sweep to restart its members. After
 the heartbeat saying so has been written, the agent publishes respawn.contract.sweep_nudge(job) to
-NodeSettings.sweep_topic: on_sweep reconciles that one job at once. Nothing is sent while all is well.
+NodeSettings.sweep_topic: on_sweep reconciles that one job at once. On a preemption or maintenance notice the agent
+publishes respawn.contract.notice_nudge(job, node, notice, at) at once, without waiting for a heartbeat: the
+controller may create the replacement while this node saves its emergency checkpoint. Nothing is sent while all is
+well, so the path costs nothing while idle.
 
 The heartbeat stays the truth and the sweep the fallback: a publish that fails is logged once (WARNING) and never
 retried. Pub/Sub REST (v1 `projects.topics.publish`, docs/gcp-facts.md §5): POST
@@ -43,17 +46,19 @@ class Nudger:
         self.root = f"http://{emulator_host}/v1/" if emulator_host else PRODUCTION_ROOT
         self._token = None if emulator_host else ServiceAccountToken(md or MetadataClient())
 
-    def nudge(self, why: str, before: Optional[Callable[[], object]] = None) -> threading.Thread:
-        """Publish in the background; `before` (optional) runs first in that thread (waiting for the heartbeat)."""
-        thread = threading.Thread(target=self._run, args=(why, before), name="sweep-nudge", daemon=True)
+    def nudge(self, why: str, before: Optional[Callable[[], object]] = None,
+              message: Optional[dict] = None) -> threading.Thread:
+        """Publish `message` (default: the job's sweep nudge) in the background; `before` (optional) runs first in
+        that thread (waiting for the heartbeat)."""
+        thread = threading.Thread(target=self._run, args=(why, before, message), name="sweep-nudge", daemon=True)
         thread.start()
         return thread
 
-    def _run(self, why: str, before: Optional[Callable[[], object]]) -> None:
+    def _run(self, why: str, before: Optional[Callable[[], object]], message: Optional[dict]) -> None:
         if before is not None:
             before()
         try:
-            self.publish()
+            self.publish(message)
         except (NudgeError, TokenError, *TRANSPORT_ERRORS) as exc:
             log("WARNING", f"could not wake the controller through {self.topic}; it acts on this node's heartbeat at "
                            "its next scheduled sweep instead. Check that the topic exists and that the node service "
@@ -62,10 +67,11 @@ class Nudger:
             return
         log("INFO", "controller woken: sweep requested for this job", topic=self.topic, why=why)
 
-    def publish(self) -> str:
-        """One publish; returns the message id. Raises NudgeError on an HTTP error, TokenError without a token,
-        TRANSPORT_ERRORS on a dead link."""
-        data = base64.b64encode(json.dumps(contract.sweep_nudge(self.job_id)).encode()).decode()
+    def publish(self, message: Optional[dict] = None) -> str:
+        """One publish of `message` (default: the job's sweep nudge); returns the message id. Raises NudgeError on
+        an HTTP error, TokenError without a token, TRANSPORT_ERRORS on a dead link."""
+        body = message if message is not None else contract.sweep_nudge(self.job_id)
+        data = base64.b64encode(json.dumps(body).encode()).decode()
         headers = {"Content-Type": "application/json"}
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token.get()}"

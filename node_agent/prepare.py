@@ -5,7 +5,9 @@
                           from the workdir)
     library               ATTR_LIBRARY's wheel → `INTERP -m pip install` (once per interpreter and digest)
     (the agent uploads a previous life's local-only checkpoints here, with the interpreter: the library is there)
-    setup                 each settings.setup argv, cwd = the workdir (once per inputs, see below)
+    setup                 each settings.setup argv, cwd = the workdir (once per inputs, see below); with
+                          settings.cache, first restored from the environment cache when it has these inputs'
+                          archive (envcache.py), and uploaded to it after setup ran
 
 What runs afterwards — setup commands, the previous-life upload, the trainer — gets the trainer's environment with
 the interpreter's directory first on PATH (when the interpreter is given as a path; a bare name is what PATH finds
@@ -18,7 +20,7 @@ the running command's process group has been stopped.
 On a restart in place the node directory is the same disk: the workdir is reused, the library is not installed
 again for the same interpreter and wheel digest (library.json), and setup is skipped when its inputs — workdir
 digest, setup list, interpreter, library digest — are those of its last success (setup.done.json) and the workdir
-was not unpacked afresh.
+was not unpacked afresh. Where setup would run, an environment restored from the cache counts as its success.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from respawn import contract
 from respawn.contract import NodeSettings
 from respawn.logs import log
 
+from .envcache import CacheError, EnvCache, cache_key, destinations, key_inputs, os_identity
 from .storage import Fetcher, FetchError, Interrupted
 from .supervisor import TAIL_BYTES, TAIL_LINES
 from .workdir import WorkdirError, ensure_workdir
@@ -211,8 +214,10 @@ class Preparer:
     agent's previous-life upload), run_setup. Then `cwd`, `env` and `argv()` say how to start the trainer."""
 
     def __init__(self, settings: NodeSettings, node_dir: str, env: dict[str, str], *, fetcher: Fetcher,
-                 library: tuple[str, str] | None = None, interrupted: Callable[[], bool] = lambda: False):
+                 library: tuple[str, str] | None = None, interrupted: Callable[[], bool] = lambda: False,
+                 cache: EnvCache | None = None):
         self.settings, self.node_dir, self.fetcher, self.library = settings, node_dir, fetcher, library
+        self.cache = cache if settings.cache and settings.setup else None
         os.makedirs(node_dir, exist_ok=True)
         self.interrupted = interrupted
         self.env = dict(env)  # the trainer's environment; PATH gets the interpreter's directory
@@ -221,6 +226,7 @@ class Preparer:
         self.fresh_workdir = False
         self.library_digest: str | None = None
         self._probe: dict[str, Any] | None = None
+        self.cache_plan: tuple[str, list[str]] | None = None  # setup ran with a cache: (key, destinations) to upload
 
     @property
     def cwd(self) -> str:
@@ -373,8 +379,23 @@ class Preparer:
                 "setup": [list(c) for c in self.settings.setup],
                 "interpreter": [self.settings.interpreter, self.python], "library": self.library_digest}
 
+    def _cache_plan(self) -> tuple[str, list[str]] | None:
+        """The environment cache's key and where each cache path lands; None (logged) when a path has no place."""
+        s = self.settings
+        try:
+            dests = destinations(s.cache, self.cwd, self.env.get("HOME"))
+        except CacheError as exc:
+            log("WARNING", "environment cache off for this node; setup runs", error=str(exc))
+            return None
+        inputs = key_inputs(setup=[list(c) for c in s.setup], env=s.env, interpreter=s.interpreter,
+                            workdir=contract.workdir_digest(s.workdir) if s.workdir else None,
+                            executable=self.python, version=self.probe().get("version") or [],
+                            library=self.library_digest, paths=s.cache, dests=dests, system=os_identity())
+        return cache_key(inputs), dests
+
     def run_setup(self) -> bool:
-        """Run each setup command; False when skipped (same inputs as the last success on this disk)."""
+        """Run each setup command; False when skipped (same inputs as the last success on this disk) or restored
+        from the environment cache. True when the commands ran: `cache_plan` then says what to upload."""
         if not self.settings.setup:
             return False
         marker = os.path.join(self.node_dir, SETUP_DONE)
@@ -387,6 +408,12 @@ class Preparer:
             os.unlink(marker)  # until this run succeeds
         except FileNotFoundError:
             pass
+        plan = self._cache_plan() if self.cache is not None else None
+        if plan is not None and self.cache is not None and self.cache.restore(*plan):
+            write_json(marker, inputs)
+            log("INFO", "prepare stage", stage="setup", skipped=True, reason="restored from the environment cache",
+                commands=len(self.settings.setup), seconds=0.0)
+            return False
         env = self.command_env()
         started = time.monotonic()
         for index, command in enumerate(self.settings.setup):
@@ -404,6 +431,7 @@ class Preparer:
                 raise PrepareFailed(argv, f"setup command {index + 1} of {len(self.settings.setup)} {how}: "
                                           f"{' '.join(argv)}", exit_code=code, output_tail=tail)
         write_json(marker, inputs)
+        self.cache_plan = plan
         log("INFO", "prepare stage", stage="setup", commands=len(self.settings.setup),
             seconds=round(time.monotonic() - started, 3))
         return True

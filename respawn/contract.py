@@ -45,6 +45,10 @@ ATTR_ACCELERATOR_TYPE = "accelerator-type"  # e.g. v5litepod-16 (respawn.topolog
 # forms). The control plane rewrites it on every membership change (setMetadata); the agent waits on it and
 # restarts its trainer for each new generation that names this node.
 ATTR_GENERATION = "respawn-generation"
+# A node created while the node it replaces still saves its emergency checkpoint (issue #25, "act on the notice"):
+# Handover.to_json(). Its agent starts the trainer only once that node's final heartbeat says it stopped, or after
+# `until` (the old VM is off by then whatever it did).
+ATTR_HANDOVER = "respawn-handover"
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
 LABEL_SLOT = "respawn-slot"  # a multi-node job's member slot (0..nodes-1); set only when the job has several nodes
@@ -152,6 +156,9 @@ WORKDIRS_DIR = "workdirs"  # workdirs/sha256-HEX/: the user's code, unpacked onc
 
 DEFAULT_HEARTBEAT_SECONDS = 15.0
 DEFAULT_NOTICE_BUDGET_SECONDS = 25.0  # of a Spot VM's 30 s notice, leaving time for the final heartbeat
+# After the soft-off a VM has at most this long before it is powered off (docs/gcp-facts.md §3); a Spot VM created
+# with a preemption notice duration (JobSpec.notice_seconds, §17) gets that notice before the soft-off.
+SOFT_OFF_SECONDS = 30.0
 DEFAULT_METADATA_WAIT_SECONDS = 60.0  # one hanging GET on the metadata server before it is re-issued
 DEFAULT_INTERPRETER = "python3"  # the image's own, found on PATH
 # One setup command may run this long before it is stopped and the job fails: a hung `pip install` must not hold a
@@ -173,6 +180,54 @@ def workdir_digest(uri: str) -> str:
         raise SettingsError(
             f"workdir must name a content-addressed archive …/sha256-<64 hex>{WORKDIR_SUFFIX}, got {uri!r}")
     return digest
+
+
+# The environment cache (trainer.cache; node_agent/envcache.py): what setup produced, archived by the first node
+# whose setup ran and restored instead of setup by later fresh nodes with the same inputs. Under the job's
+# checkpoint_uri (the node identity may write there, nowhere else): ENV_CACHE_DIR/<key>/<id>.tar, then
+# ENV_CACHE_DIR/<key>.json, the manifest, written last (it commits the archive, as a checkpoint's marker does).
+ENV_CACHE_DIR = ".respawn-env"
+# The heartbeat's env_cache.state: restoring → restored | miss (no archive: setup runs) | fallback (one that failed
+# to download, verify or unpack: setup runs); after setup ran: uploading → ready | upload-failed | upload-stopped
+# (a notice); ready also when another node's archive was there already.
+ENV_CACHE_STATES = ("restoring", "restored", "miss", "fallback", "uploading", "ready", "upload-failed",
+                    "upload-stopped")
+HOME_PREFIX = "~/"  # a cache path under the trainer's HOME
+
+
+def env_cache_uri(checkpoint_uri: str) -> str:
+    return checkpoint_uri.rstrip("/") + "/" + ENV_CACHE_DIR
+
+
+def check_cache_paths(paths: Any) -> Tuple[str, ...]:
+    """trainer.cache → its paths, normalised: relative to the workdir (`.venv`) or to the trainer's HOME
+    (`~/.cache/pip`); SettingsError naming the path otherwise. Absolute paths are refused (the image's own
+    directories are the image's, not setup's), as are `..`, the workdir or HOME itself, and two paths of which one
+    holds the other (restored twice)."""
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, (list, tuple)):
+        raise SettingsError('cache must be a list of paths, e.g. [".venv", "~/.cache/pip"]')
+    out: List[str] = []
+    for raw in paths:
+        if not isinstance(raw, str) or not raw.strip() or "\0" in raw:
+            raise SettingsError(f"cache: {raw!r} is not a path")
+        home = raw == "~" or raw.startswith(HOME_PREFIX)
+        if raw.startswith("/"):
+            raise SettingsError(f"cache: {raw!r} is absolute; name a path in the workdir (.venv) or under the "
+                                "trainer's HOME (~/.cache/pip): the image's own directories are not cached")
+        if raw.startswith("~") and not home:
+            raise SettingsError(f"cache: {raw!r}: only the trainer's own HOME (~/…) is known, not another user's")
+        parts = [p for p in raw[1 if home else 0:].split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise SettingsError(f"cache: {raw!r} climbs out with '..'; name the path inside the workdir or HOME")
+        if not parts:
+            raise SettingsError(f"cache: {raw!r} is the {'HOME directory' if home else 'workdir'} itself; name "
+                                "what setup writes into it (.venv, ~/.cache/pip)")
+        out.append((HOME_PREFIX if home else "") + "/".join(parts))
+    for i, a in enumerate(out):
+        for b in out[i + 1:]:
+            if a == b or b.startswith(a + "/") or a.startswith(b + "/"):
+                raise SettingsError(f"cache: {a!r} and {b!r} overlap; name each directory once")
+    return tuple(out)
 
 
 def split_artifact(value: str) -> Tuple[str, str]:
@@ -243,6 +298,9 @@ class NodeSettings:
     env: Dict[str, str] = field(default_factory=dict)
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
     notice_budget_seconds: float = DEFAULT_NOTICE_BUDGET_SECONDS
+    # Of notice_budget_seconds, the VM's notice before its soft-off (JobSpec.notice_seconds): after a soft-off the
+    # save has notice_budget_seconds - notice_seconds left, whenever the soft-off comes.
+    notice_seconds: float = 0.0
     metadata_wait_seconds: float = DEFAULT_METADATA_WAIT_SECONDS
     workdir: Optional[str] = None  # the user's code: a content-addressed archive (workdir_digest), unpacked as cwd
     setup: Tuple[Tuple[str, ...], ...] = ()  # argv commands run in the workdir once per node life, before the trainer
@@ -255,6 +313,8 @@ class NodeSettings:
     # The Firestore database the agent writes its heartbeats to: the one its node identity alone may write
     # (respawn.deployment.heartbeat_database). None: NODES_DATABASE (a deployment without node identities).
     heartbeat_database: Optional[str] = None
+    # What setup produced, restored on a fresh node instead of running setup (check_cache_paths; ENV_CACHE_DIR).
+    cache: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         command = self.command
@@ -271,6 +331,11 @@ class NodeSettings:
             raise SettingsError(f"checkpoint_uri must be gs://BUCKET/PREFIX or file:///PATH, got {uri!r}")
         for key in ("heartbeat_seconds", "notice_budget_seconds", "metadata_wait_seconds", "setup_timeout_seconds"):
             object.__setattr__(self, key, _seconds(key, getattr(self, key)))
+        notice = self.notice_seconds
+        if isinstance(notice, bool) or not isinstance(notice, (int, float)) or not 0 <= notice <= self.notice_budget_seconds:
+            raise SettingsError(f"notice_seconds must be a number of seconds from 0 to notice_budget_seconds "
+                                f"({self.notice_budget_seconds:g}), got {notice!r}")
+        object.__setattr__(self, "notice_seconds", float(notice))
         if self.workdir is not None:
             if not isinstance(self.workdir, str) or not self.workdir.startswith(WORKDIR_SCHEMES):
                 raise SettingsError(f"workdir must be gs://BUCKET/… or file:///PATH, got {self.workdir!r}")
@@ -280,6 +345,7 @@ class NodeSettings:
                 isinstance(c, (list, tuple)) and c and all(isinstance(a, str) and a for a in c) for c in setup):
             raise SettingsError('setup must be a list of argv lists, e.g. [["pip", "install", "-r", "requirements.txt"]]')
         object.__setattr__(self, "setup", tuple(tuple(c) for c in setup))
+        object.__setattr__(self, "cache", check_cache_paths(self.cache))
         if not isinstance(self.interpreter, str) or not self.interpreter or "\0" in self.interpreter:
             raise SettingsError(f"interpreter must be a program name or path, got {self.interpreter!r}")
         if self.sweep_topic is not None:
@@ -291,6 +357,7 @@ class NodeSettings:
         body = asdict(self)
         body["command"] = list(self.command)
         body["setup"] = [list(c) for c in self.setup]
+        body["cache"] = list(self.cache)
         return json.dumps(body, sort_keys=True)
 
     @classmethod
@@ -322,6 +389,31 @@ def topic_path(project: str, topic: str) -> str:
 def sweep_nudge(job_id: str) -> Dict[str, str]:
     """The message that makes the controller reconcile one job now (on_sweep; the CLI and the agent send it)."""
     return {"task": "sweep", "job_id": job_id}
+
+
+def notice_nudge(job_id: str, node: str, notice: str, at: str) -> Dict[str, Any]:
+    """The agent's message on a preemption or maintenance notice (`at`: RFC 3339, when it saw it): the controller
+    reconciles the job at once, knowing `node` is about to go, and may create its replacement during the notice."""
+    return {**sweep_nudge(job_id), "notice": {"node": node, "kind": notice, "at": at}}
+
+
+@dataclass(frozen=True)
+class Handover:
+    """ATTR_HANDOVER: the node this one replaces during its notice, and when that node is off at the latest."""
+
+    node: str
+    until: str  # RFC 3339
+
+    def to_json(self) -> str:
+        return json.dumps({"node": self.node, "until": self.until}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Handover":
+        try:
+            data = json.loads(text)
+            return cls(str(data["node"]), str(data["until"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{ATTR_HANDOVER} is not {{node, until}} JSON ({exc}): {text[:200]!r}") from None
 
 
 # ---- the status file (written by respawn.ckpt.status.StatusWriter, read by the agent) --------------------------
@@ -436,6 +528,9 @@ class Heartbeat(TypedDict):
     # A multi-node member other than its generation's master: whether the master's address answered a TCP connect
     # (accepted or refused) at the agent's last probe (MASTER_PROBE_PORT); None: not probed (the master, one node).
     master_reachable: Optional[bool]
+    # trainer.cache on this node: {state (ENV_CACHE_STATES), key (its first 12 hex), bytes (moved so far)}; None
+    # without a cache or before the agent looked.
+    env_cache: Optional[Dict[str, Any]]
     heartbeat_at: datetime  # written as Firestore's commit time (HEARTBEAT_SERVER_TIME_FIELDS)
 
 

@@ -31,7 +31,7 @@ from respawn.contract import (ATTR_AGENT, ATTR_ATTEMPT, ATTR_GENERATION, ATTR_IN
                               ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS, ATTR_STARTUP, DEFAULT_HEARTBEAT_SECONDS,
                               DEFAULT_INTERPRETER, DEFAULT_NOTICE_BUDGET_SECONDS, DEFAULT_SETUP_TIMEOUT_SECONDS,
                               LABEL_SLOT, MAX_NODE_LABELS, RESPAWN_LABELS, WORKDIR_SCHEMES, NodeSettings,
-                              SettingsError, workdir_digest)
+                              SettingsError, check_cache_paths, workdir_digest)
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
 from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
 from respawn.deployment import RESPAWN_PREFIX
@@ -171,6 +171,9 @@ class Trainer(_Strict):
     interpreter: str = Field(default=DEFAULT_INTERPRETER, min_length=1,
                              description="the trainer's Python: the image's python3, or a path such as "
                                          "/opt/conda/bin/python; Respawn's checkpoint library is installed into it")
+    cache: list[str] = Field(default_factory=list,
+                             description="what setup produces (.venv, ~/.cache/pip): archived once after setup ran, "
+                                         "restored on a fresh node instead of running setup (same inputs only)")
 
     @field_validator("command", mode="before")
     @classmethod
@@ -213,6 +216,17 @@ class Trainer(_Strict):
         except SettingsError as exc:
             raise ValueError(f"{exc}; `respawn jobs register job.yaml --workdir DIR` packs and uploads it") from None
         return v
+
+    @field_validator("cache")
+    @classmethod
+    def _cache(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        try:
+            paths = list(check_cache_paths(v))
+        except SettingsError as exc:
+            raise ValueError(str(exc).removeprefix("cache: ")) from None
+        if paths and not info.data.get("setup"):
+            raise ValueError("keeps what trainer.setup produces: add the setup commands, or leave cache out")
+        return paths
 
     @field_validator("interpreter")
     @classmethod
@@ -284,6 +298,10 @@ class JobSpec(_Strict):
     termination_action: Literal["STOP", "DELETE"] | None = Field(
         default=None, validate_default=True, description="GPU Spot VMs only; default STOP"
     )
+    notice_seconds: Literal[0, 120] = Field(
+        default=0, description="GPU Spot VMs only: the preemption notice before the soft-off (Compute Engine's "
+                               "scheduling.preemptionNoticeDuration, 0 or 120 s); the emergency save and the "
+                               "replacement's head start use it")
     # Several nodes (issue #16): declared after accelerator and provisioning, which their checks read. One node is
     # the nodes=1 case of the same fields, not a second kind of job.
     nodes: int = Field(default=1, ge=1, le=MAX_NODES, description="GPU VMs of the job, all in one zone")
@@ -343,6 +361,16 @@ class JobSpec(_Strict):
             return "STOP" if gpu_spot else None
         if accelerator is not None and provisioning is not None and not gpu_spot:
             raise ValueError("applies only to GPU Spot VMs (accelerator.kind gpu, provisioning spot)")
+        return v
+
+    @field_validator("notice_seconds")
+    @classmethod
+    def _notice_seconds(cls, v: int, info: ValidationInfo) -> int:
+        accelerator, provisioning = info.data.get("accelerator"), info.data.get("provisioning")
+        if v and accelerator is not None and provisioning is not None and not (
+                accelerator.kind == "gpu" and provisioning == "spot"):
+            raise ValueError("a preemption notice duration exists only for GPU Spot VMs (accelerator.kind gpu, "
+                             "provisioning spot); leave notice_seconds at 0")
         return v
 
     @field_validator("nodes")
@@ -464,8 +492,10 @@ def node_settings(spec: JobSpec, *, heartbeat_seconds: float, notice_budget_seco
         setup=tuple(tuple(c) for c in spec.trainer.setup),
         interpreter=spec.trainer.interpreter,
         setup_timeout_seconds=spec.trainer.setup_timeout_seconds,
+        cache=tuple(spec.trainer.cache),
         heartbeat_seconds=heartbeat_seconds,
-        notice_budget_seconds=notice_budget_seconds,
+        notice_budget_seconds=notice_budget_seconds + spec.notice_seconds,
+        notice_seconds=spec.notice_seconds,
         sweep_topic=sweep_topic,
         heartbeat_database=heartbeat_database,
     )
@@ -628,6 +658,13 @@ class _Loss(_Record):
     exit_code: int | None = None
 
 
+class Leaving(_Record):
+    node: str
+    zone: str
+    attempt: int
+    until: datetime  # the notice's end: the VM is off by then
+
+
 class MemberStatus(_Loss):
     """One member slot of a job (a one-node job has one): the life of its current node."""
 
@@ -657,6 +694,9 @@ class MemberStatus(_Loss):
     # Its internal address once the API showed it, and the generation its node was last given (multi-node jobs).
     address: str | None = None
     generation_sent: int = 0
+    # The node this slot's current one replaced during its notice, still saving its emergency checkpoint; deleted
+    # (when still there) once `until` has passed, and never an orphan before.
+    leaving: Leaving | None = None
 
 
 class SlotStatus(MemberStatus, JobCounters):
@@ -713,6 +753,7 @@ class Heartbeat(_Record):
     generation: int | None = None  # a multi-node member: the generation its trainer runs (or last ran)
     step_idle_seconds: float | None = None  # since the trainer's step last changed (the stall rule, functions/job.py)
     master_reachable: bool | None = None  # a member other than the master: the master's address answered
+    env_cache: dict[str, Any] | None = None  # trainer.cache: {state, key, bytes} (respawn.contract.ENV_CACHE_STATES)
     heartbeat_at: datetime
 
 

@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sim import audit_entries
 from sim.capacity import region_of
@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 BASE = "https://www.googleapis.com/compute/v1"
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-LIVE = ("PROVISIONING", "STAGING", "RUNNING", "STOPPING")
+LIVE = ("PROVISIONING", "STAGING", "RUNNING", "PENDING_STOP", "STOPPING")
+MAX_NOTICE_SECONDS = 120  # scheduling.preemptionNoticeDuration: gcloud's documented range is [0s, 120s] (gcp-facts §17)
+DEFAULT_GRACEFUL_SHUTDOWN_SECONDS = 600  # scheduling.gracefulShutdown enabled without maxDuration
 SERIAL_BUFFER = 1 << 20  # bytes of serial port output Compute Engine keeps (getSerialPortOutput: "the last 1 MB")
 
 DLVM_PROJECT = "deeplearning-platform-release"
@@ -88,6 +90,37 @@ class Instance:
     @property
     def termination_action(self) -> str:
         return self.body.get("scheduling", {}).get("instanceTerminationAction") or "STOP"
+
+    @property
+    def notice_seconds(self) -> float:
+        """scheduling.preemptionNoticeDuration: how long instance/preempted is TRUE before the soft-off."""
+        return _duration_seconds(self.body.get("scheduling", {}).get("preemptionNoticeDuration"))
+
+    @property
+    def graceful_shutdown_seconds(self) -> float:
+        """scheduling.gracefulShutdown: the guest's time to shut down on a user's stop or delete (never on a
+        preemption); 0 when off."""
+        graceful = self.body.get("scheduling", {}).get("gracefulShutdown") or {}
+        if not graceful.get("enabled"):
+            return 0.0
+        return _duration_seconds(graceful.get("maxDuration")) or DEFAULT_GRACEFUL_SHUTDOWN_SECONDS
+
+
+def _duration_seconds(value: Any) -> float:
+    """A compute Duration ({"seconds": "120", "nanos": 0}, int64 seconds as a JSON string) in seconds."""
+    if not value:
+        return 0.0
+    return float(value.get("seconds") or 0) + float(value.get("nanos") or 0) / 1e9
+
+
+def _check_notice_duration(scheduling: dict, model: str) -> None:
+    seconds = _duration_seconds(scheduling.get("preemptionNoticeDuration"))
+    if seconds and model != "SPOT":
+        raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.preemptionNoticeDuration': "
+                                            "a preemption notice duration is allowed only with the SPOT provisioning model")
+    if not 0 <= seconds <= MAX_NOTICE_SECONDS:
+        raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.preemptionNoticeDuration': "
+                                            f"{seconds:g}s. Valid values are [0s, {MAX_NOTICE_SECONDS}s]")
 
 
 @dataclass
@@ -293,6 +326,7 @@ class ComputeService:
             count = int(accels[0].get("acceleratorCount", 1)) if accels else 0
             scheduling = dict(body.get("scheduling") or {})
             model = "SPOT" if scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible") else "STANDARD"
+            _check_notice_duration(scheduling, model)
             iid = self._new_id()
             op = self._new_op(zone, "insert", self._path(zone, name), iid)
             refusal = self._refusal(zone, accelerator, model, machine_type, count)
@@ -435,29 +469,32 @@ class ComputeService:
         with self.sim.cond:
             inst = self._get(zone, name)
             op = self._new_op(zone, "stop", self._path(zone, name), inst.id)
-            if inst.status in ("TERMINATED", "STOPPING"):
+            if inst.status in ("TERMINATED", "STOPPING", "PENDING_STOP"):
                 self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op)
                 return dict(op.body)
-            self._set_status(inst, "STOPPING")
-            self._shutdown(inst, self.sim.notice_seconds, then=lambda: self._stopped(inst, op))
+            graceful = inst.graceful_shutdown_seconds
+            self._set_status(inst, "PENDING_STOP" if graceful else "STOPPING")
+            self._shutdown(inst, graceful or self.sim.notice_seconds, then=lambda: self._stopped(inst, op))
         return dict(op.body)
 
     def delete(self, zone: str, name: str) -> dict:
         with self.sim.cond:
             inst = self._get(zone, name)
             op = self._new_op(zone, "delete", self._path(zone, name), inst.id)
+            graceful = inst.graceful_shutdown_seconds if inst.status in LIVE else 0.0
             if inst.status in LIVE:
-                self._set_status(inst, "STOPPING")
+                self._set_status(inst, "PENDING_STOP" if graceful else "STOPPING")
             pending = inst.shutdown
-            threading.Thread(target=self._delete, args=(inst, op, pending), name=f"delete-{name}", daemon=True).start()
+            threading.Thread(target=self._delete, args=(inst, op, pending, graceful), name=f"delete-{name}",
+                             daemon=True).start()
         self.sim.emit(audit_entries.activity("v1.compute.instances.delete", project=self.sim.project,
                                              resource_name=self._path(zone, name)))
         return dict(op.body)
 
-    def _delete(self, inst: Instance, op: Operation, pending: threading.Thread | None) -> None:
+    def _delete(self, inst: Instance, op: Operation, pending: threading.Thread | None, grace: float = 0.0) -> None:
         if pending is not None:
             pending.join()
-        inst.runtime.power_off(self.sim.delete_grace)
+        inst.runtime.power_off(grace or self.sim.delete_grace)
         inst.runtime.destroy()
         with self.sim.cond:
             if self.instances.get((inst.zone, inst.name)) is inst:
@@ -477,7 +514,7 @@ class ComputeService:
 
     def _stopped(self, inst: Instance, op: Operation | None) -> None:
         with self.sim.cond:
-            if self.instances.get((inst.zone, inst.name)) is inst and inst.status == "STOPPING":
+            if self.instances.get((inst.zone, inst.name)) is inst and inst.status in ("PENDING_STOP", "STOPPING"):
                 self._set_status(inst, "TERMINATED")
                 inst.body["lastStopTimestamp"] = rfc3339()
             inst.shutdown = None
@@ -517,7 +554,10 @@ class ComputeService:
             op = self._new_op(zone, "compute.instances.preempted", self._path(zone, name), inst.id, system=True)
             if inst.runtime.metadata is not None:
                 inst.runtime.metadata.set("instance/preempted", "TRUE")
-            self._set_status(inst, "STOPPING")
+            # With a preemption notice duration the VM keeps running (instance/preempted TRUE) until the soft-off.
+            notice = inst.notice_seconds
+            if not notice:
+                self._set_status(inst, "STOPPING")
             entry = audit_entries.compute_system_event("compute.instances.preempted", project=self.sim.project, zone=zone, instance_name=name,
                                                        instance_id=inst.id)
             early = self.sim.audit_timing == "start"
@@ -531,7 +571,17 @@ class ComputeService:
                 self._stopped(inst, op)
             if not early:
                 self.sim.emit(entry)
-        self._shutdown(inst, self.sim.notice_seconds, then=after)
+
+        def soft_off():
+            with self.sim.cond:
+                if self.instances.get((zone, name)) is not inst or inst.status != "RUNNING":
+                    return  # deleted or stopped during its notice
+                self._set_status(inst, "STOPPING")
+            self._shutdown(inst, self.sim.notice_seconds, then=after)
+        if notice:
+            self.sim.scheduler.call_later(notice, soft_off)
+        else:
+            self._shutdown(inst, self.sim.notice_seconds, then=after)
 
     def host_error(self, zone: str, name: str) -> None:
         with self.sim.cond:

@@ -273,8 +273,9 @@ class SimServer:
         raise SimError(f"no instance or TPU node named {name!r} in zone {zone}")
 
     def preempt(self, zone: str, name: str) -> None:
-        """Preemption: instance/preempted=TRUE, SIGTERM to the node's processes, SIGKILL after notice_seconds,
-        then TERMINATED (termination action STOP), deleted (DELETE), or PREEMPTED (TPU); audit entries follow."""
+        """Preemption: instance/preempted=TRUE, SIGTERM to the node's processes (the soft-off: at once, or after
+        the instance's scheduling.preemptionNoticeDuration), SIGKILL notice_seconds after the soft-off, then
+        TERMINATED (termination action STOP), deleted (DELETE), or PREEMPTED (TPU); audit entries follow."""
         if self._kind(zone, name) == "instance":
             self.compute.preempt(zone, name)
         else:

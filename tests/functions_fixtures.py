@@ -118,6 +118,13 @@ class Controller:
         statuses += [status for _, status in self.sweep_relay.drain()]
         return next((s for s in statuses if s != 200), 200)
 
+    def notice(self, job_id: str, node: str, kind: str = "preempted") -> int:
+        """The node agent's message on a notice (node_agent/nudge.py), as the sweep topic's push delivers it."""
+        from respawn.contract import notice_nudge
+
+        return self.deliver("on_sweep", *pubsub_event(notice_nudge(job_id, node, kind,
+                                                                   datetime.now(timezone.utc).isoformat())))
+
     def alert(self, alert: Any) -> int:
         return self.deliver("on_alert", *pubsub_event(alert))
 

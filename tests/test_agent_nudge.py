@@ -8,9 +8,11 @@ to → one WARNING naming the topic and the grant to check, and the node carries
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -57,6 +59,11 @@ def _boot(env, job: str, attempt: int, s: dict, member: bool = False):
     return md, env.agent(md, env.tmp / node)
 
 
+def _stepping(agent) -> bool:
+    """The trainer wrote a step: its SIGTERM handler is in place."""
+    return (agent.node_dir / "status.json").exists()
+
+
 def _woken(agent) -> list[dict]:
     return [e for e in agent.events() if e["message"] == "controller woken: sweep requested for this job"]
 
@@ -81,18 +88,51 @@ def test_a_members_trainer_error_wakes_the_controller_once(agent_env, sweep):
     assert pull() == [] and len(_woken(agent)) == 1 and agent.proc.poll() is None
 
 
-def test_a_trainer_stopping_on_a_notice_sends_nothing(agent_env, sweep):
+def test_a_notice_is_told_at_once_and_the_trainer_stopping_on_it_sends_nothing_more(agent_env, sweep):
     topic, pull = sweep
-    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic)
+    # Beats 30 s apart: the message must not wait for one. The trainer ignores the notice, so the node is still
+    # saving (the agent waiting out its budget) when the message is read.
+    s = settings(_tiny(agent_env, "--ignore-notice"), f"file://{agent_env.tmp}/store", sweep_topic=topic,
+                 heartbeat_seconds=30, notice_budget_seconds=6)
     md, agent = _boot(agent_env, "nq", 2, s, member=True)
     wait_for(lambda: (agent_env.heartbeat("nq-2") or {}).get("state") == "waiting", 60, "the member waiting")
     md.set_attribute("respawn-generation", Generation(1, ("nq-1", "nq-2"), "127.0.0.1").to_json())
-    wait_for(lambda: (agent_env.heartbeat("nq-2") or {}).get("step"), 60, "the trainer stepping")
+    wait_for(lambda: _stepping(agent), 60, "the trainer stepping")
+    before = datetime.now(timezone.utc)
     md.set("instance/preempted", "TRUE")
+    [message] = wait_for(pull, 5, "the notice on the sweep topic")
+    assert agent.proc.poll() is None  # told while the node still saves
+    notice = message.pop("notice")
+    assert message == {"task": "sweep", "job_id": "nq"}
+    assert (notice["node"], notice["kind"]) == ("nq-2", "preempted")
+    assert before - timedelta(seconds=1) <= datetime.fromisoformat(notice["at"]) <= datetime.now(timezone.utc)
     assert agent.wait(60) == 0  # the agent is gone: anything it would have sent is on the topic by now
     hb = agent_env.heartbeat("nq-2")
-    assert (hb["state"], hb["exit_code"], hb["notice"]) == ("exited", EXIT_PREEMPTED, "preempted")
-    assert pull() == [] and not _woken(agent)
+    assert (hb["state"], hb["notice"]) == ("exited", "preempted")
+    assert pull() == [] and len(_woken(agent)) == 1 and _woken(agent)[0]["why"] == "preempted notice"
+
+
+def test_a_sigterm_alone_tells_nothing_and_a_sigterm_after_the_notice_is_the_soft_off(agent_env, sweep):
+    topic, pull = sweep
+    # A user's stop (SIGTERM alone) is no preemption: nothing is published.
+    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic)
+    _, agent = _boot(agent_env, "st", 1, s)
+    wait_for(lambda: _stepping(agent), 60, "the trainer stepping")
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(60) == 0 and pull() == []
+    # A 25 s notice (notice_seconds) in a 30 s budget: the soft-off 1 s after the notice leaves the save 5 s, not 29.
+    s = settings(_tiny(agent_env, "--ignore-notice"), f"file://{agent_env.tmp}/store", sweep_topic=topic,
+                 notice_budget_seconds=30, notice_seconds=25)
+    md, agent = _boot(agent_env, "so", 1, s)
+    wait_for(lambda: _stepping(agent), 60, "the trainer stepping")
+    md.set("instance/preempted", "TRUE")
+    wait_for(lambda: any(e["message"].startswith("notice: telling") for e in agent.events()), 10, "the notice")
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(20) == 0  # the deadline moved: with the notice's own it would still be waiting
+    [soft_off] = [e for e in agent.events() if e["message"].startswith("soft-off")]
+    assert soft_off["severity"] == "WARNING" and soft_off["seconds_left"] <= 5
+    assert any(e["message"].startswith("the trainer did not exit within") for e in agent.events())
+    assert [m["notice"]["node"] for m in pull()] == ["so-1"]
 
 
 def test_a_single_nodes_trainer_error_a_failed_setup_and_the_end_each_wake_it(agent_env, sweep):

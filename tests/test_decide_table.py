@@ -475,7 +475,7 @@ GRID = [
     for raw in RAW_STATES["tpu" if sp is TPU else "gpu"]
     for hbk in HEARTBEATS
     for cancel in (False, True)
-    for hint in (None, "preempted")
+    for hint in (None, "preempted", core.NOTICE)
     for create_state in ("pending", "starting", "created", "failed")
     if state is not State.PENDING or raw is None  # a pending job has no node name yet, so nothing to observe
 ]
@@ -510,9 +510,17 @@ def test_invariants_over_every_observation(state):
         d = decide(o)
         where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
         after = d.status.state if d.status else state
-        # Never a second live node: a create only when the API says the current node does not exist.
+        # Never a second live node: a create only when the API says the current node does not exist, or during its
+        # notice, with that node recorded as leaving (it saves its emergency checkpoint and goes) and named to
+        # the new node (the handover).
         if d.action.kind is Act.CREATE:
-            assert not o.node.present, where
+            if o.node.present:
+                assert hint == core.NOTICE and o.node.phase in (Phase.RUNNING, Phase.STOPPING), where
+                leaving = (d.status or o.status).leaving
+                assert leaving is not None and (leaving.node, leaving.zone) == (o.status.node, o.status.zone), where
+                assert d.action.handover is not None and d.action.handover.node == o.status.node, where
+            else:
+                assert d.action.handover is None, where
             assert d.action.node == node_name("job", d.action.attempt), where
             final = d.status or o.status
             assert (final.attempt, final.node, final.zone) == (d.action.attempt, d.action.node, d.action.zone), where
@@ -550,7 +558,7 @@ def test_capacity_reads_are_skipped_only_where_decide_ignores_them(state):
         kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
                   create_state=create_state if state is not State.PENDING else None)
         o = obs(state.value, **kw)
-        if needs_capacity(o.status, o.node):
+        if needs_capacity(o.status, o.node, o.hint):
             continue
         skipped += 1
         where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"

@@ -77,7 +77,7 @@ def called_by_controller() -> set[str]:
 def called_by_node() -> set[str]:
     methods = set(CALLS["node"]["guest-logging-agent"])  # the node's journal shipped by the guest logging agent
     agent = "\n".join(p.read_text() for p in sorted((ROOT / "node_agent").glob("*.py")))
-    for rest in ("documents:commit", "documents:batchGet", ":publish"):
+    for rest in ("documents:commit", "documents:batchGet", "?mask.fieldPaths=", ":publish"):
         if rest in agent:
             methods.update(CALLS["node"][rest])
     storage = (ROOT / "trainer" / "storage.py").read_text()
@@ -144,6 +144,7 @@ def test_every_method_grants_something_and_roles_are_well_formed():
 # "Required permissions"), for the methods the code maps its calls to.
 FIRESTORE_REQUIRED = {
     "firestore.documents.batchGet": {"datastore.entities.get"},
+    "firestore.documents.get": {"datastore.entities.get"},
     "firestore.documents.runQuery": {"datastore.entities.get", "datastore.entities.list"},
     "firestore.documents.list": {"datastore.entities.get", "datastore.entities.list"},
     "firestore.documents.beginTransaction": {"datastore.databases.get"},

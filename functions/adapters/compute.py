@@ -13,7 +13,7 @@ from google.api_core import exceptions as gexc
 from google.api_core import extended_operation
 from google.cloud import compute_v1
 
-from respawn.contract import LABEL_JOB
+from respawn.contract import LABEL_JOB, Handover
 from respawn.control import nodespec
 from respawn.images import IMAGE_PATH, REQUEST_PREFIX, ImageCheck, ImageVerdict, found, image_path
 from respawn.control.settings import ControlSettings, NodeOptions
@@ -112,12 +112,14 @@ class ComputeProvider:
         return found(path, image.name, image.deprecated.state if "deprecated" in image else "")
 
     def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
-                 slot: int = 0, service_account: str | None = None):
+                 slot: int = 0, service_account: str | None = None, handover: Handover | None = None):
         acc = spec.accelerator
         if provisioning == "spot":
             scheduling = compute_v1.Scheduling(
                 provisioning_model="SPOT", instance_termination_action=spec.termination_action or "STOP",
                 on_host_maintenance="TERMINATE", automatic_restart=False)
+            if spec.notice_seconds:  # gcp-facts §17: the notice before the soft-off, Spot only
+                scheduling.preemption_notice_duration = compute_v1.Duration(seconds=spec.notice_seconds)
         elif provisioning == "preemptible":
             scheduling = compute_v1.Scheduling(preemptible=True, on_host_maintenance="TERMINATE", automatic_restart=False)
         else:
@@ -139,7 +141,7 @@ class ComputeProvider:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         items = [compute_v1.Items(key=k, value=v)
                  for k, v in nodespec.metadata(spec, attempt, self.project, startup_script, opts,
-                                               service_account).items()]
+                                               service_account, handover).items()]
         return compute_v1.Instance(
             name=name,
             machine_type=f"zones/{zone}/machineTypes/{acc.machine_type}",
@@ -156,9 +158,9 @@ class ComputeProvider:
         )
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
-               slot: int = 0, service_account: str | None = None) -> bool:
+               slot: int = 0, service_account: str | None = None, handover: Handover | None = None) -> bool:
         """Create and wait until the operation is done. False: it already existed (409) and is adopted."""
-        body = self.instance(spec, zone, name, attempt, provisioning, startup_script, slot, service_account)
+        body = self.instance(spec, zone, name, attempt, provisioning, startup_script, slot, service_account, handover)
         try:
             op = self.clients.instances().insert_unary(project=self.project, zone=zone, instance_resource=body)
             self._wait(zone, op)

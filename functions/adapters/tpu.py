@@ -11,7 +11,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 from google.protobuf import field_mask_pb2
 
-from respawn.contract import LABEL_JOB
+from respawn.contract import LABEL_JOB, Handover
 from respawn.control import nodespec
 from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
@@ -55,7 +55,7 @@ class TpuProvider:
         return None
 
     def node(self, spec: JobSpec, attempt: int, provisioning: str, startup_script: str,
-             service_account: str | None = None):
+             service_account: str | None = None, handover: Handover | None = None):
         acc = spec.accelerator
         opts = self.nodes
         network = tpu_v2.NetworkConfig(enable_external_ips=opts.external_ip)
@@ -69,15 +69,15 @@ class TpuProvider:
             scheduling_config=tpu_v2.SchedulingConfig(spot=provisioning == "spot", preemptible=provisioning == "preemptible"),
             network_config=network,
             labels=nodespec.labels(spec, attempt),
-            metadata=nodespec.metadata(spec, attempt, self.project, startup_script, opts, service_account),
+            metadata=nodespec.metadata(spec, attempt, self.project, startup_script, opts, service_account, handover),
         )
         if service_account:  # unset: the project's default compute service account
             node.service_account = tpu_v2.ServiceAccount(email=service_account, scope=SCOPES)
         return node
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
-               slot: int = 0, service_account: str | None = None) -> bool:
-        body = self.node(spec, attempt, provisioning, startup_script, service_account)
+               slot: int = 0, service_account: str | None = None, handover: Handover | None = None) -> bool:
+        body = self.node(spec, attempt, provisioning, startup_script, service_account, handover)
         try:
             op = self.clients.tpu().create_node(parent=f"projects/{self.project}/locations/{zone}", node_id=name, node=body)
             op.result(timeout=self.op_timeout)
