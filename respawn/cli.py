@@ -486,7 +486,8 @@ def plan_cmd(
     state_gb: float = typer.Option(10.0, help="checkpoint size in GB"),
     checkpoint_interval_min: float = typer.Option(30.0, help="periodic checkpoint interval, minutes"),
     boot_s: float = typer.Option(90.0, help="seconds from create call to a training node"),
-    sink_delay_s: float = typer.Option(10.0, help="audit log → Pub/Sub → function, seconds"),
+    notice_s: float = typer.Option(0.0, help="the job's notice_seconds: Compute Engine's preemption notice before "
+                                             "the soft-off (0 or 120, GPU Spot VMs)"),
     spot_price: float = typer.Option(1.47, help="$/h on Spot"),
     on_demand_price: float = typer.Option(3.67, help="$/h on demand"),
     runs: int = typer.Option(500, min=1, help="simulated runs per strategy"),
@@ -511,7 +512,7 @@ def plan_cmd(
                            "trains on while replacements boot", code=2)
         inputs = PlanInputs(
             job_hours=job_hours, mtbp_hours=mtbp_hours, state_gb=state_gb, checkpoint_interval_min=checkpoint_interval_min,
-            boot_s=boot_s, sink_delay_s=sink_delay_s, spot_price=spot_price, on_demand_price=on_demand_price,
+            boot_s=boot_s, notice_s=notice_s, spot_price=spot_price, on_demand_price=on_demand_price,
             runs=runs, seed=seed, nodes=nodes, on_demand_nodes=on_demand_nodes, min_nodes=min_nodes,
         )
         from dataclasses import replace
@@ -556,7 +557,8 @@ def plan_cmd(
         out.print(f"on demand: {per_node}{inputs.job_hours:g} h at ${inputs.on_demand_price:g}/h = "
                   f"${result.on_demand_cost:.2f}")
         out.print(
-            f"an emergency checkpoint fits the {inputs.notice_budget_s:g} s notice budget for state up to "
+            f"an emergency checkpoint fits the {inputs.notice_budget_s + inputs.notice_s:g} s notice budget for state "
+            "up to "
             f"{max_emergency_state_gb(inputs):.1f} GB at this disk speed"
         )
         if plot is not None:

@@ -41,7 +41,7 @@ import random
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-from respawn.contract import DEFAULT_NOTICE_BUDGET_SECONDS
+from respawn.contract import DEFAULT_NOTICE_BUDGET_SECONDS, SOFT_OFF_SECONDS
 
 ALL_SPOT = ("poll-and-restart", "polling", "respawn")
 STRATEGIES = (*ALL_SPOT, "hybrid", "elastic")
@@ -63,8 +63,8 @@ class PlanInputs:
     stall_ratio: float = 0.05  # block time of an async periodic save / a synchronous save (bench.checkpoint)
     flush_vs_disk: float = 0.9  # emergency-save throughput / raw disk throughput (bench.checkpoint)
     notice_budget_s: float = DEFAULT_NOTICE_BUDGET_SECONDS  # what the emergency save may take of the 30 s notice
-    sink_delay_s: float = 10.0  # audit log entry → Pub/Sub → function start
-    function_s: float = 2.0  # reconcile: observe, decide, record, create call
+    notice_s: float = 0.0  # the job's notice before the soft-off (JobSpec.notice_seconds: 0 or 120, GPU Spot)
+    function_s: float = 2.0  # the notice message → function start → reconcile: observe, decide, record, create call
     boot_s: float = 90.0  # VM create call → trainer running (GPU VM; a TPU VM takes longer)
     setup_s: float = 60.0  # extra relaunch setup of a whole new cluster (polling controller)
     restart_poll_s: float = 60.0  # the polling loop period of a poll-and-restart script
@@ -91,12 +91,15 @@ class PlanInputs:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        non_negative = ("state_gb", "stall_ratio", "notice_budget_s", "sink_delay_s", "function_s", "boot_s",
+        non_negative = ("state_gb", "stall_ratio", "notice_budget_s", "function_s", "boot_s",
                         "setup_s", "restart_poll_s", "restart_wait_s", "polling_poll_s", "restart_s", "stockout_minutes",
                         "spot_price", "on_demand_price")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 0 <= self.notice_s <= 120:
+            raise ValueError(f"notice_s must be within 0..120 (Compute Engine's preemption notice duration), "
+                             f"got {self.notice_s}")
         if not 0 <= self.stockout_probability <= 1:
             raise ValueError(f"stockout_probability must be within 0..1, got {self.stockout_probability}")
         if not 0 < self.flush_vs_disk <= 1.5:
@@ -141,9 +144,19 @@ def _sync_save_s(p: PlanInputs) -> float:
     return p.state_gb / p.write_gbps
 
 
+def _window_s(p: PlanInputs) -> float:
+    """From the notice until the node is off: the notice before the soft-off, then the soft-off's 30 s."""
+    return p.notice_s + SOFT_OFF_SECONDS
+
+
 def max_emergency_state_gb(p: PlanInputs) -> float:
-    """The largest state an emergency checkpoint can commit within the notice budget."""
-    return p.notice_budget_s * p.write_gbps * p.flush_vs_disk
+    """The largest state an emergency checkpoint can commit within the notice budget (longer by notice_s)."""
+    return (p.notice_budget_s + p.notice_s) * p.write_gbps * p.flush_vs_disk
+
+
+def _save_s(p: PlanInputs) -> float:
+    """How long the noticed node's emergency save takes (it is cut at the budget)."""
+    return min(p.state_gb / (p.write_gbps * p.flush_vs_disk), p.notice_budget_s + p.notice_s)
 
 
 def _emergency_fits(p: PlanInputs) -> bool:
@@ -158,16 +171,17 @@ def _recovery_s(strategy: str, p: PlanInputs, rng: random.Random, stocked_out: b
         detect = rng.uniform(0, p.restart_poll_s)
         # Same zone only: the recreate keeps failing until the stockout ends, retried every poll.
         wait_capacity = math.ceil(stockout / p.restart_poll_s) * p.restart_poll_s if stockout else 0.0
-        return 30 + detect + p.restart_wait_s + wait_capacity + p.boot_s + restore
+        return _window_s(p) + detect + p.restart_wait_s + wait_capacity + p.boot_s + restore
     if strategy == "polling":
         detect = rng.uniform(0, p.polling_poll_s)
         # Fails over to another zone, after one failed launch in the stocked-out zone.
         failed_try = p.boot_s / 3 if stocked_out else 0.0
-        return 30 + detect + failed_try + p.boot_s + p.setup_s + restore
-    # respawn (and hybrid): the node dies at the end of the notice; the event arrives after the sink delay. A refused
-    # zone costs one failed create call, then the job (one node, or all of them: too few survivors) moves to the next.
+        return _window_s(p) + detect + failed_try + p.boot_s + p.setup_s + restore
+    # respawn (and hybrid): the agent tells the controller at the notice, which creates the replacement while the
+    # noticed node saves; the new trainer starts once that save ended (the handover). A refused zone costs one failed
+    # create call, then the job (one node, or all of them: too few survivors) moves to the next.
     failed_try = p.function_s if stocked_out else 0.0
-    return 30 + p.sink_delay_s + p.function_s + failed_try + p.boot_s + restore
+    return p.function_s + failed_try + max(p.boot_s, _save_s(p)) + restore
 
 
 def _replacement_s(p: PlanInputs, stockout: float, move: bool) -> float:
@@ -176,9 +190,9 @@ def _replacement_s(p: PlanInputs, stockout: float, move: bool) -> float:
     long; the create call made when it ends is one more function run); with too few (`move`), a stockout moves the
     job to the next zone after one failed create, as respawn's recovery does."""
     if move:
-        return 30 + p.sink_delay_s + p.function_s + (p.function_s if stockout else 0.0) + p.boot_s
+        return p.function_s + (p.function_s if stockout else 0.0) + max(p.boot_s, _save_s(p))
     waited = stockout + p.function_s if stockout else 0.0
-    return 30 + p.sink_delay_s + p.function_s + waited + p.boot_s
+    return p.function_s + waited + p.boot_s
 
 
 def _draw_stockout(p: PlanInputs, rng: random.Random) -> float:

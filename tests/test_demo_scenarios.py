@@ -58,6 +58,10 @@ def test_default_scenario(tmp_path):
     r, out = run_demo(tmp_path)
     check_common(r, out, tmp_path)
     assert out["restarts"] == 2 and out["lost_steps"] == 0
+    # Each preemption's recovery, from its notice to the job stepping again, in the summary and on the timeline.
+    assert len(out["notice_to_step_seconds"]) == 2 and all(x and x > 0 for x in out["notice_to_step_seconds"])
+    page = (tmp_path / "out" / "timeline.html").read_text()
+    assert page.count("training again at") == 2 and "s after the notice at" in page
     # The first zone stocked out after the first preemption: the job moved down its list.
     assert out["zones"][:2] == ["us-central1-a", "us-central1-b"]
     assert sum("recovered" in a for a in out["alerts"]) == 2

@@ -175,3 +175,21 @@ def test_the_live_view_shows_a_slices_workers():
     single = io.StringIO()
     LiveView(enabled=False, stream=single).update(Progress(scenario="s", job_id="j", workers=[(0, "training", 1)]))
     assert "workers" not in single.getvalue()
+
+
+def test_notice_to_step_runs_from_each_notice_to_a_new_life_stepping_past_its_resume():
+    samples = [S(1, "j-1", "a", "training", 50, 40), S(2, "j-1", "a", "training", 60, 40),
+               # the notice at 2.5: the old life still reports, the new one restores step 60, then steps
+               S(3, "j-1", "a", "preempting", 61, 61), S(9, "j-2", "b", "training", 61, 61, resumed_from=61),
+               S(10, "j-2", "b", "training", 62, 61),
+               # a multi-node job's generation 2 after the notice at 20: every rank steps together
+               S(24, "m-1", "c", "training", 80, 70, generation=1), S(26, "m-1", "c", "training", 80, 80, resumed_from=80,
+                                                                     generation=2),
+               S(27, "m-2", "d", "training", 81, 80, resumed_from=80, generation=2)]
+    from sim.demo.summary import recoveries
+
+    got = recoveries(samples, [2.5, 20, 30])
+    assert [r["notice_to_step_seconds"] for r in got] == [7.5, 7, None]  # nothing stepped after the last
+    assert got[0] == {"notice_at": 2.5, "training_at": 10, "notice_to_step_seconds": 7.5}
+    assert summarize(RunRecord("j", 100, 40, "SUCCEEDED", 2, samples, [], notices=[2.5, 20, 30])
+                     )["notice_to_step_seconds"] == [7.5, 7, None]

@@ -221,3 +221,19 @@ def test_plan_command_names_the_bad_node_option(args, message):
     r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "5", *args], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_longer_notice_saves_larger_states_and_only_the_strategies_that_wait_for_the_stop_wait_longer():
+    from dataclasses import replace as with_
+
+    base = PlanInputs(runs=60, state_gb=10.0)  # 10 GB does not fit the 25 s budget at 0.35 GB/s
+    longer = with_(base, notice_s=120)
+    assert max_emergency_state_gb(longer) == pytest.approx(max_emergency_state_gb(base) * (25 + 120) / 25)
+    before, after = ({r.strategy: r for r in plan(p).results} for p in (base, longer))
+    assert (before["respawn"].emergency_saved, after["respawn"].emergency_saved) == (0, 1)
+    assert after["respawn"].redone_hours < before["respawn"].redone_hours
+    # Respawn replaces the node during the notice: its recovery does not grow with it; a poller's waits for the stop.
+    assert after["respawn"].downtime_hours == pytest.approx(before["respawn"].downtime_hours, rel=0.05)
+    assert after["polling"].downtime_hours > before["polling"].downtime_hours
+    with pytest.raises(ValueError, match="notice_s must be within 0..120"):
+        plan(with_(base, notice_s=300))

@@ -18,7 +18,7 @@ from sim.demo.scenario import ScenarioError, default_scenario, load_scenario
 from sim.emulators import EmulatorError
 
 SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "total_steps", "restarts", "zones", "lost_steps",
-                "max_live_nodes", "wall_seconds", "goodput", "timeline")
+                "max_live_nodes", "notice_to_step_seconds", "wall_seconds", "goodput", "timeline")
 
 
 def demo(
@@ -56,7 +56,7 @@ def demo(
         table = Table("", "", title=f"respawn demo: {sc.name}", show_header=False)
         for key in SUMMARY_ROWS:
             value = result[key]
-            table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
+            table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
         for text in result["alerts"]:
             table.add_row("Slack", text)
         err.print(table)

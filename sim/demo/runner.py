@@ -28,7 +28,8 @@ from respawn import codestore, contract, deployment, schema
 from respawn.workdir import human_bytes, pack
 from sim import emulators, netns, node_image
 from sim.demo.scenario import Preemption, Scenario
-from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, lives, progress_series, summarize, workers_seen
+from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, lives, progress_series, recoveries, summarize,
+                              workers_seen)
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
 from sim.tpu import ENDPOINTS_HOSTNAMES
 
@@ -542,9 +543,14 @@ class DemoRun:
                 spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running",
                                       workers=len(hosts.get(h["name"]) or [0])))
         alerts = [p.get("text", "") for p in self.slack.payloads]
+        notices = sorted({m.t for m in marks if m.kind == "notice"})  # one moment may hit several nodes
         rec = RunRecord(job_id=job_id, total_steps=self.sc.trainer.steps, wall_seconds=wall, state=status.state.value,
-                        restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts)
+                        restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts, notices=notices)
         result = summarize(rec)
+        for r in recoveries(samples, notices):
+            if r["training_at"] is not None:
+                marks.append(Mark(r["training_at"], "training again",
+                                  f"{r['notice_to_step_seconds']:g} s after the notice at {r['notice_at']:g} s"))
         ordered = lives(samples)
         for prev, nxt in zip(ordered, ordered[1:]):
             downtime = (prev.last_t, nxt.first_t)

@@ -1,6 +1,7 @@
 """The demo's timeline picture: one self-contained HTML file with an inline SVG.
 
-Rows are zones; bars are node lifetimes; red marks are preemption notices; the bottom panel is training progress
+Rows are zones; bars are node lifetimes; red marks are preemption notices, purple ones the moment the job steps
+again after each (its notice-to-step time in the mark's tip and the summary); the bottom panel is training progress
 (steps over time, one line per trainer life) with its checkpoints; grey bands are downtime, when no node was
 training.
 """
@@ -24,7 +25,7 @@ class NodeSpan:
 @dataclass
 class Mark:
     t: float
-    kind: str  # notice, checkpoint, emergency, restart
+    kind: str  # notice, checkpoint, emergency, restart, training again (the job steps again after a notice)
     label: str = ""
     zone: str | None = None
 
@@ -43,7 +44,8 @@ class Timeline:
 
 
 _W, _LEFT, _ROW, _TOP, _PROGRESS = 1000, 130, 34, 40, 150
-_COLOURS = {"notice": "#d62728", "checkpoint": "#2ca02c", "emergency": "#ff7f0e", "restart": "#1f77b4"}
+_COLOURS = {"notice": "#d62728", "checkpoint": "#2ca02c", "emergency": "#ff7f0e", "restart": "#1f77b4",
+            "training again": "#9467bd"}
 
 
 def render_html(tl: Timeline) -> str:
