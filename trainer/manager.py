@@ -129,6 +129,9 @@ class CheckpointManager:
         self._kinds: dict[tuple[str, int], str] = {}
         self._remote_committed: set[int] = set()
         self._per_host: bool | None = False  # ranks on hosts with disks of their own (set by the multi-rank managers)
+        # A step restored from the remote store is read into memory only; True also writes it into local_dir (a
+        # DDP job's rank 0, so that the node's other ranks read it from there: TorchJob.restore).
+        self.keep_restored_copy = False
         self._notice_at: float | None = None
         self._notice_reason: str | None = None
         self._notice_logged = False
@@ -232,9 +235,9 @@ class CheckpointManager:
         return flatten(state, copy=copy, buffers=self._buffers if copy else None)
 
     def _is_committed(self, step: int) -> bool:
-        """Whether `step` is committed already, so that a save of it writes nothing (never rewrites a committed
-        step). Hosts with disks of their own commit in the remote store only (the multi-rank managers)."""
-        return bool(self.local.steps().get(step)) or (self._per_host is True and step in self._remote_committed)
+        """Whether `step` is committed already, locally or in the remote store, so that a save of it writes nothing
+        (never rewrites a committed step: a step restored from the remote store has no local copy)."""
+        return bool(self.local.steps().get(step)) or step in self._remote_committed
 
     def save(self, step: int, state: Any, *, blocking: bool = False, kind: str = "periodic") -> SaveOutcome | None:
         """Periodic checkpoint. The caller blocks only for the in-memory snapshot (plus the previous save if it
@@ -394,11 +397,9 @@ class CheckpointManager:
         like: what a format that loads into existing state needs (torch DCP); this format holds the whole state."""
         started = time.monotonic()
 
-        def load(store, s: int) -> tuple[dict, Any]:
-            step_dir = store.get_step(s, self.local.root)
-            manifest = fmt.verify(step_dir, data=False)
-            fmt.check_layout(manifest, s, None)
-            return manifest, fmt.load(step_dir, manifest)  # checks the data checksums as it reads
+        def load(store, s: int) -> tuple[dict, Any]:  # one read of the bytes, checksums checked as they arrive
+            return store.load_step(s, self.local.root if self.keep_restored_copy else None,
+                                   check=lambda manifest: fmt.check_layout(manifest, s, None))
 
         for s, store, (manifest, state) in self._verified_steps(load, only=step):
             self._restored(s, manifest, store=store.uri, seconds=round(time.monotonic() - started, 3))

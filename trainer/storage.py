@@ -3,23 +3,32 @@
 Checkpoints are always written to a local directory first (format.write_checkpoint); a store other than that
 directory receives a committed step by `put_step`, which copies the data files (in parallel for GCS), then the
 manifest, then the commit marker, so a cut transfer leaves an uncommitted directory that restore ignores and
-retention removes. `get_step` is the reverse, marker last too. In a job whose hosts have their own disks, every
-host sends its own files with `put_files` and one process writes the manifest and marker with `commit_step` once
-all of them are there.
+retention removes. `get_step` is the reverse, marker last too; `load_step` reads a committed step straight into
+the saved state (CheckpointManager's restore), with no local copy unless asked. In a job whose hosts have their own
+disks, every host sends its own files with `put_files` and one process writes the manifest and marker with
+`commit_step` once all of them are there.
+
+Reads from Cloud Storage are ranged GETs (fmt.slice_bytes) on `workers` keep-alive connections, as sliced
+downloads do, read with readinto straight into their destination (the arrays, or a buffer written into place in
+the local file) and hashed as they arrive; the ranges' checksums are joined into each file's (checksum.combine),
+so every byte is fetched once and hashed once.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import threading
 import time
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse, urlsplit
 
 from . import format as fmt
 
 UPLOAD_WORKERS = 8
+GET_ATTEMPTS = 4  # a range whose connection fails, or that Cloud Storage answers 429/5xx, is fetched again
+READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 
 
 def _run_parallel(jobs, control: fmt.WriteControl | None, workers: int, what: str) -> None:
@@ -143,6 +152,15 @@ class LocalStore(_Store):
         """A local directory holding this step (for a local store: the directory itself, nothing copied)."""
         return self.step_dir(step)
 
+    def load_step(self, step: int, copy_to: str | None = None, check=None) -> tuple[dict, object]:
+        """(manifest, state) of a committed step, every checksum checked in the one read (fmt.load).
+        check(manifest) runs before any data is read (e.g. fmt.check_layout); copy_to: unused (already local)."""
+        step_dir = self.step_dir(step)
+        manifest = fmt.verify(step_dir, data=False)
+        if check is not None:
+            check(manifest)
+        return manifest, fmt.load(step_dir, manifest)
+
 
 class GCSStore(_Store):
     """gs://bucket/prefix through google-cloud-storage (STORAGE_EMULATOR_HOST is honoured)."""
@@ -157,6 +175,7 @@ class GCSStore(_Store):
         self.workers = workers
         self._client = client
         self._bucket = None
+        self._ranges: _RangeReader | None = None
 
     def __repr__(self) -> str:
         return f"GCSStore({self.uri})"
@@ -178,6 +197,22 @@ class GCSStore(_Store):
                     self._client = storage.Client()
             self._bucket = self._client.bucket(self.bucket_name)
         return self._bucket
+
+    @property
+    def ranges(self) -> _RangeReader:
+        """Ranged reads of this bucket's objects at the client's endpoint, with the same kind of credentials."""
+        if self._ranges is None:
+            endpoint = self.bucket.client.api_endpoint
+            if os.environ.get("STORAGE_EMULATOR_HOST"):
+                from google.auth.credentials import AnonymousCredentials
+
+                credentials = AnonymousCredentials()
+            else:
+                import google.auth
+
+                credentials, _ = google.auth.default(scopes=[READ_SCOPE])
+            self._ranges = _RangeReader(endpoint, self.bucket_name, credentials)
+        return self._ranges
 
     def _name(self, step: int, file: str = "") -> str:
         parts = [p for p in (self.prefix, fmt.step_dirname(step), file) if p]
@@ -231,40 +266,208 @@ class GCSStore(_Store):
         self.bucket.blob(self._name(step, fmt.MARKER)).upload_from_string(
             fmt.marker_bytes(step, data, manifest["checksum_algorithm"]))
 
-    def get_step(self, step: int, local_root: str, control=None, names=None) -> str:
-        """Download a committed step into local_root/step_*/ (marker last) and return that directory.
-        names: a function of the manifest giving the data files to fetch (default: all of them)."""
+    def _manifest(self, step: int) -> tuple[bytes, bytes, dict]:
+        """(marker, manifest bytes, manifest) of a remote step, the manifest checked against the marker."""
         from google.api_core import exceptions
 
+        try:
+            marker = self.bucket.blob(self._name(step, fmt.MARKER)).download_as_bytes()
+            data = self.bucket.blob(self._name(step, fmt.MANIFEST)).download_as_bytes()
+        except exceptions.NotFound as exc:
+            raise fmt.CorruptCheckpoint(f"remote step {step} lacks its marker or manifest: {exc}") from None
+        return marker, data, fmt.parse_manifest(marker, data)
+
+    def get_step(self, step: int, local_root: str, control=None, names=None) -> str:
+        """Download a committed step into local_root/step_*/ (marker last) and return that directory; every file
+        is checked against the manifest as it arrives (CorruptCheckpoint). names: a function of the manifest giving
+        the data files to fetch (default: all of them)."""
+        marker, manifest_data, manifest = self._manifest(step)
+        try:
+            wanted = list(manifest["files"]) if names is None else names(manifest)
+            sizes = {name: manifest["files"][name]["size"] for name in wanted}
+        except (ValueError, KeyError) as exc:
+            raise fmt.CorruptCheckpoint(f"remote manifest of step {step} is unreadable: {exc}") from None
         dst = os.path.join(local_root, fmt.step_dirname(step))
         shutil.rmtree(dst, ignore_errors=True)
         os.makedirs(dst)
-        try:
-            marker = self.bucket.blob(self._name(step, fmt.MARKER)).download_as_bytes()
-            manifest_data = self.bucket.blob(self._name(step, fmt.MANIFEST)).download_as_bytes()
-        except exceptions.NotFound as exc:
-            raise fmt.CorruptCheckpoint(f"remote step {step} lacks its marker or manifest: {exc}") from None
-        try:
-            manifest = json.loads(manifest_data)
-            wanted = list(manifest["files"]) if names is None else names(manifest)
-        except (ValueError, KeyError) as exc:
-            raise fmt.CorruptCheckpoint(f"remote manifest of step {step} is unreadable: {exc}") from None
+        slice_bytes = fmt.slice_bytes(sum(sizes.values()), self.workers)
+        ranges = [fmt.Range(name, start, min(size, start + slice_bytes), [])
+                  for name, size in sizes.items() for start in range(0, size, slice_bytes)]
+        sink = _FileSink(dst, sizes)
+        scratch = threading.local()  # one chunk-sized buffer per thread: each chunk is written into place before
+        # the next one is read into the same memory
 
-        def download(name):
-            path = os.path.join(dst, name)
-            try:
-                self.bucket.blob(self._name(step, name)).download_to_filename(path)
-            except exceptions.NotFound:
-                return  # verify() reports the missing file
-            with open(path, "rb+") as f:
-                os.fsync(f.fileno())
+        def fetch(r: fmt.Range) -> int:
+            if control is not None:
+                control.check(f"downloading step {step} from {self.uri}")
+            if getattr(scratch, "buf", None) is None:
+                scratch.buf = memoryview(bytearray(fmt.READ_CHUNK))
+            n, chunk = r.end - r.start, fmt.READ_CHUNK
+            views = [scratch.buf] * (n // chunk) + ([scratch.buf[:n % chunk]] if n % chunk else [])
+            return self.ranges.fill(self._name(step, r.name), r, views, manifest["checksum_algorithm"], sink)
 
-        _run_parallel([lambda n=n: download(n) for n in wanted], control, self.workers,
-                      f"downloading step {step} from {self.uri}")
+        try:
+            sums = fmt.run_ranges(fetch, ranges, self.workers)
+        finally:
+            sink.close()
+        fmt.check_ranges({n: manifest["files"][n] for n in wanted}, ranges, sums, manifest["checksum_algorithm"])
         fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), manifest_data)
         fmt.write_file_durable(os.path.join(dst, fmt.MARKER), marker)
         fmt.fsync_dir(dst)
         return dst
+
+    def load_step(self, step: int, copy_to: str | None = None, check=None) -> tuple[dict, object]:
+        """(manifest, state) of a remote committed step read straight into the arrays (fmt.load_from), every
+        checksum checked in that one read. copy_to: a local root the bytes are also written into (copy_to/step_*/,
+        committed there once all of them verified); CheckpointManager's restore passes none, since the copy costs
+        the restore a disk write of the whole state (docs/performance.md, bench.restore).
+        check(manifest) runs before any data is read (e.g. fmt.check_layout)."""
+        marker, manifest_data, manifest = self._manifest(step)
+        if check is not None:
+            check(manifest)
+        dst = None if copy_to is None else os.path.join(copy_to, fmt.step_dirname(step))
+        if dst is not None:
+            shutil.rmtree(dst, ignore_errors=True)
+            os.makedirs(dst)
+        sink = None if dst is None else _FileSink(
+            dst, {name: f["size"] for name, f in manifest["files"].items() if name != fmt.SKELETON})
+        store = self
+
+        class Source:
+            def read(self, name: str) -> bytes:
+                data = store.read(step, name)
+                if dst is not None:
+                    fmt.write_file_durable(os.path.join(dst, name), data)
+                return data
+
+            def fill(self, r: fmt.Range, algorithm: str) -> int:
+                return store.ranges.fill(store._name(step, r.name), r, r.views, algorithm, sink)
+
+        try:
+            state = fmt.load_from(Source(), manifest, self.workers,
+                                  fmt.slice_bytes(manifest["total_bytes"], self.workers))
+        finally:
+            if sink is not None:
+                sink.close()
+        if dst is not None:
+            fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), manifest_data)
+            fmt.write_file_durable(os.path.join(dst, fmt.MARKER), marker)
+            fmt.fsync_dir(dst)
+        return manifest, state
+
+
+class _FileSink:
+    """The local copy of a downloaded step: each file created at its full size and written in place (pwrite) as
+    its ranges arrive. Not fsync'd: it is a copy of a step committed remotely, and a copy torn by a crash fails its
+    checksums at the next restore, which then reads the remote copy of the same step (CheckpointManager's search)."""
+
+    def __init__(self, step_dir: str, sizes: dict[str, int]) -> None:
+        self._fds = {}
+        for name, size in sizes.items():
+            fd = self._fds[name] = os.open(os.path.join(step_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(fd, size)
+
+    def writer(self, name: str, offset: int):
+        """A callable writing consecutive chunks of file `name` from `offset` on."""
+        fd, at = self._fds[name], [offset]
+
+        def write(chunk) -> None:
+            done = 0
+            while done < len(chunk):
+                done += os.pwrite(fd, chunk[done:], at[0] + done)
+            at[0] += len(chunk)
+
+        return write
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class _RangeReader:
+    """Ranged GETs of a bucket's objects (the JSON API's media download) on one keep-alive connection per thread,
+    through http.client: a response is read with readinto straight into its destination (the client library reads
+    8 KiB chunks into new bytes objects, which holds one core busy at ~450 MB/s on the 2-core development VM)."""
+
+    def __init__(self, endpoint: str, bucket: str, credentials) -> None:
+        url = urlsplit(endpoint)
+        self.https = url.scheme == "https"
+        self.host, self.port = url.hostname, url.port
+        self.base = url.path.rstrip("/") + f"/download/storage/v1/b/{quote(bucket, safe='')}/o/"
+        self.credentials = credentials
+        self._local = threading.local()
+        self._auth_lock = threading.Lock()
+        self._auth_request = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            conn = self._local.conn = cls(self.host, self.port, timeout=60)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    def fill(self, name: str, r: fmt.Range, views: list, algorithm: str, sink: _FileSink | None = None) -> int:
+        """Bytes [r.start, r.end) of object `name` into views (and each chunk into place in the sink's file
+        r.name); returns their checksum value. A missing or short object is CorruptCheckpoint; a failed connection
+        or a 429/5xx is tried again."""
+        for attempt in range(GET_ATTEMPTS):
+            try:
+                response = self._get(name, r.start, r.end)
+                value = fmt.fill(response, views, algorithm, f"gs object {name} bytes {r.start}-{r.end - 1}",
+                                 None if sink is None else sink.writer(r.name, r.start))
+                if response.read(1):
+                    raise fmt.CorruptCheckpoint(f"gs object {name} sent more than bytes {r.start}-{r.end - 1}")
+                return value
+            except (OSError, http.client.HTTPException, _Transient) as exc:
+                self._drop_connection()
+                if attempt + 1 == GET_ATTEMPTS:
+                    raise RuntimeError(f"reading gs object {name} bytes {r.start}-{r.end - 1} failed "
+                                       f"{GET_ATTEMPTS} times: {type(exc).__name__}: {exc}") from None
+                time.sleep(0.5 * 2 ** attempt)
+            except BaseException:
+                self._drop_connection()
+                raise
+        raise AssertionError("unreachable")
+
+    def _get(self, name: str, start: int, end: int) -> http.client.HTTPResponse:
+        path = self.base + quote(name, safe="") + "?alt=media"
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        with self._auth_lock:  # one token refresh for all threads
+            if self._auth_request is None:
+                from google.auth.transport.requests import Request
+
+                self._auth_request = Request()
+            self.credentials.before_request(self._auth_request, "GET", f"https://{self.host}{path}", headers)
+        conn = self._connection()
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        status = response.status
+        length = response.getheader("Content-Length")
+        if status == 206 or (status == 200 and start == 0 and length is not None and int(length) == end):
+            if length is not None and int(length) != end - start:
+                response.read()
+                raise fmt.CorruptCheckpoint(f"gs object {name}: {length} bytes for bytes {start}-{end - 1} "
+                                            "(shorter than the manifest says)")
+            return response
+        body = response.read()[:300].decode(errors="replace")
+        if status in (404, 416):
+            raise fmt.CorruptCheckpoint(f"gs object {name} is missing or shorter than the manifest says "
+                                        f"(HTTP {status} for bytes {start}-{end - 1})")
+        if status == 429 or status >= 500:
+            raise _Transient(f"HTTP {status}: {body}")
+        raise RuntimeError(f"reading gs object {name} answered HTTP {status}: {body} (check the bucket and the "
+                           "credentials' storage.objects.get permission)")
+
+
+class _Transient(Exception):
+    pass
 
 
 def open_store(uri: str):

@@ -1,0 +1,167 @@
+"""Restore by ranges (issue #25 item 3): checksums of ranges joined into the file's, the GCS emulator read by ranged
+GETs straight into the tensors, a corrupt or short range rejected with the older step used, the format unchanged
+(crc32c checkpoints too), and a step restored from the bucket not written again."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from respawn.ckpt import CheckpointManager, checksum
+from respawn.ckpt import format as fmt
+from respawn.ckpt.storage import GCSStore
+from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401 - fixtures
+
+PREFIX = "jobs/restore-test"
+
+
+@pytest.fixture
+def small_ranges(monkeypatch):
+    """Ranges of 64 KiB read in 16 KiB chunks: a 256 KiB data file is four ranged GETs of four chunks each."""
+    monkeypatch.setattr(fmt, "RANGE_BYTES", 64 << 10)
+    monkeypatch.setattr(fmt, "READ_CHUNK", 16 << 10)
+
+
+def state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(300_000, generator=g), "h": torch.randn(7, 9, generator=g).to(torch.bfloat16),
+            "n": np.random.default_rng(seed).integers(0, 1 << 30, 20_000), "empty": torch.zeros(0, 3), "seed": seed}
+
+
+def assert_identical(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+            assert got[key].view(-1).view(torch.uint8).numpy().tobytes() == \
+                value.view(-1).view(torch.uint8).numpy().tobytes(), key
+        elif isinstance(value, np.ndarray):
+            assert got[key].dtype == value.dtype and got[key].tobytes() == value.tobytes(), key
+        else:
+            assert got[key] == value, key
+
+
+def saved(tmp_path, uri: str, steps=(1, 2), **kw) -> CheckpointManager:
+    m = CheckpointManager(uri, str(tmp_path / "writer"), shard_bytes=256 << 10, **kw)
+    for s in steps:
+        assert m.save(s, state(s), blocking=True).durable == "remote"
+    return m
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "crc32c"])
+def test_combined_range_checksums_equal_the_whole_files(algorithm):
+    data = os.urandom(1 << 20) + b"tail"
+    for cuts in ([], [1], [5, 70_000], [1 << 19, (1 << 19) + 1, 1 << 20]):
+        bounds = [0, *cuts, len(data)]
+        value = 0
+        for a, b in itertools.pairwise(bounds):
+            value = checksum.combine(value, int(checksum.of_bytes(data[a:b], algorithm), 16), b - a, algorithm)
+        assert f"{value:08x}" == checksum.of_bytes(data, algorithm), cuts
+    assert checksum.combine(0x1234, 0, 0, algorithm) == 0x1234  # an empty second piece changes nothing
+    if algorithm == "crc32":
+        assert checksum.of_bytes(data) == f"{zlib.crc32(data):08x}"
+
+
+def test_plan_reads_tiles_every_file_in_ranges(tmp_path, small_ranges):
+    from respawn.ckpt.serialize import flatten
+
+    manifest = fmt.write_checkpoint(str(tmp_path), 1, "periodic", flatten(state(3), copy=False),
+                                    shard_bytes=200 << 10)
+    _, ranges = fmt.plan_reads(manifest, fmt.RANGE_BYTES)
+    for name, entry in manifest["files"].items():
+        if name == fmt.SKELETON:
+            continue
+        mine = sorted((r.start, r.end) for r in ranges if r.name == name)
+        assert mine[0][0] == 0 and mine[-1][1] == entry["size"], name
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(mine)), name
+    assert all(sum(len(v) for v in r.views) == r.end - r.start <= fmt.RANGE_BYTES for r in ranges)
+    assert len(ranges) > len(manifest["files"]), "files this size must be read in several ranges"
+
+
+def test_restore_from_bucket_and_from_disk_give_the_saved_bytes(gcs, tmp_path, small_ranges):
+    uri = f"gs://{BUCKET}/{PREFIX}/same"
+    saved(tmp_path, uri)
+    # A fresh node: nothing local, every data file read by ranged GETs into the tensors.
+    fresh = CheckpointManager(uri, str(tmp_path / "node2"))
+    step, restored = fresh.restore()
+    assert step == 2
+    assert_identical(restored, state(2))
+    assert not fresh.local.steps(), "the restore must not write the state to the local disk"
+    # The writer's own disk, read with parallel preads.
+    step, local = CheckpointManager(local_dir=str(tmp_path / "writer")).restore()
+    assert step == 2
+    assert_identical(local, state(2))
+    # get_step (the sharded managers' download) leaves a directory that verifies.
+    step_dir = GCSStore(uri).get_step(2, str(tmp_path / "dl"))
+    assert fmt.verify(step_dir)["step"] == 2
+    assert_identical(fmt.load(step_dir), state(2))
+
+
+def test_a_corrupt_range_is_rejected_and_the_older_step_restored(gcs, tmp_path, small_ranges):
+    uri = f"gs://{BUCKET}/{PREFIX}/corrupt"
+    saved(tmp_path, uri)
+    blob = gcs.bucket(BUCKET).blob(f"{PREFIX}/corrupt/{fmt.step_dirname(2)}/data-00000.bin")
+    data = bytearray(blob.download_as_bytes())
+    assert len(data) > 3 * fmt.RANGE_BYTES
+    data[2 * fmt.RANGE_BYTES + 100] ^= 0x01  # one bit in the third range
+    blob.upload_from_string(bytes(data))
+
+    store = GCSStore(uri)
+    with pytest.raises(fmt.CorruptCheckpoint, match="data-00000.bin checksum"):
+        store.load_step(2)
+    with pytest.raises(fmt.CorruptCheckpoint, match="data-00000.bin checksum"):
+        store.get_step(2, str(tmp_path / "dl"))
+    step, restored = CheckpointManager(uri, str(tmp_path / "node2")).restore()
+    assert step == 1
+    assert_identical(restored, state(1))
+
+
+def test_a_short_object_is_rejected(gcs, tmp_path, small_ranges):
+    uri = f"gs://{BUCKET}/{PREFIX}/short"
+    saved(tmp_path, uri)
+    blob = gcs.bucket(BUCKET).blob(f"{PREFIX}/short/{fmt.step_dirname(2)}/data-00000.bin")
+    whole = blob.download_as_bytes()
+    blob.upload_from_string(whole[:-1000])
+    with pytest.raises(fmt.CorruptCheckpoint, match="shorter than the manifest"):
+        GCSStore(uri).load_step(2)
+    blob.upload_from_string(whole)
+    gcs.bucket(BUCKET).blob(f"{PREFIX}/short/{fmt.step_dirname(2)}/data-00001.bin").delete()
+    with pytest.raises(fmt.CorruptCheckpoint, match="missing"):
+        GCSStore(uri).get_step(2, str(tmp_path / "dl"))
+    step, _ = CheckpointManager(uri, str(tmp_path / "node2")).restore()
+    assert step == 1
+
+
+def test_a_crc32c_checkpoint_restores_by_ranges(gcs, tmp_path, small_ranges):
+    """The format is unchanged: a checkpoint written with the other algorithm the manifest may name restores
+    whole, from disk and from the bucket."""
+    from respawn.ckpt.serialize import flatten
+
+    root = tmp_path / "old"
+    manifest = fmt.write_checkpoint(str(root), 4, "periodic", flatten(state(4), copy=False),
+                                    shard_bytes=256 << 10, algorithm="crc32c")
+    assert manifest["checksum_algorithm"] == "crc32c" and manifest["version"] == 1
+    uri = f"gs://{BUCKET}/{PREFIX}/crc32c"
+    GCSStore(uri).put_step(str(root / fmt.step_dirname(4)), 4, manifest)
+    assert_identical(CheckpointManager(local_dir=str(root)).restore()[1], state(4))
+    step, restored = CheckpointManager(uri, str(tmp_path / "node2")).restore()
+    assert step == 4
+    assert_identical(restored, state(4))
+
+
+def test_saving_the_step_restored_from_the_bucket_rewrites_nothing(gcs, tmp_path):
+    uri = f"gs://{BUCKET}/{PREFIX}/again"
+    saved(tmp_path, uri, steps=(3,))
+    before = {b.name: b.generation for b in gcs.list_blobs(BUCKET, prefix=f"{PREFIX}/again/")}
+    node = CheckpointManager(uri, str(tmp_path / "node2"))
+    step, restored = node.restore()
+    outcome = node.save(step, restored, blocking=True)
+    assert outcome.committed and outcome.durable == "remote"
+    node.request_preemption("test")
+    assert node.emergency_save(step, restored).durable == "remote"
+    after = {b.name: b.generation for b in gcs.list_blobs(BUCKET, prefix=f"{PREFIX}/again/")}
+    assert after == before, "a committed remote step was deleted and uploaded again"
