@@ -67,11 +67,7 @@ class Agents(threading.Thread):
         self.lock = threading.Lock()
 
     def _beat(self, name: str, state: str, generation: int | None = None) -> None:
-        parsed = parse_node_name(name)
-        assert parsed is not None
-        self.nodes_db.collection(NODES).document(name).set({
-            "job_id": parsed[0], "attempt": parsed[1], "state": state, "step": 1, "committed_step": 0,
-            "generation": generation, "heartbeat_at": datetime.now(timezone.utc)})
+        beat(self.nodes_db, name, state, generation)
 
     def run(self) -> None:
         while not self.stop.wait(POLL_S):
@@ -103,12 +99,21 @@ class Agents(threading.Thread):
                    for m in members)
 
 
-def _wait(what: str, predicate, timeout: float) -> float:
+def beat(nodes_db, name: str, state: str, generation: int | None = None) -> None:
+    """A played node's heartbeat, as the agent writes it (the fields the control plane reads)."""
+    parsed = parse_node_name(name)
+    assert parsed is not None
+    nodes_db.collection(NODES).document(name).set({
+        "job_id": parsed[0], "attempt": parsed[1], "state": state, "step": 1, "committed_step": 0,
+        "generation": generation, "heartbeat_at": datetime.now(timezone.utc)})
+
+
+def _wait(what: str, predicate, timeout: float, tick: float = POLL_S) -> float:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(POLL_S)
+        time.sleep(tick)
     return time.monotonic()
 
 

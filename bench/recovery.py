@@ -81,8 +81,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from respawn.contract import ATTR_GENERATION, ATTR_HANDOVER, LABEL_JOB, Generation, notice_nudge
-from respawn.schema import JOBS, NODES, NODES_DATABASE, parse_node_name, parse_spec
+from bench import multinode
+from respawn.contract import ATTR_GENERATION, ATTR_HANDOVER, LABEL_JOB, Generation
+from respawn.schema import JOBS, NODES_DATABASE, parse_spec
 from sim import emulators
 from sim.server import SimServer
 
@@ -156,11 +157,7 @@ class Nodes(threading.Thread):
         return cloud_seconds * self.scale
 
     def beat(self, name: str, state: str, generation: int | None = None) -> None:
-        parsed = parse_node_name(name)
-        assert parsed is not None
-        self.nodes_db.collection(NODES).document(name).set({
-            "job_id": parsed[0], "attempt": parsed[1], "state": state, "step": 1, "committed_step": 0,
-            "generation": generation, "heartbeat_at": datetime.now(timezone.utc)})
+        multinode.beat(self.nodes_db, name, state, generation)
 
     def run(self) -> None:
         while not self.halt.wait(TICK):
@@ -233,11 +230,7 @@ def _boots_seen(n: Node) -> int:
 
 
 def _wait(what: str, predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(TICK)
+    multinode._wait(what, predicate, timeout, TICK)
 
 
 def _spec(job: str, nodes: int, termination: str = "DELETE") -> Any:
