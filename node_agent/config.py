@@ -27,6 +27,7 @@ from respawn.logs import log
 from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError
 
 DEFAULT_NODE_DIR = "/var/lib/respawn"
+ADDRESS_PATH = "instance/network-interfaces/0/ip"  # the VM's primary internal IP address
 
 
 class ConfigError(Exception):
@@ -63,6 +64,9 @@ class AgentConfig:
     # first generation forms. A member's ranks come from the generation, which the agent follows (agent.py).
     generation: str | None = None
     handover: Handover | None = None  # ATTR_HANDOVER: created during this node's predecessor's notice
+    # A multi-node member's own address (instance/network-interfaces/0/ip), where it serves its checkpoints to its
+    # peers (peers.py); None elsewhere, or when the metadata server has none.
+    address: str | None = None
 
     @property
     def worker(self) -> int:
@@ -186,6 +190,8 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
     if generation is not None and hosts != SINGLE_HOST:
         raise ConfigError(ATTR_GENERATION, "is set on a worker of a multi-host TPU slice: a TPU job is one node, "
                                            "its workers' ranks come from the slice")
+    address = (None if generation is None else
+               _read(md, ADDRESS_PATH, ADDRESS_PATH, retry_seconds, optional=True).strip())
     handover_text = _read(md, attr + ATTR_HANDOVER, ATTR_HANDOVER, retry_seconds, optional=True).strip()
     try:
         handover = Handover.from_json(handover_text) if handover_text else None
@@ -195,5 +201,5 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
         job_id=job_id, attempt=attempt, project=project, node=node, zone=zone, settings=settings,
         node_dir=os.path.abspath(node_dir or os.environ.get("RESPAWN_NODE_DIR") or DEFAULT_NODE_DIR),
         library=parse_library(library_text) if library_text else None, hosts=hosts, generation=generation,
-        handover=handover,
+        handover=handover, address=address or None,
     )

@@ -371,7 +371,8 @@ class ComputeService:
     def _metadata_kwargs(self, zone: str, name: str, iid: str, machine_type: str, resource: dict) -> dict:
         items = resource["metadata"]["items"]
         return {"name": name, "zone": zone, "project": self.sim.project, "instance_id": iid,
-                "machine_type": machine_type, "attributes": {i["key"]: i.get("value", "") for i in items}}
+                "machine_type": machine_type, "attributes": {i["key"]: i.get("value", "") for i in items},
+                "address": resource["networkInterfaces"][0]["networkIP"]}
 
     def _to_staging(self, inst: Instance, gen: int, op: Operation) -> None:
         with self.sim.cond:

@@ -3,8 +3,9 @@
 Serves `/computeMetadata/v1/...` the way the real server does where our code depends on it:
 - every request must carry `Metadata-Flavor: Google` (else 403), every answer carries it back;
 - `instance/preempted` (FALSE/TRUE), `instance/maintenance-event` (NONE/...), `instance/name`, `instance/id`,
-  `instance/zone` (`projects/NUMBER/zones/ZONE`), `instance/attributes/*`, `project/project-id`, and a default
-  service-account token so google-auth's compute credentials work;
+  `instance/zone` (`projects/NUMBER/zones/ZONE`), `instance/network-interfaces/0/ip` (the node's address),
+  `instance/attributes/*`, `project/project-id`, and a default service-account token so google-auth's compute
+  credentials work;
 - directories (`instance/attributes/`) list their keys, and `?recursive=true` answers JSON;
 - each value has an ETag; `?wait_for_change=true` blocks until the value changes, returns at once when
   `last_etag` differs from the current ETag, and returns the current value after `timeout_sec` seconds.
@@ -47,6 +48,7 @@ class MetadataServer:
         instance_id: str = "1000000000000000001",
         attributes: dict[str, str] | None = None,
         machine_type: str = "n1-standard-4",
+        address: str = "127.0.0.1",
         bind: str = "127.0.0.1",
     ) -> None:
         self.bind = bind  # the sim's netns mode binds the nodes' bridge address (sim/netns.py)
@@ -64,6 +66,7 @@ class MetadataServer:
             "instance/maintenance-event": "NONE",
             "instance/name": name,
             "instance/hostname": f"{name}.{zone}.c.{project}.internal",
+            "instance/network-interfaces/0/ip": address,  # the API's networkInterfaces[0].networkIP
             "instance/id": instance_id,
             "instance/zone": f"projects/{project_number}/zones/{zone}",
             "instance/machine-type": f"projects/{project_number}/machineTypes/{machine_type}",

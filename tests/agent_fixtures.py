@@ -24,7 +24,8 @@ from typing import Any, Callable, NamedTuple
 import pytest
 
 from respawn.agent.supervisor import TrainerRecord
-from respawn.contract import NODES_COLLECTION
+from respawn.contract import ENV_PEER_PORT, NODES_COLLECTION
+from sim.emulators import free_port
 from sim.metadata import MetadataServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -241,7 +242,9 @@ def agent_env(tmp_path, firestore_db, nodes_db, project):
 
         def agent(self, md: MetadataServer, node_dir: Path, *, python: NodePython | None = None,
                   **env: str) -> AgentProcess:
-            """Start `python -m respawn.agent` with `python` (default: this interpreter and the checkout)."""
+            """Start `python -m respawn.agent` with `python` (default: this interpreter and the checkout). A member's
+            agent serves its checkpoints on a free port of its own (agents side by side share 127.0.0.1)."""
+            env.setdefault(ENV_PEER_PORT, str(free_port()))
             a = AgentProcess(node_dir, md.host, env, python=python)
             self.agents.append(a)
             return a

@@ -15,22 +15,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from respawn import contract
+
 from . import checksum
 from .serialize import Payload
 
 FORMAT = "respawn-checkpoint"
 VERSION = 1
-MARKER = "COMMITTED"
-MANIFEST = "manifest.json"
+MARKER = contract.CHECKPOINT_MARKER  # the node agent serves committed steps to peers: the names are the contract's
+MANIFEST = contract.CHECKPOINT_MANIFEST
 SKELETON = "tree.pkl"
-STEP_RE = re.compile(r"^step_(\d{12})$")
+STEP_RE = contract.CHECKPOINT_STEP_RE
 CHUNK = 8 << 20
 DEFAULT_SHARD_BYTES = 256 << 20
 

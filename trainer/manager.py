@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Literal, Protocol
 
 from respawn import contract
 
-from . import _log, format as fmt
+from . import _log, format as fmt, peers as peer_reads
 from .serialize import SnapshotBuffers, flatten
 from .status import StatusWriter
 from .storage import LocalStore, open_store
@@ -396,13 +396,20 @@ class CheckpointManager:
         step: that step only (a multi-rank job restores on every rank the step its rank 0 restored).
         like: what a format that loads into existing state needs (torch DCP); this format holds the whole state."""
         started = time.monotonic()
+        peers = peer_reads.from_env() if self.remote is not None else []
 
-        def load(store, s: int) -> tuple[dict, Any]:  # one read of the bytes, checksums checked as they arrive
-            return store.load_step(s, self.local.root if self.keep_restored_copy else None,
-                                   check=lambda manifest: fmt.check_layout(manifest, s, None))
+        def load(store, s: int) -> tuple[dict, Any, str]:  # one read of the bytes, checksums checked as they arrive
+            copy_to = self.local.root if self.keep_restored_copy else None
 
-        for s, store, (manifest, state) in self._verified_steps(load, only=step):
-            self._restored(s, manifest, store=store.uri, seconds=round(time.monotonic() - started, 3))
+            def check(manifest: dict) -> None:
+                fmt.check_layout(manifest, s, None)
+
+            # A step committed in the store whose bytes a survivor holds: from the survivor, else from the store.
+            got = peer_reads.load(peers, store, s, copy_to, check) if store is self.remote else None
+            return got or (*store.load_step(s, copy_to, check=check), store.uri)
+
+        for s, store, (manifest, state, source) in self._verified_steps(load, only=step):
+            self._restored(s, manifest, store=store.uri, source=source, seconds=round(time.monotonic() - started, 3))
             return s, state
         return None
 

@@ -89,6 +89,44 @@ class _Store:
         self.put_files(src_dir, step, list(manifest["files"]), control)
         self.commit_step(step, manifest, control)
 
+    def load_step_from(self, source, step: int, copy_to: str | None = None, check=None,
+                       workers: int = UPLOAD_WORKERS) -> tuple[dict, object]:
+        """(manifest, state) of a step committed here, its bytes read from `source` (read(name) -> bytes,
+        fill(range, algorithm, sink) -> checksum value: this store's objects, or a peer's copy of them) and every
+        checksum checked against this store's manifest in that one read. copy_to: a local root the bytes are also
+        written into (copy_to/step_*/, committed there once all of them verified). check(manifest) runs before any
+        data is read (e.g. fmt.check_layout)."""
+        marker, manifest_data, manifest = self.committed_manifest(step)
+        if check is not None:
+            check(manifest)
+        dst = None if copy_to is None else os.path.join(copy_to, fmt.step_dirname(step))
+        if dst is not None:
+            shutil.rmtree(dst, ignore_errors=True)
+            os.makedirs(dst)
+        sink = None if dst is None else _FileSink(
+            dst, {name: f["size"] for name, f in manifest["files"].items() if name != fmt.SKELETON})
+
+        class Copying:
+            def read(self, name: str) -> bytes:
+                data = source.read(name)
+                if dst is not None:
+                    fmt.write_file_durable(os.path.join(dst, name), data)
+                return data
+
+            def fill(self, r: fmt.Range, algorithm: str) -> int:
+                return source.fill(r, algorithm, sink)
+
+        try:
+            state = fmt.load_from(Copying(), manifest, workers, fmt.slice_bytes(manifest["total_bytes"], workers))
+        finally:
+            if sink is not None:
+                sink.close()
+        if dst is not None:
+            fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), manifest_data)
+            fmt.write_file_durable(os.path.join(dst, fmt.MARKER), marker)
+            fmt.fsync_dir(dst)
+        return manifest, state
+
 
 class LocalStore(_Store):
     """A directory of step_* directories."""
@@ -147,6 +185,14 @@ class LocalStore(_Store):
         """One file of a step (e.g. its manifest)."""
         with open(os.path.join(self.step_dir(step), name), "rb") as f:
             return f.read()
+
+    def committed_manifest(self, step: int) -> tuple[bytes, bytes, dict]:
+        """(marker, manifest bytes, manifest) of a committed step, the manifest checked against the marker."""
+        try:
+            marker, data = self.read(step, fmt.MARKER), self.read(step, fmt.MANIFEST)
+        except OSError as exc:
+            raise fmt.CorruptCheckpoint(f"step {step} in {self.root} lacks its marker or manifest: {exc}") from None
+        return marker, data, fmt.parse_manifest(marker, data)
 
     def get_step(self, step: int, local_root: str, control=None, names=None) -> str:
         """A local directory holding this step (for a local store: the directory itself, nothing copied)."""
@@ -266,7 +312,7 @@ class GCSStore(_Store):
         self.bucket.blob(self._name(step, fmt.MARKER)).upload_from_string(
             fmt.marker_bytes(step, data, manifest["checksum_algorithm"]))
 
-    def _manifest(self, step: int) -> tuple[bytes, bytes, dict]:
+    def committed_manifest(self, step: int) -> tuple[bytes, bytes, dict]:
         """(marker, manifest bytes, manifest) of a remote step, the manifest checked against the marker."""
         from google.api_core import exceptions
 
@@ -281,7 +327,7 @@ class GCSStore(_Store):
         """Download a committed step into local_root/step_*/ (marker last) and return that directory; every file
         is checked against the manifest as it arrives (CorruptCheckpoint). names: a function of the manifest giving
         the data files to fetch (default: all of them)."""
-        marker, manifest_data, manifest = self._manifest(step)
+        marker, manifest_data, manifest = self.committed_manifest(step)
         try:
             wanted = list(manifest["files"]) if names is None else names(manifest)
             sizes = {name: manifest["files"][name]["size"] for name in wanted}
@@ -318,42 +364,23 @@ class GCSStore(_Store):
 
     def load_step(self, step: int, copy_to: str | None = None, check=None) -> tuple[dict, object]:
         """(manifest, state) of a remote committed step read straight into the arrays (fmt.load_from), every
-        checksum checked in that one read. copy_to: a local root the bytes are also written into (copy_to/step_*/,
-        committed there once all of them verified); CheckpointManager's restore passes none, since the copy costs
-        the restore a disk write of the whole state (docs/performance.md, bench.restore).
-        check(manifest) runs before any data is read (e.g. fmt.check_layout)."""
-        marker, manifest_data, manifest = self._manifest(step)
-        if check is not None:
-            check(manifest)
-        dst = None if copy_to is None else os.path.join(copy_to, fmt.step_dirname(step))
-        if dst is not None:
-            shutil.rmtree(dst, ignore_errors=True)
-            os.makedirs(dst)
-        sink = None if dst is None else _FileSink(
-            dst, {name: f["size"] for name, f in manifest["files"].items() if name != fmt.SKELETON})
-        store = self
+        checksum checked in that one read (load_step_from). copy_to: a local root the bytes are also written into;
+        CheckpointManager's restore passes none, since the copy costs the restore a disk write of the whole state
+        (docs/performance.md, bench.restore). check(manifest) runs before any data is read (e.g. fmt.check_layout)."""
+        return self.load_step_from(_ObjectSource(self, step), step, copy_to, check, self.workers)
 
-        class Source:
-            def read(self, name: str) -> bytes:
-                data = store.read(step, name)
-                if dst is not None:
-                    fmt.write_file_durable(os.path.join(dst, name), data)
-                return data
 
-            def fill(self, r: fmt.Range, algorithm: str) -> int:
-                return store.ranges.fill(store._name(step, r.name), r, r.views, algorithm, sink)
+class _ObjectSource:
+    """The objects of one remote step, for load_step_from: whole small ones, ranged GETs of the data files."""
 
-        try:
-            state = fmt.load_from(Source(), manifest, self.workers,
-                                  fmt.slice_bytes(manifest["total_bytes"], self.workers))
-        finally:
-            if sink is not None:
-                sink.close()
-        if dst is not None:
-            fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), manifest_data)
-            fmt.write_file_durable(os.path.join(dst, fmt.MARKER), marker)
-            fmt.fsync_dir(dst)
-        return manifest, state
+    def __init__(self, store: GCSStore, step: int) -> None:
+        self.store, self.step = store, step
+
+    def read(self, name: str) -> bytes:
+        return self.store.read(self.step, name)
+
+    def fill(self, r: fmt.Range, algorithm: str, sink: _FileSink | None) -> int:
+        return self.store.ranges.fill(self.store._name(self.step, r.name), r, r.views, algorithm, sink)
 
 
 class _FileSink:
