@@ -193,3 +193,14 @@ def test_notice_to_step_runs_from_each_notice_to_a_new_life_stepping_past_its_re
     assert got[0] == {"notice_at": 2.5, "training_at": 10, "notice_to_step_seconds": 7.5}
     assert summarize(RunRecord("j", 100, 40, "SUCCEEDED", 2, samples, [], notices=[2.5, 20, 30])
                      )["notice_to_step_seconds"] == [7.5, 7, None]
+
+
+def test_a_node_in_its_notice_does_not_count_as_a_second_node_of_its_slot():
+    # The replacement boots while the noticed node saves (the controller acts on the notice).
+    lifetimes = [Lifetime("j-1", "a", 0, 40, slot="0"), Lifetime("j-2", "b", 32, None, slot="0")]
+    rec = run([], lifetimes)
+    assert (summarize(rec)["max_live_nodes"], summarize(rec)["max_live_per_slot"]) == (2, 2)
+    rec.noticed = {"j-1": 30.0}
+    assert (summarize(rec)["max_live_nodes"], summarize(rec)["max_live_per_slot"]) == (1, 1)
+    rec.noticed = {"j-1": 35.0}  # a replacement up before the notice would still be two
+    assert summarize(rec)["max_live_per_slot"] == 2

@@ -197,6 +197,7 @@ class DemoRun:
         self.stack = Stack(say)
         self.env: dict[str, str] = {}
         self.partitions: list[dict[str, Any]] = []  # the partition fault as injected, and its recovery
+        self.noticed: dict[str, float] = {}  # node → when its preemption (or host error) was injected
 
     # --- start-up -----------------------------------------------------------------------------------------------
 
@@ -424,6 +425,7 @@ class DemoRun:
                         try:
                             (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
                             marks.append(Mark(now, "notice", f"{p.kind} {victim} at step {step}", zone))
+                            self.noticed[victim] = now
                         except Exception as exc:
                             self.say(f"could not inject {p.kind} of {victim}: {exc}")
                     for z in sc.zones:
@@ -545,7 +547,8 @@ class DemoRun:
         alerts = [p.get("text", "") for p in self.slack.payloads]
         notices = sorted({m.t for m in marks if m.kind == "notice"})  # one moment may hit several nodes
         rec = RunRecord(job_id=job_id, total_steps=self.sc.trainer.steps, wall_seconds=wall, state=status.state.value,
-                        restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts, notices=notices)
+                        restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts, notices=notices,
+                        noticed=self.noticed)
         result = summarize(rec)
         for r in recoveries(samples, notices):
             if r["training_at"] is not None:

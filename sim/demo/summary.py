@@ -55,6 +55,7 @@ class RunRecord:
     lifetimes: list[Lifetime] = field(default_factory=list)
     alerts: list[str] = field(default_factory=list)
     notices: list[float] = field(default_factory=list)  # when each loss was injected (seconds since registration)
+    noticed: dict[str, float] = field(default_factory=dict)  # node → when its loss was injected
 
 
 def lives(samples: list[HeartbeatSample]) -> list[Life]:
@@ -145,6 +146,19 @@ def lost_steps(ordered: list[Life]) -> int:
     return lost
 
 
+def serving(lifetimes: list[Lifetime], noticed: dict[str, float]) -> list[Lifetime]:
+    """The lifetimes up to each node's notice: from there a node only saves its emergency checkpoint and goes, while
+    its replacement may already boot beside it (the controller acts on the notice); the one-node-per-slot rule
+    counts the nodes serving."""
+    out = []
+    for lt in lifetimes:
+        t = noticed.get(lt.name)
+        if t is not None and lt.start <= t and (lt.end is None or t < lt.end):
+            lt = Lifetime(lt.name, lt.zone, lt.start, t, lt.end_reason, lt.slot)
+        out.append(lt)
+    return out
+
+
 def max_live(lifetimes: list[Lifetime], until: float) -> int:
     points = []
     for lt in lifetimes:
@@ -178,6 +192,7 @@ def goodput(ordered: list[Life], final_step: int, wall_seconds: float) -> float:
 
 def summarize(rec: RunRecord) -> dict:
     ordered = lives(rec.samples)
+    up = serving(rec.lifetimes, rec.noticed)
     final_step = ordered[-1].last_step if ordered else 0
     return {
         "job_id": rec.job_id,
@@ -187,10 +202,11 @@ def summarize(rec: RunRecord) -> dict:
         "restarts": rec.restarts,
         "zones": zones_in_order(rec.lifetimes),
         "lost_steps": lost_steps(ordered),
-        "max_live_nodes": max_live(rec.lifetimes, rec.wall_seconds),
-        # The most nodes one member slot had alive at once (a slot holds at most one node; 0 for a one-node job).
-        "max_live_per_slot": max((max_live([lt for lt in rec.lifetimes if lt.slot == slot], rec.wall_seconds)
-                                  for slot in {lt.slot for lt in rec.lifetimes if lt.slot is not None}), default=0),
+        "max_live_nodes": max_live(up, rec.wall_seconds),
+        # The most nodes one member slot had serving at once (a slot holds at most one node, besides one saving in its
+        # notice; 0 for a one-node job).
+        "max_live_per_slot": max((max_live([lt for lt in up if lt.slot == slot], rec.wall_seconds)
+                                  for slot in {lt.slot for lt in up if lt.slot is not None}), default=0),
         "alerts": rec.alerts,
         "wall_seconds": round(rec.wall_seconds, 2),
         "goodput": round(goodput(ordered, final_step, rec.wall_seconds), 4),
