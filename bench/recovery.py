@@ -332,7 +332,7 @@ class Run:
         def up() -> bool:
             members, number = self._world(status())
             return len(members) == self.n and self.played.stepping(members, number, 0.0)
-        _wait(f"{self.job}: the first world stepping", up, self.s(1200) + 60)
+        _wait(f"{self.job}: the first world stepping", up, self.s(2400) + 180)
         return self._world(status())[0]
 
     def _lose(self, victim: str) -> float:
@@ -347,7 +347,7 @@ class Run:
             members, number = world()
             return len(members) == self.n and self.played.stepping(members, number, t0) and all(
                 self.played.nodes[m].stages.get("stepping", 0) > t0 for m in members)
-        _wait(f"{self.job}: every rank stepping again", back, self.s(2400) + 60)
+        _wait(f"{self.job}: every rank stepping again", back, self.s(2400) + 180)
 
     # --- seeds and relaunch: the bench plays their controller through the same provider -----------------------
 
@@ -360,7 +360,7 @@ class Run:
         with ThreadPoolExecutor(max(self.n, 1)) as pool:
             list(pool.map(lambda n: provider.create(spec, zone, n, int(n.rsplit("-", 1)[1]), "spot", ""), names))
             _wait(f"{self.job}: the first world stepping",
-                  lambda: self.played.stepping(names, world["generation"] if self.n > 1 else None, 0.0), self.s(1200) + 60)
+                  lambda: self.played.stepping(names, world["generation"] if self.n > 1 else None, 0.0), self.s(2400) + 180)
             victim = names[-1]
             if self.variant == "seeds":
                 # The seeds start the VM they lost again in its zone (STOP-terminated: its disk kept).
@@ -391,7 +391,7 @@ class Run:
 
         def run() -> None:
             _wait("the world's VMs prepared", lambda: all("prepared" in (self.played.nodes.get(n) or Node("", 0, 0)).stages
-                                                          for n in names), self.s(2400) + 60)
+                                                          for n in names), self.s(2400) + 180)
             g = Generation(number, tuple(names), "10.0.0.1").to_json()
             for n in names:
                 self.env.provider.set_attributes(ZONES[0], n, {ATTR_GENERATION: g})
