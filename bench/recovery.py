@@ -249,8 +249,8 @@ class Run:
         self.saved: dict[str, float] = {}
         wake = (lambda: self.later(MESSAGE_S, lambda: self.background(self._reconcile))) if (
             "notice" in model.parts and variant not in ("seeds", "relaunch")) else None
-        self.played = Nodes(env.sim, env.nodes_db, self.job, env.scale, model, multi=nodes > 1, victims_saved=self.saved,
-                            wake=wake)
+        self.played = Nodes(env.sim, env.nodes_db, self.job, env.scale, model, multi=nodes > 1,
+                            victims_saved=self.saved, wake=wake)
         self.restarted_at: float | None = None  # seeds: when the lost VM was started again
         self.timers: list[threading.Timer] = []
         self.threads: list[threading.Thread] = []
@@ -359,8 +359,9 @@ class Run:
         self._give(names, 1)
         with ThreadPoolExecutor(max(self.n, 1)) as pool:
             list(pool.map(lambda n: provider.create(spec, zone, n, int(n.rsplit("-", 1)[1]), "spot", ""), names))
-            _wait(f"{self.job}: the first world stepping",
-                  lambda: self.played.stepping(names, world["generation"] if self.n > 1 else None, 0.0), self.s(2400) + 180)
+            first = world["generation"] if self.n > 1 else None
+            _wait(f"{self.job}: the first world stepping", lambda: self.played.stepping(names, first, 0.0),
+                  self.s(2400) + 180)
             victim = names[-1]
             if self.variant == "seeds":
                 # The seeds start the VM they lost again in its zone (STOP-terminated: its disk kept).
@@ -390,8 +391,10 @@ class Run:
             return
 
         def run() -> None:
-            _wait("the world's VMs prepared", lambda: all("prepared" in (self.played.nodes.get(n) or Node("", 0, 0)).stages
-                                                          for n in names), self.s(2400) + 180)
+            def prepared() -> bool:
+                return all("prepared" in n.stages for n in (self.played.nodes.get(name) for name in names) if n) and all(
+                    name in self.played.nodes for name in names)
+            _wait("the world's VMs prepared", prepared, self.s(2400) + 180)
             g = Generation(number, tuple(names), "10.0.0.1").to_json()
             for n in names:
                 self.env.provider.set_attributes(ZONES[0], n, {ATTR_GENERATION: g})
