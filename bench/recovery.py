@@ -392,8 +392,8 @@ class Run:
 
         def run() -> None:
             def prepared() -> bool:
-                return all("prepared" in n.stages for n in (self.played.nodes.get(name) for name in names) if n) and all(
-                    name in self.played.nodes for name in names)
+                nodes = [self.played.nodes.get(name) for name in names]
+                return all(n is not None and "prepared" in n.stages for n in nodes)
             _wait("the world's VMs prepared", prepared, self.s(2400) + 180)
             g = Generation(number, tuple(names), "10.0.0.1").to_json()
             for n in names:
