@@ -52,7 +52,9 @@ from .heartbeat import Heartbeater, compose_heartbeat
 from .reach import MasterProbe, StepClock
 from .metadata import TRANSPORT_ERRORS, MetadataClient, TokenError
 from .nudge import PUBLISH_TIMEOUT_S, Nudger
+from .peers import listen_port, peers_env, serve as serve_peers
 from .prepare import AGENT, PrepareFailed, Preparer, write_json
+from .prefetch import Prefetch
 from .previous_life import upload_previous_life
 from .storage import Fetcher, Interrupted, Uploader
 from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id, read_exit_file
@@ -73,6 +75,9 @@ PREPARE_FAILED = "prepare.failed.json"  # this boot's failed preparation: report
 # returns: at the process group's timeout) and no emergency save is possible without that rank, so the agent kills
 # its process group after this grace; the next generation resumes from the newest committed step.
 RESTART_STOP_GRACE_S = 5.0
+# A trainer handed a generation to rejoin in its process (contract.REJOIN_FILE) first stops at a step boundary with
+# an emergency save, as on a notice (notice_budget_seconds); this long more for it to say it has left its world.
+REJOIN_ACK_GRACE_S = 5.0
 # How long the controller's wake-up (nudge.py) waits for the heartbeat that reports the failure to land first; it is
 # sent after this even if none did. An agent about to exit waits this long at most for it to be sent.
 NUDGE_AFTER_BEAT_S = 60.0
@@ -236,6 +241,8 @@ class Agent:
             self.generation_watch.start()
         if self.master_probe is not None:
             self.master_probe.start()
+        # A member's committed steps, for a replacement to restore from (peers.py); the server lives as the agent.
+        self.peer_server = serve_peers(self.local_ckpt_dir, self.cfg.address) if self.multi_node else None
         ended_before = self._take_over_or_start()
         if ended_before is not None:
             return self._report_exit(ended_before[1])
@@ -293,8 +300,12 @@ class Agent:
             return None  # failed (setup-failed), or a notice / SIGHUP came first: start nothing
         if self.multi_node:
             self._prepared = prepared
+            since = time.monotonic()
             self.state = NodeState.WAITING  # the main loop starts the trainer when a generation names this node
             self.heartbeater.nudge()
+            # The controller forms a generation with this node once it beats `waiting`: tell it now, not at its
+            # next sweep (a replacement whose preparation outlasts the controller's own polling would wait for it).
+            self._wake_controller("prepared: waiting for a generation", since)
             return None
         if not self._await_handover():
             return None
@@ -356,11 +367,7 @@ class Agent:
                 return
         if not self._await_handover():
             return
-        rank = generation.node_rank(self.cfg.node)
-        env = dict(self._prepared.env)
-        env.update({contract.ENV_NODE_RANK: str(rank), contract.ENV_NUM_NODES: str(generation.world_size),
-                    contract.ENV_MASTER_ADDR: generation.master_addr, contract.ENV_GENERATION: str(generation.number),
-                    **contract.torchrun_env(rank, generation.world_size, generation.master_addr)})
+        env = {**self._prepared.env, **self._generation_env(generation)}
         self.exit_code = self.output_tail = None
         trainer = TrainerProcess.start(self.node_dir, self._prepared.argv(self.settings.command), env,
                                        job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=_iso_now(),
@@ -372,13 +379,29 @@ class Agent:
         self.trainer_generation, self.trainer_members = generation.number, generation.members
         self.heartbeater.nudge()
 
+    def _generation_env(self, generation: contract.Generation) -> dict[str, str]:
+        """What a trainer of this node gets in `generation`: its ranks and master for torchrun (PET_*), for one
+        process per node (torch's env://, on the generation's port) and for anyone (RESPAWN_*)."""
+        rank, world, master = generation.node_rank(self.cfg.node), generation.world_size, generation.master_addr
+        base = self.settings.env.get("MASTER_PORT", "")
+        port = contract.generation_port(generation.number, int(base) if base.isdigit() else
+                                        contract.TORCHRUN_MASTER_PORT)
+        return {contract.ENV_NODE_RANK: str(rank), contract.ENV_NUM_NODES: str(world),
+                contract.ENV_MASTER_ADDR: master, contract.ENV_GENERATION: str(generation.number),
+                contract.ENV_REJOIN_FILE: os.path.join(self.node_dir, contract.REJOIN_FILE),
+                **contract.torchrun_env(rank, world, master), **contract.torch_env(rank, world, master, port),
+                **peers_env(generation, self.cfg.node, listen_port())}
+
     def _stop_for_generation(self) -> None:
         """A newer generation: the trainer stops and the main loop starts it again with the new ranks. New members
-        (a node joined or left): SIGTERM, the emergency save as on a notice, bounded by the notice budget, then its
+        (a node joined or left): a trainer that can rejoin is handed the generation and goes on in its process
+        (_hand_over); otherwise SIGTERM, the emergency save as on a notice, bounded by the notice budget, then its
         process group is killed. The same members (a member's trainer crashed): SIGTERM, killed after
         RESTART_STOP_GRACE_S."""
         assert self.trainer is not None and self.generation is not None
         restart = self.generation.members == self.trainer_members
+        if not restart and self._hand_over(self.generation):
+            return
         log("WARNING", "new generation: stopping the trainer to restart it with the new membership",
             running=self.trainer_generation, newer=self.generation.number, pid=self.trainer.pid,
             same_members=restart)
@@ -391,6 +414,53 @@ class Agent:
         else:
             code = self._wait_for_trainer(time.monotonic() + self.settings.notice_budget_seconds)
         self._between_generations(code)
+
+    def _hand_over(self, generation: contract.Generation) -> bool:
+        """Hand `generation` to a trainer that said it can rejoin (its status file: contract.REJOIN_STATES) in its
+        own process: write it into REJOIN_FILE, signal the trainer and wait for it to say it left its world for
+        this generation (its status's `generation`). True when it did (the same trainer now runs the new
+        generation), when it exited meanwhile (handled as any exit: the main loop starts it again), or when a notice
+        came (handled next); False to stop it the old way: it cannot rejoin, or did not answer in time."""
+        assert self.trainer is not None
+        status = contract.read_status(self.status_path) or {}
+        pid = status.get("pid")
+        if (self.cfg.node not in generation.members or status.get("rejoin") not in ("ready", "waiting")
+                or status.get("generation") != self.trainer_generation or not self.trainer.owns(pid)):
+            return False
+        path = os.path.join(self.node_dir, contract.REJOIN_FILE)
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(contract.Rejoin(generation.number, self._generation_env(generation)).to_json())
+            os.replace(path + ".tmp", path)
+            os.kill(pid, getattr(signal, contract.REJOIN_SIGNAL))
+        except OSError as exc:
+            log("WARNING", "cannot hand the new generation to the trainer; restarting it instead", path=path,
+                pid=pid, error=str(exc))
+            return False
+        log("INFO", "new generation: handing it to the trainer, which rejoins in its process",
+            running=self.trainer_generation, newer=generation.number, pid=pid, trainer_state=status.get("rejoin"))
+        deadline = time.monotonic() + self.settings.notice_budget_seconds + REJOIN_ACK_GRACE_S
+        while time.monotonic() < deadline:
+            ended, code = self.trainer.poll()
+            if ended:
+                self._between_generations(code)
+                return True
+            if self.notice is not None:
+                return True
+            status = contract.read_status(self.status_path) or {}
+            if status.get("pid") == pid and status.get("generation") == generation.number:
+                self.trainer_generation, self.trainer_members = generation.number, generation.members
+                self.trainer.record.generation, self.trainer.record.members = generation.number, list(generation.members)
+                self.trainer.record.save(self.node_dir)
+                self.heartbeater.nudge()
+                log("INFO", "the trainer left its world and joins the new generation in its process",
+                    generation=generation.number, pid=pid, step=status.get("step"))
+                return True
+            time.sleep(0.05)
+        log("WARNING", "the trainer did not take the new generation in time; stopping it to start it again",
+            generation=generation.number, pid=pid,
+            waited_s=round(self.settings.notice_budget_seconds + REJOIN_ACK_GRACE_S, 1))
+        return False
 
     def _between_generations(self, code: int | None, on_its_own: bool = False) -> None:
         """The trainer of this generation ended (stopped for a newer one, or, `on_its_own`, it exited: an error, or
@@ -413,7 +483,8 @@ class Agent:
 
     def _wake_controller(self, why: str, since: float):
         """This node's trainer ended on its own (an error, or done: the job's nodes go now rather than at the next
-        sweep), or its setup failed, not on a notice: once a heartbeat composed after the monotonic time `since`
+        sweep), its setup failed, or it is a member prepared and waiting for a generation; not on a notice: once a
+        heartbeat composed after the monotonic time `since`
         (so saying so) has landed, publish the job's sweep nudge in the background (nudge.py). Returns the thread,
         or None when there is no sweep topic or a notice came (the node is going away: not its own failure)."""
         if self.nudger is None or self.notice is not None:
@@ -457,8 +528,13 @@ class Agent:
                                  python=prep.python, env=prep.env)
             if self._interrupted():
                 raise Interrupted("previous-life upload")
-            if prep.run_setup() and prep.cache_plan is not None and self.env_cache is not None:
-                self.env_cache.upload_in_background(*prep.cache_plan, self.settings.cache)
+            prefetch = Prefetch(self.local_ckpt_dir, self.settings.checkpoint_uri, python=prep.python, env=prep.env)
+            try:
+                if prep.run_setup() and prep.cache_plan is not None and self.env_cache is not None:
+                    self.env_cache.upload_in_background(*prep.cache_plan, self.settings.cache)
+                prefetch.wait(self.upload_timeout_seconds, self._interrupted)
+            finally:
+                prefetch.stop()
         except Interrupted as exc:
             log("WARNING", "preparation stopped: the trainer is not started", during=str(exc),
                 reason="notice" if self.notice is not None else "SIGHUP")

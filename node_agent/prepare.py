@@ -148,7 +148,7 @@ def write_json(path: str, value: Any) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _stop_group(child: subprocess.Popen, grace: float = 5.0) -> None:
+def stop_group(child: subprocess.Popen, grace: float = 5.0) -> None:
     """SIGTERM to the command's process group, then SIGKILL to whatever of it is left after `grace` seconds or the
     leader's exit (what a command started must not outlive it)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -193,11 +193,11 @@ def run_logged(argv: list[str], *, cwd: str, env: dict[str, str], interrupted: C
     deadline = None if timeout is None else time.monotonic() + timeout
     while child.poll() is None:
         if interrupted():
-            _stop_group(child)
+            stop_group(child)
             reader.join(2.0)
             raise Interrupted(" ".join(argv))
         if deadline is not None and time.monotonic() >= deadline:
-            _stop_group(child)
+            stop_group(child)
             reader.join(2.0)
             tail.append(f"(stopped by the node agent after {timeout:g} s: trainer.setup_timeout_seconds)")
             return EXIT_TIMED_OUT, trim_tail(list(tail))

@@ -216,6 +216,16 @@ class TrainerProcess:
         self._done = True
         return True, self._exit
 
+    def owns(self, pid: object) -> bool:
+        """Whether `pid` is a live process in this trainer's process group (e.g. its status file's writer): a
+        signal meant for one of its processes must never reach a recycled pid."""
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or _proc_start_time(pid) is None:
+            return False
+        try:
+            return os.getpgid(pid) == self.pid
+        except OSError:
+            return False
+
     def signal(self, sig: int) -> None:
         try:
             os.killpg(self.pid, sig)

@@ -93,6 +93,69 @@ def torchrun_env(node_rank: int, nnodes: int, master_addr: str, port: int = TORC
             "PET_MASTER_PORT": str(port)}
 
 
+# A trainer started without torchrun (one process per node) joins its generation with torch's own variables
+# (init_process_group's env://). Each generation has a port of its own: a process that rejoins a new generation
+# (REJOIN_FILE) still holds the previous one's rendezvous server until the objects built on that process group are
+# freed, and a second server on the same port would share its connections. MASTER_PORT in the job's env moves the
+# ports' base (GENERATION_PORTS of them from there).
+GENERATION_PORTS = 100
+
+
+def generation_port(number: int, base: int = TORCHRUN_MASTER_PORT) -> int:
+    return base + number % GENERATION_PORTS
+
+
+def torch_env(node_rank: int, nnodes: int, master_addr: str, port: int) -> Dict[str, str]:
+    """torch.distributed's env:// variables for one process per node (torchrun sets its workers' own over these)."""
+    return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "RANK": str(node_rank), "WORLD_SIZE": str(nnodes),
+            "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+
+
+# In-process rejoin (issue #25, "survivors keep their processes"): a member's trainer that runs TrainingLoop with
+# on_rejoin, one process per node, says so in its status file (`rejoin`: one of REJOIN_STATES) and is not restarted
+# for a generation of new members: the agent writes the generation into REJOIN_FILE (Rejoin) and sends REJOIN_SIGNAL
+# to the status file's pid; the trainer stops at its next step boundary as on a notice, leaves its process group,
+# writes the new number in its status (`generation`: the agent's acknowledgement) and joins the new world.
+ENV_REJOIN_FILE = "RESPAWN_REJOIN_FILE"
+REJOIN_FILE = "rejoin.json"
+REJOIN_SIGNAL = "SIGUSR1"
+# ready: trains in its generation and can leave it; waiting: left it (a peer's notice stopped its world) and waits
+# for the next; joining: joining the generation its status names.
+REJOIN_STATES = ("ready", "waiting", "joining")
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """REJOIN_FILE: the generation handed to a running trainer and the environment a new process would get in it."""
+
+    generation: int
+    env: Dict[str, str]
+
+    def to_json(self) -> str:
+        return json.dumps({"generation": self.generation, "env": self.env}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Rejoin":
+        try:
+            data = json.loads(text)
+            number, env = data["generation"], data["env"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{REJOIN_FILE} is not {{generation, env}} JSON ({exc}): {text[:200]!r}") from None
+        if isinstance(number, bool) or not isinstance(number, int) or number < 1 or not isinstance(env, dict) or \
+                not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError(f"{REJOIN_FILE} needs a positive generation and string env values: {text[:200]!r}")
+        return cls(number, dict(env))
+
+
+def read_rejoin(path: str) -> Optional[Rejoin]:
+    """The generation handed over at `path`, or None while there is none (or it is not complete yet)."""
+    try:
+        with open(path) as f:
+            return Rejoin.from_json(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class Generation:
     """One membership of a multi-node job's training world (ATTR_GENERATION): members are node names in node-rank
@@ -151,6 +214,41 @@ EXIT_CONFIG_ERROR = 2  # the agent cannot read its configuration (metadata attri
 STATUS_FILE = "status.json"
 LOCAL_CHECKPOINT_DIR = "checkpoints"
 WORKDIRS_DIR = "workdirs"  # workdirs/sha256-HEX/: the user's code, unpacked once per content digest
+
+# ---- checkpoints read from a peer (issue #25: a replacement restores from a survivor) -------------------------
+
+# A checkpoint's layout as the agent must know it to serve one (respawn.ckpt.format writes it): a step directory,
+# its manifest (the data files' names, sizes and checksums) and the marker that commits it, written last.
+CHECKPOINT_STEP_RE = re.compile(r"^step_(\d{12})$")
+CHECKPOINT_MANIFEST = "manifest.json"
+CHECKPOINT_MARKER = "COMMITTED"
+# A multi-node member's agent serves the committed steps in its LOCAL_CHECKPOINT_DIR, read-only, on its own address
+# at PEER_PORT (node_agent/peers.py); a trainer reads the newest committed step from the agents in ENV_PEERS before
+# Cloud Storage, every byte checked against the store's manifest (respawn.ckpt.peers). Below torchrun's ports
+# (TORCHRUN_MASTER_PORT and the GENERATION_PORTS above it) so no generation's rendezvous takes it; the job's
+# firewall rule admits every port between its nodes (docs/deploy.md).
+PEER_PORT = 29400
+ENV_PEER_PORT = "RESPAWN_PEER_PORT"  # the agent's own environment: another port (tests run agents side by side)
+ENV_PEERS = "RESPAWN_PEERS"  # the trainer's: "host:port,…" of the agents holding committed steps ("" or unset: none)
+
+
+def peer_endpoint(address: str, port: int) -> str:
+    """One ENV_PEERS entry: host:port, an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def parse_peers(text: str) -> List[Tuple[str, int]]:
+    """ENV_PEERS → [(host, port)]; ValueError names an entry that is not host:port."""
+    out: List[Tuple[str, int]] = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        host, sep, port = entry.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{ENV_PEERS} entry {entry!r} is not host:port")
+        out.append((host, int(port)))
+    return out
 
 # ---- node settings -----------------------------------------------------------------------------------------
 
@@ -440,6 +538,8 @@ class TrainerStatus(TypedDict):
     total_steps: Optional[int]
     updated_at: float  # unix time
     pid: int
+    generation: Optional[int]  # a member's trainer that can rejoin: the generation of its process group
+    rejoin: Optional[str]  # one of REJOIN_STATES; None: it cannot rejoin (restarted for every generation)
 
 
 def idle_emergency() -> EmergencyStatus:
@@ -448,7 +548,8 @@ def idle_emergency() -> EmergencyStatus:
 
 def new_status(total_steps: Optional[int], pid: int, now: float) -> TrainerStatus:
     return {"step": 0, "committed_step": None, "committed_kind": None, "committed_durable": None,
-            "emergency": idle_emergency(), "total_steps": total_steps, "updated_at": now, "pid": pid}
+            "emergency": idle_emergency(), "total_steps": total_steps, "updated_at": now, "pid": pid,
+            "generation": None, "rejoin": None}
 
 
 def read_status(path: str) -> Optional[Dict[str, Any]]:

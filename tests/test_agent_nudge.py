@@ -74,18 +74,20 @@ def test_a_members_trainer_error_wakes_the_controller_once(agent_env, sweep):
                  heartbeat_seconds=30)  # the report must not wait for a periodic beat: the exit's own lands first
     md, agent = _boot(agent_env, "nj", 2, s, member=True)
     wait_for(lambda: (agent_env.heartbeat("nj-2") or {}).get("state") == "waiting", 60, "the member waiting")
-    assert pull() == []  # a member waiting, or training, sends nothing
+    # Prepared: the controller may form a generation with it now, not at its next sweep; once.
+    assert wait_for(pull, 10, "the prepared member's wake-up") == [{"task": "sweep", "job_id": "nj"}]
     md.set_attribute("respawn-generation", Generation(1, ("nj-1", "nj-2"), "127.0.0.1").to_json())
-    wait_for(lambda: _woken(agent), 60, "the controller woken")
+    wait_for(lambda: len(_woken(agent)) == 2, 60, "the controller woken by the crash")
     # The heartbeat that says so had landed before the message went: the controller reads the exit when it wakes.
     hb = agent_env.heartbeat("nj-2")
     assert (hb["state"], hb["exit_code"], hb["generation"]) == ("waiting", 3, 1)
     assert "loss is NaN at step 20" in hb["output_tail"]
     assert pull() == [{"task": "sweep", "job_id": "nj"}]
-    assert _woken(agent)[0]["topic"] == f"projects/{agent_env.project}/topics/{topic}"
+    assert [w["why"] for w in _woken(agent)] == ["prepared: waiting for a generation", "trainer exited 3"]
+    assert _woken(agent)[1]["topic"] == f"projects/{agent_env.project}/topics/{topic}"
     # The member waits for the next generation (the controller's to write) and sends nothing more meanwhile.
     time.sleep(1.0)
-    assert pull() == [] and len(_woken(agent)) == 1 and agent.proc.poll() is None
+    assert pull() == [] and len(_woken(agent)) == 2 and agent.proc.poll() is None
 
 
 def test_a_notice_is_told_at_once_and_the_trainer_stopping_on_it_sends_nothing_more(agent_env, sweep):
@@ -96,6 +98,7 @@ def test_a_notice_is_told_at_once_and_the_trainer_stopping_on_it_sends_nothing_m
                  heartbeat_seconds=30, notice_budget_seconds=6)
     md, agent = _boot(agent_env, "nq", 2, s, member=True)
     wait_for(lambda: (agent_env.heartbeat("nq-2") or {}).get("state") == "waiting", 60, "the member waiting")
+    assert wait_for(pull, 10, "the prepared member's wake-up") == [{"task": "sweep", "job_id": "nq"}]
     md.set_attribute("respawn-generation", Generation(1, ("nq-1", "nq-2"), "127.0.0.1").to_json())
     wait_for(lambda: _stepping(agent), 60, "the trainer stepping")
     before = datetime.now(timezone.utc)
@@ -109,7 +112,8 @@ def test_a_notice_is_told_at_once_and_the_trainer_stopping_on_it_sends_nothing_m
     assert agent.wait(60) == 0  # the agent is gone: anything it would have sent is on the topic by now
     hb = agent_env.heartbeat("nq-2")
     assert (hb["state"], hb["notice"]) == ("exited", "preempted")
-    assert pull() == [] and len(_woken(agent)) == 1 and _woken(agent)[0]["why"] == "preempted notice"
+    assert pull() == [] and [w["why"] for w in _woken(agent)] == ["prepared: waiting for a generation",
+                                                                  "preempted notice"]
 
 
 def test_a_sigterm_alone_tells_nothing_and_a_sigterm_after_the_notice_is_the_soft_off(agent_env, sweep):

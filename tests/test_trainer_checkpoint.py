@@ -219,7 +219,7 @@ def test_status_file_and_read_status(tmp_path):
     m.report_step(1)
     st = read_status(path)
     assert set(st) == {"step", "committed_step", "committed_kind", "committed_durable", "emergency", "total_steps",
-                       "updated_at", "pid"}
+                       "updated_at", "pid", "rejoin", "generation"}
     assert st["total_steps"] == 100 and st["pid"] == os.getpid() and st["emergency"]["state"] == "idle"
     m.save(3, make_state(3, 0.1), blocking=True)
     assert read_status(path)["committed_step"] == 3

@@ -5,6 +5,7 @@ GETs straight into the tensors, a corrupt or short range rejected with the older
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import zlib
 
@@ -165,3 +166,21 @@ def test_saving_the_step_restored_from_the_bucket_rewrites_nothing(gcs, tmp_path
     assert node.emergency_save(step, restored).durable == "remote"
     after = {b.name: b.generation for b in gcs.list_blobs(BUCKET, prefix=f"{PREFIX}/again/")}
     assert after == before, "a committed remote step was deleted and uploaded again"
+
+
+def test_prefetch_copies_the_newest_committed_step_to_the_disk_where_restore_then_reads_it(gcs, tmp_path, capsys):
+    from respawn.ckpt.manager import prefetch
+
+    uri = f"gs://{BUCKET}/{PREFIX}/prefetch"
+    saved(tmp_path, uri)
+    node = str(tmp_path / "node")
+    assert prefetch(node, uri) == 2  # what the agent runs while setup runs
+    assert fmt.verify(os.path.join(node, fmt.step_dirname(2)))["step"] == 2
+    assert prefetch(node, uri) is None  # there already
+    capsys.readouterr()
+    step, restored = CheckpointManager(uri, node).restore()
+    assert step == 2
+    assert_identical(restored, state(2))
+    [line] = [json.loads(x) for x in capsys.readouterr().err.splitlines() if "restored checkpoint" in x]
+    assert line["source"] == line["store"] == f"file://{node}"  # the local copy, not the bucket
+    assert prefetch(str(tmp_path / "other"), f"file://{tmp_path / 'writer'}") is None  # a disk already

@@ -189,12 +189,15 @@ class TorchJob:
                          rank=self.rank, seconds_since_notice=age_ms / 1000)
         return True
 
-    def restore(self, manager: Manager) -> tuple[int, Any] | None:
+    def restore(self, manager: Manager, held: int | None = None) -> tuple[int, Any] | None:
         """Every rank restores the step rank 0 restored. Each rank reads the files itself, after rank 0 (which
         may first have downloaded the step into the node's local directory): every rank needs all of the
         replicated state, and N ranks reading it from the node's page cache is cheaper than broadcasting all of
         it through the process group, which would also hold a second copy of it on rank 0. Sharded state: every
-        rank loads its shards of the step rank 0 verified (respawn.ckpt.torch_sharded)."""
+        rank loads its shards of the step rank 0 verified (respawn.ckpt.torch_sharded).
+        held: the committed step this rank's objects hold already (a process that rejoined a new world): rank 0
+        announces it without reading it, and a rank that holds the announced step reads nothing; (step, None)
+        then. The collectives are those of a rank that holds nothing: a new process and a rejoined one meet."""
         if self.sharded is not None:
             from .torch_sharded import TorchShardedManager
 
@@ -203,15 +206,19 @@ class TorchJob:
                                 "TorchShardedManager on every rank: pass manager=TorchShardedManager.from_env(...), "
                                 "or no manager=")
             return manager.restore(like=self.sharded)
-        found: list = []
-        # Rank 0's restore may download and read the whole step: the others wait beating (run_beating).
-        run_beating((lambda: found.append(manager.restore())) if self.rank == 0 else None, self.group)
+        found: list = [(held, None)] if self.rank == 0 and held is not None else []
+        # Rank 0's restore may download and read the whole step (keeping a copy on the node's disk for the other
+        # ranks): the others wait beating (run_beating).
+        manager.keep_restored_copy = self.rank == 0
+        run_beating((lambda: found.append(manager.restore())) if self.rank == 0 and not found else None, self.group)
         restored = found[0] if found else None
         message = self._torch.tensor([restored[0] if restored is not None else -1], dtype=self._torch.int64)
         self._dist.broadcast(message, src=0, group=self.group)  # rank 0's step (-1: none) on every rank
         step = int(message[0])
         if self.rank == 0 or step < 0:
             return restored
+        if step == held:
+            return step, None
         restored = manager.restore(step=step)
         if restored is None:
             raise RuntimeError(f"rank {self.rank} cannot restore step {step}, which rank 0 restored; see the "
@@ -247,3 +254,41 @@ class TorchJob:
             return outcome
         state, durable = _STATES[int(message[0])], _DURABLE[int(message[1])]
         return SaveOutcome(state, step, durable, None if state is SaveState.COMMITTED else f"rank 0's save {state}")
+
+
+def can_rejoin(job: Job | None) -> str | None:
+    """Why this process cannot rejoin a new generation in place (TrainingLoop's on_rejoin), or None when it can: a
+    torch job of replicated state, one process per node, under a node agent that hands generations over."""
+    if not os.environ.get(contract.ENV_REJOIN_FILE):
+        return f"${contract.ENV_REJOIN_FILE} is unset (not a multi-node member under the node agent)"
+    if not isinstance(job, TorchJob) or job.sharded is not None:
+        return "only a torch job of replicated (DDP) state rejoins in place"
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return "started by torchrun, whose rendezvous admits no process of another launcher: it is restarted"
+    return None
+
+
+def rejoin(generation: int, stop: Callable[[], bool], status: Any) -> int | None:
+    """Leave this process's world (every process group) and join the next generation's: wait for the agent to hand
+    over one newer than `generation` (contract.REJOIN_FILE), take its environment, acknowledge in the status file
+    (StatusWriter `status`) and initialise the default process group again as a new process would (env://, the
+    same backend, collective_timeout()). The new generation's number; None when stop() turned true while waiting
+    (this node's own notice: the process exits instead)."""
+    import torch.distributed as dist
+
+    backend = dist.get_backend()
+    dist.destroy_process_group()
+    path = os.environ[contract.ENV_REJOIN_FILE]
+    status.update(rejoin="waiting")
+    _log.info("left the process group; waiting for the next generation", generation=generation)
+    while (handed := contract.read_rejoin(path)) is None or handed.generation <= generation:
+        if stop():
+            return None
+        time.sleep(0.05)
+    os.environ.update(handed.env)
+    status.update(generation=handed.generation, rejoin="joining")
+    _log.info("joining the next generation in this process", generation=handed.generation,
+              rank=os.environ.get("RANK"), world_size=os.environ.get("WORLD_SIZE"),
+              master=f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
+    dist.init_process_group(backend, timeout=collective_timeout())
+    return handed.generation

@@ -13,14 +13,17 @@ previous SIGTERM handler back. CheckpointManager's explicit calls are what it ru
 In a multi-rank job (torch.distributed initialized, world_size > 1, e.g. under torchrun; at any world size when a
 model holds DTensor parameters) every rank runs the same loop: the ranks agree on the notice at each step boundary,
 rank 0 alone writes the checkpoints (every rank its shards, for DTensor state), and every rank restores the same
-step (respawn.ckpt.distributed).
+step (respawn.ckpt.distributed). With on_rejoin, a multi-node member's process survives a new generation: the stop
+at a step boundary is agreed as a notice's, and the process joins the new world and goes on in the same `for` loop
+(docs/checkpoint.md, "Survivors keep their processes").
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from respawn import contract
 
@@ -51,13 +54,19 @@ class TrainingLoop:
     position; restored with clear() + update()).
     manager: default CheckpointManager.from_env(total_steps=total_steps). rng: also save and restore the global
     RNGs (Python, NumPy, and torch's when torch is imported). signals: handled as the notice inside the loop.
+    on_rejoin: declares that this process can leave its torch.distributed world for a multi-node job's next
+    generation and join that one without restarting (the node agent hands it over: contract.REJOIN_FILE); called
+    in the new world, after the default process group is initialised again with the new rank and world size and
+    before the restore: rebuild there what holds the old process group (a DDP wrapper) or depends on the rank.
+    Every process of the new world makes the same collectives: a new one makes them in the code before the loop.
 
     Attributes: start (first step of this life), step (steps completed), state, manager, final (the final
     save's SaveOutcome).
     """
 
     def __init__(self, total_steps: int, *, every: int, state: Any = None, manager: Manager | None = None,
-                 rng: bool = True, signals: tuple[int, ...] = (signal.SIGTERM,), **objects: Any) -> None:
+                 rng: bool = True, signals: tuple[int, ...] = (signal.SIGTERM,),
+                 on_rejoin: Callable[[], Any] | None = None, **objects: Any) -> None:
         if total_steps < 0 or every < 0:
             raise ValueError(f"total_steps and every must be >= 0, got {total_steps} and {every}")
         if state is None and not objects:
@@ -68,7 +77,16 @@ class TrainingLoop:
         # None: a single process, on which nothing below costs anything (FSDP2 at world size 1 is a job: DCP state).
         self._job = distributed.current_job(objects)
         self._writes = self._job is None or self._job.writer
+        self._raw_objects = objects
         self._objects = {name: accessors(name, obj) for name, obj in objects.items()}
+        self._on_rejoin, self._generation, self._own_notice = None, 0, False
+        if on_rejoin is not None:
+            why_not = distributed.can_rejoin(self._job)
+            if why_not is None:
+                self._on_rejoin, self._generation = on_rejoin, int(os.environ.get(contract.ENV_GENERATION) or 0)
+            else:
+                _log.info("this trainer is restarted for a new generation, not rejoined in its process",
+                          reason=why_not)
         if manager is None:
             manager = (CheckpointManager.from_env(total_steps=total_steps) if self._job is None
                        else self._job.default_manager(total_steps))
@@ -88,6 +106,10 @@ class TrainingLoop:
         self._entered = True
         if self.signals:
             self._previous_handlers = self.manager.install_notice_handler(self.signals) or {}
+        if self._on_rejoin is not None and self._previous_handlers:
+            self._handle_rejoin_signals()
+        else:
+            self._on_rejoin = None  # no signal handlers (not the main thread, or signals=()): restarted instead
         try:
             self._restore()
         except BaseException:
@@ -102,6 +124,23 @@ class TrainingLoop:
         else:
             self.manager.close()  # e.g. a crash in the step body: let an in-flight periodic save commit
 
+    def _handle_rejoin_signals(self) -> None:
+        """The agent's hand-over signal stops the world at a step boundary, as a notice does; the notice's own
+        signals are noted too, so that after the emergency save this process exits on its own notice only."""
+        for sig in self.signals:
+            inner = signal.getsignal(sig)
+            signal.signal(sig, lambda signum, frame, inner=inner: (setattr(self, "_own_notice", True),
+                                                                   inner(signum, frame)))
+        handover = getattr(signal, contract.REJOIN_SIGNAL)
+        self._previous_handlers[handover] = signal.signal(handover, self._on_handover)
+        self.manager.status.update(generation=self._generation, rejoin="ready")
+
+    def _on_handover(self, signum, frame) -> None:
+        # A signal for a generation this process has joined already (sent as it read the file) is not a new stop.
+        handed = contract.read_rejoin(os.environ[contract.ENV_REJOIN_FILE])
+        if handed is not None and handed.generation > self._generation:
+            self.manager.request_preemption(f"generation {handed.generation} handed over")
+
     def _restore_handlers(self) -> None:
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
@@ -109,7 +148,17 @@ class TrainingLoop:
 
     def _restore(self) -> None:
         restored = self.manager.restore() if self._job is None else self._job.restore(self.manager)
+        self._load(restored)
         if restored is not None:
+            self.start = self.step = restored[0]
+        if self._writes and self.every and (self.start // self.every + 1) * self.every < self.total_steps:
+            self.manager.prepare_snapshot(self._capture())  # buffers for the periodic saves, off the loop
+        _log.info("training loop", start=self.start, total_steps=self.total_steps, every=self.every,
+                  notice_signals=[signal.Signals(s).name for s in self._previous_handlers])
+
+    def _load(self, restored: tuple[int, Any] | None) -> None:
+        """Load a restored step into the objects (a step held already comes as (step, None): nothing to load)."""
+        if restored is not None and restored[1] is not None:
             step, ckpt = restored
             wanted = list(self._objects) + (["state"] if self._has_state else [])
             missing = [k for k in wanted if not isinstance(ckpt, dict) or k not in ckpt]
@@ -125,11 +174,6 @@ class TrainingLoop:
                 self.state = like(ckpt["state"], self.state)
             if self.rng and "rng" in ckpt:
                 restore_rng(ckpt["rng"])
-            self.start = self.step = step
-        if self._writes and self.every and (self.start // self.every + 1) * self.every < self.total_steps:
-            self.manager.prepare_snapshot(self._capture())  # buffers for the periodic saves, off the loop
-        _log.info("training loop", start=self.start, total_steps=self.total_steps, every=self.every,
-                  notice_signals=[signal.Signals(s).name for s in self._previous_handlers])
 
     def _capture(self) -> dict:
         ckpt = {name: get() for name, (get, _) in self._objects.items()}
@@ -154,10 +198,16 @@ class TrainingLoop:
     def _steps(self) -> Iterator[int]:
         mgr, total, every = self.manager, self.total_steps, self.every
         step = self.start
-        if mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr):  # during the restore
-            self._preempt(step)
+        stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)  # during the restore
         first, began = True, time.monotonic()
-        while step < total:
+        while True:
+            if stop:
+                step = self._stop(step)  # Preempted, or this process joined a new world at `step`
+                # The new world agrees once before its first step, as a new process does after its restore.
+                stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)
+                continue
+            if step >= total:
+                break
             yield step
             step += 1
             self.step = step
@@ -166,9 +216,8 @@ class TrainingLoop:
                 _log.info("first step done", step=step, seconds=round(time.monotonic() - began, 3))
                 first = False
             # Inlined: the single-process path pays no extra call per step.
-            if mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr):
-                self._preempt(step)
-            if every and step % every == 0 and step < total and self._writes:
+            stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)
+            if not stop and every and step % every == 0 and step < total and self._writes:
                 mgr.save(step, self._capture())  # blocks for the snapshot only
         self.final = self._save(total, lambda: mgr.save(total, self._capture(), blocking=True), "periodic")
         mgr.finish(total)
@@ -176,10 +225,38 @@ class TrainingLoop:
             why = f"{self.final.state.value}: {self.final.reason}" if self.final else "the save thread died"
             raise RuntimeError(f"the final checkpoint (step {total}) was not committed: {why}")
 
-    def _preempt(self, step: int) -> None:
-        # Every rank waits for rank 0's outcome within the notice deadline, then all exit with the same code.
-        raise Preempted(self._save(step, lambda: self.manager.emergency_save(step, self._capture()), "emergency",
-                                   deadline=self.manager.deadline()))
+    def _stop(self, step: int) -> int:
+        """The agreed stop at step boundary `step`: the emergency save (every rank waits for rank 0's outcome within
+        the notice deadline), then Preempted (exit 75), or, for a process that can rejoin and got no notice of its
+        own, the next generation's world: the step it resumes at there."""
+        outcome = self._save(step, lambda: self.manager.emergency_save(step, self._capture()), "emergency",
+                             deadline=self.manager.deadline())
+        if self._on_rejoin is None or self._own_notice:
+            raise Preempted(outcome)
+        assert outcome is not None
+        self._job = None  # its groups go with the world
+        generation = distributed.rejoin(self._generation, lambda: self._own_notice, self.manager.status)
+        if generation is None:
+            raise Preempted(outcome)
+        self._generation = generation
+        self._on_rejoin()
+        self._job = distributed.current_job(self._raw_objects)
+        self._writes = self._job is None or self._job.writer
+        # The newcomers read the step from storage: this process's own copy is good for them once it is there.
+        held = step if outcome.committed and outcome.durable == "remote" else None
+        restored = ((held, None) if held is not None else self.manager.restore()) if self._job is None \
+            else self._job.restore(self.manager, held=held)
+        if restored is None:
+            raise RuntimeError(f"generation {generation} has no checkpoint to resume from, and this process's state "
+                               f"is at step {step}: it cannot start over in place; the agent starts it again")
+        self._load(restored)
+        self.step = restored[0]
+        if not self._own_notice:
+            self.manager.clear_preemption()
+        self.manager.status.update(step=self.step, rejoin="ready")
+        _log.info("rejoined: training on in this process", generation=generation, step=self.step,
+                  reloaded=restored[1] is not None, pid=os.getpid())
+        return self.step
 
     def _save(self, step: int, save, kind: str, deadline: float | None = None) -> SaveOutcome | None:
         """save() here; in a job, the job's outcome, which a member that does not write records as well."""

@@ -520,6 +520,29 @@ def unrestorable(failed: dict[int, str], local: str, remote: str | None) -> fmt.
         "step directories away to start over")
 
 
+def prefetch(local_dir: str, checkpoint_uri: str) -> int | None:
+    """Copy the newest step committed in `checkpoint_uri` into `local_dir` (every file checked as it arrives, the
+    marker last), unless `local_dir` holds it committed already. The node agent runs it while setup runs, so that the
+    trainer's restore, which takes the local copy first, reads it at the disk's speed. Only the single-writer format
+    (one process or DDP): a sharded step's files belong to several hosts. Returns the step copied, or None."""
+    local, remote = LocalStore(local_dir), open_store(checkpoint_uri)
+    if isinstance(remote, LocalStore):  # file://: already on a disk the trainer reads
+        return None
+    newest = max((s for s, committed in remote.steps().items() if committed), default=None)
+    if newest is None or local.steps().get(newest):
+        return None
+    try:
+        if remote.committed_manifest(newest)[2].get("layout") is not None:
+            return None
+        remote.get_step(newest, local.root)
+    except fmt.CorruptCheckpoint as exc:
+        local.delete_step(newest)
+        _log.warning("prefetch of the newest checkpoint failed; the trainer reads the store", step=newest,
+                     reason=str(exc))
+        return None
+    return newest
+
+
 def upload_pending(local_dir: str, checkpoint_uri: str) -> list[int]:
     """Upload committed checkpoints that exist only in `local_dir` (left by a previous life of this node) to
     `checkpoint_uri`. Only steps newer than the newest remote committed step are uploaded (older ones would
