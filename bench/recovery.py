@@ -56,7 +56,7 @@ are marked as assumptions:
   REJOIN_S     2  a process group torn down and formed again in the same process (assumption)
   POLL_S      15  SkyPilot's job-status poll (docs/plan.md); its detection: half of it after the stop
   SEED_SLEEP_S 60  the seeds' function sleeps this long first
-  SWEEP_S    120  the scheduled sweep
+  SWEEP_S    120  the scheduled sweep (its next tick comes SWEEP_S / 2 after the loss: the expected wait)
 
 Figures per variant and N: notice_to_step_seconds, the stages of the slowest member's path (detect: notice → the
 create or start call; create; boot; env; wait: handover or generation; start; restore) and the VMs made. Goal
@@ -298,16 +298,22 @@ class Run:
                                                     "cancel_requested": False})
         halt = threading.Event()
 
-        def sweeps() -> None:
-            while not halt.wait(self.s(SWEEP_S)):
+        def sweeps(first: float) -> None:
+            wait = first
+            while not halt.wait(self.s(wait)):
                 self._reconcile()
+                wait = SWEEP_S
         self.background(self._reconcile)  # the job's creation
-        sweeper = self.background(sweeps)
+        self.background(lambda: sweeps(SWEEP_S))
         try:
             members = self._first_world(lambda: self._status())
+            halt.set()
             for t in list(self.threads):  # every variant is preempted with no invocation still polling
-                if t is not sweeper:
-                    t.join()
+                t.join()
+            # The scheduled sweep's phase is a matter of luck: each variant gets its expected value, half a period
+            # after the loss.
+            halt.clear()
+            self.background(lambda: sweeps(SWEEP_S / 2))
             victim = members[-1]
             t0 = self._lose(victim)
             if "notice" in self.model.parts:
