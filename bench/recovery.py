@@ -167,7 +167,7 @@ class Nodes(threading.Thread):
                 if inst["labels"].get(LABEL_JOB) != self.job or inst["status"] != "RUNNING":
                     continue
                 n = self.nodes.get(inst["name"])
-                if n is None or (n.stages.get("restarted") is None and _boots(history, inst["name"]) > _boots_seen(n)):
+                if n is None or ("lost" in n.stages and _boots(history, inst["name"]) > _boots_seen(n)):
                     n = self._arrive(inst, history, now, n)
                 self._advance(n, inst, now)
 
