@@ -15,22 +15,12 @@ from respawn import contract
 from respawn.agent.peers import PeerServer
 from respawn.ckpt import CheckpointManager
 from respawn.ckpt import format as fmt
-from trainer_helpers import BUCKET, free_port, gcs, gcs_emulator  # noqa: F401 - fixtures
+from trainer_helpers import BUCKET, free_port, gcs, gcs_emulator, ranged_state, small_ranges  # noqa: F401 - fixtures
 
 PREFIX = "jobs/peers-test"
 
 
-@pytest.fixture
-def small_ranges(monkeypatch):
-    """Ranges of 64 KiB: a 256 KiB data file is four ranged GETs, on several keep-alive connections."""
-    monkeypatch.setattr(fmt, "RANGE_BYTES", 64 << 10)
-    monkeypatch.setattr(fmt, "READ_CHUNK", 16 << 10)
-
-
-def state(seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {"w": torch.randn(300_000, generator=g), "h": torch.randn(7, 9, generator=g).to(torch.bfloat16),
-            "n": np.random.default_rng(seed).integers(0, 1 << 30, 20_000), "seed": seed}
+state = ranged_state
 
 
 def raw(value) -> tuple:

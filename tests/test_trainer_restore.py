@@ -15,22 +15,12 @@ import torch
 from respawn.ckpt import CheckpointManager, checksum
 from respawn.ckpt import format as fmt
 from respawn.ckpt.storage import GCSStore
-from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401 - fixtures
+from trainer_helpers import BUCKET, gcs, gcs_emulator, ranged_state, small_ranges  # noqa: F401 - fixtures
 
 PREFIX = "jobs/restore-test"
 
 
-@pytest.fixture
-def small_ranges(monkeypatch):
-    """Ranges of 64 KiB read in 16 KiB chunks: a 256 KiB data file is four ranged GETs of four chunks each."""
-    monkeypatch.setattr(fmt, "RANGE_BYTES", 64 << 10)
-    monkeypatch.setattr(fmt, "READ_CHUNK", 16 << 10)
-
-
-def state(seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {"w": torch.randn(300_000, generator=g), "h": torch.randn(7, 9, generator=g).to(torch.bfloat16),
-            "n": np.random.default_rng(seed).integers(0, 1 << 30, 20_000), "empty": torch.zeros(0, 3), "seed": seed}
+state = ranged_state
 
 
 def assert_identical(got: dict, want: dict) -> None:

@@ -73,3 +73,22 @@ def gcs(gcs_emulator, monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
     client = storage.Client(project="respawn-test", credentials=AnonymousCredentials())
     yield client
+
+
+@pytest.fixture
+def small_ranges(monkeypatch):
+    """Ranges of 64 KiB read in 16 KiB chunks: a 256 KiB data file is four ranged GETs of four chunks each."""
+    from respawn.ckpt import format as fmt
+
+    monkeypatch.setattr(fmt, "RANGE_BYTES", 64 << 10)
+    monkeypatch.setattr(fmt, "READ_CHUNK", 16 << 10)
+
+
+def ranged_state(seed: int) -> dict:
+    """A state of several dtypes that spans several ranges at small_ranges' sizes."""
+    import numpy as np
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(300_000, generator=g), "h": torch.randn(7, 9, generator=g).to(torch.bfloat16),
+            "n": np.random.default_rng(seed).integers(0, 1 << 30, 20_000), "empty": torch.zeros(0, 3), "seed": seed}
