@@ -151,7 +151,6 @@ class Nodes(threading.Thread):
         self.saved = victims_saved  # a noticed node → when its emergency save ends (sim clock)
         self.nodes: dict[str, Node] = {}
         self.halt = threading.Event()
-        self.generation_seen: dict[str, int] = {}
 
     def s(self, cloud_seconds: float) -> float:
         return cloud_seconds * self.scale

@@ -424,7 +424,8 @@ class Agent:
         assert self.trainer is not None
         status = contract.read_status(self.status_path) or {}
         pid = status.get("pid")
-        if (self.cfg.node not in generation.members or status.get("rejoin") not in ("ready", "waiting")
+        can_leave = status.get("rejoin") in (contract.REJOIN_READY, contract.REJOIN_WAITING)
+        if (self.cfg.node not in generation.members or not can_leave
                 or status.get("generation") != self.trainer_generation or not self.trainer.owns(pid)):
             return False
         path = os.path.join(self.node_dir, contract.REJOIN_FILE)

@@ -121,7 +121,8 @@ REJOIN_FILE = "rejoin.json"
 REJOIN_SIGNAL = "SIGUSR1"
 # ready: trains in its generation and can leave it; waiting: left it (a peer's notice stopped its world) and waits
 # for the next; joining: joining the generation its status names.
-REJOIN_STATES = ("ready", "waiting", "joining")
+REJOIN_READY, REJOIN_WAITING, REJOIN_JOINING = "ready", "waiting", "joining"
+REJOIN_STATES = (REJOIN_READY, REJOIN_WAITING, REJOIN_JOINING)
 
 
 @dataclass(frozen=True)

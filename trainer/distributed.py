@@ -279,14 +279,14 @@ def rejoin(generation: int, stop: Callable[[], bool], status: Any) -> int | None
     backend = dist.get_backend()
     dist.destroy_process_group()
     path = os.environ[contract.ENV_REJOIN_FILE]
-    status.update(rejoin="waiting")
+    status.update(rejoin=contract.REJOIN_WAITING)
     _log.info("left the process group; waiting for the next generation", generation=generation)
     while (handed := contract.read_rejoin(path)) is None or handed.generation <= generation:
         if stop():
             return None
         time.sleep(0.05)
     os.environ.update(handed.env)
-    status.update(generation=handed.generation, rejoin="joining")
+    status.update(generation=handed.generation, rejoin=contract.REJOIN_JOINING)
     _log.info("joining the next generation in this process", generation=handed.generation,
               rank=os.environ.get("RANK"), world_size=os.environ.get("WORLD_SIZE"),
               master=f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")

@@ -133,7 +133,7 @@ class TrainingLoop:
                                                                    inner(signum, frame)))
         handover = getattr(signal, contract.REJOIN_SIGNAL)
         self._previous_handlers[handover] = signal.signal(handover, self._on_handover)
-        self.manager.status.update(generation=self._generation, rejoin="ready")
+        self.manager.status.update(generation=self._generation, rejoin=contract.REJOIN_READY)
 
     def _on_handover(self, signum, frame) -> None:
         # A signal for a generation this process has joined already (sent as it read the file) is not a new stop.
@@ -253,7 +253,7 @@ class TrainingLoop:
         self.step = restored[0]
         if not self._own_notice:
             self.manager.clear_preemption()
-        self.manager.status.update(step=self.step, rejoin="ready")
+        self.manager.status.update(step=self.step, rejoin=contract.REJOIN_READY)
         _log.info("rejoined: training on in this process", generation=generation, step=self.step,
                   reloaded=restored[1] is not None, pid=os.getpid())
         return self.step
