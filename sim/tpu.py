@@ -152,9 +152,11 @@ class TpuService:
             self.sim.cond.notify_all()
 
     def _set_state(self, node: Node, state: str) -> None:
+        # Deleting a node that holds no hardware (PREEMPTED, STOPPED…) does not take any back.
+        live = state in LIVE and (state != "DELETING" or node.body.get("state") in LIVE)
         node.body["state"] = state
         node.gen += 1
-        node.record.transition(self.sim.now(), state, state in LIVE)
+        node.record.transition(self.sim.now(), state, live)
 
     def _refusal(self, zone: str, accelerator: str, model: str) -> dict | None:
         t = self.sim.now()

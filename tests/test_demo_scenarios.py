@@ -310,8 +310,10 @@ def test_scenario(tmp_path, name):
     if name == "all-zones-stocked-out":
         assert "WAITING_FOR_CAPACITY" in states
     if name == "dropped-event":
-        # No audit event arrived: the sweep found the node gone (a cause other than the event's "preempted").
-        assert "preempted" not in [t["cause"] for t in out["transitions"]]
+        # No audit event arrived, and none was needed: the agent's notice message or the sweep told the controller
+        # (which one first depends on timing: the sweep's own path is test_functions_guarantees'), and the job
+        # recovered once.
+        assert out["restarts"] == 1 and "recovered" in [t["cause"] for t in out["transitions"]]
 
 
 def test_single_host_tpu_scenario_in_the_triple_format(tmp_path):
@@ -407,9 +409,9 @@ def test_member_crash_scenario(tmp_path):
           "collective timeout is 30 min")
     # The crashed member woke the controller (one sweep message for the job, once its heartbeat said so) before
     # every member restarted: with the scenario's sweep period far above the restart time, that is what did it.
-    # (It wakes it once more at the end, when its trainer exits 0.)
+    # (It wakes it once more at the end, when its trainer exits 0; and once as it is first prepared.)
     woken = [e["time"] for e in _agent_log(logs[f"{out['job_id']}-3"])
-             if e["message"] == "controller woken: sweep requested for this job"]
+             if e["message"] == "controller woken: sweep requested for this job" and e["why"].startswith("trainer")]
     assert len([t for t in woken if t <= max(restarted)]) == 1, (crashed_at, woken, restarted)
     assert crashed_at <= woken[0] <= max(restarted), (crashed_at, woken, restarted)
     # Every rank of generation 2 resumed at one committed step before the failure, and the run ended as an

@@ -87,6 +87,9 @@ def test_preempted_node_keeps_holding_quota_until_deleted(sim_server):
     assert "Quota" in info.value.message
     client.delete_node(name=f"{PARENT}/nodes/job-t-1").result(timeout=30)
     assert create(client, "job-t-2").state == tpu_v2.Node.State.READY
+    # A preempted node held no hardware from its preemption on: its delete is not a second live period.
+    [first] = [h for h in sim_server.history() if h["name"] == "job-t-1"]
+    assert len(first["live"]) == 1 and first["live"][0][1] is not None
 
 
 def test_injected_faults_answer_503(sim_server):
