@@ -37,6 +37,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -192,39 +193,58 @@ def relaunch_recovery(sim: SimServer, nodes_db, provider, nodes: int, scale: flo
         agents.join()
 
 
-def run(node_counts: list[int], scale: float) -> dict[str, Any]:
+@dataclass
+class ControlPlane:
+    """What a recovery benchmark runs against: the Firestore emulator, the sim, the real Compute client, reconcile's
+    dependencies (control_plane)."""
+
+    sim: SimServer
+    db: Any
+    nodes_db: Any
+    provider: Any
+    deps: Any
+
+
+def control_plane(stack: ExitStack, name: str, scale: float, *, metadata_s: float, op_timeout: float,
+                  poll_seconds: float, poll_budget_seconds: float) -> ControlPlane:
+    """Start the Firestore emulator and the sim (creates take CREATE_S, setMetadata `metadata_s`, both scaled) and
+    build reconcile's dependencies on them; everything is stopped by `stack`."""
     from google.cloud import firestore
 
     from respawn.control import clients
     from respawn.control.adapters.compute import ComputeProvider
     from respawn.control.adapters.firestore_store import Store
-    from respawn.control.reconcile import Config, Deps
     from respawn.control.decide import Settings
+    from respawn.control.reconcile import Config, Deps
+    from respawn.control.settings import ControlSettings
 
+    log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"bench-{name}-")))
+    say("starting the Firestore emulator and the sim ...")
+    fs = emulators.start_firestore(log_dir=log_dir)
+    stack.callback(fs.stop)
+    sim = SimServer(PROJECT, notice_seconds=0.01, op_delay=CREATE_S * scale / 2,
+                    metadata_op_delay=metadata_s * scale).start()
+    stack.callback(sim.stop)
+    os.environ.update({"FIRESTORE_EMULATOR_HOST": fs.host, "RESPAWN_PROJECT": PROJECT,
+                       "RESPAWN_COMPUTE_ENDPOINT": sim.endpoint, "RESPAWN_TPU_ENDPOINT": sim.endpoint})
+    provider = ComputeProvider(clients.default(ControlSettings.from_env()), op_timeout=op_timeout)
+    db = firestore.Client(project=PROJECT)
+    stack.callback(db.close)
+    nodes_db = firestore.Client(project=PROJECT, database=NODES_DATABASE)
+    stack.callback(nodes_db.close)
+    # Heartbeats are written once per change here: no staleness, no boot grace in the way of the figures.
+    policy = Settings(stale_heartbeat_seconds=1e6, boot_grace_seconds=1e6)
+    deps = Deps(store=Store(db, lambda _database: nodes_db), providers={"gpu": provider}, publish=lambda alert: None,
+                project=PROJECT, startup_script=lambda: "#!/bin/bash\n",
+                config=Config(policy, poll_seconds=poll_seconds, poll_budget_seconds=poll_budget_seconds))
+    return ControlPlane(sim, db, nodes_db, provider, deps)
+
+
+def run(node_counts: list[int], scale: float) -> dict[str, Any]:
     with ExitStack() as stack:
-        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-multinode-")))
-        say("starting the Firestore emulator and the sim ...")
-        fs = emulators.start_firestore(log_dir=log_dir)
-        stack.callback(fs.stop)
-        sim = SimServer(PROJECT, notice_seconds=0.01, op_delay=CREATE_S * scale / 2,
-                        metadata_op_delay=METADATA_S * scale).start()
-        stack.callback(sim.stop)
-        os.environ.update({"FIRESTORE_EMULATOR_HOST": fs.host, "RESPAWN_PROJECT": PROJECT,
-                           "RESPAWN_COMPUTE_ENDPOINT": sim.endpoint, "RESPAWN_TPU_ENDPOINT": sim.endpoint})
-        from respawn.control.settings import ControlSettings
-
-        settings = ControlSettings.from_env()
-        c = clients.default(settings)
-        provider = ComputeProvider(c, op_timeout=120)
-        db = firestore.Client(project=PROJECT)
-        stack.callback(db.close)
-        nodes_db = firestore.Client(project=PROJECT, database=NODES_DATABASE)
-        stack.callback(nodes_db.close)
-        # Heartbeats are written once per change here: no staleness, no boot grace in the way of the figures.
-        policy = Settings(stale_heartbeat_seconds=1e6, boot_grace_seconds=1e6)
-        deps = Deps(store=Store(db, lambda _database: nodes_db), providers={"gpu": provider}, publish=lambda alert: None, project=PROJECT,
-                    startup_script=lambda: "#!/bin/bash\n", config=Config(policy, poll_seconds=POLL_S,
-                                                                         poll_budget_seconds=0.5))
+        cp = control_plane(stack, "multinode", scale, metadata_s=METADATA_S, op_timeout=120, poll_seconds=POLL_S,
+                           poll_budget_seconds=0.5)
+        sim, db, nodes_db, provider, deps = cp.sim, cp.db, cp.nodes_db, cp.provider, cp.deps
         rows = []
         for n in node_counts:
             say(f"N = {n}: Respawn (replace the lost node) ...")

@@ -83,8 +83,7 @@ from typing import Any, Callable
 
 from bench import multinode
 from respawn.contract import ATTR_GENERATION, ATTR_HANDOVER, LABEL_JOB, Generation
-from respawn.schema import JOBS, NODES_DATABASE, parse_spec
-from sim import emulators
+from respawn.schema import JOBS, parse_spec
 from sim.server import SimServer
 
 PROJECT, ZONES = "respawn-bench", ["us-central1-a", "us-central1-b"]
@@ -479,39 +478,12 @@ def unpack_mbps(size_mb: int) -> float:
 
 def run(node_counts: list[int], scale: float, state_gb: float, env_gb: float, rates: dict[str, float],
         variants: tuple[str, ...]) -> dict[str, Any]:
-    from google.cloud import firestore
-
-    from respawn.control import clients
-    from respawn.control.adapters.compute import ComputeProvider
-    from respawn.control.adapters.firestore_store import Store
-    from respawn.control.decide import Settings
-    from respawn.control.reconcile import Config, Deps
-
     base = Model(frozenset(), state_gb * 1024, env_gb * 1024, rates["unpack_mbps"],
                  rates["restore_vs_raw_read"]["gcs"])
     with ExitStack() as stack:
-        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-recovery-")))
-        say("starting the Firestore emulator and the sim ...")
-        fs = emulators.start_firestore(log_dir=log_dir)
-        stack.callback(fs.stop)
-        sim = SimServer(PROJECT, notice_seconds=0.01, op_delay=CREATE_S * scale / 2,
-                        metadata_op_delay=2 * scale).start()
-        stack.callback(sim.stop)
-        os.environ.update({"FIRESTORE_EMULATOR_HOST": fs.host, "RESPAWN_PROJECT": PROJECT,
-                           "RESPAWN_COMPUTE_ENDPOINT": sim.endpoint, "RESPAWN_TPU_ENDPOINT": sim.endpoint})
-        from respawn.control.settings import ControlSettings
-
-        c = clients.default(ControlSettings.from_env())
-        provider = ComputeProvider(c, op_timeout=600)
-        db = firestore.Client(project=PROJECT)
-        stack.callback(db.close)
-        nodes_db = firestore.Client(project=PROJECT, database=NODES_DATABASE)
-        stack.callback(nodes_db.close)
-        policy = Settings(stale_heartbeat_seconds=1e6, boot_grace_seconds=1e6)
-        deps = Deps(store=Store(db, lambda _database: nodes_db), providers={"gpu": provider}, publish=lambda a: None,
-                    project=PROJECT, startup_script=lambda: "#!/bin/bash\n",
-                    config=Config(policy, poll_seconds=5 * scale, poll_budget_seconds=120 * scale))
-        env = Env(sim, db, nodes_db, provider, deps, scale)
+        cp = multinode.control_plane(stack, "recovery", scale, metadata_s=2, op_timeout=600, poll_seconds=5 * scale,
+                                     poll_budget_seconds=120 * scale)
+        env = Env(cp.sim, cp.db, cp.nodes_db, cp.provider, cp.deps, scale)
         rows = []
         for n in node_counts:
             for variant in variants:

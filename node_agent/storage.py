@@ -18,6 +18,7 @@ caller (the environment cache) is best-effort and fails over to what it did befo
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import http.client
 import json
@@ -290,9 +291,9 @@ def _put_local(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class UploadStream:
+class UploadStream(abc.ABC):
     """Bytes written are counted (`size`) and hashed (`sha256`); a notice (`interrupted()`) raises Interrupted at
-    the next write."""
+    the next write. A destination implements _write, commit and abort."""
 
     def __init__(self, uri: str, interrupted: Callable[[], bool]):
         self.uri, self.interrupted = uri, interrupted
@@ -311,14 +312,17 @@ class UploadStream:
         self._write(data)
         return len(data)
 
+    @abc.abstractmethod
     def _write(self, data: bytes) -> None:
-        raise NotImplementedError
+        """Send `data` on (after it was counted and hashed)."""
 
+    @abc.abstractmethod
     def commit(self) -> None:
-        raise NotImplementedError
+        """Make what was written the object, whole, or raise."""
 
+    @abc.abstractmethod
     def abort(self) -> None:
-        raise NotImplementedError
+        """Drop what was written: nothing of it becomes visible."""
 
 
 class _LocalStream(UploadStream):
