@@ -71,7 +71,7 @@ def pids(text: str) -> dict[int, int]:
 
 
 def preempted_steps(text: str) -> dict[int, int]:
-    return {int(r): int(s) for r, s in re.findall(r"torch_ddp\[rank (\d+)\]: preempted at step (\d+); .* exiting 75",
+    return {int(r): int(s) for r, s in re.findall(r"torch_ddp\[rank (\d+)\]: preempted at step (\d+); .*? exiting 75",
                                                   text)}
 
 

@@ -72,7 +72,7 @@ def finish(procs, tmp_path, name, timeout=120) -> list[int]:
 
 
 def preempted_steps(text: str) -> dict[int, int]:
-    return {int(p): int(s) for p, s in re.findall(rf"{NAME}\[process (\d+)\]: preempted at step (\d+); .* exiting 75",
+    return {int(p): int(s) for p, s in re.findall(rf"{NAME}\[process (\d+)\]: preempted at step (\d+); .*? exiting 75",
                                                   text)}
 
 
