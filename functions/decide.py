@@ -221,21 +221,21 @@ def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
     if len(hbs) == 1:
         return hbs[0]
     for hb in hbs:
-        if hb.state is NodeState.SETUP_FAILED and not _noticed(hb):
+        if hb.state is NodeState.SETUP_FAILED and not noticed(hb):
             return hb
     for hb in hbs:
-        if hb.state is NodeState.EXITED and hb.exit_code not in (None, 0) and not _noticed(hb):
+        if hb.state is NodeState.EXITED and hb.exit_code not in (None, 0) and not noticed(hb):
             return hb
     if all(hb.state is NodeState.EXITED and hb.exit_code == 0 for hb in hbs):
         return hbs[0]
     base = next((hb for hb in hbs if hb.state is not NodeState.EXITED), hbs[0])
     committed = [hb.committed_step for hb in hbs if hb.committed_step is not None]
-    noticed = next((hb for hb in hbs if _noticed(hb)), None)
+    seen = next((hb for hb in hbs if noticed(hb)), None)
     return base.model_copy(update={
         "heartbeat_at": min(hb.heartbeat_at for hb in hbs),
         "committed_step": max(committed) if committed else None,
-        "notice": noticed.notice if noticed is not None else base.notice,
-        "state": NodeState.PREEMPTING if noticed is not None and noticed.state is NodeState.PREEMPTING else base.state,
+        "notice": seen.notice if seen is not None else base.notice,
+        "state": NodeState.PREEMPTING if seen is not None and seen.state is NodeState.PREEMPTING else base.state,
     })
 
 
@@ -275,7 +275,7 @@ def _decide(o: Observation) -> Decision:
         alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0; node deleted", zone=s.zone,
                             restarts=s.restarts, attempt=s.attempt, committed_step=committed)
         return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert)
-    if hb is not None and hb.state is NodeState.SETUP_FAILED and not _noticed(hb):
+    if hb is not None and hb.state is NodeState.SETUP_FAILED and not noticed(hb):
         return _setup_failed(o, s, hb)
     if o.hint == NOTICE:
         early = _on_notice(o, spec, hb)
@@ -335,7 +335,7 @@ def _decide(o: Observation) -> Decision:
         # The audit event is written as the loss begins; the API may still say RUNNING for a moment.
         return Decision(POLL)
     if phase is Phase.RUNNING:
-        if hb is not None and hb.state is NodeState.EXITED and hb.exit_code not in (None, 0) and not _noticed(hb):
+        if hb is not None and hb.state is NodeState.EXITED and hb.exit_code not in (None, 0) and not noticed(hb):
             return _lose(o, spec, hb, "trainer_crashed")
         if hb is None:
             age = _age(now, s.node_started_at)
@@ -388,7 +388,7 @@ def _setup_failed(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
     return Decision(_delete(o) if o.node.present else NONE, st, "setup_failed", alert, details)
 
 
-def _noticed(hb: Heartbeat) -> bool:
+def noticed(hb: Heartbeat) -> bool:
     """The agent saw a preemption/maintenance notice: an exit now is the preemption, not a crash."""
     return hb.notice is not None or hb.state is NodeState.PREEMPTING
 
@@ -457,7 +457,7 @@ LossKind = Literal["preemption", "failure", "boot_failure"]
 def loss_kind(cause: str, hb: Heartbeat | None) -> LossKind:
     if cause == BOOT_FAILURE:
         return "boot_failure"
-    if cause in FAILURE_CAUSES and not (hb is not None and _noticed(hb)):
+    if cause in FAILURE_CAUSES and not (hb is not None and noticed(hb)):
         return "failure"
     return "preemption"
 

@@ -12,10 +12,11 @@ node; its replacement takes the job-wide attempt counter's next number (a new de
 the job: while no other slot holds a node it walks the whole zone list; every other slot waits for it and then
 stays in its zone.
 
-A job of one node forms no generation (membership.forms_generations): its slot's decision is the job's, and the
-top level of its status repeats its slot. For several nodes, when no slot has anything to do, membership.plan
-reads the slots: it forms the generation of the serving members (committed, then written into each member's
-metadata at once: the job's own action, SetGeneration), keeps the survivors' generation while a replacement is on its
+A job of one node and no spares forms no generation (membership.forms_generations): its slot's decision is the
+job's, and the top level of its status repeats its slot. For several slots, when no slot has anything to do,
+membership.plan reads the slots: it forms the generation of `nodes` serving members (committed, then written into
+each member's metadata at once: the job's own action, SetGeneration; a member that left it during its notice is
+named in it, so a spare taking its place restores only after that member's emergency save), keeps the survivors' generation while a replacement is on its
 way, continues on fewer nodes when the zone refused and min_nodes allows, or moves the whole job: `moving` is
 committed, every member is deleted, and slot 0 places the job again outside the zones tried. Such a job ends
 SUCCEEDED when a member's trainer exited 0 with the last step committed (or every member of its generation exited
@@ -26,10 +27,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Sequence
 
-from respawn.contract import EXIT_PREEMPTED, Generation
+from respawn.contract import EXIT_PREEMPTED, SOFT_OFF_SECONDS, Generation, Handover
 from respawn.control import alerts, decide as core, membership
 from respawn.control.decide import ABSENT, NONE, POLL, Act, Action, Decision, NodeObs, Observation, Outcome, Phase
 from respawn.schema import (Heartbeat, JobCounters, JobEvent, JobSpec, JobStatus, MemberStatus, NodeState, SlotStatus,
@@ -68,7 +69,7 @@ class MemberObs:
 def needs_address(spec: JobSpec | None, m: MemberStatus, node: NodeObs) -> bool:
     """Whether reconcile asks the API for a member's internal address: a running member of a job that forms
     generations (its master's address is the generation's), until its address is recorded."""
-    return (spec is not None and membership.forms_generations(spec.nodes) and node.phase is Phase.RUNNING
+    return (spec is not None and membership.forms_generations(spec.slots) and node.phase is Phase.RUNNING
             and m.address is None)
 
 
@@ -84,12 +85,17 @@ def project(s: JobStatus, i: int, nodes: int | None = None) -> SlotStatus:
 
 
 def generation(s: JobStatus) -> Generation | None:
-    return None if s.generation is None else Generation(s.generation["number"], tuple(s.generation["members"]),
-                                                         s.generation["master_addr"])
+    if s.generation is None:
+        return None
+    handover = tuple(Handover(h["node"], h["until"]) for h in s.generation.get("handover") or ())
+    return Generation(s.generation["number"], tuple(s.generation["members"]), s.generation["master_addr"], handover)
 
 
 def _as_data(g: Generation) -> dict[str, Any]:
-    return {"number": g.number, "members": list(g.members), "master_addr": g.master_addr}
+    data = {"number": g.number, "members": list(g.members), "master_addr": g.master_addr}
+    if g.handover:
+        data["handover"] = [{"node": h.node, "until": h.until} for h in g.handover]
+    return data
 
 
 def _aggregate(s: JobStatus) -> JobStatus:
@@ -188,7 +194,7 @@ def _delete_any(o: Observation, members: list[MemberStatus], seen: Sequence[Memb
 def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     """The job's decision; `seen`: one MemberObs per slot (as recorded in status.members)."""
     s, now, spec = o.status, o.now, o.spec
-    nodes = spec.nodes if spec is not None else max(len(s.members), 1)
+    nodes = spec.slots if spec is not None else max(len(s.members), 1)
     members = slots(s, nodes)
     seen = [*seen[:nodes], *(MemberObs() for _ in range(nodes - len(seen)))]
 
@@ -332,6 +338,7 @@ def _membership(o: Observation, spec: JobSpec, members: list[MemberStatus], seen
                 reached = {**s.model_dump(include=set(_PROGRESS)), **_progress(s, beats)}
                 step, committed = reached["last_step"] or 0, reached["last_committed_step"] or 0  # None: nothing yet
                 lost = {"steps_lost": max(step - committed, 0)}
+            g = replace(g, handover=_handover(o, spec, members, seen, beats, previous, g))
             return _new_generation(o, members, g, p.reason, cause="generation", **lost)
         ended = _ended(g, members, beats)
         if len(ended) == len(g.members) or any(_crashed(hb) for _, hb in ended):
@@ -350,6 +357,25 @@ def _membership(o: Observation, spec: JobSpec, members: list[MemberStatus], seen
     full = p.step is membership.Step.RUN and p.generation is not None and p.generation.world_size == spec.nodes
     message = p.reason if p.step is not membership.Step.RUN else _running_message(p.generation, s.zone)
     return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones, **_progress(s, beats))
+
+
+def _handover(o: Observation, spec: JobSpec, members: Sequence[MemberStatus], seen: Sequence[MemberObs],
+              beats: Sequence[Heartbeat | None], previous: Generation | None, g: Generation) -> tuple[Handover, ...]:
+    """The members of `previous` that `g` leaves out while they may still be saving during their notice: a node
+    replaced during its notice (`leaving`), or a slot's node that saw a notice and still runs. A member that
+    starts a trainer in `g` waits for them (a spare taking a noticed member's place restores its emergency save)."""
+    if previous is None:
+        return ()
+    window = timedelta(seconds=spec.notice_seconds + SOFT_OFF_SECONDS)
+    out = []
+    for m, ob, hb in zip(members, seen, beats):
+        gone = m.leaving
+        if gone is not None and gone.node in previous.members and gone.node not in g.members and o.now < gone.until:
+            out.append(Handover(gone.node, gone.until.isoformat()))
+        elif (m.node in previous.members and m.node not in g.members and hb is not None and core.noticed(hb)
+              and ob.node.phase in (Phase.RUNNING, Phase.STOPPING)):
+            out.append(Handover(m.node, (o.now + window).isoformat()))
+    return tuple(out)
 
 
 def _settle(o: Observation, members: list[MemberStatus], waits: Sequence[Action], message: str | None = None,

@@ -1,11 +1,13 @@
 """Multi-node jobs: member slots, generations, and what the job does when a slot is empty. Pure: no cloud
 library, no I/O, no clock.
 
-A job has `spec.nodes` member slots, numbered 0..nodes-1, all in one zone. Slots 0..on_demand_nodes-1 are
-standard (on-demand) VMs, the rest take the spec's model (Spot or preemptible). A slot holds at most one node at a time: its replacement is created only once the old node is gone,
-so a job never has more than `nodes` live nodes, nor two for one slot. Node names stay `{job}-{attempt}` with one
-attempt counter for the whole job (every create takes the next number), so a replacement always has a new name
-and one node is the N = 1 case of the same naming.
+A job has `spec.slots` member slots (its `nodes` and its `spare_nodes`), numbered 0..slots-1, all in one zone.
+Slots 0..on_demand_nodes-1 are standard (on-demand) VMs, the rest take the spec's model (Spot or preemptible). A
+slot holds at most one node at a time (besides one still in its notice: decide._on_notice): its replacement is
+created only once the old node is gone. Node names stay `{job}-{attempt}` with one attempt counter for the whole
+job (every create takes the next number), so a replacement always has a new name and one node is the N = 1 case of
+the same naming. A slot is not tied to a rank: a generation takes `nodes` serving slots, and a serving slot that
+no generation names is a warm spare (prepared, waiting), which the next generation takes in a lost member's place.
 
 A generation is one membership of the training world: its members (node names in node-rank order), the world
 size and the master address. Node rank 0 is the master: an on-demand member when there is one (it is never
@@ -15,7 +17,8 @@ ranks where they can. Every trainer runs against exactly one generation (torchru
 VMs.
 
 What happens when slots are empty (plan()):
-- every slot serves: run the generation of all of them (a new one when the members changed: a replacement joined);
+- `nodes` slots serve: run the generation of them, the previous members first (a new one when the members changed:
+  a replacement or a spare joined);
 - an empty slot's replacement is on its way (created or booting): wait for it; the survivors hold;
 - the zone refused a replacement: continue with the survivors when they are at least `min_nodes` (a smaller
   generation; the refused slots are retried), else move the whole job to the next zone of its list (members have
@@ -33,17 +36,18 @@ from respawn.contract import Generation
 from respawn.schema import JobSpec
 
 
-def forms_generations(nodes: int) -> bool:
-    """Whether a job of `nodes` nodes forms generations: a world of several nodes meets at a master; one node
-    trains alone (its agent starts the trainer as soon as it is prepared), so its slot's decision is the job's."""
-    return nodes > 1
+def forms_generations(slots: int) -> bool:
+    """Whether a job of `slots` member slots (JobSpec.slots: its nodes and spares) forms generations: a world of
+    several nodes meets at a master, and a spare waits until a generation names it; one node alone trains as soon as
+    it is prepared, so its slot's decision is the job's."""
+    return slots > 1
 
 
 def slot_provisioning(spec: JobSpec, slot: int) -> str:
     """The provisioning model of slot `slot`: standard for the first on_demand_nodes slots, else the spec's
     model."""
-    if not 0 <= slot < spec.nodes:
-        raise ValueError(f"slot {slot} is outside 0..{spec.nodes - 1}")
+    if not 0 <= slot < spec.slots:
+        raise ValueError(f"slot {slot} is outside 0..{spec.slots - 1}")
     if slot < spec.on_demand_nodes:
         return "standard"
     return spec.provisioning
@@ -61,15 +65,20 @@ class SlotView:
     refused: bool = False  # the zone refused this slot's replacement in the current round
 
 
-def form_generation(previous: Generation | None, serving: Sequence[SlotView]) -> Generation | None:
-    """The generation of the serving slots: `previous` itself when its members are exactly these, a new one
-    (number + 1) otherwise, None when nothing serves or a serving member has no address yet."""
-    members = [s for s in serving if s.serving and s.node is not None]
-    if not members or any(s.address is None for s in members):
+def form_generation(previous: Generation | None, serving: Sequence[SlotView], size: int | None = None
+                    ) -> Generation | None:
+    """The generation of at most `size` serving slots (None: all of them): `previous` itself when its members are exactly those chosen,
+    a new one (number + 1) otherwise, None when nothing serves or a chosen member has no address yet. The
+    previous generation's members that still serve are chosen first (a spare never displaces a survivor), then
+    on-demand slots, then the lowest slots."""
+    ready = [s for s in serving if s.serving and s.node is not None]
+    kept = set(previous.members) if previous is not None else set()
+    chosen = sorted(ready, key=lambda s: (s.node not in kept, s.provisioning != "standard", s.slot))[:size]
+    if not chosen or any(s.address is None for s in chosen):
         return None
-    if previous is not None and set(previous.members) == {s.node for s in members}:
+    if previous is not None and set(previous.members) == {s.node for s in chosen}:
         return previous
-    by_slot = sorted(members, key=lambda s: s.slot)
+    by_slot = sorted(chosen, key=lambda s: s.slot)
     keep = previous.members[0] if previous is not None else None
     master = next((s for s in by_slot if s.node == keep), None)
     if master is None:
@@ -93,21 +102,21 @@ class Plan:
 
 def plan(spec: JobSpec, slots: Sequence[SlotView], previous: Generation | None) -> Plan:
     """What a multi-node job does with the slots as observed (which empty slot gets a node is job.decide's)."""
-    if sorted(s.slot for s in slots) != list(range(spec.nodes)):
-        raise ValueError(f"expected one view per slot 0..{spec.nodes - 1}, got slots {sorted(s.slot for s in slots)}")
+    if sorted(s.slot for s in slots) != list(range(spec.slots)):
+        raise ValueError(f"expected one view per slot 0..{spec.slots - 1}, got slots {sorted(s.slot for s in slots)}")
     serving = [s for s in slots if s.serving]
     empty = [s for s in slots if not s.serving]
-    if not empty:
-        generation = form_generation(previous, serving)
+    if len(serving) >= spec.nodes:
+        generation = form_generation(previous, serving, spec.nodes)
         if generation is None:
             return Plan(Step.WAIT, previous, "a member's address is not known yet")
-        return Plan(Step.RUN, generation, "every slot serves")
+        return Plan(Step.RUN, generation, "every slot serves" if not empty else f"{spec.nodes} nodes serve")
     refused = [s for s in empty if s.refused]
     on_the_way = [s for s in empty if not s.refused]  # booting, or to be created now
     if not refused:
         return Plan(Step.WAIT, previous, f"waiting for slot(s) {', '.join(str(s.slot) for s in empty)} to serve")
     if len(serving) >= spec.min_nodes:
-        generation = form_generation(previous, serving)
+        generation = form_generation(previous, serving, spec.nodes)
         if generation is None:
             return Plan(Step.WAIT, previous, "a survivor's address is not known yet")
         return Plan(Step.RUN, generation,

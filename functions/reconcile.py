@@ -130,7 +130,7 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
         spec, errors = None, tuple(exc.errors)
     now = deps.now()
     consoles: dict[str, str | None] = {}
-    members = job.slots(status, spec.nodes if spec else len(status.members))
+    members = job.slots(status, spec.slots if spec else len(status.members))
     seen = _observe_members(deps, job_id, spec, members, hint, now, consoles)
     blocked = {}
     if spec is not None and any(core.needs_capacity(m, ob.node, ob.hint) for m, ob in zip(members, seen)):

@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
+from typing import Sequence
 
 from respawn import contract
 from respawn.contract import Heartbeat, NodeState
@@ -316,18 +317,23 @@ class Agent:
         self._attach(trainer)
         return None
 
-    def _await_handover(self) -> bool:
-        """On a node created during its predecessor's notice (ATTR_HANDOVER): wait until that node's final
-        heartbeat says it stopped (its emergency checkpoint is then committed or given up), it never beat, or its
-        notice is over, so that two trainers of one slot never write checkpoints at once. Preparation ran meanwhile.
-        False when a notice or SIGHUP came first. Once per agent."""
-        handover, self.cfg = self.cfg.handover, replace(self.cfg, handover=None)
-        if handover is None:
-            return True
+    def _await_handover(self, named: Sequence[contract.Handover] = ()) -> bool:
+        """Before this node's trainer starts: wait for each node it takes over from (ATTR_HANDOVER, read at boot
+        and used once; `named`: the generation's, contract.Generation.handover) until that node's final heartbeat
+        says it stopped (its emergency checkpoint is then committed or given up), it never beat, or its notice is
+        over, so that two trainers of one place never write checkpoints at once. Preparation ran meanwhile. False
+        when a notice or SIGHUP came first."""
+        boot, self.cfg = self.cfg.handover, replace(self.cfg, handover=None)
+        for handover in [*([boot] if boot is not None else []), *(h for h in named if h.node != self.cfg.node)]:
+            if not self._await_one(handover):
+                return False
+        return True
+
+    def _await_one(self, handover: contract.Handover) -> bool:
         until = datetime.fromisoformat(handover.until)
         doc = contract.heartbeat_id(handover.node, self.cfg.worker)
-        log("INFO", "created during the notice of the node this one replaces: waiting for it to stop before "
-                    "training", predecessor=handover.node, until=handover.until)
+        log("INFO", "taking over from a node in its notice: waiting for it to stop before training",
+            predecessor=handover.node, until=handover.until)
         started, warned = time.monotonic(), False
         while not self._interrupted():
             if datetime.now(timezone.utc) >= until:
@@ -365,7 +371,7 @@ class Agent:
             self._prepared = self._prepare()
             if self._prepared is None or self._interrupted():
                 return
-        if not self._await_handover():
+        if not self._await_handover(generation.handover):
             return
         env = {**self._prepared.env, **self._generation_env(generation)}
         self.exit_code = self.output_tail = None

@@ -51,7 +51,7 @@ ATTR_GENERATION = "respawn-generation"
 ATTR_HANDOVER = "respawn-handover"
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
-LABEL_SLOT = "respawn-slot"  # a multi-node job's member slot (0..nodes-1); set only when the job has several nodes
+LABEL_SLOT = "respawn-slot"  # a member slot (0..nodes+spare_nodes-1); set only when the job has several slots
 # Every label key Respawn writes on a node (respawn.control.nodespec.labels): a job's own labels may not use them,
 # and must leave room for those a node of the job gets within the 64 a VM or TPU node may carry (gcp-facts §9).
 RESPAWN_LABELS = (LABEL_JOB, LABEL_ATTEMPT, LABEL_SLOT)
@@ -160,11 +160,14 @@ def read_rejoin(path: str) -> Optional[Rejoin]:
 @dataclass(frozen=True)
 class Generation:
     """One membership of a multi-node job's training world (ATTR_GENERATION): members are node names in node-rank
-    order, members[0] the master, whose address is master_addr. `number` grows by one with every change."""
+    order, members[0] the master, whose address is master_addr. `number` grows by one with every change.
+    `handover`: members of the previous generation that left it during their notice and may still be saving their
+    emergency checkpoint; a member that starts a new trainer in this one waits for them first (as ATTR_HANDOVER)."""
 
     number: int
     members: Tuple[str, ...]
     master_addr: str
+    handover: Tuple["Handover", ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -178,8 +181,10 @@ class Generation:
             raise ValueError(f"{node} is not a member of generation {self.number} ({', '.join(self.members)})") from None
 
     def to_json(self) -> str:
-        return json.dumps({"number": self.number, "members": list(self.members), "master_addr": self.master_addr},
-                          separators=(",", ":"))
+        data: Dict[str, Any] = {"number": self.number, "members": list(self.members), "master_addr": self.master_addr}
+        if self.handover:
+            data["handover"] = [{"node": h.node, "until": h.until} for h in self.handover]
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "Generation":
@@ -201,7 +206,12 @@ class Generation:
             ipaddress.ip_address(master)
         except ValueError:
             raise ValueError(f"{ATTR_GENERATION}.master_addr must be an IP address, got {master!r}") from None
-        return cls(number, tuple(members), master)
+        handover = data.get("handover") or []
+        try:
+            leaving = tuple(Handover(str(h["node"]), str(h["until"])) for h in handover)
+        except (KeyError, TypeError):
+            raise ValueError(f"{ATTR_GENERATION}.handover must be a list of {{node, until}}, got {handover!r}") from None
+        return cls(number, tuple(members), master, leaving)
 
 # ---- exit codes --------------------------------------------------------------------------------------------
 

@@ -311,6 +311,10 @@ class JobSpec(_Strict):
                     "node needed); stored resolved")
     on_demand_nodes: int = Field(default=0, ge=0, description="how many of the nodes are standard (on-demand) VMs; "
                                                               "the rest use provisioning (spot or preemptible)")
+    spare_nodes: int = Field(default=0, ge=0, le=MAX_NODES,
+                             description="GPU jobs: extra nodes kept booted and set up in the job's zone, waiting; "
+                                         "a lost node's place goes to a ready spare at once, and its replacement "
+                                         "becomes the next spare")
     zones: list[Annotated[str, AfterValidator(_zone_name)]] = Field(min_length=1, description="ordered by preference")
     trainer: Trainer
     checkpoint_uri: str
@@ -409,6 +413,23 @@ class JobSpec(_Strict):
                              "are Spot")
         return v
 
+    @field_validator("spare_nodes")
+    @classmethod
+    def _spare_nodes(cls, v: int, info: ValidationInfo) -> int:
+        accelerator, nodes = info.data.get("accelerator"), info.data.get("nodes")
+        if v and getattr(accelerator, "kind", None) == "tpu":
+            raise ValueError(f"{v}: spares are GPU VMs that join a generation of the job's nodes; a TPU job is one "
+                             "node (its slice): leave spare_nodes at 0")
+        if nodes is not None and nodes + v > MAX_NODES:
+            raise ValueError(f"{v}: nodes ({nodes}) and spare_nodes together exceed {MAX_NODES}, the most VMs of one "
+                             "job")
+        return v
+
+    @property
+    def slots(self) -> int:
+        """The job's member slots: its nodes and its spares (each slot holds at most one node at a time)."""
+        return self.nodes + self.spare_nodes
+
     @field_validator("zones")
     @classmethod
     def _zones(cls, v: list[str]) -> list[str]:
@@ -451,7 +472,7 @@ class JobSpec(_Strict):
         """A node of this job, as the control plane would create it, must be within the platform's limits: refused
         here, with the field named, instead of by an HTTP 400 at every create."""
         errors = []
-        labels = node_labels(self, MAX_ATTEMPT, slot=self.nodes - 1)
+        labels = node_labels(self, MAX_ATTEMPT, slot=self.slots - 1)
         if len(labels) > MAX_NODE_LABELS:
             own = sorted(set(labels) - set(self.labels))
             errors.append((("labels",), f"{len(self.labels)} labels: a node carries at most {MAX_NODE_LABELS}, and "
@@ -477,7 +498,7 @@ class JobSpec(_Strict):
 
 def node_labels(spec: JobSpec, attempt: int, slot: int = 0) -> dict[str, str]:
     out = {**spec.labels, LABEL_JOB: spec.id, LABEL_ATTEMPT: str(attempt)}
-    if spec.nodes > 1:
+    if spec.slots > 1:
         out[LABEL_SLOT] = str(slot)
     return out
 
@@ -523,7 +544,7 @@ def node_metadata(spec: JobSpec, attempt: int, project: str, startup_script: str
         # installed it on first boot only when asked. Harmless where the driver is there or the image ignores the
         # key (gcp-facts §9). TPU VMs have no NVIDIA GPU and never get it.
         items[ATTR_INSTALL_NVIDIA_DRIVER] = "True"
-    if spec.nodes > 1:
+    if spec.slots > 1:
         # Present but empty: the agent is a member and waits until the controller writes a generation naming it.
         items[ATTR_GENERATION] = ""
     return items

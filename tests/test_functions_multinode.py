@@ -269,3 +269,39 @@ def test_every_zone_stocked_out_waits_then_places_every_member_in_one_zone(contr
     _swept_until(controller, lambda: len(controller.live(job)) == 2, timeout=40,
                  what="both members once capacity returns")
     assert {n["zone"] for n in controller.live(job)} == {ZONES[1]} and not _zones_overlap(controller, job)
+
+
+def test_a_warm_spare_takes_a_preempted_members_place_without_waiting_for_its_replacement(controller):
+    spec = _spec("spr", nodes=2, spare_nodes=1)
+    job = controller.register(spec)
+    assert controller.job_created(job) == 200
+    controller.sim.wait_for(lambda: all(_members(controller, job)) and len(controller.live(job)) == 3
+                            and all(n["status"] == "RUNNING" for n in controller.live(job)), timeout=30,
+                            what="spr's 2 nodes and its spare running")
+    assert controller.sweep() == 200
+    _beat_all(controller, job)
+    g1 = _generation(controller, job, 1)
+    assert g1["members"] == ["spr-1", "spr-2"]  # the lowest slots; spr-3 is the spare, named by no generation
+    live = {n["name"]: n for n in controller.live(job)}
+    assert live["spr-3"]["attributes"][ATTR_GENERATION] == "" and live["spr-3"]["labels"][LABEL_SLOT] == "2"
+
+    for node in g1["members"]:
+        controller.heartbeat(node, state="training", generation=1)
+    controller.sim.preempt(ZONES[0], "spr-2")
+    assert controller.log_event(controller.wait_system_event("spr-2")) == 200
+    controller.heartbeat("spr-1", state="waiting", generation=1, exit_code=75)
+    # The spare joins now; slot 1's replacement (spr-4) is made meanwhile and never beats in this test.
+    g2 = _generation(controller, job, 2)
+    assert g2["members"] == ["spr-1", "spr-3"] and g2["master_addr"] == g1["master_addr"]
+    controller.sim.wait_for(lambda: controller.sim.status_of(ZONES[0], "spr-4") == "RUNNING", timeout=30,
+                            what="slot 1's replacement spr-4 running")
+    live = {n["name"]: n for n in controller.live(job)}
+    assert sorted(live) == ["spr-1", "spr-3", "spr-4"] and live["spr-4"]["labels"][LABEL_SLOT] == "1"
+    assert live["spr-4"]["attributes"][ATTR_GENERATION] == ""  # the next spare
+    controller.heartbeat("spr-4", state="waiting")
+    for node in g2["members"]:
+        controller.heartbeat(node, state="training", generation=2)
+    _swept_until(controller, lambda: not controller.status(job).recovering, 30, "spr recovered")
+    st = controller.status(job)
+    assert (st.state.value, st.generation["number"], st.restarts) == ("RUNNING", 2, 1)
+    assert controller.sim.max_live(job) == 3 and not _zones_overlap(controller, job)

@@ -274,3 +274,69 @@ def test_writing_a_generation_is_the_jobs_own_action_with_its_own_outcomes():
     status, _ = running_job(GEN1, sent=1)
     after = job.after_act("job", status, write, Outcome(OutcomeKind.DONE), NOW).status
     assert [m.generation_sent for m in after.members] == [2, 1, 1]
+
+
+# ---- warm spares (spec.spare_nodes): a fourth slot whose node waits, prepared, for a generation naming it -----------
+
+SPARED = parse_spec({**SPEC.to_doc(), "spare_nodes": 1, "trainer": {"command": ["python", "t.py"]}})
+
+
+def spared_job(generation=GEN1, sent=1) -> tuple[JobStatus, list[MemberObs]]:
+    members = [member(i, i + 1, generation_sent=sent if i < 3 else 0) for i in range(4)]
+    status = JobStatus(state=State.RUNNING, attempt=4, zone=ZONES[0], node="job-1", members=members,
+                       generation=generation)
+    seen = [*(training(i) for i in range(3)), MemberObs(RUNNING, beat(4), "10.0.0.4")]
+    return status, seen
+
+
+def test_a_spare_slot_is_created_with_the_others_and_named_by_no_generation():
+    d = job.decide(observe(JobStatus(), [], spec=SPARED), [])
+    assert len(d.status.members) == 4
+    status, seen = spared_job(generation=None, sent=0)
+    d = job.decide(observe(status, seen, spec=SPARED), seen)
+    assert d.cause == "generation" and d.status.generation == GEN1  # slots 0-2: the spare waits
+    d = job.decide(observe(d.status, seen, spec=SPARED), seen)
+    assert [t[2] for t in d.action.targets] == ["job-1", "job-2", "job-3"]  # the spare is never written to
+
+
+def test_a_lost_member_is_replaced_by_the_ready_spare_at_once_and_its_slots_new_node_becomes_the_spare():
+    status, seen = spared_job()
+    seen[1] = MemberObs()  # job-2 is gone (404): its slot's replacement job-5 is created...
+    d = job.decide(observe(status, seen, spec=SPARED), seen)
+    assert (d.action.kind, d.action.node, d.action.slot) == (Act.CREATE, "job-5", 1)
+    booting = [seen[0], MemberObs(NodeObs(Phase.BOOTING, "STAGING")), *seen[2:]]
+    # ...and, without waiting for it, the spare job-4 takes job-2's place: the survivors keep their ranks.
+    formed, _ = settle(d.status, booting, spec=SPARED)
+    assert formed.generation["members"] == ["job-1", "job-3", "job-4"] and formed.generation["number"] == 2
+    assert "handover" not in formed.generation  # job-2 is gone: nothing of it to wait for
+    assert [m.generation_sent for m in formed.members] == [2, 0, 2, 2]
+    # job-5 serves: it is the next spare, and generation 2 stays.
+    job5 = formed.members[1].model_copy(update={"state": State.RUNNING, "create_state": "created",
+                                               "address": "10.0.0.5"})
+    ready = formed.model_copy(update={"members": [formed.members[0], job5, *formed.members[2:]]})
+    now_serving = [training(0, 2), MemberObs(RUNNING, beat(5), "10.0.0.5"), training(2, 2), training(3, 2)]
+    assert settle(ready, now_serving, spec=SPARED)[0].generation["number"] == 2
+
+
+def test_a_member_in_its_notice_is_replaced_by_the_spare_which_waits_for_its_emergency_save():
+    status, seen = spared_job()
+    noticed = [seen[0], MemberObs(RUNNING, beat(2, "preempting", generation=1, notice="preempted"), "10.0.0.2",
+                                  hint="notice"), *seen[2:]]
+    d = job.decide(observe(status, noticed, spec=SPARED), noticed)
+    assert (d.action.kind, d.action.node, d.action.slot) == (Act.CREATE, "job-5", 1)
+    assert d.status.members[1].leaving.node == "job-2"
+    booting = [seen[0], MemberObs(NodeObs(Phase.BOOTING, "STAGING")), *seen[2:]]
+    formed, _ = settle(d.status, booting, spec=SPARED)
+    assert formed.generation["members"] == ["job-1", "job-3", "job-4"]
+    assert formed.generation["handover"] == [{"node": "job-2", "until": d.status.members[1].leaving.until.isoformat()}]
+    assert Generation.from_json(job.generation(formed).to_json()).handover[0].node == "job-2"
+
+
+def test_a_member_whose_heartbeat_says_notice_is_left_out_for_the_spare_with_a_handover_of_its_window():
+    # No head start (the notice seen in its heartbeat alone): the member still runs, saving; the spare takes its place.
+    status, seen = spared_job()
+    noticed = [seen[0], MemberObs(RUNNING, beat(2, "preempting", generation=1, notice="preempted"), "10.0.0.2"),
+               *seen[2:]]
+    formed, _ = settle(status, noticed, spec=SPARED)
+    assert formed.generation["members"] == ["job-1", "job-3", "job-4"]
+    assert formed.generation["handover"] == [{"node": "job-2", "until": (NOW + timedelta(seconds=30)).isoformat()}]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from respawn.contract import Handover
 from respawn.control.membership import Generation, SlotView, Step, form_generation, plan, slot_provisioning
 from respawn.schema import parse_spec
 
@@ -121,3 +122,54 @@ def test_a_planned_generation_holds_serving_nodes_only_and_at_least_min_nodes():
 def test_plan_wants_one_view_per_slot():
     with pytest.raises(ValueError, match="one view per slot 0..2"):
         plan(HYBRID, [serving(0), serving(1)], FIRST)
+
+
+# ---- warm spares: slots beyond `nodes` (spec.spare_nodes) --------------------------------------------------------
+
+SPARED = spec(on_demand_nodes=1, spare_nodes=2)  # 5 slots: 3 members' worth, 2 spares
+
+
+def test_a_ready_spare_takes_a_lost_members_place_and_never_displaces_a_survivor():
+    # Generation 1 of slots 0-2; slots 3 and 4 serve as spares and are named by no generation.
+    views = [serving(0), serving(1), serving(2), serving(3), serving(4)]
+    first = plan(SPARED, views, None).generation
+    assert first.members == ("job-1", "job-2", "job-3") and first.master_addr == "10.0.0.10"
+    assert plan(SPARED, views, first).generation is first  # the spares serving change nothing
+    # Slot 1's node is lost: slot 3's spare (the lowest) joins at once; survivors keep their ranks.
+    lost = [serving(0), empty(1), serving(2), serving(3), serving(4)]
+    got = plan(SPARED, lost, first)
+    assert got.step is Step.RUN and got.generation.members == ("job-1", "job-3", "job-4")
+    # Slot 1's replacement serves later: it is the next spare, the generation stays.
+    back = [serving(0), serving(1, node="job-9"), serving(2), serving(3), serving(4)]
+    assert plan(SPARED, back, got.generation).generation is got.generation
+    # The on-demand master lost: a spare joins and the master moves to the lowest remaining slot.
+    master_lost = plan(SPARED, [empty(0), serving(1), serving(2), serving(3), booting(4)], first).generation
+    assert master_lost.members == ("job-2", "job-3", "job-4") and master_lost.master_addr == "10.0.0.11"
+
+
+def test_spares_only_count_once_they_serve():
+    # Both spares still booting when a member goes: wait as without spares.
+    got = plan(SPARED, [serving(0), empty(1), serving(2), booting(3), booting(4)], FIRST)
+    assert got.step is Step.WAIT and got.generation is FIRST
+    # The spare chosen (the lowest ready slot) has no address yet: wait for it.
+    got = plan(SPARED, [serving(0), empty(1), serving(2), SlotView(3, "job-4", True, None), serving(4)], FIRST)
+    assert got.step is Step.WAIT
+
+
+def test_a_generation_with_a_handover_round_trips():
+    g = Generation(3, ("job-1", "job-4"), "10.0.0.10", (Handover("job-2", "2026-11-25T07:00:00+00:00"),))
+    assert Generation.from_json(g.to_json()) == g
+    assert Generation.from_json(FIRST.to_json()).handover == ()
+    with pytest.raises(ValueError, match="handover must be a list"):
+        Generation.from_json('{"number": 1, "members": ["a"], "master_addr": "10.0.0.1", "handover": [{"x": 1}]}')
+
+
+def test_spares_are_gpu_only_and_within_the_node_limit():
+    assert SPARED.slots == 5
+    with pytest.raises(ValueError, match="a TPU job is one node"):
+        parse_spec({"id": "t", "accelerator": {"kind": "tpu", "accelerator_type": "v5litepod-8",
+                                               "runtime_version": "v2-alpha-tpuv5-lite"},
+                    "zones": ["us-central1-a"], "trainer": {"command": ["python", "t.py"]},
+                    "checkpoint_uri": "gs://b/j", "spare_nodes": 1})
+    with pytest.raises(ValueError, match="exceed 64"):
+        spec(nodes=60, spare_nodes=5)
