@@ -483,6 +483,8 @@ def plan_cmd(
     on_demand_nodes: int = typer.Option(0, min=0, help="of them on-demand: adds the hybrid strategy"),
     min_nodes: Optional[int] = typer.Option(None, min=1, help="train on this many while replacements boot: adds the "
                                                               "elastic strategy when below --nodes"),
+    spare_nodes: int = typer.Option(0, min=0, help="warm spares (the spec's spare_nodes): adds the spares strategy "
+                                                   "and what they cost and save"),
     state_gb: float = typer.Option(10.0, help="checkpoint size in GB"),
     checkpoint_interval_min: float = typer.Option(30.0, help="periodic checkpoint interval, minutes"),
     boot_s: float = typer.Option(90.0, help="seconds from create call to a training node"),
@@ -498,8 +500,8 @@ def plan_cmd(
     plot: Optional[Path] = typer.Option(None, help="write an SVG chart here"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Goodput and cost of a Spot job under three recovery strategies, and of the hybrid and elastic layouts of
-    several nodes, by Monte Carlo simulation."""
+    """Goodput and cost of a Spot job under three recovery strategies, of the hybrid and elastic layouts of several
+    nodes, and of warm spares, by Monte Carlo simulation."""
 
     def go() -> None:
         from respawn.plan import PlanInputs, max_emergency_state_gb, plan, svg_chart, with_bench
@@ -514,6 +516,7 @@ def plan_cmd(
             job_hours=job_hours, mtbp_hours=mtbp_hours, state_gb=state_gb, checkpoint_interval_min=checkpoint_interval_min,
             boot_s=boot_s, notice_s=notice_s, spot_price=spot_price, on_demand_price=on_demand_price,
             runs=runs, seed=seed, nodes=nodes, on_demand_nodes=on_demand_nodes, min_nodes=min_nodes,
+            spare_nodes=spare_nodes,
         )
         from dataclasses import replace
 
@@ -536,7 +539,8 @@ def plan_cmd(
         planned = result.inputs  # min_nodes resolved
         layout = f" on {planned.nodes} nodes" if planned.nodes > 1 else ""
         variants = ([f"hybrid: {planned.on_demand_nodes} on-demand"] if planned.on_demand_nodes else []) + (
-            [f"elastic: trains on {planned.min_nodes} or more"] if planned.min_nodes < planned.nodes else [])
+            [f"elastic: trains on {planned.min_nodes} or more"] if planned.min_nodes < planned.nodes else []) + (
+            [f"spares: {planned.spare_nodes} warm"] if planned.spare_nodes else [])
         if variants:
             layout += f" ({'; '.join(variants)})"
         elastic = any(r.strategy == "elastic" for r in result.results)
@@ -561,6 +565,13 @@ def plan_cmd(
             "up to "
             f"{max_emergency_state_gb(inputs):.1f} GB at this disk speed"
         )
+        if result.spares is not None:
+            s = result.spares
+            out.print(f"spares: {s.spare_nodes} Spot node{'s'[:s.spare_nodes > 1]} all along: +${s.cost:.2f} (preempted "
+                      f"{s.spare_preemptions:.1f} times, each replaced); a ready spare took {s.joined:.0%} of the "
+                      f"losses, recovery −{s.recovery_saved_s / 60:.1f} min per loss: {s.downtime_saved_hours:.2f} h and "
+                      f"${s.recovery_cost_saved:.2f} of node time saved; net {'+' if s.net >= 0 else '−'}"
+                      f"${abs(s.net):.2f} against {s.against}")
         if plot is not None:
             out.print(f"chart written to {plot}")
 

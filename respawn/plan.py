@@ -29,6 +29,20 @@ Two more layouts, both with respawn's recovery, are planned when the inputs ask 
   world stops once more to take it back (a synchronous save, `restart_s`, a restore). Below `min_nodes` the job
   waits for replacements as the others do. Failures of the degraded world are drawn at its own Spot count.
 
+One more, when `spare_nodes` ≥ 1:
+
+- `spares`: respawn's recovery with the hybrid node mix and `spare_nodes` warm spares: Spot VMs booted and set up in
+  the job's zone, waiting. A member loss while a spare is ready costs the function, the longer of the spare's
+  trainer start and join (`spare_join_s`) and the noticed node's emergency save (the handover), and the restore: no
+  create, boot or stockout. The lost slot's replacement is created at once and is the next ready spare `boot_s`
+  later (in a stocked-out zone it waits the stockout out: spares stay in the job's zone). With no spare ready the
+  loss recovers as respawn's does. A spare is preempted at the members' per-node rate from the moment it is up (a
+  booting one is not drawn); its slot's replacement boots as above and training does not notice. Each spare slot
+  bills Spot for the whole wall time (the seconds a slot stands empty between a preemption and the next create are
+  billed too: a slight overcount). `Plan.spares` sets the row against the same layout without spares (respawn, or
+  hybrid). Not modelled: a spare that comes up while a loss waits for a fresh replacement does not take its place;
+  a move of the whole job to another zone (a refused replacement, no spare ready) takes the spares along at no cost.
+
 The on-demand baseline (`Plan.on_demand_cost`) is every node on demand for `job_hours` plus a boot.
 
 Pure Python, no cloud: `respawn plan` is its front end.
@@ -44,7 +58,7 @@ from dataclasses import asdict, dataclass, field, replace
 from respawn.contract import DEFAULT_NOTICE_BUDGET_SECONDS, SOFT_OFF_SECONDS
 
 ALL_SPOT = ("poll-and-restart", "polling", "respawn")
-STRATEGIES = (*ALL_SPOT, "hybrid", "elastic")
+STRATEGIES = (*ALL_SPOT, "hybrid", "elastic", "spares")
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,7 @@ class PlanInputs:
     nodes: int = 1  # GPU VMs of the job, one training world
     on_demand_nodes: int = 0  # of them on-demand (the hybrid layout); the rest Spot
     min_nodes: int | None = None  # the elastic layout trains on this many while replacements boot; None: nodes
+    spare_nodes: int = 0  # warm spares (JobSpec.spare_nodes), Spot, booted and set up: adds the spares row
     state_gb: float = 10.0  # checkpoint size
     checkpoint_interval_min: float = 30.0  # periodic checkpoint interval
     write_gbps: float = 0.35  # sustained fsync'd write throughput to the checkpoint store (GB/s)
@@ -71,6 +86,7 @@ class PlanInputs:
     restart_wait_s: float = 60.0  # such a script sleeps this long before recreating (the seeds: 60 s)
     polling_poll_s: float = 15.0  # SkyPilot's job-status poll
     restart_s: float = 60.0  # elastic: the world re-forms on other nodes (rendezvous, process start), restore aside
+    spare_join_s: float = 15.0  # a ready spare's trainer starts and joins the generation, restore aside
     stockout_probability: float = 0.3  # chance that the preempting zone has no capacity afterwards
     stockout_minutes: float = 30.0  # mean length of such a stockout
     spot_price: float = 1.47  # $/h of the node on Spot
@@ -87,12 +103,15 @@ class PlanInputs:
         if self.min_nodes is not None and (not isinstance(self.min_nodes, int)
                                            or not 1 <= self.min_nodes <= self.nodes):
             raise ValueError(f"min_nodes must be a whole number within 1..nodes ({self.nodes}), got {self.min_nodes}")
+        if not isinstance(self.spare_nodes, int) or self.spare_nodes < 0:
+            raise ValueError(f"spare_nodes must be a whole number of at least 0, got {self.spare_nodes}")
         positive = ("job_hours", "mtbp_hours", "checkpoint_interval_min", "write_gbps", "read_gbps", "runs")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("state_gb", "stall_ratio", "notice_budget_s", "function_s", "boot_s",
-                        "setup_s", "restart_poll_s", "restart_wait_s", "polling_poll_s", "restart_s", "stockout_minutes",
+                        "setup_s", "restart_poll_s", "restart_wait_s", "polling_poll_s", "restart_s", "spare_join_s",
+                        "stockout_minutes",
                         "spot_price", "on_demand_price")
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -123,17 +142,38 @@ class StrategyResult:
 
 
 @dataclass
+class SparesEffect:
+    """What the `spares` row's warm spares cost and save, against the row of the same layout without them (means
+    per run)."""
+
+    spare_nodes: int
+    against: str  # the row without spares: respawn, or hybrid when some nodes are on demand
+    cost: float  # the spares' own bill: Spot, every slot the whole wall time
+    spare_preemptions: float  # of the spares themselves: each one replaced, training unaffected
+    joined: float  # share of member losses a ready spare took (the others recovered as without spares)
+    recovery_saved_s: float  # downtime per member loss: without spares, less with them
+    downtime_saved_hours: float
+    wall_saved_hours: float
+    recovery_cost_saved: float  # the rest of the bill (idle survivors, replacement boots, a longer run) less with
+    net: float  # the spares row's cost less the other's: positive where the spares cost more than they save
+
+
+@dataclass
 class Plan:
     inputs: PlanInputs
     on_demand_cost: float
     results: list[StrategyResult] = field(default_factory=list)
+    spares: SparesEffect | None = None  # when the spares row and the one it is set against are both planned
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "inputs": asdict(self.inputs),
             "on_demand_cost": round(self.on_demand_cost, 2),
             "strategies": {r.strategy: {k: _round(v) for k, v in asdict(r).items() if k != "strategy"} for r in self.results},
         }
+        if self.spares is not None:
+            out["spares"] = {k: _round(v) for k, v in asdict(self.spares).items()}
+        return out
 
 
 def _round(v):
@@ -184,11 +224,17 @@ def _recovery_s(strategy: str, p: PlanInputs, rng: random.Random, stocked_out: b
     return p.function_s + failed_try + max(p.boot_s, _save_s(p)) + restore
 
 
+def _spare_recovery_s(p: PlanInputs) -> float:
+    """Seconds from the notice until a ready spare trains in the lost member's place: respawn's recovery with the
+    spare's trainer start in place of a create and boot, and no stockout (the spare is already in the zone)."""
+    return p.function_s + max(p.spare_join_s, _save_s(p)) + p.state_gb / p.read_gbps
+
+
 def _replacement_s(p: PlanInputs, stockout: float, move: bool) -> float:
-    """Seconds from the notice until the replacement of one node of an elastic job is up, restore not included.
-    While enough survivors train on in the zone, the replacement waits out a stockout there (`stockout` seconds
-    long; the create call made when it ends is one more function run); with too few (`move`), a stockout moves the
-    job to the next zone after one failed create, as respawn's recovery does."""
+    """Seconds from the notice until the replacement of one node of an elastic job, or of a spare, is up, restore
+    not included. While enough survivors train on in the zone (and always for a spare), the replacement waits out a
+    stockout there (`stockout` seconds long; the create call made when it ends is one more function run); with too
+    few (`move`), a stockout moves the job to the next zone after one failed create, as respawn's recovery does."""
     if move:
         return p.function_s + (p.function_s if stockout else 0.0) + max(p.boot_s, _save_s(p))
     waited = stockout + p.function_s if stockout else 0.0
@@ -204,12 +250,31 @@ def _until_preempt(spot_nodes: int, p: PlanInputs, rng: random.Random) -> float:
     return rng.expovariate(spot_nodes / (p.mtbp_hours * 3600)) if spot_nodes else math.inf
 
 
-def _simulate_run(strategy: str, p: PlanInputs, rng: random.Random) -> dict:
-    """One run in which every loss stops the job until its replacement is training: the all-Spot strategies, and
-    hybrid (respawn's recovery, `on_demand_nodes` of the nodes never preempted)."""
-    hybrid = strategy == "hybrid"
+def _simulate_run(strategy: str, p: PlanInputs, rng: random.Random, spare_rng: random.Random | None = None) -> dict:
+    """One run in which every loss stops the job until its replacement (or a ready spare) is training: the all-Spot
+    strategies, hybrid (respawn's recovery, `on_demand_nodes` of the nodes never preempted), and spares (hybrid's
+    layout with `spare_nodes` warm spares; with none it is hybrid draw for draw). The spares' own preemptions are
+    drawn from `spare_rng` (default `rng`), so that `rng` draws the members' losses exactly as without spares."""
+    spare_rng = spare_rng or rng
+    hybrid = strategy in ("hybrid", "spares")
     mechanics = "respawn" if hybrid else strategy
     on_demand = p.on_demand_nodes if hybrid else 0
+    spares = p.spare_nodes if strategy == "spares" else 0
+    ready_at = [0.0] * spares  # per spare slot: when its VM is up and waiting (wall time)
+    lost_at = [_until_preempt(1, p, spare_rng) for _ in range(spares)]  # and when that VM's notice comes
+    spare_preemptions = joined = 0
+    spare_down = 0.0  # downtime of the recoveries a spare took
+
+    def spares_until(now: float) -> None:
+        """Play each spare slot's own preemptions up to `now`: a preempted spare's replacement waits out a stockout
+        in the zone, boots, and is preempted in its turn."""
+        nonlocal spare_preemptions
+        for j in range(spares):
+            while lost_at[j] <= now:
+                spare_preemptions += 1
+                ready_at[j] = lost_at[j] + _replacement_s(p, _draw_stockout(p, spare_rng), move=False)
+                lost_at[j] = ready_at[j] + _until_preempt(1, p, spare_rng)
+
     spot = p.nodes - on_demand
     need = p.job_hours * 3600
     interval = p.checkpoint_interval_min * 60
@@ -248,19 +313,35 @@ def _simulate_run(strategy: str, p: PlanInputs, rng: random.Random) -> dict:
         redone += done - committed
         done = committed
         since_ckpt = 0.0
-        recovery = _recovery_s(mechanics, p, rng, rng.random() < p.stockout_probability)
+        spares_until(wall)
+        ready = [j for j in range(spares) if ready_at[j] <= wall]
+        if ready:
+            # The spare takes the lost member's place; the slot's replacement is created now and waits as a spare.
+            # Its stockout is drawn from `rng` as the recovery without a spare draws one: the streams stay aligned.
+            joined += 1
+            recovery = _spare_recovery_s(p)
+            spare_down += recovery
+            ready_at[ready[0]] = wall + _replacement_s(p, _draw_stockout(p, rng), move=False)
+            lost_at[ready[0]] = ready_at[ready[0]] + _until_preempt(1, p, spare_rng)
+        else:
+            recovery = _recovery_s(mechanics, p, rng, rng.random() < p.stockout_probability)
         wall += recovery
         down += recovery
+    spares_until(wall)
     useful = need
     # Node time billed: every node while the job trains; the survivors through a recovery (a polling controller
-    # lets them go and relaunches the whole cluster); each node that boots (a booting node bills too).
+    # lets them go and relaunches the whole cluster), and the spare that joins through its recovery; each node that
+    # boots as a member (a booting node bills too); every spare slot all along (a replacement that boots into one
+    # is in its bill).
     idle_survivors, boots = (0, p.nodes) if mechanics == "polling" else (p.nodes - 1, 1)
-    node_hours = p.nodes * (wall - down) / 3600 + idle_survivors * down / 3600 + preemptions * boots * p.boot_s / 3600
+    node_hours = p.nodes * (wall - down) / 3600 + idle_survivors * down / 3600 + (
+        preemptions - joined) * boots * p.boot_s / 3600 + (spare_down + spares * wall) / 3600
     on_demand_hours = on_demand * wall / 3600  # never preempted: billed all along, at the on-demand price
     return {
         "wall": wall, "down": down, "redone": redone, "ckpt": ckpt, "useful": useful, "degraded": 0.0,
         "preemptions": preemptions, "saved": saved,
         "cost": (node_hours - on_demand_hours) * p.spot_price + on_demand_hours * p.on_demand_price,
+        "spare_cost": spares * wall / 3600 * p.spot_price, "spare_preemptions": spare_preemptions, "joined": joined,
     }
 
 
@@ -359,11 +440,41 @@ def _simulate_elastic(p: PlanInputs, rng: random.Random, min_nodes: int) -> dict
 
 
 def default_strategies(p: PlanInputs) -> tuple[str, ...]:
-    """The all-Spot strategies, and hybrid and elastic where the inputs describe them."""
+    """The all-Spot strategies, and hybrid, elastic and spares where the inputs describe them."""
     extra = ("hybrid",) if p.on_demand_nodes else ()
     if p.min_nodes is not None and p.min_nodes < p.nodes:
         extra += ("elastic",)
+    if p.spare_nodes:
+        extra += ("spares",)
     return ALL_SPOT + extra
+
+
+def _spares_against(p: PlanInputs) -> str:
+    """The row of the spares row's layout without spares."""
+    return "hybrid" if p.on_demand_nodes else "respawn"
+
+
+def _spares_effect(p: PlanInputs, rows: dict[str, StrategyResult], runs: list[dict]) -> SparesEffect | None:
+    """The spares row (`runs` are its simulated runs) against the row of its layout without spares, if planned."""
+    against = _spares_against(p)
+    if against not in rows:
+        return None
+    with_, without = rows["spares"], rows[against]
+    cost = statistics.fmean(r["spare_cost"] for r in runs)
+
+    def per_loss(r: StrategyResult) -> float:
+        return r.downtime_hours * 3600 / r.preemptions if r.preemptions else 0.0
+
+    return SparesEffect(
+        spare_nodes=p.spare_nodes, against=against, cost=cost,
+        spare_preemptions=statistics.fmean(r["spare_preemptions"] for r in runs),
+        joined=statistics.fmean(r["joined"] for r in runs) / with_.preemptions if with_.preemptions else 0.0,
+        recovery_saved_s=per_loss(without) - per_loss(with_),
+        downtime_saved_hours=without.downtime_hours - with_.downtime_hours,
+        wall_saved_hours=without.wall_hours - with_.wall_hours,
+        recovery_cost_saved=without.cost - (with_.cost - cost),
+        net=with_.cost - without.cost,
+    )
 
 
 def plan(p: PlanInputs, strategies: tuple[str, ...] | None = None) -> Plan:
@@ -380,10 +491,19 @@ def plan(p: PlanInputs, strategies: tuple[str, ...] | None = None) -> Plan:
             raise ValueError("hybrid needs on_demand_nodes of at least 1 (the nodes that run on demand)")
         if strategy == "elastic" and p.min_nodes >= p.nodes:
             raise ValueError(f"elastic needs min_nodes below nodes ({p.nodes}), got {p.min_nodes}")
+        if strategy == "spares" and not p.spare_nodes:
+            raise ValueError("spares needs spare_nodes of at least 1 (the warm spares it keeps)")
+    spare_runs: list[dict] = []
     for i, strategy in enumerate(strategies):
         rng = random.Random(p.seed * 1000 + i)
         if strategy == "elastic":
             runs = [_simulate_elastic(p, rng, p.min_nodes) for _ in range(p.runs)]
+        elif strategy == "spares":
+            # Common random numbers: the members' losses are drawn as for the row without spares (its seed), the
+            # spares' own preemptions from this row's, so the two rows differ by what the spares do alone.
+            members = _spares_against(p)
+            member_rng = random.Random(p.seed * 1000 + strategies.index(members)) if members in strategies else rng
+            runs = spare_runs = [_simulate_run(strategy, p, member_rng, rng) for _ in range(p.runs)]
         else:
             runs = [_simulate_run(strategy, p, rng) for _ in range(p.runs)]
         walls = sorted(r["wall"] for r in runs)
@@ -405,6 +525,8 @@ def plan(p: PlanInputs, strategies: tuple[str, ...] | None = None) -> Plan:
                 degraded_hours=mean("degraded") / 3600,
             )
         )
+    if "spares" in strategies:
+        result.spares = _spares_effect(p, {r.strategy: r for r in result.results}, spare_runs)
     return result
 
 

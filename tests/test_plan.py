@@ -187,7 +187,10 @@ def test_elastic_with_min_nodes_equal_to_nodes_is_the_hybrid_model():
     [({"nodes": 0}, "nodes must be a whole number of at least 1"),
      ({"nodes": 2, "on_demand_nodes": 3}, r"on_demand_nodes must be a whole number within 0..nodes \(2\), got 3"),
      ({"nodes": 2, "min_nodes": 3}, r"min_nodes must be a whole number within 1..nodes \(2\), got 3"),
-     ({"restart_s": -1}, "restart_s must not be negative")],
+     ({"restart_s": -1}, "restart_s must not be negative"),
+     ({"spare_nodes": -1}, "spare_nodes must be a whole number of at least 0, got -1"),
+     ({"spare_nodes": 1.5}, "spare_nodes must be a whole number of at least 0, got 1.5"),
+     ({"spare_join_s": -1}, "spare_join_s must not be negative")],
 )
 def test_bad_node_inputs_are_named(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -215,7 +218,9 @@ def test_plan_command_plans_the_hybrid_and_elastic_layouts():
      (["--nodes", "2", "--on-demand-nodes", "3"], "--on-demand-nodes 3 is more than --nodes (2)"),
      (["--nodes", "0"], "'--nodes'"),
      (["--set", "nodes=2.5"], "'2.5' is not a whole number"),
-     (["--set", "min_nodes=4"], "min_nodes must be a whole number within 1..nodes (1), got 4")],
+     (["--set", "min_nodes=4"], "min_nodes must be a whole number within 1..nodes (1), got 4"),
+     (["--spare-nodes", "-1"], "'--spare-nodes'"),
+     (["--set", "spare_nodes=-2"], "spare_nodes must be a whole number of at least 0, got -2")],
 )
 def test_plan_command_names_the_bad_node_option(args, message):
     r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "5", *args], capture_output=True, text=True,
@@ -237,3 +242,93 @@ def test_a_longer_notice_saves_larger_states_and_only_the_strategies_that_wait_f
     assert after["polling"].downtime_hours > before["polling"].downtime_hours
     with pytest.raises(ValueError, match="notice_s must be within 0..120"):
         plan(with_(base, notice_s=300))
+
+
+# Warm spares (issue #25 item 5): K booted, set-up Spot nodes that take a lost member's place at once.
+def test_spares_shorten_each_recovery_they_take_and_cost_k_spot_nodes_over_the_wall_time():
+    p = PlanInputs(nodes=4, spare_nodes=1, **MULTI)
+    result = plan(p)
+    r, s = by_name(result), result.spares
+    assert list(r)[-1] == "spares" and s.against == "respawn" and s.spare_nodes == 1
+    # Common random numbers: the same member losses and redone work as respawn; only the recoveries differ.
+    assert (r["spares"].preemptions, r["spares"].redone_hours) == (r["respawn"].preemptions, r["respawn"].redone_hours)
+    assert r["spares"].downtime_hours < r["respawn"].downtime_hours / 2
+    assert s.downtime_saved_hours == pytest.approx(r["respawn"].downtime_hours - r["spares"].downtime_hours)
+    assert s.wall_saved_hours == pytest.approx(s.downtime_saved_hours)
+    assert 0.5 < s.joined < 1  # one spare is sometimes not back yet (a boot, a stockout waited out in the zone)
+    assert s.recovery_saved_s > 60
+    # A spare slot bills Spot for the whole wall time; the spares are preempted too, at the members' per-node rate.
+    assert s.cost == pytest.approx(1 * r["spares"].wall_hours * p.spot_price)
+    assert s.spare_preemptions == pytest.approx(r["spares"].wall_hours / p.mtbp_hours, rel=0.15)
+    assert s.net == pytest.approx(r["spares"].cost - r["respawn"].cost)
+    assert s.recovery_cost_saved == pytest.approx(s.cost - s.net) and s.recovery_cost_saved > 0
+    assert plan(PlanInputs(nodes=3, on_demand_nodes=1, spare_nodes=1, **MULTI)).spares.against == "hybrid"
+    # Never preempted: the spares save nothing and the row costs theirs on top.
+    calm = plan(PlanInputs(nodes=4, spare_nodes=2, **{**MULTI, "mtbp_hours": 1e9}))
+    assert calm.spares.net == pytest.approx(calm.spares.cost) == pytest.approx(2 * 12.0 * p.spot_price, rel=0.01)
+    assert calm.spares.recovery_saved_s == 0 and calm.spares.spare_preemptions == 0
+
+
+def test_a_ready_spare_costs_only_the_join_the_handover_and_the_restore():
+    import random
+
+    from respawn.plan import _recovery_s, _simulate_run, _spare_recovery_s
+
+    p = PlanInputs(nodes=2, spare_nodes=1, **MULTI)
+    rng = random.Random(1)
+    assert _spare_recovery_s(p) == p.function_s + max(p.spare_join_s, 2.0 / (p.write_gbps * p.flush_vs_disk)) + 4.0
+    assert _spare_recovery_s(p) < _recovery_s("respawn", p, rng, False) - p.boot_s / 2
+    runs = [_simulate_run("spares", p, rng) for _ in range(100)]
+    all_taken = [r for r in runs if r["preemptions"] and r["joined"] == r["preemptions"]]
+    assert len(all_taken) > 10
+    for r in all_taken:
+        assert r["down"] == pytest.approx(r["preemptions"] * _spare_recovery_s(p))
+        # Every slot held all along (a spare steps in at once; the new VM boots as a spare): nodes + K, billed Spot.
+        assert r["cost"] == pytest.approx((p.nodes + 1) * r["wall"] / 3600 * p.spot_price)
+    # The zone stays dry for years: the lost slot's replacement never becomes a spare, so only the spare of the start
+    # takes a loss; the others recover as respawn's do (one failed create, then elsewhere).
+    dry = PlanInputs(**{**MULTI, "nodes": 2, "spare_nodes": 1, "stockout_probability": 1.0, "stockout_minutes": 1e7})
+    never = [_simulate_run("spares", dry, rng) for _ in range(50)]
+    assert max(r["joined"] for r in never) == 1 and any(r["preemptions"] > 1 for r in never)
+    for r in never:
+        recoveries = r["joined"] * _spare_recovery_s(dry) + (r["preemptions"] - r["joined"]) * _recovery_s(
+            "respawn", dry, random.Random(0), False) + (r["preemptions"] - r["joined"]) * dry.function_s
+        assert r["down"] == pytest.approx(recoveries)
+
+
+def test_no_spares_is_todays_model_draw_for_draw_and_spares_leave_the_other_rows_alone():
+    import random
+    from dataclasses import replace as with_
+
+    from respawn.plan import _simulate_run
+
+    for layout, against in ((dict(nodes=3), "respawn"), (dict(nodes=3, on_demand_nodes=1), "hybrid")):
+        p = PlanInputs(**layout, **MULTI)
+        rng_a, rng_b = random.Random(5), random.Random(5)
+        a = [_simulate_run("spares", p, rng_a) for _ in range(50)]
+        b = [_simulate_run(against, p, rng_b) for _ in range(50)]
+        assert a == b, against
+        without, with_spares = plan(p), plan(with_(p, spare_nodes=2))
+        assert without.spares is None and "spares" not in without.to_json()
+        rows = with_spares.to_json()["strategies"]
+        assert rows.pop("spares") and rows == without.to_json()["strategies"]
+    with pytest.raises(ValueError, match="spares needs spare_nodes of at least 1"):
+        plan(PlanInputs(**MULTI), ("respawn", "spares"))
+
+
+def test_plan_command_shows_what_spares_cost_and_save():
+    r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "30", "--json", "--nodes", "4",
+                        "--spare-nodes", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    body = json.loads(r.stdout.strip().splitlines()[-1])
+    assert body["inputs"]["spare_nodes"] == 1 and list(body["strategies"])[-1] == "spares"
+    assert body["spares"]["against"] == "respawn" and body["spares"]["recovery_saved_s"] > 0
+    assert body["spares"]["cost"] == pytest.approx(body["strategies"]["spares"]["wall_hours"] * 1.47, rel=1e-3)
+    table = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10", "--spare-nodes", "2"],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert "spares: 2 warm" in table.stdout and "spares: 2 Spot nodes all along: +$" in table.stdout
+    assert "min per loss" in table.stdout and "against respawn" in table.stdout
+    plain = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10"], capture_output=True, text=True,
+                           timeout=60)
+    assert "spares" not in plain.stdout
