@@ -16,7 +16,10 @@ restart in place of a STOP-terminated VM is bench.controller's):
   +cache       item 2: the environment cache replaces setup on the new VM (download + unpack)
   +restore     item 3: parallel ranged reads, at restore_vs_raw_read of the VM's bandwidth (measured in this run)
   +in-process  item 4: survivors keep their processes: a new process group and no restore (N > 1)
-  all          items 1-4 together. Item 5 (warm spares) is not built: not measured.
+  +spares      item 5: one warm spare (spare_nodes 1), booted and prepared before the loss: the next generation
+               takes it in the lost member's place (its trainer starts and restores then; with +notice once the
+               noticed node's save ended, Generation.handover); the lost slot's replacement is the next spare
+  all          items 1-5 together
 
 Real parts: the Firestore emulator, sim/ through the real Compute client (the creates, deletes, starts and
 setMetadata of every variant, at the cloud's create time), and the control plane (reconcile in process, woken as
@@ -92,7 +95,7 @@ WINDOW_S, AUDIT_S, MESSAGE_S, CREATE_S, BOOT_S = 30.0, 10.0, 1.0, 25.0, 30.0
 PIP_MBPS, INSTALL_MBPS, GCS_STREAM_MBPS, VM_MBPS, SAVE_MBPS = 100.0, 120.0, 200.0, 2000.0, 315.0
 PROCESS_S, REJOIN_S, POLL_S, SEED_SLEEP_S, SWEEP_S = 10.0, 2.0, 15.0, 60.0, 120.0
 TICK = 0.01  # how often the played nodes look (real seconds)
-PARTS = ("notice", "cache", "restore", "in-process")
+PARTS = ("notice", "cache", "restore", "in-process", "spares")
 VARIANTS = ("seeds", "relaunch", "respawn", *(f"+{p}" for p in PARTS), "all")
 
 
@@ -187,10 +190,8 @@ class Nodes(threading.Thread):
             self.beat(n.name, "preparing")
         if "prepared" not in st and now >= st["env"]:
             handover = inst["attributes"].get(ATTR_HANDOVER)
-            if handover:  # created during its predecessor's notice: trains once that one's save ended
-                predecessor = json.loads(handover)["node"]
-                if predecessor not in self.saved or now < self.saved[predecessor]:
-                    return
+            if handover and not self._handed_over([json.loads(handover)["node"]], now):
+                return
             st["prepared"] = now
             if self.multi:
                 self.beat(n.name, "waiting")
@@ -203,8 +204,11 @@ class Nodes(threading.Thread):
         if self.multi:
             text = inst["attributes"].get(ATTR_GENERATION) or ""
             g = Generation.from_json(text) if text else None
-            if g is not None and n.name in g.members and g.number != n.generation:
+            if (g is not None and n.name in g.members and g.number != n.generation
+                    and self._handed_over([h.node for h in g.handover], now)):
                 survivor = n.generation is not None  # it trained in the previous generation
+                if not survivor:
+                    st.setdefault("joined", now)
                 n.generation = g.number
                 n.steps_at = now + self.s(self.model.survivor_s() if survivor else PROCESS_S + self.model.restore_s())
                 st["generation"] = now
@@ -212,6 +216,11 @@ class Nodes(threading.Thread):
                                                              or st["stepping_generation"] != n.generation):
             st["stepping"], st["stepping_generation"] = now, n.generation
             self.beat(n.name, "training", n.generation)
+
+    def _handed_over(self, predecessors: list[str], now: float) -> bool:
+        """The nodes this one takes over from during their notice (ATTR_HANDOVER, Generation.handover) ended their
+        emergency save: its trainer may start."""
+        return all(p in self.saved and now >= self.saved[p] for p in predecessors)
 
     def stepping(self, members: list[str], generation: int | None, since: float) -> bool:
         got = [self.nodes.get(m) for m in members]
@@ -231,11 +240,11 @@ def _wait(what: str, predicate: Callable[[], bool], timeout: float) -> None:
     multinode._wait(what, predicate, timeout, TICK)
 
 
-def _spec(job: str, nodes: int, termination: str = "DELETE") -> Any:
+def _spec(job: str, nodes: int, termination: str = "DELETE", spares: int = 0) -> Any:
     return parse_spec({"id": job, "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"},
-                       "provisioning": "spot", "zones": ZONES if nodes == 1 else ZONES[:1], "nodes": nodes,
-                       "termination_action": termination, "trainer": {"command": ["python", "train.py"]},
-                       "checkpoint_uri": f"gs://bench/{job}"})
+                       "provisioning": "spot", "zones": ZONES if nodes + spares == 1 else ZONES[:1], "nodes": nodes,
+                       "spare_nodes": spares, "termination_action": termination,
+                       "trainer": {"command": ["python", "train.py"]}, "checkpoint_uri": f"gs://bench/{job}"})
 
 
 class Run:
@@ -247,7 +256,8 @@ class Run:
         self.saved: dict[str, float] = {}
         wake = (lambda: self.later(MESSAGE_S, lambda: self.background(self._reconcile))) if (
             "notice" in model.parts and variant not in ("seeds", "relaunch")) else None
-        self.played = Nodes(env.sim, env.nodes_db, self.job, env.scale, model, multi=nodes > 1,
+        self.spares = 1 if "spares" in model.parts and variant not in ("seeds", "relaunch") else 0
+        self.played = Nodes(env.sim, env.nodes_db, self.job, env.scale, model, multi=nodes + self.spares > 1,
                             victims_saved=self.saved, wake=wake)
         self.restarted_at: float | None = None  # seeds: when the lost VM was started again
         self.timers: list[threading.Timer] = []
@@ -291,7 +301,7 @@ class Run:
     def _respawn(self) -> dict[str, Any]:
         from respawn.control.decide import NOTICE, Hint
 
-        db, spec = self.env.db, _spec(self.job, self.n)
+        db, spec = self.env.db, _spec(self.job, self.n, spares=self.spares)
         db.collection(JOBS).document(self.job).set({"spec": spec.to_doc(), "status": {"state": "PENDING"},
                                                     "cancel_requested": False})
         halt = threading.Event()
@@ -327,7 +337,7 @@ class Run:
         return (self.env.db.collection(JOBS).document(self.job).get().to_dict() or {}).get("status") or {}
 
     def _world(self, status: dict) -> tuple[list[str], int | None]:
-        if self.n == 1:
+        if self.n + self.spares == 1:
             return [m["node"] for m in status.get("members") or [] if m.get("node")][:1], None
         g = status.get("generation") or {}
         return list(g.get("members") or []), g.get("number")
@@ -335,7 +345,8 @@ class Run:
     def _first_world(self, status: Callable[[], dict]) -> list[str]:
         def up() -> bool:
             members, number = self._world(status())
-            return len(members) == self.n and self.played.stepping(members, number, 0.0)
+            warm = sum("prepared" in n.stages for n in self.played.nodes.values()) >= self.n + self.spares
+            return len(members) == self.n and self.played.stepping(members, number, 0.0) and warm
         _wait(f"{self.job}: the first world stepping", up, self.s(2400) + 180)
         return self._world(status())[0]
 
@@ -420,15 +431,16 @@ class Run:
             stages = {"detect": created - t0, "create": st["running"] - created, "boot": st["booted"] - st["running"],
                       "env": st["env"] - st["booted"], "wait": st.get("generation", st["prepared"]) - st["env"]}
             begin = st.get("generation", st["prepared"])
-        else:  # a survivor was last: its new generation came at `generation`
+        else:  # a survivor or a spare was last: its new generation came at `generation`
             stages = {"wait": st["generation"] - t0}
             begin = st["generation"]
+        last = "spare" if st.get("joined", -1) > t0 else "survivor"
         stages["start_and_restore"] = done - begin
         return {"variant": self.variant, "nodes": self.n,
                 "notice_to_step_seconds": round((done - t0) / scale, 1),
                 "stages": {k: round(v / scale, 1) for k, v in stages.items()},
                 "vms_created": len(made),
-                "last": ("restarted VM" if self.restarted_at is not None else "new VM") if fresh else "survivor"}
+                "last": ("restarted VM" if self.restarted_at is not None else "new VM") if fresh else last}
 
 
 @dataclass
