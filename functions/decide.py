@@ -645,9 +645,13 @@ def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Deci
     st = _upd(s, now, state=State.PROVISIONING, attempt=attempt, node=node, zone=choice.zone,
               provisioning=choice.provisioning, create_state="pending", node_started_at=now, in_place_restarts=0,
               zones_used=zones_used[-50:], next_attempt_at=None,
-              message=f"creating {node} in {choice.zone} ({choice.provisioning})")
+              message=f"creating {node} in {choice.zone} ({choice.provisioning}"
+                      f"{': ' + choice.why if choice.why else ''})")
+    details: dict[str, Any] = {"skipped": list(choice.skipped), "provisioning": choice.provisioning}
+    if choice.why:
+        details["tier_why"] = choice.why
     return Decision(Action(Act.CREATE, zone=choice.zone, node=node, attempt=attempt, provisioning=choice.provisioning),
-                    st, cause, None, {"skipped": list(choice.skipped)})
+                    st, cause, None, details)
 
 
 # Outcomes of an action, recorded after it (pure as well). reconcile._act performs the call and classifies how it

@@ -159,8 +159,11 @@ def _slot_spec(spec: JobSpec, s: JobStatus, members: Sequence[MemberStatus], i: 
     """The spec slot `i` is decided with: one node, the slot's provisioning model, and the job's zone alone once
     the job has one (slot 0 placing the job alone walks the whole list)."""
     placing = i == 0 and not any(_holds(m) for m in members[1:])
-    update: dict[str, Any] = {"nodes": 1, "min_nodes": 1, "on_demand_nodes": 0,
-                              "provisioning": membership.slot_provisioning(spec, i)}
+    model = membership.slot_provisioning(spec, i)
+    update: dict[str, Any] = {"nodes": 1, "min_nodes": 1, "on_demand_nodes": 0, "spare_nodes": 0,
+                              "provisioning": model}
+    if model != spec.provisioning:  # an on-demand slot: standard, whatever tiers the others walk
+        update["tiers"] = None
     if not placing and s.zone is not None:
         update["zones"] = [s.zone]
     return spec.model_copy(update=update)

@@ -1,9 +1,9 @@
 """Recovery strategies: where a job's next node goes, and on what terms. Pure. Chosen in one place (strategy_for),
 a strategy answers every placement question decide.py asks, so a new way of getting capacity is a new strategy,
 not a branch in decide.py: may the lost node be started again in place (`in_place`), which provisioning model the
-next node asks for (`model`), which zone (`choose`, by the strategy's zone order: docs/job-spec.md,
-placement.strategy). Every order skips the zones cooling down (every job's refusals) and those that refused the job
-in the current round.
+next node asks for (`tier`: the spec's provisioning tiers, in order, each with when to move on), which zone
+(`choose`, by the strategy's zone order: docs/job-spec.md, placement.strategy). Every order skips the zones cooling
+down (every job's refusals) and those that refused the job in the current round.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping
 
-from respawn.schema import JobSpec, SlotStatus, ZoneOrder
+from respawn.schema import JobSpec, SlotStatus, Tier, ZoneOrder
 
 
 @dataclass(frozen=True)
@@ -37,26 +37,48 @@ class Choice:
     zone: str | None  # None: every zone refused: wait
     provisioning: str
     skipped: tuple[str, ...] = ()
+    why: str = ""  # why this model: the tiers moved past (Strategy.tier)
+
+
+# How a tier's model reads in a strategy's name.
+_NAMES = {"standard": "on_demand", "flex-start": "flex_start"}
 
 
 @dataclass(frozen=True)
 class Strategy:
     order: ZoneOrder
     restart_in_place: bool  # a STOP-terminated Spot GPU VM is started again where it stands
-    fallback_after: int | None  # refusals in a row after which the next node is on-demand; None: never
+    tiers: tuple[Tier, ...] = (Tier(model="spot"),)  # JobSpec.provisioning_tiers
 
     @property
     def name(self) -> str:
         stages = ["restart_in_place"] * self.restart_in_place + [self.order]
-        if self.fallback_after is not None:
-            stages.append(f"on_demand_after_{self.fallback_after}")
+        for before, tier in zip(self.tiers, self.tiers[1:]):
+            rules = [str(before.after_refusals)] if before.after_refusals is not None else []
+            if before.after_preemptions is not None:
+                p = before.after_preemptions
+                rules.append(f"{p.max}_preemptions_per_{p.window_hours:g}h")
+            stages.append(f"{_NAMES.get(tier.model, tier.model)}_after_{'_or_'.join(rules)}")
         return " → ".join(stages)
 
-    def model(self, spec: JobSpec, status: SlotStatus) -> str:
+    def tier(self, status: SlotStatus, now: datetime) -> tuple[Tier, str]:
+        """The tier of the next node, and why the tiers before it were passed: each moves on after its refusals in a
+        row (counted on from where the previous tier's ended) or while the job's preemptions exceed its limit."""
+        refusals, why = status.consecutive_failures, []
+        for tier in self.tiers[:-1]:
+            p = tier.after_preemptions
+            if p is not None and p.exceeded(status.preempted_times, now):
+                why.append(f"{tier.model}: more than {p.max} preemptions within {p.window_hours:g} h")
+            elif tier.after_refusals is not None and refusals >= tier.after_refusals:
+                refusals -= tier.after_refusals
+                why.append(f"{tier.model}: refused {tier.after_refusals} times in a row")
+            else:
+                return tier, "; ".join(why)
+        return self.tiers[-1], "; ".join(why)
+
+    def model(self, status: SlotStatus, now: datetime) -> str:
         """The provisioning model of the next node."""
-        if self.fallback_after is not None and status.consecutive_failures >= self.fallback_after:
-            return "standard"
-        return spec.provisioning
+        return self.tier(status, now)[0].model
 
     def in_place(self, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime, max_restarts: int) -> bool:
         """Whether the current (stopped) node is started again in place: a Spot node, its zone not under a
@@ -68,8 +90,9 @@ class Strategy:
 
     def choose(self, spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
         """The next node's zone and model; zone None when every zone is cooling down or refused this round."""
-        model = self.model(spec, status)
-        # Zones that refused this round refused the model tried then: falling back to on-demand starts a new round.
+        tier, why = self.tier(status, now)
+        model = tier.model
+        # Zones that refused this round refused the model tried then: moving to another tier starts a new round.
         tried = status.tried_zones if status.provisioning in (None, model) else []
         skipped, eligible = [], []
         for zone in spec.zones:
@@ -79,14 +102,14 @@ class Strategy:
         if lost_in in eligible and len(eligible) > 1 and self.order != "in_order":
             eligible.remove(lost_in)
             eligible.insert(0 if self.order == "same_zone" else len(eligible), lost_in)
-        return Choice(eligible[0] if eligible else None, model, tuple(skipped))
+        return Choice(eligible[0] if eligible else None, model, tuple(skipped), why)
 
 
 def strategy_for(spec: JobSpec) -> Strategy:
     """The job's strategy, from its spec: placement.strategy (the older avoid_preempting_zone: false reads as
-    in_order), a restart in place for GPU Spot VMs that a preemption stops, the on-demand fallback when allowed."""
+    in_order), a restart in place for GPU Spot VMs that a preemption stops, the provisioning tiers (the older
+    on-demand fallback is two of them: JobSpec.provisioning_tiers)."""
     p = spec.placement
     order: ZoneOrder = p.strategy or ("next_zone" if p.avoid_preempting_zone else "in_order")
     stop_spot = spec.accelerator.kind == "gpu" and spec.termination_action == "STOP"
-    falls_back = p.on_demand_fallback and spec.provisioning != "standard"
-    return Strategy(order, stop_spot, p.fallback_after_failures if falls_back else None)
+    return Strategy(order, stop_spot, tuple(spec.provisioning_tiers))

@@ -18,7 +18,7 @@ import json
 import re
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Sequence
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
@@ -270,15 +270,70 @@ class Placement(_Strict):
         return self
 
 
-class PreemptionRate(_Strict):
-    """More than `max` preemptions within the last `window_hours` → `action` (docs/job-spec.md)."""
+class Preemptions(_Strict):
+    """`max` preemptions within the last `window_hours`."""
 
     max: int = Field(ge=1, le=100_000, description="preemptions allowed within the window")
     window_hours: float = Field(gt=0, le=24 * 90, description="the sliding window, in hours")
+
+    def exceeded(self, times: Sequence[datetime], now: datetime) -> bool:
+        """More than `max` of `times` fall within the window ending `now`."""
+        since = now - timedelta(hours=self.window_hours)
+        return sum(1 for t in times if t > since) > self.max
+
+
+class PreemptionRate(Preemptions):
+    """More than `max` preemptions within the last `window_hours` → `action` (docs/job-spec.md)."""
+
     action: Literal["alert", "backoff", "fail"] = Field(
         default="alert", description="alert: one alert per window; backoff: also wait before the next node, "
                                      "exponentially in the preemptions over max; fail: end the job FAILED")
 
+
+Model = Literal["spot", "preemptible", "flex-start", "standard"]
+# Flex-start VMs run for at most this long (scheduling.maxRunDuration; docs/gcp-facts.md §18).
+FLEX_START_MAX_RUN_HOURS = 168
+
+
+class Tier(_Strict):
+    """One way a job accepts capacity, in the order of `provisioning` as a list (docs/job-spec.md, "Provisioning
+    tiers"): the next node takes the first tier whose rules do not say move on."""
+
+    model: Model
+    after_refusals: int | None = Field(
+        default=None, ge=1, le=10_000,
+        description="move on to the next tier after this many refusals in a row (capacity or quota, any zone); "
+                    "default 3 on every tier but the last")
+    after_preemptions: Preemptions | None = Field(
+        default=None, description="move on while the job had more than max preemptions within window_hours")
+    max_run_hours: float | None = Field(
+        default=None, gt=0, le=FLEX_START_MAX_RUN_HOURS,
+        description=f"flex-start only: how long the VM runs (scheduling.maxRunDuration, at most "
+                    f"{FLEX_START_MAX_RUN_HOURS} h; default the most); the job checkpoints before the end and a new "
+                    "node continues")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short(cls, data: Any) -> Any:
+        """`spot` is short for {model: spot}."""
+        return {"model": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _flex_only(self) -> "Tier":
+        if self.max_run_hours is not None and self.model != "flex-start":
+            raise ValueError(f"max_run_hours applies to flex-start VMs only, not {self.model}")
+        return self
+
+    @property
+    def run_hours(self) -> float | None:
+        """A flex-start VM's run duration; None for the other models (no limit)."""
+        if self.model != "flex-start":
+            return None
+        return self.max_run_hours if self.max_run_hours is not None else FLEX_START_MAX_RUN_HOURS
+
+
+# Refusals in a row after which a tier without after_refusals moves on (the older fallback_after_failures' default).
+DEFAULT_TIER_REFUSALS = 3
 
 # Preemption times a status keeps for the rate (the newest; more than any sensible `max` + 1).
 MAX_PREEMPTION_TIMES = 200
@@ -294,7 +349,14 @@ class JobSpec(_Strict):
 
     id: str = Field(min_length=1, max_length=MAX_JOB_ID_LEN)
     accelerator: Annotated[GpuAccelerator | TpuAccelerator, Field(discriminator="kind")]
-    provisioning: Literal["spot", "preemptible", "standard"] = "spot"
+    provisioning: Model = Field(
+        default="spot", description="the model of the job's nodes; a list (tiers) names the ways it accepts capacity, "
+                                    "in order, and is stored here as its first model and in tiers")
+    tiers: list[Tier] | None = Field(
+        default=None, min_length=1, max_length=4,
+        description="provisioning as a list: the ways the job accepts capacity, in order, with when to move on; "
+                    "none: provisioning alone (and standard after placement.fallback_after_failures refusals with "
+                    "placement.on_demand_fallback)")
     termination_action: Literal["STOP", "DELETE"] | None = Field(
         default=None, validate_default=True, description="GPU Spot VMs only; default STOP"
     )
@@ -345,6 +407,59 @@ class JobSpec(_Strict):
                                  "from 0 to 10000")
             data["max_failures"] = old
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tiers(cls, data: Any) -> Any:
+        """provisioning as a list is read as its tiers, provisioning being the first one's model."""
+        if not isinstance(data, dict) or not isinstance(data.get("provisioning"), list):
+            return data
+        data = dict(data)
+        given = data.pop("provisioning")
+        if data.get("tiers") is not None:
+            raise ValueError("provisioning is a list and tiers is given: the list is the tiers; keep one of them")
+        data["tiers"] = given
+        first = given[0] if given else None
+        model = first.get("model") if isinstance(first, dict) else first
+        if isinstance(model, str):
+            data["provisioning"] = model
+        return data
+
+    @field_validator("tiers")
+    @classmethod
+    def _tier_list(cls, v: list[Tier] | None, info: ValidationInfo) -> list[Tier] | None:
+        if v is None:
+            return v
+        models = [t.model for t in v]
+        if len(set(models)) != len(models):
+            raise ValueError(f"{', '.join(models)}: each model at most once")
+        last = v[-1]
+        if last.after_refusals is not None or last.after_preemptions is not None:
+            raise ValueError(f"the last tier ({last.model}) has no next tier to move on to: drop its after_refusals "
+                             "and after_preemptions")
+        if info.data.get("provisioning") not in (None, models[0]):
+            raise ValueError(f"provisioning is {info.data.get('provisioning')} but the first tier is {models[0]}")
+        return v
+
+    @field_validator("provisioning", "tiers")
+    @classmethod
+    def _gpu_only_flex_start(cls, v: Any, info: ValidationInfo) -> Any:
+        models = [t.model for t in v] if isinstance(v, list) else [v]
+        if "flex-start" in models and getattr(info.data.get("accelerator"), "kind", None) == "tpu":
+            raise ValueError("flex-start is a Compute Engine VM model: a TPU job takes spot, preemptible or standard")
+        return v
+
+    @property
+    def provisioning_tiers(self) -> list[Tier]:
+        """The ways the job accepts capacity, in order: `tiers`, else provisioning alone, or provisioning then
+        standard after placement.fallback_after_failures refusals (placement.on_demand_fallback)."""
+        if self.tiers is not None:
+            return [t if t is self.tiers[-1] or t.after_refusals is not None
+                    else t.model_copy(update={"after_refusals": DEFAULT_TIER_REFUSALS}) for t in self.tiers]
+        if self.placement.on_demand_fallback and self.provisioning != "standard":
+            return [Tier(model=self.provisioning, after_refusals=self.placement.fallback_after_failures),
+                    Tier(model="standard")]
+        return [Tier(model=self.provisioning)]
 
     @field_validator("id")
     @classmethod
@@ -479,6 +594,9 @@ class JobSpec(_Strict):
                                         f"Respawn writes {len(own)} of its own on this job's nodes ({', '.join(own)}); "
                                         f"keep at most {MAX_NODE_LABELS - len(own)}"))
         errors += _metadata_errors(self)
+        if self.tiers is not None and self.placement.on_demand_fallback:
+            errors.append((("placement", "on_demand_fallback"), "the tiers say where capacity comes from: list "
+                                                                 "standard as the last tier instead"))
         if errors:
             raise ValidationError.from_exception_data("JobSpec", [
                 InitErrorDetails(type=PydanticCustomError("value_error", "{message}", {"message": message}),

@@ -55,7 +55,7 @@ LOST_IN_A = dict(preempted_zone=A)
     ("next_zone", dict(preempted_zone=C, tried_zones=[A, B]), {}, C),  # the only zone left: a job still recovers
 ])
 def test_zone_orders(order, status, blocked, zone):
-    choice = Strategy(order, False, None).choose(spec(), SlotStatus(**status), blocked, NOW)
+    choice = Strategy(order, False).choose(spec(), SlotStatus(**status), blocked, NOW)
     assert (choice.zone, choice.provisioning) == (zone, "spot")
     assert set(choice.skipped) == {z for z in (A, B, C) if z in status.get("tried_zones", []) or
                                    (z in blocked and blocked[z] > NOW)}
@@ -71,7 +71,7 @@ def test_on_demand_fallback_after_refusals_in_a_row(failures, provisioning, trie
     status = SlotStatus(consecutive_failures=failures, provisioning=provisioning, tried_zones=tried)
     choice = strategy_for(spec(placement=FALLBACK)).choose(spec(placement=FALLBACK), status, {}, NOW)
     assert (choice.zone, choice.provisioning) == expect
-    assert strategy_for(spec()).model(spec(), status) == "spot"  # without the fallback: never
+    assert strategy_for(spec()).model(status, NOW) == "spot"  # without the fallback: never
 
 
 @pytest.mark.parametrize("over, status, blocked, restarts", [
@@ -89,3 +89,35 @@ def test_a_spec_names_the_zone_order_once():
     assert strategy_for(spec(placement={"strategy": "in_order"})).order == "in_order"
     with pytest.raises(SpecError, match="keep strategy alone"):
         spec(placement={"strategy": "same_zone", "avoid_preempting_zone": False})
+
+
+TIERS = [{"model": "spot", "after_refusals": 2, "after_preemptions": {"max": 2, "window_hours": 6}},
+         {"model": "flex-start", "max_run_hours": 24}, "standard"]
+
+
+def ago(*hours):
+    return [NOW - timedelta(hours=h) for h in hours]
+
+
+@pytest.mark.parametrize("failures, preempted, expect, why", [
+    (0, [], "spot", ""),
+    (1, ago(1, 2), "spot", ""),  # within both limits
+    (2, [], "flex-start", "spot: refused 2 times in a row"),
+    (4, [], "flex-start", "spot: refused 2 times in a row"),  # flex-start's own default: 3 refusals
+    (5, [], "standard", "spot: refused 2 times in a row; flex-start: refused 3 times in a row"),
+    (0, ago(1, 2, 3), "flex-start", "spot: more than 2 preemptions within 6 h"),  # give up on Spot for a while
+    (0, ago(1, 2, 7), "spot", ""),  # the third is older than the window: Spot again
+    (3, ago(1, 2, 3), "standard", "spot: more than 2 preemptions within 6 h; flex-start: refused 3 times in a row"),
+])
+def test_provisioning_tiers_move_on_after_refusals_or_preemptions(failures, preempted, expect, why):
+    s = spec(provisioning=TIERS, termination_action="DELETE")
+    status = SlotStatus(consecutive_failures=failures, preempted_times=preempted)
+    choice = strategy_for(s).choose(s, status, {}, NOW)
+    assert (choice.zone, choice.provisioning, choice.why) == (A, expect, why)
+
+
+def test_tiers_name_the_strategy_and_the_older_fallback_is_two_tiers():
+    assert strategy_for(spec(provisioning=TIERS)).name == (
+        "restart_in_place → next_zone → flex_start_after_2_or_2_preemptions_per_6h → on_demand_after_3")
+    old, new = spec(placement=FALLBACK), spec(provisioning=[{"model": "spot", "after_refusals": 2}, "standard"])
+    assert strategy_for(old).name == strategy_for(new).name == "restart_in_place → next_zone → on_demand_after_2"
