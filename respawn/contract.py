@@ -49,6 +49,10 @@ ATTR_GENERATION = "respawn-generation"
 # Handover.to_json(). Its agent starts the trainer only once that node's final heartbeat says it stopped, or after
 # `until` (the old VM is off by then whatever it did).
 ATTR_HANDOVER = "respawn-handover"
+# A flex-start node (scheduling.maxRunDuration): its run duration in seconds, counted from the VM's start. Its agent
+# treats the end as a notice it knows in advance: the trainer commits an emergency checkpoint and stops before it,
+# and the controller creates the next node (docs/gcp-facts.md §18).
+ATTR_RUN_SECONDS = "respawn-run-seconds"
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
 LABEL_SLOT = "respawn-slot"  # a member slot (0..nodes+spare_nodes-1); set only when the job has several slots

@@ -291,8 +291,11 @@ class PreemptionRate(Preemptions):
 
 
 Model = Literal["spot", "preemptible", "flex-start", "standard"]
-# Flex-start VMs run for at most this long (scheduling.maxRunDuration; docs/gcp-facts.md §18).
-FLEX_START_MAX_RUN_HOURS = 168
+# Flex-start VMs run for this long (scheduling.maxRunDuration, 600-604800 s; docs/gcp-facts.md §18)...
+FLEX_START_RUN_HOURS = (1 / 6, 168)
+# ...and its request waits for capacity within these bounds (params.requestValidForDuration, 90-7200 s).
+FLEX_START_WAIT_MINUTES = (1.5, 120.0)
+DEFAULT_FLEX_START_WAIT_MINUTES = 30.0
 
 
 class Tier(_Strict):
@@ -307,10 +310,16 @@ class Tier(_Strict):
     after_preemptions: Preemptions | None = Field(
         default=None, description="move on while the job had more than max preemptions within window_hours")
     max_run_hours: float | None = Field(
-        default=None, gt=0, le=FLEX_START_MAX_RUN_HOURS,
-        description=f"flex-start only: how long the VM runs (scheduling.maxRunDuration, at most "
-                    f"{FLEX_START_MAX_RUN_HOURS} h; default the most); the job checkpoints before the end and a new "
+        default=None, ge=FLEX_START_RUN_HOURS[0], le=FLEX_START_RUN_HOURS[1],
+        description=f"flex-start only: how long the VM runs (scheduling.maxRunDuration, 10 min to "
+                    f"{FLEX_START_RUN_HOURS[1]} h; default the most); the job checkpoints before the end and a new "
                     "node continues")
+
+    wait_minutes: float | None = Field(
+        default=None, ge=FLEX_START_WAIT_MINUTES[0], le=FLEX_START_WAIT_MINUTES[1],
+        description="flex-start only: how long a request waits for capacity (params.requestValidForDuration, "
+                    f"{FLEX_START_WAIT_MINUTES[0]:g}-{FLEX_START_WAIT_MINUTES[1]:g} min; default "
+                    f"{DEFAULT_FLEX_START_WAIT_MINUTES:g}); unanswered, it counts as a refusal")
 
     @model_validator(mode="before")
     @classmethod
@@ -320,16 +329,22 @@ class Tier(_Strict):
 
     @model_validator(mode="after")
     def _flex_only(self) -> "Tier":
-        if self.max_run_hours is not None and self.model != "flex-start":
-            raise ValueError(f"max_run_hours applies to flex-start VMs only, not {self.model}")
+        for name in ("max_run_hours", "wait_minutes"):
+            if getattr(self, name) is not None and self.model != "flex-start":
+                raise ValueError(f"{name} applies to flex-start VMs only, not {self.model}")
         return self
+
+    @property
+    def request_valid_minutes(self) -> float:
+        """How long a flex-start request waits for capacity, in minutes."""
+        return self.wait_minutes if self.wait_minutes is not None else DEFAULT_FLEX_START_WAIT_MINUTES
 
     @property
     def run_hours(self) -> float | None:
         """A flex-start VM's run duration; None for the other models (no limit)."""
         if self.model != "flex-start":
             return None
-        return self.max_run_hours if self.max_run_hours is not None else FLEX_START_MAX_RUN_HOURS
+        return self.max_run_hours if self.max_run_hours is not None else FLEX_START_RUN_HOURS[1]
 
 
 # Refusals in a row after which a tier without after_refusals moves on (the older fallback_after_failures' default).
