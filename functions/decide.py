@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
-from respawn.contract import SOFT_OFF_SECONDS, Handover
+from respawn.contract import NOTICE_RUN_ENDING, SOFT_OFF_SECONDS, Handover
 from respawn.control import alerts, placement, recovery
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
 from respawn.schema import (CONSOLE_TAIL_CHARS, MAX_PREEMPTION_TIMES, CapacityRecord, Heartbeat, JobSpec, JobStatus,
@@ -180,7 +180,7 @@ def needs_capacity(status: MemberStatus, node: NodeObs, hint: str | None = None)
     `node` (`hint`: what an event said of it): only when it may place a node or weigh a restart in place. observe()
     skips those reads otherwise."""
     return (status.state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
-            or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING) or hint == NOTICE)
+            or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING, Phase.DELETING) or hint == NOTICE)
 
 
 def needs_console(status: MemberStatus, node: NodeObs, heartbeat: Heartbeat | None, settings: Settings,
@@ -317,6 +317,8 @@ def _decide(o: Observation) -> Decision:
                 if s.next_attempt_at is not None and now < s.next_attempt_at:
                     return Decision(Action(Act.WAIT, until=s.next_attempt_at))
                 return _provision(o, spec, s, cause="zone_refused")
+            if s.provisioning == "flex-start":
+                return _flex_start_unanswered(o, spec)
             return _lose(o, spec, hb, o.hint or "node_gone")
         if phase is Phase.RUNNING:
             return _running(o, s, hb)
@@ -345,6 +347,8 @@ def _decide(o: Observation) -> Decision:
         if (now - hb.heartbeat_at).total_seconds() > o.settings.stale_heartbeat_seconds:
             return _lose(o, spec, hb, "stale_heartbeat")
         return _progress(o, s, hb)
+    if phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING, Phase.DELETING) and run_ending(s, hb, now):
+        return _lose(o, spec, hb, RUN_ENDED)
     if phase in (Phase.ABSENT, Phase.DEAD):
         return _lose(o, spec, hb, o.hint or ("node_gone" if phase is Phase.ABSENT else _dead_cause(o)))
     if phase is Phase.STOPPING and not _in_place_candidate(o, spec):
@@ -367,7 +371,7 @@ def _on_notice(o: Observation, spec: JobSpec, hb: Heartbeat | None) -> Decision 
         return None
     assert s.node is not None and s.zone is not None
     leaving = Leaving(node=s.node, zone=s.zone, attempt=s.attempt, until=o.now + timedelta(seconds=window))
-    d = _lose(o, spec, hb, "preempted", leaving=leaving)
+    d = _lose(o, spec, hb, RUN_ENDED if run_ending(s, hb, o.now) else "preempted", leaving=leaving)
     if d.action.kind is not Act.CREATE:
         return None
     handover = Handover(leaving.node, leaving.until.isoformat())
@@ -430,12 +434,39 @@ def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
 
 def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
     """The API says the node serves: the job runs. After a loss the recovery is told once it trains again
-    (_progress), not here: the node may never get that far."""
+    (_progress), not here: the node may never get that far. A flex-start node's life counts from now (its request
+    may have waited long for capacity: not against the boot grace), and its run ends max_run_hours later."""
     message = (f"replacement {s.node} running in {s.zone}; waiting for its agent's first heartbeat" if s.recovering
                else f"running on {s.node} in {s.zone}")
+    flex = {}
+    if s.provisioning == "flex-start" and o.spec is not None:
+        hours = next((t.run_hours for t in o.spec.provisioning_tiers if t.model == "flex-start"), None)
+        if hours is not None:
+            flex = dict(node_started_at=o.now, run_ends_at=o.now + timedelta(hours=hours))
     st = _upd(s, o.now, state=State.RUNNING, create_state="created", consecutive_failures=0, tried_zones=[],
-              next_attempt_at=None, message=message)
+              next_attempt_at=None, message=message, **flex)
     return Decision(NONE, st, "node_running")
+
+
+def run_ending(s: MemberStatus, hb: Heartbeat | None, now: datetime) -> bool:
+    """The slot's flex-start node is at the end of its run duration: its agent said so (the run's end is a notice it
+    knows in advance), or the end is within RUN_END_SLACK."""
+    if hb is not None and hb.notice == NOTICE_RUN_ENDING:
+        return True
+    return s.run_ends_at is not None and now >= s.run_ends_at - RUN_END_SLACK
+
+
+def _flex_start_unanswered(o: Observation, spec: JobSpec) -> Decision:
+    """A flex-start request that never ran is gone: its wait for capacity ran out (gcp-facts §18: the platform
+    deletes it). The zone refused: the next zone, or the next tier after the tier's refusals."""
+    s = o.status
+    wait = next((t.request_valid_minutes for t in spec.provisioning_tiers if t.model == "flex-start"), None)
+    msg = f"{s.zone} found no flex-start capacity for {s.node} within {wait:g} min"
+    refused = s.model_copy(update=dict(create_state="failed", consecutive_failures=s.consecutive_failures + 1,
+                                       tried_zones=[*s.tried_zones, s.zone], message=msg))
+    d = _provision(o, spec, refused, cause="flex_start_unanswered")
+    return Decision(d.action, d.status, d.cause, d.alert, {**d.details, "zone": s.zone, "node": s.node,
+                                                           "refused": msg})
 
 
 def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
@@ -451,12 +482,18 @@ def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
 FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # unreachable: job.UNREACHABLE
 BOOT_FAILURE = "no_heartbeat"
 BOOT_FAILURES_TO_FAIL = 2  # boots in a row whose agent never reported: the second ends the job
-LossKind = Literal["preemption", "failure", "boot_failure"]
+# A flex-start node's run duration ended (its agent's notice of it, or a loss within RUN_END_SLACK of the end): a
+# planned stop. The next node is made as after a loss, but it counts as neither a preemption nor a failure.
+RUN_ENDED = "run_ended"
+RUN_END_SLACK = timedelta(minutes=10)
+LossKind = Literal["preemption", "failure", "boot_failure", "planned"]
 
 
 def loss_kind(cause: str, hb: Heartbeat | None) -> LossKind:
     if cause == BOOT_FAILURE:
         return "boot_failure"
+    if cause == RUN_ENDED:
+        return "planned"
     if cause in FAILURE_CAUSES and not (hb is not None and noticed(hb)):
         return "failure"
     return "preemption"
@@ -524,7 +561,7 @@ def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str, leavi
     delay = 0.0
     if kind == "preemption":
         counts.update(preemptions=s.preemptions + 1, preempted_times=_recent(s, spec, now))
-    else:
+    elif kind != "planned":
         counts.update(failures=s.failures + 1, failure_streak=s.failure_streak + 1)
         delay = _backoff(spec, o, s.failure_streak + 1)
     if kind == "boot_failure":
@@ -610,7 +647,7 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
     if kind == "boot_failure" and counts["boot_failures"] >= BOOT_FAILURES_TO_FAIL:
         return (boot_help(spec, s.node, o.settings.boot_grace_seconds),
                 {"boot_failures": counts["boot_failures"], "console_tail": counts["console_tail"]})
-    if kind != "preemption" and counts["failures"] > spec.max_failures:
+    if kind in ("failure", "boot_failure") and counts["failures"] > spec.max_failures:
         return (f"gave up after {spec.max_failures} failures (last cause: {cause}); preemptions are not counted",
                 {"max_failures": spec.max_failures})
     if kind == "preemption" and spec.max_preemptions is not None and counts["preemptions"] > spec.max_preemptions:
@@ -644,6 +681,7 @@ def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Deci
     zones_used = s.zones_used if s.zones_used[-1:] == [choice.zone] else [*s.zones_used, choice.zone]
     st = _upd(s, now, state=State.PROVISIONING, attempt=attempt, node=node, zone=choice.zone,
               provisioning=choice.provisioning, create_state="pending", node_started_at=now, in_place_restarts=0,
+              run_ends_at=None,
               zones_used=zones_used[-50:], next_attempt_at=None,
               message=f"creating {node} in {choice.zone} ({choice.provisioning}"
                       f"{': ' + choice.why if choice.why else ''})")

@@ -53,6 +53,7 @@ ATTR_HANDOVER = "respawn-handover"
 # treats the end as a notice it knows in advance: the trainer commits an emergency checkpoint and stops before it,
 # and the controller creates the next node (docs/gcp-facts.md §18).
 ATTR_RUN_SECONDS = "respawn-run-seconds"
+NOTICE_RUN_ENDING = "run-ending"  # the heartbeat's and the notice message's kind for that end
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"
 LABEL_SLOT = "respawn-slot"  # a member slot (0..nodes+spare_nodes-1); set only when the job has several slots

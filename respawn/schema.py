@@ -851,6 +851,9 @@ class MemberStatus(_Loss):
     # The node this slot's current one replaced during its notice, still saving its emergency checkpoint; deleted
     # (when still there) once `until` has passed, and never an orphan before.
     leaving: Leaving | None = None
+    # A flex-start node: when its run duration ends (seen running + max_run_hours, so at most a poll late): a loss
+    # near it is the planned end of the run (decide.RUN_ENDED), not a preemption.
+    run_ends_at: datetime | None = None
 
 
 class SlotStatus(MemberStatus, JobCounters):

@@ -468,10 +468,12 @@ def test_outcomes_of_other_actions_are_refused():
 RAW_STATES = {"gpu": [None, "PENDING", "PROVISIONING", "STAGING", "RUNNING", "PENDING_STOP", "STOPPING", "STOPPED",
                       "SUSPENDING", "SUSPENDED", "TERMINATED", "DEPROVISIONING", "REPAIRING", "WEIRD"],
               "tpu": [None, "CREATING", "READY", "DELETING", "PREEMPTED", "TERMINATED", "STOPPED", "REPAIRING", "UNKNOWN"]}
+FLEX_ENDED = make_spec(termination_action="DELETE", provisioning=["spot", {"model": "flex-start", "max_run_hours": 1}])
 GRID = [
     (state, spec_name, raw, hbk, cancel, hint, create_state)
     for state in State
-    for spec_name, sp in (("gpu_stop", GPU_STOP), ("gpu_delete", GPU_DELETE), ("tpu", TPU), ("invalid", None))
+    for spec_name, sp in (("gpu_stop", GPU_STOP), ("gpu_delete", GPU_DELETE), ("tpu", TPU), ("invalid", None),
+                          ("gpu_flex", FLEX_ENDED))
     for raw in RAW_STATES["tpu" if sp is TPU else "gpu"]
     for hbk in HEARTBEATS
     for cancel in (False, True)
@@ -479,7 +481,9 @@ GRID = [
     for create_state in ("pending", "starting", "created", "failed")
     if state is not State.PENDING or raw is None  # a pending job has no node name yet, so nothing to observe
 ]
-SPECS = {"gpu_stop": GPU_STOP, "gpu_delete": GPU_DELETE, "tpu": TPU, "invalid": None}
+SPECS = {"gpu_stop": GPU_STOP, "gpu_delete": GPU_DELETE, "tpu": TPU, "invalid": None, "gpu_flex": FLEX_ENDED}
+# What a row's status holds besides the grid's columns: a flex-start node past its run's end.
+SLOT = {"gpu_flex": dict(provisioning="flex-start", run_ends_at=NOW - timedelta(seconds=30))}
 
 
 def test_grid_covers_every_state_and_phase():
@@ -506,7 +510,7 @@ def test_every_compute_instance_status_has_a_phase():
 def test_invariants_over_every_observation(state):
     for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
         o = obs(state.value, raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
-                create_state=create_state if state is not State.PENDING else None)
+                create_state=create_state if state is not State.PENDING else None, **SLOT.get(spec_name, {}))
         d = decide(o)
         where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
         after = d.status.state if d.status else state
@@ -556,7 +560,7 @@ def test_capacity_reads_are_skipped_only_where_decide_ignores_them(state):
     skipped = 0
     for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
         kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
-                  create_state=create_state if state is not State.PENDING else None)
+                  create_state=create_state if state is not State.PENDING else None, **SLOT.get(spec_name, {}))
         o = obs(state.value, **kw)
         if needs_capacity(o.status, o.node, o.hint):
             continue
@@ -573,7 +577,7 @@ def test_console_reads_are_skipped_only_where_decide_ignores_them(state):
     # be the same whatever the console says.
     for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
         kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
-                  create_state=create_state if state is not State.PENDING else None)
+                  create_state=create_state if state is not State.PENDING else None, **SLOT.get(spec_name, {}))
         o = obs(state.value, **kw)
         if needs_console(o.status, o.node, o.heartbeat, SETTINGS, NOW):
             continue

@@ -1,0 +1,78 @@
+"""Provisioning tiers with flex-start (issue #26 item 1), in the pure core: the next node's tier and why, a
+flex-start request that waits (PENDING) and one whose wait ran out (a refusal, not a preemption), the run's end as a
+planned stop (neither a preemption nor a failure; the next node starts over from the first tier). No fakes:
+Observations in, Decisions out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from respawn.control import decide as core
+from respawn.control.decide import Act
+from respawn.schema import State
+from test_decide_table import NOW, ZONES, hb, make_spec, obs
+
+TIERED = make_spec(termination_action="DELETE",
+                   provisioning=[{"model": "spot", "after_refusals": 2},
+                                 {"model": "flex-start", "max_run_hours": 24, "wait_minutes": 20}, "standard"])
+FLEX = dict(spec=TIERED, provisioning="flex-start")
+
+
+def test_spot_refused_in_a_row_moves_the_next_node_to_flex_start_and_says_why():
+    # Zones a and b refused Spot: the second refusal in a row moves on, and flex-start starts its own round at a.
+    d = core.decide(obs("PROVISIONING", raw=None, heartbeat="none", spec=TIERED, create_state="failed",
+                        consecutive_failures=2, tried_zones=ZONES[:2]))
+    assert (d.action.kind, d.action.provisioning, d.action.zone) == (Act.CREATE, "flex-start", ZONES[0])
+    assert d.status.message.endswith("(flex-start: spot: refused 2 times in a row)")
+    assert d.details["provisioning"] == "flex-start" and d.details["tier_why"] == "spot: refused 2 times in a row"
+
+
+def test_a_flex_start_request_waiting_for_capacity_is_polled_not_judged():
+    d = core.decide(obs("PROVISIONING", raw="PENDING", heartbeat="none", node_started_at=NOW - timedelta(hours=1),
+                        **FLEX))
+    assert d.action == core.POLL and d.status is None
+
+
+def test_a_flex_start_request_whose_wait_ran_out_is_a_refusal_and_the_next_zone_is_tried():
+    d = core.decide(obs("PROVISIONING", raw=None, heartbeat="none", consecutive_failures=2, preemptions=4, **FLEX))
+    assert (d.action.kind, d.action.provisioning, d.action.zone) == (Act.CREATE, "flex-start", ZONES[1])
+    st = d.status
+    assert (st.consecutive_failures, st.preemptions, st.failures, st.tried_zones) == (3, 4, 0, [ZONES[0]])
+    assert d.cause == "flex_start_unanswered" and d.details["node"] == "job-3"
+
+
+def test_running_starts_the_flex_start_nodes_life_and_its_run_clock():
+    d = core.decide(obs("PROVISIONING", raw="RUNNING", heartbeat="none", node_started_at=NOW - timedelta(hours=1),
+                        **FLEX))
+    assert d.status.state is State.RUNNING
+    assert d.status.node_started_at == NOW and d.status.run_ends_at == NOW + timedelta(hours=24)
+    spot = core.decide(obs("PROVISIONING", raw="RUNNING", heartbeat="none", spec=TIERED))
+    assert spot.status.run_ends_at is None
+
+
+def test_the_end_of_the_run_is_a_planned_stop_and_the_next_node_tries_spot_again():
+    ended = dict(run_ends_at=NOW - timedelta(seconds=30), preemptions=4, failures=1, restarts=5, **FLEX)
+    d = core.decide(obs("RUNNING", raw=None, **ended))
+    assert d.cause == core.RUN_ENDED and d.status.last_cause == core.RUN_ENDED
+    assert (d.status.preemptions, d.status.failures, d.status.restarts) == (4, 1, 6)
+    assert (d.action.kind, d.action.provisioning) == (Act.CREATE, "spot")  # every round starts at the first tier
+    assert d.alert is None
+    deleting = core.decide(obs("RUNNING", raw="STOPPING", **ended))
+    assert deleting.cause == core.RUN_ENDED and deleting.action.kind is Act.DELETE
+
+
+def test_a_flex_start_node_lost_long_before_its_end_is_a_preemption():
+    d = core.decide(obs("RUNNING", raw=None, run_ends_at=NOW + timedelta(hours=5), preemptions=4, **FLEX))
+    assert d.cause == "node_gone" and d.status.preemptions == 5
+
+
+def test_the_agents_run_ending_notice_gets_the_next_node_made_during_it_as_a_planned_stop():
+    o = obs("RUNNING", hint=core.NOTICE, heartbeat="none", run_ends_at=NOW + timedelta(minutes=2), preemptions=4,
+            **FLEX)
+    d = core.decide(o)
+    assert d.action.kind is Act.CREATE and d.action.handover is not None and d.status.leaving.node == "job-3"
+    assert d.cause == core.RUN_ENDED and d.status.preemptions == 4
+    far = replace(o, heartbeat=hb("preempting", notice="run-ending"),
+                  status=o.status.model_copy(update={"run_ends_at": NOW + timedelta(hours=5)}))
+    assert core.decide(far).cause == core.RUN_ENDED  # the agent said so, whatever the controller's clock says
