@@ -15,11 +15,12 @@ Life of one agent:
      again, never reruns it).
 3. Heartbeat `training` every `heartbeat_seconds` with the trainer's step and newest committed checkpoint.
 4. The first of: a notice (instance/preempted TRUE, instance/maintenance-event TERMINATE_ON_HOST_MAINTENANCE,
-   SIGTERM/SIGINT to the agent) → SIGTERM to the trainer's process group at once, `preempting` (written in the
-   background), wait for the trainer to finish its emergency checkpoint and exit, or for the deadline (notice
-   + notice_budget_seconds; then SIGKILL), final heartbeat `exited` with the committed step, exit 0. A metadata
-   notice is also published to the controller at once (contract.notice_nudge), which may create the replacement
-   during the notice. A SIGTERM after a metadata notice is the soft-off, the notice's second moment (with
+   a flex-start node's run nearing its end (run_end.py: kind run-ending), SIGTERM/SIGINT to the agent) → SIGTERM
+   to the trainer's process group at once, `preempting` (written in the background), wait for the trainer to
+   finish its emergency checkpoint and exit, or for the deadline (notice + notice_budget_seconds; then SIGKILL),
+   final heartbeat `exited` with the committed step, exit 0. A notice other than SIGTERM is also published to the
+   controller at once (contract.notice_nudge), which may create the replacement during the notice. A SIGTERM
+   after a metadata notice is the soft-off, the notice's second moment (with
    JobSpec.notice_seconds, that long after the first): the deadline becomes the soft-off + the budget's rest;
    or the trainer exits on its own → final heartbeat `exited` with its exit code (and the tail of its output if
    it failed), exit 0 — what to do next is the controller's decision;
@@ -57,6 +58,7 @@ from .peers import listen_port, peers_env, serve as serve_peers
 from .prepare import AGENT, PrepareFailed, Preparer, write_json
 from .prefetch import Prefetch
 from .previous_life import upload_previous_life
+from .run_end import RunEnd, RunEndTimer
 from .storage import Fetcher, Interrupted, Uploader
 from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id, read_exit_file
 from .watcher import NOTICE_SIGTERM, ValueWatcher, Watcher, maintenance_watch, preempted_watch
@@ -120,6 +122,7 @@ class Agent:
         self.notice_at = 0.0
         self.soft_off_at: float | None = None  # a SIGTERM after a metadata notice (monotonic)
         self._notice_told = False  # the controller was sent this node's notice
+        self._notice_nudge: threading.Thread | None = None  # that message's publish
         self.writer = writer
         self.detach = False
         self.state = NodeState.STARTING
@@ -157,9 +160,9 @@ class Agent:
     # --- inputs -------------------------------------------------------------------------------------------
 
     def on_notice(self, notice: str, detail: str = "") -> None:
-        """Called by the watchers and the signal handler; the first notice wins. A metadata notice is told to the
-        controller once (whichever came first: a SIGTERM alone may be a user's stop); a SIGTERM after one is the
-        soft-off."""
+        """Called by the watchers, the run-end timer and the signal handler; the first notice wins. A metadata
+        notice or the run's end is told to the controller once (whichever came first: a SIGTERM alone may be a
+        user's stop); a SIGTERM after one is the soft-off."""
         with self._lock:
             if self.notice is None:
                 self.notice, self.notice_at = notice, time.monotonic()
@@ -168,9 +171,40 @@ class Agent:
             tell = notice != NOTICE_SIGTERM and not self._notice_told
             self._notice_told = self._notice_told or tell
         if tell and self.nudger is not None:
-            self.nudger.nudge(f"{notice} notice", message=contract.notice_nudge(
+            self._notice_nudge = self.nudger.nudge(f"{notice} notice", message=contract.notice_nudge(
                 self.cfg.job_id, self.cfg.node, notice, _iso_now()))
         self.wake.set()
+
+    def _watch_run_end(self) -> None:
+        """A flex-start node (ATTR_RUN_SECONDS): act on its run's end in time (run_end.py); at once when that time
+        has passed already (an agent started late in the run), before anything is started."""
+        if self.cfg.run_seconds is None:
+            return
+        plan = RunEnd.now(self.cfg.run_seconds, self.settings.notice_budget_seconds)
+        log("INFO", "flex-start run: its end is known; the trainer saves and stops before it", **plan.describe())
+        if plan.act_in <= 0:
+            self._on_run_end(plan)
+        else:
+            RunEndTimer(plan, lambda: self._on_run_end(plan)).start()
+
+    def _on_run_end(self, plan: RunEnd) -> None:
+        """The run's end is near: a notice (NOTICE_RUN_ENDING), unless another came first or nothing is left to
+        save: a failed preparation (the heartbeat keeps saying so) or a trainer that ended its job (reported, the
+        agent exits)."""
+        trainer = self.trainer
+        if trainer is not None:
+            ended, code = trainer.poll()
+            done = ended and (not self.multi_node or code == 0)
+        else:
+            done = False
+        if self.notice is not None or done or self.state in (NodeState.SETUP_FAILED, NodeState.EXITED):
+            log("INFO", "flex-start run: its end is near; nothing to save", notice=self.notice,
+                state=self.state.value, seconds_to_end=round(plan.seconds_to_end(), 1))
+            return
+        log("WARNING", "flex-start run: its end is near; acting as on a preemption notice",
+            notice=contract.NOTICE_RUN_ENDING, seconds_to_end=round(plan.seconds_to_end(), 1),
+            budget_s=self.settings.notice_budget_seconds)
+        self.on_notice(contract.NOTICE_RUN_ENDING)
 
     def _save_deadline(self, deadline: float) -> float:
         """`deadline`, or earlier when the soft-off came: then the save has the budget's rest after it."""
@@ -281,6 +315,7 @@ class Agent:
             # Its earlier output was forwarded by the previous agent already: follow from the current end.
             self._attach(TrainerProcess(self.node_dir, record, child=None),
                          forward_from=_size(os.path.join(self.node_dir, LOG_FILE)))
+            self._watch_run_end()
             return None
         if record is not None and record.boot_id == boot_id() and record.notice is None:
             code = read_exit_file(self.node_dir)
@@ -289,6 +324,8 @@ class Agent:
             self.started_at = datetime.fromisoformat(record.started_at)
             self.trainer = TrainerProcess(self.node_dir, record, child=None)
             return True, code
+        # A trainer that ended unwatched is reported above and the agent exits: nothing to save at the run's end.
+        self._watch_run_end()
         # A node flagged before the agent looked must not start a trainer: wait for the first reads (bounded, in
         # case the metadata server is down; the watchers keep trying in the background).
         deadline = time.monotonic() + FIRST_READ_WAIT_S
@@ -649,6 +686,8 @@ class Agent:
         preempting.join(max(0.0, deadline - time.monotonic()))
         written = self.heartbeater.write_until(self.snapshot, deadline + FINAL_WRITE_GRACE_S, what="final")
         self._stop_forwarding()
+        if self._notice_nudge is not None:
+            self._notice_nudge.join(NUDGE_SEND_S)  # a quick save must not end the agent before its message is out
         log("WARNING" if written else "ERROR", "notice handled; agent exiting", notice=self.notice,
             exit_code=code, committed_step=status.get("committed_step"), emergency=status.get("emergency"),
             final_heartbeat_written=written, seconds_since_notice=round(time.monotonic() - self.notice_at, 2))

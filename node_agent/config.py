@@ -9,6 +9,9 @@ On a TPU VM, Cloud TPU's own attributes say which host this is and where the oth
 slice's worker count and worker 0's address (an IP address or a hostname). Without them (a GPU VM), or with one
 worker, the node is a single host: worker 0 of 1, master 127.0.0.1.
 
+A flex-start node also carries its run duration (respawn.contract.ATTR_RUN_SECONDS), whose end the agent acts
+before (run_end.py).
+
 Missing or invalid attributes raise ConfigError naming the attribute; a metadata server that is not reachable
 yet (boot, maintenance) is retried for a while first.
 """
@@ -20,8 +23,9 @@ import time
 from dataclasses import dataclass
 
 from respawn.contract import (ATTR_ATTEMPT, ATTR_GENERATION, ATTR_HANDOVER, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT,
-                              ATTR_SETTINGS, ATTR_WORKER_ENDPOINTS, ATTR_WORKER_NUMBER, SINGLE_HOST_MASTER_ADDR,
-                              Handover, NodeSettings, SettingsError, node_name, parse_worker_endpoints, split_artifact)
+                              ATTR_RUN_SECONDS, ATTR_SETTINGS, ATTR_WORKER_ENDPOINTS, ATTR_WORKER_NUMBER,
+                              SINGLE_HOST_MASTER_ADDR, Handover, NodeSettings, SettingsError, node_name,
+                              parse_worker_endpoints, split_artifact)
 from respawn.logs import log
 
 from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError
@@ -67,6 +71,8 @@ class AgentConfig:
     # A multi-node member's own address (instance/network-interfaces/0/ip), where it serves its checkpoints to its
     # peers (peers.py); None elsewhere, or when the metadata server has none.
     address: str | None = None
+    # ATTR_RUN_SECONDS: a flex-start node's run duration, from the VM's start (run_end.py); None on any other node.
+    run_seconds: int | None = None
 
     @property
     def worker(self) -> int:
@@ -122,6 +128,17 @@ def parse_attempt(text: str) -> int:
     if attempt < 1:
         raise ConfigError(ATTR_ATTEMPT, f"must be a positive integer, got {attempt}")
     return attempt
+
+
+def parse_run_seconds(text: str) -> int | None:
+    """The respawn-run-seconds attribute ("" when not set): a positive whole number of seconds, or None."""
+    text = text.strip()
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ConfigError(ATTR_RUN_SECONDS, f"must be a positive whole number of seconds (the VM's run duration), "
+                                            f"got {text!r}")
+    return int(text)
 
 
 def zone_from_metadata(value: str) -> str | None:
@@ -197,9 +214,11 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
         handover = Handover.from_json(handover_text) if handover_text else None
     except ValueError as exc:
         raise ConfigError(ATTR_HANDOVER, str(exc)) from None
+    run_seconds = parse_run_seconds(_read(md, attr + ATTR_RUN_SECONDS, ATTR_RUN_SECONDS, retry_seconds,
+                                          optional=True))
     return AgentConfig(
         job_id=job_id, attempt=attempt, project=project, node=node, zone=zone, settings=settings,
         node_dir=os.path.abspath(node_dir or os.environ.get("RESPAWN_NODE_DIR") or DEFAULT_NODE_DIR),
         library=parse_library(library_text) if library_text else None, hosts=hosts, generation=generation,
-        handover=handover, address=address or None,
+        handover=handover, address=address or None, run_seconds=run_seconds,
     )

@@ -635,7 +635,7 @@ class Heartbeat(TypedDict):
     exit_code: Optional[int]  # how the trainer ended (EXIT_PREEMPTED after a notice)
     output_tail: Optional[str]  # the end of a failed trainer's (or setup command's) output
     failed_command: Optional[List[str]]  # SETUP_FAILED: the setup step that failed, as argv
-    notice: Optional[str]  # what told the agent: preempted, maintenance-event, sigterm
+    notice: Optional[str]  # what told the agent: preempted, maintenance-event, run-ending (a flex-start run), sigterm
     emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
     started_at: Optional[datetime]  # when the trainer started
     generation: Optional[int]  # a multi-node member: the generation its trainer runs (or last ran); else None

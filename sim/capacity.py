@@ -6,8 +6,10 @@ on the sim clock (seconds since the SimServer started) and `limit` is how many n
 
 Capacity is per zone (hardware in use: instances PROVISIONING..STOPPING, TPU nodes CREATING/READY/DELETING).
 Quota is per region (as on Google Cloud), and a preempted TPU node keeps holding it until it is deleted.
-A step set for a provisioning model ("SPOT" or "STANDARD") overrides the step set for all models (None), so a
-test can stock out Spot while on-demand stays available.
+A step set for a provisioning model ("SPOT", "STANDARD" or, for capacity, "FLEX_START") overrides the step set for
+all models (None), so a test can stock out Spot while on-demand or flex-start stays available. Flex-start VMs have
+capacity of their own but the preemptible quota: their quota steps are the "SPOT" ones (sim.compute.quota_model).
+A PENDING flex-start VM holds neither.
 """
 
 from __future__ import annotations

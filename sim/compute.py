@@ -6,6 +6,14 @@ Operations progress on the scheduler; an insert/start operation is DONE when the
 Capacity and quota refusals are decided when the request arrives and reported inside the operation, as the real
 API does: ZONE_RESOURCE_POOL_EXHAUSTED with httpErrorStatusCode 503, QUOTA_EXCEEDED with 403.
 
+Flex-start VMs (provisioningModel FLEX_START, docs/gcp-facts.md §18): capacity is their own model in the capacity
+timeline, quota is the preemptible one. With no capacity and params.requestValidForDuration >= 90 s the instance
+waits in status PENDING (not live, not billed) until capacity frees up in its zone (then PROVISIONING -> STAGING ->
+RUNNING) or the wait runs out (then Compute deletes it: 404). While RUNNING, resourceStatus.scheduling.
+terminationTimestamp is the run's end (start + maxRunDuration, set at every start); then the VM is stopped or
+deleted as instanceTerminationAction says, as Compute's own stop or delete, never as a preemption. Both durations
+pass sim.run_duration_scale times faster in wall time, and terminationTimestamp is the compressed end.
+
 Images (global, any project): get and getFromFamily over a small table of Deep Learning VM families (IMAGE_FAMILIES,
 docs/gcp-facts.md §12) plus what add_image() registers; anything else is 404 `notFound`, and so is an insert whose
 boot disk names it, on the call itself, as Compute Engine answers.
@@ -23,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from respawn.agent.run_end import ENV_BOOT_TIME
 from sim import audit_entries
 from sim.capacity import region_of
 from sim.core import NodeRecord, SimError, compute_error, rfc3339
@@ -35,6 +44,9 @@ BASE = "https://www.googleapis.com/compute/v1"
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 LIVE = ("PROVISIONING", "STAGING", "RUNNING", "PENDING_STOP", "STOPPING")
 MAX_NOTICE_SECONDS = 120  # scheduling.preemptionNoticeDuration: gcloud's documented range is [0s, 120s] (gcp-facts §17)
+RUN_SECONDS = (600, 604_800)  # a FLEX_START VM's scheduling.maxRunDuration: 10 min to 7 days (gcp-facts §18)
+WAIT_SECONDS = (90, 7200)  # params.requestValidForDuration: how long a flex-start request waits; 0 = no wait (§18)
+PREEMPTIBLE_QUOTA = ("SPOT", "FLEX_START")  # the models charged to the PREEMPTIBLE_* quota metrics (gcp-facts §18, §21)
 DEFAULT_GRACEFUL_SHUTDOWN_SECONDS = 600  # scheduling.gracefulShutdown enabled without maxDuration
 SERIAL_BUFFER = 1 << 20  # bytes of serial port output Compute Engine keeps (getSerialPortOutput: "the last 1 MB")
 
@@ -67,7 +79,13 @@ def quota_metric(accelerator: str, model: str) -> str:
         metric = f"NVIDIA_{short}_GPUS"
     else:
         metric = "CPUS"
-    return ("PREEMPTIBLE_" if model == "SPOT" else "") + metric
+    return ("PREEMPTIBLE_" if model in PREEMPTIBLE_QUOTA else "") + metric
+
+
+def quota_model(model: str) -> str:
+    """The model whose quota timeline an instance of `model` is charged to: flex-start uses the preemptible quota,
+    which the sim keys as "SPOT"."""
+    return "SPOT" if model in PREEMPTIBLE_QUOTA else model
 
 
 @dataclass
@@ -82,6 +100,8 @@ class Instance:
     model: str
     gen: int = 0  # bumped by every state change, so stale scheduled steps do nothing
     shutdown: threading.Thread | None = None
+    deleting: bool = False  # a delete was asked: a PENDING instance is no longer given capacity
+    pending_op: "Operation | None" = None  # the insert a PENDING instance's request keeps open (flex_start_insert="wait")
 
     @property
     def id(self) -> str:
@@ -90,6 +110,17 @@ class Instance:
     @property
     def termination_action(self) -> str:
         return self.body.get("scheduling", {}).get("instanceTerminationAction") or "STOP"
+
+    @property
+    def shape(self) -> tuple[str, int]:
+        """(machine type, accelerator count): what a capacity error names."""
+        return (_last(self.body["machineType"]),
+                sum(a["acceleratorCount"] for a in self.body.get("guestAccelerators", [])))
+
+    @property
+    def run_seconds(self) -> float:
+        """scheduling.maxRunDuration: how long one run lasts before the termination action; 0 = unlimited."""
+        return _duration_seconds(self.body.get("scheduling", {}).get("maxRunDuration"))
 
     @property
     def notice_seconds(self) -> float:
@@ -121,6 +152,30 @@ def _check_notice_duration(scheduling: dict, model: str) -> None:
     if not 0 <= seconds <= MAX_NOTICE_SECONDS:
         raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.preemptionNoticeDuration': "
                                             f"{seconds:g}s. Valid values are [0s, {MAX_NOTICE_SECONDS}s]")
+
+
+def _check_run_duration(body: dict, scheduling: dict, model: str) -> None:
+    """What Compute refuses of a flex-start request (gcp-facts §18) and of a limited run time (§17), with 400."""
+    run = _duration_seconds(scheduling.get("maxRunDuration"))
+    if model == "FLEX_START":
+        if not run:
+            raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.maxRunDuration': a "
+                                                "FLEX_START instance needs a maximum run duration")
+        if not RUN_SECONDS[0] <= run <= RUN_SECONDS[1]:
+            raise compute_error(400, "invalid", f"Invalid value for field 'resource.scheduling.maxRunDuration': "
+                                                f"{run:g}s. Valid values for the FLEX_START provisioning model are "
+                                                f"[{RUN_SECONDS[0]}s, {RUN_SECONDS[1]}s]")
+        if scheduling.get("instanceTerminationAction") not in ("STOP", "DELETE"):
+            raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.instanceTerminationAction': "
+                                                f"'{scheduling.get('instanceTerminationAction', '')}'. A FLEX_START "
+                                                "instance needs STOP or DELETE, done when its run ends")
+    if run and (scheduling.get("gracefulShutdown") or {}).get("enabled"):
+        raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.gracefulShutdown': graceful "
+                                            "shutdown is not supported for an instance with a limited run time")
+    wait = _duration_seconds((body.get("params") or {}).get("requestValidForDuration"))
+    if wait and not WAIT_SECONDS[0] <= wait <= WAIT_SECONDS[1]:
+        raise compute_error(400, "invalid", f"Invalid value for field 'resource.params.requestValidForDuration': "
+                                            f"{wait:g}s. Valid values are 0s or [{WAIT_SECONDS[0]}s, {WAIT_SECONDS[1]}s]")
 
 
 @dataclass
@@ -160,6 +215,8 @@ class ComputeService:
         self._ids = random.Random(1)
         self.images: dict[tuple[str, str], Image] = {}  # (project, name) → Image
         self.firewalls: dict[tuple[str, str], dict] = {}  # (project, name) → the firewall resource
+        self.queue: list[Instance] = []  # PENDING flex-start instances, first asked first served
+        self._serving = False  # a pass over the queue is scheduled
         for family, state in IMAGE_FAMILIES.items():
             self.add_image(DLVM_PROJECT, f"{family}-{SIM_IMAGE_VERSION}", family=family, deprecated=state)
 
@@ -263,7 +320,10 @@ class ComputeService:
         self.operations[(zone, name)] = op
         return op
 
-    def _finish(self, op: Operation, error: dict | None = None, http: tuple[int, str] | None = None) -> None:
+    def _finish(self, op: Operation | None, error: dict | None = None, http: tuple[int, str] | None = None) -> None:
+        """End the operation (None: a step Compute takes on its own, with no operation of the caller's to end)."""
+        if op is None:
+            return
         with self.sim.cond:
             op.body.update(status="DONE", progress=100, endTime=rfc3339())
             if error:
@@ -276,15 +336,18 @@ class ComputeService:
         inst.status = status
         inst.gen += 1
         inst.body["status"] = status
+        if status != "RUNNING":  # the run's end (the sim's only resourceStatus) is known only while it runs (§18)
+            inst.body.pop("resourceStatus", None)
         inst.record.transition(self.sim.now(), status, status in LIVE)
 
     def _refusal(self, zone: str, accelerator: str, model: str, machine_type: str, count: int) -> tuple[dict, tuple] | None:
         """A quota or capacity error for adding one node now, or None."""
         t = self.sim.now()
         region = region_of(zone)
-        limit, specific = self.sim.quota.limit(region, accelerator, model, t)
+        pool = quota_model(model)
+        limit, specific = self.sim.quota.limit(region, accelerator, pool, t)
         if limit is not None:
-            used = self.sim.usage("quota", region, accelerator, model if specific else None)
+            used = self.sim.usage("quota", region, accelerator, pool if specific else None)
             if used + 1 > limit:
                 metric = quota_metric(accelerator, model)
                 message = f"Quota '{metric}' exceeded.  Limit: {float(limit)} in region {region}."
@@ -296,16 +359,19 @@ class ComputeService:
         if limit is not None:
             used = self.sim.usage("capacity", zone, accelerator, model if specific else None)
             if used + 1 > limit:
-                what = (f"A {machine_type} VM instance with {count} {accelerator} accelerator(s)" if count
-                        else f"A {machine_type} VM instance")
-                message = (f"The zone 'projects/{self.sim.project}/zones/{zone}' does not have enough resources "
-                           "available to fulfill the request.  Try a different zone, or try again later.")
-                return ({"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": message, "errorDetails": [
-                    {"errorInfo": {"reason": "resource_availability", "domain": "compute.googleapis.com",
-                                   "metadatas": {"zone": zone, "vmType": machine_type, "attachment": f"{accelerator}:{count}"}}},
-                    {"localizedMessage": {"locale": "en-US", "message": f"{what} is currently unavailable in the {zone} zone."}},
-                ]}, (503, "SERVICE UNAVAILABLE"))
+                return self._stockout(zone, accelerator, machine_type, count)
         return None
+
+    def _stockout(self, zone: str, accelerator: str, machine_type: str, count: int) -> tuple[dict, tuple]:
+        what = (f"A {machine_type} VM instance with {count} {accelerator} accelerator(s)" if count
+                else f"A {machine_type} VM instance")
+        message = (f"The zone 'projects/{self.sim.project}/zones/{zone}' does not have enough resources "
+                   "available to fulfill the request.  Try a different zone, or try again later.")
+        return ({"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": message, "errorDetails": [
+            {"errorInfo": {"reason": "resource_availability", "domain": "compute.googleapis.com",
+                           "metadatas": {"zone": zone, "vmType": machine_type, "attachment": f"{accelerator}:{count}"}}},
+            {"localizedMessage": {"locale": "en-US", "message": f"{what} is currently unavailable in the {zone} zone."}},
+        ]}, (503, "SERVICE UNAVAILABLE"))
 
     # --- API ------------------------------------------------------------------------------------------------
 
@@ -325,12 +391,19 @@ class ComputeService:
             accelerator = _last(accels[0]["acceleratorType"]) if accels else machine_type
             count = int(accels[0].get("acceleratorCount", 1)) if accels else 0
             scheduling = dict(body.get("scheduling") or {})
-            model = "SPOT" if scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible") else "STANDARD"
+            requested = scheduling.get("provisioningModel")
+            model = ("FLEX_START" if requested == "FLEX_START" else
+                     "SPOT" if requested == "SPOT" or scheduling.get("preemptible") else "STANDARD")
             _check_notice_duration(scheduling, model)
+            _check_run_duration(body, scheduling, model)
             iid = self._new_id()
             op = self._new_op(zone, "insert", self._path(zone, name), iid)
             refusal = self._refusal(zone, accelerator, model, machine_type, count)
-            if refusal:
+            # A flex-start request that may wait waits for capacity; a quota refusal is final (gcp-facts §18).
+            wait = _duration_seconds((body.get("params") or {}).get("requestValidForDuration"))
+            queued = (model == "FLEX_START" and wait > 0 and refusal is not None
+                      and refusal[0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED")
+            if refusal and not queued:
                 self.sim.op_step(zone, self.sim.op_delay, self._finish, op, *refusal)
                 return dict(op.body)
             if model == "SPOT":
@@ -362,8 +435,11 @@ class ComputeService:
             inst = Instance(zone, name, resource, "", record, runtime, accelerator, model)
             self.instances[(zone, name)] = inst
             self.sim.records.append(record)
-            self._set_status(inst, "PROVISIONING")
-            self.sim.op_step(zone, self.sim.op_delay, self._to_staging, inst, inst.gen, op)
+            if queued:
+                self._enqueue(inst, op, wait)
+            else:
+                self._set_status(inst, "PROVISIONING")
+                self.sim.op_step(zone, self.sim.op_delay, self._to_staging, inst, inst.gen, op)
         self.sim.emit(audit_entries.activity("v1.compute.instances.insert", project=self.sim.project,
                                              resource_name=self._path(zone, name)))
         return dict(op.body)
@@ -374,7 +450,87 @@ class ComputeService:
                 "machine_type": machine_type, "attributes": {i["key"]: i.get("value", "") for i in items},
                 "address": resource["networkInterfaces"][0]["networkIP"]}
 
-    def _to_staging(self, inst: Instance, gen: int, op: Operation) -> None:
+    # --- flex-start: the wait for capacity and the run's end (gcp-facts §18) ------------------------------------
+
+    def _enqueue(self, inst: Instance, op: Operation, wait: float) -> None:
+        """PENDING until capacity frees up in the zone, or until the request's validity ends (under the lock)."""
+        self._set_status(inst, "PENDING")
+        self.queue.append(inst)
+        # Unverified (gcp-facts §18): whether the insert operation ends when the request is queued or stays open
+        # for the whole wait (gcloud is said to block until capacity comes or the request expires). "done" (the
+        # default) ends it at once, so a caller must read the instance (PENDING) to know whether the VM runs;
+        # "wait" keeps it open and ends it when the VM runs or, with ZONE_RESOURCE_POOL_EXHAUSTED, when the wait
+        # runs out, so a caller that blocks on it meets its own timeout. A caller robust to both never takes a
+        # DONE insert for a running VM and never takes an unfinished one for a failure.
+        if self.sim.flex_start_insert == "wait":
+            inst.pending_op = op
+        else:
+            self.sim.op_step(inst.zone, self.sim.op_delay, self._finish, op)
+        self.sim.scheduler.call_later(wait * self.sim.run_duration_scale, self._expire, inst, inst.gen)
+        if not self._serving:
+            self._serving = True
+            self.sim.scheduler.call_later(self._serve_interval(), self._serve_queue)
+
+    def _serve_interval(self) -> float:
+        return max(self.sim.op_delay, 0.05)
+
+    def _serve_queue(self) -> None:
+        """Give freed capacity (and quota) to the PENDING instances, first asked first; again while any waits."""
+        with self.sim.cond:
+            for inst in list(self.queue):
+                if inst.deleting or self.instances.get((inst.zone, inst.name)) is not inst or inst.status != "PENDING":
+                    self.queue.remove(inst)
+                    continue
+                if self._refusal(inst.zone, inst.accelerator, inst.model, *inst.shape) is not None:
+                    continue
+                self.queue.remove(inst)
+                op, inst.pending_op = inst.pending_op, None
+                self._set_status(inst, "PROVISIONING")
+                self.sim.op_step(inst.zone, self.sim.op_delay, self._to_staging, inst, inst.gen, op)
+            self._serving = bool(self.queue)
+            if self._serving:
+                self.sim.scheduler.call_later(self._serve_interval(), self._serve_queue)
+
+    def _expire(self, inst: Instance, gen: int) -> None:
+        """The request's validity ran out with no capacity: Compute deletes the instance (no audit entry known)."""
+        with self.sim.cond:
+            if inst.gen != gen or inst.deleting or self.instances.get((inst.zone, inst.name)) is not inst:
+                return  # it got capacity, or was deleted
+            del self.instances[(inst.zone, inst.name)]
+            if inst in self.queue:
+                self.queue.remove(inst)
+            inst.gen += 1
+            inst.record.transition(self.sim.now(), "DELETED", False)
+            inst.record.deleted_at = self.sim.now()
+            op, inst.pending_op = inst.pending_op, None
+        inst.runtime.destroy()
+        self._finish(op, *self._stockout(inst.zone, inst.accelerator, *inst.shape))
+
+    def _boot_env(self, inst: Instance) -> dict[str, str]:
+        """A limited run's VM tells its agent when it started (the host's kernel boot is not its own), shifted so
+        that the agent's end (start + maxRunDuration) falls where the sim's compressed end does."""
+        if not inst.run_seconds:
+            return {}
+        return {ENV_BOOT_TIME: repr(time.time() - inst.run_seconds * (1 - self.sim.run_duration_scale))}
+
+    def _run_ended(self, inst: Instance, gen: int) -> None:
+        """maxRunDuration is over: the termination action, as Compute's own stop or delete. Not a preemption:
+        instance/preempted stays FALSE and no compute.instances.preempted entry is written; no gracefulShutdown
+        (refused at insert for a limited run time, gcp-facts §17)."""
+        with self.sim.cond:
+            if inst.gen != gen or self.instances.get((inst.zone, inst.name)) is not inst or inst.status != "RUNNING":
+                return  # stopped, restarted or deleted since: that run's end no longer applies
+            self._set_status(inst, "STOPPING")
+            if inst.termination_action == "DELETE":
+                inst.deleting = True
+                threading.Thread(target=self._delete, args=(inst, None, inst.shutdown), name=f"run-end-{inst.name}",
+                                 daemon=True).start()
+            else:
+                self._shutdown(inst, self.sim.notice_seconds, then=lambda: self._stopped(inst, None))
+
+    # --- lifecycle steps --------------------------------------------------------------------------------------
+
+    def _to_staging(self, inst: Instance, gen: int, op: Operation | None) -> None:
         with self.sim.cond:
             if inst.gen != gen or self.instances.get((inst.zone, inst.name)) is not inst:
                 self._finish(op)  # deleted or preempted while provisioning: the insert still ends
@@ -382,15 +538,19 @@ class ComputeService:
             self._set_status(inst, "STAGING")
             self.sim.op_step(inst.zone, self.sim.op_delay, self._to_running, inst, inst.gen, op)
 
-    def _to_running(self, inst: Instance, gen: int, op: Operation) -> None:
+    def _to_running(self, inst: Instance, gen: int, op: Operation | None) -> None:
         with self.sim.cond:
             if inst.gen != gen or self.instances.get((inst.zone, inst.name)) is not inst:
                 self._finish(op)
                 return
             self._set_status(inst, "RUNNING")
             inst.body["lastStartTimestamp"] = rfc3339()
+            if inst.run_seconds:  # every start begins a new run (gcp-facts §18)
+                wall = inst.run_seconds * self.sim.run_duration_scale
+                inst.body["resourceStatus"] = {"scheduling": {"terminationTimestamp": rfc3339(time.time() + wall)}}
+                self.sim.scheduler.call_later(wall, self._run_ended, inst, inst.gen)
             inst.record.boots += 1
-            inst.runtime.boot()
+            inst.runtime.boot(self._boot_env(inst))
         self._finish(op)
 
     def get(self, zone: str, name: str) -> dict:
@@ -457,8 +617,7 @@ class ComputeService:
             if inst.status != "TERMINATED":
                 self.sim.op_step(zone, self.sim.op_delay, self._finish, op)
                 return dict(op.body)
-            refusal = self._refusal(zone, inst.accelerator, inst.model, _last(inst.body["machineType"]),
-                                    sum(a["acceleratorCount"] for a in inst.body.get("guestAccelerators", [])))
+            refusal = self._refusal(zone, inst.accelerator, inst.model, *inst.shape)
             if refusal:
                 self.sim.op_step(zone, self.sim.op_delay, self._finish, op, *refusal)
                 return dict(op.body)
@@ -469,6 +628,9 @@ class ComputeService:
     def stop(self, zone: str, name: str) -> dict:
         with self.sim.cond:
             inst = self._get(zone, name)
+            if inst.status == "PENDING":  # unverified what Compute does; the sim asks for a delete instead
+                raise compute_error(400, "resourceNotReady", f"The resource '{self._path(zone, name)}' is not ready: "
+                                    "it is waiting for capacity (PENDING); delete it to withdraw the request")
             op = self._new_op(zone, "stop", self._path(zone, name), inst.id)
             if inst.status in ("TERMINATED", "STOPPING", "PENDING_STOP"):
                 self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op)
@@ -483,6 +645,7 @@ class ComputeService:
             inst = self._get(zone, name)
             op = self._new_op(zone, "delete", self._path(zone, name), inst.id)
             graceful = inst.graceful_shutdown_seconds if inst.status in LIVE else 0.0
+            inst.deleting = True
             if inst.status in LIVE:
                 self._set_status(inst, "PENDING_STOP" if graceful else "STOPPING")
             pending = inst.shutdown
@@ -492,7 +655,7 @@ class ComputeService:
                                              resource_name=self._path(zone, name)))
         return dict(op.body)
 
-    def _delete(self, inst: Instance, op: Operation, pending: threading.Thread | None, grace: float = 0.0) -> None:
+    def _delete(self, inst: Instance, op: Operation | None, pending: threading.Thread | None, grace: float = 0.0) -> None:
         if pending is not None:
             pending.join()
         inst.runtime.power_off(grace or self.sim.delete_grace)
@@ -503,6 +666,8 @@ class ComputeService:
                 inst.gen += 1
                 inst.record.transition(self.sim.now(), "DELETED", False)
                 inst.record.deleted_at = self.sim.now()
+            insert, inst.pending_op = inst.pending_op, None
+        self._finish(insert)  # a withdrawn flex-start request's insert ends, as one deleted while provisioning
         self._finish(op)
 
     def _shutdown(self, inst: Instance, grace: float, then) -> None:
@@ -549,6 +714,9 @@ class ComputeService:
     def preempt(self, zone: str, name: str) -> None:
         with self.sim.cond:
             inst = self.instances.get((zone, name))
+            if inst is not None and inst.model == "FLEX_START":
+                raise SimError(f"cannot preempt instance {zone}/{name}: a FLEX_START VM is never preempted (gcp-facts "
+                               "§18); its run ends at scheduling.maxRunDuration (sim.run_duration_scale shortens it)")
             if inst is None or inst.status not in ("PROVISIONING", "STAGING", "RUNNING"):
                 raise SimError(f"cannot preempt instance {zone}/{name}: it is "
                                f"{'absent' if inst is None else inst.status}; only a live instance can be preempted")
@@ -612,10 +780,12 @@ class ComputeService:
             inst.runtime.metadata.set("instance/maintenance-event", value)
 
     def usage(self, zone_or_region: str, accelerator: str, model: str | None, by_region: bool) -> int:
+        """Live instances holding capacity in a zone or, by_region, quota in a region (`model`: the quota pool)."""
         return sum(
             1 for i in self.instances.values()
             if (region_of(i.zone) if by_region else i.zone) == zone_or_region
-            and i.accelerator == accelerator and (model is None or i.model == model) and i.status in LIVE
+            and i.accelerator == accelerator and i.status in LIVE
+            and (model is None or (quota_model(i.model) if by_region else i.model) == model)
         )
 
 

@@ -74,8 +74,9 @@ class NodeRuntime:
             return False
         return self.proc.poll() is None or group_alive(self.proc.pid) or bool(guest_pids(self.boot_id or ""))
 
-    def boot(self) -> None:
-        """Power on: a fresh metadata server (preempted=FALSE) and the boot command, if any."""
+    def boot(self, boot_env: dict[str, str] | None = None) -> None:
+        """Power on: a fresh metadata server (preempted=FALSE) and the boot command, if any (`boot_env`: what this
+        boot adds to its environment)."""
         with self._lock:
             self.directory.mkdir(parents=True, exist_ok=True)
             if not self.metadata_server:
@@ -93,6 +94,7 @@ class NodeRuntime:
             env["GCE_METADATA_HOST"] = self.metadata.host
             env["GCE_METADATA_IP"] = self.metadata.host  # google-auth pings this one
             env["RESPAWN_NODE_DIR"] = str(self.directory)
+            env.update(boot_env or {})
             # A fresh id per boot, as the kernel's boot_id: the agent tells a reboot from its own restart by it.
             self.boot_id = env["RESPAWN_BOOT_ID"] = uuid.uuid4().hex
             argv = list(self.boot_command)

@@ -31,6 +31,15 @@ from sim.storage_folders import StorageFolders
 from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES, TpuService
 
 LABEL_JOB = "respawn-job"
+CAPACITY_MODELS = ("SPOT", "STANDARD", "FLEX_START")
+QUOTA_MODELS = ("SPOT", "STANDARD")  # flex-start is charged to the preemptible ("SPOT") quota (gcp-facts §18)
+
+
+def _check_model(model: str | None, allowed: tuple[str, ...], what: str) -> None:
+    if model is not None and model not in allowed:
+        hint = " (flex-start uses the preemptible quota: give 'SPOT')" if model == "FLEX_START" else ""
+        raise ValueError(f"a {what} step's provisioning model must be one of {', '.join(allowed)} or None (all), "
+                         f"not {model!r}{hint}")
 
 
 class SimServer:
@@ -52,6 +61,8 @@ class SimServer:
         network: str = "loopback",
         metadata_servers: bool = True,
         tpu_endpoints: str = ENDPOINTS_HOSTNAMES,
+        run_duration_scale: float = 1.0,
+        flex_start_insert: str = "done",
     ) -> None:
         """
         notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
@@ -73,6 +84,12 @@ class SimServer:
             its API resource, for benchmarks of thousands of nodes (each server is a thread and a port).
         tpu_endpoints: the format of a TPU worker's `worker-network-endpoints` (sim.tpu.ENDPOINT_FORMATS): the
             workers' hostnames (default, the newer format) or name:uid:IP triples (sim/tpu.py).
+        run_duration_scale: wall seconds per second of a VM's scheduling.maxRunDuration and of a flex-start
+            request's params.requestValidForDuration (0.01: a 600 s run ends after 6 s, and its
+            terminationTimestamp says so); an attribute, so a test may change it before the insert.
+        flex_start_insert: when the insert of a flex-start VM that waits for capacity (PENDING) ends: "done" at
+            once, or "wait" when the VM runs or its request expires (ZONE_RESOURCE_POOL_EXHAUSTED). Which one
+            Compute does is unverified (docs/gcp-facts.md §18).
         """
         if not metadata_servers and boot_command:
             raise ValueError("metadata_servers=False boots no guest: it takes no boot_command")
@@ -80,6 +97,10 @@ class SimServer:
             raise ValueError(f"network must be 'loopback' or 'netns', not {network!r}")
         if tpu_endpoints not in ENDPOINT_FORMATS:
             raise ValueError(f"tpu_endpoints must be one of {ENDPOINT_FORMATS}, not {tpu_endpoints!r}")
+        if flex_start_insert not in ("done", "wait"):
+            raise ValueError(f"flex_start_insert must be 'done' or 'wait', not {flex_start_insert!r}")
+        if not run_duration_scale > 0:
+            raise ValueError(f"run_duration_scale must be > 0, not {run_duration_scale!r}")
         if audit_timing not in ("start", "end"):
             raise ValueError(f"audit_timing must be 'start' or 'end', not {audit_timing!r}")
         self.project = project
@@ -94,6 +115,8 @@ class SimServer:
         self.audit_sink = audit_sink
         self.delete_grace = float(delete_grace) if delete_grace is not None else min(self.notice_seconds, 5.0)
         self.audit_timing = audit_timing
+        self.run_duration_scale = float(run_duration_scale)
+        self.flex_start_insert = flex_start_insert
         self.network_mode = network
         self.tpu_endpoints = tpu_endpoints
         self.network: Network | None = None  # netns mode, from start() to stop()
@@ -226,18 +249,23 @@ class SimServer:
                      provisioning_model: str | None = None) -> None:
         """From sim time `at` (default: now) on, at most `count` nodes of `accelerator_type` (a GPU type such as
         nvidia-tesla-t4, a machine type for VMs without GPUs, or a TPU type such as v5litepod-8) may hold
-        hardware in `zone`; None = unlimited. `provisioning_model` "SPOT"/"STANDARD" limits only that model."""
+        hardware in `zone`; None = unlimited. `provisioning_model` "SPOT"/"STANDARD"/"FLEX_START" limits only that
+        model (flex-start's capacity is a pool of its own: Spot may be 0 where flex-start is not)."""
+        _check_model(provisioning_model, CAPACITY_MODELS, "capacity")
         self.capacity.set(zone, accelerator_type, count, self.now() if at is None else float(at), provisioning_model)
 
     def set_capacity_timeline(self, zone: str, accelerator_type: str, steps: list[tuple[float, int | None]],
                               provisioning_model: str | None = None) -> None:
+        _check_model(provisioning_model, CAPACITY_MODELS, "capacity")
         for at, count in steps:
             self.capacity.set(zone, accelerator_type, count, float(at), provisioning_model)
 
     def set_quota(self, region: str, accelerator_type: str, limit: int | None = None, at: float | None = None,
                   provisioning_model: str | None = None) -> None:
         """At most `limit` nodes of `accelerator_type` in `region` (e.g. us-central1); None = unlimited. A
-        preempted TPU node counts until it is deleted; a TERMINATED VM does not."""
+        preempted TPU node counts until it is deleted; a TERMINATED VM does not. `provisioning_model` "SPOT" is the
+        preemptible quota, which Spot, preemptible and flex-start VMs share; "STANDARD" the on-demand one."""
+        _check_model(provisioning_model, QUOTA_MODELS, "quota")
         self.quota.set(region, accelerator_type, limit, self.now() if at is None else float(at), provisioning_model)
 
     def set_api_faults(self, rate: float = 0.0, count: int = 0, status: int = 503,
@@ -275,7 +303,8 @@ class SimServer:
     def preempt(self, zone: str, name: str) -> None:
         """Preemption: instance/preempted=TRUE, SIGTERM to the node's processes (the soft-off: at once, or after
         the instance's scheduling.preemptionNoticeDuration), SIGKILL notice_seconds after the soft-off, then
-        TERMINATED (termination action STOP), deleted (DELETE), or PREEMPTED (TPU); audit entries follow."""
+        TERMINATED (termination action STOP), deleted (DELETE), or PREEMPTED (TPU); audit entries follow.
+        A FLEX_START VM is never preempted: SimError."""
         if self._kind(zone, name) == "instance":
             self.compute.preempt(zone, name)
         else:
