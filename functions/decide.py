@@ -85,8 +85,12 @@ class NodeObs:
 ABSENT = NodeObs(Phase.ABSENT)
 
 
-# The cause of a hint from a node agent's notice message (contract.notice_nudge): the node is about to go.
+# The cause of a hint from a node agent's notice message (contract.notice_nudge): the node is about to go. A
+# flex-start node's notice of its run's end (kind NOTICE_RUN_ENDING) is its own cause: a planned stop, whatever the
+# heartbeat says yet (the message may come before the agent's `preempting` beat).
 NOTICE = "notice"
+RUN_END_NOTICE = "notice:run-ending"
+NOTICES = (NOTICE, RUN_END_NOTICE)
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,7 @@ def needs_capacity(status: MemberStatus, node: NodeObs, hint: str | None = None)
     `node` (`hint`: what an event said of it): only when it may place a node or weigh a restart in place. observe()
     skips those reads otherwise."""
     return (status.state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
-            or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING, Phase.DELETING) or hint == NOTICE)
+            or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING, Phase.DELETING) or hint in NOTICES)
 
 
 def needs_console(status: MemberStatus, node: NodeObs, heartbeat: Heartbeat | None, settings: Settings,
@@ -277,11 +281,13 @@ def _decide(o: Observation) -> Decision:
         return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert)
     if hb is not None and hb.state is NodeState.SETUP_FAILED and not noticed(hb):
         return _setup_failed(o, s, hb)
-    if o.hint == NOTICE:
-        early = _on_notice(o, spec, hb)
+    if o.hint in NOTICES:
+        planned = o.hint == RUN_END_NOTICE
+        early = _on_notice(o, spec, hb, planned)
         if early is not None:
             return early
-        o = replace(o, hint="preempted")  # no head start: the notice is a preemption on its way, as an event says
+        # No head start: the notice is a loss on its way, as an event says.
+        o = replace(o, hint=RUN_ENDED if planned else "preempted")
 
     if state is State.PENDING:
         if o.image is not None and o.image.verdict is ImageVerdict.MISSING:
@@ -356,12 +362,13 @@ def _decide(o: Observation) -> Decision:
     return Decision(POLL)  # BOOTING (restarting), STOPPING before a restart in place, DELETING, UNKNOWN
 
 
-def _on_notice(o: Observation, spec: JobSpec, hb: Heartbeat | None) -> Decision | None:
+def _on_notice(o: Observation, spec: JobSpec, hb: Heartbeat | None, planned: bool) -> Decision | None:
     """The node's agent saw a preemption (or terminating maintenance) notice: its VM goes at the end of the notice
     window. Create the replacement now, while the node saves its emergency checkpoint, unless restarting it in place
     once it stopped would serve sooner (recovery.fresh_beats_in_place), or the loss would not create a node at once
     (a backoff, a limit reached, no zone): then None, and the stop is handled as any preemption. The noticed node
-    is recorded as `leaving`: the new one's agent waits for its final heartbeat before training (ATTR_HANDOVER)."""
+    is recorded as `leaving`: the new one's agent waits for its final heartbeat before training (ATTR_HANDOVER).
+    `planned`: the notice is a flex-start run's end (RUN_END_NOTICE)."""
     s = o.status
     if (s.state not in (State.RUNNING, State.PROVISIONING) or o.node.phase not in (Phase.RUNNING, Phase.STOPPING)
             or s.leaving is not None):  # one node saving beside the slot's at a time
@@ -371,7 +378,7 @@ def _on_notice(o: Observation, spec: JobSpec, hb: Heartbeat | None) -> Decision 
         return None
     assert s.node is not None and s.zone is not None
     leaving = Leaving(node=s.node, zone=s.zone, attempt=s.attempt, until=o.now + timedelta(seconds=window))
-    d = _lose(o, spec, hb, RUN_ENDED if run_ending(s, hb, o.now) else "preempted", leaving=leaving)
+    d = _lose(o, spec, hb, RUN_ENDED if planned or run_ending(s, hb, o.now) else "preempted", leaving=leaving)
     if d.action.kind is not Act.CREATE:
         return None
     handover = Handover(leaving.node, leaving.until.isoformat())

@@ -90,7 +90,8 @@ def _notice_hint(job_id: str, notice: Any) -> Any:
     """The decide.Hint of an agent's notice message; None without one, or (logged) when it is malformed."""
     from datetime import datetime
 
-    from respawn.control.decide import NOTICE, Hint
+    from respawn.contract import NOTICE_RUN_ENDING
+    from respawn.control.decide import NOTICE, RUN_END_NOTICE, Hint
 
     if notice is None:
         return None
@@ -103,7 +104,7 @@ def _notice_hint(job_id: str, notice: Any) -> Any:
                      job_id=job_id, notice=repr(notice)[:300])
         return None
     logs.info(f"job {job_id}: {node} saw a {notice.get('kind', 'preemption')} notice", job_id=job_id, node=node)
-    return Hint(NOTICE, node, at)
+    return Hint(RUN_END_NOTICE if notice.get("kind") == NOTICE_RUN_ENDING else NOTICE, node, at)
 
 
 def _fan_out() -> None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from respawn.control import decide as core
-from respawn.control.decide import Act
+from respawn.control.decide import Act, NodeObs, Phase
 from respawn.schema import State
 from test_decide_table import NOW, ZONES, hb, make_spec, obs
 
@@ -76,3 +76,17 @@ def test_the_agents_run_ending_notice_gets_the_next_node_made_during_it_as_a_pla
     far = replace(o, heartbeat=hb("preempting", notice="run-ending"),
                   status=o.status.model_copy(update={"run_ends_at": NOW + timedelta(hours=5)}))
     assert core.decide(far).cause == core.RUN_ENDED  # the agent said so, whatever the controller's clock says
+
+
+def test_the_run_ending_notice_message_is_a_planned_stop_before_any_heartbeat_says_so():
+    """The agent's message (kind run-ending) may come before its `preempting` beat, and the controller's own idea of
+    the end may be far (a clock of its own): the message's kind decides."""
+    o = obs("RUNNING", hint=core.RUN_END_NOTICE, heartbeat="fresh", run_ends_at=NOW + timedelta(hours=5),
+            preemptions=4, **FLEX)
+    d = core.decide(o)
+    assert d.action.kind is Act.CREATE and d.status.leaving.node == "job-3"
+    assert d.cause == core.RUN_ENDED and d.status.preemptions == 4 and d.alert is None
+    assert core.decide(replace(o, hint=core.NOTICE)).cause == "preempted"  # a preemption notice stays one
+    # No head start (the message came after the node went): the loss is still the planned stop, not a preemption.
+    gone = core.decide(replace(o, node=NodeObs(Phase.ABSENT, None)))
+    assert gone.cause == core.RUN_ENDED and gone.status.preemptions == 4 and gone.action.kind is Act.CREATE
