@@ -36,9 +36,11 @@ GRPC_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUN
                429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
 
 
-def rpc_error(status: int, message: str) -> ApiError:
-    """The google.rpc.Status-style body of the Cloud TPU API."""
-    return ApiError(status, {"error": {"code": status, "message": message, "status": GRPC_STATUS.get(status, "UNKNOWN")}})
+def rpc_error(status: int, message: str, grpc_status: str | None = None) -> ApiError:
+    """The google.rpc.Status-style body of the Cloud TPU API (`grpc_status`: another than the HTTP code's usual one,
+    e.g. FAILED_PRECONDITION, which is HTTP 400 too)."""
+    return ApiError(status, {"error": {"code": status, "message": message,
+                                       "status": grpc_status or GRPC_STATUS.get(status, "UNKNOWN")}})
 
 
 def rfc3339(t: float | None = None) -> str:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 _C = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
 # Images are global and live in any project (public images: deeplearning-platform-release, debian-cloud, …).
 _I = r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images"
+_R = r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)"
 _T = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 
 ROUTES = [
@@ -33,6 +34,9 @@ ROUTES = [
     ("POST", _C + r"/operations/(?P<op>[^/]+)/wait", "c_wait"),
     ("GET", _I + r"/family/(?P<family>[^/]+)", "c_image_family"),
     ("GET", _I + r"/(?P<image>[^/]+)", "c_image"),
+    ("POST", _R + r"/advice/capacity", "c_advice_capacity"),
+    ("POST", _R + r"/advice/capacityHistory", "c_advice_history"),
+    ("GET", _R, "c_region"),
     ("GET", r"/compute/v1/projects/(?P<fw_project>[^/]+)/global/firewalls/(?P<firewall>[^/]+)", "c_firewall"),
     ("POST", _T + r"/nodes", "t_create"),
     ("GET", _T + r"/nodes", "t_list"),
@@ -40,6 +44,10 @@ ROUTES = [
     ("DELETE", _T + r"/nodes/(?P<name>[^/:]+)", "t_delete"),
     ("PATCH", _T + r"/nodes/(?P<name>[^/:]+)", "t_update"),
     ("GET", _T + r"/operations/(?P<op>[^/]+)", "t_op"),
+    ("POST", _T + r"/queuedResources", "t_qr_create"),
+    ("GET", _T + r"/queuedResources", "t_qr_list"),
+    ("GET", _T + r"/queuedResources/(?P<name>[^/:]+)", "t_qr_get"),
+    ("DELETE", _T + r"/queuedResources/(?P<name>[^/:]+)", "t_qr_delete"),
     ("GET", r"/sim/instances", "s_instances"),
     ("GET", r"/sim/history", "s_history"),
     ("GET", r"/sim/audit", "s_audit"),
@@ -57,6 +65,7 @@ ROUTES = [
     ("GET", r"/storage/v1/b/(?P<bucket>[^/]+)/managedFolders/(?P<folder>[^/]+)/iam", "g_folder_policy"),
     ("PUT", r"/storage/v1/b/(?P<bucket>[^/]+)/managedFolders/(?P<folder>[^/]+)/iam", "g_folder_set_policy"),
     ("POST", r"/sim/images", "s_images"),
+    ("POST", r"/sim/advice", "s_advice"),
     ("POST", r"/sim/firewalls", "s_firewalls"),
 ]
 _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
@@ -65,7 +74,10 @@ _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
 FAULT_NAMES = {"c_insert": "insert", "c_delete": "delete", "c_start": "start", "c_stop": "stop", "c_get": "get",
                "c_set_metadata": "set_metadata", "c_serial": "serial",
                "c_list": "list", "c_image": "image", "c_image_family": "image",
-               "t_create": "create", "t_delete": "delete", "t_get": "get", "t_list": "list"}
+               "c_advice_capacity": "advice", "c_advice_history": "advice", "c_region": "region",
+               "t_create": "create", "t_delete": "delete", "t_get": "get", "t_list": "list",
+               # a queued resource's calls answer to the node's names (`nodes`: the request's id)
+               "t_qr_create": "create", "t_qr_delete": "delete", "t_qr_get": "get", "t_qr_list": "list"}
 
 
 def make_handler(sim: "SimServer"):
@@ -106,7 +118,7 @@ def make_handler(sim: "SimServer"):
                     msg = f"The sim serves project '{sim.project}' only"
                     raise compute_error(404, "notFound", msg) if handler.startswith("c_") else rpc_error(403, msg)
                 fault = FAULT_NAMES.get(handler)
-                node = args.get("name") or body.get("name") or query.get("nodeId")
+                node = args.get("name") or body.get("name") or query.get("nodeId") or query.get("queuedResourceId")
                 injected = None
                 if fault and sim.take_api_fault(fault, node):
                     status = sim.api_faults["status"]
@@ -184,6 +196,15 @@ def make_handler(sim: "SimServer"):
         def c_firewall(self, fw_project, firewall, body, query):
             return sim.compute.get_firewall(fw_project, firewall)
 
+        def c_advice_capacity(self, region, body, query):
+            return sim.advice.capacity(region, body)
+
+        def c_advice_history(self, region, body, query):
+            return sim.advice.history(region, body)
+
+        def c_region(self, region, body, query):
+            return sim.advice.region(region)
+
         # --- Cloud Storage managed folders (the folder name comes URL-encoded: a/b/ is a%2Fb%2F) ---
         def g_folder_insert(self, bucket, body, query):
             return sim.storage_folders.insert(bucket, body["name"])
@@ -209,6 +230,18 @@ def make_handler(sim: "SimServer"):
 
         def t_update(self, zone, name, body, query):
             return sim.tpu.update(zone, name, body, query.get("updateMask", ""))
+
+        def t_qr_create(self, zone, body, query):
+            return sim.tpu.queued.create(zone, query.get("queuedResourceId", ""), body)
+
+        def t_qr_list(self, zone, body, query):
+            return sim.tpu.queued.list(zone)
+
+        def t_qr_get(self, zone, name, body, query):
+            return sim.tpu.queued.get(zone, name)
+
+        def t_qr_delete(self, zone, name, body, query):
+            return sim.tpu.queued.delete(zone, name, force=query.get("force", "").lower() == "true")
 
         def t_op(self, zone, op, body, query):
             return sim.tpu.get_operation(f"projects/{sim.project}/locations/{zone}/operations/{op}")
@@ -263,6 +296,12 @@ def make_handler(sim: "SimServer"):
         def s_firewalls(self, body, query):
             sim.compute.add_firewall(body["project"], body["name"], service_account=body["service_account"],
                                      network=body.get("network", "default"), disabled=bool(body.get("disabled")))
+            return {}
+
+        def s_advice(self, body, query):
+            sim.set_advice(body["zone"], body["machineType"], obtainability=body.get("obtainability"),
+                           estimated_uptime=body.get("estimatedUptime"), preemption_rates=body.get("preemptionRates"),
+                           prices=body.get("prices"))
             return {}
 
         def s_hold(self, body, query):

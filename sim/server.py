@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from sim.advice import AdviceService
 from sim.capacity import Timeline
 from sim.compute import ComputeService
 from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
@@ -133,6 +134,7 @@ class SimServer:
         self.compute = ComputeService(self)
         self.tpu = TpuService(self)
         self.storage_folders = StorageFolders(self)
+        self.advice = AdviceService(self)
         self._t0 = time.monotonic()
         self._http: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -268,6 +270,12 @@ class SimServer:
         _check_model(provisioning_model, QUOTA_MODELS, "quota")
         self.quota.set(region, accelerator_type, limit, self.now() if at is None else float(at), provisioning_model)
 
+    def set_advice(self, zone: str, machine_type: str, **values) -> None:
+        """Capacity advice for `machine_type` in `zone` (sim/advice.py, AdviceService.set): obtainability,
+        estimated_uptime (s), preemption_rates and prices (USD) of the newest days; the rest follows the capacity
+        timeline."""
+        self.advice.set(zone, machine_type, **values)
+
     def set_api_faults(self, rate: float = 0.0, count: int = 0, status: int = 503,
                        methods: tuple[str, ...] = ("insert", "create"), nodes: tuple[str, ...] = (),
                        after: bool = False) -> None:
@@ -381,18 +389,25 @@ class SimServer:
 
     def max_live(self, job: str | None = None, label: str = LABEL_JOB) -> int:
         """The largest number of nodes (of one job, by label) that were ever live at the same moment."""
-        points = []
-        for r in self.history():
-            if job is not None and r["labels"].get(label) != job:
-                continue
-            for start, end in r["live"]:
-                points.append((start, 1))
-                points.append((end if end is not None else float("inf"), -1))
-        best = current = 0
-        for _, delta in sorted(points, key=lambda p: (p[0], p[1])):  # ends before starts at the same instant
-            current += delta
-            best = max(best, current)
-        return best
+        return _max_overlap(self.history(), job, label)
+
+    def queued_resources(self, job: str | None = None, label: str = LABEL_JOB) -> list[dict]:
+        """Every Cloud TPU queued resource that exists now (any state: each holds quota), optionally of one job (by
+        its node's label): zone, name, state, stateInitiator, nodeId, labels."""
+        with self.cond:
+            out = [{"zone": r.zone, "name": r.name, "state": r.state, "nodeId": r.node_id,
+                    "stateInitiator": r.body["state"].get("stateInitiator"), "labels": dict(r.record.labels)}
+                   for r in self.tpu.queued.requests.values()]
+        return [q for q in out if job is None or q["labels"].get(label) == job]
+
+    def request_history(self) -> list[dict]:
+        """Every queued resource that ever existed, as history() lists nodes (live: while it existed)."""
+        with self.cond:
+            return [r.as_dict() for r in self.tpu.queued.records]
+
+    def max_requests(self, job: str | None = None, label: str = LABEL_JOB) -> int:
+        """The largest number of queued resources (of one job) that existed at the same moment."""
+        return _max_overlap(self.request_history(), job, label)
 
     def node_dir(self, zone: str, name: str, worker: int = 0) -> Path:
         """The node's disk; for a multi-host TPU node, worker `worker`'s (worker 0's is the node's)."""
@@ -433,3 +448,19 @@ class SimServer:
             if (zone, name) in self.tpu.nodes:
                 return self.tpu.nodes[(zone, name)].state
             return None
+
+
+def _max_overlap(records: list[dict], job: str | None, label: str) -> int:
+    """The most of `records` (of one job, by label) live at one moment."""
+    points = []
+    for r in records:
+        if job is not None and r["labels"].get(label) != job:
+            continue
+        for start, end in r["live"]:
+            points.append((start, 1))
+            points.append((end if end is not None else float("inf"), -1))
+    best = current = 0
+    for _, delta in sorted(points, key=lambda p: (p[0], p[1])):  # ends before starts at the same instant
+        current += delta
+        best = max(best, current)
+    return best

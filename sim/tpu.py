@@ -35,6 +35,7 @@ from sim import audit_entries
 from sim.capacity import region_of
 from sim.core import NodeRecord, SimError, rfc3339, rpc_error
 from sim.nodes import NodeRuntime
+from sim.tpu_queued import QueuedResources
 
 if TYPE_CHECKING:
     from sim.server import SimServer
@@ -80,6 +81,7 @@ class Node:
     addresses: list[str]  # the worker VMs' IPs (sim.core.NodeAddresses)
     gen: int = 0
     shutdown: threading.Thread | None = None
+    request: str | None = None  # the queued resource that made it (Node.queued_resource); None: created directly
 
     @property
     def state(self) -> str:
@@ -123,6 +125,7 @@ class TpuService:
         self.nodes: dict[tuple[str, str], Node] = {}
         self.operations: dict[str, Operation] = {}
         self._ids = random.Random(2)
+        self.queued = QueuedResources(self)
 
     def _path(self, zone: str, name: str) -> str:
         return f"projects/{self.sim.project}/locations/{zone}/nodes/{name}"
@@ -140,7 +143,9 @@ class TpuService:
         self.operations[name] = op
         return op
 
-    def _finish(self, op: Operation, *, response: dict | None = None, error: dict | None = None) -> None:
+    def _finish(self, op: Operation | None, *, response: dict | None = None, error: dict | None = None) -> None:
+        if op is None:  # a queued resource's node: its request has no operation of its own for it
+            return
         with self.sim.cond:
             op.body["done"] = True
             op.body["metadata"]["endTime"] = rfc3339()
@@ -159,14 +164,21 @@ class TpuService:
         node.record.transition(self.sim.now(), state, live)
 
     def _refusal(self, zone: str, accelerator: str, model: str) -> dict | None:
-        t = self.sim.now()
+        return self.quota_refusal(zone, accelerator, model) or self.capacity_refusal(zone, accelerator, model)
+
+    def quota_refusal(self, zone: str, accelerator: str, model: str) -> dict | None:
+        """The operation error of a create that would go past the region's quota (None: within it)."""
         region = region_of(zone)
-        limit, specific = self.sim.quota.limit(region, accelerator, model, t)
+        limit, specific = self.sim.quota.limit(region, accelerator, model, self.sim.now())
         if limit is not None and self.sim.usage("quota", region, accelerator, model if specific else None) + 1 > limit:
             kind = "Preemptible" if model == "SPOT" else ""
             return {"code": 8, "message": f"Quota 'TPU{kind}PerProjectPerRegionForTPUAPI' exhausted. "
                                           f"Limit {limit} in region {region}"}
-        limit, specific = self.sim.capacity.limit(zone, accelerator, model, t)
+        return None
+
+    def capacity_refusal(self, zone: str, accelerator: str, model: str) -> dict | None:
+        """The operation error of a create the zone has no hardware for now (None: it has)."""
+        limit, specific = self.sim.capacity.limit(zone, accelerator, model, self.sim.now())
         if limit is not None and self.sim.usage("capacity", zone, accelerator, model if specific else None) + 1 > limit:
             eid = f"0x{self._ids.getrandbits(64):016x}"
             return {"code": 8, "message": f'There is no more capacity in the zone "{zone}"; you can try in another '
@@ -176,7 +188,8 @@ class TpuService:
 
     # --- API ------------------------------------------------------------------------------------------------
 
-    def create(self, zone: str, node_id: str, body: dict) -> dict:
+    def validate(self, node_id: str, body: dict) -> tuple[str, int]:
+        """A node body's accelerator type and worker count, or 400 as Cloud TPU answers a bad node."""
         if not NAME_RE.match(node_id or ""):
             raise rpc_error(400, f"Invalid node id '{node_id}': it must match [a-z]([-a-z0-9]*[a-z0-9])?")
         accelerator = body.get("acceleratorType") or "-".join(
@@ -193,6 +206,10 @@ class TpuService:
             raise rpc_error(400, f"Invalid node: {accelerator} has {hosts} workers; the sim runs at most {MAX_HOSTS}")
         if not body.get("runtimeVersion"):
             raise rpc_error(400, "Invalid node: runtime_version is required")
+        return accelerator, hosts
+
+    def create(self, zone: str, node_id: str, body: dict) -> dict:
+        accelerator, hosts = self.validate(node_id, body)
         with self.sim.cond:
             if (zone, node_id) in self.nodes:
                 raise rpc_error(409, f"Resource '{self._path(zone, node_id)}' already exists")
@@ -203,40 +220,50 @@ class TpuService:
             if refusal:
                 self.sim.op_step(zone, self.sim.op_delay, lambda: self._finish(op, error=refusal))
                 return dict(op.body)
-            resource = dict(body)
-            node_numeric_id = str(self._ids.randrange(10**17, 2**63))  # Node.id is an int64
-            resource.update({
-                "name": self._path(zone, node_id), "acceleratorType": accelerator, "state": "CREATING",
-                "createTime": rfc3339(), "id": node_numeric_id, "apiVersion": "V2",
-                "labels": dict(body.get("labels") or {}), "metadata": dict(body.get("metadata") or {}),
-                "health": "HEALTHY",
-            })
-            workers = [worker_name(self.sim.project, zone, node_id, w) for w in range(hosts)]
-            worker_ids = [str(self._ids.randrange(10**18, 10**19)) for _ in range(hosts)]
-            addresses, vms = map(list, zip(*self.sim.new_hosts(node_id, hosts, workers)))
-            fmt = self.sim.tpu_endpoints
-            names = workers if self.sim.network is not None or fmt == ENDPOINTS_TRIPLES else addresses
-            endpoints = format_worker_endpoints(list(zip(names, worker_ids, addresses)), fmt)
-            record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.sim.now())
-            runtimes = []
-            for w in range(hosts):
-                # What Cloud TPU adds to each worker VM's metadata, a single host's too (worker 0 of one endpoint).
-                attributes = dict(resource["metadata"])
-                attributes.update({contract.ATTR_ACCELERATOR_TYPE: accelerator, contract.ATTR_WORKER_NUMBER: str(w),
-                                   contract.ATTR_WORKER_ENDPOINTS: endpoints})
-                runtimes.append(self.sim.make_runtime("tpu", zone, node_id, {
-                    "name": workers[w], "zone": zone, "project": self.sim.project, "instance_id": worker_ids[w],
-                    "machine_type": "tpu-vm", "attributes": attributes}, directory_name=_worker_dir(node_id, w), host=vms[w]))
-            node = Node(zone, node_id, resource, record, runtimes, accelerator, model, workers, worker_ids, addresses)
-            self.nodes[(zone, node_id)] = node
-            self.sim.records.append(record)
-            self._set_state(node, "CREATING")
-            self.sim.op_step(zone, self.sim.op_delay * 2, self._to_ready, node, node.gen, op)
+            self.make_node(zone, node_id, body, accelerator, hosts, model, op)
         self.sim.emit(audit_entries.activity("google.cloud.tpu.v2.Tpu.CreateNode", project=self.sim.project,
                                              resource_name=self._path(zone, node_id), service="tpu.googleapis.com"))
         return dict(op.body)
 
-    def _to_ready(self, node: Node, gen: int, op: Operation) -> None:
+    def make_node(self, zone: str, node_id: str, body: dict, accelerator: str, hosts: int, model: str,
+                  op: Operation | None, request: str | None = None) -> Node:
+        """Make the node (under the lock): CREATING, READY 2 x op_delay later. `request`: the queued resource that
+        made it (its full name, Node.queued_resource), told when the node is READY."""
+        resource = dict(body)
+        node_numeric_id = str(self._ids.randrange(10**17, 2**63))  # Node.id is an int64
+        resource.update({
+            "name": self._path(zone, node_id), "acceleratorType": accelerator, "state": "CREATING",
+            "createTime": rfc3339(), "id": node_numeric_id, "apiVersion": "V2",
+            "labels": dict(body.get("labels") or {}), "metadata": dict(body.get("metadata") or {}),
+            "health": "HEALTHY",
+        })
+        if request is not None:
+            resource["queuedResource"] = request
+        workers = [worker_name(self.sim.project, zone, node_id, w) for w in range(hosts)]
+        worker_ids = [str(self._ids.randrange(10**18, 10**19)) for _ in range(hosts)]
+        addresses, vms = map(list, zip(*self.sim.new_hosts(node_id, hosts, workers)))
+        fmt = self.sim.tpu_endpoints
+        names = workers if self.sim.network is not None or fmt == ENDPOINTS_TRIPLES else addresses
+        endpoints = format_worker_endpoints(list(zip(names, worker_ids, addresses)), fmt)
+        record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.sim.now())
+        runtimes = []
+        for w in range(hosts):
+            # What Cloud TPU adds to each worker VM's metadata, a single host's too (worker 0 of one endpoint).
+            attributes = dict(resource["metadata"])
+            attributes.update({contract.ATTR_ACCELERATOR_TYPE: accelerator, contract.ATTR_WORKER_NUMBER: str(w),
+                               contract.ATTR_WORKER_ENDPOINTS: endpoints})
+            runtimes.append(self.sim.make_runtime("tpu", zone, node_id, {
+                "name": workers[w], "zone": zone, "project": self.sim.project, "instance_id": worker_ids[w],
+                "machine_type": "tpu-vm", "attributes": attributes}, directory_name=_worker_dir(node_id, w), host=vms[w]))
+        node = Node(zone, node_id, resource, record, runtimes, accelerator, model, workers, worker_ids, addresses,
+                    request=request)
+        self.nodes[(zone, node_id)] = node
+        self.sim.records.append(record)
+        self._set_state(node, "CREATING")
+        self.sim.op_step(zone, self.sim.op_delay * 2, self._to_ready, node, node.gen, op)
+        return node
+
+    def _to_ready(self, node: Node, gen: int, op: Operation | None) -> None:
         with self.sim.cond:
             if node.gen != gen or self.nodes.get((node.zone, node.name)) is not node:
                 self._finish(op, error={"code": 10, "message": "The node was deleted while it was being created"})
@@ -247,6 +274,8 @@ class TpuService:
             for runtime in node.runtimes:
                 runtime.boot()
             response = {"@type": NODE_TYPE, **node.body}
+            if node.request is not None:
+                self.queued.node_ready(node)
         self._finish(op, response=response)
 
     def get(self, zone: str, name: str) -> dict:
@@ -297,6 +326,8 @@ class TpuService:
                 node.gen += 1
                 node.record.transition(self.sim.now(), "DELETED", False)
                 node.record.deleted_at = self.sim.now()
+                if node.request is not None:
+                    self.queued.node_deleted(node)
         self._finish(op)
 
     def get_operation(self, name: str) -> dict:
@@ -337,6 +368,8 @@ class TpuService:
                     self._set_state(node, "PREEMPTED")
                     node.body.pop("networkEndpoints", None)
                 node.shutdown = None
+                if node.request is not None and node.state == "PREEMPTED":
+                    self.queued.node_preempted(node)
             if not early:
                 for e in entries:
                     self.sim.emit(e)
@@ -356,13 +389,15 @@ class TpuService:
                 node.body["health"] = "UNHEALTHY_MAINTENANCE"
 
     def usage(self, scope: str, accelerator: str, model: str | None, by_region: bool) -> int:
-        # a PREEMPTED node no longer holds hardware, but it holds quota until deleted
+        # a PREEMPTED node no longer holds hardware, but it holds quota until deleted; a queued resource's node is
+        # counted in quota as its request (which holds it in every state: sim/tpu_queued.py)
         states = ("CREATING", "READY", "DELETING", "PREEMPTED") if by_region else LIVE
-        return sum(
+        nodes = sum(
             1 for n in self.nodes.values()
-            if (region_of(n.zone) if by_region else n.zone) == scope
+            if (region_of(n.zone) if by_region else n.zone) == scope and not (by_region and n.request)
             and n.accelerator == accelerator and (model is None or n.model == model) and n.state in states
         )
+        return nodes + (self.queued.usage(scope, accelerator, model) if by_region else 0)
 
 
 def _worker_dir(node: str, worker: int) -> str:

@@ -21,6 +21,7 @@ from google.auth.credentials import AnonymousCredentials
 from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory, sim_server, tpu_client  # noqa: F401
 from test_sim_compute import spot_instance
 from test_sim_tpu import spot_node
+from test_sim_tpu_queued import request as queued_request
 
 ZONE = "us-central1-a"
 TPU_ZONE = "europe-west4-a"
@@ -32,6 +33,8 @@ ANSWER_TYPES = {
     "c_image": compute_v1.Image, "c_image_family": compute_v1.Image, "c_serial": compute_v1.SerialPortOutput,
     "t_create": operations_pb2.Operation, "t_delete": operations_pb2.Operation, "t_op": operations_pb2.Operation,
     "t_get": tpu_v2.Node, "t_list": tpu_v2.ListNodesResponse,
+    "t_qr_create": operations_pb2.Operation, "t_qr_delete": operations_pb2.Operation,
+    "t_qr_get": tpu_v2.QueuedResource, "t_qr_list": tpu_v2.ListQueuedResourcesResponse,
 }
 
 
@@ -137,5 +140,30 @@ def test_every_tpu_answer_parses_strictly(sim_server, proxy):
     client.delete_node(name=f"{parent}/nodes/job-t-1").result(timeout=60)
     seen = {route for route, _, _ in proxy.seen}
     assert {"t_create", "t_op", "t_list", "t_get", "t_delete"} <= seen
+    for route, path, data in proxy.seen:
+        strict(route, path, data)
+
+
+def test_every_queued_resource_answer_parses_strictly(sim_server, proxy):
+    # Every state a request shows on its way: waiting, failed (its wait over), active, suspended (preempted).
+    client = tpu_client(proxy.endpoint)
+    parent = f"projects/{PROJECT}/locations/{TPU_ZONE}"
+    sim_server.set_capacity(TPU_ZONE, "v5litepod-8", 0)
+    client.create_queued_resource(parent=parent, queued_resource_id="job-q-1",
+                                  queued_resource=queued_request("job-q-1", wait_s=1)).result(timeout=30)
+    name = f"{parent}/queuedResources/job-q-1"
+    sim_server.wait_for(lambda: client.get_queued_resource(name=name).state.state.name == "FAILED", 20, "FAILED")
+    client.delete_queued_resource(name=name).result(timeout=30)
+    sim_server.set_capacity(TPU_ZONE, "v5litepod-8", None)
+    client.create_queued_resource(parent=parent, queued_resource_id="job-q-2",
+                                  queued_resource=queued_request("job-q-2")).result(timeout=30)
+    name = f"{parent}/queuedResources/job-q-2"
+    sim_server.wait_for(lambda: client.get_queued_resource(name=name).state.state.name == "ACTIVE", 20, "ACTIVE")
+    list(client.list_queued_resources(parent=parent))
+    sim_server.preempt(TPU_ZONE, "job-q-2")
+    sim_server.wait_for(lambda: client.get_queued_resource(name=name).state.state.name == "SUSPENDED", 20, "SUSPENDED")
+    client.get_queued_resource(name=name)
+    seen = {route for route, _, _ in proxy.seen}
+    assert {"t_qr_create", "t_qr_get", "t_qr_list", "t_qr_delete", "t_op"} <= seen
     for route, path, data in proxy.seen:
         strict(route, path, data)
