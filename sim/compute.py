@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from respawn import advice
 from respawn.agent.run_end import ENV_BOOT_TIME
 from sim import audit_entries
 from sim.capacity import region_of
@@ -74,12 +75,10 @@ def _last(url: str) -> str:
 
 
 def quota_metric(accelerator: str, model: str) -> str:
-    if accelerator.startswith("nvidia-"):
-        short = accelerator.removeprefix("nvidia-").removeprefix("tesla-").replace("-", "_").upper()
-        metric = f"NVIDIA_{short}_GPUS"
-    else:
-        metric = "CPUS"
-    return ("PREEMPTIBLE_" if model in PREEMPTIBLE_QUOTA else "") + metric
+    """The regions.get metric an instance of `accelerator` (a capacity key) and sim `model` is charged to
+    (respawn.advice: gcp-facts §21); CPUS for a machine type without GPUs."""
+    return advice.quota_metric(advice.gpu_of(accelerator), model.lower().replace("_", "-")) or (
+        ("PREEMPTIBLE_" if model in PREEMPTIBLE_QUOTA else "") + "CPUS")
 
 
 def quota_model(model: str) -> str:

@@ -31,6 +31,8 @@ ANSWER_TYPES = {
     "c_insert": _OP, "c_delete": _OP, "c_start": _OP, "c_stop": _OP, "c_set_metadata": _OP, "c_op": _OP,
     "c_wait": _OP, "c_ops": compute_v1.OperationList, "c_list": compute_v1.InstanceList, "c_get": compute_v1.Instance,
     "c_image": compute_v1.Image, "c_image_family": compute_v1.Image, "c_serial": compute_v1.SerialPortOutput,
+    "c_advice_capacity": compute_v1.CapacityAdviceResponse, "c_advice_history": compute_v1.CapacityHistoryResponse,
+    "c_region": compute_v1.Region,
     "t_create": operations_pb2.Operation, "t_delete": operations_pb2.Operation, "t_op": operations_pb2.Operation,
     "t_get": tpu_v2.Node, "t_list": tpu_v2.ListNodesResponse,
     "t_qr_create": operations_pb2.Operation, "t_qr_delete": operations_pb2.Operation,
@@ -123,6 +125,38 @@ def test_every_compute_answer_parses_strictly(sim_server, proxy):
     seen = {route for route, _, _ in proxy.seen}
     assert {"c_insert", "c_get", "c_list", "c_set_metadata", "c_stop", "c_start", "c_delete", "c_image_family",
             "c_serial"} <= seen
+    for route, path, data in proxy.seen:
+        strict(route, path, data)
+
+
+def test_every_advice_and_region_answer_parses_strictly(sim_server, proxy):
+    # Capacity advice (set, from the timeline, several zones at once), its history, and a region's quotas, each
+    # asked with the request bodies respawn.advice builds, parsed strictly as the request types on the way out.
+    import json
+
+    from respawn import advice
+
+    kw = dict(credentials=AnonymousCredentials(), transport="rest", client_options={"api_endpoint": proxy.endpoint})
+    client, regions = compute_v1.AdviceClient(**kw), compute_v1.RegionsClient(**kw)
+    sim_server.set_advice("us-central1-b", "g2-standard-8", obtainability=0.25, estimated_uptime=600,
+                          preemption_rates=[0.5], prices=[0.3])
+    sim_server.set_capacity("us-central1-c", "nvidia-tesla-t4", 0, provisioning_model="SPOT")
+    sim_server.set_quota("us-central1", "nvidia-tesla-t4", 2)
+    for shape in (advice.Shape("g2-standard-8"), advice.Shape("n1-standard-8", "nvidia-tesla-t4", 2)):
+        for zone in ("us-central1-a", "us-central1-b", "us-central1-c"):
+            body = compute_v1.CapacityAdviceRequest.from_json(json.dumps(advice.capacity_request(shape, zone, 2)),
+                                                              ignore_unknown_fields=False)
+            client.capacity(project=PROJECT, region="us-central1", capacity_advice_request_resource=body)
+        body = compute_v1.CapacityHistoryRequest.from_json(json.dumps(advice.history_request(shape, "us-central1-b")),
+                                                           ignore_unknown_fields=False)
+        client.capacity_history(project=PROJECT, region="us-central1", capacity_history_request_resource=body)
+    whole_region = advice.capacity_request(advice.Shape("g2-standard-8"), "us-central1-a")
+    del whole_region["distributionPolicy"]
+    client.capacity(project=PROJECT, region="us-central1", capacity_advice_request_resource=(
+        compute_v1.CapacityAdviceRequest.from_json(json.dumps(whole_region))))
+    regions.get(project=PROJECT, region="us-central1")
+    seen = {route for route, _, _ in proxy.seen}
+    assert {"c_advice_capacity", "c_advice_history", "c_region"} <= seen
     for route, path, data in proxy.seen:
         strict(route, path, data)
 
