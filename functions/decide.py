@@ -674,7 +674,8 @@ def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Deci
     if choice.zone is None:
         failures = s.consecutive_failures + (1 if s.state is State.WAITING_FOR_CAPACITY else 0)
         waiting = s.model_copy(update={"consecutive_failures": failures})
-        until = placement.backoff(spec, waiting, o.blocked, now, o.settings.backoff_base_seconds)
+        until = placement.backoff(spec, waiting, placement.cooldowns(o.blocked, choice.provisioning), now,
+                                  o.settings.backoff_base_seconds)
         msg = f"every zone refused ({', '.join(spec.zones)}); next try at {until.isoformat()}"
         st = _upd(s, now, state=State.WAITING_FOR_CAPACITY, message=msg, next_attempt_at=until,
                   consecutive_failures=failures, tried_zones=[], create_state=None)
@@ -765,6 +766,7 @@ def followup(spec: JobSpec | None, a: Action, out: Outcome, now: datetime) -> Fo
             raise ValueError("a refused create/start names its spec and zone")
         return Followup(record=True, capacity=CapacityRecord(
             zone=a.zone, accelerator_type=placement.accelerator_key(spec), reason=k.value, code=out.code,
+            pools=placement.pools_refused(k.value, a.provisioning or "spot"),  # a start: a stopped Spot VM
             message=out.message[:500], recorded_at=now, until=placement.cooldown_until(spec, now)))
     return Followup(record=True)
 

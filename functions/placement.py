@@ -101,6 +101,38 @@ def classify(exc: BaseException) -> Classified:
     return Classified("transient", first, message)
 
 
+# What a refusal says about other provisioning models. Capacity: Spot and preemptible VMs share the zone's spare
+# capacity; flex-start (Dynamic Workload Scheduler) and on-demand capacity are pools of their own, so a Spot stockout
+# must not keep a job's next tier out of the zone. Quota: Spot, preemptible and flex-start VMs draw on the PREEMPTIBLE_*
+# metrics, on-demand on its own (gcp-facts §18, §21).
+CAPACITY_POOLS = {"spot": "spot", "preemptible": "spot", "flex-start": "flex-start", "standard": "standard"}
+QUOTA_POOLS = {"spot": "preemptible", "preemptible": "preemptible", "flex-start": "preemptible", "standard": "standard"}
+
+
+def pools_refused(reason: Literal["capacity", "quota"], model: str) -> list[str]:
+    """The capacity pools a refusal of a `model` node cools down: its own, or for quota every pool on its quota."""
+    if reason == "quota":
+        return sorted({CAPACITY_POOLS[m] for m, q in QUOTA_POOLS.items() if q == QUOTA_POOLS[model]})
+    return [CAPACITY_POOLS[model]]
+
+
+def pool_key(zone: str, pool: str) -> str:
+    """A cooldown's key in Observation.blocked when it holds for one capacity pool; a bare zone holds for all."""
+    return f"{zone}~{pool}"
+
+
+def cooldowns(blocked: Mapping[str, datetime], model: str) -> dict[str, datetime]:
+    """zone → the end of its cooldown for a `model` node: the later of the zone's for every pool (a record of an
+    older version) and its pool's own."""
+    out: dict[str, datetime] = {}
+    suffix = pool_key("", CAPACITY_POOLS[model])
+    for key, until in blocked.items():
+        zone, sep, _ = key.partition("~")
+        if not sep or key.endswith(suffix):
+            out[zone] = max(until, out.get(zone, until))
+    return out
+
+
 def backoff(spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime, base_seconds: float) -> datetime:
     """When to try again after every zone refused: exponential in the consecutive failures, capped by the spec;
     when zones are under a cooldown, not before the first one ends (nothing could succeed earlier), within the cap."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping
 
+from respawn.control.placement import cooldowns
 from respawn.schema import JobSpec, SlotStatus, Tier, ZoneOrder
 
 
@@ -85,13 +86,14 @@ class Strategy:
         capacity cooldown, restarted in place fewer than `max_restarts` times."""
         if not self.restart_in_place or status.provisioning != "spot":
             return False
-        until = blocked.get(status.zone or "")
+        until = cooldowns(blocked, "spot").get(status.zone or "")
         return (until is None or until <= now) and status.in_place_restarts < max_restarts
 
     def choose(self, spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
         """The next node's zone and model; zone None when every zone is cooling down or refused this round."""
         tier, why = self.tier(status, now)
         model = tier.model
+        blocked = cooldowns(blocked, model)  # a Spot stockout leaves flex-start and on-demand free to try
         # Zones that refused this round refused the model tried then: moving to another tier starts a new round.
         tried = status.tried_zones if status.provisioning in (None, model) else []
         skipped, eligible = [], []

@@ -939,3 +939,4 @@ class CapacityRecord(_Record):
     message: str = ""
     recorded_at: datetime
     until: datetime
+    pools: list[str] = Field(default_factory=list)  # the capacity pools it cools (placement.pools_refused); [] = all

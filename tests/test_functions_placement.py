@@ -83,3 +83,21 @@ def test_restart_in_place_refused_moves_the_job_to_another_zone(controller):
     after = controller.wait_state(job, "RUNNING")
     assert (after.attempt, after.zone, after.restarts) == (2, ZONES[1], 1)
     assert controller.sim.status_of(st.zone, st.node) is None and controller.sim.max_live(job) == 1
+
+
+def test_a_spot_stockout_cools_spot_only_the_next_tier_tries_the_same_zones_at_once(controller):
+    """Spot refused in both zones under the default cooldown (minutes): the on-demand tier is created at once in the
+    first zone (on-demand capacity is another pool), while a Spot job registered after still skips both zones."""
+    for z in ZONES[:2]:
+        controller.sim.set_capacity(z, T4, 0, provisioning_model="SPOT")
+    spec = gpu_spec("tiered", zones=ZONES[:2], provisioning=[{"model": "spot", "after_refusals": 2}, "standard"])
+    job = controller.register(spec)
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "RUNNING")
+    assert (st.attempt, st.zone, st.provisioning) == (3, ZONES[0], "standard")
+    assert "WAITING_FOR_CAPACITY" not in [e.get("to") for e in controller.events(job)]
+    record = controller.capacity()[f"{ZONES[0]}~{T4}"]
+    assert set(record["until_by_pool"]) == {"spot"} and record["pools"] == ["spot"]
+    spot = controller.register(gpu_spec("spot-only", zones=ZONES[:2]))
+    assert controller.job_created(spot) == 200
+    assert controller.wait_state(spot, "WAITING_FOR_CAPACITY").attempt == 0  # nothing tried: both zones cool

@@ -125,3 +125,26 @@ def test_accelerator_key_names_what_a_capacity_record_is_about():
     assert placement.accelerator_key(gpu) == "nvidia-tesla-t4"
     tpu = spec(accelerator={"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"})
     assert placement.accelerator_key(tpu) == "v5litepod-8"
+
+
+@pytest.mark.parametrize("reason, model, pools", [
+    ("capacity", "spot", ["spot"]),
+    ("capacity", "preemptible", ["spot"]),  # Spot and preemptible VMs share the zone's spare capacity
+    ("capacity", "flex-start", ["flex-start"]),
+    ("capacity", "standard", ["standard"]),
+    ("quota", "spot", ["flex-start", "spot"]),  # the PREEMPTIBLE_* quota is flex-start's too
+    ("quota", "flex-start", ["flex-start", "spot"]),
+    ("quota", "standard", ["standard"]),
+])
+def test_a_refusal_cools_the_pools_that_share_what_was_refused(reason, model, pools):
+    assert placement.pools_refused(reason, model) == pools
+
+
+def test_cooldowns_per_model_a_bare_zone_holds_for_every_model_the_later_end_wins():
+    t1, t2 = datetime(2025, 1, 1, tzinfo=timezone.utc), datetime(2025, 1, 2, tzinfo=timezone.utc)
+    blocked = {placement.pool_key("a", "spot"): t1, "b": t1, placement.pool_key("b", "spot"): t2,
+               placement.pool_key("c", "standard"): t2}
+    assert placement.cooldowns(blocked, "spot") == {"a": t1, "b": t2}
+    assert placement.cooldowns(blocked, "preemptible") == {"a": t1, "b": t2}
+    assert placement.cooldowns(blocked, "flex-start") == {"b": t1}
+    assert placement.cooldowns(blocked, "standard") == {"b": t1, "c": t2}

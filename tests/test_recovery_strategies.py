@@ -121,3 +121,16 @@ def test_tiers_name_the_strategy_and_the_older_fallback_is_two_tiers():
         "restart_in_place → next_zone → flex_start_after_2_or_2_preemptions_per_6h → on_demand_after_3")
     old, new = spec(placement=FALLBACK), spec(provisioning=[{"model": "spot", "after_refusals": 2}, "standard"])
     assert strategy_for(old).name == strategy_for(new).name == "restart_in_place → next_zone → on_demand_after_2"
+
+
+def test_a_spot_cooldown_does_not_keep_the_next_tier_out_of_the_zone():
+    from respawn.control.placement import pool_key
+
+    s = spec(provisioning=[{"model": "spot", "after_refusals": 2}, {"model": "flex-start"}, "standard"])
+    cooling = {pool_key(z, "spot"): SOON for z in (A, B, C)}
+    spot = strategy_for(s).choose(s, SlotStatus(provisioning="spot", consecutive_failures=1), cooling, NOW)
+    assert (spot.zone, spot.provisioning) == (None, "spot")
+    flex = strategy_for(s).choose(s, SlotStatus(provisioning="spot", consecutive_failures=2), cooling, NOW)
+    assert (flex.zone, flex.provisioning, flex.skipped) == (A, "flex-start", ())
+    quota = {**cooling, **{pool_key(z, "flex-start"): SOON for z in (A, B)}}
+    assert strategy_for(s).choose(s, SlotStatus(provisioning="spot", consecutive_failures=2), quota, NOW).zone == C

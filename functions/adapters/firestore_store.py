@@ -22,6 +22,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
+from respawn.control.placement import pool_key
 from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, NODES_DATABASE, CapacityRecord, JobEvent,
                             State, capacity_doc_id)
 
@@ -58,15 +59,20 @@ class Store:
         return snap.to_dict() if snap.exists else None
 
     def blocked(self, zones: Iterable[str], accelerator: str) -> dict[str, datetime]:
-        """zone → end of its capacity/quota cooldown for this accelerator (one batched read)."""
+        """The capacity/quota cooldowns for this accelerator (one batched read): placement.pool_key(zone, pool) →
+        its end for one capacity pool, zone → its end for all (a record written by an older version)."""
         refs = [self.db.collection(CAPACITY).document(capacity_doc_id(z, accelerator)) for z in zones]
         out = {}
         self.reads += len(refs)
         for snap in self.db.get_all(refs):
             if snap.exists:
                 doc = snap.to_dict()
-                if isinstance(doc.get("until"), datetime):
-                    out[doc.get("zone") or snap.id.split("~")[0]] = doc["until"]
+                zone = doc.get("zone") or snap.id.split("~")[0]
+                pools = doc.get("until_by_pool")
+                if isinstance(pools, dict):
+                    out.update({pool_key(zone, p): t for p, t in pools.items() if isinstance(t, datetime)})
+                elif isinstance(doc.get("until"), datetime):
+                    out[zone] = doc["until"]
         return out
 
     def commit(self, job_id: str, version: Any, status: dict[str, Any], event: JobEvent | None) -> bool:
@@ -85,7 +91,10 @@ class Store:
 
     def record_capacity(self, record: CapacityRecord) -> None:
         ref = self.db.collection(CAPACITY).document(capacity_doc_id(record.zone, record.accelerator_type))
-        ref.set(_plain(record.model_dump()))
+        # One document per zone and accelerator; each pool's cooldown merged into it, so a Spot stockout does not
+        # end a flex-start one. `until` stays for readers of an older version (a cooldown for every pool).
+        by_pool = {pool: record.until for pool in record.pools}
+        ref.set({**_plain(record.model_dump()), "until_by_pool": by_pool}, merge=True)
         self.writes += 1
 
     def active_jobs(self) -> list[str]:
