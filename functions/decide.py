@@ -29,7 +29,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
 from respawn.contract import NOTICE_RUN_ENDING, SOFT_OFF_SECONDS, Handover
-from respawn.control import alerts, placement, recovery
+from respawn.control import alerts, placement, queued, recovery
+from respawn.advice import ZoneAdvice
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
 from respawn.schema import (CONSOLE_TAIL_CHARS, MAX_PREEMPTION_TIMES, CapacityRecord, Heartbeat, JobSpec, JobStatus,
                             Leaving, MemberStatus, NodeState, SlotStatus, State, node_name)
@@ -64,10 +65,23 @@ TPU_PHASES = {
 }
 
 
+# A TPU queued resource's state, until it is ACTIVE (then its node's state is reported: functions/queued.py).
+# PROVISIONING and ACTIVE: its node is being made (ACTIVE before the node shows). FAILED, SUSPENDED: it holds quota
+# and never serves again: deleted. SUSPENDING: its node is being taken.
+QUEUED_PHASES = {
+    "CREATING": Phase.BOOTING, "ACCEPTED": Phase.BOOTING, "WAITING_FOR_RESOURCES": Phase.BOOTING,
+    "PROVISIONING": Phase.BOOTING, "ACTIVE": Phase.BOOTING, "FAILED": Phase.DEAD, "SUSPENDING": Phase.STOPPING,
+    "SUSPENDED": Phase.DEAD, "DELETING": Phase.DELETING,
+}
+
+
 def phase_of(kind: str, raw_state: str | None) -> Phase:
-    """kind gpu|tpu, the API's state string (None: 404) → Phase."""
+    """kind gpu|tpu, the API's state string (None: 404; a queued resource's: queued.raw) → Phase."""
     if raw_state is None:
         return Phase.ABSENT
+    request = queued.state_of(raw_state)
+    if request is not None:
+        return QUEUED_PHASES.get(request, Phase.UNKNOWN)
     table = TPU_PHASES if kind == "tpu" else GCE_PHASES
     return table.get(raw_state.upper(), Phase.UNKNOWN)
 
@@ -135,6 +149,8 @@ class Observation:
     now: datetime
     hint: str | None = None  # the cause an event gave for the current node's current life (Hint.about)
     blocked: Mapping[str, datetime] = field(default_factory=dict)  # zone → cooldown end, for this accelerator
+    # zone → capacity advice, read only for a job that asks (placement.rank: advice) when it may place a node
+    advice: Mapping[str, ZoneAdvice] = field(default_factory=dict)
     settings: Settings = Settings()
     image: ImageCheck | None = None  # the boot image as checked on the job's first handling (GPU); None: not checked
     # A slot's next node takes the job-wide attempt counter's next number (functions/job.py passes it; every node
@@ -314,6 +330,12 @@ def _decide(o: Observation) -> Decision:
 
     phase = o.node.phase
     if state is State.PROVISIONING:
+        if s.create_state == "failed" and phase is not Phase.ABSENT:
+            # A leftover of the refused attempt (a queued resource that was not served): gone before the next.
+            return Decision(POLL if phase is Phase.DELETING else _delete(o))
+        refused = queued.refusal(spec, s, o.node.raw_state, now) if queued.enabled(spec) else None
+        if refused is not None:
+            return _queued_refused(o, s, refused)
         if phase is Phase.ABSENT:
             if s.create_state == "pending":
                 # Committed but never confirmed: the create call may not have happened (a crash). Re-issue it:
@@ -335,7 +357,7 @@ def _decide(o: Observation) -> Decision:
                 return Decision(Action(Act.START, zone=s.zone, node=s.node, attempt=s.attempt))
             return _lose(o, spec, hb, o.hint or _dead_cause(o))
         if phase is Phase.STOPPING and not _in_place_candidate(o, spec):
-            return _lose(o, spec, hb, o.hint or "node_stopping")
+            return _lose(o, spec, hb, o.hint or _stopping_cause(o))
         return Decision(POLL)  # BOOTING, STOPPING (restart-in-place candidate), DELETING, UNKNOWN
 
     # RUNNING
@@ -358,7 +380,7 @@ def _decide(o: Observation) -> Decision:
     if phase in (Phase.ABSENT, Phase.DEAD):
         return _lose(o, spec, hb, o.hint or ("node_gone" if phase is Phase.ABSENT else _dead_cause(o)))
     if phase is Phase.STOPPING and not _in_place_candidate(o, spec):
-        return _lose(o, spec, hb, o.hint or "node_stopping")
+        return _lose(o, spec, hb, o.hint or _stopping_cause(o))
     return Decision(POLL)  # BOOTING (restarting), STOPPING before a restart in place, DELETING, UNKNOWN
 
 
@@ -405,8 +427,27 @@ def noticed(hb: Heartbeat) -> bool:
 
 
 def _dead_cause(o: Observation) -> str:
+    request = queued.state_of(o.node.raw_state)
+    if request is not None:  # a queued resource whose node was taken (SUSPENDED), or FAILED
+        return "preempted" if request in queued.SUSPENDED else f"queued_resource_{request.lower()}"
     raw = (o.node.raw_state or "").upper()
     return "preempted" if raw == "PREEMPTED" else f"node_{raw.lower() or 'dead'}"
+
+
+def _stopping_cause(o: Observation) -> str:
+    """A queued resource SUSPENDING: its Spot node is being taken (a preemption); else a node stopping."""
+    return "preempted" if queued.state_of(o.node.raw_state) in queued.SUSPENDED else "node_stopping"
+
+
+def _queued_refused(o: Observation, s: SlotStatus, why: str) -> Decision:
+    """The zone did not serve the slot's queued resource (FAILED, or it waited past accelerator.queue_wait_minutes):
+    a refusal of the zone, as a refused create is. The request is deleted (force: it may be provisioning), then the
+    next zone, or the next tier after the tier's refusals, as placement decides (PROVISIONING with create_state
+    failed). It would hold quota, and could still be filled after the job moved on (gcp-facts §19)."""
+    st = _upd(s, o.now, create_state="failed", consecutive_failures=s.consecutive_failures + 1,
+              tried_zones=[*s.tried_zones, s.zone], message=f"{why}; deleting it, then the next zone"[:1000])
+    return Decision(_delete(o), st, "zone_refused_queued",
+                    details={"zone": s.zone, "node": s.node, "request_state": queued.state_of(o.node.raw_state)})
 
 
 def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
@@ -450,6 +491,8 @@ def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
         hours = next((t.run_hours for t in o.spec.provisioning_tiers if t.model == "flex-start"), None)
         if hours is not None:
             flex = dict(node_started_at=o.now, run_ends_at=o.now + timedelta(hours=hours))
+    elif queued.enabled(o.spec):
+        flex = dict(node_started_at=o.now)  # its request may have waited long: the boot grace counts from now
     st = _upd(s, o.now, state=State.RUNNING, create_state="created", consecutive_failures=0, tried_zones=[],
               next_attempt_at=None, message=message, **flex)
     return Decision(NONE, st, "node_running")
@@ -670,7 +713,7 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
 def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Decision:
     """Choose a zone and commit the next attempt's node name before creating it; or wait when every zone refused."""
     now = o.now
-    choice = recovery.strategy_for(spec).choose(spec, s, o.blocked, now)
+    choice = recovery.strategy_for(spec).choose(spec, s, o.blocked, now, o.advice)
     if choice.zone is None:
         failures = s.consecutive_failures + (1 if s.state is State.WAITING_FOR_CAPACITY else 0)
         waiting = s.model_copy(update={"consecutive_failures": failures})
@@ -696,6 +739,8 @@ def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Deci
     details: dict[str, Any] = {"skipped": list(choice.skipped), "provisioning": choice.provisioning}
     if choice.why:
         details["tier_why"] = choice.why
+    if choice.ranked:
+        details["ranked_zones"] = list(choice.ranked)
     return Decision(Action(Act.CREATE, zone=choice.zone, node=node, attempt=attempt, provisioning=choice.provisioning),
                     st, cause, None, details)
 

@@ -595,7 +595,7 @@ def event(o: Observation, d: Decision) -> JobEvent | None:
         changed = before != d.status.members[slot].state or d.status.state != o.status.state
     else:
         changed = d.status.state != o.status.state or d.cause in ("generation", "trainer_crashed", "move", "recovered")
-    if not changed and d.cause != "zone_refused":
+    if not changed and d.cause not in ("zone_refused", "zone_refused_queued"):
         return None
     details = dict(d.details)
     member = d.status.members[slot] if slot is not None else d.status

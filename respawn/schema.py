@@ -40,6 +40,7 @@ JOBS = "jobs"
 EVENTS = "events"
 CAPACITY = "capacity"
 IDENTITIES = "identities"  # identities/{node service account email}: the job that holds it (a lease)
+ADVICE = "advice"  # advice/{zone}~{machine shape}: capacity advice cached for every job (AdviceRecord)
 
 # Node names are `{job}-{attempt}` (respawn.contract.node_name), within GCE/TPU's 63 characters.
 MAX_JOB_ID_LEN = 63 - 1 - len(str(MAX_ATTEMPT))
@@ -132,12 +133,40 @@ class GpuAccelerator(_Strict):
         return v
 
 
+# A TPU queued resource's wait for capacity in one zone, in minutes (Respawn's bounds: Cloud TPU's own limits on
+# valid_until_duration are not documented; gcp-facts §19), and its default.
+QUEUE_WAIT_MINUTES = (1.0, 10080.0)
+DEFAULT_QUEUE_WAIT_MINUTES = 30.0
+
+
 class TpuAccelerator(_Strict):
     """A Cloud TPU VM."""
 
     kind: Literal["tpu"]
     accelerator_type: str = Field(description="e.g. v5litepod-8, v4-8")
     runtime_version: str = Field(description="e.g. v2-alpha-tpuv5-lite, tpu-ubuntu2204-base")
+    queued_resource: bool | None = Field(
+        default=None, description="obtain the node through a Cloud TPU queued resource (a request that waits for "
+                                  "capacity; docs/job-spec.md, TPU queued resources); default: yes for a multi-host "
+                                  "slice, no for a single host")
+    queue_wait_minutes: float | None = Field(
+        default=None, ge=QUEUE_WAIT_MINUTES[0], le=QUEUE_WAIT_MINUTES[1],
+        description="how long a queued resource waits for capacity in a zone (its queueing_policy."
+                    f"valid_until_duration; default {DEFAULT_QUEUE_WAIT_MINUTES:g}); then it is deleted and the next "
+                    "zone is tried")
+
+    @model_validator(mode="after")
+    def _wait_needs_queue(self) -> "TpuAccelerator":
+        if self.queue_wait_minutes is not None and self.queued_resource is False:
+            raise ValueError("queue_wait_minutes is the wait of a queued resource: drop it, or drop "
+                             "queued_resource: false")
+        return self
+
+    @property
+    def queue_wait_seconds(self) -> float:
+        """How long a queued resource may wait for capacity in one zone."""
+        minutes = self.queue_wait_minutes if self.queue_wait_minutes is not None else DEFAULT_QUEUE_WAIT_MINUTES
+        return minutes * 60
 
     @field_validator("accelerator_type")
     @classmethod
@@ -261,6 +290,10 @@ class Placement(_Strict):
     on_demand_fallback: bool = Field(default=False, description="fall back to standard (on-demand) VMs")
     fallback_after_failures: int = Field(default=3, ge=1, description="consecutive failed attempts before falling back")
     max_backoff_seconds: int = Field(default=900, ge=1, description="cap of the wait when every zone refused")
+    rank: Literal["advice"] | None = Field(
+        default=None, description="advice: a Spot GPU node's zones are tried in the order of Compute Engine's "
+                                  "capacity advice (obtainability, then estimated uptime), among the zones listed "
+                                  "(docs/job-spec.md, placement.rank); unset: as listed")
 
     @model_validator(mode="after")
     def _one_order(self) -> "Placement":
@@ -460,8 +493,12 @@ class JobSpec(_Strict):
     @classmethod
     def _gpu_only_flex_start(cls, v: Any, info: ValidationInfo) -> Any:
         models = [t.model for t in v] if isinstance(v, list) else [v]
-        if "flex-start" in models and getattr(info.data.get("accelerator"), "kind", None) == "tpu":
+        accelerator = info.data.get("accelerator")
+        if "flex-start" in models and getattr(accelerator, "kind", None) == "tpu":
             raise ValueError("flex-start is a Compute Engine VM model: a TPU job takes spot, preemptible or standard")
+        if "preemptible" in models and getattr(accelerator, "queued_resource", None) is True:
+            raise ValueError("a queued resource's tiers are spot and guaranteed (standard): a preemptible TPU is "
+                             "created directly (accelerator.queued_resource: false)")
         return v
 
     @property
@@ -929,6 +966,19 @@ class JobEvent(_Record):
             at=now, from_state=from_state, to_state=to_state, cause=cause, details=details,
             expire_at=now + EVENT_RETENTION,
         )
+
+
+class AdviceRecord(_Record):
+    """One zone × machine shape's capacity advice as last asked (respawn.advice), reused by every job until `until`;
+    `error`: why it could not be had (then the zones keep the order listed)."""
+
+    zone: str
+    shape: str  # respawn.advice.Shape.key
+    obtainability: float | None = None
+    uptime_seconds: float | None = None
+    error: str | None = None
+    fetched_at: datetime
+    until: datetime
 
 
 class CapacityRecord(_Record):

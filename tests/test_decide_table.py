@@ -37,6 +37,9 @@ def make_spec(**over):
 GPU_STOP = make_spec()  # spot, termination_action STOP (the default)
 GPU_DELETE = make_spec(termination_action="DELETE")
 TPU = make_spec(accelerator={"kind": "tpu", "accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
+# A TPU slice through a queued resource (the default for a multi-host slice: v4-16 has 2 hosts), a 10 min wait.
+TPU_QUEUED = make_spec(accelerator={"kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base",
+                                    "queue_wait_minutes": 10})
 
 
 def hb(state="training", age=5, attempt=3, **kw):
@@ -468,27 +471,32 @@ def test_outcomes_of_other_actions_are_refused():
 RAW_STATES = {"gpu": [None, "PENDING", "PROVISIONING", "STAGING", "RUNNING", "PENDING_STOP", "STOPPING", "STOPPED",
                       "SUSPENDING", "SUSPENDED", "TERMINATED", "DEPROVISIONING", "REPAIRING", "WEIRD"],
               "tpu": [None, "CREATING", "READY", "DELETING", "PREEMPTED", "TERMINATED", "STOPPED", "REPAIRING", "UNKNOWN"]}
+# A queued resource's states before it is ACTIVE (functions/queued.py), then its node's.
+RAW_STATES["tpu_queued"] = [*(f"queued:{s}" for s in ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING",
+                                                      "ACTIVE", "FAILED", "SUSPENDING", "SUSPENDED", "DELETING")),
+                            *RAW_STATES["tpu"]]
 FLEX_ENDED = make_spec(termination_action="DELETE", provisioning=["spot", {"model": "flex-start", "max_run_hours": 1}])
 GRID = [
     (state, spec_name, raw, hbk, cancel, hint, create_state)
     for state in State
     for spec_name, sp in (("gpu_stop", GPU_STOP), ("gpu_delete", GPU_DELETE), ("tpu", TPU), ("invalid", None),
-                          ("gpu_flex", FLEX_ENDED))
-    for raw in RAW_STATES["tpu" if sp is TPU else "gpu"]
+                          ("gpu_flex", FLEX_ENDED), ("tpu_queued", TPU_QUEUED))
+    for raw in RAW_STATES[{"tpu": "tpu", "tpu_queued": "tpu_queued"}.get(spec_name, "gpu")]
     for hbk in HEARTBEATS
     for cancel in (False, True)
     for hint in (None, "preempted", core.NOTICE)
     for create_state in ("pending", "starting", "created", "failed")
     if state is not State.PENDING or raw is None  # a pending job has no node name yet, so nothing to observe
 ]
-SPECS = {"gpu_stop": GPU_STOP, "gpu_delete": GPU_DELETE, "tpu": TPU, "invalid": None, "gpu_flex": FLEX_ENDED}
+SPECS = {"gpu_stop": GPU_STOP, "gpu_delete": GPU_DELETE, "tpu": TPU, "invalid": None, "gpu_flex": FLEX_ENDED,
+         "tpu_queued": TPU_QUEUED}
 # What a row's status holds besides the grid's columns: a flex-start node past its run's end.
 SLOT = {"gpu_flex": dict(provisioning="flex-start", run_ends_at=NOW - timedelta(seconds=30))}
 
 
 def test_grid_covers_every_state_and_phase():
     assert {g[0] for g in GRID} == set(State)
-    phases = {phase_of("tpu" if g[1] == "tpu" else "gpu", g[2]) for g in GRID}
+    phases = {phase_of("tpu" if g[1].startswith("tpu") else "gpu", g[2]) for g in GRID}
     assert phases == set(Phase)
 
 

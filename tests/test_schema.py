@@ -436,3 +436,19 @@ def test_the_node_side_of_the_layout_is_the_contracts():
     assert schema.NODES == contract.NODES_COLLECTION == "nodes"
     assert schema.NodeState is contract.NodeState and schema.node_name is contract.node_name
     assert schema.MAX_ATTEMPT == contract.MAX_ATTEMPT
+
+
+def test_tpu_queued_resource_fields_and_what_they_refuse():
+    # issue #26 item 2: accelerator.queued_resource (default: none, read as "a multi-host slice"), its wait.
+    base = {"id": "q", "zones": ["us-central2-b"], "trainer": {"command": ["python", "t.py"]},
+            "checkpoint_uri": "gs://respawn-ckpt/q"}
+    acc = {"kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}
+    spec = parse_spec({**base, "accelerator": {**acc, "queued_resource": True, "queue_wait_minutes": 5}})
+    assert (spec.accelerator.queued_resource, spec.accelerator.queue_wait_seconds) == (True, 300)
+    assert parse_spec({**base, "accelerator": acc}).accelerator.queue_wait_seconds == 30 * 60
+    with pytest.raises(SpecError, match="queue_wait_minutes is the wait of a queued resource"):
+        parse_spec({**base, "accelerator": {**acc, "queued_resource": False, "queue_wait_minutes": 5}})
+    with pytest.raises(SpecError, match="a queued resource's tiers are spot and guaranteed"):
+        parse_spec({**base, "accelerator": {**acc, "queued_resource": True}, "provisioning": "preemptible"})
+    with pytest.raises(SpecError, match="queue_wait_minutes"):
+        parse_spec({**base, "accelerator": {**acc, "queue_wait_minutes": 0.5}})
