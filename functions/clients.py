@@ -95,6 +95,14 @@ class Clients:
 
         return self._get("images", build)
 
+    def advice(self):
+        def build():
+            from google.cloud import compute_v1
+
+            return compute_v1.AdviceClient(**self._kwargs(self.endpoints.compute))
+
+        return self._get("advice", build)
+
     def tpu(self):
         def build():
             from google.cloud import tpu_v2

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
+from respawn.advice import ZoneAdvice
 from respawn.schema import JobSpec, SlotStatus
 
 Kind = Literal["capacity", "quota", "exists", "not_found", "fatal", "transient"]
@@ -155,3 +156,13 @@ def accelerator_key(spec: JobSpec) -> str:
     if acc.kind == "tpu":
         return acc.accelerator_type
     return acc.accelerator_type or acc.machine_type
+
+
+def rank_zones(zones: Sequence[str], advice: Mapping[str, ZoneAdvice]) -> list[str]:
+    """The user's zones by capacity advice (placement.rank: advice): the most obtainable first, then the longest
+    estimated uptime (unknown counts as none), the user's order between equals. Never a zone the user did not list;
+    the user's order as it is unless every zone has advice (a zone unscored cannot be placed among the others)."""
+    if not zones or any(z not in advice for z in zones):
+        return list(zones)
+    order = {z: i for i, z in enumerate(zones)}
+    return sorted(zones, key=lambda z: (-advice[z].obtainability, -(advice[z].uptime_seconds or 0.0), order[z]))

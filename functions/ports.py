@@ -11,7 +11,8 @@ from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 from respawn.contract import Handover
 from respawn.images import ImageCheck
-from respawn.schema import CapacityRecord, JobEvent, JobSpec
+from respawn.advice import Shape, ZoneAdvice
+from respawn.schema import AdviceRecord, CapacityRecord, JobEvent, JobSpec
 
 
 @runtime_checkable
@@ -42,6 +43,14 @@ class ControlStore(Protocol):
         """Record a zone's refusal for every job that asks for the same accelerator."""
         ...
 
+    def zone_advice(self, zones: Iterable[str], shape: str) -> Mapping[str, AdviceRecord]:
+        """zone → the capacity advice cached for the machine shape `shape` (respawn.advice.Shape.key), stale or not."""
+        ...
+
+    def record_advice(self, record: AdviceRecord) -> None:
+        """Cache one zone × shape's advice (or why there is none) for every job."""
+        ...
+
     def active_jobs(self) -> list[str]:
         """The ids of the jobs in a non-terminal state (the sweep)."""
         ...
@@ -68,6 +77,16 @@ class ControlStore(Protocol):
 
     def identity_of(self, job_id: str) -> str | None:
         """The node identity `job_id` holds, if any."""
+        ...
+
+
+@runtime_checkable
+class AdviceSource(Protocol):
+    """Compute Engine's capacity advice (docs/gcp-facts.md §20)."""
+
+    def capacity(self, zone: str, shape: Shape, size: int) -> ZoneAdvice | None:
+        """The scores of `size` Spot VMs of `shape` in `zone` (None: the answer has none for it); raises the
+        client's exception."""
         ...
 
 

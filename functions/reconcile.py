@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
@@ -35,10 +35,11 @@ from respawn.control import decide as core
 from respawn.control import identities, job, placement
 from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
-from respawn.control.ports import ControlStore, FolderGrants, NodeProvider
+from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, NodeProvider
 from respawn.control.settings import ControlSettings
-from respawn import contract, deployment, logs, topology
-from respawn.schema import (CONSOLE_TAIL_CHARS, Heartbeat, JobEvent, JobSpec, JobStatus, MemberStatus, SpecError, State,
+from respawn import advice, contract, deployment, logs, topology
+from respawn.advice import ZoneAdvice
+from respawn.schema import (CONSOLE_TAIL_CHARS, AdviceRecord, Heartbeat, JobEvent, JobSpec, JobStatus, MemberStatus, SpecError, State,
                             parse_spec)
 
 
@@ -70,6 +71,7 @@ class Deps:
     config: Config = field(default_factory=Config)
     identities: tuple[str, ...] = ()  # the node identity pool (identities.py); empty: the default service account
     grants: FolderGrants | None = None  # who may use a checkpoint folder (needed when `identities` is not empty)
+    advice: AdviceSource | None = None  # capacity advice for jobs with placement.rank: advice (None: never asked)
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     sleep: Callable[[float], None] = time.sleep
 
@@ -78,6 +80,7 @@ class Deps:
         """The production dependencies, configured by `settings` (default: read from the environment now)."""
         from respawn.control import clients
         from respawn.control.adapters import pubsub
+        from respawn.control.adapters.advice import AdviceReader
         from respawn.control.adapters.compute import ComputeProvider
         from respawn.control.adapters.firestore_store import Store
         from respawn.control.adapters.managed_folders import FolderGrants as StorageFolderGrants
@@ -91,7 +94,7 @@ class Deps:
                    publish=lambda alert: pubsub.publish_alert(c, alert, topic=s.alerts_topic,
                                                               timeout=s.alert_publish_timeout_seconds),
                    project=c.project, startup_script=deployment.startup_script, config=Config.from_settings(s),
-                   identities=s.nodes.identities, grants=StorageFolderGrants(c))
+                   identities=s.nodes.identities, grants=StorageFolderGrants(c), advice=AdviceReader(c))
 
 
 @dataclass(frozen=True)
@@ -132,17 +135,51 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
     consoles: dict[str, str | None] = {}
     members = job.slots(status, spec.slots if spec else len(status.members))
     seen = _observe_members(deps, job_id, spec, members, hint, now, consoles)
-    blocked = {}
+    blocked, ranks = {}, {}
     if spec is not None and any(core.needs_capacity(m, ob.node, ob.hint) for m, ob in zip(members, seen)):
         blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
+        ranks = _zone_advice(deps, job_id, spec, now)
     cancel_requested = bool(doc.get("cancel_requested"))
     image = None
     if spec is not None and status.state is State.PENDING and not cancel_requested:
         image = _check_image(deps, job_id, spec, {} if image_checks is None else image_checks)
     o = Observation(job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=cancel_requested,
                     node=core.ABSENT, heartbeat=None, now=now, blocked=blocked, settings=deps.config.settings,
-                    image=image, consoles=consoles)
+                    image=image, consoles=consoles, advice=ranks)
     return o, spec, version, seen
+
+
+def _zone_advice(deps: Deps, job_id: str, spec: JobSpec, now: datetime) -> dict[str, ZoneAdvice]:
+    """zone → capacity advice for a GPU job that asks (placement.rank: advice): each zone × machine shape asked at
+    most once per advice.CACHE_SECONDS for every job (the store's advice records), an answer or a failure alike.
+    After a failure no other zone is asked in this pass: one WARNING says why, and the zones keep the order listed."""
+    shape = advice.shape_of(spec.accelerator)
+    if spec.placement.rank != "advice" or shape is None or deps.advice is None:
+        return {}
+    key = shape.key(spec.nodes)
+    cached = deps.store.zone_advice(spec.zones, key)
+    out: dict[str, ZoneAdvice] = {}
+    for zone in spec.zones:
+        record = cached.get(zone)
+        if record is None or record.until <= now:
+            try:
+                got = deps.advice.capacity(zone, shape, spec.nodes)
+                error = None if got is not None else "the answer has no recommendation for the zone"
+            except Exception as exc:  # noqa: BLE001 - any failure: the zones keep the order the user gave
+                got, error = None, f"{type(exc).__name__}: {exc}"[:300]
+            record = AdviceRecord(zone=zone, shape=key, obtainability=got and got.obtainability,
+                                  uptime_seconds=got and got.uptime_seconds, error=error, fetched_at=now,
+                                  until=now + timedelta(seconds=advice.CACHE_SECONDS))
+            deps.store.record_advice(record)
+            if error is not None:
+                logs.warning(f"job {job_id}: capacity advice for {key} in {zone} failed ({error}); its zones keep "
+                             f"the order listed for {advice.CACHE_SECONDS} s. advice.capacity needs the controller's "
+                             "compute.advice.capacity permission and the API (Preview, docs/gcp-facts.md §20); or "
+                             "drop placement.rank", job_id=job_id, zone=zone, shape=key)
+                break
+        if record.error is None and record.obtainability is not None:
+            out[zone] = ZoneAdvice(record.obtainability, record.uptime_seconds)
+    return out
 
 
 def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, members: list[MemberStatus], hint: Hint | None,

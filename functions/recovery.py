@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping
 
+from respawn.advice import ZoneAdvice
+from respawn.control import placement
 from respawn.control.placement import cooldowns
 from respawn.schema import JobSpec, SlotStatus, Tier, ZoneOrder
 
@@ -39,6 +41,7 @@ class Choice:
     provisioning: str
     skipped: tuple[str, ...] = ()
     why: str = ""  # why this model: the tiers moved past (Strategy.tier)
+    ranked: tuple[str, ...] = ()  # the zones in the order capacity advice put them, when it changed the list's
 
 
 # How a tier's model reads in a strategy's name.
@@ -89,22 +92,28 @@ class Strategy:
         until = cooldowns(blocked, "spot").get(status.zone or "")
         return (until is None or until <= now) and status.in_place_restarts < max_restarts
 
-    def choose(self, spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime) -> Choice:
-        """The next node's zone and model; zone None when every zone is cooling down or refused this round."""
+    def choose(self, spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime,
+               advice: Mapping[str, ZoneAdvice] | None = None) -> Choice:
+        """The next node's zone and model; zone None when every zone is cooling down or refused this round.
+        `advice`: zone → capacity advice, which orders a Spot node's zones when the spec asks (placement.rank)."""
         tier, why = self.tier(status, now)
         model = tier.model
         blocked = cooldowns(blocked, model)  # a Spot stockout leaves flex-start and on-demand free to try
         # Zones that refused this round refused the model tried then: moving to another tier starts a new round.
         tried = status.tried_zones if status.provisioning in (None, model) else []
         skipped, eligible = [], []
-        for zone in spec.zones:
+        zones = list(spec.zones)
+        if spec.placement.rank == "advice" and model == "spot" and advice:  # advice scores Spot VMs alone
+            zones = placement.rank_zones(zones, advice)
+        for zone in zones:
             until = blocked.get(zone)
             (skipped if (until is not None and until > now) or zone in tried else eligible).append(zone)
         lost_in = status.preempted_zone
         if lost_in in eligible and len(eligible) > 1 and self.order != "in_order":
             eligible.remove(lost_in)
             eligible.insert(0 if self.order == "same_zone" else len(eligible), lost_in)
-        return Choice(eligible[0] if eligible else None, model, tuple(skipped), why)
+        return Choice(eligible[0] if eligible else None, model, tuple(skipped), why,
+                      tuple(zones) if zones != list(spec.zones) else ())
 
 
 def strategy_for(spec: JobSpec) -> Strategy:

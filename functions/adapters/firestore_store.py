@@ -23,8 +23,8 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from respawn.control.placement import pool_key
-from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, NODES_DATABASE, CapacityRecord, JobEvent,
-                            State, capacity_doc_id)
+from respawn.schema import (ADVICE, CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, NODES_DATABASE, AdviceRecord,
+                            CapacityRecord, JobEvent, State, capacity_doc_id)
 
 ACTIVE_STATES = [s.value for s in State if not s.terminal]
 
@@ -95,6 +95,16 @@ class Store:
         # end a flex-start one. `until` stays for readers of an older version (a cooldown for every pool).
         by_pool = {pool: record.until for pool in record.pools}
         ref.set({**_plain(record.model_dump()), "until_by_pool": by_pool}, merge=True)
+        self.writes += 1
+
+    def zone_advice(self, zones: Iterable[str], shape: str) -> dict[str, AdviceRecord]:
+        """zone → the capacity advice cached for `shape` there (one batched read; stale records included)."""
+        refs = [self.db.collection(ADVICE).document(capacity_doc_id(z, shape)) for z in zones]
+        self.reads += len(refs)
+        return {r.zone: r for r in (AdviceRecord.model_validate(s.to_dict()) for s in self.db.get_all(refs) if s.exists)}
+
+    def record_advice(self, record: AdviceRecord) -> None:
+        self.db.collection(ADVICE).document(capacity_doc_id(record.zone, record.shape)).set(_plain(record.model_dump()))
         self.writes += 1
 
     def active_jobs(self) -> list[str]:

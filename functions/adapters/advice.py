@@ -1,0 +1,27 @@
+"""Compute Engine's capacity advice for the controller (docs/gcp-facts.md §20): advice.capacity through the real
+compute_v1.AdviceClient (REST, the client factory's endpoint), its request built as the installed type from
+respawn.advice's body (an unknown field raises) and its answer read back by respawn.advice.
+"""
+
+from __future__ import annotations
+
+import json
+
+from google.cloud import compute_v1
+
+from respawn import advice
+from respawn.control.clients import Clients
+
+
+class AdviceReader:
+    def __init__(self, clients: Clients):
+        self.clients = clients
+
+    def capacity(self, zone: str, shape: advice.Shape, size: int) -> advice.ZoneAdvice | None:
+        """The scores of `size` Spot VMs of `shape` in `zone`, or None when the answer has none for it; raises the
+        client's exception (404 where the API is not served, 403 without compute.advice.capacity)."""
+        body = compute_v1.CapacityAdviceRequest.from_json(json.dumps(advice.capacity_request(shape, zone, size)),
+                                                          ignore_unknown_fields=False)
+        answer = self.clients.advice().capacity(project=self.clients.project, region=advice.region_of(zone),
+                                                capacity_advice_request_resource=body)
+        return advice.parse_capacity(json.loads(type(answer).to_json(answer)), zone)
