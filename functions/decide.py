@@ -533,8 +533,9 @@ FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # unreac
 BOOT_FAILURE = "no_heartbeat"
 BOOT_FAILURES_TO_FAIL = 2  # boots in a row whose agent never reported: the second ends the job
 # A flex-start node's run duration ended (its agent's notice of it, or a loss within RUN_END_SLACK of the end): a
-# planned stop. The next node is made as after a loss, but it counts as neither a preemption nor a failure.
-RUN_ENDED = "run_ended"
+# planned stop (recovery.RUN_ENDED). The next node is made as after a loss, but it counts as neither a preemption
+# nor a failure, and its zone is not avoided.
+RUN_ENDED = recovery.RUN_ENDED
 RUN_END_SLACK = timedelta(minutes=10)
 LossKind = Literal["preemption", "failure", "boot_failure", "planned"]
 

@@ -18,6 +18,11 @@ from respawn.control.placement import cooldowns
 from respawn.schema import JobSpec, SlotStatus, Tier, ZoneOrder
 
 
+# A flex-start node's run duration ended (its agent's notice of it, or a loss near the end): a planned stop
+# (decide.loss_kind), which says nothing against its zone.
+RUN_ENDED = "run_ended"
+
+
 @dataclass(frozen=True)
 class Timings:
     """How long a node takes to serve again, for weighing a fresh node against a restart in place during a notice.
@@ -108,7 +113,8 @@ class Strategy:
         for zone in zones:
             until = blocked.get(zone)
             (skipped if (until is not None and until > now) or zone in tried else eligible).append(zone)
-        lost_in = status.preempted_zone
+        # A zone that lost the node is tried last (or first: same_zone); a planned stop is no fault of its zone.
+        lost_in = status.preempted_zone if status.last_cause != RUN_ENDED else None
         if lost_in in eligible and len(eligible) > 1 and self.order != "in_order":
             eligible.remove(lost_in)
             eligible.insert(0 if self.order == "same_zone" else len(eligible), lost_in)

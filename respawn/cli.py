@@ -119,6 +119,7 @@ def register(
             spec = _parse_spec(file, data)
             _check_image(spec, project)
             _check_network(spec, project)
+            _check_quota(spec, project)
             if dry_run:
                 out.print(f"{file}: valid; would register [bold]{spec.id}[/bold] (dry run: nothing written)")
                 return
@@ -128,6 +129,7 @@ def register(
         spec = _parse_spec(file, data)  # every other field, before anything is packed or sent
         _check_image(spec, project)
         _check_network(spec, project)
+        _check_quota(spec, project)
         store = None
         if not dry_run:
             store = _store(project)
@@ -190,6 +192,21 @@ def _check_network(spec: schema.JobSpec, project: str | None) -> None:
     problem = missing_rule(project)
     if problem:
         err.print(f"[yellow]warning:[/yellow] {spec.id} runs on {hosts} hosts; {problem}", highlight=False)
+
+
+def _check_quota(spec: schema.JobSpec, project: str | None) -> None:
+    """Refuse a GPU job that no listed zone's region has quota for on any tier it may use; warn about the rest
+    (respawn.advice.quota_verdict). A look that cannot be made says one line and blocks nothing."""
+    from respawn.quotacheck import check
+
+    verdict = check(spec, project)
+    if verdict is None or not verdict.lines:
+        return
+    if verdict.refuse:
+        raise CliError(f"{spec.id}: no quota for its GPUs in any listed zone's region:\n  " + "\n  ".join(verdict.lines),
+                       code=2)
+    for line in verdict.lines:
+        err.print(f"[yellow]warning:[/yellow] {spec.id} quota: {line}", highlight=False)
 
 
 def _trainer_workdir(data: Any) -> tuple[dict | None, Any]:

@@ -204,3 +204,36 @@ def test_validate_warns_that_max_restarts_is_max_failures_old_name(tmp_path):
     path.write_text(yaml.safe_dump({**SPEC, "max_failures": 5}))
     r = respawn("jobs", "validate", str(path))
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+def test_register_refuses_a_job_no_listed_region_has_quota_for_and_warns_of_a_preemptible_zero(
+        firestore_db, project, sim_server, tmp_path):
+    # regions.get as the sim serves it from its quota settings (gcp-facts §21); SPEC: g2-standard-8 (L4), Spot.
+    endpoint = {"RESPAWN_COMPUTE_ENDPOINT": sim_server.endpoint}
+
+    def register(job_id: str, **fields) -> subprocess.CompletedProcess:
+        path = tmp_path / f"{job_id}.yaml"
+        path.write_text(yaml.safe_dump({**SPEC, "id": job_id, **fields}))
+        return respawn("jobs", "register", str(path), "--project", project, env_extra=endpoint)
+
+    sim_server.set_quota("us-central1", "g2-standard-8", 0, provisioning_model="SPOT")
+    r = register("spot-zero")  # the preemptible limit alone: a warning, registered
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 0 and "registered spot-zero" in r.stdout, r.stderr
+    assert "warning: spot-zero quota: us-central1: PREEMPTIBLE_NVIDIA_L4_GPUS limit is 0; spot VMs may still be " \
+           "charged to NVIDIA_L4_GPUS" in said
+    sim_server.set_quota("us-central1", "g2-standard-8", 0, provisioning_model="STANDARD")
+    r = register("no-quota", provisioning=["spot", "standard"])
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2, r.stderr
+    assert "no-quota: no quota for its GPUs in any listed zone's region" in said
+    assert f"gcloud beta quotas preferences create --service=compute.googleapis.com --project={project}" in said
+    assert not firestore_db.collection(schema.JOBS).document("no-quota").get().exists
+    # Another region with quota: registered, the zero warned of.
+    r = register("elsewhere", provisioning="standard", zones=["us-central1-a", "europe-west4-a"])
+    assert r.returncode == 0 and "us-central1: NVIDIA_L4_GPUS limit is 0" in " ".join(r.stderr.split()), r.stderr
+    # No permission to look: one line, nothing refused.
+    sim_server.set_api_faults(count=5, status=403, methods=("region",))
+    r = register("unlooked", provisioning="standard")
+    lines = [x for x in r.stderr.splitlines() if "quota" in x]
+    assert r.returncode == 0 and len(lines) == 1 and "quotas not checked (HTTP 403" in lines[0], r.stderr

@@ -90,3 +90,11 @@ def test_the_run_ending_notice_message_is_a_planned_stop_before_any_heartbeat_sa
     # No head start (the message came after the node went): the loss is still the planned stop, not a preemption.
     gone = core.decide(replace(o, node=NodeObs(Phase.ABSENT, None)))
     assert gone.cause == core.RUN_ENDED and gone.status.preemptions == 4 and gone.action.kind is Act.CREATE
+
+
+def test_after_a_planned_stop_the_zone_that_served_is_not_avoided():
+    """A preemption sends the next node down the zone list (next_zone); the run's end is no fault of its zone."""
+    ended = dict(run_ends_at=NOW - timedelta(seconds=30), **FLEX)
+    assert core.decide(obs("RUNNING", raw=None, **ended)).action.zone == ZONES[0]
+    preempted = core.decide(obs("RUNNING", raw=None, run_ends_at=NOW + timedelta(hours=5), **FLEX))
+    assert preempted.action.zone == ZONES[1]

@@ -444,3 +444,29 @@ def test_partition_scenario(tmp_path):
     finals = re.findall(r"torch_ddp\[rank (\d+)\]: done, final step (\d+)", text)
     assert {rank for rank, _ in finals} == {str(i) for i in range(nodes * sc.trainer.ranks)}, finals
     assert {step for _, step in finals} == {str(sc.trainer.steps)}, finals
+
+
+def test_flex_start_fallback_scenario(tmp_path):
+    """Spot dry in every zone: after the tier's two refusals a flex-start VM is created at once (Spot's cooldowns do
+    not hold for flex-start), trains, and acts on its run's end before it as on a notice; the next node is made
+    during that notice, back at Spot, in the zone that served; nothing lost, no preemption counted."""
+    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "flex-start-fallback.yaml"))
+    check_common(r, out, tmp_path)
+    assert out["provisioning"] == ["flex-start", "spot"] and out["zones"] == ["us-central1-a"]
+    assert out["restarts"] == 1 and out["lost_steps"] == 0
+    steps = [(t["to"], t["cause"], t["details"].get("provisioning"), t["details"].get("tier_why"))
+             for t in out["transitions"] if t["details"].get("provisioning")]
+    assert steps[:3] == [("PROVISIONING", "job_created", "spot", None), ("PROVISIONING", "zone_refused", "spot", None),
+                         ("PROVISIONING", "zone_refused", "flex-start", "spot: refused 2 times in a row")]
+    [ended] = [t for t in out["transitions"] if t["cause"] == "run_ended"]
+    assert ended["details"]["during_notice"] is True and ended["details"]["provisioning"] == "spot"
+    assert "WAITING_FOR_CAPACITY" not in [t["to"] for t in out["transitions"]]
+    [recovered] = [a for a in out["alerts"] if "recovered" in a]
+    assert "cause: run_ended" in recovered and "preemptions: 0" in recovered
+    # The flex-start node's own agent gave itself the notice, before its run's end.
+    flex = json.loads((tmp_path / "out" / "summary.json").read_text())
+    lines = [json.loads(line) for p in (tmp_path / "out" / "nodes").rglob("*-3.console.log")
+             for line in p.read_text().splitlines() if line.startswith("{")]
+    [acted] = [e for e in lines if e["message"].startswith("flex-start run: its end is near; acting")]
+    assert acted["notice"] == "run-ending" and acted["seconds_to_end"] > 60
+    assert len(flex["notice_to_step_seconds"]) == 1 and flex["notice_to_step_seconds"][0] > 0

@@ -17,7 +17,8 @@ from sim.demo.runner import DemoError, DemoRun
 from sim.demo.scenario import ScenarioError, default_scenario, load_scenario
 from sim.emulators import EmulatorError
 
-SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "total_steps", "restarts", "zones", "lost_steps",
+SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "total_steps", "restarts", "zones",
+                "provisioning", "lost_steps",
                 "max_live_nodes", "notice_to_step_seconds", "wall_seconds", "goodput", "timeline")
 
 
@@ -64,6 +65,9 @@ def demo(
             print(json.dumps(result))
         if result["state"] != result["expected_state"]:
             raise CliError(f"the job ended {result['state']}, the scenario expected {result['expected_state']}")
+        if sc.expect.provisioning is not None and result["provisioning"] != sc.expect.provisioning:
+            raise CliError(f"the job's nodes ran on {', '.join(result['provisioning']) or 'nothing'}, the scenario "
+                           f"expected {', '.join(sc.expect.provisioning)}")
 
     run_reporting_errors(go)
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from respawn import codestore, contract, deployment, schema
 from respawn.workdir import human_bytes, pack
 from sim import emulators, netns, node_image
-from sim.demo.scenario import Preemption, Scenario
+from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
 from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, lives, progress_series, recoveries, summarize,
                               workers_seen)
 from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
@@ -99,6 +99,9 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout:
         except OSError:
             time.sleep(0.1)
     raise DemoError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log}")
+
+
+SPEC_MODELS = {sim: spec for spec, sim in SIM_MODELS.items()}  # a node record's provisioningModel → the spec's name
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -247,7 +250,7 @@ class DemoRun:
         self.sim = SimServer(PROJECT, notice_seconds=sc.notice_seconds, op_delay=0.3,
                              boot_command=boot_command, node_env=node_env, network="loopback" if why_not else "netns",
                              nodes_root=self.out / "nodes", audit_sink=self.router,
-                             tpu_endpoints=sc.tpu_endpoints).start()
+                             tpu_endpoints=sc.tpu_endpoints, run_duration_scale=sc.run_duration_scale).start()
         self.stack.push("sim", self.sim.stop)
         if sc.faults.api_error_rate:
             self.sim.set_api_faults(rate=sc.faults.api_error_rate, methods=("insert", "create"))
@@ -362,7 +365,8 @@ class DemoRun:
         for zone in sc.zones:
             for change in zone.capacity:
                 if change.at_seconds is not None:
-                    self.sim.set_capacity(zone.name, key, change.count, at=self.sim.now() + change.at_seconds)
+                    self.sim.set_capacity(zone.name, key, change.count, at=self.sim.now() + change.at_seconds,
+                                          provisioning_model=change.sim_model)
         db = firestore.Client(project=PROJECT)
         self.stack.push("Firestore client", db.close)
         nodes_db = firestore.Client(project=PROJECT, database=schema.NODES_DATABASE)
@@ -403,6 +407,7 @@ class DemoRun:
                     state=str(hb.get("state")), step=hb.get("step"), committed_step=hb.get("committed_step"),
                     resumed_from=hb.get("resumed_from"), worker=worker, generation=hb.get("generation"),
                 ))
+            self._run_ends(beats, status, now, marks)
             hosts = beats.get(status.node or "") or {}
             current = hosts.get(0) or {}
             live = self.sim.live_nodes(job=job_id)
@@ -431,7 +436,8 @@ class DemoRun:
                     for z in sc.zones:
                         for change in z.capacity:
                             if change.after_preemption == injected:
-                                self.sim.set_capacity(z.name, key, change.count, at=self.sim.now() + change.delay_seconds)
+                                self.sim.set_capacity(z.name, key, change.count, at=self.sim.now() + change.delay_seconds,
+                                                      provisioning_model=change.sim_model)
                                 when = f"in {change.delay_seconds:g} s" if change.delay_seconds else "now"
                                 self.say(f"capacity of {z.name} {when}: {change.count if change.count is not None else 'unlimited'}")
 
@@ -458,6 +464,18 @@ class DemoRun:
         result["message"] = status.message  # the job's last status message: why it ended as it did
         result["partitions"] = self.partitions
         return result
+
+    def _run_ends(self, beats: dict[str, dict[int, dict]], status: schema.JobStatus, now: float,
+                  marks: list[Mark]) -> None:
+        """A flex-start node's agent acting on its run's end is that node's notice (not injected: the sim's run ends
+        on its own): from the first heartbeat that says so, the node only saves and goes."""
+        zones = {m.node: m.zone for m in status.members if m.node}
+        for node, hosts in beats.items():
+            hb = hosts.get(0) or {}
+            if hb.get("notice") == contract.NOTICE_RUN_ENDING and node not in self.noticed:
+                self.noticed[node] = now
+                marks.append(Mark(now, "notice", f"run ending {node} at step {hb.get('step')}", zones.get(node)))
+                self.say(f"{node}'s flex-start run is ending: it saves at step {hb.get('step')} and stops")
 
     def _partition(self, status: schema.JobStatus, beats: dict[str, dict[int, dict]], now: float,
                    marks: list[Mark]) -> None:
@@ -541,7 +559,8 @@ class DemoRun:
                 s, e = start - sim_t0, (None if end is None else end - sim_t0)
                 final = h["states"][-1][1] if h["states"] else ""
                 lifetimes.append(Lifetime(h["name"], h["zone"], s, e, final,
-                                          (h.get("labels") or {}).get(contract.LABEL_SLOT)))
+                                          (h.get("labels") or {}).get(contract.LABEL_SLOT),
+                                          SPEC_MODELS.get(h.get("provisioningModel", ""), "")))
                 spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running",
                                       workers=len(hosts.get(h["name"]) or [0])))
         alerts = [p.get("text", "") for p in self.slack.payloads]

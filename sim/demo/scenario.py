@@ -22,13 +22,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# A job spec's provisioning model → the sim's (its capacity timelines are per model).
+SIM_MODELS = {"spot": "SPOT", "flex-start": "FLEX_START", "standard": "STANDARD"}
+
+
 class CapacityChange(_Strict):
-    """From this moment on, the zone holds `count` more nodes of the job's accelerator (null: unlimited)."""
+    """From this moment on, the zone holds `count` more nodes of the job's accelerator (null: unlimited), of one
+    provisioning model (`model`) or of all."""
 
     at_seconds: float | None = Field(default=None, ge=0, description="seconds after the job is registered")
     after_preemption: int | None = Field(default=None, ge=1, description="right after the Nth injected preemption")
     delay_seconds: float = Field(default=0, ge=0, description="with after_preemption: this long after it")
     count: int | None = Field(default=None, ge=0)
+    model: Literal["spot", "flex-start", "standard"] | None = Field(
+        default=None, description="only this provisioning model's capacity (Spot dry while flex-start is not); "
+        "default every model's")
+
+    @property
+    def sim_model(self) -> str | None:
+        return SIM_MODELS[self.model] if self.model else None
 
     @model_validator(mode="after")
     def _one_trigger(self) -> CapacityChange:
@@ -118,6 +130,8 @@ class TrainerSettings(_Strict):
 class Expect(_Strict):
     state: State = State.SUCCEEDED
     lost_steps: int | None = Field(default=None, ge=0, description="if set, lost steps must equal this")
+    provisioning: list[Literal["spot", "flex-start", "standard"]] | None = Field(
+        default=None, description="if set, the provisioning model of each node that ran, in the order they started")
 
 
 class Scenario(_Strict):
@@ -141,6 +155,8 @@ class Scenario(_Strict):
     progress_timeout_seconds: float = Field(default=0, ge=0, description="the stall rule's progress timeout "
                                             "(RESPAWN_PROGRESS_TIMEOUT_SECONDS); 0: off, as a demo's pauses are short")
     timeout_seconds: float = Field(default=240, gt=0, description="give up on the job after this long")
+    run_duration_scale: float = Field(default=1.0, gt=0, le=1, description="wall seconds per second of a flex-start "
+                                      "VM's run duration and request wait (the sim's run_duration_scale)")
     expect: Expect = Field(default_factory=Expect)
 
     @model_validator(mode="after")

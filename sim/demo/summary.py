@@ -30,6 +30,7 @@ class Lifetime:
     end: float | None
     end_reason: str = ""
     slot: str | None = None  # a multi-node job's member slot (the node's respawn-slot label)
+    model: str = ""  # its provisioning model as a job spec names it: spot, flex-start, standard
 
 
 @dataclass
@@ -154,7 +155,7 @@ def serving(lifetimes: list[Lifetime], noticed: dict[str, float]) -> list[Lifeti
     for lt in lifetimes:
         t = noticed.get(lt.name)
         if t is not None and lt.start <= t and (lt.end is None or t < lt.end):
-            lt = Lifetime(lt.name, lt.zone, lt.start, t, lt.end_reason, lt.slot)
+            lt = Lifetime(lt.name, lt.zone, lt.start, t, lt.end_reason, lt.slot, lt.model)
         out.append(lt)
     return out
 
@@ -181,6 +182,14 @@ def zones_in_order(lifetimes: list[Lifetime]) -> list[str]:
     return zones
 
 
+def models_in_order(lifetimes: list[Lifetime]) -> list[str]:
+    """The provisioning model of each node that ran, in the order they started (a node live twice counts once)."""
+    seen: dict[str, str] = {}
+    for lt in sorted(lifetimes, key=lambda lt: lt.start):
+        seen.setdefault(lt.name, lt.model)
+    return list(seen.values())
+
+
 def goodput(ordered: list[Life], final_step: int, wall_seconds: float) -> float:
     """Share of wall time spent on steps that were not redone, at the run's measured seconds per step."""
     trained_steps = sum(life.last_step - life.first_step for life in ordered)
@@ -201,6 +210,7 @@ def summarize(rec: RunRecord) -> dict:
         "total_steps": rec.total_steps,
         "restarts": rec.restarts,
         "zones": zones_in_order(rec.lifetimes),
+        "provisioning": models_in_order(rec.lifetimes),
         "lost_steps": lost_steps(ordered),
         "max_live_nodes": max_live(up, rec.wall_seconds),
         # The most nodes one member slot had serving at once (a slot holds at most one node, besides one saving in its
