@@ -18,7 +18,6 @@ _C = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
 # Images are global and live in any project (public images: deeplearning-platform-release, debian-cloud, …).
 _I = r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images"
 _R = r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)"
-_R = r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)"
 _T = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 
 ROUTES = [
@@ -35,9 +34,6 @@ ROUTES = [
     ("POST", _C + r"/operations/(?P<op>[^/]+)/wait", "c_wait"),
     ("GET", _I + r"/family/(?P<family>[^/]+)", "c_image_family"),
     ("GET", _I + r"/(?P<image>[^/]+)", "c_image"),
-    ("POST", _R + r"/advice/capacity", "c_advice_capacity"),
-    ("POST", _R + r"/advice/capacityHistory", "c_advice_history"),
-    ("GET", _R, "c_region"),
     ("POST", _R + r"/advice/capacity", "c_advice_capacity"),
     ("POST", _R + r"/advice/capacityHistory", "c_advice_history"),
     ("GET", _R, "c_region"),
@@ -70,7 +66,6 @@ ROUTES = [
     ("PUT", r"/storage/v1/b/(?P<bucket>[^/]+)/managedFolders/(?P<folder>[^/]+)/iam", "g_folder_set_policy"),
     ("POST", r"/sim/images", "s_images"),
     ("POST", r"/sim/advice", "s_advice"),
-    ("POST", r"/sim/advice", "s_advice"),
     ("POST", r"/sim/firewalls", "s_firewalls"),
 ]
 _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
@@ -79,7 +74,6 @@ _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
 FAULT_NAMES = {"c_insert": "insert", "c_delete": "delete", "c_start": "start", "c_stop": "stop", "c_get": "get",
                "c_set_metadata": "set_metadata", "c_serial": "serial",
                "c_list": "list", "c_image": "image", "c_image_family": "image",
-               "c_advice_capacity": "advice", "c_advice_history": "advice", "c_region": "region",
                "c_advice_capacity": "advice", "c_advice_history": "advice", "c_region": "region",
                "t_create": "create", "t_delete": "delete", "t_get": "get", "t_list": "list",
                # a queued resource's calls answer to the node's names (`nodes`: the request's id)
@@ -211,15 +205,6 @@ def make_handler(sim: "SimServer"):
         def c_region(self, region, body, query):
             return sim.advice.region(region)
 
-        def c_advice_capacity(self, region, body, query):
-            return sim.advice.capacity(region, body)
-
-        def c_advice_history(self, region, body, query):
-            return sim.advice.history(region, body)
-
-        def c_region(self, region, body, query):
-            return sim.advice.region(region)
-
         # --- Cloud Storage managed folders (the folder name comes URL-encoded: a/b/ is a%2Fb%2F) ---
         def g_folder_insert(self, bucket, body, query):
             return sim.storage_folders.insert(bucket, body["name"])
@@ -311,12 +296,6 @@ def make_handler(sim: "SimServer"):
         def s_firewalls(self, body, query):
             sim.compute.add_firewall(body["project"], body["name"], service_account=body["service_account"],
                                      network=body.get("network", "default"), disabled=bool(body.get("disabled")))
-            return {}
-
-        def s_advice(self, body, query):
-            sim.set_advice(body["zone"], body["machineType"], obtainability=body.get("obtainability"),
-                           estimated_uptime=body.get("estimatedUptime"), preemption_rates=body.get("preemptionRates"),
-                           prices=body.get("prices"))
             return {}
 
         def s_advice(self, body, query):

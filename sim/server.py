@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sim.advice import AdviceService
-from sim.advice import AdviceService
 from sim.capacity import Timeline
 from sim.compute import ComputeService
 from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
@@ -135,7 +134,6 @@ class SimServer:
         self.compute = ComputeService(self)
         self.tpu = TpuService(self)
         self.storage_folders = StorageFolders(self)
-        self.advice = AdviceService(self)
         self.advice = AdviceService(self)
         self._t0 = time.monotonic()
         self._http: LoopbackHTTPServer | None = None
@@ -271,12 +269,6 @@ class SimServer:
         preemptible quota, which Spot, preemptible and flex-start VMs share; "STANDARD" the on-demand one."""
         _check_model(provisioning_model, QUOTA_MODELS, "quota")
         self.quota.set(region, accelerator_type, limit, self.now() if at is None else float(at), provisioning_model)
-
-    def set_advice(self, zone: str, machine_type: str, **values) -> None:
-        """Capacity advice for `machine_type` in `zone` (sim/advice.py, AdviceService.set): obtainability,
-        estimated_uptime (s), preemption_rates and prices (USD) of the newest days; the rest follows the capacity
-        timeline."""
-        self.advice.set(zone, machine_type, **values)
 
     def set_advice(self, zone: str, machine_type: str, **values) -> None:
         """Capacity advice for `machine_type` in `zone` (sim/advice.py, AdviceService.set): obtainability,
