@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from respawn.control import decide as core
-from respawn.control import identities, job, placement
+from respawn.control import identities, job, placement, queued
 from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, NodeProvider
@@ -64,7 +64,8 @@ class Deps:
     respawn.control.settings and respawn.control.clients (the adapters are imported there, lazily)."""
 
     store: ControlStore
-    providers: Mapping[str, NodeProvider]  # "gpu" → ComputeProvider, "tpu" → TpuProvider
+    # "gpu" → ComputeProvider, "tpu" → TpuProvider, "tpu-queued" → QueuedTpuProvider (queued.provider_key(spec))
+    providers: Mapping[str, NodeProvider]
     publish: Callable[[dict[str, Any]], Any]
     project: str
     startup_script: Callable[[], str]
@@ -84,12 +85,13 @@ class Deps:
         from respawn.control.adapters.compute import ComputeProvider
         from respawn.control.adapters.firestore_store import Store
         from respawn.control.adapters.managed_folders import FolderGrants as StorageFolderGrants
-        from respawn.control.adapters.tpu import TpuProvider
+        from respawn.control.adapters.tpu import QueuedTpuProvider, TpuProvider
 
         s = settings if settings is not None else ControlSettings.from_env()
         c = clients.default(s)
         providers = {"gpu": ComputeProvider(c, op_timeout=s.compute_op_timeout_seconds, nodes=s.nodes),
-                     "tpu": TpuProvider(c, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes)}
+                     "tpu": TpuProvider(c, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes),
+                     queued.PROVIDER: QueuedTpuProvider(c, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes)}
         return cls(store=Store(c.firestore(), c.nodes_firestore), providers=providers,
                    publish=lambda alert: pubsub.publish_alert(c, alert, topic=s.alerts_topic,
                                                               timeout=s.alert_publish_timeout_seconds),
@@ -188,7 +190,7 @@ def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, members: lis
     the job's core needs it, and the event's hint when the event named that node's current life; into `consoles`,
     the console of a member that decide may call a boot failure."""
     kind = spec.accelerator.kind if spec else "gpu"
-    provider = deps.providers[kind]
+    provider = deps.providers[queued.provider_key(spec)]
     # The heartbeats are in the database of the identity the job holds: no other job's node can write there.
     database = deployment.heartbeat_database(deps.store.identity_of(job_id) if deps.identities else None)
     seen = []
@@ -326,8 +328,7 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
     """Perform the action, classify how it ended, and carry out what the policy (job.followup, job.after_act)
     says that outcome means: re-raise, record the zone's refusal, commit the job's status, publish, delete."""
     a = d.action
-    kind = spec.accelerator.kind if spec else "gpu"
-    provider = deps.providers[kind]
+    provider = deps.providers[queued.provider_key(spec)]
     error: Exception | None = None
     try:
         outcome = _perform(deps, o, spec, a, provider)
@@ -385,8 +386,10 @@ def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action | job.S
 def _nodes_left(deps: Deps, doc: dict[str, Any] | None) -> bool:
     """Whether any node a (finished) job's document names still exists: its identity is not free until none is."""
     kind = ((doc or {}).get("spec") or {}).get("accelerator", {}).get("kind", "gpu")
-    provider = deps.providers.get(kind)
-    return provider is None or any(provider.get(zone, node) is not None for zone, node in identities.known_nodes(doc))
+    # A TPU job's node may have come from a queued resource (it holds quota until deleted), or not.
+    providers = [deps.providers.get(k) for k in ((kind, queued.PROVIDER) if kind == "tpu" else (kind,))]
+    return any(p is None or any(p.get(zone, node) is not None for zone, node in identities.known_nodes(doc))
+               for p in providers)
 
 
 def _record_outcome(deps: Deps, job_id: str, a: Action | job.SetGeneration, outcome: core.Outcome
