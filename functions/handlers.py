@@ -137,11 +137,14 @@ def _fan_out() -> None:
 
 def delete_orphans(deps: Deps) -> None:
     """List the labelled nodes in every zone any job uses, then read the jobs, then delete what no placement owns."""
+    from respawn.control import queued
     from respawn.control.orphans import Seen, orphans
 
     before = deps.store.all_jobs()
     scan = {(((doc.get("spec") or {}).get("accelerator") or {}).get("kind") or "gpu", zone)
             for doc in before.values() for zone in ((doc.get("spec") or {}).get("zones") or [])}
+    # Where TPU nodes may be, their queued resources may be too (any job's, whatever its spec says now).
+    scan |= {(queued.PROVIDER, zone) for kind, zone in scan if kind == "tpu" and queued.PROVIDER in deps.providers}
     seen = []
     for kind, zone in sorted(scan):
         try:
@@ -152,7 +155,8 @@ def delete_orphans(deps: Deps) -> None:
                        f"{type(exc).__name__}: {exc}", zone=zone)
     jobs = {job_id: (doc.get("status") or {}) for job_id, doc in deps.store.all_jobs().items()}
     for n in orphans(seen, jobs):
-        logs.warning(f"sweep: deleting orphan node {n.name} in {n.zone} (job {n.labels.get(LABEL_JOB)} does not "
+        what = "queued resource" if n.kind == queued.PROVIDER else "node"
+        logs.warning(f"sweep: deleting orphan {what} {n.name} in {n.zone} (job {n.labels.get(LABEL_JOB)} does not "
                      "own it now)", node=n.name, zone=n.zone)
         deps.providers[n.kind].delete(n.zone, n.name)
 

@@ -26,6 +26,9 @@ QUOTA_CODES = {"QUOTA_EXCEEDED", "QUOTAEXCEEDED"}
 # `rateLimitExceeded`, other APIs 429 with ErrorInfo reason `RATE_LIMIT_EXCEEDED`. It refills within a minute, so it
 # is transient (the platform redelivers with backoff) and never cools a zone down. Compared without "_", upper case.
 RATE_LIMIT_CODES = {"RATELIMITEXCEEDED", "USERRATELIMITEXCEEDED"}
+# google.rpc UNAVAILABLE's message (Cloud TPU answers a 503 with it): "currently unavailable" below is a stockout's
+# phrase only in Compute Engine's "... is currently unavailable in zone ..." messages.
+SERVICE_UNAVAILABLE = "the service is currently unavailable"
 CAPACITY_PHRASES = (
     "does not have enough resources", "no more capacity", "stockout", "resource_availability",
     "insufficient reserved capacity", "currently unavailable", "resource pool exhausted",
@@ -91,6 +94,8 @@ def classify(exc: BaseException) -> Classified:
     # FAILED_PRECONDITION "Insufficient reserved capacity" is capacity.
     if any(p in lower for p in QUOTA_PHRASES) and (http in (403, 429) or type(exc).__name__ in ("Forbidden", "ResourceExhausted", "TooManyRequests")):
         return Classified("quota", first, message)
+    if SERVICE_UNAVAILABLE in lower:  # any API's 503 in gRPC's own words, not a zone's stockout: retried
+        return Classified("transient", first, message)
     if any(p in lower for p in CAPACITY_PHRASES):
         return Classified("capacity", first, message)
     if type(exc).__name__ == "ResourceExhausted":

@@ -26,8 +26,11 @@ def test_job_created_delivered_three_times_concurrently_makes_one_node(controlle
     assert controller.sim.max_live("triple") == 1 and len(controller.sim.history()) == 1
 
 
-@pytest.mark.parametrize("spec", [gpu_spec("gpudup", termination_action="DELETE"), gpu_spec("stopdup"), tpu_spec("tpudup")],
-                         ids=["gpu-delete", "gpu-stop", "tpu"])
+@pytest.mark.parametrize("spec", [gpu_spec("gpudup", termination_action="DELETE"), gpu_spec("stopdup"), tpu_spec("tpudup"),
+                                  tpu_spec("tpuqdup", accelerator={"kind": "tpu", "accelerator_type": "v5litepod-8",
+                                                                   "runtime_version": "v2-alpha-tpuv5-lite",
+                                                                   "queued_resource": True})],
+                         ids=["gpu-delete", "gpu-stop", "tpu", "tpu-queued"])
 def test_preemption_event_delivered_three_times_concurrently_recovers_once(controller, spec):
     job, st = _running(controller, spec)
     controller.sim.preempt(st.zone, st.node)
@@ -37,6 +40,9 @@ def test_preemption_event_delivered_three_times_concurrently_recovers_once(contr
     after = controller.wait_state(job, "RUNNING")
     assert after.restarts == 1
     assert len(controller.live(job)) == 1 and controller.sim.max_live(job) == 1
+    # A queued resource (issue #26 item 2): one request at a time, and the one left is the current node's.
+    assert controller.sim.max_requests(job) <= 1
+    assert [q["name"] for q in controller.sim.queued_resources(job)] in ([], [after.node])
     # A late duplicate, after recovery, finds nothing to do.
     assert controller.log_event(entry) == 200
     assert controller.status(job).revision == after.revision

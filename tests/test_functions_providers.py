@@ -12,7 +12,7 @@ from google.auth.credentials import AnonymousCredentials
 
 from respawn.control import clients as factory
 from respawn.control.adapters.compute import ComputeProvider
-from respawn.control.adapters.tpu import TpuProvider
+from respawn.control.adapters.tpu import QueuedTpuProvider, TpuProvider
 from respawn.control.settings import ControlSettings
 from functions_fixtures import T4, gpu_spec, tpu_spec
 from respawn.schema import parse_spec
@@ -96,6 +96,37 @@ def test_tpu_vm_is_created_spot_or_preemptible_and_deleted(made, provisioning):
     assert tpu.get(ZONE, "tpu-1") == "READY"
     tpu.delete(ZONE, "tpu-1")
     assert tpu.get(ZONE, "tpu-1") is None
+
+
+@pytest.mark.parametrize("provisioning,tier", [("spot", "spot"), ("standard", "guaranteed")])
+def test_a_tpu_queued_resource_is_requested_with_the_node_inside_watched_and_force_deleted(made, sim_server,
+                                                                                          provisioning, tier):
+    # issue #26 item 2: the request's body built with the real types (tier, wait, node spec), its states as the
+    # provider reports them (the request's, then its node's), 409 adopted, a delete with force (its node first).
+    from google.cloud import tpu_v2
+
+    spec = parse_spec(tpu_spec("tpu", provisioning=provisioning, accelerator={
+        "kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base", "queue_wait_minutes": 7}))
+    tpu = QueuedTpuProvider(made)
+    sim_server.set_capacity(ZONE, "v4-16", 0)
+    assert tpu.create(spec, ZONE, "tpu-1", 1, provisioning, "#!/bin/bash\n") is True
+    assert tpu.create(spec, ZONE, "tpu-1", 1, provisioning, "#!/bin/bash\n") is False  # 409: adopted
+    request = made.tpu().get_queued_resource(name=f"projects/{PROJECT}/locations/{ZONE}/queuedResources/tpu-1")
+    assert tpu_v2.QueuedResource.pb(request).WhichOneof("tier") == tier
+    assert request.queueing_policy.valid_until_duration.seconds == 7 * 60
+    (node_spec,) = request.tpu.node_spec
+    assert (node_spec.parent, node_spec.node_id) == (f"projects/{PROJECT}/locations/{ZONE}", "tpu-1")
+    assert node_spec.node.accelerator_type == "v4-16" and node_spec.node.labels["respawn-attempt"] == "1"
+    assert node_spec.node.metadata["respawn-job-id"] == "tpu" and "startup-script" in node_spec.node.metadata
+    assert not node_spec.node.scheduling_config.spot  # the tier is the request's
+    assert tpu.get(ZONE, "tpu-1") == "queued:WAITING_FOR_RESOURCES"
+    assert tpu.list_labelled(ZONE) == [("tpu-1", {"respawn-job": "tpu", "respawn-attempt": "1"})]
+    sim_server.set_capacity(ZONE, "v4-16", None)
+    sim_server.wait_for(lambda: tpu.get(ZONE, "tpu-1") == "READY", 20, "the request's node READY")
+    assert TpuProvider(made).list_labelled(ZONE) == []  # its node is the request's: the orphan scan deletes that
+    tpu.delete(ZONE, "tpu-1")
+    assert tpu.get(ZONE, "tpu-1") is None and sim_server.live_nodes() == []
+    tpu.delete(ZONE, "tpu-1")  # deleting what is gone is success
 
 
 def test_the_factory_builds_loopback_clients_anonymously_and_real_ones_with_adc(monkeypatch):
@@ -196,7 +227,7 @@ def test_the_adapters_satisfy_the_control_planes_ports(made):
     from respawn.control.adapters.firestore_store import Store
 
     for impl, port in ((Store(None, None), ports.ControlStore), (ComputeProvider(made), ports.NodeProvider),
-                       (TpuProvider(made), ports.NodeProvider)):
+                       (TpuProvider(made), ports.NodeProvider), (QueuedTpuProvider(made), ports.NodeProvider)):
         assert isinstance(impl, port), (type(impl).__name__, port.__name__)
         for name, member in vars(port).items():
             if inspect.isfunction(member) and not name.startswith("_"):

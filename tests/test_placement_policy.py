@@ -60,6 +60,7 @@ STOCKOUT = ("The zone 'projects/p/zones/us-central1-a' does not have enough reso
         (gexc.BadRequest("Invalid value for field 'resource.machineType': 'zzz'."), "fatal", "BadRequest"),
         (gexc.InternalServerError("backend error"), "transient", "InternalServerError"),
         (gexc.ServiceUnavailable("try again"), "transient", "ServiceUnavailable"),
+        (gexc.ServiceUnavailable("The service is currently unavailable."), "transient", "ServiceUnavailable"),
         (ConnectionError("reset by peer"), "transient", "ConnectionError"),
     ],
 )

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
-from google.protobuf import field_mask_pb2
+from google.protobuf import duration_pb2, field_mask_pb2
 
 from respawn.contract import LABEL_JOB, Handover
-from respawn.control import nodespec
+from respawn.control import nodespec, queued
 from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
 
@@ -41,9 +41,12 @@ class TpuProvider:
         return tpu_v2.Node.State(node.state).name
 
     def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
-        """(name, labels) of every TPU node in `zone` that carries the respawn-job label."""
+        """(name, labels) of every TPU node in `zone` that carries the respawn-job label, but a queued resource's:
+        the orphan scan deletes its request (QueuedTpuProvider), which takes the node with it. Deleting such a node
+        alone would leave the request SUSPENDED, holding quota."""
         nodes = self.clients.tpu().list_nodes(parent=f"projects/{self.project}/locations/{zone}")
-        return [(n.name.rsplit("/", 1)[-1], dict(n.labels)) for n in nodes if LABEL_JOB in n.labels]
+        return [(n.name.rsplit("/", 1)[-1], dict(n.labels)) for n in nodes
+                if LABEL_JOB in n.labels and not n.queued_resource]
 
     def check_image(self, spec: JobSpec) -> None:
         """A TPU VM boots its runtime version (spec.accelerator.runtime_version): there is no image to check."""
@@ -110,5 +113,77 @@ class TpuProvider:
     def delete(self, zone: str, name: str) -> None:
         try:
             self.clients.tpu().delete_node(name=self._name(zone, name)).result(timeout=self.op_timeout)
+        except gexc.NotFound:
+            return
+
+
+class QueuedTpuProvider(TpuProvider):
+    """Cloud TPU VMs obtained through queued resources (tpu_v2, REST; gcp-facts §19; functions/queued.py): the
+    node `{job}-{attempt}` is asked for by a request of the same id, with the node's spec inside. The request's tier
+    is the slot's model (spot → spot, standard → guaranteed) and its queueing_policy.valid_until_duration the job's
+    accelerator.queue_wait_minutes. `get` reports the request's state (queued.raw) until it is ACTIVE, then the
+    node's; `delete` deletes the request with force, which deletes its node first (a request that holds no node
+    would be deleted without force as well, but a waiting one may be provisioning by then)."""
+
+    kind = queued.PROVIDER
+
+    def _request(self, zone: str, name: str) -> str:
+        return f"projects/{self.project}/locations/{zone}/queuedResources/{name}"
+
+    def get(self, zone: str, name: str) -> str | None:
+        try:
+            request = self.clients.tpu().get_queued_resource(name=self._request(zone, name))
+        except gexc.NotFound:
+            return None
+        state = tpu_v2.QueuedResourceState.State(request.state.state).name
+        if state != "ACTIVE":
+            return queued.raw(state)
+        return super().get(zone, name) or queued.raw(state)  # ACTIVE, its node not shown yet
+
+    def list_labelled(self, zone: str) -> list[tuple[str, dict[str, str]]]:
+        """(id, its node's labels) of every queued resource in `zone` whose node carries the respawn-job label."""
+        requests = self.clients.tpu().list_queued_resources(parent=f"projects/{self.project}/locations/{zone}")
+        out = []
+        for r in requests:
+            labels = dict(r.tpu.node_spec[0].node.labels) if r.tpu.node_spec else {}
+            if LABEL_JOB in labels:
+                out.append((r.name.rsplit("/", 1)[-1], labels))
+        return out
+
+    def request(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
+                service_account: str | None = None, handover: Handover | None = None) -> tpu_v2.QueuedResource:
+        if provisioning not in ("spot", "standard"):
+            raise ValueError(f"a queued resource's tiers are spot and guaranteed, not {provisioning}")
+        node = self.node(spec, attempt, provisioning, startup_script, service_account, handover)
+        node.scheduling_config = None  # the tier is the request's
+        parent = f"projects/{self.project}/locations/{zone}"
+        wait = duration_pb2.Duration(seconds=int(spec.accelerator.queue_wait_seconds))  # type: ignore[union-attr]
+        request = tpu_v2.QueuedResource(
+            tpu=tpu_v2.QueuedResource.Tpu(node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(
+                parent=parent, node_id=name, node=node)]),
+            queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(valid_until_duration=wait))
+        if provisioning == "spot":
+            request.spot = tpu_v2.QueuedResource.Spot()
+        else:
+            request.guaranteed = tpu_v2.QueuedResource.Guaranteed()
+        return request
+
+    def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
+               slot: int = 0, service_account: str | None = None, handover: Handover | None = None) -> bool:
+        """Create the request and wait for its operation (the sim ends it once the request is queued: unverified
+        whether Cloud TPU ends it then or once ACTIVE; gcp-facts §19). A quota refusal raises as a node's does."""
+        body = self.request(spec, zone, name, attempt, provisioning, startup_script, service_account, handover)
+        try:
+            op = self.clients.tpu().create_queued_resource(parent=f"projects/{self.project}/locations/{zone}",
+                                                           queued_resource_id=name, queued_resource=body)
+            op.result(timeout=self.op_timeout)
+        except (gexc.AlreadyExists, gexc.Conflict):
+            return False
+        return True
+
+    def delete(self, zone: str, name: str) -> None:
+        try:
+            self.clients.tpu().delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(
+                name=self._request(zone, name), force=True)).result(timeout=self.op_timeout)
         except gexc.NotFound:
             return
