@@ -43,6 +43,11 @@ class ControlStore(Protocol):
         """Record a zone's refusal for every job that asks for the same accelerator."""
         ...
 
+    def record_stats(self, zone: str, accelerator: str, model: str, counts: dict[str, float]) -> None:
+        """Add `counts` (schema.ZoneStats fields) to what every job saw of `model` nodes of `accelerator` in
+        `zone` (functions/stats.py)."""
+        ...
+
     def zone_advice(self, zones: Iterable[str], shape: str) -> Mapping[str, AdviceRecord]:
         """zone → the capacity advice cached for the machine shape `shape` (respawn.advice.Shape.key), stale or not."""
         ...

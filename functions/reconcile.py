@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from respawn.control import decide as core
-from respawn.control import identities, job, placement, queued
+from respawn.control import identities, job, placement, queued, stats
 from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, NodeProvider
@@ -306,6 +306,7 @@ def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
             if not _commit(deps, job_id, version, d.status, job.event(o, d)):
                 logs.info(f"job {job_id}: status changed concurrently; observing again", job_id=job_id)
                 continue
+            _record_stats(deps, job_id, spec, o.status, d.status)
             if d.status.state != o.status.state:
                 logs.info(f"job {job_id}: {o.status.state.value} → {d.status.state.value} ({d.cause})", job_id=job_id,
                           node=d.status.node, zone=d.status.zone, attempt=d.status.attempt, action=d.action.kind.value)
@@ -324,6 +325,24 @@ def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
     return Result(job_id)
 
 
+def _record_stats(deps: Deps, job_id: str, spec: JobSpec | None, before: Any, after: Any) -> None:
+    """Add what a committed decision showed of its zones to every job's statistics (functions/stats.py)."""
+    if spec is None or not isinstance(before, JobStatus) or not isinstance(after, JobStatus):
+        return
+    for seen in stats.observed(before, after, deps.now()):
+        _add_stats(deps, job_id, seen.zone, placement.accelerator_key(spec), seen.model, seen.counts)
+
+
+def _add_stats(deps: Deps, job_id: str, zone: str, accelerator: str, model: str, counts: dict[str, float]) -> None:
+    """Statistics are best effort: a write that fails is logged and never holds the recovery back (nor redelivers
+    the event, which would count the rest twice)."""
+    try:
+        deps.store.record_stats(zone, accelerator, model, counts)
+    except Exception as exc:  # noqa: BLE001 - see above
+        logs.warning(f"job {job_id}: could not add {counts} to the statistics of {model} {accelerator} in {zone} "
+                     f"({type(exc).__name__}: {exc}); they miss it", job_id=job_id, zone=zone)
+
+
 def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
     """Perform the action, classify how it ended, and carry out what the policy (job.followup, job.after_act)
     says that outcome means: re-raise, record the zone's refusal, commit the job's status, publish, delete."""
@@ -339,6 +358,8 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         raise error
     if f.capacity is not None:
         deps.store.record_capacity(f.capacity)
+        _add_stats(deps, o.job_id, f.capacity.zone, f.capacity.accelerator_type, a.provisioning or "spot",
+                   {"refusals": 1})
         logs.warning(f"{a.zone} refused {a.node}: {outcome.kind.value} ({outcome.code}); the zone cools down for "
                      f"{spec.placement.cooldown_seconds if spec else '?'} s", job_id=o.job_id, zone=a.zone,
                      code=outcome.code)

@@ -41,6 +41,7 @@ EVENTS = "events"
 CAPACITY = "capacity"
 IDENTITIES = "identities"  # identities/{node service account email}: the job that holds it (a lease)
 ADVICE = "advice"  # advice/{zone}~{machine shape}: capacity advice cached for every job (AdviceRecord)
+STATS = "stats"  # capacity/{zone}~{accel}.stats: {model: ZoneStats}, what every job saw there
 
 # Node names are `{job}-{attempt}` (respawn.contract.node_name), within GCE/TPU's 63 characters.
 MAX_JOB_ID_LEN = 63 - 1 - len(str(MAX_ATTEMPT))
@@ -979,6 +980,27 @@ class AdviceRecord(_Record):
     error: str | None = None
     fetched_at: datetime
     until: datetime
+
+
+class ZoneStats(_Record):
+    """What the controller saw of one provisioning model in one zone for one accelerator, across every job (the
+    `stats` map of capacity/{zone}~{accelerator}, by model; functions/stats.py; refusals counted where their cooldown is recorded)."""
+
+    refusals: int = 0  # creates and starts refused for capacity or quota
+    nodes: int = 0  # nodes obtained (reached RUNNING)
+    obtain_seconds: float = 0.0  # their time from the create (or start) to RUNNING, summed
+    lives: int = 0  # nodes whose life ended (preempted, lost, replaced, the job over)
+    life_seconds: float = 0.0  # their time from the create to that end, summed
+    preemptions: int = 0  # of those, taken by the platform
+
+    @property
+    def mtbi_seconds(self) -> float | None:
+        """Mean time between interruptions: node time observed per preemption (None before the first)."""
+        return self.life_seconds / self.preemptions if self.preemptions else None
+
+    @property
+    def obtain_mean_seconds(self) -> float | None:
+        return self.obtain_seconds / self.nodes if self.nodes else None
 
 
 class CapacityRecord(_Record):

@@ -24,7 +24,7 @@ from google.cloud.firestore_v1.base_query import FieldFilter
 
 from respawn.control.placement import pool_key
 from respawn.schema import (ADVICE, CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, NODES_DATABASE, AdviceRecord,
-                            CapacityRecord, JobEvent, State, capacity_doc_id)
+                            STATS, CapacityRecord, JobEvent, State, capacity_doc_id)
 
 ACTIVE_STATES = [s.value for s in State if not s.terminal]
 
@@ -95,6 +95,13 @@ class Store:
         # end a flex-start one. `until` stays for readers of an older version (a cooldown for every pool).
         by_pool = {pool: record.until for pool in record.pools}
         ref.set({**_plain(record.model_dump()), "until_by_pool": by_pool}, merge=True)
+        self.writes += 1
+
+    def record_stats(self, zone: str, accelerator: str, model: str, counts: dict[str, float]) -> None:
+        """Add `counts` to the zone's statistics for `model` (increments: concurrent jobs never lose each other's)."""
+        ref = self.db.collection(CAPACITY).document(capacity_doc_id(zone, accelerator))
+        ref.set({"zone": zone, "accelerator_type": accelerator,
+                 STATS: {model: {k: firestore.Increment(v) for k, v in counts.items()}}}, merge=True)
         self.writes += 1
 
     def zone_advice(self, zones: Iterable[str], shape: str) -> dict[str, AdviceRecord]:
