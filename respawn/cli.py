@@ -518,7 +518,8 @@ def plan_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Goodput and cost of a Spot job under three recovery strategies, of the hybrid and elastic layouts of several
-    nodes, and of warm spares, by Monte Carlo simulation."""
+    nodes, and of warm spares; and its cost and finish under four ways of getting capacity (all Spot, Spot then
+    flex-start, Spot then on-demand, all on-demand), by Monte Carlo simulation."""
 
     def go() -> None:
         from respawn.plan import PlanInputs, max_emergency_state_gb, plan, svg_chart, with_bench
@@ -582,6 +583,22 @@ def plan_cmd(
             "up to "
             f"{max_emergency_state_gb(inputs):.1f} GB at this disk speed"
         )
+        if result.provisioning:
+            tiers = Table("provisioning", "wall h", "p90 wall h", "cost $", "vs on-demand", "Spot h", "flex-start h",
+                          "on-demand h",
+                          title=f"ways of getting capacity, with respawn's recovery: Spot dry in every zone after "
+                                f"{planned.spot_dry_probability:.0%} of preemptions, {planned.spot_dry_hours:g} h on "
+                                f"average; flex-start at ${planned.flex_price:g}/h, {planned.flex_run_hours:g} h runs "
+                                f"(node hours)")
+            for t in result.provisioning:
+                tiers.add_row(t.policy, f"{t.wall_hours:.2f}", f"{t.p90_wall_hours:.2f}", f"{t.cost:.2f}",
+                              f"{t.cost_vs_on_demand:.0%}", f"{t.spot_hours:.1f}", f"{t.flex_start_hours:.1f}",
+                              f"{t.on_demand_hours:.1f}")
+            out.print(tiers)
+            cheapest = min(result.provisioning, key=lambda t: t.cost)
+            surest = min(result.provisioning, key=lambda t: t.p90_wall_hours)
+            out.print(f"cheapest: {cheapest.policy}; surest finish (p90): {surest.policy} (docs/plan.md: when each "
+                      "wins)")
         if result.spares is not None:
             s = result.spares
             out.print(f"spares: {s.spare_nodes} Spot node{'s'[:s.spare_nodes > 1]} all along: +${s.cost:.2f} (preempted "

@@ -91,6 +91,13 @@ class PlanInputs:
     stockout_minutes: float = 30.0  # mean length of such a stockout
     spot_price: float = 1.47  # $/h of the node on Spot
     on_demand_price: float = 3.67  # $/h of the same node on demand
+    # The provisioning comparison (plan_tiers): Spot droughts, the tiers' move and flex-start.
+    spot_dry_probability: float = 0.1  # chance that a Spot preemption begins a drought: Spot refused in every zone
+    spot_dry_hours: float = 3.0  # mean length of a drought
+    tier_move_s: float = 30.0  # the tier's refusals (a create per zone) before the next tier's node is asked for
+    flex_price: float = 1.84  # $/h of the node as a flex-start VM
+    flex_wait_minutes: float = 15.0  # mean wait of a flex-start request for capacity
+    flex_run_hours: float = 24.0  # its run duration (the tier's max_run_hours: 10 min to 168 h)
     runs: int = 500
     seed: int = 0
 
@@ -105,20 +112,29 @@ class PlanInputs:
             raise ValueError(f"min_nodes must be a whole number within 1..nodes ({self.nodes}), got {self.min_nodes}")
         if not isinstance(self.spare_nodes, int) or self.spare_nodes < 0:
             raise ValueError(f"spare_nodes must be a whole number of at least 0, got {self.spare_nodes}")
-        positive = ("job_hours", "mtbp_hours", "checkpoint_interval_min", "write_gbps", "read_gbps", "runs")
+        positive = ("job_hours", "mtbp_hours", "checkpoint_interval_min", "write_gbps", "read_gbps", "runs",
+                    "spot_dry_hours", "flex_wait_minutes")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("state_gb", "stall_ratio", "notice_budget_s", "function_s", "boot_s",
                         "setup_s", "restart_poll_s", "restart_wait_s", "polling_poll_s", "restart_s", "spare_join_s",
-                        "stockout_minutes",
-                        "spot_price", "on_demand_price")
+                        "stockout_minutes", "tier_move_s",
+                        "spot_price", "on_demand_price", "flex_price")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if not 0 <= self.notice_s <= 120:
             raise ValueError(f"notice_s must be within 0..120 (Compute Engine's preemption notice duration), "
                              f"got {self.notice_s}")
+        if not 0 <= self.spot_dry_probability <= 1:
+            raise ValueError(f"spot_dry_probability must be within 0..1, got {self.spot_dry_probability}")
+        if not 1 / 6 <= self.flex_run_hours <= 168:
+            raise ValueError(f"flex_run_hours must be within 10 min..168 h (a flex-start VM's run duration), "
+                             f"got {self.flex_run_hours}")
+        if self.flex_run_hours * 3600 <= self.boot_s + self.state_gb / self.read_gbps + self.state_gb / self.write_gbps:
+            raise ValueError(f"flex_run_hours ({self.flex_run_hours:g}) leaves no time to train after the boot, the "
+                             "restore and the save before its end")
         if not 0 <= self.stockout_probability <= 1:
             raise ValueError(f"stockout_probability must be within 0..1, got {self.stockout_probability}")
         if not 0 < self.flush_vs_disk <= 1.5:
@@ -164,6 +180,7 @@ class Plan:
     on_demand_cost: float
     results: list[StrategyResult] = field(default_factory=list)
     spares: SparesEffect | None = None  # when the spares row and the one it is set against are both planned
+    provisioning: list = field(default_factory=list)  # plan_tiers.TierResult: the four ways of getting capacity
 
     def to_json(self) -> dict:
         out = {
@@ -173,6 +190,9 @@ class Plan:
         }
         if self.spares is not None:
             out["spares"] = {k: _round(v) for k, v in asdict(self.spares).items()}
+        if self.provisioning:
+            out["provisioning"] = {r.policy: {k: _round(v) for k, v in asdict(r).items() if k != "policy"}
+                                   for r in self.provisioning}
         return out
 
 
@@ -180,7 +200,7 @@ def _round(v):
     return round(v, 4) if isinstance(v, float) else v
 
 
-def _sync_save_s(p: PlanInputs) -> float:
+def sync_save_s(p: PlanInputs) -> float:
     return p.state_gb / p.write_gbps
 
 
@@ -194,16 +214,16 @@ def max_emergency_state_gb(p: PlanInputs) -> float:
     return (p.notice_budget_s + p.notice_s) * p.write_gbps * p.flush_vs_disk
 
 
-def _save_s(p: PlanInputs) -> float:
+def save_s(p: PlanInputs) -> float:
     """How long the noticed node's emergency save takes (it is cut at the budget)."""
     return min(p.state_gb / (p.write_gbps * p.flush_vs_disk), p.notice_budget_s + p.notice_s)
 
 
-def _emergency_fits(p: PlanInputs) -> bool:
+def emergency_fits(p: PlanInputs) -> bool:
     return p.state_gb <= max_emergency_state_gb(p)
 
 
-def _recovery_s(strategy: str, p: PlanInputs, rng: random.Random, stocked_out: bool) -> float:
+def recovery_s(strategy: str, p: PlanInputs, rng: random.Random, stocked_out: bool) -> float:
     """Seconds from the preemption until the replacement is training again (restore included)."""
     restore = p.state_gb / p.read_gbps
     stockout = rng.expovariate(1 / (p.stockout_minutes * 60)) if stocked_out else 0.0
@@ -221,13 +241,13 @@ def _recovery_s(strategy: str, p: PlanInputs, rng: random.Random, stocked_out: b
     # noticed node saves; the new trainer starts once that save ended (the handover). A refused zone costs one failed
     # create call, then the job (one node, or all of them: too few survivors) moves to the next.
     failed_try = p.function_s if stocked_out else 0.0
-    return p.function_s + failed_try + max(p.boot_s, _save_s(p)) + restore
+    return p.function_s + failed_try + max(p.boot_s, save_s(p)) + restore
 
 
 def _spare_recovery_s(p: PlanInputs) -> float:
     """Seconds from the notice until a ready spare trains in the lost member's place: respawn's recovery with the
     spare's trainer start in place of a create and boot, and no stockout (the spare is already in the zone)."""
-    return p.function_s + max(p.spare_join_s, _save_s(p)) + p.state_gb / p.read_gbps
+    return p.function_s + max(p.spare_join_s, save_s(p)) + p.state_gb / p.read_gbps
 
 
 def _replacement_s(p: PlanInputs, stockout: float, move: bool) -> float:
@@ -236,7 +256,7 @@ def _replacement_s(p: PlanInputs, stockout: float, move: bool) -> float:
     stockout there (`stockout` seconds long; the create call made when it ends is one more function run); with too
     few (`move`), a stockout moves the job to the next zone after one failed create, as respawn's recovery does."""
     if move:
-        return p.function_s + (p.function_s if stockout else 0.0) + max(p.boot_s, _save_s(p))
+        return p.function_s + (p.function_s if stockout else 0.0) + max(p.boot_s, save_s(p))
     waited = stockout + p.function_s if stockout else 0.0
     return p.function_s + waited + p.boot_s
 
@@ -278,8 +298,8 @@ def _simulate_run(strategy: str, p: PlanInputs, rng: random.Random, spare_rng: r
     spot = p.nodes - on_demand
     need = p.job_hours * 3600
     interval = p.checkpoint_interval_min * 60
-    block = _sync_save_s(p) * (p.stall_ratio if mechanics == "respawn" else 1.0)
-    emergency = mechanics == "respawn" and _emergency_fits(p)
+    block = sync_save_s(p) * (p.stall_ratio if mechanics == "respawn" else 1.0)
+    emergency = mechanics == "respawn" and emergency_fits(p)
     done = committed = 0.0  # seconds of training done, and committed to a checkpoint
     wall = down = redone = ckpt = 0.0
     preemptions = saved = 0
@@ -324,7 +344,7 @@ def _simulate_run(strategy: str, p: PlanInputs, rng: random.Random, spare_rng: r
             ready_at[ready[0]] = wall + _replacement_s(p, _draw_stockout(p, rng), move=False)
             lost_at[ready[0]] = ready_at[ready[0]] + _until_preempt(1, p, spare_rng)
         else:
-            recovery = _recovery_s(mechanics, p, rng, rng.random() < p.stockout_probability)
+            recovery = recovery_s(mechanics, p, rng, rng.random() < p.stockout_probability)
         wall += recovery
         down += recovery
     spares_until(wall)
@@ -352,9 +372,9 @@ def _simulate_elastic(p: PlanInputs, rng: random.Random, min_nodes: int) -> dict
     n, on_demand = p.nodes, p.on_demand_nodes
     need = p.job_hours * 3600  # in full-world seconds
     interval = p.checkpoint_interval_min * 60
-    block = _sync_save_s(p) * p.stall_ratio
+    block = sync_save_s(p) * p.stall_ratio
     restore = p.state_gb / p.read_gbps
-    emergency = _emergency_fits(p)
+    emergency = emergency_fits(p)
     done = committed = since_ckpt = 0.0
     wall = down = degraded = redone = ckpt = node_s = 0.0
     active = n  # nodes in the training world (or waiting to be)
@@ -425,7 +445,7 @@ def _simulate_elastic(p: PlanInputs, rng: random.Random, min_nodes: int) -> dict
             # the world with it. It bills from now on.
             pending.pop(0)
             active += 1
-            save = _sync_save_s(p)
+            save = sync_save_s(p)
             elapse(save, True)
             ckpt += save
             committed = done
@@ -527,6 +547,9 @@ def plan(p: PlanInputs, strategies: tuple[str, ...] | None = None) -> Plan:
         )
     if "spares" in strategies:
         result.spares = _spares_effect(p, {r.strategy: r for r in result.results}, spare_runs)
+    from respawn import plan_tiers  # it builds on this module's recovery model
+
+    result.provisioning = plan_tiers.compare(p, on_demand_cost)
     return result
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -272,12 +273,12 @@ def test_spares_shorten_each_recovery_they_take_and_cost_k_spot_nodes_over_the_w
 def test_a_ready_spare_costs_only_the_join_the_handover_and_the_restore():
     import random
 
-    from respawn.plan import _recovery_s, _simulate_run, _spare_recovery_s
+    from respawn.plan import recovery_s, _simulate_run, _spare_recovery_s
 
     p = PlanInputs(nodes=2, spare_nodes=1, **MULTI)
     rng = random.Random(1)
     assert _spare_recovery_s(p) == p.function_s + max(p.spare_join_s, 2.0 / (p.write_gbps * p.flush_vs_disk)) + 4.0
-    assert _spare_recovery_s(p) < _recovery_s("respawn", p, rng, False) - p.boot_s / 2
+    assert _spare_recovery_s(p) < recovery_s("respawn", p, rng, False) - p.boot_s / 2
     runs = [_simulate_run("spares", p, rng) for _ in range(100)]
     all_taken = [r for r in runs if r["preemptions"] and r["joined"] == r["preemptions"]]
     assert len(all_taken) > 10
@@ -291,7 +292,7 @@ def test_a_ready_spare_costs_only_the_join_the_handover_and_the_restore():
     never = [_simulate_run("spares", dry, rng) for _ in range(50)]
     assert max(r["joined"] for r in never) == 1 and any(r["preemptions"] > 1 for r in never)
     for r in never:
-        recoveries = r["joined"] * _spare_recovery_s(dry) + (r["preemptions"] - r["joined"]) * _recovery_s(
+        recoveries = r["joined"] * _spare_recovery_s(dry) + (r["preemptions"] - r["joined"]) * recovery_s(
             "respawn", dry, random.Random(0), False) + (r["preemptions"] - r["joined"]) * dry.function_s
         assert r["down"] == pytest.approx(recoveries)
 
@@ -332,3 +333,53 @@ def test_plan_command_shows_what_spares_cost_and_save():
     plain = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10"], capture_output=True, text=True,
                            timeout=60)
     assert "spares" not in plain.stdout
+
+
+def test_the_provisioning_comparison_without_droughts_is_the_same_run_for_every_spot_policy():
+    from respawn.plan_tiers import POLICIES
+
+    rows = {t.policy: t for t in plan(PlanInputs(runs=60, spot_dry_probability=0.0)).provisioning}
+    assert list(rows) == list(POLICIES)
+    spot = rows["spot"]
+    for name in ("spot-flex-start", "spot-on-demand"):  # common random numbers: nothing moves, nothing differs
+        assert (rows[name].wall_hours, rows[name].cost, rows[name].flex_start_hours, rows[name].on_demand_hours) == (
+            spot.wall_hours, spot.cost, 0.0, 0.0)
+    assert spot.droughts == 0 and spot.preemptions > 0
+    on_demand = rows["on-demand"]
+    assert on_demand.preemptions == 0 and on_demand.spot_hours == 0
+    assert on_demand.cost == pytest.approx(on_demand.on_demand_hours * 3.67)
+
+
+def test_in_long_droughts_flex_start_finishes_like_on_demand_for_less():
+    p = PlanInputs(runs=200, mtbp_hours=3, spot_dry_probability=0.5, spot_dry_hours=8)
+    rows = {t.policy: t for t in plan(p).provisioning}
+    spot, flex, od = rows["spot"], rows["spot-flex-start"], rows["spot-on-demand"]
+    assert spot.p90_wall_hours > 2 * flex.p90_wall_hours  # all-Spot waits the droughts out
+    assert flex.p90_wall_hours < od.p90_wall_hours + 1  # the flex-start wait and its runs' ends cost little time
+    assert flex.cost < od.cost < rows["on-demand"].cost
+    assert flex.flex_start_hours > flex.spot_hours and od.on_demand_hours > od.spot_hours
+    # A short run duration ends more flex-start lives: more saves and boots, the job still finishes.
+    short = {t.policy: t for t in plan(replace(p, flex_run_hours=1)).provisioning}["spot-flex-start"]
+    assert short.wall_hours > flex.wall_hours and short.flex_start_hours > 0
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"flex_run_hours": 200}, "flex_run_hours must be within 10 min..168 h"),
+    ({"spot_dry_probability": 1.5}, "spot_dry_probability must be within 0..1"),
+    ({"flex_run_hours": 0.17, "state_gb": 300}, "leaves no time to train"),
+])
+def test_provisioning_inputs_are_checked(setting, message):
+    with pytest.raises(ValueError, match=message):
+        plan(PlanInputs(runs=5, **setting))
+
+
+def test_the_cli_prints_the_provisioning_comparison():
+    r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "20", "--json"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["provisioning"]
+    assert list(rows) == ["spot", "spot-flex-start", "spot-on-demand", "on-demand"]
+    assert {"wall_hours", "p90_wall_hours", "cost", "flex_start_hours"} <= set(rows["spot-flex-start"])
+    table = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "20", "--set", "spot_dry_probability=0.6",
+                            "--set", "spot_dry_hours=10"], capture_output=True, text=True, timeout=60)
+    assert "ways of getting capacity" in table.stdout and "surest finish (p90)" in table.stdout
