@@ -43,6 +43,14 @@ def rpc_error(status: int, message: str, grpc_status: str | None = None) -> ApiE
                                        "status": grpc_status or GRPC_STATUS.get(status, "UNKNOWN")}})
 
 
+def found(table: dict, zone: str, name: str, path: str):
+    """table[(zone, name)], or the Cloud TPU API's 404 naming `path`."""
+    item = table.get((zone, name))
+    if item is None:
+        raise rpc_error(404, f"Resource '{path}' was not found")
+    return item
+
+
 def rfc3339(t: float | None = None) -> str:
     dt = datetime.fromtimestamp(time.time() if t is None else t, tz=timezone.utc)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

@@ -33,7 +33,7 @@ from respawn.topology import tpu_hosts
 from sim.core import MAX_HOSTS
 from sim import audit_entries
 from sim.capacity import region_of
-from sim.core import NodeRecord, SimError, rfc3339, rpc_error
+from sim.core import NodeRecord, SimError, found, rfc3339, rpc_error
 from sim.nodes import NodeRuntime
 from sim.tpu_queued import QueuedResources
 
@@ -131,10 +131,7 @@ class TpuService:
         return f"projects/{self.sim.project}/locations/{zone}/nodes/{name}"
 
     def _get(self, zone: str, name: str) -> Node:
-        node = self.nodes.get((zone, name))
-        if node is None:
-            raise rpc_error(404, f"Resource '{self._path(zone, name)}' was not found")
-        return node
+        return found(self.nodes, zone, name, self._path(zone, name))
 
     def _new_op(self, zone: str, verb: str, target: str) -> Operation:
         name = f"projects/{self.sim.project}/locations/{zone}/operations/operation-{int(time.time() * 1000)}-{self._ids.getrandbits(48):012x}"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.capacity import region_of
-from sim.core import NodeRecord, rfc3339, rpc_error
+from sim.core import NodeRecord, found, rfc3339, rpc_error
 
 if TYPE_CHECKING:
     from sim.tpu import Node, Operation, TpuService
@@ -69,10 +69,7 @@ class QueuedResources:
         return f"projects/{self.sim.project}/locations/{zone}/queuedResources/{name}"
 
     def _get(self, zone: str, name: str) -> Request:
-        req = self.requests.get((zone, name))
-        if req is None:
-            raise rpc_error(404, f"Resource '{self._path(zone, name)}' was not found")
-        return req
+        return found(self.requests, zone, name, self._path(zone, name))
 
     def _set_state(self, req: Request, state: str, initiator: str | None = None, error: dict | None = None) -> None:
         data = {"FAILED": "failedData", "ACTIVE": "activeData", "SUSPENDED": "suspendedData",
