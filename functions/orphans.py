@@ -5,7 +5,9 @@ A node labelled `respawn-job=J, respawn-attempt=A` is an orphan when job J does 
 finished, or (name, zone) is neither the current node of J (of one of its member slots, for a job of several nodes)
 nor a node one of them replaced during its notice and is still saving (`leaving`). Decide never commits a new
 attempt before the previous node is gone or recorded as leaving, so such a node can only come from a create that finished after its job moved on and whose function
-died before deleting it, or from a job document deleted while its node ran.
+died before deleting it, or from a job document deleted while its node ran. A Cloud TPU queued resource is judged
+the same way (Seen kind queued.PROVIDER, its node's labels; handlers.delete_orphans lists them in TPU zones): one
+that was filled after its job moved on, or that a crash left FAILED or SUSPENDED, still holds quota.
 """
 
 from __future__ import annotations
