@@ -612,6 +612,96 @@ def plan_cmd(
     run_reporting_errors(go)
 
 
+@app.command("zones")
+def zones_cmd(
+    accelerator: str = typer.Option(..., "--accelerator", help="the GPU, e.g. nvidia-l4"),
+    machine_type: str = typer.Option(..., "--machine-type", help="e.g. g2-standard-8"),
+    zones: Optional[str] = typer.Option(None, "--zones", help="comma-separated zones, e.g. us-central1-a,us-east4-c"),
+    region: Optional[str] = typer.Option(None, "--region", help="every zone of this region"),
+    count: int = typer.Option(1, "--count", min=1, help="GPUs per VM, for GPUs attached to a machine type (N1)"),
+    project: Optional[str] = ProjectOpt,
+) -> None:
+    """Per zone: the quotas (limit/usage), Compute Engine's capacity advice for Spot VMs (obtainability, estimated
+    uptime), the recent Spot preemption rate and price, and what Respawn's controller saw there itself."""
+
+    def go() -> None:
+        from respawn import advice
+        from respawn.compute_read import Reader, reader
+        from respawn.zonereport import Report, ZoneRow, add_seen, region_zones, report
+
+        built_in = advice.Shape(machine_type).gpu
+        if built_in is not None and built_in != accelerator:
+            raise CliError(f"{machine_type} carries {built_in}, not {accelerator}", code=2)
+        shape = advice.Shape(machine_type) if built_in else advice.Shape(machine_type, accelerator, count)
+        look = reader(project)
+        names = [z.strip() for z in (zones or "").split(",") if z.strip()]
+        if bool(names) == bool(region):
+            raise CliError("give --zones or --region (one of them)", code=2)
+        if region:
+            found = region_zones(look, region) if isinstance(look, Reader) else "no Compute Engine to ask"
+            if isinstance(found, str):
+                raise CliError(f"could not list the zones of {region}: {found}")
+            names = found
+        rep = (report(look, shape, names) if isinstance(look, Reader) and look.project
+               else Report([ZoneRow(z) for z in names], [f"Compute Engine not asked: {look or 'no project'}"]))
+        try:
+            add_seen(rep.rows, _store(project).capacity_records(names, shape.accelerator_type or machine_type))
+        except Exception as exc:  # noqa: BLE001 - the other columns stand without it
+            rep.notes.append(f"Respawn's statistics: {exc}")
+        out.print(_zones_table(rep, shape))
+        for row in rep.rows:  # below the table: too long for a column
+            out.print(f"Respawn saw in {row.zone}: {_seen(row)}", highlight=False)
+        for note in rep.notes:
+            err.print(f"[yellow]note:[/yellow] not read: {note}", highlight=False)
+
+    run_reporting_errors(go)
+
+
+def _zones_table(rep: Any, shape: Any) -> Table:
+    from respawn import advice
+
+    spot, standard = (advice.quota_metric(shape.gpu, m) for m in ("spot", "standard"))
+    table = Table("zone", f"quota {spot or 'Spot'}", f"quota {standard or 'on-demand'}", "obtainability",
+                  "est. uptime", "preemption rate (7 d)", "Spot price")
+
+    def quota(row, metric):
+        q = row.quotas.get(metric or "")
+        return f"{q.usage:g}/{q.limit:g}" if q else "—"
+
+    for row in rep.rows:
+        scores, history = row.scores, row.history
+        rate = history.recent_rate() if history else None
+        price = history.price if history else None
+        table.add_row(row.zone, quota(row, spot), quota(row, standard),
+                      f"{scores.obtainability:.2f}" if scores else "—",
+                      _duration(scores.uptime_seconds) if scores and scores.uptime_seconds is not None else "—",
+                      f"{rate:.0%}" if rate is not None else "—",
+                      f"{price[0]:.3f} {price[1]}/h" if price else "—")
+    return table
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _seen(row: Any) -> str:
+    """What the controller saw in the zone, per provisioning model, and a cooldown in force."""
+    if not row.seen_read:
+        return "—"
+    parts = []
+    for model, s in sorted(row.stats.items()):
+        said = [f"{s.refusals} refused", f"{s.nodes} obtained"]
+        if s.obtain_mean_seconds is not None:
+            said[-1] += f" (mean {_duration(s.obtain_mean_seconds)})"
+        said.append(f"{s.preemptions} preempted")
+        if s.mtbi_seconds is not None:
+            said.append(f"MTBI {_duration(s.mtbi_seconds)}")
+        parts.append(f"{model}: " + ", ".join(said))
+    if row.cooling_until is not None and row.cooling_until > datetime.now(timezone.utc):
+        parts.append(f"cooling down until {row.cooling_until:%H:%M} UTC")
+    return "; ".join(parts) or "nothing yet"
+
+
 @app.command("demo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              add_help_option=False)
 def demo(ctx: typer.Context) -> None:

@@ -1,6 +1,6 @@
-"""The CLI's read-only look at Compute Engine before `respawn jobs register` writes a job: one REST GET with the
-user's Application Default Credentials (google-cloud-compute is the functions' dependency, not the CLI's). Local runs
-ask the sim at RESPAWN_COMPUTE_ENDPOINT, anonymously; a run against the Firestore emulator without it has no Compute
+"""The CLI's read-only look at Compute Engine (before `respawn jobs register` writes a job, and `respawn zones`):
+REST reads with the user's Application Default Credentials (google-cloud-compute is the functions' dependency, not
+the CLI's). Local runs ask the sim at RESPAWN_COMPUTE_ENDPOINT, anonymously; a run against the Firestore emulator without it has no Compute
 Engine to ask and looks at nothing.
 """
 
@@ -40,9 +40,15 @@ class Reader:
 
     def get(self, path: str) -> Answer:
         """GET {base}/compute/v1/{path}; a failure to ask is an Answer with no status."""
+        return self._ask("GET", path, None)
+
+    def post(self, path: str, body: dict) -> Answer:
+        """POST {base}/compute/v1/{path} with a JSON body (a read that takes one: advice.capacity)."""
+        return self._ask("POST", path, body)
+
+    def _ask(self, method: str, path: str, body: dict | None) -> Answer:
         try:
-            with self.session:
-                r = self.session.get(f"{self.base}/compute/v1/{path}", timeout=TIMEOUT_S)
+            r = self.session.request(method, f"{self.base}/compute/v1/{path}", json=body, timeout=TIMEOUT_S)
         except (requests.RequestException, GoogleAuthError) as exc:
             return Answer(None, {}, f"{type(exc).__name__}: {exc}"[:300])
         try:

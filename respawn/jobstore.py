@@ -12,10 +12,15 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import firestore
+from google.cloud.firestore_v1.base_query import FieldFilter
 
 from respawn.contract import sweep_nudge
-from respawn.schema import EVENTS, JOBS, JobEvent, JobStatus, State
+from respawn import deployment
+from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, Heartbeat, JobEvent, JobStatus, State,
+                            capacity_doc_id)
 
+# A read that only adds to what is shown (`respawn zones`) gives up after this long instead of retrying for minutes.
+READ_TIMEOUT_S = 15
 # With the emulator any project id works; this one is the demo's.
 EMULATOR_PROJECT = "respawn-local"
 
@@ -98,6 +103,35 @@ class JobStore:
         self.job_document(job_id)
         query = self.db.collection(JOBS).document(job_id).collection(EVENTS).order_by("at").limit_to_last(limit)
         return [JobEvent.model_validate(snap.to_dict()) for snap in query.get()]
+
+    def all_events(self, job_id: str) -> list[JobEvent]:
+        """Every lifecycle event still kept (schema.EVENT_RETENTION), oldest first. Raises NoSuchJob."""
+        self.job_document(job_id)
+        query = self.db.collection(JOBS).document(job_id).collection(EVENTS).order_by("at")
+        return [JobEvent.model_validate(snap.to_dict()) for snap in query.stream()]
+
+    def heartbeat_database(self, job_id: str) -> str:
+        """Where the job's nodes beat: its node identity's database while it holds one, else the deployment's
+        default (docs/architecture.md, isolation between jobs)."""
+        leases = self.db.collection(IDENTITIES).where(filter=FieldFilter("job_id", "==", job_id)).limit(1).stream()
+        lease = next(iter(leases), None)
+        return deployment.heartbeat_database(lease.id if lease is not None else None)
+
+    def heartbeats(self, job_id: str, database: str) -> dict[str, Heartbeat]:
+        """node → its last heartbeat (a multi-host slice: its worker 0's), from `database`."""
+        db = firestore.Client(project=self.db.project, database=database)
+        try:
+            query = db.collection(NODES).where(filter=FieldFilter("job_id", "==", job_id))
+            beats = [(snap.id, snap.to_dict() or {}) for snap in query.stream()]
+        finally:
+            db.close()
+        return {node: Heartbeat.model_validate(doc) for node, doc in beats if int(doc.get("worker") or 0) == 0}
+
+    def capacity_records(self, zones: list[str], accelerator: str) -> dict[str, dict[str, Any]]:
+        """zone → its capacity/{zone}~{accelerator} document (the cooldown, and the statistics by model)."""
+        refs = [self.db.collection(CAPACITY).document(capacity_doc_id(z, accelerator)) for z in zones]
+        got = self.db.get_all(refs, retry=None, timeout=READ_TIMEOUT_S)
+        return {(s.to_dict().get("zone") or s.id.split("~")[0]): s.to_dict() for s in got if s.exists}
 
     def request_cancel(self, job_id: str) -> State:
         """Set cancel_requested (the controller deletes the node and marks the job CANCELLED) and record the

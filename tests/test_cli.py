@@ -237,3 +237,36 @@ def test_register_refuses_a_job_no_listed_region_has_quota_for_and_warns_of_a_pr
     r = register("unlooked", provisioning="standard")
     lines = [x for x in r.stderr.splitlines() if "quota" in x]
     assert r.returncode == 0 and len(lines) == 1 and "quotas not checked (HTTP 403" in lines[0], r.stderr
+
+
+def test_zones_shows_quota_advice_history_and_what_respawn_saw(firestore_db, project, sim_server):
+    sim = sim_server
+    sim.set_quota("us-central1", "g2-standard-8", 4, provisioning_model="SPOT")
+    sim.set_advice("us-central1-a", "g2-standard-8", obtainability=0.85, estimated_uptime=3600,
+                   preemption_rates=[0.07] * 7, prices=[0.21])
+    sim.set_capacity("us-central1-b", "g2-standard-8", 0, provisioning_model="SPOT")
+    firestore_db.collection(schema.CAPACITY).document("us-central1-b~g2-standard-8").set(
+        {"zone": "us-central1-b", "stats": {"spot": {"refusals": 2, "nodes": 3, "obtain_seconds": 270, "lives": 2,
+                                                     "life_seconds": 7200, "preemptions": 1}}})
+    env = {"RESPAWN_COMPUTE_ENDPOINT": sim.endpoint}
+    r = respawn("zones", "--accelerator", "nvidia-l4", "--machine-type", "g2-standard-8", "--region", "us-central1",
+                "--project", project, env_extra=env)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[1]: " ".join(line.split()) for line in r.stdout.splitlines() if line.startswith("│ us-")}
+    saw = {line.split()[3].rstrip(":"): line for line in r.stdout.splitlines() if line.startswith("Respawn saw in")}
+    assert set(rows) == {"us-central1-a", "us-central1-b"}  # the zones the sim knows in the region
+    assert "0/4" in rows["us-central1-a"] and "0.85" in rows["us-central1-a"] and "1.0 h" in rows["us-central1-a"]
+    assert "7%" in rows["us-central1-a"] and "0.210 USD/h" in rows["us-central1-a"]
+    assert saw["us-central1-a"].endswith("nothing yet")
+    assert "0.00" in rows["us-central1-b"]  # Spot stocked out there
+    assert saw["us-central1-b"].endswith("spot: 2 refused, 3 obtained (mean 2 min), 1 preempted, MTBI 2.0 h")
+    # Advice refused: its columns stay empty, one note says why; the rest is shown.
+    sim.set_api_faults(count=1, status=403, methods=("advice",))
+    r = respawn("zones", "--accelerator", "nvidia-l4", "--machine-type", "g2-standard-8", "--zones", "us-central1-a",
+                "--project", project, env_extra=env)
+    assert r.returncode == 0 and "0/4" in r.stdout, r.stderr
+    assert [x for x in r.stderr.splitlines() if "not read" in x] == [
+        next(x for x in r.stderr.splitlines() if "capacity advice: HTTP 403" in x)]
+    r = respawn("zones", "--accelerator", "nvidia-tesla-t4", "--machine-type", "g2-standard-8", "--zones",
+                "us-central1-a", "--project", project, env_extra=env)
+    assert r.returncode == 2 and "g2-standard-8 carries nvidia-l4, not nvidia-tesla-t4" in r.stderr
