@@ -129,6 +129,22 @@ def test_a_tpu_queued_resource_is_requested_with_the_node_inside_watched_and_for
     tpu.delete(ZONE, "tpu-1")  # deleting what is gone is success
 
 
+def test_a_queued_resource_create_still_running_is_done_once_the_request_exists(made, sim_server):
+    # Whether Cloud TPU ends the create once the request is queued or once it is ACTIVE is unverified: an operation
+    # still running after the adapter's wait is not waited on, since the request is there and its state is observed.
+    spec = parse_spec(tpu_spec("tpu", accelerator={"kind": "tpu", "accelerator_type": "v4-16",
+                                                    "runtime_version": "tpu-ubuntu2204-base"}))
+    tpu = QueuedTpuProvider(made)
+    tpu.create_wait_seconds = 0.5
+    sim_server.hold_operations(ZONE)  # the operation stays pending, the request CREATING
+    try:
+        assert tpu.create(spec, ZONE, "tpu-1", 1, "spot", "#!/bin/bash\n") is True
+        assert tpu.get(ZONE, "tpu-1") == "queued:CREATING"
+    finally:
+        sim_server.release_operations(ZONE)
+    sim_server.wait_for(lambda: tpu.get(ZONE, "tpu-1") == "READY", 20, "the request's node READY")
+
+
 def test_the_factory_builds_loopback_clients_anonymously_and_real_ones_with_adc(monkeypatch):
     local = factory.Clients(factory.Endpoints("p", "http://127.0.0.1:9", "http://127.0.0.1:9"))
     assert isinstance(local.instances()._transport._credentials, AnonymousCredentials)

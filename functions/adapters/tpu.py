@@ -7,6 +7,8 @@ Configuration (the operation timeout, settings.NodeOptions) comes in through the
 
 from __future__ import annotations
 
+import concurrent.futures
+
 from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 from google.protobuf import duration_pb2, field_mask_pb2
@@ -126,6 +128,11 @@ class QueuedTpuProvider(TpuProvider):
     would be deleted without force as well, but a waiting one may be provisioning by then)."""
 
     kind = queued.PROVIDER
+    # How long a create waits for its operation. Whether Cloud TPU ends it once the request is queued or only once it
+    # is ACTIVE is unverified (gcp-facts §19); the request's state is observed anyway, so an operation still running
+    # then is not waited on for the whole wait for capacity (it would hold a function instance for up to
+    # queue_wait_minutes): the request exists, its create is done.
+    create_wait_seconds = 60.0
 
     def _request(self, zone: str, name: str) -> str:
         return f"projects/{self.project}/locations/{zone}/queuedResources/{name}"
@@ -176,9 +183,12 @@ class QueuedTpuProvider(TpuProvider):
         try:
             op = self.clients.tpu().create_queued_resource(parent=f"projects/{self.project}/locations/{zone}",
                                                            queued_resource_id=name, queued_resource=body)
-            op.result(timeout=self.op_timeout)
+            op.result(timeout=min(self.op_timeout, self.create_wait_seconds))
         except (gexc.AlreadyExists, gexc.Conflict):
             return False
+        except concurrent.futures.TimeoutError:
+            if self.get(zone, name) is None:
+                raise
         return True
 
     def delete(self, zone: str, name: str) -> None:
