@@ -470,6 +470,19 @@ def validate(file: Path = typer.Argument(..., help="job spec, YAML or JSON")) ->
     run_reporting_errors(go)
 
 
+def _observed_mtbp_hours(accelerator: str, project: str | None) -> float:
+    """Spot node time per preemption, over every zone's statistics of `accelerator` (schema.ZoneStats)."""
+    seen = [schema.ZoneStats.model_validate(by_model[m]) for by_model in _store(project).stats_of(accelerator)
+            for m in ("spot", "preemptible") if m in by_model]
+    preemptions = sum(s.preemptions for s in seen)
+    if not preemptions:
+        raise CliError(f"Respawn has seen no preemption of a Spot {accelerator} yet; give --mtbp-hours", code=2)
+    hours = sum(s.life_seconds for s in seen) / preemptions / 3600
+    err.print(f"mtbp_hours {hours:.2f}: {preemptions} preemptions in {sum(s.lives for s in seen)} Spot node lives of "
+              f"{accelerator} that Respawn saw", highlight=False)
+    return hours
+
+
 def _parse_settings(pairs: list[str]) -> dict[str, float]:
     from dataclasses import fields
 
@@ -516,6 +529,11 @@ def plan_cmd(
         [], help="measured figures: `python -m bench.checkpoint --json` or `bench.controller --json` output (repeatable)"),
     plot: Optional[Path] = typer.Option(None, help="write an SVG chart here"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    from_stats: Optional[str] = typer.Option(
+        None, "--from-stats", help="take the mean hours between preemptions from what Respawn's controller saw of Spot "
+                                   "VMs of this accelerator in every zone (its capacity key: a GPU type, or the "
+                                   "machine type of built-in GPUs such as g2-standard-8) instead of --mtbp-hours"),
+    project: Optional[str] = ProjectOpt,
 ) -> None:
     """Goodput and cost of a Spot job under three recovery strategies, of the hybrid and elastic layouts of several
     nodes, and of warm spares; and its cost and finish under four ways of getting capacity (all Spot, Spot then
@@ -539,6 +557,8 @@ def plan_cmd(
         from dataclasses import replace
 
         inputs = replace(inputs, **_parse_settings(settings))
+        if from_stats:
+            inputs = replace(inputs, mtbp_hours=_observed_mtbp_hours(from_stats, project))
         for path in bench_json:
             try:
                 inputs = with_bench(inputs, json.loads(path.read_text().strip().splitlines()[-1]))

@@ -16,7 +16,7 @@ from google.cloud.firestore_v1.base_query import FieldFilter
 
 from respawn.contract import sweep_nudge
 from respawn import deployment
-from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, Heartbeat, JobEvent, JobStatus, State,
+from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, STATS, Heartbeat, JobEvent, JobStatus, State,
                             capacity_doc_id)
 
 # A read that only adds to what is shown (`respawn zones`) gives up after this long instead of retrying for minutes.
@@ -132,6 +132,11 @@ class JobStore:
         refs = [self.db.collection(CAPACITY).document(capacity_doc_id(z, accelerator)) for z in zones]
         got = self.db.get_all(refs, retry=None, timeout=READ_TIMEOUT_S)
         return {(s.to_dict().get("zone") or s.id.split("~")[0]): s.to_dict() for s in got if s.exists}
+
+    def stats_of(self, accelerator: str) -> list[dict[str, Any]]:
+        """Every zone's statistics of `accelerator`, by provisioning model (capacity/*.stats; one indexed query)."""
+        query = self.db.collection(CAPACITY).where(filter=FieldFilter("accelerator_type", "==", accelerator))
+        return [doc[STATS] for doc in (s.to_dict() for s in query.stream()) if doc.get(STATS)]
 
     def request_cancel(self, job_id: str) -> State:
         """Set cancel_requested (the controller deletes the node and marks the job CANCELLED) and record the

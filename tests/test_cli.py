@@ -270,3 +270,17 @@ def test_zones_shows_quota_advice_history_and_what_respawn_saw(firestore_db, pro
     r = respawn("zones", "--accelerator", "nvidia-tesla-t4", "--machine-type", "g2-standard-8", "--zones",
                 "us-central1-a", "--project", project, env_extra=env)
     assert r.returncode == 2 and "g2-standard-8 carries nvidia-l4, not nvidia-tesla-t4" in r.stderr
+
+
+def test_plan_takes_the_mean_time_between_preemptions_from_what_respawn_saw(firestore_db, project):
+    for zone, life, preempted in (("us-central1-a", 3 * 3600, 1), ("us-central1-b", 5 * 3600, 1)):
+        firestore_db.collection(schema.CAPACITY).document(f"{zone}~g2-standard-8").set(
+            {"zone": zone, "accelerator_type": "g2-standard-8",
+             "stats": {"spot": {"lives": 2, "life_seconds": life, "preemptions": preempted},
+                       "standard": {"lives": 1, "life_seconds": 99 * 3600}}})  # on-demand lives are no Spot figure
+    r = respawn("plan", "--from-stats", "g2-standard-8", "--runs", "20", "--json", "--project", project)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["inputs"]["mtbp_hours"] == 4.0
+    assert "mtbp_hours 4.00: 2 preemptions in 4 Spot node lives of g2-standard-8" in " ".join(r.stderr.split())
+    r = respawn("plan", "--from-stats", "nvidia-tesla-t4", "--project", project)
+    assert r.returncode == 2 and "no preemption of a Spot nvidia-tesla-t4 yet" in r.stderr
