@@ -51,6 +51,7 @@ from .config import AgentConfig
 from .envcache import EnvCache
 from .firestore_rest import FirestoreError, FirestoreWriter
 from .heartbeat import Heartbeater, compose_heartbeat
+from .logship import LogShipper
 from .reach import MasterProbe, StepClock
 from .metadata import TRANSPORT_ERRORS, MetadataClient, TokenError
 from .nudge import PUBLISH_TIMEOUT_S, Nudger
@@ -85,6 +86,9 @@ REJOIN_ACK_GRACE_S = 5.0
 # sent after this even if none did. An agent about to exit waits this long at most for it to be sent.
 NUDGE_AFTER_BEAT_S = 60.0
 NUDGE_SEND_S = 2 * PUBLISH_TIMEOUT_S + 1  # the token from the metadata server, then the publish
+# The logs' last chunk after the trainer's own end (its report is written first): the node stays until the controller
+# deletes it, which it does only after reading that report.
+LOG_EXIT_FLUSH_S = 30.0
 
 
 def _size(path: str) -> int:
@@ -135,6 +139,9 @@ class Agent:
         # Each worker of a multi-host slice beats to a document of its own; worker 0's is nodes/{node}, as before.
         self.heartbeater = Heartbeater(writer, contract.heartbeat_id(cfg.node, cfg.worker), self.snapshot,
                                        interval=self.settings.heartbeat_seconds)
+        # The node's logs, shipped to the job's checkpoint_uri as they grow (logship.py): they outlive the node.
+        self.logs = LogShipper(Uploader(md), self.settings.checkpoint_uri, self.node_dir, job_id=cfg.job_id,
+                               attempt=cfg.attempt, host=contract.heartbeat_id(cfg.node, cfg.worker))
         # Wakes the controller when this node fails on its own (a trainer's error exit, a failed setup): without it
         # the controller learns of a failure that loses no VM only at its next scheduled sweep.
         self.nudger = (Nudger(cfg.project, self.settings.sweep_topic, cfg.job_id, md)
@@ -246,7 +253,7 @@ class Agent:
         )
 
     def _reach(self, status: dict | None) -> dict:
-        """step_idle_seconds and master_reachable (node_agent/reach.py) for this beat."""
+        """step_idle_seconds, master_reachable and the trainer's first step (node_agent/reach.py) for this beat."""
         training = self.state is NodeState.TRAINING
         step = (status or {}).get("step")
         idle = self.step_clock.idle(training, (self.started_at, self.trainer_generation),
@@ -270,6 +277,7 @@ class Agent:
             zone=self.cfg.zone, node_dir=self.node_dir, metadata=self.md.host, pid=os.getpid(),
             python=platform.python_version())
         self.heartbeater.start()
+        self.logs.start()
         for w in self.watchers:
             w.start()
         if self.generation_watch is not None:
@@ -670,6 +678,7 @@ class Agent:
             trainer.record.save(self.node_dir)
         self.state = NodeState.PREEMPTING
         self.heartbeater.stop_periodic()
+        self.logs.stop()  # no log sends while the trainer saves: the last chunk goes after the final heartbeat
         preempting = threading.Thread(
             target=self.heartbeater.write_until, name="preempting-heartbeat",
             args=(self.snapshot, min(deadline, time.monotonic() + PREEMPTING_WRITE_S)),
@@ -691,6 +700,7 @@ class Agent:
         log("WARNING" if written else "ERROR", "notice handled; agent exiting", notice=self.notice,
             exit_code=code, committed_step=status.get("committed_step"), emergency=status.get("emergency"),
             final_heartbeat_written=written, seconds_since_notice=round(time.monotonic() - self.notice_at, 2))
+        self.logs.final_flush(contract.LOG_FINAL_FLUSH_S)  # last, and bounded: the save and the report came first
         return 0
 
     def _wait_for_trainer(self, deadline: float, why: str | None = None) -> int | None:
@@ -739,6 +749,7 @@ class Agent:
         self.heartbeater.stop_periodic()
         written = self.heartbeater.write_until(self.snapshot, time.monotonic() + self.final_report_seconds,
                                                what="final")
+        self.logs.final_flush(LOG_EXIT_FLUSH_S)
         if not written:
             # Keep trainer.json: the next agent (systemd restarts a failed one) reports this exit again.
             return 1
@@ -756,12 +767,14 @@ class Agent:
         written = self.heartbeater.write_until(self.snapshot, time.monotonic() + FINAL_WRITE_GRACE_S, what="final")
         log("WARNING", "notice after a failed preparation; agent exiting", notice=self.notice,
             failed_command=self.failed_command, final_heartbeat_written=written)
+        self.logs.final_flush(contract.LOG_FINAL_FLUSH_S)
         return 0
 
     def _detach(self) -> int:
         log("INFO", "SIGHUP: agent exiting, trainer left running for the next agent to adopt",
             trainer_pid=self.trainer.pid if self.trainer else None)
         self.heartbeater.stop_periodic()
+        self.logs.stop()  # logship.json says how far: the next agent goes on from there
         self._stop_forwarding()
         return contract.EXIT_AGENT_DETACH
 

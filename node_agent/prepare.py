@@ -47,6 +47,8 @@ from .storage import Fetcher, FetchError, Interrupted
 from .supervisor import TAIL_BYTES, TAIL_LINES
 from .workdir import WorkdirError, ensure_workdir
 
+SETUP_LOG = "setup.log"  # the setup commands' output, appended across lives (shipped by logship.py)
+
 # The agent zipapp is named after its metadata attribute; failed agent steps are reported as its commands.
 AGENT = contract.ATTR_AGENT
 
@@ -163,10 +165,11 @@ def stop_group(child: subprocess.Popen, grace: float = 5.0) -> None:
 
 
 def run_logged(argv: list[str], *, cwd: str, env: dict[str, str], interrupted: Callable[[], bool], message: str,
-               timeout: float | None = None, **fields: Any) -> tuple[int, str]:
+               timeout: float | None = None, copy_to: str | None = None, **fields: Any) -> tuple[int, str]:
     """Run `argv` in its own process group, each line of its output (stdout and stderr) logged as `message` with
-    `line`; returns (exit status, tail of the output). A command that cannot be started reads as the shell has
-    it: 127 not found, 126 not executable; one still running after `timeout` seconds is stopped and reads 124.
+    `line` (and appended as it came to the file `copy_to`: the setup's log, logship.py); returns (exit status, tail
+    of the output). A command that cannot be started reads as the shell has it: 127 not found, 126 not executable;
+    one still running after `timeout` seconds is stopped and reads 124.
     Raises Interrupted (after stopping the group) if `interrupted()`."""
     try:
         child = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -183,10 +186,18 @@ def run_logged(argv: list[str], *, cwd: str, env: dict[str, str], interrupted: C
 
     def forward() -> None:
         assert child.stdout is not None
-        for raw in iter(lambda: child.stdout.readline(65536), b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            tail.append(line)
-            log("INFO", message, line=line, **fields)
+        copy = open(copy_to, "ab") if copy_to else None
+        try:
+            for raw in iter(lambda: child.stdout.readline(65536), b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                tail.append(line)
+                log("INFO", message, line=line, **fields)
+                if copy is not None:
+                    copy.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                    copy.flush()
+        finally:
+            if copy is not None:
+                copy.close()
 
     reader = threading.Thread(target=forward, name="command-output", daemon=True)
     reader.start()
@@ -422,7 +433,8 @@ class Preparer:
             log("INFO", "setup command starting", index=index, argv=argv, cwd=self.cwd)
             timeout = self.settings.setup_timeout_seconds
             code, tail = run_logged(argv, cwd=self.cwd, env=env, interrupted=self.interrupted,
-                                    message="setup output", timeout=timeout, index=index)
+                                    message="setup output", timeout=timeout, index=index,
+                                    copy_to=os.path.join(self.node_dir, SETUP_LOG))
             log("INFO" if code == 0 else "ERROR", "prepare stage", stage="setup_command", index=index, argv=argv,
                 exit_code=code, seconds=round(time.monotonic() - began, 3))
             if code != 0:

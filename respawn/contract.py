@@ -313,6 +313,49 @@ def env_cache_uri(checkpoint_uri: str) -> str:
     return checkpoint_uri.rstrip("/") + "/" + ENV_CACHE_DIR
 
 
+
+# Per-attempt logs (node_agent/logship.py writes them, `respawn jobs logs` reads them, the controller's sweep deletes
+# expired ones): under the job's checkpoint_uri, the one place its node identity may write (docs/architecture.md,
+# "Isolation between jobs"), so a node never writes another job's logs. One object per chunk:
+#   {checkpoint_uri}/LOGS_DIR/{attempt:06d}/{host}/{stream}/{offset:015d}.log
+# host = heartbeat_id(node, worker); offset = where the chunk starts in that host's stream file. Names sort in the
+# order written (zero-padded), one prefix lists an attempt, and a chunk re-sent by a restarted agent from the same
+# offset replaces the earlier one (a superset of its bytes) instead of repeating them.
+LOGS_DIR = ".respawn-logs"
+LOG_STREAMS = ("setup", "trainer", "agent")  # setup commands' output, the trainer's, the agent's own JSON lines
+LOG_FLUSH_SECONDS = 5.0  # a chunk at least this often while a stream grows…
+LOG_CHUNK_BYTES = 256 * 1024  # …or as soon as this much is waiting; and never a bigger chunk
+# The last chunk after a notice is sent once the emergency save and the final heartbeat are done, for at most this
+# long: a Spot VM has 30 s in all, and what the save needs comes first.
+LOG_FINAL_FLUSH_S = 2.0
+LOG_RETENTION_DAYS = 30  # JobSpec.logs.retention_days's default
+_LOG_CHUNK = re.compile(r"(\d{6})/([A-Za-z0-9-]+)/([a-z]+)/(\d{15})\.log")
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    attempt: int
+    host: str  # heartbeat_id: the node, or {node}-w{i} for worker i of a multi-host slice
+    stream: str
+    offset: int
+
+    def name(self) -> str:
+        """The object's name below logs_uri(checkpoint_uri)."""
+        return f"{self.attempt:06d}/{self.host}/{self.stream}/{self.offset:015d}.log"
+
+    @staticmethod
+    def parse(name: str) -> "Optional[LogChunk]":
+        """A name below logs_uri(...) back into its parts; None for anything else."""
+        m = _LOG_CHUNK.fullmatch(name)
+        if m is None or m.group(3) not in LOG_STREAMS:
+            return None
+        return LogChunk(int(m.group(1)), m.group(2), m.group(3), int(m.group(4)))
+
+
+def logs_uri(checkpoint_uri: str, attempt: Optional[int] = None) -> str:
+    """Where a job's logs are (with a trailing /), or one attempt's."""
+    base = checkpoint_uri.rstrip("/") + "/" + LOGS_DIR + "/"
+    return base if attempt is None else f"{base}{attempt:06d}/"
 def check_cache_paths(paths: Any) -> Tuple[str, ...]:
     """trainer.cache → its paths, normalised: relative to the workdir (`.venv`) or to the trainer's HOME
     (`~/.cache/pip`); SettingsError naming the path otherwise. Absolute paths are refused (the image's own

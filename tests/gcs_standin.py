@@ -7,7 +7,8 @@ STORAGE_EMULATOR_HOST.
 Binds 127.0.0.1 on a free port and prints the port on its first line; logs "METHOD PATH?QUERY" per request (with
 the Content-Range of a resumable upload's piece). With --upload 200, a resumable upload (uploadType=resumable) gets
 a session, and each piece sent to it is answered after --piece-seconds: 308 while the total is unknown (bytes
-A-B/*), 200 for the last piece — a slow Cloud Storage for uploads a notice must stop half-way.
+A-B/*), 200 for the last piece — a slow Cloud Storage for uploads a notice must stop half-way. --media-seconds S
+delays the answer to each one-request upload (uploadType=media: the agent's log chunks) the same way.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=0)
     parser.add_argument("--log")
     parser.add_argument("--piece-seconds", type=float, default=0.0)
+    parser.add_argument("--media-seconds", type=float, default=0.0)
     args = parser.parse_args()
 
     class Handler(BaseHTTPRequestHandler):
@@ -76,6 +78,8 @@ def main() -> None:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
+            if "uploadType=media" in self.path:
+                time.sleep(args.media_seconds)
             self._answer(args.upload, "")
 
         def do_PUT(self) -> None:
