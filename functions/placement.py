@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
-from respawn.advice import ZoneAdvice
+from respawn.advice import ZoneAdvice, shape_of
 from respawn.schema import JobSpec, SlotStatus
 
 Kind = Literal["capacity", "quota", "exists", "not_found", "fatal", "transient"]
@@ -157,10 +157,8 @@ def cooldown_until(spec: JobSpec, now: datetime) -> datetime:
 def accelerator_key(spec: JobSpec) -> str:
     """The accelerator a capacity record is about: the GPU type (or the machine type for built-in GPUs) or the TPU
     type, so one job's stockout steers every job that asks for the same thing."""
-    acc = spec.accelerator
-    if acc.kind == "tpu":
-        return acc.accelerator_type
-    return acc.accelerator_type or acc.machine_type
+    shape = shape_of(spec.accelerator)
+    return shape.capacity_key if shape is not None else spec.accelerator.accelerator_type
 
 
 def rank_zones(zones: Sequence[str], advice: Mapping[str, ZoneAdvice]) -> list[str]:

@@ -73,6 +73,12 @@ class Shape:
         m = _GPUS_SUFFIX.search(self.machine_type)
         return int(m[1]) if m and self.gpu else None
 
+    @property
+    def capacity_key(self) -> str:
+        """The key of Respawn's capacity records (cooldowns, statistics): the attached GPU, else the machine type
+        (respawn.control.placement.accelerator_key of a GPU job)."""
+        return self.accelerator_type or self.machine_type
+
     def key(self, size: int = 1) -> str:
         """The cache key of this shape's advice (a Firestore document id part: no '/')."""
         base = self.machine_type + (f"+{self.accelerator_count}x{self.accelerator_type}" if self.accelerator_type else "")

@@ -665,7 +665,7 @@ def zones_cmd(
         rep = (report(look, shape, names) if isinstance(look, Reader) and look.project
                else Report([ZoneRow(z) for z in names], [f"Compute Engine not asked: {look or 'no project'}"]))
         try:
-            add_seen(rep.rows, _store(project).capacity_records(names, shape.accelerator_type or machine_type))
+            add_seen(rep.rows, _store(project).capacity_records(names, shape.capacity_key))
         except Exception as exc:  # noqa: BLE001 - the other columns stand without it
             rep.notes.append(f"Respawn's statistics: {exc}")
         out.print(_zones_table(rep, shape))

@@ -59,3 +59,11 @@ def test_a_job_without_advice_places_as_listed():
     s = spec()
     assert strategy_for(s).choose(s, SlotStatus(), {}, NOW).zone == A
     assert strategy_for(s).choose(s, SlotStatus(), {}, NOW, {A: Z(0.1), B: Z(0.9)}).zone == A  # C unscored
+
+
+def test_rank_takes_advice_alone():
+    from respawn.schema import SpecError
+
+    assert spec().placement.rank == "advice" and spec(placement={}).placement.rank is None
+    with pytest.raises(SpecError, match="placement.rank"):
+        spec(placement={"rank": "obtainability"})
