@@ -67,3 +67,35 @@ def test_rank_takes_advice_alone():
     assert spec().placement.rank == "advice" and spec(placement={}).placement.rank is None
     with pytest.raises(SpecError, match="placement.rank"):
         spec(placement={"rank": "obtainability"})
+
+
+# Decision rows: the whole job's decision (functions/job.py, one slot per node) with the advice reconcile observed.
+def _decide(state: str, advice, nodes: int = 1, **status):
+    from respawn.control import job
+    from respawn.control.decide import Observation
+    from respawn.schema import JobStatus, MemberStatus, State
+
+    s = spec(nodes=nodes) if nodes > 1 else spec()
+    members = [MemberStatus(state=State(state), **status) for _ in range(nodes)]
+    st = JobStatus(state=State(state), members=members, **status)
+    o = Observation(job_id="job", spec=s, spec_errors=(), status=st, cancel_requested=False, node=job.ABSENT,
+                    heartbeat=None, now=NOW, advice=advice)
+    return job.decide(o, [job.MemberObs() for _ in range(nodes)])
+
+
+@pytest.mark.parametrize("state, advice, status, zone, ranked", [
+    ("PENDING", BEST_C, {}, C, [C, B, A]),  # the first node, in the most obtainable zone at once
+    ("PENDING", {A: Z(0.1), B: Z(0.9)}, {}, A, None),  # C unscored: as listed, and no order named
+    ("PENDING", {}, {}, A, None),  # advice failed (reconcile observed none): as listed
+    ("WAITING_FOR_CAPACITY", BEST_C, dict(next_attempt_at=NOW), C, [C, B, A]),  # the retry after a wait, too
+])
+def test_decide_places_the_first_node_by_advice(state, advice, status, zone, ranked):
+    d = _decide(state, advice, **status)
+    assert (d.action.kind.value, d.action.zone) == ("create", zone)
+    assert d.details.get("ranked_zones") == ranked
+
+
+def test_a_job_of_several_nodes_is_placed_in_its_best_ranked_zone():
+    d = _decide("PENDING", BEST_C, nodes=2)
+    assert (d.action.kind.value, d.action.zone) == ("create", C)
+    assert d.status.zone == C
