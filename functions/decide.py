@@ -344,6 +344,10 @@ def _decide(o: Observation) -> Decision:
             if s.create_state == "failed":
                 if s.next_attempt_at is not None and now < s.next_attempt_at:
                     return Decision(Action(Act.WAIT, until=s.next_attempt_at))
+                if spec.accelerator.kind == "tpu" and s.leaving is not None and now >= s.leaving.until:
+                    # A preempted TPU node, and a SUSPENDED queued resource, hold quota until deleted: the leaving
+                    # one goes first (decide() deletes it on NONE), then the create is asked again.
+                    return Decision(NONE)
                 return _provision(o, spec, s, cause="zone_refused")
             if s.provisioning == "flex-start":
                 return _flex_start_unanswered(o, spec)
@@ -592,6 +596,26 @@ def _backoff(spec: JobSpec, o: Observation, n: int) -> float:
 
 
 def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str, leaving: Leaving | None = None
+          ) -> Decision:
+    """_count_loss, its event naming the life that ended (`lost`: what the node's last heartbeat said of its trainer),
+    so that a later report (respawn/report.py) knows every life, not only the last one a node's heartbeat keeps."""
+    d = _count_loss(o, spec, hb, cause, leaving)
+    return replace(d, details={**d.details, "lost": lost_life(o.status, hb)})
+
+
+def lost_life(s: MemberStatus, hb: Heartbeat | None) -> dict[str, Any]:
+    """The lost node's trainer as its last heartbeat said (times as RFC 3339 text)."""
+    life: dict[str, Any] = {"node": s.node}
+    if hb is not None:
+        for key in ("step", "committed_step", "first_step"):
+            life[key] = getattr(hb, key)
+        for key in ("started_at", "first_step_at", "heartbeat_at"):
+            at = getattr(hb, key)
+            life[key] = at.isoformat() if at is not None else None
+    return life
+
+
+def _count_loss(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str, leaving: Leaving | None = None
           ) -> Decision:
     """The current node no longer serves. Count it as a preemption or a failure (or give up), then restart it in
     place, delete it, or — when it is already gone — provision the replacement (after a failure: once its backoff

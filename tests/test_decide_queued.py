@@ -110,3 +110,18 @@ def test_a_node_of_a_direct_tpu_job_never_reads_as_a_request():
     # The same words in a node's state (CREATING, DELETING) are the node's: no refusal, whatever the wait.
     d = core.decide(obs("PROVISIONING", raw="CREATING", node_started_at=WAITED, **Q))
     assert d.action == core.POLL
+
+
+def test_a_create_refused_for_the_leaving_requests_quota_deletes_that_request_before_asking_again():
+    # A SUSPENDED request (a preempted TPU node too) holds quota until deleted, past its notice window: the head
+    # start's create refused for quota is asked again only once the leaving request is gone.
+    from respawn.schema import Leaving
+
+    leaving = Leaving(node="job-3", zone=ZONES[0], attempt=3, until=NOW - timedelta(seconds=1))
+    o = obs("PROVISIONING", raw=None, attempt=4, node="job-4", zone=ZONES[0], create_state="failed",
+            next_attempt_at=leaving.until, leaving=leaving, **Q)
+    d = core.decide(o)
+    assert (d.action.kind, d.action.node) == (Act.DELETE, "job-3") and d.status.leaving is None
+    after = core.decide(obs("PROVISIONING", raw=None, attempt=4, node="job-4", zone=ZONES[0], create_state="failed",
+                            next_attempt_at=leaving.until, **Q))
+    assert (after.action.kind, after.action.zone, after.action.node) == (Act.CREATE, ZONES[0], "job-5")
