@@ -43,6 +43,8 @@ def running(controller, spec):
 
 
 def test_a_preempted_spot_request_is_deleted_and_requested_again(controller):
+    # One slice of Spot quota in the region of every zone: the SUSPENDED request holds it until it is deleted.
+    controller.sim.set_quota("us-central1", SLICE, 1, provisioning_model="SPOT")
     job, st = running(controller, queued_spec("qspot"))
     assert requests(controller, job)[0]["state"] == "ACTIVE"
     controller.sim.preempt(st.zone, st.node)
