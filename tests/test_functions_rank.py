@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from functions_fixtures import ZONES, controller, gpu_spec  # noqa: F401
+from functions_fixtures import ZONES, controller, gpu_spec, tpu_spec  # noqa: F401
 from sim_fixtures import sim_factory, sim_server  # noqa: F401
 
 RANKED = {"placement": {"cooldown_seconds": 300, "rank": "advice"}}
@@ -45,3 +45,11 @@ def test_advice_that_fails_keeps_the_users_order_with_one_warning(controller, ca
     assert len(warnings) == 1 and warnings[0]["severity"] == "WARNING"
     assert "NotFound" in warnings[0]["message"] and ZONES[0] in warnings[0]["message"]
     assert "compute.advice.capacity" in warnings[0]["message"]
+
+
+def test_a_tpu_job_is_never_ranked(controller):
+    # Advice cannot score TPUs (gcp-facts §20): none is asked, the zones keep the order listed.
+    job = controller.register(tpu_spec("tpu-ranked", **RANKED))
+    assert controller.job_created(job) == 200
+    assert controller.wait_state(job, "RUNNING").zone == ZONES[0]
+    assert list(controller.db.collection("advice").stream()) == []
