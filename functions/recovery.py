@@ -58,10 +58,11 @@ class Strategy:
     order: ZoneOrder
     restart_in_place: bool  # a STOP-terminated Spot GPU VM is started again where it stands
     tiers: tuple[Tier, ...] = (Tier(model="spot"),)  # JobSpec.provisioning_tiers
+    by_advice: bool = False  # placement.rank: advice: a Spot node's zones ordered by capacity advice first
 
     @property
     def name(self) -> str:
-        stages = ["restart_in_place"] * self.restart_in_place + [self.order]
+        stages = ["restart_in_place"] * self.restart_in_place + [self.order + "_by_advice" * self.by_advice]
         for before, tier in zip(self.tiers, self.tiers[1:]):
             rules = [str(before.after_refusals)] if before.after_refusals is not None else []
             if before.after_preemptions is not None:
@@ -108,7 +109,7 @@ class Strategy:
         tried = status.tried_zones if status.provisioning in (None, model) else []
         skipped, eligible = [], []
         zones = list(spec.zones)
-        if spec.placement.rank == "advice" and model == "spot" and advice:  # advice scores Spot VMs alone
+        if self.by_advice and model == "spot" and advice:  # advice scores Spot VMs alone
             zones = placement.rank_zones(zones, advice)
         for zone in zones:
             until = blocked.get(zone)
@@ -125,8 +126,8 @@ class Strategy:
 def strategy_for(spec: JobSpec) -> Strategy:
     """The job's strategy, from its spec: placement.strategy (the older avoid_preempting_zone: false reads as
     in_order), a restart in place for GPU Spot VMs that a preemption stops, the provisioning tiers (the older
-    on-demand fallback is two of them: JobSpec.provisioning_tiers)."""
+    on-demand fallback is two of them: JobSpec.provisioning_tiers), the zones by capacity advice (placement.rank)."""
     p = spec.placement
     order: ZoneOrder = p.strategy or ("next_zone" if p.avoid_preempting_zone else "in_order")
     stop_spot = spec.accelerator.kind == "gpu" and spec.termination_action == "STOP"
-    return Strategy(order, stop_spot, tuple(spec.provisioning_tiers))
+    return Strategy(order, stop_spot, tuple(spec.provisioning_tiers), spec.placement.rank == "advice")

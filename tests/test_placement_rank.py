@@ -99,3 +99,9 @@ def test_a_job_of_several_nodes_is_placed_in_its_best_ranked_zone():
     d = _decide("PENDING", BEST_C, nodes=2)
     assert (d.action.kind.value, d.action.zone) == ("create", C)
     assert d.status.zone == C
+
+
+def test_the_strategys_name_says_the_zones_go_by_advice():
+    assert strategy_for(spec()).name == "restart_in_place → next_zone_by_advice"
+    assert strategy_for(spec(placement={"strategy": "same_zone", "rank": "advice"})).name == \
+        "restart_in_place → same_zone_by_advice"
