@@ -29,6 +29,7 @@ err = Console(stderr=True, soft_wrap=True)
 ProjectOpt = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", help="Google Cloud project (default: ADC's)")
 # Packing and uploading show progress above this many bytes.
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
+FOLLOW_POLL_S = 2.0  # `jobs logs --follow`: how often the job's log chunks are listed again
 SweepTopicOpt = typer.Option(deployment.SWEEP_TOPIC, "--sweep-topic", help="Pub/Sub topic the controller's sweep listens on")
 
 
@@ -409,6 +410,74 @@ def events(job_id: str, project: Optional[str] = ProjectOpt, limit: int = typer.
                 json.dumps(ev.details, default=str) if ev.details else "",
             )
         out.print(table)
+
+    run_reporting_errors(go)
+
+
+@jobs_app.command("logs")
+def logs(
+    job_id: str,
+    attempt: Optional[int] = typer.Option(None, "--attempt", min=1, help="one attempt (node) only"),
+    node: Optional[str] = typer.Option(None, "--node", help="one node only (NAME = JOB-ATTEMPT)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep polling for new chunks"),
+    tail_lines: Optional[int] = typer.Option(None, "--tail", min=1, help="only the last K lines (then follow)"),
+    agent: bool = typer.Option(False, "--agent", help="the agents' own JSON lines too"),
+    project: Optional[str] = ProjectOpt,
+) -> None:
+    """What the job's setup and trainer printed, node by node, including nodes that are gone (docs/watching.md)."""
+
+    def go() -> None:
+        import time
+
+        from respawn import codestore, contract, joblogs
+
+        uri = (_store(project).job_document(job_id).get("spec") or {}).get("checkpoint_uri")
+        if not isinstance(uri, str) or not uri.startswith(contract.CHECKPOINT_SCHEMES):
+            raise CliError(f"job {job_id!r} has no usable checkpoint_uri ({uri!r}), where its logs would be")
+        base = contract.logs_uri(uri)
+        prefix = contract.log_attempt_prefix(attempt) if attempt is not None else ""
+        streams = (*joblogs.DEFAULT_STREAMS, "agent") if agent else joblogs.DEFAULT_STREAMS
+        printed: dict[str, int] = {}  # chunk name → bytes of it shown (a re-sent chunk may grow)
+        hosts: set[str] = set()
+
+        def show(first: bool) -> None:
+            try:
+                listed = codestore.list_logs(base, prefix, project)
+                attempts = codestore.log_attempts(base, project) if attempt is not None and not listed else ()
+                shown = joblogs.select(listed, job_id=job_id, where=base + prefix, attempt=attempt, node=node,
+                                       streams=streams, attempts=attempts)
+            except codestore.CodeStoreError as exc:
+                raise CliError(str(exc)) from None
+            except joblogs.NoLogs as exc:
+                if first or not follow:
+                    raise CliError(str(exc)) from None
+                return
+            fresh = [s for s in shown if printed.get(s.listed.name, 0) < s.listed.size]
+            hosts.update(s.chunk.host for s in shown)
+
+            def read(s: joblogs.Shown) -> bytes:
+                try:
+                    data = codestore.read_log(base, s.listed.name, project)
+                except codestore.CodeStoreError as exc:
+                    raise CliError(str(exc)) from None
+                done, printed[s.listed.name] = printed.get(s.listed.name, 0), len(data)
+                return data[done:]
+
+            if first and tail_lines:  # read from the end only as far back as the last K lines go
+                fresh = joblogs.last_chunks(fresh, read, tail_lines)
+                for s in shown:
+                    printed.setdefault(s.listed.name, s.listed.size)  # the older ones: skipped, not to be shown later
+            text = joblogs.lines(fresh, read, prefixed=len(hosts) > 1)
+            for line in joblogs.tail(text, tail_lines) if first and tail_lines else text:
+                out.print(line, markup=False, highlight=False)
+
+        show(True)
+        try:
+            while follow:
+                time.sleep(FOLLOW_POLL_S)
+                show(False)
+        except KeyboardInterrupt:
+            pass
 
     run_reporting_errors(go)
 

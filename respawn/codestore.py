@@ -7,11 +7,14 @@ respawn-workdirs beside PATH. The same name always holds the same bytes, so an a
 again, and the write is create-only (if_generation_match=0; a hard link for a local directory): two
 registrations of one tree at once both succeed and leave one intact object.
 
+It also lists and reads a job's shipped logs for `respawn jobs logs` (list_logs, read_log; respawn.joblogs).
+
 google-cloud-storage honours STORAGE_EMULATOR_HOST (the tests' emulator and stand-ins) with anonymous credentials.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import tempfile
@@ -22,6 +25,7 @@ from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 from google.cloud import storage
 
+from respawn.joblogs import Listed
 from respawn.workdir import PackedWorkdir, human_bytes, workdir_uri
 
 # Above this the upload goes in resumable chunks of this size (a multiple of 256 KiB), so progress can be shown.
@@ -179,3 +183,78 @@ def _check_size(uri: str, found: int | None, expected: int, remove: str) -> None
         raise CodeStoreError(
             f"{uri} exists but holds {human_bytes(found)}, not the {human_bytes(expected)} its name promises "
             f"(a damaged or foreign object); delete it (`{remove}`) and register again")
+
+
+# ---- per-attempt logs (respawn jobs logs; respawn.joblogs, contract.LogChunk) -----------------------------------
+
+@functools.lru_cache(maxsize=4)
+def _log_client(project: str | None) -> storage.Client:
+    return client(project)  # one per CLI run: --follow lists and reads again and again
+
+
+def list_logs(base: str, prefix: str = "", project: str | None = None) -> list[Listed]:
+    """Every object below `base` (contract.logs_uri(checkpoint_uri)) whose name there starts with `prefix`, named
+    relative to `base`. Raises CodeStoreError."""
+    if base.startswith("file://"):
+        root = base[len("file://"):]
+        found = []
+        for folder, _, files in os.walk(os.path.join(root, prefix)):
+            for f in files:
+                path = os.path.join(folder, f)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue  # replaced meanwhile (a temporary name renamed into place)
+                found.append(Listed(os.path.relpath(path, root), st.st_size, st.st_mtime))
+        return found
+    bucket, _, under = base[len("gs://"):].partition("/")
+    try:
+        return [Listed(b.name[len(under):], b.size or 0, b.updated.timestamp() if b.updated else 0.0)
+                for b in _log_client(project).list_blobs(bucket, prefix=under + prefix)]
+    except gexc.Forbidden as exc:
+        raise CodeStoreError(f"permission denied listing {base}{prefix}: your account needs storage.objects.list on "
+                             f"bucket {bucket!r} (e.g. roles/storage.objectViewer); Cloud Storage said: "
+                             f"{_said(exc)}") from None
+    except gexc.NotFound:
+        raise CodeStoreError(f"bucket {bucket!r} of the job's checkpoint_uri does not exist") from None
+    except (gexc.GoogleAPIError, RefreshError, DefaultCredentialsError, TransportError, OSError) as exc:
+        raise CodeStoreError(f"listing {base}{prefix} failed: {exc}; {LOGIN_HINT} if it is about credentials, "
+                             "else retry") from None
+
+
+def log_attempts(base: str, project: str | None = None) -> list[int]:
+    """The attempts that have logs below `base`: its folders, listed with a delimiter (one entry per attempt)."""
+    if base.startswith("file://"):
+        try:
+            names = os.listdir(base[len("file://"):])
+        except FileNotFoundError:
+            return []
+    else:
+        bucket, _, under = base[len("gs://"):].partition("/")
+        try:
+            pages = _log_client(project).list_blobs(bucket, prefix=under, delimiter="/")
+            for _ in pages:
+                pass  # the prefixes are known once every page was read
+            names = [p[len(under):].rstrip("/") for p in pages.prefixes]
+        except (gexc.GoogleAPIError, RefreshError, DefaultCredentialsError, TransportError, OSError) as exc:
+            raise CodeStoreError(f"listing {base} failed: {exc}") from None
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def read_log(base: str, name: str, project: str | None = None) -> bytes:
+    """The object `name` below `base`. Raises CodeStoreError."""
+    if base.startswith("file://"):
+        try:
+            with open(os.path.join(base[len("file://"):], name), "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise CodeStoreError(f"cannot read {base}{name}: {exc.strerror}") from None
+    bucket, _, under = base[len("gs://"):].partition("/")
+    try:
+        return _log_client(project).bucket(bucket).blob(under + name).download_as_bytes()
+    except gexc.Forbidden as exc:
+        raise CodeStoreError(f"permission denied reading {base}{name}: your account needs storage.objects.get on "
+                             f"bucket {bucket!r} (e.g. roles/storage.objectViewer); Cloud Storage said: "
+                             f"{_said(exc)}") from None
+    except (gexc.GoogleAPIError, RefreshError, DefaultCredentialsError, TransportError, OSError) as exc:
+        raise CodeStoreError(f"reading {base}{name} failed: {exc}; retry") from None

@@ -341,7 +341,7 @@ class LogChunk:
 
     def name(self) -> str:
         """The object's name below logs_uri(checkpoint_uri)."""
-        return f"{self.attempt:06d}/{self.host}/{self.stream}/{self.offset:015d}.log"
+        return f"{log_attempt_prefix(self.attempt)}{self.host}/{self.stream}/{self.offset:015d}.log"
 
     @staticmethod
     def parse(name: str) -> "Optional[LogChunk]":
@@ -352,10 +352,15 @@ class LogChunk:
         return LogChunk(int(m.group(1)), m.group(2), m.group(3), int(m.group(4)))
 
 
+def log_attempt_prefix(attempt: int) -> str:
+    """The names of one attempt's chunks below logs_uri() start with this."""
+    return f"{attempt:06d}/"
+
+
 def logs_uri(checkpoint_uri: str, attempt: Optional[int] = None) -> str:
     """Where a job's logs are (with a trailing /), or one attempt's."""
     base = checkpoint_uri.rstrip("/") + "/" + LOGS_DIR + "/"
-    return base if attempt is None else f"{base}{attempt:06d}/"
+    return base if attempt is None else base + log_attempt_prefix(attempt)
 def check_cache_paths(paths: Any) -> Tuple[str, ...]:
     """trainer.cache → its paths, normalised: relative to the workdir (`.venv`) or to the trainer's HOME
     (`~/.cache/pip`); SettingsError naming the path otherwise. Absolute paths are refused (the image's own

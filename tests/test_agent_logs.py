@@ -6,6 +6,8 @@ save or the final heartbeat, however slow the store."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401
-from respawn import contract
+from respawn import contract, joblogs, schema
+from trainer_helpers import BUCKET, gcs_emulator  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,3 +66,137 @@ def test_setup_trainer_and_agent_logs_reach_the_store_whole(agent_env):
     agent_lines = [json.loads(line) for line in shipped[(1, "logjob-1", "agent")].splitlines()]
     assert agent_lines[0]["message"] == "node agent starting"
     assert "trainer finished successfully" in [e["message"] for e in agent_lines]
+
+
+def respawn_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "respawn", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200", **env})
+
+
+def test_a_preempted_nodes_logs_are_read_after_its_replacement_ran(agent_env, gcs_emulator):
+    """gs:// through the Cloud Storage emulator: attempt 1 is preempted mid-run, its node directory is gone (the VM
+    with it), attempt 2 runs; `respawn jobs logs` shows what attempt 1 said up to its emergency save, each attempt,
+    one node, the tail, the agents' lines on request, and clear errors for a bad attempt and a job without logs."""
+    uri = f"gs://{BUCKET}/runs/logjob-{time.monotonic_ns()}"
+    agent_env.db.collection(schema.JOBS).document("logjob").set({"spec": {"checkpoint_uri": uri}})
+    talk = agent_env.tmp / "talk.py"
+    talk.write_text(TALKING_TRAINER)
+    s = settings([sys.executable, str(talk)], uri, interpreter=sys.executable,
+                 setup=[[sys.executable, "-c", "print('setting up the environment')"]])
+    md = agent_env.metadata("logjob-1", attributes("logjob", 1, agent_env.project, s))
+    first = agent_env.agent(md, agent_env.tmp / "logjob-1", STORAGE_EMULATOR_HOST=gcs_emulator)
+    wait_for(lambda: b"step 3 " in (agent_env.tmp / "logjob-1" / "trainer.log").read_bytes()
+             if (agent_env.tmp / "logjob-1" / "trainer.log").exists() else False, 60, "attempt 1 training")
+    md.set("instance/preempted", "TRUE")
+    assert first.wait(30) == 0, first.output()[-3000:]
+    shutil.rmtree(agent_env.tmp / "logjob-1")  # the preempted VM and its disk are gone
+    s2 = {**s, "command": [sys.executable, str(talk), "--steps", "2"]}
+    md2 = agent_env.metadata("logjob-2", attributes("logjob", 2, agent_env.project, s2))
+    assert agent_env.agent(md2, agent_env.tmp / "logjob-2", STORAGE_EMULATOR_HOST=gcs_emulator).wait(60) == 0
+
+    env = {"STORAGE_EMULATOR_HOST": gcs_emulator}
+    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "1", "--project", agent_env.project, **env)
+    assert r.returncode == 0, r.stderr
+    said = r.stdout.splitlines()
+    assert said[0] == "setting up the environment" and "talking trainer up, attempt 1" in said
+    assert "emergency checkpoint saved; bye" == said[-1], said[-5:]  # said during the notice: the final flush
+    assert not any(line.startswith("[") for line in said)  # one node: no prefix
+    r = respawn_cli("jobs", "logs", "logjob", "--project", agent_env.project, **env)
+    every = r.stdout.splitlines()
+    assert r.returncode == 0 and "[logjob-1] talking trainer up, attempt 1" in every, r.stdout
+    assert every.index("[logjob-1] emergency checkpoint saved; bye") < every.index(
+        "[logjob-2] talking trainer up, attempt 2") and every[-1] == "[logjob-2] done", every
+    r = respawn_cli("jobs", "logs", "logjob", "--node", "logjob-2", "--tail", "2", "--project", agent_env.project,
+                    **env)
+    assert r.stdout.splitlines() == ["step 2 of 2", "done"], r.stdout
+    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "1", "--agent", "--project", agent_env.project, **env)
+    assert '"message": "notice handled; agent exiting"' in r.stdout
+    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "7", "--project", agent_env.project, **env)
+    assert r.returncode == 1 and "attempt 7 of job 'logjob' has no logs; attempts with logs: 1, 2" in r.stderr
+    agent_env.db.collection(schema.JOBS).document("quiet").set({"spec": {"checkpoint_uri": uri + "-quiet"}})
+    r = respawn_cli("jobs", "logs", "quiet", "--project", agent_env.project, **env)
+    assert r.returncode == 1 and "job 'quiet' has no logs under " in r.stderr, r.stderr
+
+
+# Prints a line per step, stops at the notice with an "emergency save" (a committed step in its status file, stamped
+# with the time it was committed: the save's commit time) and a last line said during the notice.
+TALKING_TRAINER = r'''
+import argparse, json, os, signal, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=100000)
+a = p.parse_args()
+status = os.environ["RESPAWN_STATUS_FILE"]
+notice = []
+signal.signal(signal.SIGTERM, lambda *_: notice.append(time.time()))
+print("talking trainer up, attempt", os.environ["RESPAWN_ATTEMPT"], flush=True)
+for step in range(1, a.steps + 1):
+    time.sleep(0.05)
+    if notice:
+        with open(status + ".tmp", "w") as f:
+            json.dump({"step": step, "committed_step": step, "committed_kind": "emergency", "committed_at": time.time(),
+                       "emergency": {"state": "committed", "step": step, "reason": None}}, f)
+        os.replace(status + ".tmp", status)
+        print("emergency checkpoint saved; bye", flush=True)
+        sys.exit(75)
+    print(f"step {step} of {a.steps}", flush=True)
+print("done", flush=True)
+'''
+
+
+@pytest.fixture
+def slow_log_store(tmp_path):
+    """tests/gcs_standin.py accepting every upload, each one-request upload (a log chunk) answered after 4 s."""
+    log = tmp_path / "standin.log"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gcs_standin.py"), "--get", "404", "--upload",
+                             "200", "--media-seconds", "4", "--log", str(log)], stdout=subprocess.PIPE, text=True)
+    port = proc.stdout.readline().strip()
+    try:
+        yield f"http://127.0.0.1:{port}", log
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_final_flush_never_delays_the_emergency_save_or_the_final_heartbeat(agent_env, slow_log_store):
+    """Every log send takes 4 s: the emergency save still commits at the trainer's next step after the notice, the
+    final heartbeat lands right after it, and the final flush gives up within its bound."""
+    host, requests = slow_log_store
+    talk = agent_env.tmp / "talk.py"
+    talk.write_text(TALKING_TRAINER)
+    s = settings([sys.executable, str(talk)], "gs://b/runs/slowlogs", interpreter=sys.executable)
+    md = agent_env.metadata("slowlogs-1", attributes("slowlogs", 1, agent_env.project, s))
+    node = agent_env.tmp / "slowlogs-1"
+    agent = agent_env.agent(md, node, STORAGE_EMULATOR_HOST=host)
+    wait_for(lambda: "uploadType=media" in requests.read_text() if requests.exists() else False, 60,
+             "a log chunk on its way to the slow store")
+    noticed = time.time()
+    md.set("instance/preempted", "TRUE")
+    assert agent.wait(30) == 0, agent.output()[-3000:]
+    exited = time.time()
+    status = json.loads((node / contract.STATUS_FILE).read_text())
+    hb = agent_env.heartbeat("slowlogs-1")
+    save_s = status["committed_at"] - noticed
+    report_s = hb["heartbeat_at"].timestamp() - noticed
+    print(f"\nslow log store (4 s a send): emergency save committed {save_s:.2f} s after the notice, final heartbeat "
+          f"{report_s:.2f} s, agent exited {exited - noticed:.2f} s")
+    assert hb["state"] == "exited" and hb["exit_code"] == contract.EXIT_PREEMPTED
+    assert save_s < 1.5, "the emergency save waited for the logs"
+    assert report_s < 2.5, "the final heartbeat waited for the logs"
+    assert exited - noticed < 2.5 + contract.LOG_FINAL_FLUSH_S + 2, "the final flush ran past its bound"
+    flush = [e for e in agent.events() if e["message"].startswith("final log flush")]
+    assert flush and flush[0]["severity"] == "WARNING", agent.messages()[-10:]
+
+
+def test_merge_keeps_each_sequence_in_order_and_interleaves_by_time():
+    def item(host, stream, offset, at, size=3):
+        return joblogs.Listed(contract.LogChunk(4, host, stream, offset).name(), size, at)
+
+    listed = [item("j-4", "trainer", 3, 10.0), item("j-4", "trainer", 0, 12.0),  # re-sent later: still first
+              item("j-4-w1", "trainer", 0, 11.0), item("j-4", "agent", 0, 1.0), item("j-4", "setup", 0, 5.0)]
+    shown = joblogs.select(listed, job_id="j", where="x")
+    assert [(s.chunk.host, s.chunk.stream, s.chunk.offset) for s in shown] == [
+        ("j-4", "setup", 0), ("j-4-w1", "trainer", 0), ("j-4", "trainer", 0), ("j-4", "trainer", 3)]
+    data = {s.listed.name: f"{s.chunk.host}:{s.chunk.offset}\n".encode() for s in shown}
+    assert list(joblogs.lines(shown, lambda s: data[s.listed.name])) == [
+        "[j-4] j-4:0", "[j-4 w1] j-4-w1:0", "[j-4] j-4:0", "[j-4] j-4:3"]
+    assert list(joblogs.lines(shown[2:], lambda s: data[s.listed.name])) == ["j-4:0", "j-4:3"]  # one host
