@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.capacity import region_of
-from sim.core import NodeRecord, found, rfc3339, rpc_error
+from sim.core import ApiError, NodeRecord, found, rfc3339, rpc_error
 
 if TYPE_CHECKING:
     from sim.tpu import Node, Operation, TpuService
@@ -203,9 +203,12 @@ class QueuedResources:
     def _delete(self, req: Request, node: "Node | None", op: "Operation") -> None:
         if node is not None:
             with self.sim.cond:
-                present = self.tpu.nodes.get((node.zone, node.name)) is node
-                if present and node.state != "DELETING":
+                present = self.tpu.nodes.get((node.zone, node.name)) is node and node.state != "DELETING"
+            if present:  # outside the lock: the delete writes an audit entry (SimServer.emit)
+                try:
                     self.tpu.delete(node.zone, node.name)
+                except ApiError:  # gone meanwhile (the service's delete after a preemption)
+                    pass
             self.sim.wait_for(lambda: self.tpu.nodes.get((node.zone, node.name)) is not node,
                               timeout=max(60.0, self.sim.delete_grace * 4), what=f"{node.name} deleted")
         time.sleep(self.sim.op_delay)
