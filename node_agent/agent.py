@@ -45,7 +45,7 @@ from typing import Sequence
 
 from respawn import contract
 from respawn.contract import Heartbeat, NodeState
-from respawn.logs import log
+from respawn.logs import log, set_labels
 
 from .config import AgentConfig
 from .envcache import EnvCache
@@ -419,6 +419,8 @@ class Agent:
         if not self._await_handover(generation.handover):
             return
         env = {**self._prepared.env, **self._generation_env(generation)}
+        set_labels(**contract.log_labels(self.cfg.job_id, self.cfg.attempt, self.cfg.node,
+                                         generation.node_rank(self.cfg.node)))  # this member's rank from here on
         self.exit_code = self.output_tail = None
         trainer = TrainerProcess.start(self.node_dir, self._prepared.argv(self.settings.command), env,
                                        job_id=self.cfg.job_id, attempt=self.cfg.attempt, started_at=_iso_now(),

@@ -18,8 +18,8 @@ import signal
 import sys
 from typing import TextIO
 
-from respawn.contract import EXIT_CONFIG_ERROR, NODES_DATABASE
-from respawn.logs import log
+from respawn.contract import EXIT_CONFIG_ERROR, NODES_DATABASE, heartbeat_id, log_labels
+from respawn.logs import log, set_labels
 
 from .config import ConfigError, load_config
 from .firestore_rest import FirestoreWriter
@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         log("ERROR", str(exc), attribute=exc.attribute, metadata=md.host,
             hint="the control plane sets respawn-* attributes when it creates the node; recreate the node")
         return EXIT_CONFIG_ERROR
+    # Every line from here on carries the job, attempt, node and rank as Cloud Logging labels (respawn.logs).
+    set_labels(**log_labels(cfg.job_id, cfg.attempt, heartbeat_id(cfg.node, cfg.worker),
+                            None if cfg.generation is not None else cfg.worker))
     agent = Agent(cfg, md, FirestoreWriter(cfg.project, md,
                                            database=cfg.settings.heartbeat_database or NODES_DATABASE))
     install_signal_handlers(agent)

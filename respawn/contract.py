@@ -352,6 +352,15 @@ class LogChunk:
         return LogChunk(int(m.group(1)), m.group(2), m.group(3), int(m.group(4)))
 
 
+def log_labels(job_id: str, attempt: int, node: str, rank: Optional[int]) -> Dict[str, Optional[str]]:
+    """The labels of every line the agent logs (respawn.logs.set_labels → Cloud Logging's entry labels): the job, the
+    attempt, the host (heartbeat_id) and its rank (a slice's worker; a member's rank in its generation; None until a
+    generation gives it one). Underscores, not the VM labels' hyphens: a Logging filter then needs no quotes
+    (labels.respawn_job="JOB")."""
+    return {"respawn_job": job_id, "respawn_attempt": str(attempt), "respawn_node": node,
+            "respawn_rank": None if rank is None else str(rank)}
+
+
 def log_attempt_prefix(attempt: int) -> str:
     """The names of one attempt's chunks below logs_uri() start with this."""
     return f"{attempt:06d}/"

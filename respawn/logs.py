@@ -1,4 +1,9 @@
-"""Structured logs: one JSON object per line with `severity` and `message` (Cloud Logging reads these as entries)."""
+"""Structured logs: one JSON object per line with `severity` and `message` (Cloud Logging reads these as entries).
+
+A process may set labels that every later line carries in the field LABELS_FIELD, which Cloud Logging's agents
+turn into the entry's `labels` (docs/gcp-facts.md §22): the node agent labels its lines with the job, attempt, node
+and rank, so one filter finds a job's lines across all its nodes.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,24 @@ import time
 from typing import Any, TextIO
 
 
+LABELS_FIELD = "logging.googleapis.com/labels"
+_labels: dict[str, str] = {}
+
+
+def set_labels(**labels: Any) -> None:
+    """Label every later line of this process (added to, or changed: a label set to None is dropped)."""
+    for key, value in labels.items():
+        if value is None:
+            _labels.pop(key, None)
+        else:
+            _labels[key] = str(value)  # Cloud Logging's labels are strings
+
+
 def log(severity: str, message: str, *, stream: TextIO | None = None, **fields: Any) -> None:
     entry = {"severity": severity, "message": message, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     entry.update(fields)
+    if _labels:
+        entry[LABELS_FIELD] = dict(_labels)
     out = stream or sys.stdout
     out.write(json.dumps(entry, default=str) + "\n")
     out.flush()

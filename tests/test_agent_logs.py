@@ -65,6 +65,9 @@ def test_setup_trainer_and_agent_logs_reach_the_store_whole(agent_env):
     assert len(list((store / contract.LOGS_DIR / "000001" / "logjob-1" / "trainer").iterdir())) >= 2
     agent_lines = [json.loads(line) for line in shipped[(1, "logjob-1", "agent")].splitlines()]
     assert agent_lines[0]["message"] == "node agent starting"
+    assert all(e["logging.googleapis.com/labels"] == {"respawn_job": "logjob", "respawn_attempt": "1",
+                                                      "respawn_node": "logjob-1", "respawn_rank": "0"}
+               for e in agent_lines)  # Cloud Logging's labels on every line (docs/gcp-facts.md §22)
     assert "trainer finished successfully" in [e["message"] for e in agent_lines]
 
 
