@@ -266,7 +266,8 @@ class Agent:
                       and g.members[0] != self.cfg.node else None)
             self.master_probe.aim(master)
             reachable = self.master_probe.reachable
-        return {"step_idle_seconds": idle, "master_reachable": reachable}
+        return {"step_idle_seconds": idle, "master_reachable": reachable, "first_step": self.step_clock.first_step,
+                "first_step_at": self.step_clock.first_step_at}
 
     # --- the life ------------------------------------------------------------------------------------------
 

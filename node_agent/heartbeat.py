@@ -24,7 +24,8 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
                       exit_code: int | None = None, output_tail: str | None = None,
                       failed_command: list[str] | None = None, now: datetime | None = None,
                       worker: int = 0, generation: int | None = None, step_idle_seconds: float | None = None,
-                      master_reachable: bool | None = None, env_cache: dict[str, Any] | None = None) -> Heartbeat:
+                      master_reachable: bool | None = None, env_cache: dict[str, Any] | None = None,
+                      first_step: int | None = None, first_step_at: datetime | None = None) -> Heartbeat:
     """The nodes/{node} document (respawn.contract.Heartbeat) as a dict of Python values; datetimes stay datetimes
     for the Firestore encoder. `status` is the trainer's status file (respawn.contract.read_status), or None before
     it exists; values of the wrong type in it are left out (None), never passed on. `failed_command` (argv) goes
@@ -50,6 +51,8 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
         "notice": notice,
         "emergency": dict(emergency) if isinstance(emergency, dict) else None,
         "started_at": started_at,
+        "first_step": first_step,
+        "first_step_at": first_step_at,
         "generation": generation,
         "step_idle_seconds": None if step_idle_seconds is None else round(float(step_idle_seconds), 3),
         "master_reachable": master_reachable,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Hashable
 
 from respawn.contract import MASTER_PROBE_PORT
@@ -24,6 +25,10 @@ class StepClock:
         self._start_step: int | None = None
         self._step: int | None = None
         self._since = time.monotonic()
+        # The running trainer's first step and when it was seen (wall clock): where its training began (the
+        # report's step line, goodput); None before it stepped. As fine as the beats that read the status file.
+        self.first_step: int | None = None
+        self.first_step_at: datetime | None = None
 
     def idle(self, running: bool, trainer: Hashable, step: int | None) -> float | None:
         """`trainer` names the trainer's life (a new one restarts the clock); None while no trainer runs."""
@@ -33,8 +38,11 @@ class StepClock:
             return None
         if trainer != self._key:  # the step the status file still shows from before this trainer is no step of it
             self._key, self._start_step, self._step, self._since = trainer, step, step, now
+            self.first_step = self.first_step_at = None
         if step != self._step:
             self._step, self._since = step, now
+            if self.first_step is None:
+                self.first_step, self.first_step_at = step, datetime.now(timezone.utc)
         return None if self._step == self._start_step else now - self._since
 
 

@@ -374,12 +374,17 @@ def list_jobs(
 
 @jobs_app.command("describe")
 def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
-    """The job's spec and status."""
+    """The job's spec and status, and where its time went (goodput)."""
 
     def go() -> None:
+        from respawn import report
         from respawn.control.recovery import strategy_for
+        from respawn.jobstore import NoSuchJob
 
-        doc = _store(project).job_document(job_id)
+        try:
+            r, doc, _ = report.load(_store(project), job_id)
+        except NoSuchJob:
+            raise _no_such_job(job_id) from None
         status = schema.JobStatus.model_validate(doc.get("status") or {})
         try:
             recovery = strategy_for(schema.parse_spec(doc.get("spec"))).name
@@ -390,10 +395,45 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
             "cancel_requested": bool(doc.get("cancel_requested")),
             "created_at": _fmt_time(doc.get("created_at")),
             "recovery": recovery,
+            "goodput": report.describe(r),  # where the time went (respawn/report.py, docs/watching.md)
             "status": status.model_dump(mode="json", exclude_none=True),
             "spec": doc.get("spec"),
         }
         out.print(yaml.safe_dump(body, sort_keys=False), highlight=False, end="")
+
+    run_reporting_errors(go)
+
+
+@jobs_app.command("report")
+def report_cmd(
+    job_id: str,
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", help="where the HTML page goes"),
+    heartbeats_database: Optional[str] = typer.Option(
+        None, help="the Firestore database of the job's heartbeats (default: its node identity's while it holds "
+                   "one, else the deployment's)"),
+    project: Optional[str] = ProjectOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the figures as one JSON object as well"),
+) -> None:
+    """One self-contained HTML page of a job: every node life per zone and model, the step line of each, the
+    recoveries, the goodput buckets and every event (docs/watching.md)."""
+
+    def go() -> None:
+        from respawn import report
+        from respawn.jobstore import NoSuchJob
+
+        try:
+            page, r = report.write(_store(project), job_id, output, heartbeats_database)
+        except NoSuchJob:
+            raise _no_such_job(job_id) from None
+        figures = report.describe(r)
+        if as_json:
+            print(json.dumps({"id": job_id, "state": r.state, "report": str(output), **figures}))
+            return
+        out.print(f"job {job_id} {r.state}: {len(r.lives)} node lives, {len(r.recoveries)} recoveries, goodput "
+                  f"{r.goodput_ratio:.1%} of {r.wall_seconds:.0f} s")
+        for bucket, seconds in r.goodput.items():
+            out.print(f"  {bucket.replace('_', ' ')}: {seconds:.1f} s")
+        out.print(f"report written to {output}")
 
     run_reporting_errors(go)
 

@@ -695,6 +695,10 @@ class Heartbeat(TypedDict):
     notice: Optional[str]  # what told the agent: preempted, maintenance-event, run-ending (a flex-start run), sigterm
     emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
     started_at: Optional[datetime]  # when the trainer started
+    # The running trainer's first step other than the one its status showed at its start, and when the agent saw it
+    # (at a beat: as fine as heartbeat_seconds): where this life's training began (respawn/report.py).
+    first_step: Optional[int]
+    first_step_at: Optional[datetime]
     generation: Optional[int]  # a multi-node member: the generation its trainer runs (or last ran); else None
     # Seconds since the running trainer's step last changed, by the agent's clock when it composed the beat; None
     # while no trainer runs or before its first step (a start is not timed). The control plane's stall rule reads it.

@@ -945,6 +945,8 @@ class Heartbeat(_Record):
     notice: str | None = None  # what told the agent: preempted, maintenance-event, sigterm
     emergency: dict[str, Any] | None = None  # the trainer's emergency-save outcome
     started_at: datetime | None = None
+    first_step: int | None = None  # the trainer's first step, and when the agent saw it (respawn.contract.Heartbeat)
+    first_step_at: datetime | None = None
     generation: int | None = None  # a multi-node member: the generation its trainer runs (or last ran)
     step_idle_seconds: float | None = None  # since the trainer's step last changed (the stall rule, functions/job.py)
     master_reachable: bool | None = None  # a member other than the master: the master's address answered

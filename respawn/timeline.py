@@ -1,4 +1,6 @@
-"""The demo's timeline picture: one self-contained HTML file with an inline SVG.
+"""The timeline picture of a job: one self-contained HTML file with an inline SVG, no network needed to view it.
+Drawn for the demo (sim/demo: from the heartbeats it sampled) and for a real job (respawn/report.py: from its
+events and its nodes' heartbeats, `respawn jobs report`).
 
 Rows are zones; bars are node lifetimes; red marks are preemption notices, purple ones the moment the job steps
 again after each (its notice-to-step time in the mark's tip and the summary); the bottom panel is training progress
@@ -20,6 +22,8 @@ class NodeSpan:
     end: float
     end_reason: str = ""  # preempted, host-error, deleted, running
     workers: int = 1  # hosts of a multi-host TPU slice that heartbeat
+    model: str = ""  # its provisioning model (spot, flex-start, standard): the bar's colour
+    slot: int | None = None  # a member slot of a job of several nodes
 
 
 @dataclass
@@ -44,11 +48,15 @@ class Timeline:
 
 
 _W, _LEFT, _ROW, _TOP, _PROGRESS = 1000, 130, 34, 40, 150
+# Bars by provisioning model (Spot, and unknown, the default blue).
+_MODEL_FILL = {"flex-start": ("#c7e9c0", "#31a354"), "standard": ("#d9d9d9", "#636363"),
+               "preemptible": ("#dadaeb", "#756bb1")}
 _COLOURS = {"notice": "#d62728", "checkpoint": "#2ca02c", "emergency": "#ff7f0e", "restart": "#1f77b4",
             "training again": "#9467bd"}
 
 
-def render_html(tl: Timeline) -> str:
+def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]]] = ()) -> str:
+    """The page; `tables`: more (title, header, rows) after the summary (a report's events)."""
     span = max(tl.wall_seconds, 1e-6)
     x = lambda t: _LEFT + (_W - _LEFT - 20) * max(0.0, min(t, span)) / span  # noqa: E731
     zones_h = _ROW * len(tl.zones)
@@ -67,9 +75,12 @@ def render_html(tl: Timeline) -> str:
         y = _TOP + tl.zones.index(n.zone) * _ROW + 6
         w = max(2.0, x(n.end) - x(n.start))
         hosts = f", {n.workers} workers" if n.workers > 1 else ""
-        tip = f"{n.name}: {n.start:.1f}–{n.end:.1f} s ({n.end_reason or 'running'}{hosts})"
-        svg.append(f'<rect x="{x(n.start):.1f}" y="{y}" width="{w:.1f}" height="{_ROW - 12}" rx="3" fill="#9ecae1" '
-                   f'stroke="#3182bd"><title>{html.escape(tip)}</title></rect>')
+        model = f"{n.model}, " if n.model else ""
+        tip = f"{n.name}: {n.start:.1f}–{n.end:.1f} s ({model}{n.end_reason or 'running'}{hosts})"
+        fill, stroke = _MODEL_FILL.get(n.model, ("#9ecae1", "#3182bd"))
+        svg.append(f'<rect class="life" data-node="{html.escape(n.name)}" data-model="{html.escape(n.model)}" '
+                   f'x="{x(n.start):.1f}" y="{y}" width="{w:.1f}" height="{_ROW - 12}" rx="3" fill="{fill}" '
+                   f'stroke="{stroke}"><title>{html.escape(tip)}</title></rect>')
         label = n.name + (f" ×{n.workers} workers" if n.workers > 1 else "")
         svg.append(f'<text x="{x(n.start) + 4:.1f}" y="{y + _ROW / 2}">{html.escape(label)}</text>')
     py0 = _TOP + zones_h + 30
@@ -99,12 +110,21 @@ def render_html(tl: Timeline) -> str:
         svg.append(f'<text x="{x(t) - 10:.1f}" y="{height - 12}">{t:.0f} s</text>')
     svg.append("</svg>")
     legend = " · ".join(f'<span style="color:{c}">■</span> {k}' for k, c in _COLOURS.items())
+    if any(n.model for n in tl.nodes):
+        legend += " · bars: " + " · ".join(f'<span style="color:{s}">■</span> {m}' for m, (_, s) in
+                                          {"spot": ("", "#3182bd"), **_MODEL_FILL}.items())
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in tl.summary.items())
+    more = "".join(
+        f"<h3>{html.escape(title)}</h3><table class='{html.escape(title)}'><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
+        + "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in body)
+        + "</table>" for title, header, body in tables)
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(tl.title)}</title>"
-        "<style>body{font-family:sans-serif;margin:20px}th{text-align:left;padding-right:12px}</style></head><body>"
+        "<style>body{font-family:sans-serif;margin:20px}th{text-align:left;padding-right:12px}"
+        "td{padding-right:12px;vertical-align:top}</style></head><body>"
         f"<h2>{html.escape(tl.title)}</h2>{''.join(svg)}"
         f"<p>{legend} · <span style='color:#bbbbbb'>■</span> downtime · bars: node lifetimes per zone</p>"
-        f"<table>{rows}</table></body></html>"
+        f"<table class='summary'>{rows}</table>{more}</body></html>"
     )

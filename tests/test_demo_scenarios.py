@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from browser_fixtures import browser, open_page  # noqa: F401 - fixture
+from respawn import report
 from respawn.agent.supervisor import processes_with
 from sim.demo.scenario import default_scenario, parse_scenario
 from test_demo_summary import assert_each_line_rises
@@ -54,9 +56,21 @@ def check_common(r, out, tmp_path, nodes: int = 1):
         assert 0 < out["goodput"] <= 1
 
 
-def test_default_scenario(tmp_path):
+def test_default_scenario(tmp_path, browser):
     r, out = run_demo(tmp_path)
     check_common(r, out, tmp_path)
+    # The page `respawn jobs report` writes, from what the control plane recorded, in a real browser; its
+    # screenshot is kept (test-artifacts/). Its buckets cover the job's time: registration to its end.
+    buckets = out["goodput_buckets"]
+    assert set(buckets) == set(report.BUCKETS) and buckets["productive_training"] > 0
+    assert abs(sum(buckets.values()) - out["wall_seconds"]) < 1.0
+    page, errors = open_page(browser, Path(out["report"]), screenshot="report-default-demo.png")
+    assert errors == []
+    assert [page.locator("rect.life").nth(i).get_attribute("data-node") for i in range(3)] == [
+        "demo-default-1", "demo-default-2", "demo-default-2"]  # moved once, then restarted in place
+    summary = dict(zip(page.locator("table.summary th").all_inner_texts(),
+                       page.locator("table.summary td").all_inner_texts()))
+    assert summary["state"] == "SUCCEEDED" and summary["lives"] == "3"
     assert out["restarts"] == 2 and out["lost_steps"] == 0
     # Each preemption's recovery, from its notice to the job stepping again, in the summary and on the timeline.
     assert len(out["notice_to_step_seconds"]) == 2 and all(x and x > 0 for x in out["notice_to_step_seconds"])

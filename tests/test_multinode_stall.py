@@ -118,8 +118,13 @@ def test_the_agents_step_clock_times_only_a_trainer_that_has_stepped():
     assert clock.idle(False, "t1", None) is None
     assert clock.idle(True, "t1", 40) is None  # a new trainer; 40 is what the status file showed before it
     assert clock.idle(True, "t1", 40) is None
+    assert clock.first_step is None
     first = clock.idle(True, "t1", 41)
     assert first is not None and first < 1
+    assert clock.first_step == 41 and clock.first_step_at is not None  # where this life's training began
+    clock.idle(True, "t1", 45)
+    assert clock.first_step == 41
     assert clock.idle(True, "t2", 41) is None  # the next trainer starts untimed
+    assert clock.first_step is None
     # A closed port on this machine answers (refused): reachable. An address with no route does not.
     assert answers("127.0.0.1", 1, timeout=1)

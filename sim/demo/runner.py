@@ -24,13 +24,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from respawn import codestore, contract, deployment, schema
+from respawn import codestore, contract, deployment, report, schema
+from respawn.timeline import Mark, NodeSpan, Timeline, render_html
 from respawn.workdir import human_bytes, pack
 from sim import emulators, netns, node_image
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
 from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, lives, progress_series, recoveries, summarize,
                               workers_seen)
-from sim.demo.timeline import Mark, NodeSpan, Timeline, render_html
 from sim.tpu import ENDPOINTS_HOSTNAMES
 
 PROJECT = "respawn-demo"
@@ -463,6 +463,12 @@ class DemoRun:
         result["transitions"] = transitions
         result["message"] = status.message  # the job's last status message: why it ended as it did
         result["partitions"] = self.partitions
+        # The page `respawn jobs report` writes for a real job, from what the control plane recorded (not from the
+        # demo's own samples): the same code on the emulator's documents.
+        page, r = report.write(JobStore(db), job_id, self.out / "report.html")
+        result["report"] = str(page)
+        result["goodput_buckets"] = report.describe(r)["buckets_seconds"]
+        (self.out / "summary.json").write_text(json.dumps(result, indent=2))
         return result
 
     def _run_ends(self, beats: dict[str, dict[int, dict]], status: schema.JobStatus, now: float,
@@ -595,5 +601,4 @@ class DemoRun:
         (self.out / "timeline.html").write_text(render_html(timeline))
         result["expected_state"] = self.sc.expect.state.value
         result["timeline"] = str(self.out / "timeline.html")
-        (self.out / "summary.json").write_text(json.dumps(result, indent=2))
         return result

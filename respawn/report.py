@@ -1,0 +1,287 @@
+"""What happened to a job and where its time went, from what Respawn records without user code: the job's lifecycle
+events (jobs/{job}/events) and the last heartbeat of each of its nodes (nodes/{node}), read through the job store it
+is handed (`write`: `respawn jobs report` and the demo); the rest is pure: the lives, the recoveries, the goodput
+buckets and the page (respawn/timeline.py, the demo's renderer).
+
+A life is one node of one member slot, from the create the controller decided (an event whose details name the node
+and its provisioning model) to the next create in that slot (the controller learned the node was lost, or its notice
+came), or the job's end. A refused create is no life. The node's heartbeat says when its trainer started, its first
+step (and when the agent saw it), its last step and committed step.
+
+Goodput buckets, named after ml-goodput-measurement's badput types (docs/watching.md), partition the job's wall
+time, registration to its end (or now), along the lives of slot 0 (the job's master: any member's loss stops every
+rank, and the master's lives follow every recovery of the world):
+- productive_training: stepping, for the steps that were kept;
+- wasted_progress_from_disruption: stepping, for the steps after the life's last committed checkpoint (redone);
+- infrastructure_recovery_from_disruption: after a loss, until the replacement VM runs (capacity, create, boot);
+- program_startup: the job's first VM, from registration until it runs, and every VM from running until its
+  trainer starts (agent, workdir, setup or the environment cache);
+- training_prep: trainer start until its first step (interpreter, framework, restore);
+- other: what is left (a node that never reported, a life cut short before it stepped, the end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from respawn.schema import Heartbeat, JobEvent, JobStatus, State
+from respawn.timeline import Mark, NodeSpan, Timeline, render_html
+
+BUCKETS = ("productive_training", "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption",
+           "program_startup", "training_prep", "other")
+# Causes of a life's end that are the job's end, not a loss.
+_ENDS = {State.SUCCEEDED, State.FAILED, State.CANCELLED, State.INVALID}
+
+
+@dataclass
+class Life:
+    """One run of a node: a VM from its create (or its restart in place) until it was lost or the job ended, and
+    what its trainer did, as the node's heartbeat said (its last heartbeat for the node's newest run, the loss
+    event's `lost` for an earlier one: decide.lost_life)."""
+
+    slot: int
+    node: str
+    attempt: int
+    zone: str
+    model: str  # spot, preemptible, flex-start, standard
+    created_at: datetime
+    running_at: datetime | None = None
+    ended_at: datetime | None = None  # None: still the slot's node
+    end_cause: str = ""  # why the next node was made (preempted, run_ended, …) or how the job ended
+    trainer_started_at: datetime | None = None
+    first_step: int | None = None
+    first_step_at: datetime | None = None
+    step: int | None = None  # the last step reported, at last_beat_at
+    committed_step: int | None = None
+    last_beat_at: datetime | None = None
+
+    @property
+    def stepped(self) -> bool:
+        return None not in (self.first_step, self.first_step_at, self.step, self.last_beat_at)
+
+    def said(self, beat: Any) -> None:
+        """Take what a heartbeat (schema.Heartbeat) or a loss event's `lost` (a dict) said of this run's trainer."""
+        get = beat.get if isinstance(beat, dict) else lambda key: getattr(beat, key, None)
+        self.trainer_started_at = _time(get("started_at"))
+        self.first_step, self.first_step_at = get("first_step"), _time(get("first_step_at"))
+        self.step, self.committed_step = get("step"), get("committed_step")
+        self.last_beat_at = _time(get("heartbeat_at"))
+
+
+def _time(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+@dataclass
+class Recovery:
+    slot: int
+    lost: str  # the node lost
+    cause: str
+    at: datetime  # when the controller learned of it (the notice, or the loss)
+    training_at: datetime | None  # when the job trained again (the `recovered` event)
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.training_at is None else (self.training_at - self.at).total_seconds()
+
+
+@dataclass
+class Report:
+    job_id: str
+    state: str
+    started_at: datetime
+    ended_at: datetime
+    lives: list[Life] = field(default_factory=list)
+    recoveries: list[Recovery] = field(default_factory=list)
+    refused: int = 0  # creates refused (capacity, quota): no node
+    goodput: dict[str, float] = field(default_factory=dict)  # bucket → seconds
+
+    @property
+    def wall_seconds(self) -> float:
+        return (self.ended_at - self.started_at).total_seconds()
+
+    @property
+    def goodput_ratio(self) -> float:
+        wall = self.wall_seconds
+        return self.goodput.get("productive_training", 0.0) / wall if wall > 0 else 0.0
+
+
+def lives(events: Iterable[JobEvent], heartbeats: dict[str, Heartbeat]) -> tuple[list[Life], int]:
+    """The runs in the order they began, and how many creates (or starts in place) were refused."""
+    out: list[Life] = []
+    current: dict[int, Life] = {}
+    refused = 0
+    for ev in events:
+        d = ev.details
+        slot = int(d.get("slot") or 0)
+        node = d.get("node")
+        life = current.get(slot)
+        lost = d.get("lost")
+        if isinstance(lost, dict) and life is not None and life.node == lost.get("node") and life.ended_at is None:
+            life.ended_at, life.end_cause = ev.at, ev.cause
+            life.said(lost)
+        if ev.cause.startswith("zone_refused_") and node:
+            if life is not None and life.node == node and life.running_at is None:
+                out.remove(life)  # the create (or the start in place) was refused: no run
+                del current[slot]
+                refused += 1
+            continue
+        new = d.get("in_place") and life is not None and life.node == node
+        if node and (new or d.get("provisioning") and (life is None or life.node != node or life.ended_at)):
+            if life is not None and life.ended_at is None:
+                life.ended_at, life.end_cause = ev.at, ev.cause
+            model = d.get("provisioning") or (life.model if life is not None else "")
+            zone = d.get("zone") or (life.zone if life is not None else "")
+            current[slot] = Life(slot, node, int(d.get("attempt") or 0), zone, model, ev.at)
+            out.append(current[slot])
+        elif ev.cause == "node_running" and node and life is not None and life.node == node:
+            life.running_at = life.running_at or ev.at
+        if ev.to_state in _ENDS:
+            for life in current.values():
+                if life.ended_at is None:
+                    life.ended_at, life.end_cause = ev.at, ev.to_state.value.lower()
+            current.clear()
+    # A node's heartbeat is its newest run's, when it began within that run.
+    for node, hb in heartbeats.items():
+        runs = [life for life in out if life.node == node]
+        if runs and (hb.started_at is None or hb.started_at >= runs[-1].created_at):
+            runs[-1].said(hb)
+    return out, refused
+
+
+def recoveries(all_lives: list[Life], events: Iterable[JobEvent]) -> list[Recovery]:
+    """Each loss (a life ended by another's create), and the first `recovered` event of its slot after it."""
+    recovered = [(ev.at, int(ev.details.get("slot") or 0)) for ev in events if ev.cause == "recovered"]
+    out = []
+    for life in all_lives:
+        if life.ended_at is None or life.end_cause in {s.value.lower() for s in _ENDS} or life.running_at is None:
+            continue
+        back = next((at for at, slot in recovered if slot == life.slot and at >= life.ended_at), None)
+        out.append(Recovery(life.slot, life.node, life.end_cause, life.ended_at, back))
+    return out
+
+
+def _training_end(life: Life, end: datetime) -> datetime:
+    """When this life stopped stepping: its last heartbeat, within the life."""
+    assert life.last_beat_at is not None
+    return min(life.last_beat_at, end)
+
+
+def goodput(started_at: datetime, ended_at: datetime, all_lives: list[Life]) -> dict[str, float]:
+    """bucket → seconds; they add up to the wall time (see the module docstring)."""
+    buckets = dict.fromkeys(BUCKETS, 0.0)
+    master = sorted((l for l in all_lives if l.slot == 0), key=lambda l: l.created_at)
+    t = started_at
+
+    def spend(bucket: str, until: datetime | None) -> None:
+        nonlocal t
+        if until is None:
+            return
+        until = min(max(until, t), ended_at)
+        buckets[bucket] += (until - t).total_seconds()
+        t = until
+
+    for i, life in enumerate(master):
+        end = min(life.ended_at or ended_at, ended_at)
+        if i == 0:
+            spend("program_startup", life.running_at or end)  # nothing was lost yet: getting the first VM is startup
+        else:
+            spend("infrastructure_recovery_from_disruption", life.running_at or end)
+        if life.trainer_started_at is not None:
+            spend("program_startup", min(life.trainer_started_at, end))
+        if life.stepped:
+            assert life.first_step_at is not None and life.step is not None and life.first_step is not None
+            spend("training_prep", min(life.first_step_at, end))
+            stop = _training_end(life, end)
+            steps = life.step - life.first_step
+            committed = life.committed_step if life.committed_step is not None else life.first_step
+            kept = max(0, min(committed, life.step) - life.first_step)
+            spend("productive_training", t + (max(stop, t) - t) * (kept / steps if steps > 0 else 1.0))
+            spend("wasted_progress_from_disruption", stop)
+        spend("other", end)
+    spend("other", ended_at)
+    return buckets
+
+
+def build(job_id: str, state: str, started_at: datetime, ended_at: datetime, events: list[JobEvent],
+          heartbeats: dict[str, Heartbeat]) -> Report:
+    all_lives, refused = lives(events, heartbeats)
+    return Report(job_id, state, started_at, ended_at, all_lives, recoveries(all_lives, events), refused,
+                  goodput(started_at, ended_at, all_lives))
+
+
+def describe(r: Report) -> dict[str, Any]:
+    """The report's figures as plain values: `respawn jobs describe`, `--json`, the page's summary."""
+    wall = r.wall_seconds
+    return {
+        "wall_seconds": round(wall, 1),
+        "goodput": round(r.goodput_ratio, 4),
+        "buckets_seconds": {k: round(v, 1) for k, v in r.goodput.items()},
+        "lives": len(r.lives),
+        "refused_creates": r.refused,
+        "recoveries": [{"node": x.lost, "cause": x.cause, "at": x.at.isoformat(),
+                        "seconds": None if x.seconds is None else round(x.seconds, 1)} for x in r.recoveries],
+    }
+
+
+def timeline(r: Report, zones: list[str], total_steps: int = 0) -> Timeline:
+    """The page: a bar per life, its step line, the losses and recoveries, the goodput buckets as its summary."""
+    t0 = r.started_at
+
+    def s(at: datetime) -> float:
+        return (at - t0).total_seconds()
+
+    spans, marks, progress = [], [], []
+    for life in r.lives:
+        start = life.running_at or life.created_at
+        end = life.ended_at or r.ended_at
+        spans.append(NodeSpan(life.node, life.zone, s(start), s(end), life.end_cause or "running", model=life.model,
+                              slot=life.slot))
+        if life.stepped:
+            assert life.first_step_at is not None
+            progress.append([(s(life.first_step_at), life.first_step or 0), (s(_training_end(life, end)), life.step or 0)])
+            if life.committed_step is not None:
+                marks.append(Mark(s(_training_end(life, end)), "checkpoint", f"{life.node} committed {life.committed_step}",
+                                  life.zone))
+    for x in r.recoveries:
+        marks.append(Mark(s(x.at), "notice", f"{x.cause} {x.lost}"))
+        if x.training_at is not None:
+            marks.append(Mark(s(x.training_at), "training again", f"{x.seconds:g} s after"))
+    summary = {"job": r.job_id, "state": r.state, "wall": f"{r.wall_seconds:.1f} s",
+               "goodput": f"{r.goodput_ratio:.1%}", "lives": len(r.lives), "refused creates": r.refused}
+    summary.update({k.replace("_", " "): f"{v:.1f} s" for k, v in r.goodput.items()})
+    return Timeline(title=f"respawn: job {r.job_id}", wall_seconds=r.wall_seconds, zones=zones, nodes=spans,
+                    marks=marks, progress=progress, total_steps=total_steps, summary=summary)
+
+
+def load(store: Any, job_id: str, database: str | None = None) -> tuple[Report, dict[str, Any], list[JobEvent]]:
+    """(the report, the job document, its events) read through a respawn.jobstore.JobStore: the document, every
+    event, the nodes' heartbeats from `database` (by default where they beat). Raises NoSuchJob."""
+    doc = store.job_document(job_id)
+    status = JobStatus.model_validate(doc.get("status") or {})
+    events = store.all_events(job_id)
+    beats = store.heartbeats(job_id, database or store.heartbeat_database(job_id))
+    now = datetime.now(timezone.utc)
+    started = doc.get("created_at") or (events[0].at if events else now)
+    ended = events[-1].at if status.state.terminal and events else now
+    return build(job_id, status.state.value, started, ended, events, beats), doc, events
+
+
+def write(store: Any, job_id: str, path: Path, database: str | None = None) -> tuple[Path, Report]:
+    """Read the job (load) and write its page to `path`."""
+    r, doc, events = load(store, job_id, database)
+    zones = list((doc.get("spec") or {}).get("zones") or sorted({life.zone for life in r.lives}))
+    total = JobStatus.model_validate(doc.get("status") or {}).total_steps or 0
+    path.write_text(render(r, zones, events, total))
+    return path, r
+
+
+def render(r: Report, zones: list[str], events: list[JobEvent], total_steps: int = 0) -> str:
+    """One self-contained HTML page: the timeline, the goodput buckets and every event."""
+    rows = [[ev.at.isoformat(timespec="seconds"), ev.from_state.value if ev.from_state else "-", ev.to_state.value,
+             ev.cause, ", ".join(f"{k}={v}" for k, v in ev.details.items())] for ev in events]
+    return render_html(timeline(r, zones, total_steps), tables=[("events", ["at", "from", "to", "cause", "details"],
+                                                                  rows)])

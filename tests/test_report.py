@@ -1,0 +1,130 @@
+"""respawn/report.py: a job's lives, recoveries and goodput buckets from its events and its nodes' heartbeats (pure),
+`respawn jobs report` against the Firestore emulator, and the page in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import yaml
+
+from browser_fixtures import browser, open_page  # noqa: F401 - fixture
+from respawn import report, schema
+from respawn.schema import Heartbeat, JobEvent, State
+
+T0 = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def ev(s: float, frm, to, cause, **details) -> JobEvent:
+    return JobEvent(at=at(s), from_state=frm and State(frm), to_state=State(to), cause=cause, details=details)
+
+
+def lost(node, started, first_step, first_at, step, committed, beat):
+    return {"node": node, "started_at": at(started).isoformat(), "first_step": first_step,
+            "first_step_at": at(first_at).isoformat(), "step": step, "committed_step": committed,
+            "heartbeat_at": at(beat).isoformat()}
+
+
+# A job preempted at 100 s (node j-1's start in place refused), moved to j-2, which finished at 300 s.
+EVENTS = [
+    ev(0, None, "PENDING", "registered"),
+    ev(1, "PENDING", "PROVISIONING", "job_created", node="j-1", attempt=1, zone="z-a", provisioning="spot"),
+    ev(11, "PROVISIONING", "RUNNING", "node_running", node="j-1", attempt=1, zone="z-a"),
+    # j-1: trainer at 31 s, first step (0 → 1) seen at 41 s, last beat at 99 s at step 58, committed 50 (no
+    # emergency save fitted): 8 steps of its 58 are redone.
+    ev(100, "RUNNING", "PROVISIONING", "preempted", node="j-1", attempt=1, zone="z-a", in_place=True,
+       lost=lost("j-1", 31, 0, 41, 58, 50, 99)),
+    ev(101, "PROVISIONING", "PREEMPTED", "zone_refused_capacity", node="j-1", zone="z-a", code="STOCKOUT"),
+    ev(102, "PREEMPTED", "PROVISIONING", "preempted", node="j-2", attempt=2, zone="z-b", provisioning="flex-start"),
+    ev(130, "PROVISIONING", "RUNNING", "node_running", node="j-2", attempt=2, zone="z-b"),
+    ev(190, "RUNNING", "RUNNING", "recovered", node="j-2", attempt=2, zone="z-b"),
+    ev(300, "RUNNING", "SUCCEEDED", "trainer_succeeded", node="j-2", attempt=2, zone="z-b"),
+]
+BEATS = {"j-2": Heartbeat(job_id="j", attempt=2, state="exited", step=100, committed_step=100, first_step=51,
+                          started_at=at(160), first_step_at=at(190), heartbeat_at=at(298))}
+
+
+def test_lives_recoveries_and_buckets_follow_the_events_and_the_heartbeats():
+    r = report.build("j", "SUCCEEDED", T0, at(300), EVENTS, BEATS)
+    assert [(x.node, x.zone, x.model, x.end_cause) for x in r.lives] == [
+        ("j-1", "z-a", "spot", "preempted"), ("j-2", "z-b", "flex-start", "succeeded")]
+    assert r.refused == 1  # the start in place that the zone refused made no run
+    [rec] = r.recoveries
+    assert (rec.lost, rec.cause, rec.seconds) == ("j-1", "preempted", 90.0)
+    assert r.goodput == {
+        # j-1 stepped 41..99 s over steps 0..58, kept 0..50; j-2 stepped 190..298 s, all kept.
+        "productive_training": pytest.approx(58 * 50 / 58 + 108),
+        "wasted_progress_from_disruption": pytest.approx(58 * 8 / 58),
+        "infrastructure_recovery_from_disruption": 30.0,  # the loss at 100 s → j-2 running at 130 s
+        "program_startup": 11.0 + 20.0 + 30.0,  # registration → j-1 running; VM → trainer, twice
+        "training_prep": 10.0 + 30.0,
+        "other": 1.0 + 2.0,  # j-1's last beat → the loss; j-2's last beat → the end
+    }
+    assert sum(r.goodput.values()) == pytest.approx(r.wall_seconds) == 300
+    assert r.goodput_ratio == pytest.approx(158 / 300)
+
+
+def test_a_run_ended_by_a_restart_in_place_is_a_life_of_its_own():
+    events = [*EVENTS[:4], ev(115, "PROVISIONING", "RUNNING", "node_running", node="j-1", attempt=1, zone="z-a"),
+              ev(200, "RUNNING", "SUCCEEDED", "trainer_succeeded", node="j-1", attempt=1, zone="z-a")]
+    beats = {"j-1": Heartbeat(job_id="j", attempt=1, state="exited", step=90, committed_step=90, first_step=51,
+                              started_at=at(130), first_step_at=at(140), heartbeat_at=at(199))}
+    r = report.build("j", "SUCCEEDED", T0, at(200), events, beats)
+    first, second = r.lives
+    assert (first.node, first.step, first.ended_at) == ("j-1", 58, at(100))  # from the loss event's `lost`
+    assert (second.node, second.running_at, second.first_step, second.step) == ("j-1", at(115), 51, 90)
+    assert r.goodput["infrastructure_recovery_from_disruption"] == 15.0
+
+
+def test_the_cli_writes_the_page_and_its_figures_match_the_events(firestore_db, nodes_db, project, tmp_path):
+    ref = firestore_db.collection(schema.JOBS).document("j")
+    ref.set({"spec": {"zones": ["z-a", "z-b"]}, "created_at": T0,
+             "status": schema.JobStatus(state=State.SUCCEEDED, total_steps=100).model_dump()})
+    for e in EVENTS:
+        ref.collection(schema.EVENTS).add(e.model_dump())
+    for node, hb in BEATS.items():
+        nodes_db.collection(schema.NODES).document(node).set(hb.model_dump())
+    page = tmp_path / "report.html"
+    r = subprocess.run([sys.executable, "-m", "respawn", "jobs", "report", "j", "-o", str(page), "--json",
+                        "--project", project], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    figures = json.loads(r.stdout)
+    assert (figures["lives"], figures["refused_creates"], figures["wall_seconds"]) == (2, 1, 300.0)
+    assert figures["recoveries"] == [{"node": "j-1", "cause": "preempted", "at": at(100).isoformat(),
+                                      "seconds": 90.0}]
+    assert figures["buckets_seconds"]["infrastructure_recovery_from_disruption"] == 30.0
+    html = page.read_text()
+    assert 'data-node="j-1"' in html and 'data-node="j-2"' in html and "trainer_succeeded" in html
+    described = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "j", "--project", project],
+                               capture_output=True, text=True, timeout=60)
+    assert described.returncode == 0, described.stderr
+    goodput = yaml.safe_load(described.stdout)["goodput"]
+    assert goodput["goodput"] == round(158 / 300, 4) and goodput["lives"] == 2
+    missing = subprocess.run([sys.executable, "-m", "respawn", "jobs", "report", "nope", "--project", project],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
+
+
+def test_the_page_renders_every_life_and_the_totals_in_chromium(browser, tmp_path):
+    r = report.build("j", "SUCCEEDED", T0, at(300), EVENTS, BEATS)
+    path = tmp_path / "report.html"
+    path.write_text(report.render(r, ["z-a", "z-b"], EVENTS, 100))
+    page, errors = open_page(browser, path)
+    assert errors == []
+    assert page.locator("rect.life").count() == 2
+    assert page.locator("rect.life").nth(1).get_attribute("data-model") == "flex-start"
+    summary = dict(zip(page.locator("table.summary th").all_inner_texts(),
+                       page.locator("table.summary td").all_inner_texts()))
+    assert summary["goodput"] == f"{158 / 300:.1%}" and summary["lives"] == "2"
+    assert summary["infrastructure recovery from disruption"] == "30.0 s"
+    assert page.locator("table.events tr").count() == len(EVENTS) + 1  # its header, then every event
+    assert page.locator("polyline.progress").count() == 2
