@@ -8,7 +8,8 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
      "attempt": int, "restarts": int, "cause": str | null,
      # a loss's alerts (recovered, crashed, boot_failed, preemption_rate, failed): "failures", "preemptions"
      # recovered (sent once the replacement's agent reports, never for a node that did not):
-     #   "old_zone", "new_zone", "downtime_seconds", "steps_lost", "committed_step", "in_place"
+     #   "old_zone", "new_zone", "downtime_seconds", "steps_lost", "committed_step", "in_place",
+     #   "stages" (where the recovery's time went: alerts.STAGES → seconds)
      # waiting_for_capacity: "next_attempt_at", "zones"; failed / invalid_spec: "errors" (list[str]) when known
      # succeeded: "committed_step", "zone"; crashed: "exit_code", "output_tail"
      # boot_failed (no agent heartbeat within the boot grace; the node is replaced): "node", "zone", "console_tail"
@@ -43,6 +44,18 @@ def make(kind: str, job_id: str, at: datetime, message: str, **fields: Any) -> d
     alert = {"type": kind, "severity": _SEVERITY[kind], "job_id": job_id, "at": at.isoformat(), "message": message}
     alert.update({k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in fields.items()})
     return alert
+
+
+# A recovery's stages (decide.recovery_stages), as the recovered alert names them.
+STAGES = {"waiting_for_capacity": "waiting for capacity", "vm_create_and_boot": "VM create and boot",
+          "setup": "agent and setup", "restore_and_first_step": "trainer start, restore and first step"}
+
+
+def breakdown_text(cause: str | None, stages: dict[str, float]) -> str:
+    """'this preemption cost 4m10s: 52s waiting for capacity, …' (the stages that took a second or more)."""
+    what = {"preempted": "preemption", "run_ended": "planned stop"}.get(cause or "", "loss")
+    parts = [f"{_duration(v)} {STAGES.get(k, k)}" for k, v in stages.items() if v >= 1]
+    return f"this {what} cost {_duration(sum(stages.values()))}" + (": " + ", ".join(parts) if parts else "")
 
 
 def _duration(seconds: Any) -> str:

@@ -472,8 +472,10 @@ def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
     alert = None
     if s.recovering and hb.state is NodeState.TRAINING:
         changes.update(recovering=False, message=f"running on {s.node} in {s.zone}")
+        stages = recovery_stages(s, hb, o.now)
         alert = alerts.make(
-            "recovered", o.job_id, o.now, f"training again on {s.node} in {s.zone}",
+            "recovered", o.job_id, o.now, f"training again on {s.node} in {s.zone}"
+            + (f"; {alerts.breakdown_text(s.last_cause, stages)}" if stages else ""), stages=stages,
             old_zone=s.preempted_zone, new_zone=s.zone, downtime_seconds=_age(o.now, s.preempted_at),
             steps_lost=s.steps_lost, committed_step=s.last_committed_step, restarts=s.restarts,
             failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause,
@@ -498,8 +500,25 @@ def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
     elif queued.enabled(o.spec):
         flex = dict(node_started_at=o.now)  # its request may have waited long: the boot grace counts from now
     st = _upd(s, o.now, state=State.RUNNING, create_state="created", consecutive_failures=0, tried_zones=[],
-              next_attempt_at=None, message=message, **flex)
+              next_attempt_at=None, message=message, running_at=o.now, **flex)
     return Decision(NONE, st, "node_running")
+
+
+def recovery_stages(s: SlotStatus, hb: Heartbeat, now: datetime) -> dict[str, float]:
+    """Where a recovery's time went, in seconds, from the loss until the replacement trains (its first training
+    heartbeat, `now`): stage → seconds, in order, for the stages whose ends are known (alerts.STAGES). A restart in
+    place has no create: its start is its 'VM create and boot'."""
+    points = [("waiting_for_capacity", s.node_started_at), ("vm_create_and_boot", s.running_at),
+              ("setup", hb.started_at), ("restore_and_first_step", hb.first_step_at or now)]
+    out, t = {}, s.preempted_at
+    if t is None:
+        return {}
+    for stage, end in points:
+        if end is None or end < t:
+            continue
+        out[stage] = round((end - t).total_seconds(), 1)
+        t = end
+    return out
 
 
 def run_ending(s: MemberStatus, hb: Heartbeat | None, now: datetime) -> bool:
@@ -757,7 +776,7 @@ def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Deci
     zones_used = s.zones_used if s.zones_used[-1:] == [choice.zone] else [*s.zones_used, choice.zone]
     st = _upd(s, now, state=State.PROVISIONING, attempt=attempt, node=node, zone=choice.zone,
               provisioning=choice.provisioning, create_state="pending", node_started_at=now, in_place_restarts=0,
-              run_ends_at=None,
+              run_ends_at=None, running_at=None,
               zones_used=zones_used[-50:], next_attempt_at=None,
               message=f"creating {node} in {choice.zone} ({choice.provisioning}"
                       f"{': ' + choice.why if choice.why else ''})")

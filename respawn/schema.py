@@ -34,6 +34,7 @@ from respawn.contract import (ATTR_AGENT, ATTR_ATTEMPT, ATTR_GENERATION, ATTR_IN
                               SettingsError, check_cache_paths, workdir_digest)
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
 from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
+from respawn.contract import LOG_RETENTION_DAYS
 from respawn.deployment import RESPAWN_PREFIX
 
 JOBS = "jobs"
@@ -393,6 +394,15 @@ DEPRECATED_MAX_RESTARTS = ("max_restarts is the old name of max_failures (crashe
                            "longer count against it: rename it to max_failures (and see max_preemptions)")
 
 
+class Logs(_Strict):
+    """The job's shipped logs (respawn.contract.LogChunk): how long they are kept."""
+
+    retention_days: int = Field(
+        default=LOG_RETENTION_DAYS, ge=1, le=3650,
+        description="the controller's sweep deletes a log chunk this many days after it was written (once a day per "
+                    "job, from the job's own prefix)")
+
+
 class JobSpec(_Strict):
     """What a user writes to register a job. Unknown fields are errors."""
 
@@ -438,6 +448,7 @@ class JobSpec(_Strict):
     preemption_rate: PreemptionRate | None = None
     placement: Placement = Field(default_factory=Placement)
     labels: dict[str, str] = Field(default_factory=dict)
+    logs: Logs = Field(default_factory=Logs)
 
     @model_validator(mode="before")
     @classmethod
@@ -892,6 +903,7 @@ class MemberStatus(_Loss):
     # A flex-start node: when its run duration ends (seen running + max_run_hours, so at most a poll late): a loss
     # near it is the planned end of the run (decide.RUN_ENDED), not a preemption.
     run_ends_at: datetime | None = None
+    running_at: datetime | None = None  # when the API first said the current node runs (a recovery's breakdown)
 
 
 class SlotStatus(MemberStatus, JobCounters):
