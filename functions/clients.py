@@ -128,25 +128,37 @@ class Clients:
 
         return self._get(f"nodes_firestore:{database}", build)
 
+    def _storage_session(self) -> Any:
+        """An HTTP session for the Cloud Storage JSON API: anonymous on a loopback stand-in, else authorized."""
+        if self._credentials is None and _loopback(self.endpoints.storage):
+            import requests
+
+            return requests.Session()
+        import google.auth
+        from google.auth.transport.requests import AuthorizedSession
+
+        credentials = self._credentials or google.auth.default(
+            scopes=["https://www.googleapis.com/auth/cloud-platform"])[0]
+        return AuthorizedSession(credentials)
+
     def managed_folders(self):
         """Cloud Storage managed folders and their IAM policies (the JSON API: google-cloud-storage has no call for
         them)."""
         def build():
             from respawn.control.adapters.managed_folders import ManagedFoldersApi
 
-            endpoint = self.endpoints.storage
-            if self._credentials is None and _loopback(endpoint):
-                import requests
-
-                return ManagedFoldersApi(requests.Session(), endpoint)
-            import google.auth
-            from google.auth.transport.requests import AuthorizedSession
-
-            credentials = self._credentials or google.auth.default(
-                scopes=["https://www.googleapis.com/auth/cloud-platform"])[0]
-            return ManagedFoldersApi(AuthorizedSession(credentials), endpoint)
+            return ManagedFoldersApi(self._storage_session(), self.endpoints.storage)
 
         return self._get("managed_folders", build)
+
+    def log_objects(self):
+        """Cloud Storage objects.list and objects.delete for the jobs' log retention (adapters/logstore.py)."""
+        def build():
+            from respawn.control.adapters.logstore import LogObjectsApi
+
+            return LogObjectsApi(self._storage_session(), self.endpoints.storage)
+
+        return self._get("log_objects", build)
 
     def publisher(self):
         def build():

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from respawn.contract import LABEL_JOB
 from respawn.deployment import ENV_SWEEP_TOPIC as SWEEP_TOPIC_VAR
 from respawn.control import events
-from respawn import logs
+from respawn import contract, logs
 from respawn.schema import State
 
 if TYPE_CHECKING:
@@ -133,6 +133,35 @@ def _fan_out() -> None:
         delete_orphans(deps)
     except Exception as exc:  # noqa: BLE001 - the next sweep scans again
         logs.error(f"sweep: orphan scan failed: {type(exc).__name__}: {exc}")
+    expire_logs(deps, clients.default(settings))
+
+
+def expire_logs(deps: Deps, c: Any) -> None:
+    """Each job's shipped logs older than its logs.retention_days are deleted, by one listing of the job's own logs
+    prefix, once a day per job (respawn.joblogs.retention_due picks the tick); finished jobs too. A failure is
+    logged and the job waits for its next day."""
+    from respawn import deployment, joblogs
+    from respawn.control.adapters.logstore import LogRetention
+
+    retention, now = LogRetention(c), deps.now().timestamp()
+    for job_id, doc in sorted(deps.store.all_jobs().items()):
+        if not joblogs.retention_due(job_id, now, deployment.SWEEP_PERIOD_S):
+            continue
+        spec = doc.get("spec") or {}
+        uri = spec.get("checkpoint_uri")
+        days = (spec.get("logs") or {}).get("retention_days", contract.LOG_RETENTION_DAYS)
+        if not isinstance(uri, str) or not uri.startswith(contract.CHECKPOINT_SCHEMES):
+            continue
+        try:
+            deleted = retention.expire(uri, days, now)
+        except Exception as exc:  # noqa: BLE001 - tomorrow's tick tries again
+            logs.error(f"sweep: expiring the logs of {job_id} under {contract.logs_uri(uri)} failed: "
+                       f"{type(exc).__name__}: {exc}; the controller needs storage.objects.list and "
+                       "storage.objects.delete on the checkpoint bucket (role respawnLogRetention)", job_id=job_id)
+            continue
+        if deleted:
+            logs.info(f"sweep: deleted {deleted} log chunk(s) of {job_id} older than {days} days", job_id=job_id,
+                      deleted=deleted, retention_days=days)
 
 
 def delete_orphans(deps: Deps) -> None:

@@ -25,7 +25,7 @@ from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 from google.cloud import storage
 
-from respawn.joblogs import Listed
+from respawn.joblogs import Listed, list_local
 from respawn.workdir import PackedWorkdir, human_bytes, workdir_uri
 
 # Above this the upload goes in resumable chunks of this size (a multiple of 256 KiB), so progress can be shown.
@@ -196,17 +196,7 @@ def list_logs(base: str, prefix: str = "", project: str | None = None) -> list[L
     """Every object below `base` (contract.logs_uri(checkpoint_uri)) whose name there starts with `prefix`, named
     relative to `base`. Raises CodeStoreError."""
     if base.startswith("file://"):
-        root = base[len("file://"):]
-        found = []
-        for folder, _, files in os.walk(os.path.join(root, prefix)):
-            for f in files:
-                path = os.path.join(folder, f)
-                try:
-                    st = os.stat(path)
-                except FileNotFoundError:
-                    continue  # replaced meanwhile (a temporary name renamed into place)
-                found.append(Listed(os.path.relpath(path, root), st.st_size, st.st_mtime))
-        return found
+        return list_local(base[len("file://"):], prefix)
     bucket, _, under = base[len("gs://"):].partition("/")
     try:
         return [Listed(b.name[len(under):], b.size or 0, b.updated.timestamp() if b.updated else 0.0)

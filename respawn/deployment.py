@@ -22,6 +22,7 @@ SWEEP_TOPIC = "respawn-sweep"
 SINK = "respawn-system-events"  # the Logging sink that routes respawn.audit.sink_filter() to LOG_EVENTS_TOPIC
 SCHEDULER_JOB = "respawn-sweep"
 SWEEP_SCHEDULE = "*/2 * * * *"  # a lost audit event delays recovery by at most this period
+SWEEP_PERIOD_S = 120.0  # the same period in seconds (the daily log retention picks one tick per job: respawn.joblogs)
 SWEEP_MESSAGE = '{"task":"sweep"}'
 
 # Service account IDs (emails are {id}@{project}.iam.gserviceaccount.com).

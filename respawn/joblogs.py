@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import collections
 import heapq
+import os
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -37,6 +39,20 @@ class Shown:
 
 class NoLogs(Exception):
     """Nothing to show, said so that the user knows why and what to do."""
+
+
+def list_local(root: str, prefix: str = "") -> list[Listed]:
+    """The files below the directory `root` (a file:/// store) whose names there start with `prefix`."""
+    found = []
+    for folder, _, files in os.walk(os.path.join(root, prefix)):
+        for f in files:
+            path = os.path.join(folder, f)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue  # replaced meanwhile (a temporary name renamed into place)
+            found.append(Listed(os.path.relpath(path, root), st.st_size, st.st_mtime))
+    return found
 
 
 def select(listed: Iterable[Listed], *, job_id: str, where: str, attempt: int | None = None,
@@ -114,3 +130,24 @@ def last_chunks(shown: list[Shown], read: Callable[[Shown], bytes], k: int) -> l
 
 def tail(it: Iterable[str], k: int) -> list[str]:
     return list(collections.deque(it, maxlen=k))
+
+
+# ---- retention (the controller's scheduled sweep; functions/adapters/logstore.py lists and deletes) --------------
+
+DAY_S = 86400.0
+
+
+def expired(listed: Iterable[Listed], now: float, retention_days: int) -> list[str]:
+    """The chunks written more than `retention_days` before `now` (seconds since the epoch); nothing else below the
+    logs' prefix is ever named, whatever its age."""
+    cutoff = now - retention_days * DAY_S
+    return [item.name for item in listed if contract.LogChunk.parse(item.name) is not None and item.updated < cutoff]
+
+
+def retention_due(job_id: str, now: float, period_s: float) -> bool:
+    """Whether the scheduled sweep at `now`, one every `period_s`, expires `job_id`'s logs: each job has a fixed
+    moment of the day (from a hash of its id, so jobs spread over the day) and the one tick in whose period it falls
+    does it. So at most once a day per job, with no record to keep; a tick that does not come skips that day."""
+    moment = zlib.crc32(job_id.encode()) % int(DAY_S)
+    into_day = now % DAY_S
+    return 0 <= (into_day - moment) % DAY_S < period_s

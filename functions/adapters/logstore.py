@@ -1,0 +1,90 @@
+"""Log retention (issue #27): the controller's scheduled sweep deletes each job's shipped log chunks
+(respawn.contract.LogChunk, under {checkpoint_uri}/.respawn-logs/) once they are older than the job's
+logs.retention_days. One listing of the job's own logs prefix a day (respawn.joblogs.retention_due picks the tick),
+then one delete per expired chunk; nothing outside that prefix is listed or deleted.
+
+LogObjectsApi is the Cloud Storage JSON API's objects.list / objects.delete over an authorized session
+(respawn.control.clients builds it); a file:/// checkpoint_uri (local runs: the demo) is a directory.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+from google.api_core import exceptions as gexc
+
+from respawn import contract, joblogs
+
+PRODUCTION = "https://storage.googleapis.com"
+TIMEOUT_S = 30
+
+
+class LogObjectsApi:
+    def __init__(self, session: Any, endpoint: str | None = None):
+        self.session = session
+        self.base = f"{(endpoint or PRODUCTION).rstrip('/')}/storage/v1/b"
+
+    def _call(self, method: str, url: str, params: dict | None = None) -> dict:
+        r = self.session.request(method, url, params=params, timeout=TIMEOUT_S)
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:300]
+            raise gexc.from_http_status(r.status_code, f"{method} {url}: {message}")
+        return r.json() if r.content else {}
+
+    def list(self, bucket: str, prefix: str) -> list[dict]:
+        """Every object whose name starts with `prefix`: its name and updated (RFC 3339), page after page."""
+        items, token = [], None
+        while True:
+            params = {"prefix": prefix, "fields": "items(name,updated),nextPageToken"}
+            if token:
+                params["pageToken"] = token
+            page = self._call("GET", f"{self.base}/{quote(bucket, safe='')}/o", params)
+            items.extend(page.get("items") or [])
+            token = page.get("nextPageToken")
+            if not token:
+                return items
+
+    def delete(self, bucket: str, name: str) -> None:
+        self._call("DELETE", f"{self.base}/{quote(bucket, safe='')}/o/{quote(name, safe='')}")
+
+
+class LogRetention:
+    def __init__(self, clients: Any):
+        self.clients = clients
+
+    def listed(self, checkpoint_uri: str) -> list[joblogs.Listed]:
+        base = contract.logs_uri(checkpoint_uri)
+        if base.startswith("file://"):
+            return joblogs.list_local(base[len("file://"):])
+        from datetime import datetime
+
+        bucket, _, under = base[len("gs://"):].partition("/")
+        api = self.clients.log_objects()
+        return [joblogs.Listed(item["name"][len(under):], 0, datetime.fromisoformat(
+            item["updated"].replace("Z", "+00:00")).timestamp()) for item in api.list(bucket, under)]
+
+    def expire(self, checkpoint_uri: str, retention_days: int, now: float) -> int:
+        """Delete the job's chunks older than `retention_days`; how many went. An object already gone is not an
+        error (two sweeps at once)."""
+        base = contract.logs_uri(checkpoint_uri)
+        names = joblogs.expired(self.listed(checkpoint_uri), now, retention_days)
+        if base.startswith("file://"):
+            for name in names:
+                try:
+                    os.unlink(os.path.join(base[len("file://"):], name))
+                except FileNotFoundError:
+                    pass
+            return len(names)
+        bucket, _, under = base[len("gs://"):].partition("/")
+        api = self.clients.log_objects()
+        for name in names:
+            try:
+                api.delete(bucket, under + name)
+            except gexc.NotFound:
+                pass
+        return len(names)
