@@ -741,6 +741,89 @@ def plan_cmd(
     run_reporting_errors(go)
 
 
+def chaos_command(gcloud: str, kind: str, node: str, zone: str, project: str) -> list[str]:
+    """The gcloud command that simulates a host maintenance event on the node (docs/gcp-facts.md §23): a GPU VM is
+    terminated (a Spot VM preempted), a TPU VM's workers go through maintenance. --async: the node may be gone
+    (deleted) before gcloud would read it back; `respawn chaos` follows the job instead."""
+    where = [node, f"--zone={zone}", f"--project={project}", "--async"]
+    if kind == "tpu":
+        return [gcloud, "alpha", "compute", "tpus", "tpu-vm", "simulate-maintenance-event", *where]
+    return [gcloud, "compute", "instances", "simulate-maintenance-event", *where]
+
+
+@app.command("chaos")
+def chaos(
+    job_id: str,
+    node: Optional[str] = typer.Option(None, help="one of the job's current nodes (default: its master's)"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+    follow: bool = typer.Option(True, "--follow/--no-follow", help="follow the recovery until the job trains again"),
+    timeout: float = typer.Option(1800.0, min=1, help="stop following after this many seconds"),
+    gcloud: str = typer.Option("gcloud", help="the gcloud executable"),
+    project: Optional[str] = ProjectOpt,
+) -> None:
+    """Interrupt one of a running job's nodes for real, with Compute Engine's (or Cloud TPU's) simulated host
+    maintenance, and follow Respawn's recovery live. Not a real preemption: rate limited per project and region
+    (docs/watching.md, testing on Google Cloud)."""
+
+    def go() -> None:
+        import shutil
+        import subprocess
+        import time
+
+        from respawn.jobstore import NoSuchJob
+
+        store = _store(project)
+        try:
+            doc = store.job_document(job_id)
+        except NoSuchJob:
+            raise _no_such_job(job_id) from None
+        status = schema.JobStatus.model_validate(doc.get("status") or {})
+        if status.state is not schema.State.RUNNING:
+            raise CliError(f"job {job_id} is {status.state.value}: only a RUNNING job's node can be interrupted", code=2)
+        nodes = {m.node: m.zone for m in status.members if m.node and m.zone} or {status.node: status.zone}
+        target = node or status.node
+        if target not in nodes or not nodes[target]:
+            raise CliError(f"{target} is not one of job {job_id}'s current nodes ({', '.join(map(str, nodes))})", code=2)
+        kind = ((doc.get("spec") or {}).get("accelerator") or {}).get("kind", "gpu")
+        if shutil.which(gcloud) is None:
+            raise CliError(f"{gcloud} not found: install the Google Cloud CLI (https://cloud.google.com/sdk) or pass "
+                           "--gcloud PATH", code=2)
+        command = chaos_command(gcloud, kind, target, nodes[target], store.project)
+        if not yes and not typer.confirm(f"This stops {target} in {nodes[target]} (project {store.project}) for real: "
+                                         f"{' '.join(command[1:])}. Go on?", err=True):
+            raise CliError("nothing done", code=1)
+        seen = {(e.at, e.cause) for e in store.job_events(job_id, 50)}
+        started = time.monotonic()
+        err.print(f"interrupting {target}: {' '.join(command)}")
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CliError(f"{' '.join(command)} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}\n"
+                           "check that you may call compute.instances.simulateMaintenanceEvent (tpu.nodes."
+                           "simulateMaintenanceEvent) and the per-region rate limit "
+                           "SimulateMaintenanceEventRequestsPerMinutePerProjectPerRegion")
+        if not follow:
+            return
+        err.print(f"following job {job_id} (Ctrl-C stops following, not the job)")
+        while time.monotonic() - started < timeout:
+            for ev in store.job_events(job_id, 50):
+                if (ev.at, ev.cause) in seen:
+                    continue
+                seen.add((ev.at, ev.cause))
+                took = time.monotonic() - started
+                out.print(f"{took:7.1f} s  {ev.from_state.value if ev.from_state else '-'} → {ev.to_state.value}: "
+                          f"{ev.cause} {json.dumps({k: v for k, v in ev.details.items() if k != 'lost'}, default=str)}")
+                if ev.cause == "recovered":
+                    out.print(f"job {job_id} trains again {took:.0f} s after the interruption")
+                    return
+                if ev.to_state.terminal:
+                    raise CliError(f"job {job_id} ended {ev.to_state.value} instead of recovering")
+            time.sleep(2.0)
+        raise CliError(f"job {job_id} did not train again within {timeout:g} s; `respawn jobs events {job_id}` "
+                       "shows where it is")
+
+    run_reporting_errors(go)
+
+
 @app.command("zones")
 def zones_cmd(
     accelerator: str = typer.Option(..., "--accelerator", help="the GPU, e.g. nvidia-l4"),

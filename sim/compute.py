@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from respawn import advice
+from respawn import advice, audit
 from respawn.agent.run_end import ENV_BOOT_TIME
 from sim import audit_entries
 from sim.capacity import region_of
@@ -770,6 +770,39 @@ class ComputeService:
             entry = audit_entries.compute_system_event("compute.instances.hostError", project=self.sim.project,
                                                        zone=zone, instance_name=name, instance_id=inst.id)
         self.sim.emit(entry)
+
+    def simulate_maintenance_event(self, zone: str, name: str) -> dict:
+        """instances.simulateMaintenanceEvent (`gcloud compute instances simulate-maintenance-event`, gcp-facts §23):
+        a VM that cannot live-migrate (every VM with GPUs) is terminated as its host maintenance policy says. A Spot
+        VM is preempted (its notice, the soft-off, compute.instances.preempted); any other VM gets
+        instance/maintenance-event TERMINATE_ON_HOST_MAINTENANCE, then after notice_seconds the soft-off and
+        TERMINATED, with a compute.instances.terminateOnHostMaintenance entry. The operation ends at once."""
+        with self.sim.cond:
+            inst = self._get(zone, name)
+            if inst.status != "RUNNING":
+                raise compute_error(400, "resourceNotReady", f"The resource '{self._path(zone, name)}' is not ready: "
+                                    f"a maintenance event is simulated on a RUNNING instance, not {inst.status}")
+            op = self._new_op(zone, "simulateMaintenanceEvent", self._path(zone, name), inst.id)
+            spot = inst.model == "SPOT"
+        self.sim.scheduler.call_later(self.sim.op_delay, self._finish, op)
+        if spot:
+            self.preempt(zone, name)
+            return dict(op.body)
+        self.maintenance_event(zone, name, "TERMINATE_ON_HOST_MAINTENANCE")
+
+        def terminate() -> None:
+            with self.sim.cond:
+                if self.instances.get((zone, name)) is not inst or inst.status != "RUNNING":
+                    return
+                self._set_status(inst, "STOPPING")
+                self._shutdown(inst, self.sim.notice_seconds, then=lambda: self._stopped(inst, None))
+                entry = audit_entries.compute_system_event(audit.TERMINATE_ON_HOST_MAINTENANCE,
+                                                           project=self.sim.project, zone=zone, instance_name=name,
+                                                           instance_id=inst.id)
+            self.sim.emit(entry)
+
+        self.sim.scheduler.call_later(self.sim.notice_seconds, terminate)
+        return dict(op.body)
 
     def maintenance_event(self, zone: str, name: str, value: str) -> None:
         with self.sim.cond:

@@ -28,6 +28,7 @@ ROUTES = [
     ("POST", _C + r"/instances/(?P<name>[^/]+)/start", "c_start"),
     ("POST", _C + r"/instances/(?P<name>[^/]+)/stop", "c_stop"),
     ("POST", _C + r"/instances/(?P<name>[^/]+)/setMetadata", "c_set_metadata"),
+    ("POST", _C + r"/instances/(?P<name>[^/]+)/simulateMaintenanceEvent", "c_simulate_maintenance"),
     ("GET", _C + r"/instances/(?P<name>[^/]+)/serialPort", "c_serial"),
     ("GET", _C + r"/operations", "c_ops"),
     ("GET", _C + r"/operations/(?P<op>[^/]+)", "c_op"),
@@ -174,6 +175,9 @@ def make_handler(sim: "SimServer"):
 
         def c_set_metadata(self, zone, name, body, query):
             return sim.compute.set_metadata(zone, name, body)
+
+        def c_simulate_maintenance(self, zone, name, body, query):
+            return sim.compute.simulate_maintenance_event(zone, name)
 
         def c_serial(self, zone, name, body, query):
             return sim.compute.serial_port_output(zone, name, int(query.get("port", 1)), int(query.get("start", 0)))
