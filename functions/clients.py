@@ -16,7 +16,7 @@ Every google.cloud import happens inside a method, so importing this module (and
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from respawn.control.settings import ControlSettings
@@ -32,12 +32,14 @@ class Endpoints:
     compute: str | None = None
     tpu: str | None = None
     storage: str | None = None
+    billing: str | None = None
+    billing_api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, settings: ControlSettings) -> "Endpoints":
         """The project and endpoints `settings` name; SettingsError when no project is set."""
         return cls(settings.require_project(), settings.compute_endpoint, settings.tpu_endpoint,
-                   settings.storage_endpoint)
+                   settings.storage_endpoint, settings.billing_endpoint, settings.billing_api_key)
 
 
 class Clients:
@@ -128,9 +130,10 @@ class Clients:
 
         return self._get(f"nodes_firestore:{database}", build)
 
-    def _storage_session(self) -> Any:
-        """An HTTP session for the Cloud Storage JSON API: anonymous on a loopback stand-in, else authorized."""
-        if self._credentials is None and _loopback(self.endpoints.storage):
+    def _storage_session(self, endpoint: str | None = None) -> Any:
+        """An HTTP session for a JSON API (Cloud Storage's unless `endpoint` names another): anonymous on a loopback
+        stand-in, else authorized."""
+        if self._credentials is None and _loopback(endpoint or self.endpoints.storage):
             import requests
 
             return requests.Session()
@@ -159,6 +162,21 @@ class Clients:
             return LogObjectsApi(self._storage_session(), self.endpoints.storage)
 
         return self._get("log_objects", build)
+
+    def billing_catalog(self):
+        """The Cloud Billing Catalog API's services.skus.list (adapters/prices.py, gcp-facts §24): with the API key
+        when one is set, else with the function's own credentials."""
+        def build():
+            from respawn.control.adapters.prices import CatalogApi
+
+            key = self.endpoints.billing_api_key
+            if key:
+                import requests
+
+                return CatalogApi(requests.Session(), self.endpoints.billing, key)
+            return CatalogApi(self._storage_session(self.endpoints.billing), self.endpoints.billing)
+
+        return self._get("billing_catalog", build)
 
     def publisher(self):
         def build():

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 from respawn.contract import Handover
 from respawn.images import ImageCheck
 from respawn.advice import Shape, ZoneAdvice
+from respawn.prices import Book
 from respawn.schema import AdviceRecord, CapacityRecord, JobEvent, JobSpec
 
 
@@ -92,6 +93,16 @@ class AdviceSource(Protocol):
     def capacity(self, zone: str, shape: Shape, size: int) -> ZoneAdvice | None:
         """The scores of `size` Spot VMs of `shape` in `zone` (None: the answer has none for it); raises the
         client's exception."""
+        ...
+
+
+@runtime_checkable
+class PriceSource(Protocol):
+    """Unit prices of a region (respawn.prices.Book; the Cloud Billing Catalog, gcp-facts §24)."""
+
+    def book(self, region: str, now: datetime) -> Book:
+        """The region's price book: the catalog's (cached), else a fallback whose `note` says which. Never raises
+        for a catalog that cannot be read."""
         ...
 
 

@@ -26,6 +26,8 @@ PROJECT_VARS = (deployment.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT", "GCP_PROJECT")  
 COMPUTE_ENDPOINT = deployment.ENV_COMPUTE_ENDPOINT
 TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"
 STORAGE_ENDPOINT = "RESPAWN_STORAGE_ENDPOINT"  # local runs only: the sim's Cloud Storage managed folders
+BILLING_ENDPOINT = "RESPAWN_BILLING_ENDPOINT"  # local runs only: the sim's Cloud Billing Catalog (gcp-facts §24)
+BILLING_API_KEY = "RESPAWN_BILLING_API_KEY"  # an API key for the Catalog API; unset: the function's own credentials
 ALERTS_TOPIC = deployment.ENV_ALERTS_TOPIC
 ALERT_PUBLISH_TIMEOUT = "RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS"
 SWEEP_TOPIC = deployment.ENV_SWEEP_TOPIC
@@ -85,6 +87,8 @@ class ControlSettings:
     compute_endpoint: str | None = None  # None: the real endpoint; sim/ in local runs
     tpu_endpoint: str | None = None
     storage_endpoint: str | None = None
+    billing_endpoint: str | None = None  # None: https://cloudbilling.googleapis.com
+    billing_api_key: str | None = field(default=None, repr=False)
     # Alerts (adapters/pubsub.py, handlers.alert).
     alerts_topic: str | None = None  # None: alerts are only logged
     alert_publish_timeout_seconds: float = 10.0
@@ -124,6 +128,8 @@ class ControlSettings:
             compute_endpoint=env.text(COMPUTE_ENDPOINT),
             tpu_endpoint=env.text(TPU_ENDPOINT),
             storage_endpoint=env.text(STORAGE_ENDPOINT),
+            billing_endpoint=env.text(BILLING_ENDPOINT),
+            billing_api_key=env.text(BILLING_API_KEY),
             alerts_topic=env.text(ALERTS_TOPIC),
             alert_publish_timeout_seconds=env.seconds(ALERT_PUBLISH_TIMEOUT, cls.alert_publish_timeout_seconds, positive=True),
             slack_webhook_url=env.text(SLACK_WEBHOOK_URL),

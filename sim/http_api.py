@@ -67,6 +67,8 @@ ROUTES = [
     ("PUT", r"/storage/v1/b/(?P<bucket>[^/]+)/managedFolders/(?P<folder>[^/]+)/iam", "g_folder_set_policy"),
     ("POST", r"/sim/images", "s_images"),
     ("POST", r"/sim/advice", "s_advice"),
+    ("GET", r"/v1/services/(?P<service>[^/]+)/skus", "b_skus"),  # the Cloud Billing Catalog (gcp-facts §24)
+    ("POST", r"/sim/catalog", "s_catalog"),
     ("POST", r"/sim/firewalls", "s_firewalls"),
 ]
 _COMPILED = [(m, re.compile(p + "$"), h) for m, p, h in ROUTES]
@@ -306,6 +308,13 @@ def make_handler(sim: "SimServer"):
             sim.set_advice(body["zone"], body["machineType"], obtainability=body.get("obtainability"),
                            estimated_uptime=body.get("estimatedUptime"), preemption_rates=body.get("preemptionRates"),
                            prices=body.get("prices"))
+            return {}
+
+        def b_skus(self, service, body, query):
+            return sim.catalog_page(service, int(query.get("pageSize", 5000)), query.get("pageToken", ""))
+
+        def s_catalog(self, body, query):
+            sim.set_catalog(body["service"], body["skus"])
             return {}
 
         def s_hold(self, body, query):

@@ -135,6 +135,7 @@ class SimServer:
         self.tpu = TpuService(self)
         self.storage_folders = StorageFolders(self)
         self.advice = AdviceService(self)
+        self.catalog: dict[str, list[dict]] = {}  # Cloud Billing Catalog: service id → its SKUs (set_catalog)
         self._t0 = time.monotonic()
         self._http: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -275,6 +276,22 @@ class SimServer:
         estimated_uptime (s), preemption_rates and prices (USD) of the newest days; the rest follows the capacity
         timeline."""
         self.advice.set(zone, machine_type, **values)
+
+    def set_catalog(self, service: str, skus: list[dict]) -> None:
+        """The SKUs the Cloud Billing Catalog serves for `service` (e.g. respawn.prices.COMPUTE_SERVICE), in the
+        documented shape (respawn.prices.catalog_skus makes them); none set: an empty list."""
+        with self.cond:
+            self.catalog[service] = list(skus)
+
+    def catalog_page(self, service: str, page_size: int, token: str) -> dict:
+        """services.skus.list: one page of `page_size` SKUs from `token` (an offset), with nextPageToken while more
+        are left (gcp-facts §24)."""
+        with self.cond:
+            skus = self.catalog.get(service, [])
+        start = int(token or 0)
+        page = skus[start:start + max(page_size, 1)]
+        end = start + len(page)
+        return {"skus": page, "nextPageToken": str(end) if end < len(skus) else ""}
 
     def set_api_faults(self, rate: float = 0.0, count: int = 0, status: int = 503,
                        methods: tuple[str, ...] = ("insert", "create"), nodes: tuple[str, ...] = (),

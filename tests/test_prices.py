@@ -1,0 +1,105 @@
+"""Node prices (respawn/prices.py) and the Cloud Billing Catalog adapter (functions/adapters/prices.py) through the
+real HTTP path: the sim serves services.skus.list from a table the test sets, the cache is a Firestore emulator
+document.
+
+The catalog answers here are CONSTRUCTED from the documented shape of a SKU (gcp-facts §24: description, category
+{resourceFamily, resourceGroup, usageType}, serviceRegions, pricingInfo[].pricingExpression {usageUnit,
+tieredRates[].unitPrice {currencyCode, units, nanos}}); none was recorded from the live API."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import requests
+
+from respawn import prices
+from respawn.schema import GpuAccelerator, TpuAccelerator
+from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
+
+NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+G2 = GpuAccelerator(kind="gpu", machine_type="g2-standard-8", boot_disk_gb=100)
+# Unit prices chosen so that each figure of the test below can be checked by hand.
+RATES = {"cpu:g2:standard": 0.025, "ram:g2:standard": 0.003, "gpu:nvidia-l4:standard": 0.5,
+         "cpu:g2:spot": 0.01, "ram:g2:spot": 0.001, "gpu:nvidia-l4:spot": 0.2, "disk:pd-balanced": 0.073}
+
+
+def test_g2_standard_8_is_its_vcpus_memory_l4_and_disk():
+    book = prices.Book("us-central1", "catalog", "2026-11-26", RATES)
+    r = prices.rate(prices.shape_of(G2), "spot", book)
+    disk = 100 * 0.073 / prices.HOURS_PER_MONTH  # 0.01 $/h
+    assert r.usd_per_hour == pytest.approx(8 * 0.01 + 32 * 0.001 + 0.2 + disk)
+    assert r.on_demand_usd_per_hour == pytest.approx(8 * 0.025 + 32 * 0.003 + 0.5 + disk)
+    assert r.note == "Cloud Billing Catalog of 2026-11-26 (us-central1)"
+    # flex-start is priced on demand (an upper bound); a missing unit leaves the node unpriced, and says which.
+    assert prices.rate(prices.shape_of(G2), "flex-start", book).usd_per_hour == r.on_demand_usd_per_hour
+    q = prices.quote(G2, prices.Book("us-central1", "catalog", "2026-11-26", {"cpu:g2:spot": 0.01}))
+    assert q.rates["spot"] is None and "gpu:nvidia-l4:spot" in q.why
+
+
+@pytest.mark.parametrize("machine,vcpus,memory,gpu,count", [
+    ("g2-standard-8", 8, 32, "nvidia-l4", 1), ("a2-highgpu-1g", 12, 85, "nvidia-tesla-a100", 1),
+    ("a3-highgpu-8g", 208, 1872, "nvidia-h100-80gb", 8), ("n1-standard-8", 8, 30, "nvidia-tesla-t4", 2)])
+def test_shapes_and_offline_prices_of_the_common_gpu_types(machine, vcpus, memory, gpu, count):
+    acc = GpuAccelerator(kind="gpu", machine_type=machine, **(
+        {"accelerator_type": gpu, "accelerator_count": count} if machine.startswith("n1") else {}))
+    shape = prices.shape_of(acc)
+    assert (shape.vcpus, shape.memory_gib, shape.gpu, shape.gpus) == (vcpus, memory, gpu, count)
+    book = prices.offline("us-central1")
+    spot, standard = prices.rate(shape, "spot", book), prices.rate(shape, "standard", book)
+    assert 0 < spot.usd_per_hour < standard.usd_per_hour == spot.on_demand_usd_per_hour
+    assert spot.note == f"offline table of {prices.OFFLINE_DATE} (us-central1)"
+    # Every figure of the table names its page.
+    assert all(src.startswith("https://cloud.google.com/") for _, src, _ in prices.OFFLINE_SOURCES["us-central1"].values())
+
+
+def test_tpu_chips_and_unknown_types():
+    assert prices.shape_of(TpuAccelerator(kind="tpu", accelerator_type="v5litepod-16",
+                                          runtime_version="v2-alpha-tpuv5-lite")).chips == 16
+    assert prices.shape_of(TpuAccelerator(kind="tpu", accelerator_type="v4-16", runtime_version="x")).chips == 8
+    q = prices.quote(GpuAccelerator(kind="gpu", machine_type="c3-standard-8"), prices.offline("us-central1"))
+    assert q.rates == {} and "c3-standard-8" in q.why
+
+
+def test_catalog_skus_other_regions_commitments_and_units_are_skipped():
+    skus = prices.catalog_skus(RATES, "us-central1")
+    other = prices.catalog_skus({"gpu:nvidia-l4:spot": 9.0}, "europe-west4")
+    commitment = prices.catalog_skus({"cpu:g2:standard": 7.0}, "us-central1")[0]
+    commitment["description"] = "Commitment v1: G2 Cpu in Americas for 1 Year"
+    book = prices.from_catalog([*other, commitment, *skus], "us-central1", "2026-11-26")
+    assert dict(book.rates) == pytest.approx(RATES)
+    assert book.source == "catalog"
+
+
+def _catalog(sim, rates):
+    requests.post(f"{sim.endpoint}/sim/catalog", json={"service": prices.COMPUTE_SERVICE,
+                                                        "skus": prices.catalog_skus(rates, "us-central1")},
+                  timeout=10).raise_for_status()
+
+
+def test_the_adapter_reads_every_page_caches_a_day_and_falls_back(sim_server, firestore_db, monkeypatch):
+    from respawn.control.adapters import prices as adapter
+
+    monkeypatch.setattr(adapter, "PAGE_SIZE", 2)  # several pages: nextPageToken is followed
+    _catalog(sim_server, RATES)
+    source = adapter.CatalogPrices(adapter.CatalogApi(requests.Session(), sim_server.endpoint), firestore_db)
+    book = source.book("us-central1", NOW)
+    assert dict(book.rates) == pytest.approx(RATES) and book.note == "Cloud Billing Catalog of 2026-11-26 (us-central1)"
+    # Within a day the cached document answers, whatever the catalog says now.
+    _catalog(sim_server, {k: v * 2 for k, v in RATES.items()})
+    assert dict(source.book("us-central1", NOW + timedelta(hours=23)).rates) == pytest.approx(RATES)
+    # A day later the catalog is read again.
+    later = source.book("us-central1", NOW + timedelta(days=1, minutes=1))
+    assert later.rates["gpu:nvidia-l4:spot"] == pytest.approx(0.4)
+    # A catalog that cannot be read: the book read last stays in use (and says its date) for an hour...
+    broken = adapter.CatalogPrices(adapter.CatalogApi(requests.Session(), sim_server.endpoint + "/nowhere"),
+                                   firestore_db)
+    stale = broken.book("us-central1", NOW + timedelta(days=3))
+    assert stale.source == "catalog" and stale.rates["gpu:nvidia-l4:spot"] == pytest.approx(0.4)
+    # ...and with nothing cached, the dated offline table.
+    fallback = broken.book("europe-west4", NOW)
+    assert fallback.source == "offline" and fallback.rates == {}
+    first = broken.book("us-central1", NOW + timedelta(days=5))
+    assert first.source == "catalog"  # the cached catalog book still wins over the offline table
+    firestore_db.collection(adapter.PRICES).document("us-central1").delete()
+    assert broken.book("us-central1", NOW).note == f"offline table of {prices.OFFLINE_DATE} (us-central1)"
