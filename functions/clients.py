@@ -154,6 +154,15 @@ class Clients:
 
         return self._get("managed_folders", build)
 
+    def monitoring(self, endpoint: str | None = None):
+        """Cloud Monitoring's timeSeries.create (adapters/monitoring.py; `endpoint`: the sim's in local runs)."""
+        def build():
+            from respawn.control.adapters.monitoring import PRODUCTION, MonitoringApi
+
+            return MonitoringApi(self._storage_session(endpoint or PRODUCTION), endpoint)
+
+        return self._get("monitoring", build)
+
     def log_objects(self):
         """Cloud Storage objects.list and objects.delete for the jobs' log retention (adapters/logstore.py)."""
         def build():

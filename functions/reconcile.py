@@ -73,6 +73,8 @@ class Deps:
     identities: tuple[str, ...] = ()  # the node identity pool (identities.py); empty: the default service account
     grants: FolderGrants | None = None  # who may use a checkpoint folder (needed when `identities` is not empty)
     advice: AdviceSource | None = None  # capacity advice for jobs with placement.rank: advice (None: never asked)
+    # Writes a job's goodput to Cloud Monitoring (adapters/monitoring.py) when it recovers or ends; None: never.
+    metrics: Callable[[str, JobSpec], Any] | None = None
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     sleep: Callable[[float], None] = time.sleep
 
@@ -85,6 +87,7 @@ class Deps:
         from respawn.control.adapters.compute import ComputeProvider
         from respawn.control.adapters.firestore_store import Store
         from respawn.control.adapters.managed_folders import FolderGrants as StorageFolderGrants
+        from respawn.control.adapters.monitoring import write_goodput
         from respawn.control.adapters.tpu import QueuedTpuProvider, TpuProvider
 
         s = settings if settings is not None else ControlSettings.from_env()
@@ -96,7 +99,9 @@ class Deps:
                    publish=lambda alert: pubsub.publish_alert(c, alert, topic=s.alerts_topic,
                                                               timeout=s.alert_publish_timeout_seconds),
                    project=c.project, startup_script=deployment.startup_script, config=Config.from_settings(s),
-                   identities=s.nodes.identities, grants=StorageFolderGrants(c), advice=AdviceReader(c))
+                   identities=s.nodes.identities, grants=StorageFolderGrants(c), advice=AdviceReader(c),
+                   metrics=(lambda job_id, spec: write_goodput(c, c.project, job_id, spec, s.monitoring_endpoint))
+                   if s.writes_goodput else None)
 
 
 @dataclass(frozen=True)
@@ -316,6 +321,8 @@ def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
             _act(deps, o, spec, d)
         if d.alert is not None:
             deps.publish(d.alert)
+        if d.status is not None and (d.cause == "recovered" or (d.status.state.terminal and not o.status.state.terminal)):
+            _write_goodput(deps, job_id, spec)
         if a.kind is Act.POLL:
             return Result(job_id, requeue_after=cfg.poll_seconds, hint=hint)
         if a.kind is Act.WAIT or (a.kind is Act.NONE and d.status is None):
@@ -323,6 +330,18 @@ def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
     logs.warning(f"job {job_id}: still changing after {cfg.max_passes} passes; the next event or sweep continues",
                  job_id=job_id)
     return Result(job_id)
+
+
+def _write_goodput(deps: Deps, job_id: str, spec: JobSpec | None) -> None:
+    """The job's goodput to Cloud Monitoring, after a recovery or at its end: best effort, never in the way."""
+    if deps.metrics is None or spec is None:
+        return
+    try:
+        deps.metrics(job_id, spec)
+    except Exception as exc:  # noqa: BLE001 - Monitoring down or refusing must not stop the recovery
+        logs.warning(f"job {job_id}: writing its goodput to Cloud Monitoring failed: {type(exc).__name__}: {exc}; "
+                     "the controller needs monitoring.timeSeries.create (roles/monitoring.metricWriter)",
+                     job_id=job_id)
 
 
 def _record_stats(deps: Deps, job_id: str, spec: JobSpec | None, before: Any, after: Any) -> None:

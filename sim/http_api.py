@@ -38,6 +38,7 @@ ROUTES = [
     ("POST", _R + r"/advice/capacity", "c_advice_capacity"),
     ("POST", _R + r"/advice/capacityHistory", "c_advice_history"),
     ("GET", _R, "c_region"),
+    ("POST", r"/v3/projects/(?P<project>[^/]+)/timeSeries", "m_time_series"),
     ("GET", r"/compute/v1/projects/(?P<fw_project>[^/]+)/global/firewalls/(?P<firewall>[^/]+)", "c_firewall"),
     ("POST", _T + r"/nodes", "t_create"),
     ("GET", _T + r"/nodes", "t_list"),
@@ -210,6 +211,9 @@ def make_handler(sim: "SimServer"):
 
         def c_region(self, region, body, query):
             return sim.advice.region(region)
+
+        def m_time_series(self, body, query):
+            return sim.monitoring.create(sim.project, body)
 
         # --- Cloud Storage managed folders (the folder name comes URL-encoded: a/b/ is a%2Fb%2F) ---
         def g_folder_insert(self, bucket, body, query):

@@ -64,6 +64,8 @@ def parse(argv: list[str]) -> Call:
         name = (flags.get("database") or ["(default)"])[0]
     if group == "firestore indexes composite" and verb == "create":
         name = json.dumps([flags.get("collection-group", [""])[0], flags.get("field-config", [])])
+    if group == "monitoring dashboards" and verb == "create":  # Cloud Monitoring names it; the stand-in by its title
+        name = json.loads(Path(flags["config-from-file"][-1]).read_text())["displayName"]
     return Call(argv, group, verb, name, flags, rest)
 
 
@@ -95,6 +97,8 @@ def standin(argv: list[str]) -> int:
         if call.group == "firestore indexes composite":
             out = json.dumps([{"name": f"projects/p/databases/(default)/collectionGroups/{json.loads(n)[0]}/indexes/i{i}",
                                "fields": r["fields"]} for i, (n, r) in enumerate(kind.items())])
+        elif flags.get("format") == "value(name)":
+            out = "\n".join(n for n, r in kind.items() if not r.get("deleted"))
         else:
             out = json.dumps(list(kind))
     elif call.verb == "create":

@@ -41,7 +41,8 @@ def test_every_variable_reaches_its_field():
         "RESPAWN_BOOT_GRACE_SECONDS": "30", "RESPAWN_BACKOFF_BASE_SECONDS": "2", "RESPAWN_MAX_IN_PLACE_RESTARTS": "0",
         "RESPAWN_POLL_SECONDS": "0.05", "RESPAWN_POLL_BUDGET_SECONDS": "15", "RESPAWN_OP_TIMEOUT_SECONDS": "60",
         "RESPAWN_NODE_IDENTITIES": "n-1@p.iam.gserviceaccount.com,n-2@p.iam.gserviceaccount.com",
-        "RESPAWN_STORAGE_ENDPOINT": "http://127.0.0.1:3", "RESPAWN_NETWORK": "net",
+        "RESPAWN_STORAGE_ENDPOINT": "http://127.0.0.1:3", "RESPAWN_MONITORING_ENDPOINT": "http://127.0.0.1:4",
+        "RESPAWN_NETWORK": "net",
         "RESPAWN_SUBNETWORK": "sub", "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_AGENT": AGENT, "RESPAWN_LIBRARY": LIBRARY,
         "RESPAWN_HEARTBEAT_SECONDS": "5", "RESPAWN_NOTICE_BUDGET_SECONDS": "20",
         "RESPAWN_SWEEP_TOPIC": "projects/p/topics/sweep", "RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS": "7",
@@ -55,11 +56,14 @@ def test_every_variable_reaches_its_field():
         stale_heartbeat_seconds=60, boot_grace_seconds=30, backoff_base_seconds=2, max_in_place_restarts=0,
         poll_seconds=0.05, poll_budget_seconds=15, compute_op_timeout_seconds=60, tpu_op_timeout_seconds=60,
         progress_timeout_seconds=90, sweep_topic="projects/p/topics/sweep", sweep_publish_timeout_seconds=7,
-        storage_endpoint="http://127.0.0.1:3",
+        storage_endpoint="http://127.0.0.1:3", monitoring_endpoint="http://127.0.0.1:4",
         nodes=NodeOptions(("n-1@p.iam.gserviceaccount.com", "n-2@p.iam.gserviceaccount.com"), "net", "sub", False,
                           AGENT, LIBRARY, 5, 20,
                           "projects/p/topics/sweep"))  # the nodes nudge the controller where its sweep listens
     assert "https://hook" not in repr(s)  # the webhook URL is a secret
+    # Goodput goes to Cloud Monitoring in production; a local run (the sim's Compute) only where it names one.
+    assert s.writes_goodput and ControlSettings().writes_goodput
+    assert not ControlSettings(compute_endpoint="http://127.0.0.1:1").writes_goodput
     assert ControlSettings.from_env({"GOOGLE_CLOUD_PROJECT": "g", "GCP_PROJECT": "x"}).project == "g"
     assert ControlSettings.from_env({"RESPAWN_PROJECT": "r", "GOOGLE_CLOUD_PROJECT": "g"}).project == "r"
 

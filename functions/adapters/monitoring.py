@@ -1,0 +1,55 @@
+"""The job's goodput in Cloud Monitoring (functions/goodput_metrics.py): timeSeries.create over the REST API (an
+authorized session from respawn.control.clients; local runs: sim/ at RESPAWN_MONITORING_ENDPOINT). Written when a
+job recovers and when it ends (reconcile), best effort: a failure is one WARNING and changes nothing else.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from google.api_core import exceptions as gexc
+
+from respawn import report
+from respawn.control import goodput_metrics
+from respawn.jobstore import JobStore
+from respawn.schema import JobSpec
+
+PRODUCTION = "https://monitoring.googleapis.com"
+TIMEOUT_S = 30
+
+
+class MonitoringApi:
+    def __init__(self, session: Any, endpoint: str | None = None):
+        self.session = session
+        self.base = f"{(endpoint or PRODUCTION).rstrip('/')}/v3"
+
+    def create_time_series(self, project: str, series: list[dict[str, Any]]) -> None:
+        for i in range(0, len(series), goodput_metrics.MAX_SERIES_PER_REQUEST):
+            url = f"{self.base}/projects/{project}/timeSeries"
+            r = self.session.request("POST", url, json={
+                "timeSeries": series[i:i + goodput_metrics.MAX_SERIES_PER_REQUEST]}, timeout=TIMEOUT_S)
+            if r.status_code >= 400:
+                try:
+                    message = r.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = r.text[:300]
+                raise gexc.from_http_status(r.status_code, f"POST {url}: {message}")
+
+
+def write_goodput(clients: Any, project: str, job_id: str, spec: JobSpec, endpoint: str | None = None
+                  ) -> list[dict[str, Any]]:
+    """Read the job's report (its events and heartbeats, respawn/report.py) and post its goodput; the series
+    posted."""
+    r, doc, _ = report.load(JobStore(clients.firestore()), job_id)
+    status = doc.get("status") or {}
+    location = status.get("zone") or (spec.zones[0] if spec.zones else "global")
+    series = goodput_metrics.time_series(job_id, location, _accelerator(spec), r.goodput, r.wall_seconds,
+                                         len(r.recoveries), datetime.now(timezone.utc))
+    clients.monitoring(endpoint).create_time_series(project, series)
+    return series
+
+
+def _accelerator(spec: JobSpec) -> str:
+    acc = spec.accelerator
+    return getattr(acc, "accelerator_type", None) or getattr(acc, "machine_type", None) or acc.kind
