@@ -11,6 +11,7 @@ says and ends with a summary and a timeline. Everything it started is stopped on
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
@@ -264,7 +265,9 @@ class DemoRun:
             **os.environ, **self.env,
             "RESPAWN_PROJECT": PROJECT,
             "RESPAWN_COMPUTE_ENDPOINT": self.sim.endpoint,
+            "RESPAWN_MONITORING_ENDPOINT": self.sim.endpoint,  # the job's goodput series, as in production
             "RESPAWN_TPU_ENDPOINT": self.sim.endpoint,
+            "RESPAWN_BILLING_ENDPOINT": self.sim.endpoint,  # no SKUs set: the offline table prices the demo
             "RESPAWN_ALERTS_TOPIC": deployment.ALERTS_TOPIC,
             "RESPAWN_AGENT": self.agent,
             "SLACK_WEBHOOK_URL": self.slack.url,
@@ -468,8 +471,25 @@ class DemoRun:
         page, r = report.write(JobStore(db), job_id, self.out / "report.html")
         result["report"] = str(page)
         result["goodput_buckets"] = report.describe(r)["buckets_seconds"]
+        result["logs"] = self._logs(job_id)
         (self.out / "summary.json").write_text(json.dumps(result, indent=2))
         return result
+
+    def _logs(self, job_id: str) -> list[str]:
+        """Every node's logs, the lost ones' too, as `respawn jobs logs` shows them (docs/watching.md), into logs.txt;
+        for the summary, how many lines each node said."""
+        r = subprocess.run([sys.executable, "-m", "respawn", "jobs", "logs", job_id, "--project", PROJECT],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+        (self.out / "logs.txt").write_text(r.stdout + r.stderr)
+        if r.returncode != 0:
+            return [f"respawn jobs logs failed: {r.stderr.strip()[-300:]}"]
+        lines = r.stdout.splitlines()
+        if all(line.startswith("[") and "] " in line for line in lines):  # several nodes wrote: each line says which
+            said = collections.Counter(line[1:line.index("] ")] for line in lines)
+        else:
+            nodes = {h["name"] for h in self.sim.history() if (h.get("labels") or {}).get(contract.LABEL_JOB) == job_id}
+            said = collections.Counter({nodes.pop() if len(nodes) == 1 else "its one node": len(lines)})
+        return [f"{node}: {n} lines" for node, n in sorted(said.items())] + [f"in {self.out / 'logs.txt'}"]
 
     def _run_ends(self, beats: dict[str, dict[int, dict]], status: schema.JobStatus, now: float,
                   marks: list[Mark]) -> None:
