@@ -26,6 +26,7 @@ PROJECT_VARS = (deployment.ENV_PROJECT, "GOOGLE_CLOUD_PROJECT", "GCP_PROJECT")  
 COMPUTE_ENDPOINT = deployment.ENV_COMPUTE_ENDPOINT
 TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"
 STORAGE_ENDPOINT = "RESPAWN_STORAGE_ENDPOINT"  # local runs only: the sim's Cloud Storage managed folders
+MONITORING_ENDPOINT = "RESPAWN_MONITORING_ENDPOINT"  # local runs only: the sim's Cloud Monitoring (goodput series)
 BILLING_ENDPOINT = "RESPAWN_BILLING_ENDPOINT"  # local runs only: the sim's Cloud Billing Catalog (gcp-facts §24)
 BILLING_API_KEY = "RESPAWN_BILLING_API_KEY"  # an API key for the Catalog API; unset: the function's own credentials
 ALERTS_TOPIC = deployment.ENV_ALERTS_TOPIC
@@ -87,6 +88,7 @@ class ControlSettings:
     compute_endpoint: str | None = None  # None: the real endpoint; sim/ in local runs
     tpu_endpoint: str | None = None
     storage_endpoint: str | None = None
+    monitoring_endpoint: str | None = None  # None: https://monitoring.googleapis.com (adapters/monitoring.py)
     billing_endpoint: str | None = None  # None: https://cloudbilling.googleapis.com
     billing_api_key: str | None = field(default=None, repr=False)
     # Alerts (adapters/pubsub.py, handlers.alert).
@@ -112,6 +114,12 @@ class ControlSettings:
     tpu_op_timeout_seconds: float = 600.0
     nodes: NodeOptions = NodeOptions()
 
+    @property
+    def writes_goodput(self) -> bool:
+        """Whether the controller writes jobs' goodput to Cloud Monitoring: in production always; a local run (the
+        sim's Compute Engine) only where it names a Monitoring endpoint, so nothing leaves the machine."""
+        return self.compute_endpoint is None or self.monitoring_endpoint is not None
+
     def require_project(self) -> str:
         if not self.project:
             raise SettingsError(NO_PROJECT)
@@ -128,6 +136,7 @@ class ControlSettings:
             compute_endpoint=env.text(COMPUTE_ENDPOINT),
             tpu_endpoint=env.text(TPU_ENDPOINT),
             storage_endpoint=env.text(STORAGE_ENDPOINT),
+            monitoring_endpoint=env.text(MONITORING_ENDPOINT),
             billing_endpoint=env.text(BILLING_ENDPOINT),
             billing_api_key=env.text(BILLING_API_KEY),
             alerts_topic=env.text(ALERTS_TOPIC),

@@ -26,6 +26,7 @@ from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
 from sim.http_api import make_handler
 from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
+from sim.monitoring import Monitoring
 from sim.netns import Host, Network
 from sim.nodes import NodeRuntime
 from sim.storage_folders import StorageFolders
@@ -135,6 +136,7 @@ class SimServer:
         self.tpu = TpuService(self)
         self.storage_folders = StorageFolders(self)
         self.advice = AdviceService(self)
+        self.monitoring = Monitoring()  # Cloud Monitoring's timeSeries.create: what the controller wrote
         self.catalog: dict[str, list[dict]] = {}  # Cloud Billing Catalog: service id → its SKUs (set_catalog)
         self._t0 = time.monotonic()
         self._http: LoopbackHTTPServer | None = None

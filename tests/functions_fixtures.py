@@ -244,6 +244,7 @@ def controller(monkeypatch, firestore_db, nodes_db, pubsub_emulator, project, si
     subscriber.close()
     sweep_topic = f"sweep-{uuid.uuid4().hex[:8]}"
     env = {"RESPAWN_PROJECT": project, "RESPAWN_COMPUTE_ENDPOINT": sim_server.endpoint,
+           "RESPAWN_MONITORING_ENDPOINT": sim_server.endpoint,
            "RESPAWN_TPU_ENDPOINT": sim_server.endpoint, "RESPAWN_BILLING_ENDPOINT": sim_server.endpoint,
            "RESPAWN_ALERTS_TOPIC": topic_id,
            "RESPAWN_SWEEP_TOPIC": sweep_topic, **FAST_ENV}
