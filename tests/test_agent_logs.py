@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -203,3 +204,34 @@ def test_merge_keeps_each_sequence_in_order_and_interleaves_by_time():
     assert list(joblogs.lines(shown, lambda s: data[s.listed.name])) == [
         "[j-4] j-4:0", "[j-4 w1] j-4-w1:0", "[j-4] j-4:0", "[j-4] j-4:3"]
     assert list(joblogs.lines(shown[2:], lambda s: data[s.listed.name])) == ["j-4:0", "j-4:3"]  # one host
+
+
+def test_follow_prints_new_chunks_as_they_come(agent_env):
+    """--follow on a file:/// store: what is there, then each new chunk, and a chunk re-sent longer (a restarted
+    agent) only for what it adds; two hosts: each line prefixed."""
+    store = agent_env.tmp / "ckpt"
+    agent_env.db.collection(schema.JOBS).document("f").set({"spec": {"checkpoint_uri": store.as_uri()}})
+    base = store / contract.LOGS_DIR
+
+    def put(host: str, offset: int, data: bytes) -> None:
+        path = base / contract.LogChunk(1, host, "trainer", offset).name()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    put("f-1", 0, b"one\n")
+    proc = subprocess.Popen([sys.executable, "-m", "respawn", "jobs", "logs", "f", "--follow", "--project",
+                             agent_env.project], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: lines == ["one\n"], 30, "the first chunk")
+        put("f-1", 0, b"one\ntwo\n")  # re-sent, longer
+        wait_for(lambda: lines[1:] == ["two\n"], 15, "what the re-sent chunk adds")
+        put("f-1", 8, b"three\n")
+        put("f-1-w1", 0, b"from worker 1\n")
+        wait_for(lambda: len(lines) == 4, 15, "the next chunks")
+        assert sorted(lines[2:]) == ["[f-1 w1] from worker 1\n", "[f-1] three\n"], lines
+    finally:
+        proc.terminate()
+        proc.wait(10)

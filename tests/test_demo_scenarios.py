@@ -72,6 +72,12 @@ def test_default_scenario(tmp_path, browser):
                        page.locator("table.summary td").all_inner_texts()))
     assert summary["state"] == "SUCCEEDED" and summary["lives"] == "3"
     assert out["restarts"] == 2 and out["lost_steps"] == 0
+    # The preempted first node's logs, read back by `respawn jobs logs` after its replacement ran (docs/watching.md):
+    # its setup's output and the trainer's last words, said during the notice, each line naming its node.
+    said = (tmp_path / "out" / "logs.txt").read_text().splitlines()
+    first = [line for line in said if line.startswith("[demo-default-1] ")]
+    assert any("prepare.py: " in line for line in first) and any("preempted at step" in line for line in first), first[-5:]
+    assert [row.split(":")[0] for row in out["logs"][:2]] == ["demo-default-1", "demo-default-2"], out["logs"]
     # Each preemption's recovery, from its notice to the job stepping again, in the summary and on the timeline.
     assert len(out["notice_to_step_seconds"]) == 2 and all(x and x > 0 for x in out["notice_to_step_seconds"])
     page = (tmp_path / "out" / "timeline.html").read_text()

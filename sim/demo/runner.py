@@ -478,8 +478,11 @@ class DemoRun:
     def _logs(self, job_id: str) -> list[str]:
         """Every node's logs, the lost ones' too, as `respawn jobs logs` shows them (docs/watching.md), into logs.txt;
         for the summary, how many lines each node said."""
-        r = subprocess.run([sys.executable, "-m", "respawn", "jobs", "logs", job_id, "--project", PROJECT],
-                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+        try:
+            r = subprocess.run([sys.executable, "-m", "respawn", "jobs", "logs", job_id, "--project", PROJECT],
+                               capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return [f"respawn jobs logs could not run: {exc}"]
         (self.out / "logs.txt").write_text(r.stdout + r.stderr)
         if r.returncode != 0:
             return [f"respawn jobs logs failed: {r.stderr.strip()[-300:]}"]
