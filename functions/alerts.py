@@ -15,7 +15,9 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
      # boot_failed (no agent heartbeat within the boot grace; the node is replaced): "node", "zone", "console_tail"
      # preemption_rate (more than spec.preemption_rate.max in its window): "max", "window_hours", "action"
      # failed with cause setup_failed: "failed_command" (argv), "exit_code", "output_tail"
-     # failed with cause no_heartbeat (the second boot in a row without a heartbeat): "console_tail"}
+     # failed with cause no_heartbeat (the second boot in a row without a heartbeat): "console_tail"
+     # budget (50 %, 80 % of spec.budget.max_usd; 100 %: the job stopped BUDGET_EXHAUSTED): "percent", "budget_usd"
+     # every alert of a job whose cost is known (functions/costs.py): "cost_usd", "on_demand_usd", "cost_note"}
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ from datetime import datetime
 from typing import Any
 
 TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed", "boot_failed",
-         "preemption_rate")
+         "preemption_rate", "budget")
 _SEVERITY = {"recovered": "info", "succeeded": "info", "waiting_for_capacity": "warning", "crashed": "warning",
-             "boot_failed": "warning", "preemption_rate": "warning", "failed": "error", "invalid_spec": "error"}
+             "boot_failed": "warning", "preemption_rate": "warning", "failed": "error", "invalid_spec": "error",
+             "budget": "warning"}
 _ICON = {"info": ":white_check_mark:", "warning": ":warning:", "error": ":x:"}
 _TITLE = {"recovered": "recovered", "waiting_for_capacity": "waiting for capacity", "failed": "failed",
           "invalid_spec": "has an invalid spec", "succeeded": "succeeded", "crashed": "trainer crashed, restarting",
           "boot_failed": "had a node that never started its agent; replacing it",
-          "preemption_rate": "is preempted more often than its preemption_rate allows"}
+          "preemption_rate": "is preempted more often than its preemption_rate allows",
+          "budget": "has spent part of its budget"}
 
 
 class BadAlert(ValueError):
@@ -109,7 +113,16 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
             facts.append(("Cause", str(alert["cause"])))
         if alert.get("failed_command"):
             facts.append(("Command", " ".join(map(str, alert["failed_command"]))))
+    elif kind == "budget":
+        facts.append(("Budget", f"{alert.get('percent', '?')} % of ${alert.get('budget_usd', '?')}"))
+    if alert.get("cost_usd") is not None:
+        facts.append(("Cost so far", cost_text(alert["cost_usd"], alert.get("on_demand_usd"))))
     return facts
+
+
+def cost_text(usd: float, on_demand_usd: float | None) -> str:
+    """'$1.23 (on demand: $3.45)': a job's cost so far against the same lives on demand."""
+    return f"${usd:,.2f}" + (f" (on demand: ${on_demand_usd:,.2f})" if on_demand_usd is not None else "")
 
 
 def to_slack(alert: Any) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any, Literal, Mapping, Sequence
 from respawn.contract import NOTICE_RUN_ENDING, SOFT_OFF_SECONDS, Handover
 from respawn.control import alerts, placement, queued, recovery
 from respawn.advice import ZoneAdvice
+from respawn.prices import Quote
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
 from respawn.schema import (CONSOLE_TAIL_CHARS, MAX_PREEMPTION_TIMES, CapacityRecord, Heartbeat, JobSpec, JobStatus,
                             Leaving, MemberStatus, NodeState, SlotStatus, State, node_name)
@@ -134,6 +135,9 @@ class Settings:
     # timeout (RESPAWN_COLLECTIVE_TIMEOUT_SECONDS, 300 s), so a cut-off member is replaced before the survivors'
     # collectives fail and restart the world with it. Raise both for longer pauses.
     progress_timeout_seconds: float = 240
+    # A job with a budget stops when its cost would reach the cap within this long at its current burn: the sweep's
+    # period (2 min) and a Spot VM's soft-off (30 s), so no node runs past the cap before the next look.
+    budget_lookahead_seconds: float = 150
     timings: recovery.Timings = recovery.Timings()  # a fresh node against a restart in place, during a notice
 
 
@@ -159,6 +163,9 @@ class Observation:
     # node name → the end of its serial console, read only for a node that needs_console() says decide may declare
     # a boot failure of (None: the provider has no console for it, e.g. a Cloud TPU VM).
     consoles: Mapping[str, str | None] = field(default_factory=dict)
+    # The job's node prices by provisioning model (functions/costs.py), read only when a life may open
+    # (costs.needs_quote); None: not read.
+    quote: Quote | None = None
 
 
 class Act(str, enum.Enum):

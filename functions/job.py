@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from respawn.contract import EXIT_PREEMPTED, SOFT_OFF_SECONDS, Generation, Handover
-from respawn.control import alerts, decide as core, membership
+from respawn.control import alerts, costs, decide as core, membership
 from respawn.control.decide import ABSENT, NONE, POLL, Act, Action, Decision, NodeObs, Observation, Outcome, Phase
 from respawn.schema import (Heartbeat, JobCounters, JobEvent, JobSpec, JobStatus, MemberStatus, NodeState, SlotStatus,
                             State)
@@ -195,12 +195,39 @@ def _delete_any(o: Observation, members: list[MemberStatus], seen: Sequence[Memb
 
 
 def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
-    """The job's decision; `seen`: one MemberObs per slot (as recorded in status.members)."""
+    """The job's decision; `seen`: one MemberObs per slot (as recorded in status.members). Its node lives booked in
+    the cost ledger (functions/costs.py), a budget alert due sent when the decision sends none, and the cost so far
+    on the alert."""
+    d = _decide(o, seen)
+    s, now, spec = o.status, o.now, o.spec
+    status = costs.account(s, d.status, now, o.quote) if d.status is not None else None
+    alert = d.alert
+    budget = spec.budget if spec is not None else None
+    after = status if status is not None else s
+    if budget is not None and alert is None and not after.state.terminal:
+        due = costs.alert_due(after, budget.max_usd, now)
+        if due is not None:
+            usd = costs.spent(after, now)[0]
+            alert = alerts.make("budget", o.job_id, now, f"${usd:,.2f} spent: {due} % of the budget of "
+                                f"${budget.max_usd:,.2f}; at 100 % the job is checkpointed and stopped",
+                                percent=due, budget_usd=budget.max_usd)
+            ledger = after.cost.model_copy(update={"alerted_percent": due})
+            status = (status.model_copy(update={"cost": ledger}) if status is not None
+                      else _upd(after, now, cost=ledger))  # one revision per write
+    if alert is not None:
+        alert = {**alert, **costs.alert_fields(status if status is not None else s, now)}
+    return replace(d, status=status, alert=alert)
+
+
+def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     s, now, spec = o.status, o.now, o.spec
     nodes = spec.slots if spec is not None else max(len(s.members), 1)
     members = slots(s, nodes)
     seen = [*seen[:nodes], *(MemberObs() for _ in range(nodes - len(seen)))]
 
+    if s.state is State.BUDGET_EXHAUSTED and spec is not None and not o.cancel_requested and (
+            spec.budget is None or not costs.over_budget(s, spec.budget.max_usd, now, 0)):
+        return _resume(o, members, seen)
     if s.state.terminal:  # nothing may keep billing after the end
         a, left = _delete_any(o, members, seen)
         return Decision(a, _upd(s, now, members=left) if left != members else None)
@@ -213,6 +240,8 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
             return Decision(a, base.model_copy(update={"state": State.INVALID, "message": msg}), "invalid_spec", alert)
         return Decision(a, base.model_copy(update={"state": State.CANCELLED, "message": "cancelled by the user"}),
                         "cancel_requested")
+    if spec.budget is not None and costs.over_budget(s, spec.budget.max_usd, now, o.settings.budget_lookahead_seconds):
+        return _exhausted(o, spec.budget.max_usd, members, seen)
 
     views = [_slot_observation(o, spec, members, i, seen[i]) for i in range(nodes)]  # each slot as a one-node job
     if not membership.forms_generations(nodes):  # one node trains alone: its slot's decision is the job's
@@ -247,6 +276,37 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
             continue
         return _lift(d, s, i, nodes)
     return _membership(o, spec, members, seen, beats, waits)
+
+
+def _exhausted(o: Observation, cap: float, members: list[MemberStatus], seen: Sequence[MemberObs]) -> Decision:
+    """The job's cost reaches its budget before the next look: every node is deleted as a cancel deletes it (the
+    delete is the guest's soft-off: its agent's notice path saves the emergency checkpoint), BUDGET_EXHAUSTED."""
+    s, now = o.status, o.now
+    a, left = _delete_any(o, members, seen)
+    usd = costs.spent(s, now)[0]
+    msg = (f"budget exhausted: ${usd:,.2f} of ${cap:,.2f} spent; every node deleted (each saves an emergency "
+           f"checkpoint in its shutdown). Raise the budget to go on from the newest committed checkpoint: respawn "
+           f"jobs resume {o.job_id} --budget USD")
+    st = _upd(s, now, members=left, state=State.BUDGET_EXHAUSTED, message=msg, recovering=False,
+              cost=s.cost.model_copy(update={"alerted_percent": 100}))
+    alert = alerts.make("budget", o.job_id, now, msg, percent=100, budget_usd=cap)
+    return Decision(a, st, "budget_exhausted", alert, {"budget_usd": cap})
+
+
+def _resume(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]) -> Decision:
+    """A BUDGET_EXHAUSTED job whose budget was raised (or dropped): once none of its nodes is left, it starts again
+    from the beginning of placement (PENDING), keeping its counters and ledger; its trainer resumes from the newest
+    committed checkpoint."""
+    s, now, spec = o.status, o.now, o.spec
+    a, left = _delete_any(o, members, seen)
+    if a.kind is not Act.NONE:
+        return Decision(a, _upd(s, now, members=left) if left != members else None)
+    cap = f"${spec.budget.max_usd:,.2f}" if spec is not None and spec.budget is not None else "no budget"
+    st = _upd(s, now, state=State.PENDING, members=[], node=None, zone=None, provisioning=None, tried_zones=[],
+              recovering=False, generation=None, moving=False,
+              message=f"budget raised ({cap}): placing the job again; it resumes from the newest committed checkpoint",
+              cost=s.cost.model_copy(update={"alerted_percent": 0}))
+    return Decision(NONE, st, "budget_raised", None, {"budget_usd": spec.budget.max_usd if spec and spec.budget else None})
 
 
 _PROGRESS = ("last_step", "last_committed_step", "total_steps")
@@ -580,8 +640,8 @@ def after_act(job_id: str, s: JobStatus, a: Action | SetGeneration, out: Outcome
     i = a.slot
     if i is None or not 0 <= i < nodes:
         return Decision(NONE)
-    d = core.after_act(job_id, project(s, i), a, out, now)
-    return _lift(d, s, i, nodes)
+    d = _lift(core.after_act(job_id, project(s, i), a, out, now), s, i, nodes)
+    return replace(d, status=costs.account(s, d.status, now, None)) if d.status is not None else d
 
 
 def event(o: Observation, d: Decision) -> JobEvent | None:

@@ -32,12 +32,12 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from respawn.control import decide as core
-from respawn.control import identities, job, placement, queued, stats
+from respawn.control import costs, identities, job, placement, queued, stats
 from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
-from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, NodeProvider
+from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, NodeProvider, PriceSource
 from respawn.control.settings import ControlSettings
-from respawn import advice, contract, deployment, logs, topology
+from respawn import advice, contract, deployment, logs, prices, topology
 from respawn.advice import ZoneAdvice
 from respawn.schema import (CONSOLE_TAIL_CHARS, AdviceRecord, Heartbeat, JobEvent, JobSpec, JobStatus, MemberStatus, SpecError, State,
                             parse_spec)
@@ -54,7 +54,8 @@ class Config:
     def from_settings(cls, s: ControlSettings) -> "Config":
         policy = Settings(stale_heartbeat_seconds=s.stale_heartbeat_seconds, boot_grace_seconds=s.boot_grace_seconds,
                           backoff_base_seconds=s.backoff_base_seconds, max_in_place_restarts=s.max_in_place_restarts,
-                          progress_timeout_seconds=s.progress_timeout_seconds)
+                          progress_timeout_seconds=s.progress_timeout_seconds,
+                          budget_lookahead_seconds=s.budget_lookahead_seconds)
         return cls(policy, s.poll_seconds, s.poll_budget_seconds)
 
 
@@ -75,6 +76,7 @@ class Deps:
     advice: AdviceSource | None = None  # capacity advice for jobs with placement.rank: advice (None: never asked)
     # Writes a job's goodput to Cloud Monitoring (adapters/monitoring.py) when it recovers or ends; None: never.
     metrics: Callable[[str, JobSpec], Any] | None = None
+    prices: PriceSource | None = None  # the node prices (None: the dated offline table; respawn/prices.py)
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     sleep: Callable[[float], None] = time.sleep
 
@@ -88,6 +90,7 @@ class Deps:
         from respawn.control.adapters.firestore_store import Store
         from respawn.control.adapters.managed_folders import FolderGrants as StorageFolderGrants
         from respawn.control.adapters.monitoring import write_goodput
+        from respawn.control.adapters.prices import CatalogPrices
         from respawn.control.adapters.tpu import QueuedTpuProvider, TpuProvider
 
         s = settings if settings is not None else ControlSettings.from_env()
@@ -101,7 +104,8 @@ class Deps:
                    project=c.project, startup_script=deployment.startup_script, config=Config.from_settings(s),
                    identities=s.nodes.identities, grants=StorageFolderGrants(c), advice=AdviceReader(c),
                    metrics=(lambda job_id, spec: write_goodput(c, c.project, job_id, spec, s.monitoring_endpoint))
-                   if s.writes_goodput else None)
+                   if s.writes_goodput else None,
+                   prices=CatalogPrices(clients=c))
 
 
 @dataclass(frozen=True)
@@ -150,10 +154,21 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
     image = None
     if spec is not None and status.state is State.PENDING and not cancel_requested:
         image = _check_image(deps, job_id, spec, {} if image_checks is None else image_checks)
+    quote = _quote(deps, spec, status, now) if spec is not None and costs.needs_quote(status) else None
     o = Observation(job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=cancel_requested,
                     node=core.ABSENT, heartbeat=None, now=now, blocked=blocked, settings=deps.config.settings,
-                    image=image, consoles=consoles, advice=ranks)
+                    image=image, consoles=consoles, advice=ranks, quote=quote)
     return o, spec, version, seen
+
+
+def _quote(deps: Deps, spec: JobSpec, status: JobStatus, now: datetime) -> prices.Quote:
+    """The job's node prices in the region of its zone (the catalog's through deps.prices, cached for every job;
+    without a price source, the offline table)."""
+    region = prices.region_of(status.zone or spec.zones[0])
+    book = deps.prices.book(region, now) if deps.prices is not None else prices.offline(region)
+    if book is None:
+        return prices.Quote({}, f"the offline table of {prices.OFFLINE_DATE} has no prices for {region}")
+    return prices.quote(spec.accelerator, book)
 
 
 def _zone_advice(deps: Deps, job_id: str, spec: JobSpec, now: datetime) -> dict[str, ZoneAdvice]:

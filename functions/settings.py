@@ -28,6 +28,7 @@ TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"
 STORAGE_ENDPOINT = "RESPAWN_STORAGE_ENDPOINT"  # local runs only: the sim's Cloud Storage managed folders
 MONITORING_ENDPOINT = "RESPAWN_MONITORING_ENDPOINT"  # local runs only: the sim's Cloud Monitoring (goodput series)
 BILLING_ENDPOINT = "RESPAWN_BILLING_ENDPOINT"  # local runs only: the sim's Cloud Billing Catalog (gcp-facts §24)
+BUDGET_LOOKAHEAD = "RESPAWN_BUDGET_LOOKAHEAD_SECONDS"  # decide.Settings.budget_lookahead_seconds
 BILLING_API_KEY = "RESPAWN_BILLING_API_KEY"  # an API key for the Catalog API; unset: the function's own credentials
 ALERTS_TOPIC = deployment.ENV_ALERTS_TOPIC
 ALERT_PUBLISH_TIMEOUT = "RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS"
@@ -107,6 +108,7 @@ class ControlSettings:
     backoff_base_seconds: float = Policy.backoff_base_seconds
     max_in_place_restarts: int = Policy.max_in_place_restarts
     progress_timeout_seconds: float = Policy.progress_timeout_seconds
+    budget_lookahead_seconds: float = Policy.budget_lookahead_seconds
     poll_seconds: float = 5.0
     poll_budget_seconds: float = 120.0
     # Providers (adapters/compute.py, adapters/tpu.py): one create/start/delete operation's wait.
@@ -152,6 +154,7 @@ class ControlSettings:
             backoff_base_seconds=env.seconds(BACKOFF_BASE, cls.backoff_base_seconds),
             max_in_place_restarts=env.count(MAX_IN_PLACE_RESTARTS, cls.max_in_place_restarts, minimum=0),
             progress_timeout_seconds=env.seconds(PROGRESS_TIMEOUT, cls.progress_timeout_seconds),
+            budget_lookahead_seconds=env.seconds(BUDGET_LOOKAHEAD, cls.budget_lookahead_seconds),
             poll_seconds=env.seconds(POLL, cls.poll_seconds, positive=True),
             poll_budget_seconds=env.seconds(POLL_BUDGET, cls.poll_budget_seconds),
             compute_op_timeout_seconds=cls.compute_op_timeout_seconds if op_timeout is None else op_timeout,

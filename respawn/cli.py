@@ -349,7 +349,8 @@ def list_jobs(
     project: Optional[str] = ProjectOpt,
     as_json: bool = typer.Option(False, "--json", help="one JSON object per job"),
 ) -> None:
-    """A table of jobs: id, state, zone, node, recoveries (failures, preemptions), last committed step, updated."""
+    """A table of jobs: id, state, zone, node, recoveries (failures, preemptions), last committed step, cost so far
+    (and the same node time on demand), updated."""
 
     def go() -> None:
         rows = _store(project).job_statuses()
@@ -360,12 +361,18 @@ def list_jobs(
         if not rows:
             out.print("no jobs registered")
             return
-        table = Table("id", "state", "zone", "node", "restarts", "failures", "preemptions", "committed step", "updated")
+        from respawn.control import costs
+
+        now = datetime.now(timezone.utc)
+        table = Table("id", "state", "zone", "node", "restarts", "failures", "preemptions", "committed step",
+                      "cost (on demand)", "updated")
         for job_id, st in rows:
+            usd, on_demand = costs.spent(st, now)
             table.add_row(
                 job_id, st.state.value, st.zone or "-", st.node or "-", str(st.restarts), str(st.failures),
                 str(st.preemptions),
-                "-" if st.last_committed_step is None else str(st.last_committed_step), _fmt_time(st.updated_at),
+                "-" if st.last_committed_step is None else str(st.last_committed_step),
+                f"${usd:,.2f} (${on_demand:,.2f})", _fmt_time(st.updated_at),
             )
         out.print(table)
 
@@ -374,10 +381,11 @@ def list_jobs(
 
 @jobs_app.command("describe")
 def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
-    """The job's spec and status, and where its time went (goodput)."""
+    """The job's spec and status, where its time went (goodput) and what it cost so far."""
 
     def go() -> None:
         from respawn import report
+        from respawn.control import costs
         from respawn.control.recovery import strategy_for
         from respawn.jobstore import NoSuchJob
 
@@ -387,15 +395,17 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
             raise _no_such_job(job_id) from None
         status = schema.JobStatus.model_validate(doc.get("status") or {})
         try:
-            recovery = strategy_for(schema.parse_spec(doc.get("spec"))).name
+            spec = schema.parse_spec(doc.get("spec"))
+            recovery, budget = strategy_for(spec).name, spec.budget.max_usd if spec.budget else None
         except schema.SpecError:
-            recovery = None  # the status says why the spec is invalid
+            recovery = budget = None  # the status says why the spec is invalid
         body = {
             "id": job_id,
             "cancel_requested": bool(doc.get("cancel_requested")),
             "created_at": _fmt_time(doc.get("created_at")),
             "recovery": recovery,
             "goodput": report.describe(r),  # where the time went (respawn/report.py, docs/watching.md)
+            "cost": costs.summary(status, datetime.now(timezone.utc), budget),  # functions/costs.py
             "status": status.model_dump(mode="json", exclude_none=True),
             "spec": doc.get("spec"),
         }
@@ -539,6 +549,39 @@ def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = 
             f"cancel requested for [bold]{job_id}[/bold] (was {state.value}); "
             + ("the controller is deleting its node" if woke else "the next scheduled sweep deletes its node")
         )
+
+    run_reporting_errors(go)
+
+
+@jobs_app.command("resume")
+def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the new budget.max_usd, in USD"),
+           project: Optional[str] = ProjectOpt, sweep_topic: str = SweepTopicOpt) -> None:
+    """Raise the job's budget: a job stopped at its budget (BUDGET_EXHAUSTED) goes on from its newest committed
+    checkpoint; a running job gets the new cap."""
+
+    def go() -> None:
+        from respawn.control import costs
+        from respawn.jobstore import JobFinished, NoSuchJob
+
+        store = _store(project)
+        try:
+            status = schema.JobStatus.model_validate(store.job_document(job_id).get("status") or {})
+        except NoSuchJob:
+            raise _no_such_job(job_id) from None
+        spent = costs.spent(status, datetime.now(timezone.utc))[0]
+        if budget <= spent:
+            raise CliError(f"job {job_id!r} has cost ${spent:,.2f} so far; a budget of ${budget:,.2f} would stop it "
+                           "again at once: give more than that")
+        try:
+            before = store.set_budget(job_id, budget)
+        except JobFinished as exc:
+            raise CliError(f"job {job_id!r} is {exc.state.value}: only a job stopped at its budget "
+                           f"({schema.State.BUDGET_EXHAUSTED.value}) or still running can be given more") from None
+        woke = _wake_controller(store.project, sweep_topic, job_id)
+        what = ("resumes from its newest committed checkpoint" if before.state is schema.State.BUDGET_EXHAUSTED
+                else "runs on under the new cap")
+        out.print(f"budget of [bold]{job_id}[/bold] set to ${budget:,.2f} (${spent:,.2f} spent); it {what}"
+                  + ("" if woke else " at the next scheduled sweep"))
 
     run_reporting_errors(go)
 

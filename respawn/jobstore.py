@@ -159,6 +159,28 @@ class JobStore:
         return state
 
 
+    def set_budget(self, job_id: str, max_usd: float) -> JobStatus:
+        """Set the job's spec.budget.max_usd (the controller resumes a BUDGET_EXHAUSTED job whose cost is below
+        it) and record it as an event. Returns the status it had; raises NoSuchJob, or JobFinished for a job ended
+        otherwise than by its budget."""
+        ref = self.db.collection(JOBS).document(job_id)
+
+        @firestore.transactional
+        def update(txn) -> JobStatus:
+            snap = ref.get(transaction=txn)
+            if not snap.exists:
+                raise NoSuchJob(job_id)
+            status = JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
+            if status.state.terminal and status.state is not State.BUDGET_EXHAUSTED:
+                raise JobFinished(status.state)
+            txn.update(ref, {"spec.budget": {"max_usd": max_usd}})
+            return status
+
+        status = update(self.db.transaction())
+        ref.collection(EVENTS).add(JobEvent.new(status.state, status.state, "budget set", max_usd=max_usd).model_dump())
+        return status
+
+
 def nudge_sweep(project: str, topic: str, job_id: str, timeout: float = 10.0) -> None:
     """Publish {"task": "sweep", "job_id": …} to the sweep topic, so that the controller acts on the job now."""
     from google.cloud import pubsub_v1

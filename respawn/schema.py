@@ -85,10 +85,13 @@ class State(str, enum.Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     INVALID = "INVALID"
+    # The job's cost reached its budget.max_usd: its nodes were deleted (each saved its emergency checkpoint in its
+    # soft-off). Terminal (never swept, no node kept), but resumable: `respawn jobs resume JOB --budget USD`.
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
 
     @property
     def terminal(self) -> bool:
-        return self in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.INVALID)
+        return self in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.INVALID, State.BUDGET_EXHAUSTED)
 
 
 def _zone_name(v: str) -> str:
@@ -403,6 +406,14 @@ class Logs(_Strict):
                     "job, from the job's own prefix)")
 
 
+class Budget(_Strict):
+    """The most the job's nodes may cost (docs/job-spec.md, budget): alerts at 50 % and 80 %, and at the cap the
+    job is checkpointed and stopped (BUDGET_EXHAUSTED)."""
+
+    max_usd: float = Field(gt=0, le=10_000_000, description="USD, as priced by Respawn's ledger (respawn/prices.py: "
+                                                            "the Cloud Billing Catalog, else a dated offline table)")
+
+
 class JobSpec(_Strict):
     """What a user writes to register a job. Unknown fields are errors."""
 
@@ -448,6 +459,7 @@ class JobSpec(_Strict):
     preemption_rate: PreemptionRate | None = None
     placement: Placement = Field(default_factory=Placement)
     labels: dict[str, str] = Field(default_factory=dict)
+    budget: Budget | None = None
     logs: Logs = Field(default_factory=Logs)
 
     @model_validator(mode="before")
@@ -868,6 +880,28 @@ class Leaving(_Record):
     until: datetime  # the notice's end: the VM is off by then
 
 
+class BilledLife(_Record):
+    """The life of a slot's node the ledger is pricing (functions/costs.py): from when the controller saw it
+    RUNNING, at its price an hour, until the controller records its end."""
+
+    node: str
+    started_at: datetime | None = None  # the node's node_started_at: a restart in place is another life
+    since: datetime
+    usd_per_hour: float
+    on_demand_usd_per_hour: float
+
+
+class CostLedger(_Record):
+    """jobs/{job}.status.cost: what the job's node lives cost so far, kept as it goes so that no reconcile reads the
+    events: the closed lives' cost, plus (functions/costs.spent) each open life's hours × its rate."""
+
+    closed_usd: float = 0.0
+    closed_on_demand_usd: float = 0.0  # the same lives priced on demand
+    note: str | None = None  # which prices (respawn.prices.Book.note) the newest life was priced with
+    unpriced: str | None = None  # why a life could not be priced (a machine type or region without prices)
+    alerted_percent: int = 0  # the budget alert last sent (50, 80, 100), once each per cap
+
+
 class MemberStatus(_Loss):
     """One member slot of a job (a one-node job has one): the life of its current node."""
 
@@ -904,6 +938,7 @@ class MemberStatus(_Loss):
     # near it is the planned end of the run (decide.RUN_ENDED), not a preemption.
     run_ends_at: datetime | None = None
     running_at: datetime | None = None  # when the API first said the current node runs (a recovery's breakdown)
+    billing: BilledLife | None = None  # the node's life as the cost ledger prices it (functions/costs.py)
 
 
 class SlotStatus(MemberStatus, JobCounters):
@@ -924,6 +959,7 @@ class JobStatus(JobCounters, _Loss):
     members: list[MemberStatus] = Field(default_factory=list)
     generation: dict[str, Any] | None = None  # the newest generation (respawn.contract.Generation, as JSON data)
     moving: bool = False  # the whole job is leaving its zone: every member is deleted, then placed anew
+    cost: CostLedger = Field(default_factory=CostLedger)
 
     @model_validator(mode="before")
     @classmethod

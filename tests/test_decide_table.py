@@ -544,8 +544,13 @@ def test_invariants_over_every_observation(state):
             assert d.action.kind in (Act.NONE, Act.DELETE, Act.POLL), where
             if o.node.present and o.node.phase is not Phase.DELETING:
                 assert d.action.kind is Act.DELETE, where
-        # Terminal states stay terminal; the user's cancel and an invalid spec always win over recovery.
-        if state.terminal:
+        # Terminal states stay terminal, but for a job stopped at its budget whose budget now allows (here: none):
+        # it starts again (PENDING) once no node of it is left; the user's cancel and an invalid spec always win
+        # over recovery.
+        if state is State.BUDGET_EXHAUSTED and SPECS[spec_name] is not None and not cancel:
+            assert after in (State.BUDGET_EXHAUSTED, State.PENDING), where
+            assert after is State.BUDGET_EXHAUSTED or not o.node.present, where
+        elif state.terminal:
             assert d.status is None, where
         elif cancel and SPECS[spec_name] is not None:
             assert after is State.CANCELLED, where

@@ -46,7 +46,8 @@ def test_every_variable_reaches_its_field():
         "RESPAWN_SUBNETWORK": "sub", "RESPAWN_EXTERNAL_IP": "0", "RESPAWN_AGENT": AGENT, "RESPAWN_LIBRARY": LIBRARY,
         "RESPAWN_HEARTBEAT_SECONDS": "5", "RESPAWN_NOTICE_BUDGET_SECONDS": "20",
         "RESPAWN_SWEEP_TOPIC": "projects/p/topics/sweep", "RESPAWN_SWEEP_PUBLISH_TIMEOUT_SECONDS": "7",
-        "RESPAWN_PROGRESS_TIMEOUT_SECONDS": "90",
+        "RESPAWN_PROGRESS_TIMEOUT_SECONDS": "90", "RESPAWN_BILLING_ENDPOINT": "http://127.0.0.1:5",
+        "RESPAWN_BILLING_API_KEY": "k", "RESPAWN_BUDGET_LOOKAHEAD_SECONDS": "12",
     }
     assert set(env) | {"GOOGLE_CLOUD_PROJECT", "GCP_PROJECT"} == set(_names())
     s = ControlSettings.from_env(env)
@@ -57,10 +58,11 @@ def test_every_variable_reaches_its_field():
         poll_seconds=0.05, poll_budget_seconds=15, compute_op_timeout_seconds=60, tpu_op_timeout_seconds=60,
         progress_timeout_seconds=90, sweep_topic="projects/p/topics/sweep", sweep_publish_timeout_seconds=7,
         storage_endpoint="http://127.0.0.1:3", monitoring_endpoint="http://127.0.0.1:4",
+        billing_endpoint="http://127.0.0.1:5", billing_api_key="k", budget_lookahead_seconds=12,
         nodes=NodeOptions(("n-1@p.iam.gserviceaccount.com", "n-2@p.iam.gserviceaccount.com"), "net", "sub", False,
                           AGENT, LIBRARY, 5, 20,
                           "projects/p/topics/sweep"))  # the nodes nudge the controller where its sweep listens
-    assert "https://hook" not in repr(s)  # the webhook URL is a secret
+    assert "https://hook" not in repr(s) and "'k'" not in repr(s)  # the webhook URL and the API key are secrets
     # Goodput goes to Cloud Monitoring in production; a local run (the sim's Compute) only where it names one.
     assert s.writes_goodput and ControlSettings().writes_goodput
     assert not ControlSettings(compute_endpoint="http://127.0.0.1:1").writes_goodput

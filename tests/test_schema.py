@@ -411,7 +411,8 @@ def test_node_name_rejects_attempts_out_of_range():
 
 def test_terminal_states():
     assert {s for s in schema.State if s.terminal} == {
-        schema.State.SUCCEEDED, schema.State.FAILED, schema.State.CANCELLED, schema.State.INVALID
+        schema.State.SUCCEEDED, schema.State.FAILED, schema.State.CANCELLED, schema.State.INVALID,
+        schema.State.BUDGET_EXHAUSTED,
     }
 
 

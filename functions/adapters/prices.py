@@ -57,11 +57,23 @@ class CatalogApi:
 
 
 class CatalogPrices:
-    """ports.PriceSource over the catalog and a Firestore cache."""
+    """ports.PriceSource over the catalog and a Firestore cache; `clients` (respawn.control.clients.Clients) builds
+    both on first use, so a deployment that never prices a node never builds them."""
 
-    def __init__(self, api: CatalogApi, db: Any):
-        self.api = api
-        self.db = db
+    def __init__(self, api: CatalogApi | None = None, db: Any = None, clients: Any = None):
+        self._api, self._db, self._clients = api, db, clients
+
+    @property
+    def api(self) -> CatalogApi:
+        if self._api is None:
+            self._api = self._clients.billing_catalog()
+        return self._api
+
+    @property
+    def db(self) -> Any:
+        if self._db is None:
+            self._db = self._clients.firestore()
+        return self._db
 
     def book(self, region: str, now: datetime) -> prices.Book:
         ref = self.db.collection(PRICES).document(region)
