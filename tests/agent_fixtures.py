@@ -8,6 +8,7 @@ nothing but the installed `respawn/` tree on PYTHONPATH), and the current interp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import json
@@ -19,7 +20,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import pytest
 
@@ -132,6 +133,21 @@ for step in range(1, a.steps + 1):
     write(step=step, committed_step=None)
 print("tiny trainer done", flush=True)
 '''
+
+
+@contextlib.contextmanager
+def gcs_standin(tmp_path: Path, *args: str) -> Iterator[tuple[str, Path]]:
+    """tests/gcs_standin.py with `args` (a Cloud Storage that answers as told, slowly if asked): (its
+    STORAGE_EMULATOR_HOST value, its request log)."""
+    log = tmp_path / "standin.log"
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcs_standin.py"), *args, "--log", str(log)],
+                            stdout=subprocess.PIPE, text=True)
+    port = proc.stdout.readline().strip()
+    try:
+        yield f"http://127.0.0.1:{port}", log
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def settings(command: list[str], checkpoint_uri: str, **extra: Any) -> dict[str, Any]:

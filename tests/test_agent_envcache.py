@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401
+from agent_fixtures import agent_env, attributes, gcs_standin, settings, wait_for  # noqa: F401
 from respawn import contract
 from respawn.agent.envcache import EnvCache, cache_key, key_inputs, unpack_archive
 from respawn.agent.metadata import MetadataClient
@@ -369,15 +369,8 @@ def test_upload_and_restore_through_cloud_storage(tmp_path, gcs, gcs_emulator, c
 @pytest.fixture
 def slow_store(tmp_path):
     """tests/gcs_standin.py: no objects (404), uploads accepted, each resumable piece answered after 1 s."""
-    log = tmp_path / "standin.log"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gcs_standin.py"), "--get", "404", "--upload",
-                             "200", "--piece-seconds", "1", "--log", str(log)], stdout=subprocess.PIPE, text=True)
-    port = proc.stdout.readline().strip()
-    try:
-        yield f"http://127.0.0.1:{port}", log
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with gcs_standin(tmp_path, "--get", "404", "--upload", "200", "--piece-seconds", "1") as standin:
+        yield standin
 
 
 def test_a_notice_while_the_agent_uploads_is_not_delayed_and_commits_nothing(agent_env, slow_store):

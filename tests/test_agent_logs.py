@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401
+from agent_fixtures import agent_env, attributes, gcs_standin, settings, wait_for  # noqa: F401
 from respawn import contract, joblogs, schema
 from trainer_helpers import BUCKET, gcs_emulator  # noqa: F401  (fixture)
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def chunks(store: Path) -> dict[tuple[int, str, str], bytes]:
@@ -150,15 +149,8 @@ print("done", flush=True)
 @pytest.fixture
 def slow_log_store(tmp_path):
     """tests/gcs_standin.py accepting every upload, each one-request upload (a log chunk) answered after 4 s."""
-    log = tmp_path / "standin.log"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gcs_standin.py"), "--get", "404", "--upload",
-                             "200", "--media-seconds", "4", "--log", str(log)], stdout=subprocess.PIPE, text=True)
-    port = proc.stdout.readline().strip()
-    try:
-        yield f"http://127.0.0.1:{port}", log
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with gcs_standin(tmp_path, "--get", "404", "--upload", "200", "--media-seconds", "4") as standin:
+        yield standin
 
 
 def test_the_final_flush_never_delays_the_emergency_save_or_the_final_heartbeat(agent_env, slow_log_store):

@@ -16,26 +16,10 @@ from urllib.parse import quote
 from google.api_core import exceptions as gexc
 
 from respawn import contract, joblogs
-
-PRODUCTION = "https://storage.googleapis.com"
-TIMEOUT_S = 30
+from respawn.control.adapters.managed_folders import StorageJsonApi
 
 
-class LogObjectsApi:
-    def __init__(self, session: Any, endpoint: str | None = None):
-        self.session = session
-        self.base = f"{(endpoint or PRODUCTION).rstrip('/')}/storage/v1/b"
-
-    def _call(self, method: str, url: str, params: dict | None = None) -> dict:
-        r = self.session.request(method, url, params=params, timeout=TIMEOUT_S)
-        if r.status_code >= 400:
-            try:
-                message = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = r.text[:300]
-            raise gexc.from_http_status(r.status_code, f"{method} {url}: {message}")
-        return r.json() if r.content else {}
-
+class LogObjectsApi(StorageJsonApi):
     def list(self, bucket: str, prefix: str) -> list[dict]:
         """Every object whose name starts with `prefix`: its name and updated (RFC 3339), page after page."""
         items, token = [], None
@@ -43,7 +27,7 @@ class LogObjectsApi:
             params = {"prefix": prefix, "fields": "items(name,updated),nextPageToken"}
             if token:
                 params["pageToken"] = token
-            page = self._call("GET", f"{self.base}/{quote(bucket, safe='')}/o", params)
+            page = self._call("GET", f"{self.base}/{quote(bucket, safe='')}/o", params=params)
             items.extend(page.get("items") or [])
             token = page.get("nextPageToken")
             if not token:

@@ -20,13 +20,16 @@ TIMEOUT_S = 30
 ETAG_ATTEMPTS = 5  # a concurrent change of the policy (another grant) makes the write fail on its etag: read again
 
 
-class ManagedFoldersApi:
+class StorageJsonApi:
+    """Calls of the Cloud Storage JSON API over a session; an error status raises the google.api_core exception of
+    that status, with Cloud Storage's message (adapters/logstore.py's LogObjectsApi is one too)."""
+
     def __init__(self, session: Any, endpoint: str | None = None):
         self.session = session
         self.base = f"{(endpoint or PRODUCTION).rstrip('/')}/storage/v1/b"
 
-    def _call(self, method: str, url: str, body: dict | None = None) -> dict:
-        r = self.session.request(method, url, json=body, timeout=TIMEOUT_S)
+    def _call(self, method: str, url: str, body: dict | None = None, params: dict | None = None) -> dict:
+        r = self.session.request(method, url, json=body, params=params, timeout=TIMEOUT_S)
         if r.status_code >= 400:
             try:
                 message = r.json()["error"]["message"]
@@ -35,6 +38,8 @@ class ManagedFoldersApi:
             raise gexc.from_http_status(r.status_code, f"{method} {url}: {message}")
         return r.json() if r.content else {}
 
+
+class ManagedFoldersApi(StorageJsonApi):
     def _folder(self, bucket: str, folder: str) -> str:
         return f"{self.base}/{quote(bucket, safe='')}/managedFolders/{quote(folder, safe='')}"
 
