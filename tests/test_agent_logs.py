@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import sys
@@ -227,3 +228,27 @@ def test_follow_prints_new_chunks_as_they_come(agent_env):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_restarted_agent_goes_on_where_the_last_one_stopped(agent_env):
+    """SIGHUP (an agent upgrade): the next agent adopts the trainer and ships from logship.json's offsets; after the
+    preemption the stream in the store is the node's trainer.log exactly: nothing lost, nothing twice."""
+    store = agent_env.tmp / "store"
+    talk = agent_env.tmp / "talk.py"
+    talk.write_text(TALKING_TRAINER)
+    s = settings([sys.executable, str(talk)], store.as_uri(), interpreter=sys.executable)
+    md = agent_env.metadata("hup-1", attributes("hup", 1, agent_env.project, s))
+    node = agent_env.tmp / "hup-1"
+    first = agent_env.agent(md, node)
+    shipped = store / contract.LOGS_DIR / "000001" / "hup-1" / "trainer"
+    wait_for(lambda: shipped.exists() and list(shipped.iterdir()), 30, "the first trainer chunk")
+    first.proc.send_signal(signal.SIGHUP)
+    assert first.wait(30) == contract.EXIT_AGENT_DETACH
+    sent = json.loads((node / "logship.json").read_text())["offsets"]["trainer"]
+    assert sent > 0
+    second = agent_env.agent(md, node)
+    wait_for(lambda: len(list(shipped.iterdir())) >= 2, 30, "a chunk from the second agent")
+    assert (shipped / f"{sent:015d}.log").exists()  # it went on from the recorded offset
+    md.set("instance/preempted", "TRUE")
+    assert second.wait(30) == 0
+    assert chunks(store)[(1, "hup-1", "trainer")] == (node / "trainer.log").read_bytes()
