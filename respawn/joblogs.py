@@ -114,6 +114,21 @@ def lines(shown: list[Shown], read: Callable[[Shown], bytes], *, prefixed: bool 
             yield f"{label(s.chunk.host)} {line}" if prefixed else line
 
 
+READ_AHEAD = 16  # chunks read at once: a long job is thousands of small objects, each one GET
+
+
+def read_ahead(shown: list[Shown], read: Callable[[Shown], bytes], workers: int = READ_AHEAD) -> Iterator[Shown]:
+    """`shown` in order, each read (`data`), READ_AHEAD at a time in threads and no more than a few windows ahead
+    of what was taken, so memory stays bounded whatever the job's length."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        for start in range(0, len(shown), workers * 4):
+            window = shown[start:start + workers * 4]
+            for s, data in zip(window, pool.map(read, window)):
+                yield Shown(s.chunk, s.listed, data)
+
+
 def last_chunks(shown: list[Shown], read: Callable[[Shown], bytes], k: int) -> list[Shown]:
     """The fewest last chunks of `shown` that hold its last `k` lines, each read once (`read` is then answered from
     what was read, for lines())."""
