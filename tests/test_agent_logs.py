@@ -252,3 +252,18 @@ def test_a_restarted_agent_goes_on_where_the_last_one_stopped(agent_env):
     md.set("instance/preempted", "TRUE")
     assert second.wait(30) == 0
     assert chunks(store)[(1, "hup-1", "trainer")] == (node / "trainer.log").read_bytes()
+
+
+def test_a_store_that_refuses_is_one_warning_naming_the_permission(agent_env, tmp_path):
+    """Cloud Storage answers 403 to every send: one WARNING per streak naming the object and the permission, the
+    trainer runs and its end is reported as usual, and the agent does not linger over the logs."""
+    with gcs_standin(tmp_path, "--get", "404", "--upload", "403") as (host, _):
+        s = settings([sys.executable, str(agent_env.tiny_trainer), "--steps", "150"], "gs://b/runs/refused")
+        md = agent_env.metadata("refused-1", attributes("refused", 1, agent_env.project, s))
+        agent = agent_env.agent(md, agent_env.tmp / "refused-1", STORAGE_EMULATOR_HOST=host)
+        assert agent.wait(60) == 0
+    warned = [e for e in agent.events() if e["message"].startswith("cannot ship logs")]
+    assert len(warned) == 1, [e["message"] for e in agent.events()]
+    assert "storage.objects.create" in warned[0]["error"] and "gs://b/runs/refused/.respawn-logs/000001/" in \
+        warned[0]["uri"]
+    assert agent_env.heartbeat("refused-1")["exit_code"] == 0
