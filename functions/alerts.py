@@ -16,7 +16,8 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
      # preemption_rate (more than spec.preemption_rate.max in its window): "max", "window_hours", "action"
      # failed with cause setup_failed: "failed_command" (argv), "exit_code", "output_tail"
      # failed with cause no_heartbeat (the second boot in a row without a heartbeat): "console_tail"
-     # budget (50 %, 80 % of spec.budget.max_usd; 100 %: the job stopped BUDGET_EXHAUSTED): "percent", "budget_usd"
+     # budget (50 %, 80 % of spec.budget.max_usd), budget_exhausted (100 %: stopped BUDGET_EXHAUSTED): "percent",
+     #   "budget_usd"
      # every alert of a job whose cost is known (functions/costs.py): "cost_usd", "on_demand_usd", "cost_note"}
 """
 
@@ -25,17 +26,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from respawn import prices
+
 TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed", "boot_failed",
-         "preemption_rate", "budget")
+         "preemption_rate", "budget", "budget_exhausted")
 _SEVERITY = {"recovered": "info", "succeeded": "info", "waiting_for_capacity": "warning", "crashed": "warning",
              "boot_failed": "warning", "preemption_rate": "warning", "failed": "error", "invalid_spec": "error",
-             "budget": "warning"}
+             "budget": "warning", "budget_exhausted": "warning"}
 _ICON = {"info": ":white_check_mark:", "warning": ":warning:", "error": ":x:"}
 _TITLE = {"recovered": "recovered", "waiting_for_capacity": "waiting for capacity", "failed": "failed",
           "invalid_spec": "has an invalid spec", "succeeded": "succeeded", "crashed": "trainer crashed, restarting",
           "boot_failed": "had a node that never started its agent; replacing it",
           "preemption_rate": "is preempted more often than its preemption_rate allows",
-          "budget": "has spent part of its budget"}
+          "budget": "has spent part of its budget",
+          "budget_exhausted": "reached its budget: checkpointed and stopped"}
 
 
 class BadAlert(ValueError):
@@ -113,16 +117,19 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
             facts.append(("Cause", str(alert["cause"])))
         if alert.get("failed_command"):
             facts.append(("Command", " ".join(map(str, alert["failed_command"]))))
-    elif kind == "budget":
-        facts.append(("Budget", f"{alert.get('percent', '?')} % of ${alert.get('budget_usd', '?')}"))
-    if alert.get("cost_usd") is not None:
+    elif kind in ("budget", "budget_exhausted"):
+        cap = alert.get("budget_usd")
+        facts.append(("Budget", f"{alert.get('percent', '?')} % of "
+                                f"{prices.usd(cap) if isinstance(cap, (int, float)) else '?'}"))
+    if isinstance(alert.get("cost_usd"), (int, float)):
         facts.append(("Cost so far", cost_text(alert["cost_usd"], alert.get("on_demand_usd"))))
     return facts
 
 
 def cost_text(usd: float, on_demand_usd: float | None) -> str:
     """'$1.23 (on demand: $3.45)': a job's cost so far against the same lives on demand."""
-    return f"${usd:,.2f}" + (f" (on demand: ${on_demand_usd:,.2f})" if on_demand_usd is not None else "")
+    return prices.usd(usd) + (f" (on demand: {prices.usd(on_demand_usd)})" if isinstance(on_demand_usd, (int, float))
+                              else "")
 
 
 def to_slack(alert: Any) -> dict[str, Any]:

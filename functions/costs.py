@@ -100,7 +100,7 @@ def account(before: JobStatus, after: JobStatus, now: datetime, quote: Quote | N
 def alert_fields(s: JobStatus, now: datetime) -> dict[str, Any]:
     """What an alert says of the cost so far (alerts.py renders it)."""
     usd, on_demand = spent(s, now)
-    return {"cost_usd": round(usd, 2), "on_demand_usd": round(on_demand, 2), "cost_note": s.cost.note}
+    return {"cost_usd": round(usd, 6), "on_demand_usd": round(on_demand, 6), "cost_note": s.cost.note}
 
 
 def alert_due(s: JobStatus, cap: float, now: datetime) -> int | None:

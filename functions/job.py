@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
+from respawn import prices
 from respawn.contract import EXIT_PREEMPTED, SOFT_OFF_SECONDS, Generation, Handover
 from respawn.control import alerts, costs, decide as core, membership
 from respawn.control.decide import ABSENT, NONE, POLL, Act, Action, Decision, NodeObs, Observation, Outcome, Phase
@@ -208,8 +209,8 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         due = costs.alert_due(after, budget.max_usd, now)
         if due is not None:
             usd = costs.spent(after, now)[0]
-            alert = alerts.make("budget", o.job_id, now, f"${usd:,.2f} spent: {due} % of the budget of "
-                                f"${budget.max_usd:,.2f}; at 100 % the job is checkpointed and stopped",
+            alert = alerts.make("budget", o.job_id, now, f"{prices.usd(usd)} spent: {due} % of the budget of "
+                                f"{prices.usd(budget.max_usd)}; at 100 % the job is checkpointed and stopped",
                                 percent=due, budget_usd=budget.max_usd)
             ledger = after.cost.model_copy(update={"alerted_percent": due})
             status = (status.model_copy(update={"cost": ledger}) if status is not None
@@ -226,7 +227,8 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     seen = [*seen[:nodes], *(MemberObs() for _ in range(nodes - len(seen)))]
 
     if s.state is State.BUDGET_EXHAUSTED and spec is not None and not o.cancel_requested and (
-            spec.budget is None or not costs.over_budget(s, spec.budget.max_usd, now, 0)):
+            spec.budget is None or spec.budget.max_usd > (s.cost.stopped_at_budget_usd or 0)
+            and not costs.over_budget(s, spec.budget.max_usd, now, o.settings.budget_lookahead_seconds)):
         return _resume(o, members, seen)
     if s.state.terminal:  # nothing may keep billing after the end
         a, left = _delete_any(o, members, seen)
@@ -284,12 +286,12 @@ def _exhausted(o: Observation, cap: float, members: list[MemberStatus], seen: Se
     s, now = o.status, o.now
     a, left = _delete_any(o, members, seen)
     usd = costs.spent(s, now)[0]
-    msg = (f"budget exhausted: ${usd:,.2f} of ${cap:,.2f} spent; every node deleted (each saves an emergency "
+    msg = (f"budget exhausted: {prices.usd(usd)} of {prices.usd(cap)} spent; every node deleted (each saves an emergency "
            f"checkpoint in its shutdown). Raise the budget to go on from the newest committed checkpoint: respawn "
            f"jobs resume {o.job_id} --budget USD")
     st = _upd(s, now, members=left, state=State.BUDGET_EXHAUSTED, message=msg, recovering=False,
-              cost=s.cost.model_copy(update={"alerted_percent": 100}))
-    alert = alerts.make("budget", o.job_id, now, msg, percent=100, budget_usd=cap)
+              cost=s.cost.model_copy(update={"alerted_percent": 100, "stopped_at_budget_usd": cap}))
+    alert = alerts.make("budget_exhausted", o.job_id, now, msg, percent=100, budget_usd=cap)
     return Decision(a, st, "budget_exhausted", alert, {"budget_usd": cap})
 
 
@@ -301,11 +303,11 @@ def _resume(o: Observation, members: list[MemberStatus], seen: Sequence[MemberOb
     a, left = _delete_any(o, members, seen)
     if a.kind is not Act.NONE:
         return Decision(a, _upd(s, now, members=left) if left != members else None)
-    cap = f"${spec.budget.max_usd:,.2f}" if spec is not None and spec.budget is not None else "no budget"
+    cap = prices.usd(spec.budget.max_usd) if spec is not None and spec.budget is not None else "no budget"
     st = _upd(s, now, state=State.PENDING, members=[], node=None, zone=None, provisioning=None, tried_zones=[],
               recovering=False, generation=None, moving=False,
               message=f"budget raised ({cap}): placing the job again; it resumes from the newest committed checkpoint",
-              cost=s.cost.model_copy(update={"alerted_percent": 0}))
+              cost=s.cost.model_copy(update={"alerted_percent": 0, "stopped_at_budget_usd": None}))
     return Decision(NONE, st, "budget_raised", None, {"budget_usd": spec.budget.max_usd if spec and spec.budget else None})
 
 

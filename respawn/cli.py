@@ -361,6 +361,7 @@ def list_jobs(
         if not rows:
             out.print("no jobs registered")
             return
+        from respawn import prices
         from respawn.control import costs
 
         now = datetime.now(timezone.utc)
@@ -372,7 +373,7 @@ def list_jobs(
                 job_id, st.state.value, st.zone or "-", st.node or "-", str(st.restarts), str(st.failures),
                 str(st.preemptions),
                 "-" if st.last_committed_step is None else str(st.last_committed_step),
-                f"${usd:,.2f} (${on_demand:,.2f})", _fmt_time(st.updated_at),
+                f"{prices.usd(usd)} ({prices.usd(on_demand)})", _fmt_time(st.updated_at),
             )
         out.print(table)
 
@@ -561,6 +562,7 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
     checkpoint; a running job gets the new cap."""
 
     def go() -> None:
+        from respawn import prices
         from respawn.control import costs
         from respawn.jobstore import JobFinished, NoSuchJob
 
@@ -571,7 +573,7 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
             raise _no_such_job(job_id) from None
         spent = costs.spent(status, datetime.now(timezone.utc))[0]
         if budget <= spent:
-            raise CliError(f"job {job_id!r} has cost ${spent:,.2f} so far; a budget of ${budget:,.2f} would stop it "
+            raise CliError(f"job {job_id!r} has cost {prices.usd(spent)} so far; a budget of {prices.usd(budget)} would stop it "
                            "again at once: give more than that")
         try:
             before = store.set_budget(job_id, budget)
@@ -581,7 +583,7 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
         woke = _wake_controller(store.project, sweep_topic, job_id)
         what = ("resumes from its newest committed checkpoint" if before.state is schema.State.BUDGET_EXHAUSTED
                 else "runs on under the new cap")
-        out.print(f"budget of [bold]{job_id}[/bold] set to ${budget:,.2f} (${spent:,.2f} spent); it {what}"
+        out.print(f"budget of [bold]{job_id}[/bold] set to {prices.usd(budget)} ({prices.usd(spent)} spent); it {what}"
                   + ("" if woke else " at the next scheduled sweep"))
 
     run_reporting_errors(go)

@@ -112,6 +112,11 @@ def quote(accelerator: Any, book: Book) -> Quote:
     return Quote(rates, f"the {book.note} has no price for {', '.join(lacking)}" if lacking else None)
 
 
+def usd(amount: float) -> str:
+    """'$12.34'; under a dollar, four decimals ('$0.0032'), so a short job's cost does not read as $0.00."""
+    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.4f}"
+
+
 def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 

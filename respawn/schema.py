@@ -900,6 +900,7 @@ class CostLedger(_Record):
     note: str | None = None  # which prices (respawn.prices.Book.note) the newest life was priced with
     unpriced: str | None = None  # why a life could not be priced (a machine type or region without prices)
     alerted_percent: int = 0  # the budget alert last sent (50, 80, 100), once each per cap
+    stopped_at_budget_usd: float | None = None  # the cap a BUDGET_EXHAUSTED job stopped at: it resumes above it
 
 
 class MemberStatus(_Loss):

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from respawn.control import costs, job
+from respawn.control import alerts, costs, job
 from respawn.control.decide import ABSENT, Act, NodeObs, Observation, Outcome, OutcomeKind, Phase
 from respawn.control.job import MemberObs
 from respawn.prices import Quote, Rate
@@ -121,7 +121,7 @@ def test_budget_alerts_at_50_and_80_percent_once_each(spent_hours, cap, sent, du
         d = job.decide(observe(s, spec(budget=cap)), [MemberObs(RUNNING, beat(1))])
         assert d.alert["type"] == "budget" and d.alert["percent"] == due
         assert d.status.cost.alerted_percent == due and d.status.revision == s.revision + 1
-        assert d.alert["cost_usd"] == pytest.approx(round(spent_hours * SPOT, 2))
+        assert d.alert["cost_usd"] == pytest.approx(spent_hours * SPOT)
 
 
 def test_at_the_cap_every_node_is_deleted_and_the_job_stops_budget_exhausted():
@@ -130,8 +130,9 @@ def test_at_the_cap_every_node_is_deleted_and_the_job_stops_budget_exhausted():
     d = job.decide(observe(s, spec(budget=1.01)), [MemberObs(RUNNING, beat(1))])
     assert d.status.state is State.BUDGET_EXHAUSTED and d.cause == "budget_exhausted"
     assert (d.action.kind, d.action.node) == (Act.DELETE, "job-1")  # the cancel's delete: the guest's soft-off
-    assert d.alert["type"] == "budget" and d.alert["percent"] == 100 and "respawn jobs resume job --budget" in d.alert["message"]
+    assert d.alert["type"] == "budget_exhausted" and d.alert["percent"] == 100 and "respawn jobs resume job --budget" in d.alert["message"]
     assert d.status.members[0].billing is None and d.status.cost.closed_usd == pytest.approx(1.0)
+    assert d.status.cost.stopped_at_budget_usd == 1.01
     # With more than the look-ahead left, it runs on.
     on = job.decide(observe(s, spec(budget=1.03)), [MemberObs(RUNNING, beat(1))])
     assert on.status is None or on.status.state is State.RUNNING
@@ -147,10 +148,10 @@ def test_no_new_node_for_a_job_whose_closed_lives_reached_the_cap():
 
 
 def test_a_raised_budget_resumes_the_job_once_no_node_is_left():
-    stopped = running(state=State.BUDGET_EXHAUSTED, closed=1.0, alerted_percent=100)
+    stopped = running(state=State.BUDGET_EXHAUSTED, closed=1.0, alerted_percent=100, stopped_at_budget_usd=1.02)
     stopped = stopped.model_copy(update={"state": State.BUDGET_EXHAUSTED})
-    # The cap not raised: it stays stopped.
-    assert job.decide(observe(stopped, spec(budget=1.0)), [MemberObs(ABSENT)]).status is None
+    # The cap not raised: it stays stopped, although it stopped a little below it (the look-ahead).
+    assert job.decide(observe(stopped, spec(budget=1.02)), [MemberObs(ABSENT)]).status is None
     # Raised, a node still there: deleted first.
     d = job.decide(observe(stopped, spec(budget=2.0)), [MemberObs(RUNNING, beat(1))])
     assert d.action.kind is Act.DELETE and (d.status is None or d.status.state is State.BUDGET_EXHAUSTED)
@@ -173,3 +174,4 @@ def test_other_alerts_carry_the_cost_so_far():
     d = job.decide(observe(s), [MemberObs(RUNNING, done)])
     assert d.alert["type"] == "succeeded"
     assert (d.alert["cost_usd"], d.alert["on_demand_usd"], d.alert["cost_note"]) == (1.0, 2.0, NOTE)
+    assert "cost so far: $1.00 (on demand: $2.00)" in alerts.to_slack(d.alert)["text"]

@@ -49,6 +49,7 @@ def check_common(r, out, tmp_path, nodes: int = 1):
     if out["final_step"]:
         assert_each_line_rises(page)
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["state"] == out["state"]
+    assert re.match(r"\$\d", out["cost"]), out["cost"]  # what its nodes cost, as the controller's ledger priced them
     if out["state"] == "SUCCEEDED":
         assert out["max_live_nodes"] == nodes
         assert out["final_step"] == out["total_steps"]
@@ -490,3 +491,22 @@ def test_flex_start_fallback_scenario(tmp_path):
     [acted] = [e for e in lines if e["message"].startswith("flex-start run: its end is near; acting")]
     assert acted["notice"] == "run-ending" and acted["seconds_to_end"] > 60
     assert len(flex["notice_to_step_seconds"]) == 1 and flex["notice_to_step_seconds"][0] > 0
+
+
+def test_budget_scenario(tmp_path):
+    """A budget that runs out (issue #27 item 3): the controller deletes the node before the cost passes the cap,
+    the trainer's emergency checkpoint is committed in the shutdown, no node is left, and the job stays stopped."""
+    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "budget.yaml"))
+    check_common(r, out, tmp_path)
+    causes = [t["cause"] for t in out["transitions"]]
+    assert causes[-1] == "budget_exhausted" and "budget_raised" not in causes
+    assert out["nodes_left"] == [] and out["max_live_nodes"] == 1
+    # Never past the cap: the ledger's cost (priced as g2-standard-8 Spot in us-central1, the offline table).
+    spent = float(re.match(r"\$([0-9.]+) ", out["cost"]).group(1))
+    assert 0 < spent <= 0.004 and "offline table of" in out["cost"], out["cost"]
+    # A committed checkpoint at the stop: at least the last step any heartbeat reported (the emergency save).
+    committed = [int(p.name.split("_")[1]) for p in (tmp_path / "out" / "checkpoints").glob("step_*")
+                 if (p / "COMMITTED").exists()]
+    assert committed and max(committed) >= out["final_step"] > 0
+    assert any(a.startswith(f"Job {out['job_id']} reached its budget") for a in out["alerts"])
+    assert any("50 % of the budget" in a for a in out["alerts"])

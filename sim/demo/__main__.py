@@ -19,7 +19,7 @@ from sim.emulators import EmulatorError
 
 SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "total_steps", "restarts", "zones",
                 "provisioning", "lost_steps",
-                "max_live_nodes", "notice_to_step_seconds", "wall_seconds", "goodput", "timeline", "logs")
+                "max_live_nodes", "notice_to_step_seconds", "wall_seconds", "goodput", "cost", "timeline", "logs")
 
 
 def demo(

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,7 +42,7 @@ WORKDIR = REPO / "examples" / "workdir"  # the user's code the demo's job runs
 BUCKET = "respawn-demo"  # on the storage emulator: the agent's release and the job's code
 # How the Slack alert of each terminal state begins after "Job ID " (functions/alerts.py's titles).
 TERMINAL_ALERTS = {schema.State.SUCCEEDED: "succeeded", schema.State.FAILED: "failed",
-                   schema.State.INVALID: "has an invalid spec"}
+                   schema.State.INVALID: "has an invalid spec", schema.State.BUDGET_EXHAUSTED: "reached its budget"}
 
 
 class DemoError(RuntimeError):
@@ -171,6 +171,20 @@ def capacity_key(spec: dict[str, Any]) -> str:
     return acc.get("accelerator_type") or acc.get("machine_type") or GPU_MACHINE
 
 
+def _cost(status: schema.JobStatus, cap: float | None) -> str:
+    """What the job's nodes cost, as the controller's ledger priced them (functions/costs.py): the demo's zones are
+    us-central1's, so its g2-standard-8 nodes are priced as they would be there (the sim serves no SKUs: the dated
+    offline table, which the figure names)."""
+    from respawn import prices
+    from respawn.control import costs
+
+    c = costs.summary(status, datetime.now(timezone.utc), cap)
+    text = f"{prices.usd(c['so_far_usd'])} (on demand {prices.usd(c['on_demand_usd'])}; {c['prices']})"
+    if cap is not None:
+        text += f"; budget {prices.usd(cap)}, {c['budget_used']} used"
+    return text + (f"; unpriced: {c['unpriced']}" if c.get("unpriced") else "")
+
+
 def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int, dict]],
              known: set[str]) -> list[tuple[str, str]] | None:
     """(zone, node) of each node `p` hits, once they are ready for it; None before. `when: training`: every member
@@ -279,6 +293,8 @@ class DemoRun:
             # machine running two demos (30 s was not: a slow first boot counted as a boot failure).
             "RESPAWN_BOOT_GRACE_SECONDS": "90",
             "RESPAWN_PROGRESS_TIMEOUT_SECONDS": str(sc.progress_timeout_seconds),
+            # A budget's look-ahead, as in production: the sweep's period and a soft-off.
+            "RESPAWN_BUDGET_LOOKAHEAD_SECONDS": str(sc.sweep_seconds + sc.notice_seconds),
             "RESPAWN_BACKOFF_BASE_SECONDS": "2",
             "RESPAWN_POLL_SECONDS": "0.5",
             "RESPAWN_POLL_BUDGET_SECONDS": "30",
@@ -472,6 +488,9 @@ class DemoRun:
         result["report"] = str(page)
         result["goodput_buckets"] = report.describe(r)["buckets_seconds"]
         result["logs"] = self._logs(job_id)
+        result["cost"] = _cost(status, (self.sc.job.get("budget") or {}).get("max_usd"))
+        result["nodes_left"] = [h["name"] for h in self.sim.history() if (h.get("labels") or {}).get(
+            contract.LABEL_JOB) == job_id and h["live"] and h["live"][-1][1] is None]
         (self.out / "summary.json").write_text(json.dumps(result, indent=2))
         return result
 

@@ -1,0 +1,82 @@
+"""The cost ledger and the budget through the entry points (issue #27 item 3): a job priced from the Cloud Billing
+Catalog that sim/ serves (the real HTTP path of the controller's adapter), stopped by the sweep at its budget with no
+event, its node deleted, then resumed with `respawn jobs resume` (the real CLI against the emulators).
+
+The catalog answer is CONSTRUCTED from the documented SKU shape (respawn.prices.catalog_skus; gcp-facts §24), with
+round unit prices so that every figure is checked by hand; it was not recorded from the live API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from functions_fixtures import controller, gpu_spec  # noqa: F401 - fixtures
+from respawn import prices
+from respawn.control import costs
+from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
+
+# n1-standard-8 (8 vCPUs, 30 GiB) with one T4 and a 100 GB boot disk, Spot: 8 × 0.01 + 30 × 0.002 + 0.5 + 100 ×
+# 0.073 / 730 = $0.65 an hour; on demand 8 × 0.04 + 30 × 0.005 + 1.0 + 0.01 = $1.48 an hour.
+RATES = {"cpu:n1:spot": 0.01, "ram:n1:spot": 0.002, "gpu:nvidia-tesla-t4:spot": 0.5,
+         "cpu:n1:standard": 0.04, "ram:n1:standard": 0.005, "gpu:nvidia-tesla-t4:standard": 1.0,
+         "disk:pd-balanced": 0.073}
+SPOT, ON_DEMAND = 0.65, 1.48
+
+
+def _spec(job_id: str, budget: float) -> dict:
+    spec = gpu_spec(job_id, termination_action="DELETE", budget={"max_usd": budget})
+    spec["accelerator"]["boot_disk_gb"] = 100
+    return spec
+
+
+def _respawn(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "respawn", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(controller):
+    controller.sim.set_catalog(prices.COMPUTE_SERVICE, prices.catalog_skus(RATES, "us-central1"))
+    # $0.65 an hour for the 150 s look-ahead is $0.027: a $0.03 budget runs out within seconds of the start.
+    job = controller.register(_spec("capped", 0.03))
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "RUNNING")
+    life = st.members[0].billing
+    assert (life.node, life.usd_per_hour, life.on_demand_usd_per_hour) == (st.node, pytest.approx(SPOT),
+                                                                           pytest.approx(ON_DEMAND))
+    today = datetime.now(timezone.utc).date().isoformat()
+    assert st.cost.note == f"Cloud Billing Catalog of {today} (us-central1)"
+    controller.heartbeat(st.node, step=40, committed_step=30)
+    # No event: the sweep alone finds the cap within reach and stops the job, deleting its node as a cancel does.
+    deadline = time.monotonic() + 30
+    while (st := controller.status(job)).state.value != "BUDGET_EXHAUSTED":
+        assert time.monotonic() < deadline, st.message
+        assert controller.sweep() == 200
+        time.sleep(0.5)
+    controller.sim.wait_for(lambda: controller.live(job) == [], timeout=30, what="no node of the job left")
+    spent, on_demand = costs.spent(st, datetime.now(timezone.utc))
+    assert 0 < spent <= 0.03 and spent / on_demand == pytest.approx(SPOT / ON_DEMAND, rel=1e-3)
+    alerts = controller.alerts(want=1)
+    stop = [a for a in alerts if a["type"] == "budget_exhausted"]
+    assert stop and stop[0]["cost_usd"] == pytest.approx(spent) and "respawn jobs resume capped" in stop[0]["message"]
+    # Stopped, it stays stopped: the sweep leaves it (terminal) and a nudge changes nothing.
+    assert controller.sweep(job) == 200 and controller.status(job).state.value == "BUDGET_EXHAUSTED"
+    # describe and list show the cost; resume refuses a cap the job has spent already, then raises it.
+    described = _respawn("jobs", "describe", job, "--project", controller.project)
+    assert described.returncode == 0 and "so_far_usd" in described.stdout and "Cloud Billing Catalog" in described.stdout
+    listed = _respawn("jobs", "list", "--project", controller.project)
+    assert prices.usd(spent) in listed.stdout, listed.stdout
+    refused = _respawn("jobs", "resume", job, "--budget", "0.001", "--project", controller.project)
+    assert refused.returncode != 0 and "would stop it again at once" in refused.stderr
+    resumed = _respawn("jobs", "resume", job, "--budget", "5", "--project", controller.project,
+                       "--sweep-topic", controller.sweep_topic)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumes from its newest committed checkpoint" in resumed.stdout
+    controller.sweep_relay.drain()  # the CLI's nudge, delivered as the sweep topic's push subscription would
+    after = controller.wait_state(job, "RUNNING")
+    assert after.attempt == st.attempt + 1 and after.cost.closed_usd == pytest.approx(spent)
+    assert len(controller.live(job)) == 1
