@@ -518,8 +518,7 @@ def logs(
                 fresh = joblogs.last_chunks(fresh, read, tail_lines)
                 for s in shown:
                     printed.setdefault(s.listed.name, s.listed.size)  # the older ones: skipped, not to be shown later
-            text = joblogs.lines(joblogs.read_ahead(fresh, read) if len(fresh) > 1 else fresh, read,
-                                 prefixed=len(hosts) > 1)
+            text = joblogs.lines(joblogs.read_ahead(fresh, read) if len(fresh) > 1 else fresh, read, hosts=hosts)
             for line in joblogs.tail(text, tail_lines) if first and tail_lines else text:
                 out.print(line, markup=False, highlight=False)
 

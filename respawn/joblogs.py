@@ -98,20 +98,26 @@ def merge(chunks: list[Shown]) -> list[Shown]:
     return out
 
 
-def label(host: str) -> str:
-    """`[node]`, or `[node wI]` for worker I of a multi-host slice (contract.heartbeat_id)."""
+def label(host: str, hosts: Iterable[str] = ()) -> str:
+    """`[node]`, or `[node wI]` for worker I of a multi-host slice (contract.heartbeat_id; worker 0 writes as the
+    node itself, and is `[node w0]` where other `hosts` of its slice wrote)."""
     node, sep, worker = host.rpartition("-w")
-    return f"[{node} w{worker}]" if sep and worker.isdigit() else f"[{host}]"
+    if sep and worker.isdigit():
+        return f"[{node} w{worker}]"
+    return f"[{host} w0]" if any(h.startswith(host + "-w") for h in hosts) else f"[{host}]"
 
 
-def lines(shown: list[Shown], read: Callable[[Shown], bytes], *, prefixed: bool | None = None) -> Iterator[str]:
-    """The lines of `shown` (read in that order), with the host's prefix when several hosts wrote (or `prefixed`)."""
-    if prefixed is None:
-        prefixed = len({s.chunk.host for s in shown}) > 1
+def lines(shown: Iterable[Shown], read: Callable[[Shown], bytes], *, hosts: set[str] | None = None) -> Iterator[str]:
+    """The lines of `shown` (read in that order), each with its host's prefix when several `hosts` wrote (default:
+    those of `shown`; --follow passes every host seen so far)."""
+    if hosts is None:
+        shown = list(shown)
+        hosts = {s.chunk.host for s in shown}
+    prefixed = len(hosts) > 1
     for s in shown:
         text = (read(s) if s.data is None else s.data).decode("utf-8", errors="replace")
         for line in text.splitlines():
-            yield f"{label(s.chunk.host)} {line}" if prefixed else line
+            yield f"{label(s.chunk.host, hosts)} {line}" if prefixed else line
 
 
 READ_AHEAD = 16  # chunks read at once: a long job is thousands of small objects, each one GET

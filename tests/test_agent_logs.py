@@ -195,7 +195,7 @@ def test_merge_keeps_each_sequence_in_order_and_interleaves_by_time():
         ("j-4", "setup", 0), ("j-4-w1", "trainer", 0), ("j-4", "trainer", 0), ("j-4", "trainer", 3)]
     data = {s.listed.name: f"{s.chunk.host}:{s.chunk.offset}\n".encode() for s in shown}
     assert list(joblogs.lines(shown, lambda s: data[s.listed.name])) == [
-        "[j-4] j-4:0", "[j-4 w1] j-4-w1:0", "[j-4] j-4:0", "[j-4] j-4:3"]
+        "[j-4 w0] j-4:0", "[j-4 w1] j-4-w1:0", "[j-4 w0] j-4:0", "[j-4 w0] j-4:3"]
     assert list(joblogs.lines(shown[2:], lambda s: data[s.listed.name])) == ["j-4:0", "j-4:3"]  # one host
 
 
@@ -224,7 +224,7 @@ def test_follow_prints_new_chunks_as_they_come(agent_env):
         put("f-1", 8, b"three\n")
         put("f-1-w1", 0, b"from worker 1\n")
         wait_for(lambda: len(lines) == 4, 15, "the next chunks")
-        assert sorted(lines[2:]) == ["[f-1 w1] from worker 1\n", "[f-1] three\n"], lines
+        assert sorted(lines[2:]) == ["[f-1 w0] three\n", "[f-1 w1] from worker 1\n"], lines
     finally:
         proc.terminate()
         proc.wait(10)
