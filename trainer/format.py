@@ -36,8 +36,11 @@ CHUNK = 8 << 20
 DEFAULT_SHARD_BYTES = 256 << 20
 
 
+STEP_DIR_PREFIX = "step_"  # every step directory's name starts so (STEP_RE); nothing else in a checkpoint root does
+
+
 def step_dirname(step: int) -> str:
-    return f"step_{step:012d}"
+    return f"{STEP_DIR_PREFIX}{step:012d}"
 
 
 def parse_step(name: str) -> int | None:

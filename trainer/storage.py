@@ -267,7 +267,9 @@ class GCSStore(_Store):
     def steps(self) -> dict[int, bool]:
         out: dict[int, bool] = {}
         base = self.prefix + "/" if self.prefix else ""
-        for blob in self.bucket.client.list_blobs(self.bucket_name, prefix=base):
+        # Only the step directories: the root also holds the nodes' logs (.respawn-logs/, thousands of small objects
+        # on a long job) and the environment cache, which a listing of every step must not page through.
+        for blob in self.bucket.client.list_blobs(self.bucket_name, prefix=base + fmt.STEP_DIR_PREFIX):
             rel = blob.name[len(base):].split("/")
             if len(rel) != 2:
                 continue
