@@ -129,22 +129,24 @@ def _fan_out() -> None:
         logs.error(f"sweep: {len(failed)} job(s) not sent to {settings.sweep_topic}, the next sweep sends them again "
                    f"({job}: {why}); check that the topic exists ({SWEEP_TOPIC_VAR}) and that the controller may "
                    "publish to it (role respawnSweepPublisher, deploy/iam/permissions.yaml)", jobs=names[:100])
+    every = None
     try:
-        delete_orphans(deps)
+        every = delete_orphans(deps)
     except Exception as exc:  # noqa: BLE001 - the next sweep scans again
         logs.error(f"sweep: orphan scan failed: {type(exc).__name__}: {exc}")
-    expire_logs(deps, clients.default(settings))
+    expire_logs(deps, clients.default(settings), every)
 
 
-def expire_logs(deps: Deps, c: Any) -> None:
+def expire_logs(deps: Deps, c: Any, jobs: dict[str, dict] | None = None) -> None:
     """Each job's shipped logs older than its logs.retention_days are deleted, by one listing of the job's own logs
-    prefix, once a day per job (respawn.joblogs.retention_due picks the tick); finished jobs too. A failure is
-    logged and the job waits for its next day."""
+    prefix, once a day per job (respawn.joblogs.retention_due picks the tick); finished jobs too. `jobs`: every job's
+    document as the orphan scan read it (None: read them here). A failure is logged and the job waits for its next
+    day."""
     from respawn import deployment, joblogs
     from respawn.control.adapters.logstore import LogRetention
 
     retention, now = LogRetention(c), deps.now().timestamp()
-    for job_id, doc in sorted(deps.store.all_jobs().items()):
+    for job_id, doc in sorted((deps.store.all_jobs() if jobs is None else jobs).items()):
         if not joblogs.retention_due(job_id, now, deployment.SWEEP_PERIOD_S):
             continue
         spec = doc.get("spec") or {}
@@ -164,8 +166,9 @@ def expire_logs(deps: Deps, c: Any) -> None:
                       deleted=deleted, retention_days=days)
 
 
-def delete_orphans(deps: Deps) -> None:
-    """List the labelled nodes in every zone any job uses, then read the jobs, then delete what no placement owns."""
+def delete_orphans(deps: Deps) -> dict[str, dict]:
+    """List the labelled nodes in every zone any job uses, then read the jobs, then delete what no placement owns.
+    Returns every job's document as first read (the log retention goes through them next)."""
     from respawn.control import queued
     from respawn.control.orphans import Seen, orphans
 
@@ -188,6 +191,7 @@ def delete_orphans(deps: Deps) -> None:
         logs.warning(f"sweep: deleting orphan {what} {n.name} in {n.zone} (job {n.labels.get(LABEL_JOB)} does not "
                      "own it now)", node=n.name, zone=n.zone)
         deps.providers[n.kind].delete(n.zone, n.name)
+    return before
 
 
 def alert(message: Any) -> None:
