@@ -141,28 +141,13 @@ class JobStore:
     def request_cancel(self, job_id: str) -> State:
         """Set cancel_requested (the controller deletes the node and marks the job CANCELLED) and record the
         request as an event. Returns the state it was in; raises NoSuchJob or JobFinished."""
-        ref = self.db.collection(JOBS).document(job_id)
-
-        @firestore.transactional
-        def request(txn) -> State:
-            snap = ref.get(transaction=txn)
-            if not snap.exists:
-                raise NoSuchJob(job_id)
-            state = JobStatus.model_validate((snap.to_dict() or {}).get("status") or {}).state
-            if state.terminal:
-                raise JobFinished(state)
-            txn.update(ref, {"cancel_requested": True})
-            return state
-
-        state = request(self.db.transaction())
-        ref.collection(EVENTS).add(JobEvent.new(state, state, "cancel requested").model_dump())
+        state = self._update_active(job_id, {"cancel_requested": True}).state
+        self._event(job_id, JobEvent.new(state, state, "cancel requested"))
         return state
 
-
-    def set_budget(self, job_id: str, max_usd: float) -> JobStatus:
-        """Set the job's spec.budget.max_usd (the controller resumes a BUDGET_EXHAUSTED job whose cost is below
-        it) and record it as an event. Returns the status it had; raises NoSuchJob, or JobFinished for a job ended
-        otherwise than by its budget."""
+    def _update_active(self, job_id: str, fields: dict[str, Any], also: tuple[State, ...] = ()) -> JobStatus:
+        """Write `fields` into the job's document in one transaction unless it is terminal (but for the states in
+        `also`); returns the status it had. Raises NoSuchJob or JobFinished."""
         ref = self.db.collection(JOBS).document(job_id)
 
         @firestore.transactional
@@ -171,13 +156,23 @@ class JobStore:
             if not snap.exists:
                 raise NoSuchJob(job_id)
             status = JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
-            if status.state.terminal and status.state is not State.BUDGET_EXHAUSTED:
+            if status.state.terminal and status.state not in also:
                 raise JobFinished(status.state)
-            txn.update(ref, {"spec.budget": {"max_usd": max_usd}})
+            txn.update(ref, fields)
             return status
 
-        status = update(self.db.transaction())
-        ref.collection(EVENTS).add(JobEvent.new(status.state, status.state, "budget set", max_usd=max_usd).model_dump())
+        return update(self.db.transaction())
+
+    def _event(self, job_id: str, event: JobEvent) -> None:
+        self.db.collection(JOBS).document(job_id).collection(EVENTS).add(event.model_dump())
+
+
+    def set_budget(self, job_id: str, max_usd: float) -> JobStatus:
+        """Set the job's spec.budget.max_usd (the controller resumes a BUDGET_EXHAUSTED job whose cost is below
+        it) and record it as an event. Returns the status it had; raises NoSuchJob, or JobFinished for a job ended
+        otherwise than by its budget."""
+        status = self._update_active(job_id, {"spec.budget": {"max_usd": max_usd}}, also=(State.BUDGET_EXHAUSTED,))
+        self._event(job_id, JobEvent.new(status.state, status.state, "budget set", max_usd=max_usd))
         return status
 
 

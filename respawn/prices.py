@@ -86,7 +86,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class Rate:
-    """A node's price an hour, at its own model and on demand; `note`: which book; `missing`: what was not priced."""
+    """A node's price an hour, at its own model and on demand; `note`: which book."""
 
     usd_per_hour: float
     on_demand_usd_per_hour: float

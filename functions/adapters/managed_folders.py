@@ -14,6 +14,7 @@ from urllib.parse import quote
 from google.api_core import exceptions as gexc
 
 from respawn import deployment
+from respawn.control.adapters.jsonapi import checked
 
 PRODUCTION = "https://storage.googleapis.com"
 TIMEOUT_S = 30
@@ -29,14 +30,7 @@ class StorageJsonApi:
         self.base = f"{(endpoint or PRODUCTION).rstrip('/')}/storage/v1/b"
 
     def _call(self, method: str, url: str, body: dict | None = None, params: dict | None = None) -> dict:
-        r = self.session.request(method, url, json=body, params=params, timeout=TIMEOUT_S)
-        if r.status_code >= 400:
-            try:
-                message = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = r.text[:300]
-            raise gexc.from_http_status(r.status_code, f"{method} {url}: {message}")
-        return r.json() if r.content else {}
+        return checked(self.session.request(method, url, json=body, params=params, timeout=TIMEOUT_S), method, url)
 
 
 class ManagedFoldersApi(StorageJsonApi):

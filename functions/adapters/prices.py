@@ -13,9 +13,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from google.api_core import exceptions as gexc
-
 from respawn import logs, prices
+from respawn.control.adapters.jsonapi import checked
 
 PRODUCTION = "https://cloudbilling.googleapis.com"
 TIMEOUT_S = 30
@@ -42,14 +41,7 @@ class CatalogApi:
             if self.api_key:
                 params["key"] = self.api_key
             url = f"{self.base}/v1/services/{service}/skus"
-            r = self.session.request("GET", url, params=params, timeout=TIMEOUT_S)
-            if r.status_code >= 400:
-                try:
-                    message = r.json()["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    message = r.text[:300]
-                raise gexc.from_http_status(r.status_code, f"GET {url}: {message}")
-            page = r.json()
+            page = checked(self.session.request("GET", url, params=params, timeout=TIMEOUT_S), "GET", url)
             out += page.get("skus") or []
             token = page.get("nextPageToken") or ""
             if not token:
