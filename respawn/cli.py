@@ -490,10 +490,21 @@ def logs(
         streams = (*joblogs.DEFAULT_STREAMS, "agent") if agent else joblogs.DEFAULT_STREAMS
         printed: dict[str, int] = {}  # chunk name → bytes of it shown (a re-sent chunk may grow)
         hosts: set[str] = set()
+        written: dict[int, float] = {}  # attempt → when its newest chunk was written
+
+        def listing(first: bool) -> list[joblogs.Listed]:
+            if first or attempt is not None:
+                return codestore.list_logs(base, prefix, project)
+            # --follow on the whole job: its attempts (one short listing), then only those still writing or new
+            live = joblogs.follow_attempts(codestore.log_attempts(base, project), written, time.time())
+            return [item for a in live for item in codestore.list_logs(base, contract.log_attempt_prefix(a), project)]
 
         def show(first: bool) -> None:
             try:
-                listed = codestore.list_logs(base, prefix, project)
+                listed = listing(first)
+                for item in listed:
+                    if (c := contract.LogChunk.parse(item.name)) is not None:
+                        written[c.attempt] = max(written.get(c.attempt, 0.0), item.updated)
                 attempts = codestore.log_attempts(base, project) if attempt is not None and not listed else ()
                 shown = joblogs.select(listed, job_id=job_id, where=base + prefix, attempt=attempt, node=node,
                                        streams=streams, attempts=attempts)

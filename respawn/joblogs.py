@@ -135,6 +135,16 @@ def read_ahead(shown: list[Shown], read: Callable[[Shown], bytes], workers: int 
                 yield Shown(s.chunk, s.listed, data)
 
 
+FOLLOW_IDLE_S = 600.0  # --follow stops listing an attempt that wrote nothing for this long (its node is gone)
+
+
+def follow_attempts(attempts: Iterable[int], written: dict[int, float], now: float,
+                    idle_s: float = FOLLOW_IDLE_S) -> list[int]:
+    """The attempts --follow lists again: new ones, and those whose newest chunk (`written`) is recent. A long job
+    has many attempts of thousands of chunks each, and only the current nodes' still grow."""
+    return [a for a in attempts if a not in written or now - written[a] < idle_s]
+
+
 def last_chunks(shown: list[Shown], read: Callable[[Shown], bytes], k: int) -> list[Shown]:
     """The fewest last chunks of `shown` that hold its last `k` lines, each read once (`read` is then answered from
     what was read, for lines())."""

@@ -184,6 +184,12 @@ def test_the_final_flush_never_delays_the_emergency_save_or_the_final_heartbeat(
     assert flush and flush[0]["severity"] == "WARNING", agent.messages()[-10:]
 
 
+def test_follow_lists_again_only_new_attempts_and_those_still_writing():
+    written = {1: 1000.0, 2: 1590.0, 3: 1999.0}
+    assert joblogs.follow_attempts([1, 2, 3, 4], written, now=2000.0) == [2, 3, 4]
+    assert joblogs.follow_attempts([1, 2, 3, 4], written, now=2200.0) == [3, 4]
+
+
 def test_merge_keeps_each_sequence_in_order_and_interleaves_by_time():
     def item(host, stream, offset, at, size=3):
         return joblogs.Listed(contract.LogChunk(4, host, stream, offset).name(), size, at)
