@@ -166,9 +166,14 @@ def _quote(deps: Deps, spec: JobSpec, status: JobStatus, now: datetime) -> price
     without a price source, the offline table)."""
     region = prices.region_of(status.zone or spec.zones[0])
     book = deps.prices.book(region, now) if deps.prices is not None else prices.offline(region)
-    if book is None:
-        return prices.Quote({}, f"the offline table of {prices.OFFLINE_DATE} has no prices for {region}")
-    return prices.quote(spec.accelerator, book)
+    quote = (prices.quote(spec.accelerator, book) if book is not None else
+             prices.Quote({}, f"the offline table of {prices.OFFLINE_DATE} has no prices for {region}"))
+    if quote.why is not None:
+        logs.warning(f"job {spec.id}: its node cannot be priced ({quote.why}); its cost so far leaves "
+                     f"it out{' and its budget cannot stop it' if spec.budget else ''}. Enable the Cloud Billing "
+                     "Catalog API for the controller (docs/gcp-facts.md §24) or add the region to "
+                     "respawn/prices.py's offline table", job_id=spec.id, region=region)
+    return quote
 
 
 def _zone_advice(deps: Deps, job_id: str, spec: JobSpec, now: datetime) -> dict[str, ZoneAdvice]:

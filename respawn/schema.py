@@ -36,6 +36,7 @@ from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-export
 from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
 from respawn.contract import LOG_RETENTION_DAYS
 from respawn.deployment import RESPAWN_PREFIX
+from respawn.prices import shape_of
 
 JOBS = "jobs"
 EVENTS = "events"
@@ -670,6 +671,13 @@ class JobSpec(_Strict):
                                         f"Respawn writes {len(own)} of its own on this job's nodes ({', '.join(own)}); "
                                         f"keep at most {MAX_NODE_LABELS - len(own)}"))
         errors += _metadata_errors(self)
+        if self.budget is not None and shape_of(self.accelerator) is None:
+            # A cap the ledger cannot count (a type whose vCPUs, memory or chips respawn/prices.py does not know)
+            # would never stop the job.
+            name = getattr(self.accelerator, "machine_type", None) or self.accelerator.accelerator_type
+            errors.append((("budget",), f"Respawn cannot price {name} (respawn/prices.py knows the predefined n1 and "
+                                        "n2 types, g2, a2-highgpu, a2-megagpu and a3-highgpu, and TPU v4, v5e, v5p "
+                                        "and v6e): drop the budget or pick one of those"))
         if self.tiers is not None and self.placement.on_demand_fallback:
             errors.append((("placement", "on_demand_fallback"), "the tiers say where capacity comes from: list "
                                                                  "standard as the last tier instead"))

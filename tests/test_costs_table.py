@@ -11,7 +11,8 @@ from respawn.control import alerts, costs, job
 from respawn.control.decide import ABSENT, Act, NodeObs, Observation, Outcome, OutcomeKind, Phase
 from respawn.control.job import MemberObs
 from respawn.prices import Quote, Rate
-from respawn.schema import BilledLife, CostLedger, Heartbeat, JobStatus, MemberStatus, NodeState, State, parse_spec
+from respawn.schema import (BilledLife, CostLedger, Heartbeat, JobStatus, MemberStatus, NodeState, SpecError, State,
+                            parse_spec)
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 ZONES = ["us-central1-a", "us-central1-b"]
@@ -175,3 +176,27 @@ def test_other_alerts_carry_the_cost_so_far():
     assert d.alert["type"] == "succeeded"
     assert (d.alert["cost_usd"], d.alert["on_demand_usd"], d.alert["cost_note"]) == (1.0, 2.0, NOTE)
     assert "cost so far: $1.00 (on demand: $2.00)" in alerts.to_slack(d.alert)["text"]
+
+
+def test_a_budget_needs_a_type_respawn_can_price_and_a_positive_cap():
+    assert spec(budget=2.5).budget.max_usd == 2.5
+    with pytest.raises(SpecError, match="budget: Respawn cannot price c3-standard-8"):
+        spec(budget=2.5, accelerator={"kind": "gpu", "machine_type": "c3-standard-8"})
+    with pytest.raises(SpecError, match="budget.max_usd"):
+        spec(budget=0)
+
+
+def test_each_member_of_a_several_node_job_is_its_own_life():
+    """Three slots: slot 0 on demand, 1 and 2 Spot; slot 2's node lost and already gone: its life alone closes."""
+    three = spec(nodes=3, on_demand_nodes=1)
+    members = [MemberStatus(state=State.RUNNING, attempt=i + 1, node=f"job-{i + 1}", zone=ZONES[0], create_state="created",
+                            provisioning="standard" if i == 0 else "spot", node_started_at=STARTED,
+                            address=f"10.0.0.{i + 1}", generation_sent=1,
+                            billing=life(i + 1, 2.0, ON_DEMAND if i == 0 else SPOT)) for i in range(3)]
+    s = JobStatus(state=State.RUNNING, attempt=3, zone=ZONES[0], node="job-1", members=members,
+                  generation={"number": 1, "members": ["job-1", "job-2", "job-3"], "master_addr": "10.0.0.1"})
+    assert costs.burn(s) == pytest.approx(ON_DEMAND + 2 * SPOT)
+    seen = [MemberObs(RUNNING, beat(1)), MemberObs(RUNNING, beat(2)), MemberObs(ABSENT)]
+    d = job.decide(observe(s, three), seen)
+    assert d.status.members[2].billing is None and d.status.members[0].billing == members[0].billing
+    assert d.status.cost.closed_usd == pytest.approx(2.0 * SPOT)
