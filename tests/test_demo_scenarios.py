@@ -510,3 +510,14 @@ def test_budget_scenario(tmp_path):
     assert committed and max(committed) >= out["final_step"] > 0
     assert any(a.startswith(f"Job {out['job_id']} reached its budget") for a in out["alerts"])
     assert any("50 % of the budget" in a for a in out["alerts"])
+
+
+def test_advice_scenario(tmp_path):
+    """Zones ranked by capacity advice (placement.rank: advice): the first node is created in the most obtainable
+    listed zone, listed last, at once; no zone is tried and refused on the way, and the create names the order."""
+    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "advice.yaml"))
+    check_common(r, out, tmp_path)
+    assert out["zones"] == ["us-central1-c"]
+    [created] = [t for t in out["transitions"] if t["cause"] == "job_created"]
+    assert created["details"]["ranked_zones"] == ["us-central1-c", "us-central1-b", "us-central1-a"]
+    assert not [t for t in out["transitions"] if t["cause"].startswith("zone_refused")]

@@ -382,6 +382,10 @@ class DemoRun:
         job_id = spec["id"]
         key = capacity_key(spec)
         for zone in sc.zones:
+            if zone.advice is not None:
+                self.sim.set_advice(zone.name, spec["accelerator"]["machine_type"],
+                                    obtainability=zone.advice.obtainability,
+                                    estimated_uptime=zone.advice.estimated_uptime_seconds)
             for change in zone.capacity:
                 if change.at_seconds is not None:
                     self.sim.set_capacity(zone.name, key, change.count, at=self.sim.now() + change.at_seconds,

@@ -51,9 +51,18 @@ class CapacityChange(_Strict):
         return self
 
 
+class ZoneAdvice(_Strict):
+    """What the sim's capacity advice scores Spot VMs of the job's machine type in the zone (sim/advice.py)."""
+
+    obtainability: float = Field(ge=0, le=1)
+    estimated_uptime_seconds: float | None = Field(default=None, gt=0)
+
+
 class Zone(_Strict):
     name: str
     capacity: list[CapacityChange] = Field(default_factory=list, description="unlimited unless changed")
+    advice: ZoneAdvice | None = Field(default=None, description="capacity advice (a job with placement.rank: "
+                                      "advice); default: what the zone's capacity says")
 
 
 class Preemption(_Strict):
