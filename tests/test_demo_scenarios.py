@@ -284,7 +284,7 @@ def test_multi_node_scenario(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
                                   "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8", "tpu-slice",
-                                  "tpu-slice-triples"])
+                                  "tpu-slice-triples", "tpu-queued"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
@@ -328,6 +328,12 @@ def test_scenario(tmp_path, name):
         assert out["restarts"] == len(sc.preemptions) >= len(with_notice)
     if sc.accelerator == "tpu":
         check_worker_endpoints(tmp_path, sc)
+    if name.startswith("tpu-slice") or name == "tpu-queued":
+        # Through queued resources (a slice's default; issue #26 item 2): one request serving at a time (the
+        # preempted one, SUSPENDED, is deleted once its notice is over), none left at the end.
+        assert out["max_queued_resources"] == 1 and out["queued_resources_left"] == 0
+    if name == "tpu-queued":
+        assert out["zones"] == [z.name for z in sc.zones]  # asked again, in the next zone
     if name == "all-zones-stocked-out":
         assert "WAITING_FOR_CAPACITY" in states
     if name == "dropped-event":

@@ -30,8 +30,8 @@ from respawn.timeline import Mark, NodeSpan, Timeline, render_html
 from respawn.workdir import human_bytes, pack
 from sim import emulators, netns, node_image
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
-from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, lives, progress_series, recoveries, summarize,
-                              workers_seen)
+from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, lives, max_live, progress_series, recoveries,
+                              serving, summarize, workers_seen)
 from sim.tpu import ENDPOINTS_HOSTNAMES
 
 PROJECT = "respawn-demo"
@@ -621,6 +621,13 @@ class DemoRun:
                         restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts, notices=notices,
                         noticed=self.noticed)
         result = summarize(rec)
+        # TPU queued resources (issue #26 item 2): the most requests serving at once (one in its node's notice no
+        # longer counts, as for nodes) and those left at the end.
+        asked = [Lifetime(h["name"], h["zone"], start - sim_t0, None if end is None else end - sim_t0)
+                 for h in self.sim.request_history() if (h.get("labels") or {}).get("respawn-job") == job_id
+                 for start, end in h["live"]]
+        result.update(max_queued_resources=max_live(serving(asked, self.noticed), wall),
+                      queued_resources_left=len(self.sim.queued_resources(job_id)))
         for r in recoveries(samples, notices):
             if r["training_at"] is not None:
                 marks.append(Mark(r["training_at"], "training again",
