@@ -81,7 +81,8 @@ class Shape:
 
     def key(self, size: int = 1) -> str:
         """The cache key of this shape's advice (a Firestore document id part: no '/')."""
-        base = self.machine_type + (f"+{self.accelerator_count}x{self.accelerator_type}" if self.accelerator_type else "")
+        attached = f"+{self.accelerator_count}x{self.accelerator_type}" if self.accelerator_type else ""
+        base = self.machine_type + attached
         return base + (f"*{size}" if size > 1 else "")
 
 

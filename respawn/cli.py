@@ -929,8 +929,8 @@ def _zones_table(rep: Any, shape: Any) -> Table:
     from respawn import advice
 
     spot, standard = (advice.quota_metric(shape.gpu, m) for m in ("spot", "standard"))
-    table = Table("zone", f"quota {spot or 'Spot'}", f"quota {standard or 'on-demand'}", "obtainability",
-                  "est. uptime", "preemption rate (7 d)", "Spot price")
+    table = Table("zone", f"{spot or 'Spot quota'} used/limit", f"{standard or 'on-demand quota'} used/limit",
+                  "obtainability", "est. uptime", "preemption rate (7 d)", "Spot price")
 
     def quota(row, metric):
         q = row.quotas.get(metric or "")
@@ -949,7 +949,9 @@ def _zones_table(rep: Any, shape: Any) -> Table:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _seen(row: Any) -> str:

@@ -15,10 +15,11 @@ HISTORY_DAYS daily records ending at the last midnight Pacific time, oldest firs
 (the newest last) fill the newest days; the other days get the default rate (0.0 where the zone's Spot capacity was
 never limited, LIMITED_RATE where it was) and DEFAULT_PRICE_USD.
 
-regions.get (`GET /compute/v1/projects/P/regions/R`) lists, in `quotas[]`, the metric of every quota step in force in
-R (respawn.advice.quota_metric of the accelerator: PREEMPTIBLE_ for the "SPOT" pool, the plain one for "STANDARD";
-a step for every model sets both) with its limit and the nodes holding it now. The sim counts quota in nodes, so these figures are nodes, which is GPUs for one GPU per node.
-Unlimited quotas are not listed (a metric Compute does not list is unknown to Respawn: nothing is checked).
+regions.get (`GET /compute/v1/projects/P/regions/R`) lists, in `quotas[]`, the metric of every quota step in force
+in R (respawn.advice.quota_metric of the accelerator: PREEMPTIBLE_ for the "SPOT" pool, the plain one for
+"STANDARD"; a step for every model sets both) with its limit and the nodes holding it now. The sim counts quota in
+nodes, so these figures are nodes, which is GPUs for one GPU per node. Unlimited quotas are not listed (a metric
+Compute does not list is unknown to Respawn: nothing is checked).
 
 Only Spot is scored (provisioningModel other than SPOT: 400). Faults: `set_api_faults(methods=("advice",))`
 answers both advice calls, `("region",)` regions.get.
@@ -157,7 +158,8 @@ class AdviceService:
     def _spot_steps(self, zone: str, accelerator: str) -> list[tuple[float, int | None]]:
         """The capacity steps that bind Spot VMs of `accelerator` in `zone` (its SPOT steps, else those for all)."""
         steps = [s for s in self.sim.capacity.snapshot() if s["scope"] == zone and s["acceleratorType"] == accelerator]
-        spot = [s for s in steps if s["provisioningModel"] == "SPOT"] or [s for s in steps if s["provisioningModel"] is None]
+        spot = ([s for s in steps if s["provisioningModel"] == "SPOT"]
+                or [s for s in steps if s["provisioningModel"] is None])
         return [(s["at"], s["limit"]) for s in spot]
 
     def _zones(self, region: str) -> list[str]:
