@@ -6,8 +6,8 @@ recorded (the store's record_capacity); here, from a job's status before and aft
 - a node obtained: a slot's node went from PROVISIONING to RUNNING (a create or a restart in place): `nodes` + 1,
   `obtain_seconds` + the time since it was asked for (node_started_at);
 - a node's life ended: a slot whose node ran no longer runs it (lost, replaced, the job ended): `lives` + 1,
-  `life_seconds` + its time since node_started_at; `preemptions` + 1 when the job's preemptions grew with it
-  (the platform took it). Life over preemptions is the mean time between interruptions (ZoneStats.mtbi_seconds).
+  `life_seconds` + its time since it ran (running_at; a status of an older version: since node_started_at);
+  `preemptions` + 1 when the job's preemptions grew with it (the platform took it). Life over preemptions is the mean time between interruptions (ZoneStats.mtbi_seconds).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def observed(before: JobStatus, after: JobStatus, now: datetime) -> list[Observe
         if b.state is State.PROVISIONING and a.state is State.RUNNING and a.node == b.node:
             out.append(Observed(b.zone, model, {"nodes": 1, "obtain_seconds": age}))
         elif b.state is State.RUNNING and (a.node != b.node or a.state is not State.RUNNING):
-            counts = {"lives": 1, "life_seconds": age}
+            ran = max((now - (b.running_at or b.node_started_at)).total_seconds(), 0.0)
+            counts = {"lives": 1, "life_seconds": ran}
             if preempted:
                 preempted -= 1
                 counts["preemptions"] = 1

@@ -1049,7 +1049,7 @@ class ZoneStats(_Record):
     nodes: int = 0  # nodes obtained (reached RUNNING)
     obtain_seconds: float = 0.0  # their time from the create (or start) to RUNNING, summed
     lives: int = 0  # nodes whose life ended (preempted, lost, replaced, the job over)
-    life_seconds: float = 0.0  # their time from the create to that end, summed
+    life_seconds: float = 0.0  # their time from running (MemberStatus.running_at) to that end, summed
     preemptions: int = 0  # of those, taken by the platform
 
     @property

@@ -31,6 +31,9 @@ def m(state: State, node: str | None = "j-1", zone: str = A, model: str = "spot"
     # Replaced during its notice (a new node in another zone): the old one's life, in its own zone.
     (job(m(State.RUNNING)), job(m(State.PROVISIONING, "j-2", B), preemptions=1),
      [Observed(A, "spot", {"lives": 1, "life_seconds": 100, "preemptions": 1})]),
+    # Its life counts from when it ran, where the status knows it.
+    (job(m(State.RUNNING).model_copy(update={"running_at": T0 + timedelta(seconds=40)})),
+     job(m(State.PREEMPTED), preemptions=1), [Observed(A, "spot", {"lives": 1, "life_seconds": 60, "preemptions": 1})]),
     # A life that ended without a preemption (a crash, the job done): exposure, no interruption.
     (job(m(State.RUNNING, model="standard")), job(m(State.SUCCEEDED, model="standard")),
      [Observed(A, "standard", {"lives": 1, "life_seconds": 100})]),
