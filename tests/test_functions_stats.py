@@ -23,6 +23,6 @@ def test_refusals_nodes_and_preemptions_are_counted_per_zone(controller):
     assert (refused.refusals, refused.nodes, refused.preemptions) == (1, 0, 0)
     lost = ZoneStats.model_validate(docs[f"{ZONES[1]}~{T4}"]["stats"]["spot"])
     assert (lost.nodes, lost.lives, lost.preemptions) == (1, 1, 1) and lost.mtbi_seconds > 0
-    assert lost.obtain_mean_seconds is not None and lost.obtain_mean_seconds < lost.mtbi_seconds
+    assert lost.obtain_mean_seconds is not None and lost.obtain_mean_seconds > 0
     replaced = ZoneStats.model_validate(docs[f"{after.zone}~{T4}"]["stats"]["spot"])
     assert replaced.nodes == (1 if after.zone != ZONES[1] else 2)
