@@ -125,3 +125,17 @@ def test_a_create_refused_for_the_leaving_requests_quota_deletes_that_request_be
     after = core.decide(obs("PROVISIONING", raw=None, attempt=4, node="job-4", zone=ZONES[0], create_state="failed",
                             next_attempt_at=leaving.until, **Q))
     assert (after.action.kind, after.action.zone, after.action.node) == (Act.CREATE, ZONES[0], "job-5")
+
+
+def test_requests_refused_in_a_row_move_the_next_request_to_the_guaranteed_tier():
+    # provisioning [spot, standard]: a queued resource's tiers are spot and guaranteed (the adapter maps standard).
+    spec = make_spec(accelerator={"kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base",
+                                  "queue_wait_minutes": 10},
+                     provisioning=[{"model": "spot", "after_refusals": 2}, "standard"])
+    refused = core.decide(obs("PROVISIONING", raw="queued:FAILED", spec=spec, heartbeat="none", consecutive_failures=1,
+                              tried_zones=[ZONES[1]]))
+    assert refused.action.kind is Act.DELETE and refused.status.consecutive_failures == 2
+    d = core.decide(obs("PROVISIONING", raw=None, spec=spec, heartbeat="none", create_state="failed",
+                        consecutive_failures=2, tried_zones=ZONES[:2]))
+    assert (d.action.kind, d.action.provisioning, d.action.zone) == (Act.CREATE, "standard", ZONES[0])
+    assert d.details["tier_why"] == "spot: refused 2 times in a row"
