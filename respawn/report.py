@@ -18,6 +18,9 @@ rank, and the master's lives follow every recovery of the world):
   trainer starts (agent, workdir, setup or the environment cache);
 - training_prep: trainer start until its first step (interpreter, framework, restore);
 - other: what is left (a node that never reported, a life cut short before it stepped, the end).
+
+What the job cost is the controller's own ledger in its status (respawn.control.costs: every node life priced as it
+goes), shown beside it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from respawn.control import costs
 from respawn.schema import Heartbeat, JobEvent, JobStatus, State
+from respawn.prices import usd
 from respawn.timeline import Mark, NodeSpan, Timeline, render_html
 
 BUCKETS = ("productive_training", "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption",
@@ -98,6 +103,7 @@ class Report:
     recoveries: list[Recovery] = field(default_factory=list)
     refused: int = 0  # creates refused (capacity, quota): no node
     goodput: dict[str, float] = field(default_factory=dict)  # bucket → seconds
+    cost: dict[str, Any] | None = None  # the controller's ledger (respawn.control.costs.summary), when read
 
     @property
     def wall_seconds(self) -> float:
@@ -224,6 +230,7 @@ def describe(r: Report) -> dict[str, Any]:
         "refused_creates": r.refused,
         "recoveries": [{"node": x.lost, "cause": x.cause, "at": x.at.isoformat(),
                         "seconds": None if x.seconds is None else round(x.seconds, 1)} for x in r.recoveries],
+        **({"cost": r.cost} if r.cost is not None else {}),
     }
 
 
@@ -253,6 +260,11 @@ def timeline(r: Report, zones: list[str], total_steps: int = 0) -> Timeline:
     summary = {"job": r.job_id, "state": r.state, "wall": f"{r.wall_seconds:.1f} s",
                "goodput": f"{r.goodput_ratio:.1%}", "lives": len(r.lives), "refused creates": r.refused}
     summary.update({k.replace("_", " "): f"{v:.1f} s" for k, v in r.goodput.items()})
+    if r.cost is not None:
+        summary.update({"cost": f"{usd(r.cost['so_far_usd'])} (on demand {usd(r.cost['on_demand_usd'])})",
+                        "prices": r.cost["prices"]})
+        if "budget_usd" in r.cost:
+            summary["budget"] = f"{usd(r.cost['budget_usd'])}, {r.cost['budget_used']} used"
     return Timeline(title=f"respawn: job {r.job_id}", wall_seconds=r.wall_seconds, zones=zones, nodes=spans,
                     marks=marks, progress=progress, total_steps=total_steps, summary=summary)
 
@@ -267,7 +279,10 @@ def load(store: Any, job_id: str, database: str | None = None) -> tuple[Report, 
     now = datetime.now(timezone.utc)
     started = doc.get("created_at") or (events[0].at if events else now)
     ended = events[-1].at if status.state.terminal and events else now
-    return build(job_id, status.state.value, started, ended, events, beats), doc, events
+    r = build(job_id, status.state.value, started, ended, events, beats)
+    budget = ((doc.get("spec") or {}).get("budget") or {}).get("max_usd")
+    r.cost = costs.summary(status, ended, budget)
+    return r, doc, events
 
 
 def write(store: Any, job_id: str, path: Path, database: str | None = None) -> tuple[Path, Report]:

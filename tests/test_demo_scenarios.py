@@ -72,6 +72,7 @@ def test_default_scenario(tmp_path, browser):
     summary = dict(zip(page.locator("table.summary th").all_inner_texts(),
                        page.locator("table.summary td").all_inner_texts()))
     assert summary["state"] == "SUCCEEDED" and summary["lives"] == "3"
+    assert summary["cost"].startswith("$") and "(on demand $" in summary["cost"]  # the controller's ledger
     assert out["restarts"] == 2 and out["lost_steps"] == 0
     # The preempted first node's logs, read back by `respawn jobs logs` after its replacement ran (docs/watching.md):
     # its setup's output and the trainer's last words, said during the notice, each line naming its node.

@@ -8,10 +8,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from google.api_core import exceptions as gexc
-
 from respawn import report
 from respawn.control import goodput_metrics
+from respawn.control.adapters.jsonapi import checked
 from respawn.jobstore import JobStore
 from respawn.schema import JobSpec
 
@@ -29,12 +28,7 @@ class MonitoringApi:
             url = f"{self.base}/projects/{project}/timeSeries"
             r = self.session.request("POST", url, json={
                 "timeSeries": series[i:i + goodput_metrics.MAX_SERIES_PER_REQUEST]}, timeout=TIMEOUT_S)
-            if r.status_code >= 400:
-                try:
-                    message = r.json()["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    message = r.text[:300]
-                raise gexc.from_http_status(r.status_code, f"POST {url}: {message}")
+            checked(r, "POST", url)
 
 
 def write_goodput(clients: Any, project: str, job_id: str, spec: JobSpec, endpoint: str | None = None
