@@ -166,6 +166,9 @@ class Observation:
     # The job's node prices by provisioning model (functions/costs.py), read only when a life may open
     # (costs.needs_quote); None: not read.
     quote: Quote | None = None
+    # The share of its budget the job has spent (functions/job.py, from its ledger); None without a budget. A tier
+    # with while_budget_below is passed over past it (recovery.Strategy.tier).
+    budget_used: float | None = None
 
 
 class Act(str, enum.Enum):
@@ -764,7 +767,7 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
 def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Decision:
     """Choose a zone and commit the next attempt's node name before creating it; or wait when every zone refused."""
     now = o.now
-    choice = recovery.strategy_for(spec).choose(spec, s, o.blocked, now, o.advice)
+    choice = recovery.strategy_for(spec).choose(spec, s, o.blocked, now, o.advice, o.budget_used)
     if choice.zone is None:
         failures = s.consecutive_failures + (1 if s.state is State.WAITING_FOR_CAPACITY else 0)
         waiting = s.model_copy(update={"consecutive_failures": failures})

@@ -173,8 +173,9 @@ def _slot_spec(spec: JobSpec, s: JobStatus, members: Sequence[MemberStatus], i: 
 def _slot_observation(o: Observation, spec: JobSpec, members: Sequence[MemberStatus], i: int, seen: MemberObs
                       ) -> Observation:
     s = o.status
+    used = costs.spent(s, o.now)[0] / spec.budget.max_usd if spec.budget is not None else None
     return replace(o, spec=_slot_spec(spec, s, members, i), status=project(s, i, len(members)), node=seen.node,
-                   heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1)
+                   heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1, budget_used=used)
 
 
 def _delete_any(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]

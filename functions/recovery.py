@@ -71,11 +71,18 @@ class Strategy:
             stages.append(f"{_NAMES.get(tier.model, tier.model)}_after_{'_or_'.join(rules)}")
         return " → ".join(stages)
 
-    def tier(self, status: SlotStatus, now: datetime) -> tuple[Tier, str]:
+    def tier(self, status: SlotStatus, now: datetime, budget_used: float | None = None) -> tuple[Tier, str]:
         """The tier of the next node, and why the tiers before it were passed: each moves on after its refusals in a
-        row (counted on from where the previous tier's ended) or while the job's preemptions exceed its limit."""
+        row (counted on from where the previous tier's ended) or while the job's preemptions exceed its limit. A
+        tier past its while_budget_below (`budget_used`: the share of the budget spent) is not taken at all; when
+        every tier is, the first one (the cap itself stops the job)."""
         refusals, why = status.consecutive_failures, []
-        for tier in self.tiers[:-1]:
+        spent_out = [t for t in self.tiers if t.while_budget_below is not None and budget_used is not None
+                     and budget_used >= t.while_budget_below]
+        why += [f"{t.model}: {budget_used:.0%} of the budget spent (only below {t.while_budget_below:.0%})"
+                for t in spent_out]
+        tiers = [t for t in self.tiers if t not in spent_out] or list(self.tiers[:1])
+        for tier in tiers[:-1]:
             p = tier.after_preemptions
             if p is not None and p.exceeded(status.preempted_times, now):
                 why.append(f"{tier.model}: more than {p.max} preemptions within {p.window_hours:g} h")
@@ -84,11 +91,11 @@ class Strategy:
                 why.append(f"{tier.model}: refused {tier.after_refusals} times in a row")
             else:
                 return tier, "; ".join(why)
-        return self.tiers[-1], "; ".join(why)
+        return tiers[-1], "; ".join(why)
 
-    def model(self, status: SlotStatus, now: datetime) -> str:
+    def model(self, status: SlotStatus, now: datetime, budget_used: float | None = None) -> str:
         """The provisioning model of the next node."""
-        return self.tier(status, now)[0].model
+        return self.tier(status, now, budget_used)[0].model
 
     def in_place(self, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime, max_restarts: int) -> bool:
         """Whether the current (stopped) node is started again in place: a Spot node, its zone not under a
@@ -99,10 +106,10 @@ class Strategy:
         return (until is None or until <= now) and status.in_place_restarts < max_restarts
 
     def choose(self, spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime,
-               advice: Mapping[str, ZoneAdvice] | None = None) -> Choice:
+               advice: Mapping[str, ZoneAdvice] | None = None, budget_used: float | None = None) -> Choice:
         """The next node's zone and model; zone None when every zone is cooling down or refused this round.
         `advice`: zone → capacity advice, which orders a Spot node's zones when the spec asks (placement.rank)."""
-        tier, why = self.tier(status, now)
+        tier, why = self.tier(status, now, budget_used)
         model = tier.model
         blocked = cooldowns(blocked, model)  # a Spot stockout leaves flex-start and on-demand free to try
         # Zones that refused this round refused the model tried then: moving to another tier starts a new round.

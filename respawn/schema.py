@@ -348,6 +348,9 @@ class Tier(_Strict):
                     "default 3 on every tier but the last")
     after_preemptions: Preemptions | None = Field(
         default=None, description="move on while the job had more than max preemptions within window_hours")
+    while_budget_below: float | None = Field(
+        default=None, gt=0, le=1, description="take this tier only while the job has spent less than this share of "
+        "budget.max_usd (0.8: until 80 %); past it the tier is passed over, as if it were not listed")
     max_run_hours: float | None = Field(
         default=None, ge=FLEX_START_RUN_HOURS[0], le=FLEX_START_RUN_HOURS[1],
         description=f"flex-start only: how long the VM runs (scheduling.maxRunDuration, 10 min to "
@@ -678,6 +681,8 @@ class JobSpec(_Strict):
             errors.append((("budget",), f"Respawn cannot price {name} (respawn/prices.py knows the predefined n1 and "
                                         "n2 types, g2, a2-highgpu, a2-megagpu and a3-highgpu, and TPU v4, v5e, v5p "
                                         "and v6e): drop the budget or pick one of those"))
+        if self.budget is None and any(t.while_budget_below is not None for t in self.tiers or ()):
+            errors.append((("provisioning",), "while_budget_below is a share of the budget: give budget.max_usd"))
         if self.tiers is not None and self.placement.on_demand_fallback:
             errors.append((("placement", "on_demand_fallback"), "the tiers say where capacity comes from: list "
                                                                  "standard as the last tier instead"))

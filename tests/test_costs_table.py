@@ -200,3 +200,21 @@ def test_each_member_of_a_several_node_job_is_its_own_life():
     d = job.decide(observe(s, three), seen)
     assert d.status.members[2].billing is None and d.status.members[0].billing == members[0].billing
     assert d.status.cost.closed_usd == pytest.approx(2.0 * SPOT)
+
+
+def test_the_on_demand_tier_is_taken_only_while_the_budget_allows():
+    """Spot refused three times in a row: on-demand while the job has spent under 80 % of its budget, Spot again
+    (the refused zones' round over) once it has spent more."""
+    tiered = spec(budget=10.0, provisioning=["spot", {"model": "standard", "while_budget_below": 0.8}])
+
+    def next_model(closed_usd: float) -> str:
+        s = running(closed=closed_usd, closed_od=closed_usd)
+        m = s.members[0].model_copy(update={"state": State.PROVISIONING, "create_state": "failed",
+                                            "consecutive_failures": 3, "tried_zones": [], "node": "job-1"})
+        s = s.model_copy(update={"members": [m], "state": State.PROVISIONING})
+        d = job.decide(observe(s, tiered), [MemberObs(ABSENT, None)])
+        assert d.action.kind is Act.CREATE, d
+        return d.action.provisioning
+
+    assert next_model(5.0) == "standard"  # 50 % spent
+    assert next_model(8.5) == "spot"  # 85 % spent: on-demand is passed over

@@ -134,3 +134,17 @@ def test_a_spot_cooldown_does_not_keep_the_next_tier_out_of_the_zone():
     assert (flex.zone, flex.provisioning, flex.skipped) == (A, "flex-start", ())
     quota = {**cooling, **{pool_key(z, "flex-start"): SOON for z in (A, B)}}
     assert strategy_for(s).choose(s, SlotStatus(provisioning="spot", consecutive_failures=2), quota, NOW).zone == C
+
+
+def test_a_tier_is_taken_only_while_the_budget_allows():
+    s = spec(provisioning=["spot", {"model": "standard", "while_budget_below": 0.8}], budget={"max_usd": 100})
+    st = SlotStatus(provisioning="spot", consecutive_failures=3)
+    assert strategy_for(s).tier(st, NOW, budget_used=0.5)[0].model == "standard"  # on-demand while under 80 %
+    tier, why = strategy_for(s).tier(st, NOW, budget_used=0.85)
+    assert tier.model == "spot" and why == "standard: 85% of the budget spent (only below 80%)"  # Spot waits instead
+    assert strategy_for(s).tier(st, NOW)[0].model == "standard"  # no ledger yet: the rule says nothing
+    both = spec(provisioning=[{"model": "spot", "while_budget_below": 0.5}, {"model": "standard", "while_budget_below": 0.5}],
+                budget={"max_usd": 100})
+    assert strategy_for(both).tier(SlotStatus(), NOW, budget_used=0.9)[0].model == "spot"  # none left: the first
+    with pytest.raises(SpecError, match="while_budget_below is a share of the budget: give budget.max_usd"):
+        spec(provisioning=["spot", {"model": "standard", "while_budget_below": 0.8}])
