@@ -84,8 +84,8 @@ def test_the_trainer_saves_and_stops_before_the_runs_end_and_a_node_without_one_
     # The node without the attribute trains on, and nobody told the controller anything more.
     time.sleep(1.0)
     assert plain.proc.poll() is None and _said(plain, "flex-start") is None
-    hb = agent_env.heartbeat("pl-1")
-    assert (hb["state"], hb["notice"]) == ("training", None)
+    hb = agent_env.heartbeat("pl-1")  # beats every 30 s here: its last may still be the one from its preparation
+    assert hb["state"] in ("preparing", "training") and hb["notice"] is None
     assert pull() == []
 
 
