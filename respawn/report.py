@@ -37,8 +37,8 @@ from respawn.timeline import Mark, NodeSpan, Timeline, render_html
 
 BUCKETS = ("productive_training", "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption",
            "program_startup", "training_prep", "other")
-# Causes of a life's end that are the job's end, not a loss.
-_ENDS = {State.SUCCEEDED, State.FAILED, State.CANCELLED, State.INVALID}
+# A life ended by the job's end (its state, lower case), not by a loss.
+_ENDS = {s.value.lower() for s in State if s.terminal}
 
 
 @dataclass
@@ -145,7 +145,7 @@ def lives(events: Iterable[JobEvent], heartbeats: dict[str, Heartbeat]) -> tuple
             out.append(current[slot])
         elif ev.cause == "node_running" and node and life is not None and life.node == node:
             life.running_at = life.running_at or ev.at
-        if ev.to_state in _ENDS:
+        if ev.to_state.terminal:
             for life in current.values():
                 if life.ended_at is None:
                     life.ended_at, life.end_cause = ev.at, ev.to_state.value.lower()
@@ -163,7 +163,7 @@ def recoveries(all_lives: list[Life], events: Iterable[JobEvent]) -> list[Recove
     recovered = [(ev.at, int(ev.details.get("slot") or 0)) for ev in events if ev.cause == "recovered"]
     out = []
     for life in all_lives:
-        if life.ended_at is None or life.end_cause in {s.value.lower() for s in _ENDS} or life.running_at is None:
+        if life.ended_at is None or life.end_cause in _ENDS or life.running_at is None:
             continue
         back = next((at for at, slot in recovered if slot == life.slot and at >= life.ended_at), None)
         out.append(Recovery(life.slot, life.node, life.end_cause, life.ended_at, back))
