@@ -499,8 +499,7 @@ class ComputeService:
             if inst in self.queue:
                 self.queue.remove(inst)
             inst.gen += 1
-            inst.record.transition(self.sim.now(), "DELETED", False)
-            inst.record.deleted_at = self.sim.now()
+            inst.record.deleted(self.sim.now())
             op, inst.pending_op = inst.pending_op, None
         inst.runtime.destroy()
         self._finish(op, *self._stockout(inst.zone, inst.accelerator, *inst.shape))
@@ -663,8 +662,7 @@ class ComputeService:
             if self.instances.get((inst.zone, inst.name)) is inst:
                 del self.instances[(inst.zone, inst.name)]
                 inst.gen += 1
-                inst.record.transition(self.sim.now(), "DELETED", False)
-                inst.record.deleted_at = self.sim.now()
+                inst.record.deleted(self.sim.now())
             insert, inst.pending_op = inst.pending_op, None
         self._finish(insert)  # a withdrawn flex-start request's insert ends, as one deleted while provisioning
         self._finish(op)

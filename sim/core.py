@@ -119,6 +119,11 @@ class NodeRecord:
         elif not live and is_live:
             self.live[-1][1] = t
 
+    def deleted(self, t: float) -> None:
+        """The node is gone for good at `t`."""
+        self.transition(t, "DELETED", False)
+        self.deleted_at = t
+
     def as_dict(self) -> dict:
         return {
             "kind": self.kind, "zone": self.zone, "name": self.name, "labels": dict(self.labels),

@@ -321,8 +321,7 @@ class TpuService:
             if self.nodes.get((node.zone, node.name)) is node:
                 del self.nodes[(node.zone, node.name)]
                 node.gen += 1
-                node.record.transition(self.sim.now(), "DELETED", False)
-                node.record.deleted_at = self.sim.now()
+                node.record.deleted(self.sim.now())
                 if node.request is not None:
                     self.queued.node_deleted(node)
         self._finish(op)

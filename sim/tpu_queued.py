@@ -218,8 +218,7 @@ class QueuedResources:
                 if req in self.queue:
                     self.queue.remove(req)
                 req.gen += 1
-                req.record.transition(self.sim.now(), "DELETED", False)
-                req.record.deleted_at = self.sim.now()
+                req.record.deleted(self.sim.now())
         self.tpu._finish(op)
 
     # --- what the request's node tells it (under the lock) --------------------------------------------------
