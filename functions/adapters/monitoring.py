@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from respawn import report
-from respawn.control import goodput_metrics
+from respawn.control import goodput_metrics, placement
 from respawn.control.adapters.jsonapi import checked
 from respawn.jobstore import JobStore
 from respawn.schema import JobSpec
@@ -38,12 +38,8 @@ def write_goodput(clients: Any, project: str, job_id: str, spec: JobSpec, endpoi
     r, doc, _ = report.load(JobStore(clients.firestore()), job_id)
     status = doc.get("status") or {}
     location = status.get("zone") or (spec.zones[0] if spec.zones else "global")
-    series = goodput_metrics.time_series(job_id, location, _accelerator(spec), r.goodput, r.wall_seconds,
-                                         len(r.recoveries), datetime.now(timezone.utc))
+    series = goodput_metrics.time_series(job_id, location, placement.accelerator_key(spec), r.goodput,
+                                         r.wall_seconds, len(r.recoveries), datetime.now(timezone.utc))
     clients.monitoring(endpoint).create_time_series(project, series)
     return series
 
-
-def _accelerator(spec: JobSpec) -> str:
-    acc = spec.accelerator
-    return getattr(acc, "accelerator_type", None) or getattr(acc, "machine_type", None) or acc.kind
