@@ -27,8 +27,8 @@ production wakes it: the notice message, the audit event, the scheduled sweep, i
 a thread per VM that writes heartbeats as the agent does (`preparing` once booted, `waiting` once prepared on a
 member, `exited` when a noticed node's save ended, `training` once stepping) after the stage durations below; the
 stages that run Respawn's code on this machine are measured in this run and scaled to the configured sizes: the
-restore against a raw read of the same bytes (bench.restore --quick: the restore_vs_raw_read figures, which set the
-+restore rate) and the unpack of a tar archive by the agent's own code (node_agent.envcache's unpack rate, which
+restore against a raw read of the same bytes (bench.restore, 1 GiB; 64 MiB with --quick: the restore_vs_raw_read
+figures, which set the +restore rate) and the unpack of a tar archive by the agent's own code (node_agent.envcache's unpack rate, which
 sets +cache's). The trainers' step time is left out (every variant pays one step).
 
 Cloud delays and rates (cloud seconds; the run is scaled by --scale, figures reported unscaled). Google publishes no
@@ -456,7 +456,10 @@ class Env:
 def measured_rates(quick: bool) -> dict[str, float]:
     """This machine's figures that set +restore's and +cache's rates: bench.restore's restore_vs_raw_read (local,
     storage emulator) and the agent's unpack of a tar (MB/s)."""
-    out = subprocess.run([sys.executable, "-m", "bench.restore", "--quick", "--json"], cwd=REPO, capture_output=True,
+    # A full run measures a 1 GiB state: at --quick's 64 MiB the step search and client start weigh as much as the
+    # bytes.
+    size = ["--quick"] if quick else ["--size-mb", "1024"]
+    out = subprocess.run([sys.executable, "-m", "bench.restore", *size, "--json"], cwd=REPO, capture_output=True,
                          text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"bench.restore failed: {out.stderr[-2000:]}")

@@ -5,17 +5,20 @@ PyTorch tensors) against a raw read of the same bytes, from the local disk and f
 The state: --size-mb of float32 tensors (8 of them) saved once by CheckpointManager (256 MiB data files). In the
 same run, each pair interleaved --repeats times, medians reported:
   local.raw_read     `cat`: the step's data files and skeleton read sequentially into one reused 8 MiB buffer
-  local.restore      CheckpointManager(local_dir=DIR).restore()
+  local.restore      CheckpointManager(local_dir=DIR).restore(like=live): into the tensors of a model of the same
+                     shapes that exists already (TrainingLoop restores into its objects' state_dict()s this way)
+  local.restore_fresh  the same restore() without like=: into newly allocated tensors, for reference (first-touch
+                     page faults of a second copy of the state)
   gcs.raw_read       plain GETs of the same objects (whole objects, one per connection, GCSStore's `workers`
                      connections, http.client reading into reused buffers): no checksum, no tensors
   gcs.raw_client     the same GETs through google-cloud-storage (Blob.download_as_bytes), for reference
-  gcs.restore        CheckpointManager(gs://..., an empty local dir).restore(): the bytes also land on that dir
-  gcs.load_no_copy   GCSStore.load_step(step, None): the same read without the local copy, for reference
+  gcs.restore        CheckpointManager(gs://..., an empty local dir).restore(like=live)
+  gcs.restore_fresh  the same without like=, for reference
   restore_vs_raw_read  raw read seconds / restore seconds (goal >= 0.8, issue #25)
 The page cache is dropped before every local read (`echo 3 > /proc/sys/vm/drop_caches`, root only); where that is
 refused, `cache` says "warm" and both local reads run from the page cache. The emulator is gcp-storage-emulator
 (in memory) on this machine's loopback, sharing its cores with the benchmark. Every restore is compared with the
-saved tensors (`same_bytes`).
+saved tensors (`same_bytes`); the live tensors are zeroed before each restore into them.
 """
 
 from __future__ import annotations
@@ -91,12 +94,14 @@ def raw_client(bucket, names: list[str], workers: int) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-def figures(nbytes: int, raw_s: list[float], restore_s: list[float]) -> dict:
-    raw, restore = statistics.median(raw_s), statistics.median(restore_s)
+def figures(nbytes: int, raw_s: list[float], restore_s: list[float], fresh_s: list[float]) -> dict:
+    raw, restore, fresh = (statistics.median(x) for x in (raw_s, restore_s, fresh_s))
     return {"bytes": nbytes, "raw_read_s": round(raw, 4), "raw_read_MBps": round(nbytes / raw / 1e6, 1),
             "restore_s": round(restore, 4), "restore_MBps": round(nbytes / restore / 1e6, 1),
             "restore_vs_raw_read": round(raw / restore, 3),
-            "raw_read_runs_s": [round(x, 4) for x in raw_s], "restore_runs_s": [round(x, 4) for x in restore_s]}
+            "restore_fresh_s": round(fresh, 4), "restore_fresh_MBps": round(nbytes / fresh / 1e6, 1),
+            "raw_read_runs_s": [round(x, 4) for x in raw_s], "restore_runs_s": [round(x, 4) for x in restore_s],
+            "restore_fresh_runs_s": [round(x, 4) for x in fresh_s]}
 
 
 def main(argv=None) -> int:
@@ -126,9 +131,23 @@ def main(argv=None) -> int:
         g = torch.Generator().manual_seed(0)
         state = {"model": {f"layer{i}.weight": torch.randn(size // n // 4, generator=g) for i in range(n)}, "step": 1}
 
+        live = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}, "step": 0}
+
         def same(restored) -> bool:
             return restored["step"] == 1 and all(torch.equal(restored["model"][k], v)
                                                  for k, v in state["model"].items())
+
+        def timed_restore(manager, into) -> float:
+            """Seconds of manager.restore(like=into) (into: None or the zeroed live state), its result checked."""
+            if into is not None:
+                for t in into["model"].values():
+                    t.zero_()
+            t0 = time.perf_counter()
+            step, restored = manager.restore(like=into)
+            seconds = time.perf_counter() - t0
+            checks.append(step == 1 and same(restored)
+                          and (into is None or restored["model"]["layer0.weight"] is into["model"]["layer0.weight"]))
+            return seconds
 
         checks = []
         local_dir = os.path.join(work, "local")
@@ -136,18 +155,15 @@ def main(argv=None) -> int:
         step_dir = os.path.join(local_dir, fmt.step_dirname(1))
         files = sorted(fmt.read_manifest(step_dir)["files"])  # the data files and the skeleton: what restore reads
         dropped = True
-        raw_s, restore_s = [], []
+        raw_s, restore_s, fresh_s = [], [], []
         for _ in range(repeats):
             dropped = drop_caches() and dropped
             nbytes, dt = raw_local(step_dir, files)
             raw_s.append(dt)
-            drop_caches()
-            t0 = time.perf_counter()
-            step, restored = CheckpointManager(local_dir=local_dir, keep=1).restore()
-            restore_s.append(time.perf_counter() - t0)
-            checks.append(step == 1 and same(restored))
-            del restored
-        local = figures(nbytes, raw_s, restore_s)
+            for into, runs in ((live, restore_s), (None, fresh_s)):
+                drop_caches()
+                runs.append(timed_restore(CheckpointManager(local_dir=local_dir, keep=1), into))
+        local = figures(nbytes, raw_s, restore_s, fresh_s)
 
         emulator = emulators.start_storage(BUCKET)
         os.environ["STORAGE_EMULATOR_HOST"] = emulator.url
@@ -157,26 +173,18 @@ def main(argv=None) -> int:
             raise RuntimeError(f"the upload to the emulator failed: {saved}")
         store = GCSStore(uri)
         names = [f"bench/{fmt.step_dirname(1)}/{name}" for name in files]
-        raw_s, client_s, restore_s, nocopy_s = [], [], [], []
+        raw_s, client_s, restore_s, fresh_s = [], [], [], []
         for r in range(repeats):
             nbytes, dt = raw_gcs(emulator.url, names, store.workers)
             raw_s.append(dt)
             client_s.append(raw_client(store.bucket, names, store.workers)[1])
-            t0 = time.perf_counter()
-            step, restored = CheckpointManager(uri, os.path.join(work, f"node{r}"), keep=1).restore()
-            restore_s.append(time.perf_counter() - t0)
-            checks.append(step == 1 and same(restored))
-            del restored
-            shutil.rmtree(os.path.join(work, f"node{r}"))
-            t0 = time.perf_counter()
-            restored = store.load_step(1, None)[1]
-            nocopy_s.append(time.perf_counter() - t0)
-            checks.append(same(restored))
-            del restored
-        gcs = figures(nbytes, raw_s, restore_s)
-        client, nocopy = statistics.median(client_s), statistics.median(nocopy_s)
+            for into, runs in ((live, restore_s), (None, fresh_s)):
+                node = os.path.join(work, f"node{r}")  # a new node: nothing on its disk
+                runs.append(timed_restore(CheckpointManager(uri, node, keep=1), into))
+                shutil.rmtree(node)
+        gcs = figures(nbytes, raw_s, restore_s, fresh_s)
+        client = statistics.median(client_s)
         gcs.update(raw_client_s=round(client, 4), raw_client_MBps=round(nbytes / client / 1e6, 1),
-                   load_no_copy_s=round(nocopy, 4), load_no_copy_MBps=round(nbytes / nocopy / 1e6, 1),
                    connections=store.workers, slice_mb=fmt.slice_bytes(nbytes, store.workers) >> 20)
         result = {"size_mb": size / (1 << 20), "repeats": repeats, "cache": "dropped" if dropped else "warm",
                   "range_mb": fmt.RANGE_BYTES >> 20, "local_workers": fmt.READ_WORKERS, "local": local, "gcs": gcs,
@@ -194,10 +202,11 @@ def main(argv=None) -> int:
                            f"page cache {result['cache']}"))]
     for label, f in (("local disk", local), ("GCS emulator", gcs)):
         rows += [(f"{label}: raw read", f"{f['raw_read_s']:.3f} s, {f['raw_read_MBps']:.0f} MB/s"),
-                 (f"{label}: restore (verify + load)", f"{f['restore_s']:.3f} s, {f['restore_MBps']:.0f} MB/s"),
+                 (f"{label}: restore into the live tensors", f"{f['restore_s']:.3f} s, {f['restore_MBps']:.0f} MB/s"),
+                 (f"{label}: restore into new tensors", f"{f['restore_fresh_s']:.3f} s, "
+                                                         f"{f['restore_fresh_MBps']:.0f} MB/s"),
                  (f"{label}: restore_vs_raw_read (goal >= 0.8)", f"{f['restore_vs_raw_read']:.2f}")]
-    rows.insert(5, ("GCS emulator: google-cloud-storage GETs", f"{gcs['raw_client_s']:.3f} s, {gcs['raw_client_MBps']:.0f} MB/s"))
-    rows.insert(7, ("GCS emulator: restore without the local copy", f"{gcs['load_no_copy_s']:.3f} s, {gcs['load_no_copy_MBps']:.0f} MB/s"))
+    rows.insert(6, ("GCS emulator: google-cloud-storage GETs", f"{gcs['raw_client_s']:.3f} s, {gcs['raw_client_MBps']:.0f} MB/s"))
     rows += [("restored tensors equal the saved ones", str(result["same_bytes"])),
              ("load average", str(result["load_average"]))]
     w = max(len(r[0]) for r in rows)

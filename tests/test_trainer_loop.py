@@ -318,6 +318,38 @@ def test_torch_objects_restored_in_place_and_resume_bit_exact(tmp_path):
     assert torch.equal(ref["batches"].get_state(), second["batches"].get_state())
 
 
+def test_the_restore_reads_into_the_models_own_parameters(tmp_path):
+    """TrainingLoop hands its objects' state_dict()s to the restore (like=): the saved bytes land in the parameters
+    themselves, so a restore holds no second copy of the model in memory."""
+    torch = pytest.importorskip("torch")
+    restored = []
+
+    class Recording(CheckpointManager):
+        def restore(self, step=None, like=None):
+            got = super().restore(step, like)
+            restored.append(got)
+            return got
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Linear(64, 32)
+
+    first = build()
+    with pytest.raises(Preempted):
+        with TrainingLoop(4, every=2, manager=manager(tmp_path), model=first) as loop:
+            for step in loop:
+                first.weight.data.add_(step)
+                if step == 2:
+                    loop.manager.request_preemption("test")
+    second = build()
+    with TrainingLoop(4, every=2, manager=Recording(local_dir=str(tmp_path / "ckpt")), model=second) as loop:
+        assert loop.start == 3
+        state = restored[0][1]["model"]
+        assert state["weight"].data_ptr() == second.weight.data_ptr()
+        assert state["bias"].data_ptr() == second.bias.data_ptr()
+        assert torch.equal(second.weight, first.weight)
+
+
 def test_jax_pytree_restored_by_value(tmp_path):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

@@ -111,6 +111,48 @@ def test_a_corrupt_range_is_rejected_and_the_older_step_restored(gcs, tmp_path, 
     assert_identical(restored, state(1))
 
 
+def test_restore_reads_into_the_live_state_where_it_fits(gcs, tmp_path, small_ranges):
+    """like=: the saved arrays land in the live state's own tensors and arrays (same place, dtype and shape), so a
+    restore holds no second copy of the state; whatever does not fit, and memory two entries share, is new."""
+    uri = f"gs://{BUCKET}/{PREFIX}/inplace"
+    saved(tmp_path, uri)
+
+    def live():
+        tied = torch.zeros(7, 9, dtype=torch.bfloat16)
+        return {"w": torch.zeros(300_000), "h": tied, "n": np.zeros(20_000, dtype=np.int64),
+                "empty": torch.zeros(0, 3, dtype=torch.float64), "seed": -1, "h_tied": tied}
+
+    for manager in (CheckpointManager(uri, str(tmp_path / "node2")),
+                    CheckpointManager(local_dir=str(tmp_path / "writer"))):
+        target = live()
+        target.pop("h_tied")
+        step, restored = manager.restore(like=target)
+        assert step == 2
+        assert_identical(restored, state(2))
+        assert restored["w"] is target["w"] and restored["n"] is target["n"] and restored["h"] is target["h"]
+        assert restored["empty"] is not target["empty"], "a float64 tensor cannot hold the saved float32 bytes"
+    # Tied memory (one tensor under two names of the live state, one saved name each side): read into new memory.
+    target = live()
+    target["w"] = target["w"][:-1]  # a shape the saved array does not have: new memory, the live one untouched
+    _, restored = CheckpointManager(uri, str(tmp_path / "node3")).restore(like={"h": target["h"], "x": target})
+    assert_identical(restored, state(2))
+    assert not target["w"].any()
+
+
+def test_a_corrupt_step_read_into_the_live_state_is_replaced_by_the_older_step(gcs, tmp_path, small_ranges):
+    uri = f"gs://{BUCKET}/{PREFIX}/inplace-corrupt"
+    saved(tmp_path, uri)
+    blob = gcs.bucket(BUCKET).blob(f"{PREFIX}/inplace-corrupt/{fmt.step_dirname(2)}/data-00000.bin")
+    data = bytearray(blob.download_as_bytes())
+    data[-10] ^= 0x01
+    blob.upload_from_string(bytes(data))
+    target = {"w": torch.zeros(300_000), "n": np.zeros(20_000, dtype=np.int64)}
+    step, restored = CheckpointManager(uri, str(tmp_path / "node2")).restore(like=target)
+    assert step == 1
+    assert_identical(restored, state(1))
+    assert restored["w"] is target["w"]
+
+
 def test_a_short_object_is_rejected(gcs, tmp_path, small_ranges):
     uri = f"gs://{BUCKET}/{PREFIX}/short"
     saved(tmp_path, uri)

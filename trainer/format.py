@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from respawn import contract
 
@@ -309,14 +311,15 @@ class Range:
     views: list
 
 
-def plan_reads(manifest: dict, range_bytes: int = RANGE_BYTES) -> tuple[list, list[Range]]:
-    """The arrays a step's manifest describes, allocated ([(entry, array)]), and the ranges of its data files that
-    fill them. Raises CorruptCheckpoint where the manifest's parts do not tile its files exactly."""
+def plan_reads(manifest: dict, range_bytes: int = RANGE_BYTES, into: dict | None = None) -> tuple[list, list[Range]]:
+    """The arrays a step's manifest describes ([(entry, array)]: into[i] for entry i where it fits, else newly
+    allocated), and the ranges of its data files that fill them. Raises CorruptCheckpoint where the manifest's
+    parts do not tile its files exactly."""
     from .serialize import allocate
 
-    arrays, segments, covered = [], {}, {}
-    for entry in manifest["arrays"]:
-        arr, view = allocate(entry)
+    arrays, segments, covered, into = [], {}, {}, into or {}
+    for i, entry in enumerate(manifest["arrays"]):
+        arr, view = allocate(entry, into.get(i))
         view, got = memoryview(view), 0
         for part in entry["parts"]:
             name, n = part["file"], part["nbytes"]
@@ -434,29 +437,33 @@ class _PreadStream:
         return n
 
 
-def load_from(source, manifest: dict, workers: int = READ_WORKERS, range_bytes: int = RANGE_BYTES):
-    """Read a step into the saved state: the data files' ranges go straight into freshly allocated arrays on
-    `workers` threads, each range hashed as it arrives and the ranges' checksums joined per file; nothing is
-    returned unless every file and the skeleton match the manifest (CorruptCheckpoint). `source` has
-    read(name) -> bytes and fill(range, algorithm) -> checksum value (LocalSource; storage.GCSStore's reader)."""
-    from .serialize import finish, unflatten
+def load_from(source, manifest: dict, workers: int = READ_WORKERS, range_bytes: int = RANGE_BYTES,
+              like: Any = None):
+    """Read a step into the saved state: the data files' ranges go straight into the arrays on `workers` threads,
+    each range hashed as it arrives and the ranges' checksums joined per file; nothing is returned unless every
+    file and the skeleton match the manifest (CorruptCheckpoint). The arrays are those of `like` (the live state
+    this one replaces) where serialize.fill_targets finds them at the same place with the same dtype and shape,
+    else new ones; a restore that fails may have overwritten some of like's. `source` has read(name) -> bytes and
+    fill(range, algorithm) -> checksum value (LocalSource; storage.GCSStore's reader)."""
+    from .serialize import fill_targets, finish, unflatten
 
     algorithm = manifest["checksum_algorithm"]
     skeleton = source.read(SKELETON)
     want = manifest["files"].get(SKELETON, {})
     if len(skeleton) != want.get("size") or checksum.of_bytes(skeleton, algorithm) != want.get("checksum"):
         raise CorruptCheckpoint(f"{SKELETON} does not match the manifest's size and checksum")
-    arrays, ranges = plan_reads(manifest, range_bytes)
+    into = None if like is None else fill_targets(pickle.loads(skeleton), like)
+    arrays, ranges = plan_reads(manifest, range_bytes, into)
     check_ranges({n: f for n, f in manifest["files"].items() if n != SKELETON}, ranges,
                  run_ranges(lambda r: source.fill(r, algorithm), ranges, workers), algorithm)
     return unflatten(skeleton, [finish(entry, arr) for entry, arr in arrays])
 
 
-def load(step_dir: str, manifest: dict | None = None, workers: int = READ_WORKERS):
+def load(step_dir: str, manifest: dict | None = None, workers: int = READ_WORKERS, like: Any = None):
     """Read a step directory back into the saved state in one pass over its bytes (see load_from)."""
     manifest = manifest or verify(step_dir, data=False)
     source = LocalSource(step_dir)
     try:
-        return load_from(source, manifest, workers)
+        return load_from(source, manifest, workers, like=like)
     finally:
         source.close()

@@ -394,7 +394,10 @@ class CheckpointManager:
         """(step, state) of the highest committed step whose checksums verify, looking at the local dir and
         the remote store; falls back step by step past torn or corrupt ones. None if there is none.
         step: that step only (a multi-rank job restores on every rank the step its rank 0 restored).
-        like: what a format that loads into existing state needs (torch DCP); this format holds the whole state."""
+        like: the live state this one replaces (TrainingLoop passes its objects' state_dict()s): the saved arrays
+        are read into its tensors and arrays where place, dtype and shape match (fmt.load_from), sparing a second
+        copy of the state in memory. A step that fails its checksums may have overwritten some of them; the
+        search then reads an older step into them, or raises NotRestorable."""
         started = time.monotonic()
         peers = peer_reads.from_env() if self.remote is not None else []
 
@@ -405,8 +408,8 @@ class CheckpointManager:
                 fmt.check_layout(manifest, s, None)
 
             # A step committed in the store whose bytes a survivor holds: from the survivor, else from the store.
-            got = peer_reads.load(peers, store, s, copy_to, check) if store is self.remote else None
-            return got or (*store.load_step(s, copy_to, check=check), store.uri)
+            got = peer_reads.load(peers, store, s, copy_to, check, like) if store is self.remote else None
+            return got or (*store.load_step(s, copy_to, check=check, like=like), store.uri)
 
         for s, store, (manifest, state, source) in self._verified_steps(load, only=step):
             self._restored(s, manifest, store=store.uri, source=source, seconds=round(time.monotonic() - started, 3))

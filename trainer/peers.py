@@ -90,13 +90,13 @@ class PeerSource:
 
 
 def load(peers: list[tuple[str, int]], store, step: int, copy_to: str | None,
-         check: Callable[[dict], None]) -> tuple[dict, Any, str] | None:
+         check: Callable[[dict], None], like: Any = None) -> tuple[dict, Any, str] | None:
     """(manifest, state, source) of `step`, committed in `store`, read from the first peer that serves all of it
     as the store's manifest says; None when none did (each failure logged): the caller reads the store."""
     for host, port in peers:
         source = PeerSource(host, port, step)
         try:
-            manifest, state = store.load_step_from(source, step, copy_to, check, WORKERS)
+            manifest, state = store.load_step_from(source, step, copy_to, check, WORKERS, like)
         except fmt.NotRestorable:
             raise  # the step's layout, not the peer: the store's copy is the same
         except Exception as exc:  # noqa: BLE001 - any failure of a peer: the next one, then the store

@@ -229,9 +229,65 @@ def np_dtype(name: str) -> np.dtype:
         return np.dtype(getattr(ml_dtypes, name))
 
 
-def allocate(meta: dict):
-    """An empty array for one manifest entry, and a writable flat uint8 view to read its bytes into."""
+def fill_targets(skeleton: Any, like: Any) -> dict[int, Any]:
+    """The arrays of `like` (the live state a restore replaces, e.g. a model's state_dict) that the restored bytes
+    can go into in place: {index of the ArrayRef at the same place of the unpickled skeleton: like's array}, for
+    writable contiguous host arrays of the saved kind, dtype and shape whose memory no other target shares (tied
+    weights are read into fresh memory). Reading into them saves a restore faulting in a second copy of the state."""
+    found: dict[int, Any] = {}
+
+    def walk(saved, live):
+        if isinstance(saved, ArrayRef):
+            found[saved.index] = live
+        elif isinstance(saved, dict) and isinstance(live, dict):
+            for key, value in saved.items():
+                if key in live:
+                    walk(value, live[key])
+        elif isinstance(saved, (list, tuple)) and isinstance(live, (list, tuple)) and len(saved) == len(live):
+            for a, b in zip(saved, live):
+                walk(a, b)
+
+    walk(skeleton, like)
+    spans = sorted((span, i) for i, x in found.items() if (span := _host_span(x)) is not None)
+    keep, end = set(), -1
+    for k, ((start, stop), i) in enumerate(spans):
+        apart = start >= end and (k + 1 == len(spans) or stop <= spans[k + 1][0][0])
+        if apart and stop > start:
+            keep.add(i)
+        end = max(end, stop)
+    return {i: found[i] for i in keep}
+
+
+def _host_span(x) -> tuple[int, int] | None:
+    """[first, last) address of a writable, C-contiguous host array's bytes; None for anything else."""
+    if _is_torch_tensor(x):
+        torch = sys.modules["torch"]
+        if x.device.type != "cpu" or x.layout != torch.strided or x.is_quantized or not x.is_contiguous():
+            return None
+        return x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()
+    if isinstance(x, np.ndarray) and x.flags.c_contiguous and x.flags.writeable and x.dtype != object:
+        return x.ctypes.data, x.ctypes.data + x.nbytes
+    return None
+
+
+def _fits(meta: dict, x) -> bool:
+    if meta["kind"] == "torch":
+        return _is_torch_tensor(x) and str(x.dtype).removeprefix("torch.") == meta["dtype"] \
+            and list(x.shape) == meta["shape"]
+    return meta["kind"] == "numpy" and isinstance(x, np.ndarray) and x.dtype.name == meta["dtype"] \
+        and list(x.shape) == meta["shape"]
+
+
+def allocate(meta: dict, into: Any = None):
+    """The array one manifest entry is read into, and a writable flat uint8 view of its bytes: `into` (a target
+    fill_targets chose) where it has the entry's kind, dtype and shape, else a new empty array."""
     kind, shape = meta["kind"], tuple(meta["shape"])
+    if into is not None and _fits(meta, into):
+        if kind == "torch":
+            import torch
+
+            return into, into.detach().reshape(-1).view(torch.uint8).numpy()
+        return into, into.reshape(-1).view(np.uint8)
     if kind == "torch":
         import torch
 

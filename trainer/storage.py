@@ -90,12 +90,13 @@ class _Store:
         self.commit_step(step, manifest, control)
 
     def load_step_from(self, source, step: int, copy_to: str | None = None, check=None,
-                       workers: int = UPLOAD_WORKERS) -> tuple[dict, object]:
+                       workers: int = UPLOAD_WORKERS, like=None) -> tuple[dict, object]:
         """(manifest, state) of a step committed here, its bytes read from `source` (read(name) -> bytes,
         fill(range, algorithm, sink) -> checksum value: this store's objects, or a peer's copy of them) and every
         checksum checked against this store's manifest in that one read. copy_to: a local root the bytes are also
         written into (copy_to/step_*/, committed there once all of them verified). check(manifest) runs before any
-        data is read (e.g. fmt.check_layout)."""
+        data is read (e.g. fmt.check_layout). like: the live state the arrays are read into where they fit
+        (fmt.load_from)."""
         marker, manifest_data, manifest = self.committed_manifest(step)
         if check is not None:
             check(manifest)
@@ -117,7 +118,7 @@ class _Store:
                 return source.fill(r, algorithm, sink)
 
         try:
-            state = fmt.load_from(Copying(), manifest, workers, fmt.slice_bytes(manifest["total_bytes"], workers))
+            state = fmt.load_from(Copying(), manifest, workers, fmt.slice_bytes(manifest["total_bytes"], workers), like)
         finally:
             if sink is not None:
                 sink.close()
@@ -198,14 +199,15 @@ class LocalStore(_Store):
         """A local directory holding this step (for a local store: the directory itself, nothing copied)."""
         return self.step_dir(step)
 
-    def load_step(self, step: int, copy_to: str | None = None, check=None) -> tuple[dict, object]:
-        """(manifest, state) of a committed step, every checksum checked in the one read (fmt.load).
-        check(manifest) runs before any data is read (e.g. fmt.check_layout); copy_to: unused (already local)."""
+    def load_step(self, step: int, copy_to: str | None = None, check=None, like=None) -> tuple[dict, object]:
+        """(manifest, state) of a committed step, every checksum checked in the one read (fmt.load, into `like`
+        where it fits). check(manifest) runs before any data is read (e.g. fmt.check_layout); copy_to: unused
+        (already local)."""
         step_dir = self.step_dir(step)
         manifest = fmt.verify(step_dir, data=False)
         if check is not None:
             check(manifest)
-        return manifest, fmt.load(step_dir, manifest)
+        return manifest, fmt.load(step_dir, manifest, like=like)
 
 
 class GCSStore(_Store):
@@ -364,12 +366,12 @@ class GCSStore(_Store):
         fmt.fsync_dir(dst)
         return dst
 
-    def load_step(self, step: int, copy_to: str | None = None, check=None) -> tuple[dict, object]:
+    def load_step(self, step: int, copy_to: str | None = None, check=None, like=None) -> tuple[dict, object]:
         """(manifest, state) of a remote committed step read straight into the arrays (fmt.load_from), every
         checksum checked in that one read (load_step_from). copy_to: a local root the bytes are also written into;
         CheckpointManager's restore passes none, since the copy costs the restore a disk write of the whole state
         (docs/performance.md, bench.restore). check(manifest) runs before any data is read (e.g. fmt.check_layout)."""
-        return self.load_step_from(_ObjectSource(self, step), step, copy_to, check, self.workers)
+        return self.load_step_from(_ObjectSource(self, step), step, copy_to, check, self.workers, like)
 
 
 class _ObjectSource:
