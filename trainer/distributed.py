@@ -102,7 +102,7 @@ class Job(Protocol):
 
     def default_manager(self, total_steps: int) -> Manager: ...
     def agree_notice(self, manager: Manager) -> bool: ...
-    def restore(self, manager: Manager) -> tuple[int, Any] | None: ...
+    def restore(self, manager: Manager, like: Any = None) -> tuple[int, Any] | None: ...
     def save_outcome(self, step: int, save: Callable[[], SaveOutcome | None],
                      deadline: float | None) -> SaveOutcome: ...
 
@@ -189,7 +189,7 @@ class TorchJob:
                          rank=self.rank, seconds_since_notice=age_ms / 1000)
         return True
 
-    def restore(self, manager: Manager, held: int | None = None) -> tuple[int, Any] | None:
+    def restore(self, manager: Manager, held: int | None = None, like: Any = None) -> tuple[int, Any] | None:
         """Every rank restores the step rank 0 restored. Each rank reads the files itself, after rank 0 (which
         may first have downloaded the step into the node's local directory): every rank needs all of the
         replicated state, and N ranks reading it from the node's page cache is cheaper than broadcasting all of
@@ -197,7 +197,8 @@ class TorchJob:
         rank loads its shards of the step rank 0 verified (respawn.ckpt.torch_sharded).
         held: the committed step this rank's objects hold already (a process that rejoined a new world): rank 0
         announces it without reading it, and a rank that holds the announced step reads nothing; (step, None)
-        then. The collectives are those of a rank that holds nothing: a new process and a rejoined one meet."""
+        then. The collectives are those of a rank that holds nothing: a new process and a rejoined one meet.
+        like: the live state replicated state is read into (CheckpointManager.restore)."""
         if self.sharded is not None:
             from .torch_sharded import TorchShardedManager
 
@@ -210,7 +211,8 @@ class TorchJob:
         # Rank 0's restore may download and read the whole step (keeping a copy on the node's disk for the other
         # ranks): the others wait beating (run_beating).
         manager.keep_restored_copy = self.rank == 0
-        run_beating((lambda: found.append(manager.restore())) if self.rank == 0 and not found else None, self.group)
+        run_beating((lambda: found.append(manager.restore(like=like))) if self.rank == 0 and not found else None,
+                    self.group)
         restored = found[0] if found else None
         message = self._torch.tensor([restored[0] if restored is not None else -1], dtype=self._torch.int64)
         self._dist.broadcast(message, src=0, group=self.group)  # rank 0's step (-1: none) on every rank
@@ -219,7 +221,7 @@ class TorchJob:
             return restored
         if step == held:
             return step, None
-        restored = manager.restore(step=step)
+        restored = manager.restore(step=step, like=like)
         if restored is None:
             raise RuntimeError(f"rank {self.rank} cannot restore step {step}, which rank 0 restored; see the "
                                "warnings above (a multi-rank job needs every rank to read the same checkpoint)")

@@ -62,7 +62,8 @@ class JaxJob:
             self._agreement = _NoticeAgreement(self.rank, self.world_size, manager)
         return self._agreement.at_boundary()
 
-    def restore(self, manager: Manager) -> tuple[int, Any] | None:
+    def restore(self, manager: Manager, like: Any = None) -> tuple[int, Any] | None:
+        """like: unused (JAX arrays are immutable: a restore makes new ones)."""
         if not isinstance(manager, ShardedCheckpointManager):
             raise TypeError("a multi-process JAX job needs a respawn.ckpt.jax_distributed.ShardedCheckpointManager "
                             f"(got {type(manager).__name__}): every process writes its own shards")

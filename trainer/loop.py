@@ -148,8 +148,8 @@ class TrainingLoop:
 
     def _restore(self) -> None:
         # The objects' own tensors receive the restored bytes (no second copy of the state in memory).
-        restored = self.manager.restore(like=self._capture()) if self._job is None \
-            else self._job.restore(self.manager)
+        live = self._capture()
+        restored = self.manager.restore(like=live) if self._job is None else self._job.restore(self.manager, like=live)
         self._load(restored)
         if restored is not None:
             self.start = self.step = restored[0]
@@ -246,9 +246,9 @@ class TrainingLoop:
         self._writes = self._job is None or self._job.writer
         # The newcomers read the step from storage: this process's own copy is good for them once it is there.
         held = step if outcome.committed and outcome.durable == "remote" else None
-        restored = ((held, None) if held is not None else self.manager.restore(like=self._capture())) \
-            if self._job is None \
-            else self._job.restore(self.manager, held=held)
+        live = self._capture()
+        restored = ((held, None) if held is not None else self.manager.restore(like=live)) if self._job is None \
+            else self._job.restore(self.manager, held=held, like=live)
         if restored is None:
             raise RuntimeError(f"generation {generation} has no checkpoint to resume from, and this process's state "
                                f"is at step {step}: it cannot start over in place; the agent starts it again")
