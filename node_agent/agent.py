@@ -45,8 +45,9 @@ from typing import Sequence
 
 from respawn import contract
 from respawn.contract import Heartbeat, NodeState
-from respawn.logs import log, set_labels
+from respawn.logs import labels, log, set_labels
 
+from .cloudlog import CloudLog
 from .config import AgentConfig
 from .envcache import EnvCache
 from .firestore_rest import FirestoreError, FirestoreWriter
@@ -140,8 +141,11 @@ class Agent:
         self.heartbeater = Heartbeater(writer, contract.heartbeat_id(cfg.node, cfg.worker), self.snapshot,
                                        interval=self.settings.heartbeat_seconds)
         # The node's logs, shipped to the job's checkpoint_uri as they grow (logship.py): they outlive the node.
+        # Each chunk also becomes labelled Cloud Logging entries where the job asks for it (cloudlog.py).
+        cloud = (CloudLog(cfg.project, cfg.zone or "", md, labels)
+                 if self.settings.cloud_logging else None)
         self.logs = LogShipper(Uploader(md), self.settings.checkpoint_uri, self.node_dir, job_id=cfg.job_id,
-                               attempt=cfg.attempt, host=contract.heartbeat_id(cfg.node, cfg.worker))
+                               attempt=cfg.attempt, host=contract.heartbeat_id(cfg.node, cfg.worker), cloud=cloud)
         # Wakes the controller when this node fails on its own (a trainer's error exit, a failed setup): without it
         # the controller learns of a failure that loses no VM only at its next scheduled sweep.
         self.nudger = (Nudger(cfg.project, self.settings.sweep_topic, cfg.job_id, md)

@@ -6,7 +6,8 @@ agent's own JSON lines (agent.log) are sent in chunks to the job's checkpoint_ur
 A chunk goes at least every LOG_FLUSH_SECONDS while a stream grows, at once when LOG_CHUNK_BYTES are waiting, and
 ends at a line's end (a final flush sends the rest). Where each stream has been sent up to is kept in logship.json
 on the node's disk, so a restarted agent (or a restart in place) goes on from there; a chunk that was sent but not
-recorded is sent again under the same name, whole, and replaces the first. On a notice the periodic sending stops
+recorded is sent again under the same name, whole, and replaces the first. Each chunk sent also goes to Cloud
+Logging as labelled entries where the job asks for it (cloudlog.py; logs.cloud_logging). On a notice the periodic sending stops
 (the emergency save and the final heartbeat come first); final_flush() then sends the rest within a bound. A failed
 send is one WARNING per streak and is tried again at the next flush: logs never hold anything else up.
 """
@@ -21,6 +22,7 @@ import time
 from respawn import contract
 from respawn.logs import log
 
+from .cloudlog import CloudLog
 from .main import AGENT_LOG
 from .metadata import TRANSPORT_ERRORS
 from .prepare import SETUP_LOG
@@ -35,8 +37,8 @@ POLL_S = 0.5  # how often the thread looks whether a stream has a full chunk wai
 class LogShipper:
     def __init__(self, uploader: Uploader, checkpoint_uri: str, node_dir: str, *, job_id: str, attempt: int,
                  host: str, flush_seconds: float = contract.LOG_FLUSH_SECONDS,
-                 chunk_bytes: int = contract.LOG_CHUNK_BYTES):
-        self.uploader, self.node_dir = uploader, node_dir
+                 chunk_bytes: int = contract.LOG_CHUNK_BYTES, cloud: CloudLog | None = None):
+        self.uploader, self.node_dir, self.cloud = uploader, node_dir, cloud
         self.base = contract.logs_uri(checkpoint_uri)
         self.to = f"{contract.logs_uri(checkpoint_uri, attempt)}{host}/"
         self.job_id, self.attempt, self.host = job_id, attempt, host
@@ -98,7 +100,19 @@ class LogShipper:
         return max(waiting) if largest else sum(waiting)
 
     def _ship(self, *, final: bool, deadline: float | None) -> bool:
-        """Send every stream's new bytes in chunks; False when a send failed or the deadline came first."""
+        """Send every stream's new bytes in chunks; False when a send failed or the deadline came first. What went
+        to the bucket then goes to Cloud Logging, in the time left: the bucket's copy comes first."""
+        sent: list[tuple[str, bytes]] = []
+        try:
+            return self._send(sent, final=final, deadline=deadline)
+        finally:
+            for stream, data in sent if self.cloud is not None else ():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left < 0.1:
+                    break
+                self.cloud.write(stream, data, timeout=left)
+
+    def _send(self, sent: list, *, final: bool, deadline: float | None) -> bool:
         for stream, file in STREAM_FILES.items():
             while True:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -124,6 +138,7 @@ class LogShipper:
                     self._failing = False
                 self.offsets[stream] = offset + len(data)
                 self._save()
+                sent.append((stream, data))
         return True
 
     def _read(self, path: str, offset: int) -> bytes:

@@ -486,6 +486,8 @@ class NodeSettings:
     heartbeat_database: Optional[str] = None
     # What setup produced, restored on a fresh node instead of running setup (check_cache_paths; ENV_CACHE_DIR).
     cache: Tuple[str, ...] = ()
+    # The shipped log chunks also written to Cloud Logging as entries labelled with log_labels (JobSpec.logs).
+    cloud_logging: bool = False
 
     def __post_init__(self) -> None:
         command = self.command
@@ -521,6 +523,8 @@ class NodeSettings:
             raise SettingsError(f"interpreter must be a program name or path, got {self.interpreter!r}")
         if self.sweep_topic is not None:
             topic_path("project", self.sweep_topic)  # SettingsError naming what is wrong
+        if not isinstance(self.cloud_logging, bool):
+            raise SettingsError(f"cloud_logging must be true or false, got {self.cloud_logging!r}")
         if self.heartbeat_database is not None and not _DATABASE_ID.match(str(self.heartbeat_database)):
             raise SettingsError(f"heartbeat_database must be a Firestore database id, got {self.heartbeat_database!r}")
 

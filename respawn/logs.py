@@ -26,6 +26,11 @@ def set_labels(**labels: Any) -> None:
             _labels[key] = str(value)  # Cloud Logging's labels are strings
 
 
+def labels() -> dict[str, str]:
+    """The labels this process's lines carry now."""
+    return dict(_labels)
+
+
 def log(severity: str, message: str, *, stream: TextIO | None = None, **fields: Any) -> None:
     entry = {"severity": severity, "message": message, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     entry.update(fields)

@@ -62,12 +62,14 @@ class Book:
     source: str  # "catalog" or "offline"
     as_of: str  # the catalog's fetch date, or the offline table's
     rates: Mapping[str, float] = field(default_factory=dict)
+    filled: tuple[str, ...] = ()  # keys of a catalog book taken from the offline table (with_offline)
 
     @property
     def note(self) -> str:
         """Which prices a figure was computed with, as every priced figure says."""
         what = "Cloud Billing Catalog" if self.source == "catalog" else "offline table"
-        return f"{what} of {self.as_of} ({self.region})"
+        filled = f"; {', '.join(self.filled)} from the offline table of {OFFLINE_DATE}" if self.filled else ""
+        return f"{what} of {self.as_of} ({self.region}{filled})"
 
 
 @dataclass(frozen=True)
@@ -102,13 +104,15 @@ class Quote:
 
 
 def quote(accelerator: Any, book: Book) -> Quote:
-    """The prices of a job's node (schema.GpuAccelerator or TpuAccelerator) for every model, from `book`."""
+    """The prices of a job's node (schema.GpuAccelerator or TpuAccelerator) for every model, from `book` (a unit a
+    catalog book lacks from the offline table, named in each rate's note)."""
     shape = shape_of(accelerator)
     if shape is None:
         name = getattr(accelerator, "machine_type", None) or accelerator.accelerator_type
         return Quote({}, f"{name} is a type respawn/prices.py cannot price (its vCPUs, memory or chips are unknown)")
-    rates = {model: rate(shape, model, book) for model in TIER}
-    lacking = sorted({key for model in TIER for key in missing(shape, model, book)})
+    books = {model: with_offline(book, missing(shape, model, book)) for model in TIER}
+    rates = {model: rate(shape, model, books[model]) for model in TIER}
+    lacking = sorted({key for model in TIER for key in missing(shape, model, books[model])})
     return Quote(rates, f"the {book.note} has no price for {', '.join(lacking)}" if lacking else None)
 
 
@@ -246,34 +250,48 @@ def from_catalog(skus: Iterable[Mapping[str, Any]], region: str, as_of: str) -> 
 # ---- the offline table ------------------------------------------------------------------------------------------
 # What a job is priced with when the catalog cannot be had: list prices in USD for us-central1, as compiled on
 # OFFLINE_DATE. Each figure: (price, where it is from, verified). "verified" means the figure was read on that page
-# on that date; the others are the list prices as last known to the author, NOT read from a public page in this
-# change (the pricing pages render their tables with JavaScript): treat them as estimates. Spot prices change as
-# often as daily (https://cloud.google.com/spot-vms/pricing), so even a verified Spot figure is only that day's.
+# or in that dated table (gcp-facts §24 says what each is); the others are the list prices as last known to the
+# author: treat them as estimates. Spot prices change as often as daily (https://cloud.google.com/spot-vms/pricing),
+# so even a verified Spot figure is only its table's day's.
 OFFLINE_DATE = "2026-11-26"
 _VM = "https://cloud.google.com/compute/vm-instance-pricing"
 _SPOT = "https://cloud.google.com/spot-vms/pricing"
 _GPU = "https://cloud.google.com/compute/gpus-pricing"
-_DISK = "https://cloud.google.com/compute/disks-image-pricing"
 _TPU = "https://cloud.google.com/tpu/pricing"
+# A recorded catalog answer (tests/fixtures/billing_catalog_a2_recorded.json, effective 2023-03-24).
+_RECORDED = "https://github.com/opencost/opencost/blob/336428cf5017b383c1a8e63dd6af994e7f94cf58/pkg/cloud/gcp/test/skus.json"
+# Machine-type prices generated from the catalog on 2026-07-30 (g2-standard-4/-8 on demand and Spot, n1-standard-8,
+# the balanced disk); the G2 units reproduce its g2-standard-8 total exactly.
+_TABLE_2026_07 = ("https://github.com/Cyclenerd/google-cloud-pricing-cost-calculator/blob/"
+                  "fd66b26ff84fee5cdd94f341ea89206e76c06b99/pricing.yml")
+# The Kubernetes cluster autoscaler's GCE price table (N1 units and their preemptible share, T4, disks).
+_AUTOSCALER = ("https://github.com/kubernetes/autoscaler/blob/5a172bc2e4d35187476da8676156163e5d5652b0/"
+               "cluster-autoscaler/cloudprovider/gce/gce_price_info.go")
+# SkyPilot's GCP catalog (accelerator and TPU prices by region; undated, its L4 Spot figure is the 2025-2026 one).
+_SKYPILOT = ("https://github.com/skypilot-org/skypilot-catalog/blob/017e2502fb63c7a28757acd94002b2d6099d3e3d/"
+             "catalogs/v7/gcp/vms.csv")
 OFFLINE_SOURCES: dict[str, dict[str, tuple[float, str, bool]]] = {
     "us-central1": {
-        "cpu:n1:standard": (0.031611, _VM, False), "ram:n1:standard": (0.004237, _VM, False),
-        "cpu:n1:spot": (0.006655, _SPOT, False), "ram:n1:spot": (0.000892, _SPOT, False),
-        "cpu:g2:standard": (0.024988, _VM, False), "ram:g2:standard": (0.002927, _VM, False),
-        "cpu:g2:spot": (0.009995, _SPOT, False), "ram:g2:spot": (0.001171, _SPOT, False),
-        "cpu:a2:standard": (0.031611, _VM, False), "ram:a2:standard": (0.004237, _VM, False),
+        "cpu:n1:standard": (0.031611, _AUTOSCALER, True), "ram:n1:standard": (0.004237, _AUTOSCALER, True),
+        "cpu:n1:spot": (0.006655, _AUTOSCALER, True), "ram:n1:spot": (0.000892, _AUTOSCALER, True),
+        "cpu:g2:standard": (0.024988, _TABLE_2026_07, True), "ram:g2:standard": (0.002927, _TABLE_2026_07, True),
+        # G2 Spot on 2026-07-30: vCPU + 4 GiB $0.020634 and the L4 $0.3148 (from the g2-standard-4 and -8 totals),
+        # the vCPU / memory split as on demand (gcp-facts §24).
+        "cpu:g2:spot": (0.014050, _TABLE_2026_07, True), "ram:g2:spot": (0.001646, _TABLE_2026_07, True),
+        "cpu:a2:standard": (0.031611, _RECORDED, True), "ram:a2:standard": (0.004237, _RECORDED, True),
         "cpu:a2:spot": (0.01264, _SPOT, True), "ram:a2:spot": (0.001695, _SPOT, True),
         "cpu:a3:standard": (0.025400, _VM, False), "ram:a3:standard": (0.003400, _VM, False),
         "cpu:a3:spot": (0.0102, _SPOT, True), "ram:a3:spot": (0.000888, _SPOT, True),
-        "gpu:nvidia-l4:standard": (0.560000, _GPU, False), "gpu:nvidia-l4:spot": (0.224000, _SPOT, False),
-        "gpu:nvidia-tesla-t4:standard": (0.350000, _GPU, False), "gpu:nvidia-tesla-t4:spot": (0.140000, _SPOT, False),
-        "gpu:nvidia-tesla-a100:standard": (2.933908, _GPU, False),
+        "gpu:nvidia-l4:standard": (0.560040, _TABLE_2026_07, True), "gpu:nvidia-l4:spot": (0.314800, _TABLE_2026_07, True),
+        "gpu:nvidia-tesla-t4:standard": (0.350000, _AUTOSCALER, True),
+        "gpu:nvidia-tesla-t4:spot": (0.140000, _SKYPILOT, True),
+        "gpu:nvidia-tesla-a100:standard": (2.933908, _RECORDED, True),
         "gpu:nvidia-tesla-a100:spot": (1.173600, _SPOT, False),
         "gpu:nvidia-h100-80gb:standard": (9.575000, _GPU, False),
         "gpu:nvidia-h100-80gb:spot": (2.950000, _SPOT, False),
-        "tpu:v5litepod:standard": (1.200000, _TPU, False), "tpu:v5litepod:spot": (0.480000, _TPU, False),
+        "tpu:v5litepod:standard": (1.200000, _SKYPILOT, True), "tpu:v5litepod:spot": (0.212980, _SKYPILOT, True),
         "tpu:v4:standard": (3.220000, _TPU, False), "tpu:v4:spot": (0.966000, _TPU, False),
-        "disk:pd-balanced": (0.100000, _DISK, False),
+        "disk:pd-balanced": (0.100000, _TABLE_2026_07, True),
     },
 }
 
@@ -284,6 +302,20 @@ def offline(region: str) -> Book | None:
     if figures is None:
         return None
     return Book(region, "offline", OFFLINE_DATE, {k: v[0] for k, v in figures.items()})
+
+
+def with_offline(book: Book, keys: Iterable[str]) -> Book:
+    """A catalog book with those of `keys` it lacks taken from the offline table of its region, and named
+    (`filled`, in the note): a catalog answer without a SKU Respawn reads (renamed, not offered in the region) then
+    leaves one unit estimated rather than the whole node unpriced."""
+    table = offline(book.region)
+    if book.source != "catalog" or table is None:
+        return book
+    filled = tuple(sorted(k for k in set(keys) if k not in book.rates and k in table.rates))
+    if not filled:
+        return book
+    return Book(book.region, book.source, book.as_of, {**book.rates, **{k: table.rates[k] for k in filled}},
+                book.filled + filled)
 
 
 def catalog_skus(book_rates: Mapping[str, float], region: str) -> list[dict[str, Any]]:

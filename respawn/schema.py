@@ -408,6 +408,11 @@ class Logs(_Strict):
         default=LOG_RETENTION_DAYS, ge=1, le=3650,
         description="the controller's sweep deletes a log chunk this many days after it was written (once a day per "
                     "job, from the job's own prefix)")
+    cloud_logging: bool = Field(
+        default=True,
+        description="the agent also writes every shipped line (setup, trainer, agent) to Cloud Logging as entries "
+                    "labelled respawn_job, respawn_attempt, respawn_node, respawn_rank (Cloud Logging's ingestion "
+                    "is billed past its free allotment; false: the bucket's copy only)")
 
 
 class Budget(_Strict):
@@ -726,6 +731,7 @@ def node_settings(spec: JobSpec, *, heartbeat_seconds: float, notice_budget_seco
         notice_seconds=spec.notice_seconds,
         sweep_topic=sweep_topic,
         heartbeat_database=heartbeat_database,
+        cloud_logging=spec.logs.cloud_logging,
     )
 
 

@@ -39,6 +39,7 @@ ROUTES = [
     ("POST", _R + r"/advice/capacityHistory", "c_advice_history"),
     ("GET", _R, "c_region"),
     ("POST", r"/v3/projects/(?P<project>[^/]+)/timeSeries", "m_time_series"),
+    ("POST", r"/v2/entries:write", "l_entries_write"),
     ("GET", r"/compute/v1/projects/(?P<fw_project>[^/]+)/global/firewalls/(?P<firewall>[^/]+)", "c_firewall"),
     ("POST", _T + r"/nodes", "t_create"),
     ("GET", _T + r"/nodes", "t_list"),
@@ -214,6 +215,9 @@ def make_handler(sim: "SimServer"):
 
         def m_time_series(self, body, query):
             return sim.monitoring.create(sim.project, body)
+
+        def l_entries_write(self, body, query):
+            return sim.cloud_logging.write(body)
 
         # --- Cloud Storage managed folders (the folder name comes URL-encoded: a/b/ is a%2Fb%2F) ---
         def g_folder_insert(self, bucket, body, query):

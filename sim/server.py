@@ -26,6 +26,7 @@ from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
 from sim.http_api import make_handler
 from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
+from sim.cloud_logging import CloudLogging
 from sim.monitoring import Monitoring
 from sim.netns import Host, Network
 from sim.nodes import NodeRuntime
@@ -137,6 +138,7 @@ class SimServer:
         self.storage_folders = StorageFolders(self)
         self.advice = AdviceService(self)
         self.monitoring = Monitoring()  # Cloud Monitoring's timeSeries.create: what the controller wrote
+        self.cloud_logging = CloudLogging()  # Cloud Logging's entries.write: what the node agents wrote
         self.catalog: dict[str, list[dict]] = {}  # Cloud Billing Catalog: service id → its SKUs (set_catalog)
         self._t0 = time.monotonic()
         self._http: LoopbackHTTPServer | None = None
@@ -213,8 +215,10 @@ class SimServer:
 
     def make_runtime(self, kind: str, zone: str, name: str, metadata_kwargs: dict, *,
                      directory_name: str | None = None, host: Host | None = None) -> NodeRuntime:
+        # Its agent writes Cloud Logging entries here (node_agent/cloudlog.py), as it would to logging.googleapis.com.
+        env = {"RESPAWN_LOGGING_HOST": self.endpoint, **self.node_env}
         return NodeRuntime(directory=self.nodes_root / kind / zone / (directory_name or name), boot_command=self.boot_command,
-                           node_env=self.node_env, metadata_kwargs=metadata_kwargs, network=self.network, host=host,
+                           node_env=env, metadata_kwargs=metadata_kwargs, network=self.network, host=host,
                            metadata_server=self.metadata_servers)
 
     def usage(self, what: str, scope: str, accelerator: str, model: str | None) -> int:

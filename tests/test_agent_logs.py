@@ -19,6 +19,7 @@ import pytest
 
 from agent_fixtures import agent_env, attributes, gcs_standin, settings, wait_for  # noqa: F401
 from respawn import contract, joblogs, schema
+from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
 from trainer_helpers import BUCKET, gcs_emulator  # noqa: F401  (fixture)
 
 
@@ -70,6 +71,48 @@ def test_setup_trainer_and_agent_logs_reach_the_store_whole(agent_env):
                                                       "respawn_node": "logjob-1", "respawn_rank": "0"}
                for e in agent_lines)  # Cloud Logging's labels on every line (docs/gcp-facts.md §22)
     assert "trainer finished successfully" in [e["message"] for e in agent_lines]
+
+
+def test_every_shipped_line_is_a_labelled_cloud_logging_entry(agent_env, sim_server):
+    """logs.cloud_logging: the setup's and the trainer's raw lines and the agent's JSON lines are written to Cloud
+    Logging (entries.write, served by sim/) with the job, attempt, node and rank as labels, so one filter finds all
+    of a job's lines; the agent's lines keep their severity; the VM is the monitored resource."""
+    talk = agent_env.tmp / "talk.py"
+    talk.write_text("print('step 1 loss 0.50')\nprint('step 2 loss 0.25')\n")
+    s = settings([sys.executable, str(talk)], f"file://{agent_env.tmp / 'store'}", interpreter=sys.executable,
+                 setup=[[sys.executable, "-c", "print('setup says hello')"]], cloud_logging=True)
+    md = agent_env.metadata("cloudjob-1", attributes("cloudjob", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "cloudjob-1", RESPAWN_LOGGING_HOST=sim_server.endpoint)
+    assert agent.wait(60) == 0, agent.output()[-3000:]
+    labels = {"respawn_job": "cloudjob", "respawn_attempt": "1", "respawn_node": "cloudjob-1", "respawn_rank": "0"}
+    by_log: dict[str, list[dict]] = {}
+    for e in sim_server.cloud_logging.entries:
+        by_log.setdefault(e["logName"].rsplit("/", 1)[1], []).append(e)
+    assert [e["textPayload"] for e in by_log["respawn-trainer"]] == ["step 1 loss 0.50", "step 2 loss 0.25"]
+    assert [e["textPayload"] for e in by_log["respawn-setup"]] == ["setup says hello"]
+    agent_entries = by_log["respawn-agent"]
+    assert agent_entries[0]["jsonPayload"]["message"] == "node agent starting"
+    assert {e["severity"] for e in agent_entries} <= {"INFO", "WARNING", "ERROR"} and "INFO" in {
+        e["severity"] for e in agent_entries}
+    every = [e for entries in by_log.values() for e in entries]
+    assert all(e["labels"] == labels for e in every), [e["labels"] for e in every if e["labels"] != labels][:3]
+    assert all(e["resource"] == {"type": "gce_instance", "labels": {
+        "project_id": agent_env.project, "zone": "us-central1-a", "instance_id": "1000000000000000001"}}
+        for e in every)
+    assert not [line for line in agent.output().splitlines() if "Cloud Logging" in line]  # no failure logged
+
+
+def test_a_cloud_logging_that_cannot_be_reached_is_one_warning_and_the_bucket_still_gets_everything(agent_env):
+    from sim.emulators import free_port
+
+    s = settings([sys.executable, "-c", "print('a'); print('b')"], f"file://{agent_env.tmp / 'store'}",
+                 interpreter=sys.executable, cloud_logging=True)
+    md = agent_env.metadata("deaf-1", attributes("deaf", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "deaf-1", RESPAWN_LOGGING_HOST=f"http://127.0.0.1:{free_port()}")
+    assert agent.wait(60) == 0, agent.output()[-3000:]
+    warnings = [line for line in agent.output().splitlines() if "cannot write this node's lines to Cloud Logging" in line]
+    assert len(warnings) == 1 and "logging.logEntries.create" in warnings[0]
+    assert chunks(agent_env.tmp / "store")[(1, "deaf-1", "trainer")] == b"a\nb\n"
 
 
 def respawn_cli(*args: str, **env: str) -> subprocess.CompletedProcess:

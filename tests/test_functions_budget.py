@@ -2,20 +2,23 @@
 Catalog that sim/ serves (the real HTTP path of the controller's adapter), stopped by the sweep at its budget with no
 event, its node deleted, then resumed with `respawn jobs resume` (the real CLI against the emulators).
 
-The catalog answer is CONSTRUCTED from the documented SKU shape (respawn.prices.catalog_skus; gcp-facts §24), with
-round unit prices so that every figure is checked by hand; it was not recorded from the live API."""
+The budget test's catalog answer is CONSTRUCTED from the documented SKU shape (respawn.prices.catalog_skus; gcp-facts
+§24), with round unit prices so that every figure is checked by hand. The ledger test prices a known job from a
+RECORDED answer (tests/fixtures/billing_catalog_a2_recorded.json: three SKUs as the live API returned them)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from functions_fixtures import controller, gpu_spec  # noqa: F401 - fixtures
+from respawn.control.adapters.prices import PRICES
 from respawn import prices
 from respawn.control import costs
 from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
@@ -80,3 +83,31 @@ def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(
     after = controller.wait_state(job, "RUNNING")
     assert after.attempt == st.attempt + 1 and after.cost.closed_usd == pytest.approx(spent)
     assert len(controller.live(job)) == 1
+
+
+RECORDED = os.path.join(os.path.dirname(__file__), "fixtures", "billing_catalog_a2_recorded.json")
+
+
+def test_the_ledger_prices_a_known_job_from_a_recorded_catalog_answer(controller):
+    """a2-highgpu-1g on demand: 12 vCPUs × $0.031611 + 85 GiB × $0.004237 + one A100 × $2.933908 = $3.673385 an
+    hour, the machine type's list price in us-central1 (the Kubernetes cluster autoscaler's GCE price table,
+    kubernetes/autoscaler cluster-autoscaler/cloudprovider/gce/gce_price_info.go, lists a2-highgpu-1g at 3.673385);
+    the recording has no disk SKU, so the 100 GB boot disk ($0.10 a GiB-month) comes from the offline table, and the
+    note says so."""
+    with open(RECORDED) as f:
+        controller.sim.set_catalog(prices.COMPUTE_SERVICE, json.load(f)["skus"])
+    controller.db.collection(PRICES).document("us-central1").delete()  # another test's cached book: read again
+    spec = gpu_spec("a2-known", provisioning="standard",
+                    accelerator={"kind": "gpu", "machine_type": "a2-highgpu-1g", "boot_disk_gb": 100})
+    job = controller.register(spec)
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "RUNNING")
+    hourly = 12 * 0.031611 + 85 * 0.004237 + 2.933908 + 100 * 0.10 / prices.HOURS_PER_MONTH
+    life = st.members[0].billing
+    assert (life.usd_per_hour, life.on_demand_usd_per_hour) == (pytest.approx(hourly), pytest.approx(hourly))
+    today = datetime.now(timezone.utc).date().isoformat()
+    assert st.cost.note == (f"Cloud Billing Catalog of {today} (us-central1; disk:pd-balanced from the offline table "
+                            f"of {prices.OFFLINE_DATE})")
+    # An hour of this life is its price an hour: the ledger's running cost at any moment.
+    spent, on_demand = costs.spent(st, life.since + timedelta(hours=1))
+    assert spent == pytest.approx(hourly, rel=1e-6) and on_demand == pytest.approx(hourly, rel=1e-6)

@@ -4,7 +4,8 @@ document.
 
 The catalog answers here are CONSTRUCTED from the documented shape of a SKU (gcp-facts §24: description, category
 {resourceFamily, resourceGroup, usageType}, serviceRegions, pricingInfo[].pricingExpression {usageUnit,
-tieredRates[].unitPrice {currencyCode, units, nanos}}); none was recorded from the live API."""
+tieredRates[].unitPrice {currencyCode, units, nanos}}), with round prices checked by hand; a recorded answer prices
+a known job in tests/test_functions_budget.py."""
 
 from __future__ import annotations
 
@@ -31,10 +32,25 @@ def test_g2_standard_8_is_its_vcpus_memory_l4_and_disk():
     assert r.usd_per_hour == pytest.approx(8 * 0.01 + 32 * 0.001 + 0.2 + disk)
     assert r.on_demand_usd_per_hour == pytest.approx(8 * 0.025 + 32 * 0.003 + 0.5 + disk)
     assert r.note == "Cloud Billing Catalog of 2026-11-26 (us-central1)"
-    # flex-start is priced on demand (an upper bound); a missing unit leaves the node unpriced, and says which.
+    # flex-start is priced on demand (an upper bound); a unit neither the catalog nor the offline table has leaves
+    # the node unpriced, and says which.
     assert prices.rate(prices.shape_of(G2), "flex-start", book).usd_per_hour == r.on_demand_usd_per_hour
-    q = prices.quote(G2, prices.Book("us-central1", "catalog", "2026-11-26", {"cpu:g2:spot": 0.01}))
+    q = prices.quote(G2, prices.Book("europe-west4", "catalog", "2026-11-26", {"cpu:g2:spot": 0.01}))
     assert q.rates["spot"] is None and "gpu:nvidia-l4:spot" in q.why
+
+
+def test_a_unit_the_catalog_lacks_comes_from_the_offline_table_and_the_note_says_which():
+    partial = {k: v for k, v in RATES.items() if k != "gpu:nvidia-l4:spot"}
+    q = prices.quote(G2, prices.Book("us-central1", "catalog", "2026-11-26", partial))
+    table = prices.offline("us-central1").rates
+    disk = 100 * 0.073 / prices.HOURS_PER_MONTH
+    assert q.why is None
+    assert q.rates["spot"].usd_per_hour == pytest.approx(8 * 0.01 + 32 * 0.001 + table["gpu:nvidia-l4:spot"] + disk)
+    assert q.rates["spot"].note == ("Cloud Billing Catalog of 2026-11-26 (us-central1; gpu:nvidia-l4:spot from the "
+                                    f"offline table of {prices.OFFLINE_DATE})")
+    assert q.rates["standard"].note == "Cloud Billing Catalog of 2026-11-26 (us-central1)"  # it needed no spot unit
+    offline = prices.offline("us-central1")
+    assert prices.with_offline(offline, ["gpu:nvidia-l4:spot"]) is offline  # an offline book is what it is
 
 
 @pytest.mark.parametrize("machine,vcpus,memory,gpu,count", [
@@ -49,8 +65,9 @@ def test_shapes_and_offline_prices_of_the_common_gpu_types(machine, vcpus, memor
     spot, standard = prices.rate(shape, "spot", book), prices.rate(shape, "standard", book)
     assert 0 < spot.usd_per_hour < standard.usd_per_hour == spot.on_demand_usd_per_hour
     assert spot.note == f"offline table of {prices.OFFLINE_DATE} (us-central1)"
-    # Every figure of the table names its page.
-    assert all(src.startswith("https://cloud.google.com/") for _, src, _ in prices.OFFLINE_SOURCES["us-central1"].values())
+    # Every figure of the table names its page or dated table.
+    assert all(src.startswith(("https://cloud.google.com/", "https://github.com/"))
+               for _, src, _ in prices.OFFLINE_SOURCES["us-central1"].values())
 
 
 def test_tpu_chips_and_unknown_types():
