@@ -510,7 +510,7 @@ def test_budget_scenario(tmp_path):
     assert out["nodes_left"] == [] and out["max_live_nodes"] == 1
     # Never past the cap: the ledger's cost (priced as g2-standard-8 Spot in us-central1, the offline table).
     spent = float(re.match(r"\$([0-9.]+) ", out["cost"]).group(1))
-    assert 0 < spent <= 0.004 and "offline table of" in out["cost"], out["cost"]
+    assert 0 < spent <= 0.006 and "offline table of" in out["cost"], out["cost"]
     # A committed checkpoint at the stop: at least the last step any heartbeat reported (the emergency save).
     committed = [int(p.name.split("_")[1]) for p in (tmp_path / "out" / "checkpoints").glob("step_*")
                  if (p / "COMMITTED").exists()]
