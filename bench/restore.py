@@ -206,7 +206,8 @@ def main(argv=None) -> int:
                  (f"{label}: restore into new tensors", f"{f['restore_fresh_s']:.3f} s, "
                                                          f"{f['restore_fresh_MBps']:.0f} MB/s"),
                  (f"{label}: restore_vs_raw_read (goal >= 0.8)", f"{f['restore_vs_raw_read']:.2f}")]
-    rows.insert(6, ("GCS emulator: google-cloud-storage GETs", f"{gcs['raw_client_s']:.3f} s, {gcs['raw_client_MBps']:.0f} MB/s"))
+    rows.insert(6, ("GCS emulator: google-cloud-storage GETs",
+                    f"{gcs['raw_client_s']:.3f} s, {gcs['raw_client_MBps']:.0f} MB/s"))
     rows += [("restored tensors equal the saved ones", str(result["same_bytes"])),
              ("load average", str(result["load_average"]))]
     w = max(len(r[0]) for r in rows)

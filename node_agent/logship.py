@@ -7,9 +7,10 @@ A chunk goes at least every LOG_FLUSH_SECONDS while a stream grows, at once when
 ends at a line's end (a final flush sends the rest). Where each stream has been sent up to is kept in logship.json
 on the node's disk, so a restarted agent (or a restart in place) goes on from there; a chunk that was sent but not
 recorded is sent again under the same name, whole, and replaces the first. Each chunk sent also goes to Cloud
-Logging as labelled entries where the job asks for it (cloudlog.py; logs.cloud_logging). On a notice the periodic sending stops
-(the emergency save and the final heartbeat come first); final_flush() then sends the rest within a bound. A failed
-send is one WARNING per streak and is tried again at the next flush: logs never hold anything else up.
+Logging as labelled entries where the job asks for it (cloudlog.py; logs.cloud_logging). On a notice the periodic
+sending stops (the emergency save and the final heartbeat come first); final_flush() then sends the rest within a
+bound. A failed send is one WARNING per streak and is tried again at the next flush: logs never hold anything else
+up.
 """
 
 from __future__ import annotations
@@ -106,11 +107,12 @@ class LogShipper:
         try:
             return self._send(sent, final=final, deadline=deadline)
         finally:
-            for stream, data in sent if self.cloud is not None else ():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left < 0.1:
-                    break
-                self.cloud.write(stream, data, timeout=left)
+            if self.cloud is not None:
+                for stream, data in sent:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left < 0.1:
+                        break
+                    self.cloud.write(stream, data, timeout=left)
 
     def _send(self, sent: list, *, final: bool, deadline: float | None) -> bool:
         for stream, file in STREAM_FILES.items():

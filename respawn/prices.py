@@ -259,7 +259,8 @@ _SPOT = "https://cloud.google.com/spot-vms/pricing"
 _GPU = "https://cloud.google.com/compute/gpus-pricing"
 _TPU = "https://cloud.google.com/tpu/pricing"
 # A recorded catalog answer (tests/fixtures/billing_catalog_a2_recorded.json, effective 2023-03-24).
-_RECORDED = "https://github.com/opencost/opencost/blob/336428cf5017b383c1a8e63dd6af994e7f94cf58/pkg/cloud/gcp/test/skus.json"
+_RECORDED = ("https://github.com/opencost/opencost/blob/336428cf5017b383c1a8e63dd6af994e7f94cf58/"
+             "pkg/cloud/gcp/test/skus.json")
 # Machine-type prices generated from the catalog on 2026-07-30 (g2-standard-4/-8 on demand and Spot, n1-standard-8,
 # the balanced disk); the G2 units reproduce its g2-standard-8 total exactly.
 _TABLE_2026_07 = ("https://github.com/Cyclenerd/google-cloud-pricing-cost-calculator/blob/"
@@ -282,7 +283,8 @@ OFFLINE_SOURCES: dict[str, dict[str, tuple[float, str, bool]]] = {
         "cpu:a2:spot": (0.01264, _SPOT, True), "ram:a2:spot": (0.001695, _SPOT, True),
         "cpu:a3:standard": (0.025400, _VM, False), "ram:a3:standard": (0.003400, _VM, False),
         "cpu:a3:spot": (0.0102, _SPOT, True), "ram:a3:spot": (0.000888, _SPOT, True),
-        "gpu:nvidia-l4:standard": (0.560040, _TABLE_2026_07, True), "gpu:nvidia-l4:spot": (0.314800, _TABLE_2026_07, True),
+        "gpu:nvidia-l4:standard": (0.560040, _TABLE_2026_07, True),
+        "gpu:nvidia-l4:spot": (0.314800, _TABLE_2026_07, True),
         "gpu:nvidia-tesla-t4:standard": (0.350000, _AUTOSCALER, True),
         "gpu:nvidia-tesla-t4:spot": (0.140000, _SKYPILOT, True),
         "gpu:nvidia-tesla-a100:standard": (2.933908, _RECORDED, True),

@@ -110,7 +110,8 @@ def test_a_cloud_logging_that_cannot_be_reached_is_one_warning_and_the_bucket_st
     md = agent_env.metadata("deaf-1", attributes("deaf", 1, agent_env.project, s))
     agent = agent_env.agent(md, agent_env.tmp / "deaf-1", RESPAWN_LOGGING_HOST=f"http://127.0.0.1:{free_port()}")
     assert agent.wait(60) == 0, agent.output()[-3000:]
-    warnings = [line for line in agent.output().splitlines() if "cannot write this node's lines to Cloud Logging" in line]
+    warnings = [line for line in agent.output().splitlines()
+                if "cannot write this node's lines to Cloud Logging" in line]
     assert len(warnings) == 1 and "logging.logEntries.create" in warnings[0]
     assert chunks(agent_env.tmp / "store")[(1, "deaf-1", "trainer")] == b"a\nb\n"
 
