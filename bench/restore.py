@@ -9,8 +9,9 @@ same run, each pair interleaved --repeats times, medians reported:
                      shapes that exists already (TrainingLoop restores into its objects' state_dict()s this way)
   local.restore_fresh  the same restore() without like=: into newly allocated tensors, for reference (first-touch
                      page faults of a second copy of the state)
-  gcs.raw_read       plain GETs of the same objects (whole objects, one per connection, GCSStore's `workers`
-                     connections, http.client reading into reused buffers): no checksum, no tensors
+  gcs.raw_read       plain GETs of the same objects, the requests the restore makes (the skeleton whole, each data
+                     file in fmt.slice_bytes ranges: whole objects with the default state), on GCSStore's `workers`
+                     connections, http.client reading into reused buffers: no checksum, no tensors
   gcs.raw_client     the same GETs through google-cloud-storage (Blob.download_as_bytes), for reference
   gcs.restore        CheckpointManager(gs://..., an empty local dir).restore(like=live)
   gcs.restore_fresh  the same without like=, for reference
@@ -63,18 +64,22 @@ def raw_local(step_dir: str, names: list[str]) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-def raw_gcs(endpoint: str, names: list[str], workers: int) -> tuple[int, float]:
-    """(bytes, seconds) of plain GETs of whole objects on `workers` keep-alive connections, into reused buffers."""
+def raw_gcs(endpoint: str, gets: list[tuple[str, int | None, int | None]], workers: int) -> tuple[int, float]:
+    """(bytes, seconds) of plain GETs on `workers` keep-alive connections into reused buffers: `gets` are (object,
+    start, end) with start None for the whole object, the requests the restore makes (gcs_requests)."""
     url = urlsplit(endpoint)
     local = threading.local()
 
-    def get(name: str) -> int:
+    def get(request: tuple[str, int | None, int | None]) -> int:
+        name, start, end = request
         if getattr(local, "conn", None) is None:
             local.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
             local.buf = memoryview(bytearray(RAW_BUFFER))
-        local.conn.request("GET", f"/download/storage/v1/b/{BUCKET}/o/{quote(name, safe='')}?alt=media")
+        headers = {} if start is None else {"Range": f"bytes={start}-{end - 1}"}
+        local.conn.request("GET", f"/download/storage/v1/b/{BUCKET}/o/{quote(name, safe='')}?alt=media",
+                           headers=headers)
         response = local.conn.getresponse()
-        if response.status != 200:
+        if response.status not in (200, 206):
             raise RuntimeError(f"GET {name}: HTTP {response.status}")
         n = 0
         while k := response.readinto(local.buf):
@@ -83,8 +88,21 @@ def raw_gcs(endpoint: str, names: list[str], workers: int) -> tuple[int, float]:
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(workers) as ex:
-        n = sum(ex.map(get, names))
+        n = sum(ex.map(get, gets))
     return n, time.perf_counter() - t0
+
+
+def gcs_requests(prefix: str, manifest: dict, workers: int) -> list[tuple[str, int | None, int | None]]:
+    """The GETs a restore of this step makes: the skeleton whole, each data file in fmt.slice_bytes ranges (whole
+    objects where a file is no longer than a slice, as with the default state)."""
+    from respawn.ckpt import format as fmt
+
+    files = manifest["files"]
+    data = {name: f["size"] for name, f in files.items() if name != fmt.SKELETON}
+    step = fmt.slice_bytes(sum(data.values()), workers)
+    return [(f"{prefix}/{fmt.SKELETON}", None, None)] + [
+        (f"{prefix}/{name}", start, min(size, start + step)) for name, size in data.items()
+        for start in range(0, size, step)]
 
 
 def raw_client(bucket, names: list[str], workers: int) -> tuple[int, float]:
@@ -153,7 +171,8 @@ def main(argv=None) -> int:
         local_dir = os.path.join(work, "local")
         CheckpointManager(local_dir=local_dir, keep=1).save(1, state, blocking=True)
         step_dir = os.path.join(local_dir, fmt.step_dirname(1))
-        files = sorted(fmt.read_manifest(step_dir)["files"])  # the data files and the skeleton: what restore reads
+        manifest = fmt.read_manifest(step_dir)
+        files = sorted(manifest["files"])  # the data files and the skeleton: what restore reads
         dropped = True
         raw_s, restore_s, fresh_s = [], [], []
         for _ in range(repeats):
@@ -173,9 +192,10 @@ def main(argv=None) -> int:
             raise RuntimeError(f"the upload to the emulator failed: {saved}")
         store = GCSStore(uri)
         names = [f"bench/{fmt.step_dirname(1)}/{name}" for name in files]
+        gets = gcs_requests(f"bench/{fmt.step_dirname(1)}", manifest, store.workers)  # the same layout remotely
         raw_s, client_s, restore_s, fresh_s = [], [], [], []
         for r in range(repeats):
-            nbytes, dt = raw_gcs(emulator.url, names, store.workers)
+            nbytes, dt = raw_gcs(emulator.url, gets, store.workers)
             raw_s.append(dt)
             client_s.append(raw_client(store.bucket, names, store.workers)[1])
             for into, runs in ((live, restore_s), (None, fresh_s)):
