@@ -93,16 +93,13 @@ def raw_gcs(endpoint: str, gets: list[tuple[str, int | None, int | None]], worke
 
 
 def gcs_requests(prefix: str, manifest: dict, workers: int) -> list[tuple[str, int | None, int | None]]:
-    """The GETs a restore of this step makes: the skeleton whole, each data file in fmt.slice_bytes ranges (whole
-    objects where a file is no longer than a slice, as with the default state)."""
+    """The GETs a restore of this step makes (GCSStore.load_step_from): the skeleton whole, each data file in
+    fmt.slice_bytes ranges (whole objects where a file is no longer than a slice, as with the default state)."""
     from respawn.ckpt import format as fmt
 
-    files = manifest["files"]
-    data = {name: f["size"] for name, f in files.items() if name != fmt.SKELETON}
-    step = fmt.slice_bytes(sum(data.values()), workers)
-    return [(f"{prefix}/{fmt.SKELETON}", None, None)] + [
-        (f"{prefix}/{name}", start, min(size, start + step)) for name, size in data.items()
-        for start in range(0, size, step)]
+    data = {name: f["size"] for name, f in manifest["files"].items() if name != fmt.SKELETON}
+    ranges = fmt.file_ranges(data, fmt.slice_bytes(manifest["total_bytes"], workers))
+    return [(f"{prefix}/{fmt.SKELETON}", None, None)] + [(f"{prefix}/{r.name}", r.start, r.end) for r in ranges]
 
 
 def raw_client(bucket, names: list[str], workers: int) -> tuple[int, float]:

@@ -71,6 +71,9 @@ def test_plan_reads_tiles_every_file_in_ranges(tmp_path, small_ranges):
         assert all(a[1] == b[0] for a, b in itertools.pairwise(mine)), name
     assert all(sum(len(v) for v in r.views) == r.end - r.start <= fmt.RANGE_BYTES for r in ranges)
     assert len(ranges) > len(manifest["files"]), "files this size must be read in several ranges"
+    data = {name: f["size"] for name, f in manifest["files"].items() if name != fmt.SKELETON}
+    assert sorted((r.name, r.start, r.end) for r in fmt.file_ranges(data, fmt.RANGE_BYTES)) == \
+        sorted((r.name, r.start, r.end) for r in ranges)  # the download's plan is the restore's
 
 
 def test_restore_from_bucket_and_from_disk_give_the_saved_bytes(gcs, tmp_path, small_ranges):

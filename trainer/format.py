@@ -311,6 +311,13 @@ class Range:
     views: list
 
 
+def file_ranges(sizes: dict[str, int], range_bytes: int) -> list[Range]:
+    """Each file of `sizes` cut into ranges of range_bytes from its start (the last one shorter), no memory yet:
+    the ranges plan_reads gives the same files at the same range_bytes."""
+    return [Range(name, start, min(size, start + range_bytes), [])
+            for name, size in sizes.items() for start in range(0, size, range_bytes)]
+
+
 def plan_reads(manifest: dict, range_bytes: int = RANGE_BYTES, into: dict | None = None) -> tuple[list, list[Range]]:
     """The arrays a step's manifest describes ([(entry, array)]: into[i] for entry i where it fits, else newly
     allocated), and the ranges of its data files that fill them. Raises CorruptCheckpoint where the manifest's

@@ -340,9 +340,7 @@ class GCSStore(_Store):
         dst = os.path.join(local_root, fmt.step_dirname(step))
         shutil.rmtree(dst, ignore_errors=True)
         os.makedirs(dst)
-        slice_bytes = fmt.slice_bytes(sum(sizes.values()), self.workers)
-        ranges = [fmt.Range(name, start, min(size, start + slice_bytes), [])
-                  for name, size in sizes.items() for start in range(0, size, slice_bytes)]
+        ranges = fmt.file_ranges(sizes, fmt.slice_bytes(sum(sizes.values()), self.workers))
         sink = _FileSink(dst, sizes)
         scratch = threading.local()  # one chunk-sized buffer per thread: each chunk is written into place before
         # the next one is read into the same memory
