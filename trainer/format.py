@@ -452,18 +452,19 @@ def load_from(source, manifest: dict, workers: int = READ_WORKERS, range_bytes: 
     this one replaces) where serialize.fill_targets finds them at the same place with the same dtype and shape,
     else new ones; a restore that fails may have overwritten some of like's. `source` has read(name) -> bytes and
     fill(range, algorithm) -> checksum value (LocalSource; storage.GCSStore's reader)."""
-    from .serialize import fill_targets, finish, unflatten
+    from .serialize import fill_in, fill_targets, finish
 
     algorithm = manifest["checksum_algorithm"]
     skeleton = source.read(SKELETON)
     want = manifest["files"].get(SKELETON, {})
     if len(skeleton) != want.get("size") or checksum.of_bytes(skeleton, algorithm) != want.get("checksum"):
         raise CorruptCheckpoint(f"{SKELETON} does not match the manifest's size and checksum")
-    into = None if like is None else fill_targets(pickle.loads(skeleton), like)
+    tree = pickle.loads(skeleton)
+    into = None if like is None else fill_targets(tree, like)
     arrays, ranges = plan_reads(manifest, range_bytes, into)
     check_ranges({n: f for n, f in manifest["files"].items() if n != SKELETON}, ranges,
                  run_ranges(lambda r: source.fill(r, algorithm), ranges, workers), algorithm)
-    return unflatten(skeleton, [finish(entry, arr) for entry, arr in arrays])
+    return fill_in(tree, [finish(entry, arr) for entry, arr in arrays])
 
 
 def load(step_dir: str, manifest: dict | None = None, workers: int = READ_WORKERS, like: Any = None):

@@ -311,4 +311,9 @@ def finish(meta: dict, arr):
 
 
 def unflatten(skeleton: bytes, arrays: list) -> Any:
-    return map_tree(pickle.loads(skeleton), lambda x: arrays[x.index] if isinstance(x, ArrayRef) else None)
+    return fill_in(pickle.loads(skeleton), arrays)
+
+
+def fill_in(tree: Any, arrays: list) -> Any:
+    """An unpickled skeleton with each ArrayRef replaced by its array."""
+    return map_tree(tree, lambda x: arrays[x.index] if isinstance(x, ArrayRef) else None)
