@@ -28,8 +28,8 @@ a thread per VM that writes heartbeats as the agent does (`preparing` once boote
 member, `exited` when a noticed node's save ended, `training` once stepping) after the stage durations below; the
 stages that run Respawn's code on this machine are measured in this run and scaled to the configured sizes: the
 restore against a raw read of the same bytes (bench.restore, 1 GiB; 64 MiB with --quick: the restore_vs_raw_read
-figures, which set the +restore rate) and the unpack of a tar archive by the agent's own code (node_agent.envcache's unpack rate, which
-sets +cache's). The trainers' step time is left out (every variant pays one step).
+figures, which set the +restore rate) and the unpack of a tar archive by the agent's own code (node_agent.envcache's
+unpack rate, which sets +cache's). The trainers' step time is left out (every variant pays one step).
 
 Cloud delays and rates (cloud seconds; the run is scaled by --scale, figures reported unscaled). Google publishes no
 figure for several of them (VM create, a Spot VM's start, driver readiness, one connection to Cloud Storage); those
