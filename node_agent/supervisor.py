@@ -217,14 +217,17 @@ class TrainerProcess:
         return True, self._exit
 
     def owns(self, pid: object) -> bool:
-        """Whether `pid` is a live process in this trainer's process group (e.g. its status file's writer): a
-        signal meant for one of its processes must never reach a recycled pid."""
+        """Whether `pid` is a live process of this trainer's run (e.g. its status file's writer): in its process
+        group, or in a session of its own with the run's marker (under respawn.ckpt.launch); a signal meant for one
+        of its processes must never reach a recycled pid."""
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or _proc_start_time(pid) is None:
             return False
         try:
-            return os.getpgid(pid) == self.pid
+            if os.getpgid(pid) == self.pid:
+                return True
         except OSError:
             return False
+        return pid in processes_with(f"{RUN_MARKER}={self.record.started_at}".encode())
 
     def signal(self, sig: int) -> None:
         try:
