@@ -975,7 +975,7 @@ def _seen(row: Any) -> str:
 @app.command("demo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              add_help_option=False)
 def demo(ctx: typer.Context) -> None:
-    """Run the whole flow on this machine: emulators, sim, real functions, agents and trainers (`respawn demo --help`)."""
+    """Run the whole flow on this machine: emulators, sim, functions, agents, trainers; --job runs your own job spec."""
     # The demo and its stand-ins (sim/) live in the source checkout and are never installed: run them from there.
     checkout = deployment.source_root()
     if not (checkout / "sim" / "demo" / "__main__.py").is_file():

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve the Compute v1 and TPU v2 REST subsets and the /sim/ control API")
     serve.add_argument("--host", default="127.0.0.1", help="must be 127.0.0.1: the sim never listens beyond loopback")
     serve.add_argument("--port", type=int, default=0, help="0 = a free port (printed at start)")
-    serve.add_argument("--project", default="respawn-demo")
+    serve.add_argument("--project", default="respawn-local", help="the demo's and the CLI's emulator project")
     serve.add_argument("--notice-seconds", type=float, default=30.0)
     serve.add_argument("--op-delay", type=float, default=0.2)
     serve.add_argument("--boot-command", default=None, help="what each node runs, e.g. 'python -m respawn.agent'")

@@ -528,3 +528,54 @@ def test_advice_scenario(tmp_path):
     [created] = [t for t in out["transitions"] if t["cause"] == "job_created"]
     assert created["details"]["ranked_zones"] == ["us-central1-c", "us-central1-b", "us-central1-a"]
     assert not [t for t in out["transitions"] if t["cause"].startswith("zone_refused")]
+
+
+def test_own_job_kept_for_the_cli(tmp_path):
+    """`respawn demo --job`: a job file of the user's own (examples/jobs/gpu-spot-small.yaml, its trainer.workdir a
+    directory) packed, uploaded and run through the default scenario's two preemptions, its own step count in the
+    summary. With --keep the stand-ins outlive the job: `respawn jobs describe` and `events`, pointed at them by the
+    printed export lines, see it; Ctrl-C then stops every process the demo started."""
+    import select
+    import shlex
+    import signal
+
+    from respawn.workdir import pack
+
+    job = SCENARIOS.parent / "jobs" / "gpu-spot-small.yaml"
+    token = uuid.uuid4().hex
+    with open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "respawn", "demo", "--job", str(job), "--keep", "--json",
+                                 "--no-live", "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=stderr,
+                                text=True, env={**os.environ, "RESPAWN_DEMO_TEST": token})
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 600)  # the summary, once the job has ended
+        line = proc.stdout.readline() if ready else ""
+        said = (tmp_path / "stderr").read_text()
+        assert line.strip(), f"no summary; stderr:\n{said[-4000:]}"
+        out = json.loads(line)
+        exports = dict(shlex.split(x.removeprefix("export "))[0].split("=", 1)
+                       for x in said.splitlines() if x.startswith("export "))
+        assert exports == out["kept"]["env"] and exports["GOOGLE_CLOUD_PROJECT"] == "respawn-local"
+        kept = out["kept"]["pids"]
+        assert kept and not [pid for pid in kept if pid not in leftovers(token)], "--keep stopped the stand-ins"
+        cli = {**os.environ, **exports, "COLUMNS": "200"}
+        described = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "gpu-spot-small"], env=cli,
+                                   capture_output=True, text=True, timeout=120)
+        assert described.returncode == 0, described.stderr
+        doc = yaml.safe_load(described.stdout)
+        assert doc["status"]["state"] == "SUCCEEDED" and doc["status"]["restarts"] == 2
+        # The directory, packed as `respawn jobs register` packs it and uploaded to the storage emulator.
+        assert doc["spec"]["trainer"]["workdir"].endswith(f"/sha256-{pack(job.parent / '../workdir').sha256}.tar.gz")
+        events = subprocess.run([sys.executable, "-m", "respawn", "jobs", "events", "gpu-spot-small"], env=cli,
+                                capture_output=True, text=True, timeout=120)
+        assert events.returncode == 0, events.stderr
+        assert events.stdout.count("recovered") == 2 and "trainer_succeeded" in events.stdout, events.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    said = (tmp_path / "stderr").read_text()
+    assert "demo: stopped everything it started" in said.splitlines()[-1], said[-2000:]
+    assert leftovers(token) == [] and not [pid for pid in kept if os.path.exists(f"/proc/{pid}")]
+    check_common(subprocess.CompletedProcess(proc.args, proc.returncode, line, said), out, tmp_path)
+    assert out["job_id"] == "gpu-spot-small" and out["total_steps"] == 240  # the job's own, not the example's 300
+    assert out["restarts"] == 2 and out["lost_steps"] == 0

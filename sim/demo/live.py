@@ -18,7 +18,7 @@ def _panel(p: Progress) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    step = "-" if p.step is None else f"{p.step}/{p.total_steps}"
+    step = "-" if p.step is None else f"{p.step}/{p.total_steps or '?'}"
     rows = [("job", p.job_id), ("state", p.state), ("zone", p.zone or "-"), ("node", p.node or "-"),
             ("step", step), ("committed", "-" if p.committed is None else str(p.committed)),
             ("restarts", str(p.restarts)), ("live nodes", str(p.live_nodes)), ("Slack alerts", str(p.alerts))]
@@ -63,7 +63,7 @@ class LiveView:
         if key != self._last:
             self._last = key
             print(f"[{p.t:6.1f}s] {p.state:<20} zone={p.zone or '-'} node={p.node or '-'} step={p.step if p.step is not None else '-'}"
-                  f"/{p.total_steps} committed={p.committed if p.committed is not None else '-'} live={p.live_nodes}"
+                  f"/{p.total_steps or '?'} committed={p.committed if p.committed is not None else '-'} live={p.live_nodes}"
                   + (" workers=" + ",".join(f"w{w}:{state}" for w, state, _ in p.workers) if len(p.workers) > 1 else "")
                   + (" members=" + ",".join(f"{node}:{state}" for _, node, state, _ in p.members) if p.members else ""),
                   file=self._stream, flush=True)

@@ -3,10 +3,11 @@
 Starts the Firestore, Pub/Sub and Cloud Storage emulators, the sim (Compute Engine, Cloud TPU, metadata servers,
 the audit-log sink), the real function code served by the Functions Framework behind Pub/Sub push subscriptions, the
 Eventarc and Scheduler bridges and a Slack receiver; publishes the agent zipapp as the build does; packs the example
-workdir (examples/workdir) and uploads it, and registers the scenario's job, as `respawn jobs register --workdir`
-does. Each node boots the real deploy/vm/startup.sh (sim/node_image.py), whose agent downloads the workdir, runs
-the setup command and starts the trainer on the interpreter the spec names. The runner injects what the scenario
-says and ends with a summary and a timeline. Everything it started is stopped on the way out, also on Ctrl-C.
+workdir (examples/workdir, or the trainer.workdir directory of the user's own job file) and uploads it, and
+registers the scenario's job, as `respawn jobs register` does. Each node boots the real deploy/vm/startup.sh
+(sim/node_image.py), whose agent downloads the workdir, runs the setup commands and starts the trainer on the
+interpreter the spec names. The runner injects what the scenario says and ends with a summary and a timeline.
+Everything it started is stopped on the way out, also on Ctrl-C; with keep, not before close().
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ from typing import Any, Callable
 
 from respawn import codestore, contract, deployment, report, schema
 from respawn.timeline import Mark, NodeSpan, Timeline, render_html
-from respawn.workdir import human_bytes, pack
+from respawn.workdir import WorkdirError, human_bytes, pack
 from sim import emulators, netns, node_image
+from sim.demo.jobfile import JobFile
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
 from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, lives, max_live, progress_series, recoveries,
                               serving, summarize, workers_seen)
 from sim.tpu import ENDPOINTS_HOSTNAMES
 
-PROJECT = "respawn-demo"
+# The CLI's project on the emulators: `respawn jobs …` with FIRESTORE_EMULATOR_HOST set and no --project sees the demo.
+PROJECT = codestore.EMULATOR_PROJECT
 REPO = Path(__file__).resolve().parents[2]
 GPU_MACHINE = "g2-standard-8"  # one L4 built in: the sim keys its capacity by the machine type
 TPU_TYPE = "v5litepod-8"
@@ -61,7 +64,7 @@ class Progress:
     node: str | None = None
     step: int | None = None
     committed: int | None = None
-    total_steps: int = 0
+    total_steps: int | None = None  # the job's, as its trainer reports it (None before it does)
     restarts: int = 0
     live_nodes: int = 0
     workers: list[tuple[int, str, int | None]] = field(default_factory=list)  # the node's hosts: worker, state, step
@@ -76,9 +79,12 @@ class Stack:
     def __init__(self, say: Callable[[str], None]):
         self._items: list[tuple[str, Callable[[], None]]] = []
         self._say = say
+        self.pids: list[int] = []  # the process (group leader) each stop ends, where it is one
 
-    def push(self, name: str, stop: Callable[[], None]) -> None:
+    def push(self, name: str, stop: Callable[[], None], pid: int | None = None) -> None:
         self._items.append((name, stop))
+        if pid is not None:
+            self.pids.append(pid)
 
     def close(self) -> None:
         while self._items:
@@ -115,9 +121,15 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None) -> dict[str, Any]:
+# Short enough that a stocked-out zone list recovers within a demo's minute.
+DEMO_PLACEMENT = {"cooldown_seconds": 20, "max_backoff_seconds": 8}
+
+
+def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None, job: JobFile | None = None) -> dict[str, Any]:
     """The job document's spec: the demo's defaults for the scenario's trainer (examples/workdir's train.py after its
-    setup command, on this interpreter), with `sc.job` laid over them."""
+    setup command, on this interpreter), or the user's job file, with `sc.job` laid over them."""
+    if job is not None:
+        return _merge(stand_in_spec(job, sc, checkpoint_dir, workdir), sc.job)
     t = sc.trainer
     command = ["python", "train.py", "--framework", t.framework, "--steps", str(t.steps), "--state-mb",
                str(t.state_mb), "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
@@ -145,10 +157,25 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None) -> 
                     "setup": [["python", "prepare.py", "--framework", t.framework]], "interpreter": sys.executable},
         "checkpoint_uri": checkpoint_dir.resolve().as_uri(),
         "max_failures": 10,
-        # Short enough that a stocked-out zone list recovers within a demo's minute.
-        "placement": {"cooldown_seconds": 20, "max_backoff_seconds": 8},
+        "placement": dict(DEMO_PLACEMENT),
     }
     return _merge(base, sc.job)
+
+
+def stand_in_spec(job: JobFile, sc: Scenario, checkpoint_dir: Path, workdir: str | None) -> dict[str, Any]:
+    """The user's job as written, but for what names real Google Cloud or the image: its checkpoints in a folder of
+    the demo's (the checkpoint bucket is not reachable), the uploaded workdir's URI, the node image's Python (this
+    interpreter), the scenario's zones; the demo's short placement waits where the job sets none."""
+    spec = copy.deepcopy(job.spec)
+    trainer = spec.setdefault("trainer", {})
+    if workdir is not None:
+        trainer["workdir"] = workdir
+    trainer["interpreter"] = sys.executable
+    trainer["env"] = {"PYTHONUNBUFFERED": "1", **(trainer.get("env") or {})}
+    spec["checkpoint_uri"] = checkpoint_dir.resolve().as_uri()
+    spec["zones"] = [z.name for z in sc.zones]
+    spec["placement"] = {**DEMO_PLACEMENT, **(spec.get("placement") or {})}
+    return spec
 
 
 def _document(spec: dict[str, Any]) -> dict[str, Any]:
@@ -207,30 +234,34 @@ def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int,
 
 class DemoRun:
     def __init__(self, sc: Scenario, out_dir: Path, *, on_progress: Callable[[Progress], None],
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], job: JobFile | None = None):
         self.sc = sc
+        self.job = job  # the user's own job file (sim/demo/jobfile.py); None: the demo's example job
         self.out = out_dir.resolve()  # children run elsewhere: every path handed to them must be absolute
         self.on_progress = on_progress
         self.say = say
         self.stack = Stack(say)
         self.env: dict[str, str] = {}
+        self.cli_env: dict[str, str] = {}  # what points `respawn jobs …` in another shell at these stand-ins
         self.partitions: list[dict[str, Any]] = []  # the partition fault as injected, and its recovery
         self.noticed: dict[str, float] = {}  # node → when its preemption (or host error) was injected
+        self.total_steps: int | None = None  # the job's steps: what its trainer reports (the summary's total_steps)
 
     # --- start-up -----------------------------------------------------------------------------------------------
 
     def _emulators(self) -> None:
         self.say("starting the Firestore, Pub/Sub and Cloud Storage emulators")
         fs = emulators.start_firestore(log_dir=self.out)
-        self.stack.push("Firestore emulator", fs.stop)
+        self.stack.push("Firestore emulator", fs.stop, fs.proc.pid)
         ps = emulators.start_pubsub(log_dir=self.out)
-        self.stack.push("Pub/Sub emulator", ps.stop)
+        self.stack.push("Pub/Sub emulator", ps.stop, ps.proc.pid)
         gcs = emulators.start_storage(BUCKET, log_dir=self.out)
-        self.stack.push("Cloud Storage emulator", gcs.stop)
+        self.stack.push("Cloud Storage emulator", gcs.stop, gcs.proc.pid)
         os.environ["FIRESTORE_EMULATOR_HOST"] = fs.host
         os.environ["PUBSUB_EMULATOR_HOST"] = ps.host
         os.environ["STORAGE_EMULATOR_HOST"] = gcs.url  # `respawn jobs register --workdir` uploads through it
         self.env.update(FIRESTORE_EMULATOR_HOST=fs.host, PUBSUB_EMULATOR_HOST=ps.host)
+        self.cli_env.update(self.env, STORAGE_EMULATOR_HOST=gcs.url, GOOGLE_CLOUD_PROJECT=PROJECT)
         self.storage = node_image.Storage(gcs.url, BUCKET)
 
     def _sim(self) -> None:
@@ -319,7 +350,8 @@ class DemoRun:
                 stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**env, "HOME": str(home)}, cwd=REPO,
                 start_new_session=True,
             )
-            self.stack.push(f"function {fn.entry_point}", lambda p=proc, h=handle: (emulators.stop_group(p), h.close()))
+            self.stack.push(f"function {fn.entry_point}", lambda p=proc, h=handle: (emulators.stop_group(p), h.close()),
+                            proc.pid)
             procs.append((fn, port, proc, log))
             urls[fn.entry_point] = f"http://127.0.0.1:{port}/"
         for fn, port, proc, log in procs:
@@ -349,22 +381,43 @@ class DemoRun:
         sweep = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=self.sc.sweep_seconds).start()
         self.stack.push("sweep scheduler", sweep.stop)
 
-    def _upload_workdir(self) -> str:
-        """Pack examples/workdir and put it on the storage emulator, as `respawn jobs register --workdir` does."""
-        packed = pack(WORKDIR)
+    def _upload_workdir(self, directory: Path) -> str:
+        """Pack the directory and put it on the storage emulator, as `respawn jobs register` does."""
+        try:
+            packed = pack(directory)
+        except WorkdirError as exc:
+            raise DemoError(f"cannot pack trainer.workdir: {exc}") from None
+        if warning := packed.size_warning():
+            self.say(warning)
         sent = codestore.upload(packed, f"gs://{BUCKET}/demo", PROJECT)
-        self.say(f"packed {WORKDIR.relative_to(REPO)} ({packed.files} files, {human_bytes(packed.size)}) and "
-                 f"uploaded it: trainer.workdir = {sent.uri}")
+        shown = directory.relative_to(REPO) if directory.is_relative_to(REPO) else directory
+        self.say(f"packed {shown} ({packed.files} files, {human_bytes(packed.size)}) and uploaded it: "
+                 f"trainer.workdir = {sent.uri}")
         return sent.uri
 
     # --- the run ------------------------------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self, keep: bool = False) -> dict[str, Any]:
+        """The job from registration to its end, and its summary. Everything started is stopped before this returns
+        or raises; with `keep`, after a run that ends, only by close()."""
+        kept = False
         try:
-            return self._run()
+            result = self._run()
+            kept = keep
+            return result
         finally:
-            self.say("stopping everything the demo started")
-            self.stack.close()
+            if not kept:
+                self.say("stopping everything the demo started")
+                self.close()
+
+    def pids(self) -> list[int]:
+        """The processes the demo started that run now, each to be stopped by its PID: the emulators, the functions
+        and the nodes (the sim, the bridges and the Slack receiver are threads of this process)."""
+        nodes = [n["pid"] for n in self.sim.live_nodes() if n.get("pid")] if hasattr(self, "sim") else []
+        return [*self.stack.pids, *nodes]
+
+    def close(self) -> None:
+        self.stack.close()
 
     def _run(self) -> dict[str, Any]:
         from google.cloud import firestore
@@ -378,7 +431,11 @@ class DemoRun:
         urls = self._functions()
         self._bridges(urls)
 
-        spec = job_spec(sc, self.out / "checkpoints", self._upload_workdir())
+        directory = self.job.workdir if self.job is not None else WORKDIR
+        spec = job_spec(sc, self.out / "checkpoints", directory and self._upload_workdir(directory), self.job)
+        if self.job is not None:
+            self.say(f"{self.job.path.name} on the stand-ins: checkpoint_uri {spec['checkpoint_uri']}, "
+                     f"trainer.interpreter {sys.executable}, zones {', '.join(spec['zones'])}")
         job_id = spec["id"]
         key = capacity_key(spec)
         for zone in sc.zones:
@@ -399,7 +456,7 @@ class DemoRun:
         t0 = time.monotonic()
         JobStore(db).register(job_id, _document(spec), source=f"scenario {sc.name}")
 
-        progress = Progress(scenario=sc.name, job_id=job_id, total_steps=sc.trainer.steps)
+        progress = Progress(scenario=sc.name, job_id=job_id)
         samples: list[HeartbeatSample] = []
         marks: list[Mark] = []
         seen_events: set[str] = set()
@@ -430,6 +487,8 @@ class DemoRun:
                     state=str(hb.get("state")), step=hb.get("step"), committed_step=hb.get("committed_step"),
                     resumed_from=hb.get("resumed_from"), worker=worker, generation=hb.get("generation"),
                 ))
+                if isinstance(hb.get("total_steps"), int):  # the trainer's own total, as its status file says
+                    self.total_steps = hb["total_steps"]
             self._run_ends(beats, status, now, marks)
             hosts = beats.get(status.node or "") or {}
             current = hosts.get(0) or {}
@@ -465,7 +524,7 @@ class DemoRun:
                                 self.say(f"capacity of {z.name} {when}: {change.count if change.count is not None else 'unlimited'}")
 
             self._partition(status, beats, now, marks)
-            progress.t, progress.state = now, status.state.value
+            progress.t, progress.state, progress.total_steps = now, status.state.value, self.total_steps
             progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts
             progress.step, progress.committed = current.get("step"), current.get("committed_step")
             progress.live_nodes, progress.alerts = len(live), len(self.slack.payloads)
@@ -480,6 +539,14 @@ class DemoRun:
             time.sleep(0.25)
 
         wall = time.monotonic() - t0
+        if pending:
+            self.say(f"the job ended before {len(pending)} of the scenario's preemptions ("
+                     + ", ".join(f"at step {p.at_step}" if p.at_step is not None else f"at {p.at_seconds:g} s"
+                                 for p in pending) + ")")
+        if self.total_steps is None:
+            self.total_steps = status.total_steps
+        if self.total_steps is None and self.job is None:  # the demo's example: its command's --steps
+            self.total_steps = sc.trainer.steps
         self._drain_alerts(job_id, status.state)
         transitions += self._new_events(job_ref, seen_events, progress, marks, wall)
         result = self._finish(job_id, status, samples, marks, sim_t0, wall)
@@ -617,7 +684,7 @@ class DemoRun:
                                       workers=len(hosts.get(h["name"]) or [0])))
         alerts = [p.get("text", "") for p in self.slack.payloads]
         notices = sorted({m.t for m in marks if m.kind == "notice"})  # one moment may hit several nodes
-        rec = RunRecord(job_id=job_id, total_steps=self.sc.trainer.steps, wall_seconds=wall, state=status.state.value,
+        rec = RunRecord(job_id=job_id, total_steps=self.total_steps, wall_seconds=wall, state=status.state.value,
                         restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts, notices=notices,
                         noticed=self.noticed)
         result = summarize(rec)
@@ -649,7 +716,7 @@ class DemoRun:
             downtime.insert(0, (0.0, ordered[0].first_t))
         timeline = Timeline(title=f"respawn demo: {self.sc.name}", wall_seconds=wall, zones=[z.name for z in self.sc.zones],
                             nodes=spans, marks=marks, downtime=downtime, progress=progress_series(samples),
-                            total_steps=self.sc.trainer.steps,
+                            total_steps=self.total_steps or 0,
                             summary={k: v for k, v in result.items() if k != "alerts"})
         (self.out / "timeline.html").write_text(render_html(timeline))
         result["expected_state"] = self.sc.expect.state.value

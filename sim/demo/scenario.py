@@ -1,7 +1,9 @@
 """Demo scenarios: what `respawn demo --scenario FILE` runs, validated strictly (a typo is an error).
 
 A scenario names the zones and their capacity timelines, the job (its spec, valid or deliberately invalid), the
-trainer, what to inject (preemptions, host errors, faults) and the state the job must end in.
+trainer, what to inject (preemptions, host errors, faults) and the state the job must end in. Instead of the demo's
+example job and trainer, it may name a job spec file of the user's own (`job_file`, or `respawn demo --job`), whose
+own trainer then runs (sim/demo/jobfile.py).
 """
 
 from __future__ import annotations
@@ -152,8 +154,13 @@ class Scenario(_Strict):
     tpu_endpoints: Literal[ENDPOINT_FORMATS] = Field(  # type: ignore[valid-type]
         default=ENDPOINTS_HOSTNAMES, description="the format of a TPU worker's worker-network-endpoints: the workers' "
         "hostnames or name:uid:IP triples")
-    job: dict[str, Any] = Field(default_factory=dict, description="job spec fields laid over the demo's default spec")
-    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    job_file: str | None = Field(default=None, description="a job spec file (YAML or JSON, relative to this scenario "
+                                 "file) whose own trainer runs instead of the demo's example: its trainer.workdir "
+                                 "directory, setup and command; default zones: the job's")
+    job: dict[str, Any] = Field(default_factory=dict, description="job spec fields laid over the demo's default spec "
+                                "(or over job_file's)")
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings, description="the demo's example trainer (not "
+                                     "with job_file: the job's own command runs)")
     preemptions: list[Preemption] = Field(default_factory=list)
     faults: Faults = Field(default_factory=Faults)
     notice_seconds: float = Field(default=6, gt=0, le=120, description="the sim's notice window (30 s on GCE)")
@@ -172,11 +179,22 @@ class Scenario(_Strict):
     def _budget_fits_notice(self) -> Scenario:
         if self.notice_budget_seconds >= self.notice_seconds:
             raise ValueError("notice_budget_seconds must be shorter than notice_seconds, to leave time to exit")
-        if "tpu_endpoints" in self.model_fields_set and self.accelerator != "tpu":
-            raise ValueError("tpu_endpoints is the format of a TPU worker's metadata: it needs accelerator: tpu")
+        if self.job_file is not None:  # the job file's own fields decide the rest: checked by with_job_file
+            if self.model_fields_set & {"trainer", "accelerator"}:
+                raise ValueError("trainer and accelerator describe the demo's example job: with job_file the job's "
+                                 "own command and accelerator run; remove them")
+            return self
         nodes = self.job.get("nodes", 1)
         if nodes != 1 and self.trainer.framework != "torch":
             raise ValueError("a job of several nodes runs torch DDP under torchrun: set trainer.framework: torch")
+        self.check_job_fits(nodes, self.accelerator)
+        return self
+
+    def check_job_fits(self, nodes: Any, accelerator: str) -> None:
+        """What the injections and faults need of the job: member slots below its node count, a TPU for
+        tpu_endpoints. Raises ValueError."""
+        if "tpu_endpoints" in self.model_fields_set and accelerator != "tpu":
+            raise ValueError("tpu_endpoints is the format of a TPU worker's metadata: it needs a TPU job")
         if any(not (isinstance(nodes, int) and i < nodes) for p in self.preemptions for i in p.targets()):
             raise ValueError(f"a preemption's slots must be below job.nodes ({nodes})")
         part = self.faults.partition
@@ -185,7 +203,6 @@ class Scenario(_Strict):
                              f"below job.nodes ({nodes})")
         if part is not None and not self.progress_timeout_seconds:
             raise ValueError("a partition is noticed by the stall rule: set progress_timeout_seconds")
-        return self
 
 
 class ScenarioError(ValueError):
@@ -210,7 +227,10 @@ def load_scenario(path: Path) -> Scenario:
         raise ScenarioError(str(path), [f"cannot read: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:
         raise ScenarioError(str(path), [f"not valid YAML: {exc}"]) from None
-    return parse_scenario(data, str(path))
+    sc = parse_scenario(data, str(path))
+    if sc.job_file is not None:  # relative to the scenario file, as a job file's workdir is to the job file
+        sc = sc.model_copy(update={"job_file": str((path.parent / sc.job_file).resolve())})
+    return sc
 
 
 def default_scenario() -> Scenario:

@@ -48,7 +48,7 @@ class Life:
 @dataclass
 class RunRecord:
     job_id: str
-    total_steps: int
+    total_steps: int | None  # the job's, as its trainer reported it; None when it never did
     wall_seconds: float
     state: str
     restarts: int
