@@ -167,8 +167,9 @@ class ShardedManager(CheckpointManager):
 
     def _commit_here(self, step: int, manifest: dict, control: fmt.WriteControl) -> None:
         step_dir = self.local.step_dir(step)
+        tops = {name.split("/", 1)[0] for name in manifest["files"]}  # a framework's files may sit in folders
         for name in os.listdir(step_dir):  # leftovers of an earlier attempt at this step
-            if name not in manifest["files"]:
+            if name not in tops:
                 path = os.path.join(step_dir, name)
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         for name, want in manifest["files"].items():  # the others wrote into this directory: it must be one

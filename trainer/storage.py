@@ -171,7 +171,9 @@ class LocalStore(_Store):
         os.makedirs(dst, exist_ok=True)
 
         def copy(name):
-            with open(os.path.join(src_dir, name), "rb") as s, open(os.path.join(dst, name), "wb") as d:
+            target = os.path.join(dst, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)  # a framework's step may hold folders
+            with open(os.path.join(src_dir, name), "rb") as s, open(target, "wb") as d:
                 shutil.copyfileobj(s, d, fmt.CHUNK)
                 d.flush()
                 os.fsync(d.fileno())
@@ -393,7 +395,9 @@ class _FileSink:
     def __init__(self, step_dir: str, sizes: dict[str, int]) -> None:
         self._fds = {}
         for name, size in sizes.items():
-            fd = self._fds[name] = os.open(os.path.join(step_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            path = os.path.join(step_dir, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # a framework's step may hold folders
+            fd = self._fds[name] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.ftruncate(fd, size)
 
     def writer(self, name: str, offset: int):
