@@ -10,9 +10,15 @@ import os
 
 import pytest
 
+import system_packages
 from sim import emulators
 
 PROJECT = "respawn-test"
+
+
+def pytest_sessionstart(session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, once, before xdist's workers start
+        system_packages.install_missing()
 
 
 def _start(kind: str):
