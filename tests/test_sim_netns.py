@@ -139,8 +139,9 @@ GUEST = textwrap.dedent("""
     host, port = os.environ["ECHO_HOST"].rsplit(":", 1)
     echo = socket.create_connection((host, int(port)), timeout=10).recv(100).decode()
     s = socket.create_server(("0.0.0.0", 7000))
-    with open("guest.json", "w") as f:
+    with open("guest.json.tmp", "w") as f:  # renamed once complete: the test reads it the moment it exists
         json.dump({"name": name, "echo": echo, "echo_host": os.environ["ECHO_HOST"]}, f)
+    os.replace("guest.json.tmp", "guest.json")
     while True:
         c, _ = s.accept(); c.sendall(("hello from " + name).encode()); c.close()
 """)
@@ -241,6 +242,9 @@ SLICE_GUEST = textwrap.dedent("""
     # A TPU worker's guest: resolves every worker its metadata lists; worker 0 serves on its own name (as JAX's
     # coordinator binds the address it is known by), the others connect to worker 0 by the name listed.
     import json, os, socket, time, urllib.request
+    def report(seen):  # renamed once complete: the test reads it the moment it exists
+        open("guest.json.tmp", "w").write(json.dumps(seen))
+        os.replace("guest.json.tmp", "guest.json")
     def md(path):
         req = urllib.request.Request(f"http://{os.environ['GCE_METADATA_HOST']}/computeMetadata/v1/{path}",
                                      headers={"Metadata-Flavor": "Google"})
@@ -250,7 +254,7 @@ SLICE_GUEST = textwrap.dedent("""
     seen = {"worker": worker, "names": names, "resolved": [socket.gethostbyname(n) for n in names]}
     if worker == 0:
         s = socket.create_server((names[0], 7000))
-        open("guest.json", "w").write(json.dumps(seen))
+        report(seen)
         while True:
             c, _ = s.accept(); c.sendall(b"worker 0"); c.close()
     for _ in range(100):
@@ -259,7 +263,7 @@ SLICE_GUEST = textwrap.dedent("""
             break
         except OSError:
             time.sleep(0.2)
-    open("guest.json", "w").write(json.dumps(seen))
+    report(seen)
 """)
 
 
