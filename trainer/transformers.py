@@ -1,0 +1,208 @@
+"""The Hugging Face Transformers `Trainer` under Respawn: the notice on every rank, one agreed stop step, the Trainer's
+own checkpoint committed with Respawn's protocol and resumed from. Two lines in the user's script:
+
+    from respawn.ckpt.transformers import resume_path
+    trainer.train(resume_from_checkpoint=resume_path(trainer))
+
+resume_path(trainer) adds a RespawnCallback to the trainer (unless `callbacks=[RespawnCallback()]` put one there),
+installs the SIGTERM flag handler, and returns the newest committed checkpoint that verifies (a `checkpoint-N`
+folder the Trainer reads unchanged) or None. Then, at every optimizer step's end (on_step_end, before the Trainer's
+own _maybe_log_save_evaluate): every rank agrees whether any has seen the notice; if so, every rank writes the
+Trainer's checkpoint of that step (Trainer._save_checkpoint into Respawn's step directory), the step is committed
+(respawn.ckpt.framework_files) and uploaded, and the process exits 75. A `save_steps` (or epoch) save is taken
+from the Trainer the same way: the model, optimizer and scheduler state are copied in memory on the training
+thread, and the Trainer's own code writes its files from that copy on the save's thread, where the checksums, the
+commit and the upload run too.
+
+Written as `respawn.ckpt.transformers`: `import transformers` below is the library (absolute imports only).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import types
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
+
+from . import _log
+from .distributed import current_job
+from .framework_files import Files, FilesManager
+
+FRAMEWORK = "transformers"
+
+
+class RespawnCallback(TrainerCallback):
+    """Respawn's notice, agreed stop step and commit for a `Trainer`. manager: a FilesManager(framework=
+    "transformers") of your own; by default FilesManager.from_env (the RESPAWN_* variables a node sets; by hand,
+    ./respawn-checkpoints). Attach it with resume_path(trainer) before trainer.train()."""
+
+    def __init__(self, manager: FilesManager | None = None) -> None:
+        self.manager = manager
+        self.trainer: Trainer | None = None
+        self.job = None
+        self._model_buffers: dict[str, torch.Tensor] | None = None
+
+    # ---- before train() ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def resume_path(trainer: Trainer) -> str | None:
+        """See resume_path()."""
+        found = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, RespawnCallback)]
+        callback = found[0] if found else RespawnCallback()
+        if not found:
+            trainer.add_callback(callback)
+        return callback.attach(trainer)
+
+    def attach(self, trainer: Trainer) -> str | None:
+        """Collective (every rank, in the same order): the manager, the agreement's group, the notice handler and
+        the restore. Returns the checkpoint folder to resume from, or None."""
+        self.trainer = trainer
+        args = trainer.args
+        if self.manager is None:
+            self.manager = FilesManager.from_env(
+                framework=FRAMEWORK, total_steps=args.max_steps if args.max_steps > 0 else None,
+                **({"keep": args.save_total_limit} if args.save_total_limit else {}))
+        self.job = current_job({})
+        jit = [cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ == "JITCheckpointCallback"]
+        for cb in jit:  # its SIGTERM handler saves after a fixed wait, on one rank's own step: ours replaces it
+            trainer.remove_callback(cb)
+        if jit:
+            _log.warning("enable_jit_checkpoint is replaced by Respawn's notice: every rank stops at one agreed "
+                         "step and the checkpoint is committed; leave enable_jit_checkpoint off")
+        self.manager.install_notice_handler()
+        _log.info("checkpoints", dir=self.manager.where(), framework=FRAMEWORK)
+        restored = self.manager.restore()
+        if restored is None:
+            return None
+        step, step_dir = restored
+        return os.path.join(step_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+
+    # ---- the Trainer's events -----------------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        if self.trainer is None:
+            raise RuntimeError("RespawnCallback is not attached: call trainer.train(resume_from_checkpoint="
+                               "resume_path(trainer)) (respawn.ckpt.transformers.resume_path)")
+        dataset = getattr(self.trainer, "train_dataset", None)
+        if args.ignore_data_skip:
+            _log.warning("ignore_data_skip=True: a resumed run starts its epoch's data from the beginning, not where "
+                         "the checkpoint stopped; leave it False for an exact resume")
+        elif isinstance(dataset, torch.utils.data.IterableDataset):
+            _log.warning("the training data is an IterableDataset: a resumed run skips the epoch's consumed batches "
+                         "by reading them again, exact only if the dataset yields the same batches every pass; use a "
+                         "map-style Dataset for an exact resume")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step, mgr = state.global_step, self.manager
+        mgr.report_step(step)
+        if self.job.agree_notice(mgr) if self.job is not None else mgr.preemption_requested:
+            control.should_save = control.should_evaluate = False  # the Trainer's own save would be a second one
+            outcome = mgr.emergency_save(step, Files(now=self._save_checkpoint))
+            _log.info(f"preempted at step {step}; emergency checkpoint {outcome.state.value}", step=step,
+                      rank=args.process_index)
+            mgr.exit_preempted()
+        self._take_save(args, state, control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._take_save(args, state, control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.manager.finish(state.global_step)  # the last save committed and uploaded before train() returns
+
+    # ---- saves ------------------------------------------------------------------------------------------------
+
+    def _take_save(self, args, state, control) -> None:
+        """A save the Trainer's schedule asks for (steps, epoch), committed by Respawn instead; a save on the best
+        metric is decided after evaluation and stays the Trainer's own (into output_dir, not committed)."""
+        if not control.should_save or args.save_strategy not in (SaveStrategy.STEPS, SaveStrategy.EPOCH):
+            return
+        control.should_save = False
+        final = state.global_step >= state.max_steps
+        self.manager.save(state.global_step, self._periodic_files(), kind="final" if final else "periodic")
+
+    def _save_checkpoint(self, step_dir: str, trainer: Trainer | None = None) -> None:
+        """The Trainer's own checkpoint, written by its own code into step_dir/checkpoint-N (every rank: its
+        collectives and per-rank files included)."""
+        trainer = trainer or self.trainer
+        trainer._get_output_dir = lambda trial=None: step_dir  # this call only; the run's output_dir is untouched
+        try:
+            trainer._save_checkpoint(trainer.model_wrapped, trial=None)
+        finally:
+            del trainer._get_output_dir
+
+    def _snapshot_ok(self) -> bool:
+        """Whether the Trainer's files can be written from an in-memory copy on the save's thread: state that one
+        process holds whole (single process, DDP). FSDP, DeepSpeed, XLA and a model sharded at load time gather
+        inside the save (collectives), Hub pushes and best-model tracking read live state: those save on the
+        training thread."""
+        t = self.trainer
+        return not (t.is_fsdp_enabled or t.is_deepspeed_enabled or getattr(t, "is_fsdp_xla_enabled", False)
+                    or t.is_distributed_loading_by_transformers or t.args.push_to_hub
+                    or t.state.best_global_step or type(t)._save_checkpoint is not Trainer._save_checkpoint)
+
+    def _periodic_files(self) -> Files:
+        if not self._snapshot_ok():
+            return Files(now=self._save_checkpoint)
+        trainer, snap = self.trainer, {}
+
+        def now(step_dir: str) -> None:
+            folder = os.path.join(step_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
+            trainer.store_flos()  # a collective under DDP: here, as the Trainer's own save does
+            trainer._save_rng_state(folder)  # every rank's RNG now, not when the save's thread gets to it
+            trainer._save_scaler(folder)
+            if trainer.args.should_save:
+                snap["trainer"] = self._frozen_trainer()
+
+        def later(step_dir: str) -> None:
+            if "trainer" in snap:
+                self._save_checkpoint(step_dir, snap.pop("trainer"))
+
+        return Files(now=now, later=later)
+
+    def _frozen_trainer(self) -> Trainer:
+        """A shallow copy of the trainer whose model weights, optimizer, scheduler, state and stateful callbacks are
+        copies taken now: its _save_checkpoint writes the Trainer's files as of this step, on any thread. The model
+        weights go into buffers reused from save to save (a save waits for the previous one first)."""
+        t = self.trainer
+        weights = t.model.state_dict()
+        if self._model_buffers is None or self._model_buffers.keys() != weights.keys():
+            by_storage: dict[Any, torch.Tensor] = {}  # tied weights stay one tensor: save_pretrained drops aliases
+            self._model_buffers = {name: by_storage.setdefault((v.untyped_storage().data_ptr(), v.storage_offset(),
+                                                                v.shape), torch.empty_like(v))
+                                   for name, v in weights.items()}
+        with torch.no_grad():
+            for name, v in weights.items():
+                self._model_buffers[name].copy_(v)
+        frozen = copy.copy(t)
+        frozen.optimizer = _Saved(copy.deepcopy(t.optimizer.state_dict()))
+        frozen.lr_scheduler = _Saved(copy.deepcopy(t.lr_scheduler.state_dict()))
+        frozen.state = copy.deepcopy(t.state)
+        frozen.control = copy.deepcopy(t.control)
+        frozen.callback_handler = types.SimpleNamespace(callbacks=[
+            copy.deepcopy(cb) for cb in t.callback_handler.callbacks if isinstance(cb, ExportableState)])
+        buffers = dict(self._model_buffers)
+        frozen.save_model = lambda output_dir=None, _internal_call=False: t._save(output_dir, state_dict=buffers)
+        frozen.store_flos = frozen._save_rng_state = frozen._save_scaler = lambda *a, **k: None  # done in `now`
+        return frozen
+
+
+class _Saved:
+    """An optimizer's or scheduler's state_dict() as it was when copied."""
+
+    def __init__(self, state: dict) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict:
+        return self._state
+
+
+def resume_path(trainer: Trainer) -> str | None:
+    """Put `trainer` under Respawn (a RespawnCallback, unless it has one) and return the checkpoint to resume from:
+    the newest committed step that verifies, local disk first, then the job's checkpoint_uri; None when there is
+    none. Call it on every rank, after the Trainer is built: trainer.train(resume_from_checkpoint=resume_path(trainer))."""
+    return RespawnCallback.resume_path(trainer)
