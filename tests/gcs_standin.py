@@ -96,6 +96,9 @@ def main() -> None:
                     return
             self._answer(args.upload, "")
 
+        def do_DELETE(self) -> None:  # a write too: answered as uploads are
+            self._answer(args.upload, "")
+
         def _log_line(self) -> None:
             if args.log:
                 piece = self.headers.get("Content-Range")

@@ -31,6 +31,17 @@ from . import _log, distributed
 from .manager import CheckpointManager, Manager, SaveOutcome
 from .objects import accessors, capture_rng, like, restore_rng
 
+# The one switch for a fresh start: RESPAWN_FRESH=1 deletes the checkpoints in the run's folder (local and remote)
+# before the restore, so the run trains from step 0. For runs by hand: under the node agent it is ignored (a job's
+# restarts must resume; give the job another checkpoint_uri instead).
+ENV_FRESH = "RESPAWN_FRESH"
+
+
+class CheckpointError(SystemExit):
+    """This run cannot go on with the checkpoints it found or the store it was given (a checkpoint that does not fit
+    the objects, one past total_steps, a store its first save could not write): a SystemExit whose code is a
+    one-line message naming the folder and what to do; uncaught, Python prints it and the process exits 1."""
+
 
 class Preempted(SystemExit):
     """Raised at the step boundary after the emergency save that a preemption notice asked for. A SystemExit
@@ -104,6 +115,8 @@ class TrainingLoop:
         if self._entered:
             raise RuntimeError("a TrainingLoop is entered once")
         self._entered = True
+        if self._first_rank:
+            _log.info(f"checkpoints: {self.manager.where()}")
         if self.signals:
             self._previous_handlers = self.manager.install_notice_handler(self.signals) or {}
         if self._on_rejoin is not None and self._previous_handlers:
@@ -146,13 +159,35 @@ class TrainingLoop:
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         self._previous_handlers = {}
 
+    @property
+    def _first_rank(self) -> bool:
+        return self._job is None or self._job.rank == 0
+
+    def _start_fresh(self) -> None:
+        """RESPAWN_FRESH=1: the first rank deletes every checkpoint of the folder before anyone restores."""
+        if os.environ.get(ENV_FRESH) != "1":
+            return
+        if os.environ.get(contract.ENV_JOB_ID):
+            _log.warning(f"{ENV_FRESH}=1 ignored under the node agent: a job's restarts resume; give the job "
+                         "another checkpoint_uri to start over")
+            return
+        if self._first_rank:
+            removed = self.manager.discard_checkpoints()
+            _log.warning(f"{ENV_FRESH}=1: starting from step 0; deleted {len(removed)} checkpoint step(s) in "
+                         f"{self.manager.where()} (unset {ENV_FRESH} for the next run, or it deletes this run's too)",
+                         removed=removed)
+
     def _restore(self) -> None:
+        self._start_fresh()
         # The objects' own tensors receive the restored bytes (no second copy of the state in memory).
         live = self._capture()
         restored = self.manager.restore(like=live) if self._job is None else self._job.restore(self.manager, like=live)
         self._load(restored)
         if restored is not None:
             self.start = self.step = restored[0]
+            if self.start == self.total_steps and self._first_rank:
+                _log.warning(f"the run is already complete at step {self.start} in {self.manager.where()}: nothing to "
+                             f"train; to train again from step 0, run with {ENV_FRESH}=1 (deletes its checkpoints)")
         if self._writes and self.every and (self.start // self.every + 1) * self.every < self.total_steps:
             self.manager.prepare_snapshot(self._capture())  # buffers for the periodic saves, off the loop
         _log.info("training loop", start=self.start, total_steps=self.total_steps, every=self.every,
@@ -162,18 +197,30 @@ class TrainingLoop:
         """Load a restored step into the objects (a step held already comes as (step, None): nothing to load)."""
         if restored is not None and restored[1] is not None:
             step, ckpt = restored
+            fresh = f"to start fresh, run with {ENV_FRESH}=1 (deletes the checkpoints there)"
+            if step > self.total_steps:
+                raise CheckpointError(
+                    f"respawn.ckpt: the checkpoint of step {step} in {self.manager.where()} is past total_steps="
+                    f"{self.total_steps} (the run that wrote it went further): pass total_steps >= {step} to go on "
+                    f"from it, or {fresh}")
             wanted = list(self._objects) + (["state"] if self._has_state else [])
             missing = [k for k in wanted if not isinstance(ckpt, dict) or k not in ckpt]
             if missing:
                 held = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
-                raise ValueError(f"checkpoint of step {step} has no {missing} (it holds {held}); the keyword "
-                                 "names given to TrainingLoop are the checkpoint's keys")
-            if step > self.total_steps:
-                raise ValueError(f"checkpoint of step {step} is past total_steps={self.total_steps}")
-            for name, (_, load) in self._objects.items():
-                load(ckpt[name])
+                raise CheckpointError(
+                    f"respawn.ckpt: the checkpoint of step {step} in {self.manager.where()} has no {missing} (it holds "
+                    f"{held}; the keyword names given to TrainingLoop are the checkpoint's keys): {fresh}")
+            loads = [(name, load) for name, (_, load) in self._objects.items()]
             if self._has_state:
-                self.state = like(ckpt["state"], self.state)
+                loads.append(("state", lambda saved: setattr(self, "state", like(saved, self.state))))
+            for name, load in loads:
+                try:
+                    load(ckpt[name])
+                except Exception as exc:  # noqa: BLE001 - any refusal of the saved state: one line, not a traceback
+                    raise CheckpointError(
+                        f"respawn.ckpt: the checkpoint of step {step} in {self.manager.where()} does not fit {name}= "
+                        f"({_one_line(f'{type(exc).__name__}: {exc}')}); it was written for another model or setup: "
+                        f"{fresh}, or give this run another checkpoint folder") from exc
             if self.rng and "rng" in ckpt:
                 restore_rng(ckpt["rng"])
 
@@ -214,6 +261,8 @@ class TrainingLoop:
             step += 1
             self.step = step
             mgr.report_step(step)  # rate-limited status file update
+            if mgr.store_error is not None:  # this run's first save could not write its store
+                raise self._unwritable(mgr.store_error)
             if first:  # when this life's training really began (the boot benchmark reads it, bench/boot.py)
                 _log.info("first step done", step=step, seconds=round(time.monotonic() - began, 3))
                 first = False
@@ -223,9 +272,17 @@ class TrainingLoop:
                 mgr.save(step, self._capture())  # blocks for the snapshot only
         self.final = self._save(total, lambda: mgr.save(total, self._capture(), blocking=True), "periodic")
         mgr.finish(total)
+        if mgr.store_error is not None:
+            raise self._unwritable(mgr.store_error)
         if self.final is None or not self.final.committed:
             why = f"{self.final.state.value}: {self.final.reason}" if self.final else "the save thread died"
             raise RuntimeError(f"the final checkpoint (step {total}) was not committed: {why}")
+
+    def _unwritable(self, error: str) -> CheckpointError:
+        return CheckpointError(f"respawn.ckpt: the first checkpoint of this run could not be written to "
+                               f"{_one_line(error)}; "
+                               "check the store's credentials, permissions and space (or give another checkpoint "
+                               "folder): without it a restart would lose every step")
 
     def _stop(self, step: int) -> int:
         """The agreed stop at step boundary `step`: the emergency save (every rank waits for rank 0's outcome within
@@ -269,3 +326,9 @@ class TrainingLoop:
         if not self._writes:
             self.manager.note_outcome(outcome, kind)
         return outcome
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """An error's text on one line (a library's message may span several), cut at `limit` characters."""
+    text = "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    return text if len(text) <= limit else text[:limit] + "..."

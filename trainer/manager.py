@@ -76,6 +76,7 @@ class Manager(Protocol):
     calls it and all get the same step, loaded into `like` (the objects restored in place) for DCP."""
 
     status: StatusWriter
+    store_error: str | None  # set when this run's first save could not write a store (the loop then stops)
 
     @property
     def preemption_requested(self) -> bool: ...
@@ -91,6 +92,8 @@ class Manager(Protocol):
     def note_outcome(self, outcome: SaveOutcome, kind: str) -> None: ...
     def finish(self, step: int) -> None: ...
     def close(self) -> None: ...
+    def where(self) -> str: ...
+    def discard_checkpoints(self) -> list[str]: ...
     def restore(self, step: int | None = None, like: Any = None) -> tuple[int, Any] | None: ...
 
 
@@ -137,6 +140,11 @@ class CheckpointManager:
         self._notice_logged = False
         self._step = 0
         self.last_error: str | None = None
+        # Until one save reaches every store, a failed write or upload says the store cannot be written at all (no
+        # credentials, no such bucket, a read-only directory): "STORE: error", which TrainingLoop stops the run on.
+        # After that a failure may be passing, and training goes on (the next save tries again).
+        self.store_error: str | None = None
+        self._saved = False
         if install_signal_handler:
             self.install_notice_handler()
         self.status.update()
@@ -294,8 +302,10 @@ class CheckpointManager:
             self.last_error = f"{type(exc).__name__}: {exc}"
             _log.error("checkpoint failed (if this is an OSError: check space and permissions of the local checkpoint dir)",
                        step=step, kind=kind, dir=self.local.root, error=self.last_error)
+            self._store_failed(self.local.uri, self.last_error)
             return SaveOutcome(SaveState.FAILED, step, reason=self.last_error)
         self._kinds[(self.local.uri, step)] = kind
+        self._saved = self._saved or self.remote is None
         local_s = time.monotonic() - started
         self._committed(step, kind, durable_here)
         _log.info("checkpoint committed", step=step, kind=kind, durable=durable_here, bytes=manifest["total_bytes"],
@@ -323,12 +333,33 @@ class CheckpointManager:
             _log.error("upload failed; the checkpoint is durable on local disk only; check the bucket and "
                        "credentials (respawn.ckpt.upload_pending retries later)", step=step, remote=self.remote.uri,
                        error=self.last_error)
+            self._store_failed(self.remote.uri, self.last_error)
             return "local", f"upload: {self.last_error}"
         self._remote_committed.add(step)
+        self._saved = True
         self._kinds[(self.remote.uri, step)] = kind
         self._committed(step, kind, "remote")
         _log.info("checkpoint uploaded", step=step, kind=kind, remote=self.remote.uri)
         return "remote", None
+
+    def _store_failed(self, store: str, error: str) -> None:
+        if not self._saved and self.store_error is None:
+            self.store_error = f"{store}: {error}"
+
+    def where(self) -> str:
+        """The checkpoint folder in use, as a person reads it: the local directory, and the remote store if any."""
+        return self.local.root + (f" (remote: {self.remote.uri})" if self.remote is not None else "")
+
+    def discard_checkpoints(self) -> list[str]:
+        """Delete every step, committed or not, in the local directory and the remote store: a fresh start
+        (TrainingLoop with RESPAWN_FRESH=1). Returns "STORE#STEP" for each step removed."""
+        removed = []
+        for store in [self.local] + ([self.remote] if self.remote is not None else []):
+            for step in sorted(store.steps()):
+                store.delete_step(step)
+                removed.append(f"{store.uri}#{step}")
+        self._remote_committed.clear()
+        return removed
 
     def emergency_save(self, step: int, state: Any) -> SaveOutcome:
         """Save `state` as step `step` within the notice deadline. Returns the outcome and records it in the
