@@ -285,7 +285,7 @@ def test_multi_node_scenario(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
                                   "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8", "tpu-slice",
-                                  "tpu-slice-triples", "tpu-queued"])
+                                  "tpu-slice-triples", "tpu-queued", "reservation"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
@@ -335,6 +335,16 @@ def test_scenario(tmp_path, name):
         assert out["max_queued_resources"] == 1 and out["queued_resources_left"] == 0
     if name == "tpu-queued":
         assert out["zones"] == [z.name for z in sc.zones]  # asked again, in the next zone
+    if name == "reservation":
+        # The reservation full: one refusal of it alone moves the node to Spot in the same zone; the preemption's
+        # next round starts at the reservation again, which serves by then (issue #34 item 1).
+        steps = [(t["to"], t["cause"], t["details"].get("provisioning")) for t in out["transitions"]
+                 if t["details"].get("provisioning")]
+        assert steps[:2] == [("PROVISIONING", "job_created", "reservation"), ("PROVISIONING", "zone_refused", "spot")]
+        [recovered] = [a for a in out["alerts"] if "recovered" in a]
+        assert steps[-1][2] == "reservation" and "preemptions: 1" in recovered
+        assert out["provisioning"] == ["spot", "reservation"] and out["zones"] == ["us-central1-a"]
+        assert "WAITING_FOR_CAPACITY" not in states
     if name == "all-zones-stocked-out":
         assert "WAITING_FOR_CAPACITY" in states
     if name == "dropped-event":
@@ -579,3 +589,37 @@ def test_own_job_kept_for_the_cli(tmp_path):
     check_common(subprocess.CompletedProcess(proc.args, proc.returncode, line, said), out, tmp_path)
     assert out["job_id"] == "gpu-spot-small" and out["total_steps"] == 240  # the job's own, not the example's 300
     assert out["restarts"] == 2 and out["lost_steps"] == 0
+
+
+def test_a_scenario_names_a_job_file_of_its_own(tmp_path):
+    """A scenario's job_file (relative to the scenario) is read as `respawn jobs register` reads it; what names real
+    Google Cloud or the image is pointed at the stand-ins, the rest runs as written; injections must fit the job."""
+    from respawn.cli import CliError
+    from sim.demo.jobfile import read_job, with_job_file
+    from sim.demo.runner import job_spec
+    from sim.demo.scenario import ScenarioError, load_scenario
+
+    for folder in ("scenarios", "jobs", "code"):
+        (tmp_path / folder).mkdir()
+    written = yaml.safe_load((SCENARIOS.parent / "jobs" / "gpu-spot-small.yaml").read_text())
+    written["trainer"]["workdir"] = "../code"
+    (tmp_path / "jobs" / "mine.yaml").write_text(yaml.safe_dump(written))
+    (tmp_path / "scenarios" / "mine.yaml").write_text(yaml.safe_dump(
+        {"name": "mine", "job_file": "../jobs/mine.yaml", "preemptions": [{"at_step": 10, "slot": 1}]}))
+    sc = load_scenario(tmp_path / "scenarios" / "mine.yaml")
+    job = read_job(Path(sc.job_file))
+    assert job.workdir == tmp_path / "code" and job.path == tmp_path / "jobs" / "mine.yaml"
+    with pytest.raises(ScenarioError, match=r"slots must be below job.nodes \(1\)"):
+        with_job_file(sc, job)
+    sc = with_job_file(sc.model_copy(update={"preemptions": [], "job": {"labels": {"x": "y"}}}), job)
+    assert [z.name for z in sc.zones] == written["zones"] and sc.accelerator == "gpu"
+    spec = job_spec(sc, tmp_path / "ckpt", "gs://b/respawn/workdirs/sha256-0.tar.gz", job)
+    assert spec["checkpoint_uri"] == (tmp_path / "ckpt").as_uri() and spec["trainer"]["interpreter"] == sys.executable
+    assert spec["trainer"]["workdir"] == "gs://b/respawn/workdirs/sha256-0.tar.gz" and spec["labels"] == {"x": "y"}
+    assert [spec["trainer"][k] for k in ("setup", "command")] == [written["trainer"][k] for k in ("setup", "command")]
+    with pytest.raises(ScenarioError, match="trainer and accelerator describe the demo's example job"):
+        parse_scenario({"name": "x", "job_file": "j.yaml", "trainer": {"steps": 10}})
+    written["trainer"]["workdir"] = "gs://b/code.tar.gz"
+    (tmp_path / "jobs" / "mine.yaml").write_text(yaml.safe_dump(written))
+    with pytest.raises(CliError, match="the demo packs and uploads a directory"):
+        read_job(tmp_path / "jobs" / "mine.yaml")

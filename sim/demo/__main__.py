@@ -26,9 +26,9 @@ SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "t
 
 
 def demo(
-    scenario: Optional[Path] = typer.Option(None, "--scenario", help="a scenario YAML (see examples/scenarios/): "
-                                            "zones, preemptions, faults, the expected end; default: a PyTorch job over three "
-                                            "zones, preempted twice (examples/scenarios/default.yaml)"),
+    scenario: Optional[Path] = typer.Option(
+        None, "--scenario", help="a scenario YAML (see examples/scenarios/): zones, preemptions, faults, the expected "
+                                 "end; default: a PyTorch job over three zones, preempted twice (default.yaml)"),
     job_file: Optional[Path] = typer.Option(
         None, "--job", help="run your own job spec (as for `respawn jobs register`: its trainer.workdir directory "
                             "packed and uploaded, its setup and command as written) instead of the demo's example; "
@@ -142,7 +142,8 @@ def _wait_then_stop(run: DemoRun) -> None:
         signal.signal(sig, signal.SIG_IGN)
     pids = run.pids()
     run.close()
-    print(f"demo: stopped everything it started: {len(pids)} processes by PID, and the sim", file=sys.stderr, flush=True)
+    print(f"demo: stopped everything it started: {len(pids)} processes by PID, and the sim", file=sys.stderr,
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, lives, max_l
                               serving, summarize, workers_seen)
 from sim.tpu import ENDPOINTS_HOSTNAMES
 
-# The CLI's project on the emulators: `respawn jobs …` with FIRESTORE_EMULATOR_HOST set and no --project sees the demo.
+# The CLI's emulator project: `respawn jobs …` with FIRESTORE_EMULATOR_HOST set and no --project sees the demo.
 PROJECT = codestore.EMULATOR_PROJECT
 REPO = Path(__file__).resolve().parents[2]
 GPU_MACHINE = "g2-standard-8"  # one L4 built in: the sim keys its capacity by the machine type
@@ -93,6 +93,7 @@ class Stack:
                 stop()
             except Exception as exc:  # keep stopping the rest
                 self._say(f"stopping {name} failed: {exc}")
+        self.pids.clear()
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout: float = 60) -> None:
@@ -125,7 +126,8 @@ def _merge(base: dict, over: dict) -> dict:
 DEMO_PLACEMENT = {"cooldown_seconds": 20, "max_backoff_seconds": 8}
 
 
-def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None, job: JobFile | None = None) -> dict[str, Any]:
+def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None,
+             job: JobFile | None = None) -> dict[str, Any]:
     """The job document's spec: the demo's defaults for the scenario's trainer (examples/workdir's train.py after its
     setup command, on this interpreter), or the user's job file, with `sc.job` laid over them."""
     if job is not None:
@@ -407,8 +409,10 @@ class DemoRun:
             return result
         finally:
             if not kept:
-                self.say("stopping everything the demo started")
-                self.close()
+                try:
+                    self.say("stopping everything the demo started")
+                finally:  # also when saying so fails (a closed pipe): nothing may outlive the demo
+                    self.close()
 
     def pids(self) -> list[int]:
         """The processes the demo started that run now, each to be stopped by its PID: the emulators, the functions
