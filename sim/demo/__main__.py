@@ -57,7 +57,8 @@ def demo(
         except ScenarioError as exc:
             raise CliError(str(exc), code=2) from None
         # Absolute from here on: the nodes, the sim and the functions run with working directories of their own.
-        base = (out_dir or Path("respawn-demo-out") / f"{sc.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}").resolve()
+        run_name = f"{job.id}-{sc.name}" if job else sc.name
+        base = (out_dir or Path("respawn-demo-out") / f"{run_name}-{datetime.now():%Y%m%d-%H%M%S}").resolve()
         base.mkdir(parents=True, exist_ok=True)
         view = LiveView(enabled=live and not as_json)
 
