@@ -16,6 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from respawn.control import models
 from respawn.prices import Quote
 from respawn.schema import BilledLife, JobStatus, MemberStatus, State
 
@@ -80,7 +81,7 @@ def account(before: JobStatus, after: JobStatus, now: datetime, quote: Quote | N
             if a is not None and a.billing is not None:
                 a = a.model_copy(update={"billing": None})
         if a is not None and life is None and not after.state.terminal and a.state is State.RUNNING and a.node:
-            rate = quote.rates.get(a.provisioning or "spot") if quote is not None else None
+            rate = quote.rates.get(models.of(a.provisioning).price_key) if quote is not None else None
             if rate is not None:
                 a = a.model_copy(update={"billing": BilledLife(
                     node=a.node, started_at=a.node_started_at, since=now, usd_per_hour=rate.usd_per_hour,

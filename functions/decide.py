@@ -9,8 +9,8 @@ delivery repeats nothing harmful.
 
 Lifecycle (docs/architecture.md): PENDING → PROVISIONING → RUNNING → SUCCEEDED; a lost node (preempted,
 terminated, stopped, gone, stale heartbeat, crashed trainer) → PREEMPTED while the dead node is deleted → PROVISIONING
-(a STOP-terminated Spot VM may instead be started in place: → PROVISIONING directly); every zone refused →
-WAITING_FOR_CAPACITY → PROVISIONING after a backoff; FAILED past max_failures (or max_preemptions, or a preemption
+(a STOP-terminated node whose model restarts in place may instead be started: → PROVISIONING directly); every zone
+refused → WAITING_FOR_CAPACITY → PROVISIONING after a backoff; FAILED past max_failures (or max_preemptions, or a preemption
 rate whose action is fail), after two boots in a row whose agent never reported, or on a non-retryable error;
 CANCELLED on request; INVALID when the spec does not validate (those two, and deleting a terminal job's nodes, are
 the job's: functions/job.py).
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
-from respawn.contract import NOTICE_RUN_ENDING, SOFT_OFF_SECONDS, Handover
-from respawn.control import alerts, placement, queued, recovery
+from respawn.contract import SOFT_OFF_SECONDS, Handover
+from respawn.control import alerts, models, placement, recovery
 from respawn.advice import ZoneAdvice
 from respawn.prices import Quote
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
@@ -49,8 +49,8 @@ class Phase(str, enum.Enum):
     UNKNOWN = "UNKNOWN"
 
 
-# Every compute_v1.Instance.Status value but UNDEFINED_STATUS (gcp-facts §3). PENDING: a Flex Start VM waits for
-# capacity before it provisions. PENDING_STOP: the guest is shutting down gracefully, before STOPPING.
+# Every compute_v1.Instance.Status value but UNDEFINED_STATUS (gcp-facts §3). PENDING: a VM waits for capacity
+# before it provisions (a request of a model that waits: models/). PENDING_STOP: the guest is shutting down gracefully, before STOPPING.
 # DEPROVISIONING: the VM is halted and its resources are being torn down.
 GCE_PHASES = {
     "PENDING": Phase.BOOTING, "PROVISIONING": Phase.BOOTING, "STAGING": Phase.BOOTING, "RUNNING": Phase.RUNNING,
@@ -66,23 +66,14 @@ TPU_PHASES = {
 }
 
 
-# A TPU queued resource's state, until it is ACTIVE (then its node's state is reported: functions/queued.py).
-# PROVISIONING and ACTIVE: its node is being made (ACTIVE before the node shows). FAILED, SUSPENDED: it holds quota
-# and never serves again: deleted. SUSPENDING: its node is being taken.
-QUEUED_PHASES = {
-    "CREATING": Phase.BOOTING, "ACCEPTED": Phase.BOOTING, "WAITING_FOR_RESOURCES": Phase.BOOTING,
-    "PROVISIONING": Phase.BOOTING, "ACTIVE": Phase.BOOTING, "FAILED": Phase.DEAD, "SUSPENDING": Phase.STOPPING,
-    "SUSPENDED": Phase.DEAD, "DELETING": Phase.DELETING,
-}
-
-
 def phase_of(kind: str, raw_state: str | None) -> Phase:
-    """kind gpu|tpu, the API's state string (None: 404; a queued resource's: queued.raw) → Phase."""
+    """kind gpu|tpu, the API's state string (None: 404; a request's, while the node is obtained through one:
+    models.Obtaining) → Phase."""
     if raw_state is None:
         return Phase.ABSENT
-    request = queued.state_of(raw_state)
+    request = models.request_way(raw_state).phase(raw_state)
     if request is not None:
-        return QUEUED_PHASES.get(request, Phase.UNKNOWN)
+        return Phase(request)
     table = TPU_PHASES if kind == "tpu" else GCE_PHASES
     return table.get(raw_state.upper(), Phase.UNKNOWN)
 
@@ -100,9 +91,9 @@ class NodeObs:
 ABSENT = NodeObs(Phase.ABSENT)
 
 
-# The cause of a hint from a node agent's notice message (contract.notice_nudge): the node is about to go. A
-# flex-start node's notice of its run's end (kind NOTICE_RUN_ENDING) is its own cause: a planned stop, whatever the
-# heartbeat says yet (the message may come before the agent's `preempting` beat).
+# The cause of a hint from a node agent's notice message (contract.notice_nudge): the node is about to go. A notice
+# of its run's end (kind NOTICE_RUN_ENDING: a model whose runs end as planned) is its own cause: a planned stop,
+# whatever the heartbeat says yet (the message may come before the agent's `preempting` beat).
 NOTICE = "notice"
 RUN_END_NOTICE = "notice:run-ending"
 NOTICES = (NOTICE, RUN_END_NOTICE)
@@ -136,7 +127,7 @@ class Settings:
     # collectives fail and restart the world with it. Raise both for longer pauses.
     progress_timeout_seconds: float = 240
     # A job with a budget stops when its cost would reach the cap within this long at its current burn: the sweep's
-    # period (2 min) and a Spot VM's soft-off (30 s), so no node runs past the cap before the next look.
+    # period (2 min) and a node's soft-off (30 s), so no node runs past the cap before the next look.
     budget_lookahead_seconds: float = 150
     timings: recovery.Timings = recovery.Timings()  # a fresh node against a restart in place, during a notice
 
@@ -341,11 +332,12 @@ def _decide(o: Observation) -> Decision:
     phase = o.node.phase
     if state is State.PROVISIONING:
         if s.create_state == "failed" and phase is not Phase.ABSENT:
-            # A leftover of the refused attempt (a queued resource that was not served): gone before the next.
+            # A leftover of the refused attempt (a request that was not served): gone before the next.
             return Decision(POLL if phase is Phase.DELETING else _delete(o))
-        refused = queued.refusal(spec, s, o.node.raw_state, now) if queued.enabled(spec) else None
+        way = models.obtaining(spec)
+        refused = way.refusal(spec, s, o.node.raw_state, now)
         if refused is not None:
-            return _queued_refused(o, s, refused)
+            return _request_refused(o, s, refused, way)
         if phase is Phase.ABSENT:
             if s.create_state == "pending":
                 # Committed but never confirmed: the create call may not have happened (a crash). Re-issue it:
@@ -355,12 +347,13 @@ def _decide(o: Observation) -> Decision:
                 if s.next_attempt_at is not None and now < s.next_attempt_at:
                     return Decision(Action(Act.WAIT, until=s.next_attempt_at))
                 if spec.accelerator.kind == "tpu" and s.leaving is not None and now >= s.leaving.until:
-                    # A preempted TPU node, and a SUSPENDED queued resource, hold quota until deleted: the leaving
+                    # A preempted TPU node, and a request whose node was taken, hold quota until deleted: the leaving
                     # one goes first (decide() deletes it on NONE), then the create is asked again.
                     return Decision(NONE)
                 return _provision(o, spec, s, cause="zone_refused")
-            if s.provisioning == "flex-start":
-                return _flex_start_unanswered(o, spec)
+            why = models.of(s.provisioning).unanswered(s, models.tier_of(spec, s.provisioning))
+            if why is not None:
+                return _unanswered(o, spec, why)
             return _lose(o, spec, hb, o.hint or "node_gone")
         if phase is Phase.RUNNING:
             return _running(o, s, hb)
@@ -404,7 +397,7 @@ def _on_notice(o: Observation, spec: JobSpec, hb: Heartbeat | None, planned: boo
     once it stopped would serve sooner (recovery.fresh_beats_in_place), or the loss would not create a node at once
     (a backoff, a limit reached, no zone): then None, and the stop is handled as any preemption. The noticed node
     is recorded as `leaving`: the new one's agent waits for its final heartbeat before training (ATTR_HANDOVER).
-    `planned`: the notice is a flex-start run's end (RUN_END_NOTICE)."""
+    `planned`: the notice is of the run's end its model planned (RUN_END_NOTICE)."""
     s = o.status
     if (s.state not in (State.RUNNING, State.PROVISIONING) or o.node.phase not in (Phase.RUNNING, Phase.STOPPING)
             or s.leaving is not None):  # one node saving beside the slot's at a time
@@ -441,27 +434,27 @@ def noticed(hb: Heartbeat) -> bool:
 
 
 def _dead_cause(o: Observation) -> str:
-    request = queued.state_of(o.node.raw_state)
-    if request is not None:  # a queued resource whose node was taken (SUSPENDED), or FAILED
-        return "preempted" if request in queued.SUSPENDED else f"queued_resource_{request.lower()}"
+    lost = models.request_way(o.node.raw_state).lost_cause(o.node.raw_state)
+    if lost is not None:  # a request whose node was taken, or that failed
+        return lost
     raw = (o.node.raw_state or "").upper()
     return "preempted" if raw == "PREEMPTED" else f"node_{raw.lower() or 'dead'}"
 
 
 def _stopping_cause(o: Observation) -> str:
-    """A queued resource SUSPENDING: its Spot node is being taken (a preemption); else a node stopping."""
-    return "preempted" if queued.state_of(o.node.raw_state) in queued.SUSPENDED else "node_stopping"
+    """A request whose node is being taken (a preemption); else a node stopping."""
+    return models.request_way(o.node.raw_state).lost_cause(o.node.raw_state) or "node_stopping"
 
 
-def _queued_refused(o: Observation, s: SlotStatus, why: str) -> Decision:
-    """The zone did not serve the slot's queued resource (FAILED, or it waited past accelerator.queue_wait_minutes):
-    a refusal of the zone, as a refused create is. The request is deleted (force: it may be provisioning), then the
-    next zone, or the next tier after the tier's refusals, as placement decides (PROVISIONING with create_state
-    failed). It would hold quota, and could still be filled after the job moved on (gcp-facts §19)."""
+def _request_refused(o: Observation, s: SlotStatus, why: str, way: models.Obtaining) -> Decision:
+    """The zone did not serve the slot's request (it failed, or waited past the job's limit): a refusal of the
+    zone, as a refused create is. The request is deleted (force: it may be provisioning), then the next zone, or the
+    next tier after the tier's refusals, as placement decides (PROVISIONING with create_state failed). It would hold
+    quota, and could still be filled after the job moved on (gcp-facts §19)."""
     st = _upd(s, o.now, create_state="failed", consecutive_failures=s.consecutive_failures + 1,
               tried_zones=[*s.tried_zones, s.zone], message=f"{why}; deleting it, then the next zone"[:1000])
-    return Decision(_delete(o), st, "zone_refused_queued",
-                    details={"zone": s.zone, "node": s.node, "request_state": queued.state_of(o.node.raw_state)})
+    return Decision(_delete(o), st, way.refused_cause,
+                    details={"zone": s.zone, "node": s.node, "request_state": way.request_state(o.node.raw_state)})
 
 
 def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
@@ -498,19 +491,14 @@ def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
 
 def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
     """The API says the node serves: the job runs. After a loss the recovery is told once it trains again
-    (_progress), not here: the node may never get that far. A flex-start node's life counts from now (its request
-    may have waited long for capacity: not against the boot grace), and its run ends max_run_hours later."""
+    (_progress), not here: the node may never get that far. How the node was obtained and its model may say more
+    (a life that counts from now, after a long wait for capacity; a run's planned end)."""
     message = (f"replacement {s.node} running in {s.zone}; waiting for its agent's first heartbeat" if s.recovering
                else f"running on {s.node} in {s.zone}")
-    flex = {}
-    if s.provisioning == "flex-start" and o.spec is not None:
-        hours = next((t.run_hours for t in o.spec.provisioning_tiers if t.model == "flex-start"), None)
-        if hours is not None:
-            flex = dict(node_started_at=o.now, run_ends_at=o.now + timedelta(hours=hours))
-    elif queued.enabled(o.spec):
-        flex = dict(node_started_at=o.now)  # its request may have waited long: the boot grace counts from now
+    own = {**models.obtaining(o.spec).on_running(o.now),
+           **models.of(s.provisioning).on_running(models.tier_of(o.spec, s.provisioning), o.now)}
     st = _upd(s, o.now, state=State.RUNNING, create_state="created", consecutive_failures=0, tried_zones=[],
-              next_attempt_at=None, message=message, running_at=o.now, **flex)
+              next_attempt_at=None, message=message, running_at=o.now, **own)
     return Decision(NONE, st, "node_running")
 
 
@@ -532,22 +520,17 @@ def recovery_stages(s: SlotStatus, hb: Heartbeat, now: datetime) -> dict[str, fl
 
 
 def run_ending(s: MemberStatus, hb: Heartbeat | None, now: datetime) -> bool:
-    """The slot's flex-start node is at the end of its run duration: its agent said so (the run's end is a notice it
-    knows in advance), or the end is within RUN_END_SLACK."""
-    if hb is not None and hb.notice == NOTICE_RUN_ENDING:
-        return True
-    return s.run_ends_at is not None and now >= s.run_ends_at - RUN_END_SLACK
+    """The slot's node is at the planned end of its run (its model's: models.Model.run_end_near)."""
+    return models.of(s.provisioning).run_end_near(s, hb, now)
 
 
-def _flex_start_unanswered(o: Observation, spec: JobSpec) -> Decision:
-    """A flex-start request that never ran is gone: its wait for capacity ran out (gcp-facts §18: the platform
-    deletes it). The zone refused: the next zone, or the next tier after the tier's refusals."""
+def _unanswered(o: Observation, spec: JobSpec, msg: str) -> Decision:
+    """A node gone before it ever ran, which its model reads as the zone's refusal (a request whose wait for
+    capacity ran out: the platform deleted it): the next zone, or the next tier after the tier's refusals."""
     s = o.status
-    wait = next((t.request_valid_minutes for t in spec.provisioning_tiers if t.model == "flex-start"), None)
-    msg = f"{s.zone} found no flex-start capacity for {s.node} within {wait:g} min"
     refused = s.model_copy(update=dict(create_state="failed", consecutive_failures=s.consecutive_failures + 1,
                                        tried_zones=[*s.tried_zones, s.zone], message=msg))
-    d = _provision(o, spec, refused, cause="flex_start_unanswered")
+    d = _provision(o, spec, refused, cause=models.of(s.provisioning).unanswered_cause)
     return Decision(d.action, d.status, d.cause, d.alert, {**d.details, "zone": s.zone, "node": s.node,
                                                            "refused": msg})
 
@@ -565,11 +548,10 @@ def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
 FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # unreachable: job.UNREACHABLE
 BOOT_FAILURE = "no_heartbeat"
 BOOT_FAILURES_TO_FAIL = 2  # boots in a row whose agent never reported: the second ends the job
-# A flex-start node's run duration ended (its agent's notice of it, or a loss within RUN_END_SLACK of the end): a
-# planned stop (recovery.RUN_ENDED). The next node is made as after a loss, but it counts as neither a preemption
+# A run that ended as its model planned (models.Model.loss_cause: its agent's notice of it, or a loss near the end):
+# a planned stop (models.RUN_ENDED). The next node is made as after a loss, but it counts as neither a preemption
 # nor a failure, and its zone is not avoided.
-RUN_ENDED = recovery.RUN_ENDED
-RUN_END_SLACK = timedelta(minutes=10)
+RUN_ENDED = models.RUN_ENDED
 LossKind = Literal["preemption", "failure", "boot_failure", "planned"]
 
 
@@ -627,7 +609,10 @@ def _backoff(spec: JobSpec, o: Observation, n: int) -> float:
 def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str, leaving: Leaving | None = None
           ) -> Decision:
     """_count_loss, its event naming the life that ended (`lost`: what the node's last heartbeat said of its trainer),
-    so that a later report (respawn/report.py) knows every life, not only the last one a node's heartbeat keeps."""
+    so that a later report (respawn/report.py) knows every life, not only the last one a node's heartbeat keeps.
+    The cause is first read by the node's model (a loss at the planned end of its run is that end, however it was
+    observed)."""
+    cause = models.of(o.status.provisioning).loss_cause(cause, o.status, hb, o.now)
     d = _count_loss(o, spec, hb, cause, leaving)
     return replace(d, details={**d.details, "lost": lost_life(o.status, hb)})
 
@@ -865,7 +850,7 @@ def followup(spec: JobSpec | None, a: Action, out: Outcome, now: datetime) -> Fo
             raise ValueError("a refused create/start names its spec and zone")
         return Followup(record=True, capacity=CapacityRecord(
             zone=a.zone, accelerator_type=placement.accelerator_key(spec), reason=k.value, code=out.code,
-            pools=placement.pools_refused(k.value, a.provisioning or "spot"),  # a start: a stopped Spot VM
+            pools=placement.pools_refused(k.value, a.provisioning),  # a start names none: the node's own model
             message=out.message[:500], recorded_at=now, until=placement.cooldown_until(spec, now)))
     return Followup(record=True)
 

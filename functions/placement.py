@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
 from respawn.advice import ZoneAdvice, shape_of
+from respawn.control import models
 from respawn.schema import JobSpec, SlotStatus
 
 Kind = Literal["capacity", "quota", "exists", "not_found", "fatal", "transient"]
@@ -86,6 +87,10 @@ def classify(exc: BaseException) -> Classified:
         return Classified("quota", next(c for c in codes if c.upper() in QUOTA_CODES), message)
     if upper & CAPACITY_CODES:
         return Classified("capacity", next(c for c in codes if c.upper() in CAPACITY_CODES), message)
+    said = [str(_field(i, "message") or "") for i in getattr(exc, "errors", None) or []]
+    pool = next((m for m in [message, *said] if any(p in m.lower() for p in models.capacity_phrases())), None)
+    if pool is not None:  # a model's own pool used up (a full reservation), in the error's own words
+        return Classified("capacity", first, pool)
     if http == 409 or type(exc).__name__ in ("Conflict", "AlreadyExists") or "already exists" in lower:
         return Classified("exists", first, message)
     if http == 404:
@@ -107,19 +112,15 @@ def classify(exc: BaseException) -> Classified:
     return Classified("transient", first, message)
 
 
-# What a refusal says about other provisioning models. Capacity: Spot and preemptible VMs share the zone's spare
-# capacity; flex-start (Dynamic Workload Scheduler) and on-demand capacity are pools of their own, so a Spot stockout
-# must not keep a job's next tier out of the zone. Quota: Spot, preemptible and flex-start VMs draw on the PREEMPTIBLE_*
-# metrics, on-demand on its own (gcp-facts §18, §21).
-CAPACITY_POOLS = {"spot": "spot", "preemptible": "spot", "flex-start": "flex-start", "standard": "standard"}
-QUOTA_POOLS = {"spot": "preemptible", "preemptible": "preemptible", "flex-start": "preemptible", "standard": "standard"}
-
-
 def pools_refused(reason: Literal["capacity", "quota"], model: str) -> list[str]:
-    """The capacity pools a refusal of a `model` node cools down: its own, or for quota every pool on its quota."""
+    """The capacity pools a refusal of a `model` node cools down: its own (each model's capacity_pool: Spot and
+    preemptible VMs share the zone's spare capacity, flex-start, on-demand and a reservation have pools of their
+    own, so a Spot stockout does not keep a job's next tier out of the zone), or for quota every pool on its quota
+    (gcp-facts §18, §21)."""
+    m = models.of(model)
     if reason == "quota":
-        return sorted({CAPACITY_POOLS[m] for m, q in QUOTA_POOLS.items() if q == QUOTA_POOLS[model]})
-    return [CAPACITY_POOLS[model]]
+        return sorted({o.capacity_pool for o in models.all_models() if o.quota_pool == m.quota_pool})
+    return [m.capacity_pool]
 
 
 def pool_key(zone: str, pool: str) -> str:
@@ -131,7 +132,7 @@ def cooldowns(blocked: Mapping[str, datetime], model: str) -> dict[str, datetime
     """zone → the end of its cooldown for a `model` node: the later of the zone's for every pool (a record of an
     older version) and its pool's own."""
     out: dict[str, datetime] = {}
-    suffix = pool_key("", CAPACITY_POOLS[model])
+    suffix = pool_key("", models.of(model).capacity_pool)
     for key, until in blocked.items():
         zone, sep, _ = key.partition("~")
         if not sep or key.endswith(suffix):

@@ -10,7 +10,9 @@ node state of the same name (CREATING, DELETING) is taken for it, until the requ
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
+from respawn.control import models
 from respawn.schema import JobSpec, MemberStatus
 from respawn.topology import tpu_hosts
 
@@ -21,6 +23,13 @@ PREFIX = "queued:"
 WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES")
 FAILED = "FAILED"  # the wait ran out (valid_until_duration) or a late-found problem: the zone did not serve it
 SUSPENDED = ("SUSPENDING", "SUSPENDED")  # its node was taken (a Spot preemption) or deleted: never queued again
+# A request's state, until it is ACTIVE, as a decide.Phase name. PROVISIONING and ACTIVE: its node is being made
+# (ACTIVE before the node shows). FAILED, SUSPENDED: it holds quota and never serves again: deleted. SUSPENDING:
+# its node is being taken.
+PHASES = {
+    "CREATING": "BOOTING", "ACCEPTED": "BOOTING", "WAITING_FOR_RESOURCES": "BOOTING", "PROVISIONING": "BOOTING",
+    "ACTIVE": "BOOTING", "FAILED": "DEAD", "SUSPENDING": "STOPPING", "SUSPENDED": "DEAD", "DELETING": "DELETING",
+}
 
 
 def enabled(spec: JobSpec | None) -> bool:
@@ -70,3 +79,35 @@ def refusal(spec: JobSpec, s: MemberStatus, raw_state: str | None, now: datetime
         if (now - s.node_started_at).total_seconds() > limit:
             return f"{s.zone} had no capacity for {s.node} within {limit / 60:g} min (queued resource {state})"
     return None
+
+
+class Queued(models.Obtaining):
+    """The Cloud TPU queued resource as the way a TPU node is obtained (models.Obtaining)."""
+
+    refused_cause = "zone_refused_queued"
+
+    def used_by(self, spec: JobSpec | None) -> bool:
+        return enabled(spec)
+
+    def request_state(self, raw: str | None) -> str | None:
+        return state_of(raw)
+
+    def phase(self, raw: str | None) -> str | None:
+        request = state_of(raw)
+        return None if request is None else PHASES.get(request, "UNKNOWN")
+
+    def refusal(self, spec: JobSpec, s: MemberStatus, raw: str | None, now: datetime) -> str | None:
+        return refusal(spec, s, raw, now)
+
+    def lost_cause(self, raw: str | None) -> str | None:
+        """SUSPENDING/SUSPENDED: its Spot node was taken (a preemption); FAILED: queued_resource_failed."""
+        request = state_of(raw)
+        if request is None:
+            return None
+        return "preempted" if request in SUSPENDED else f"queued_resource_{request.lower()}"
+
+    def on_running(self, now: datetime) -> dict[str, Any]:
+        return {"node_started_at": now}  # its request may have waited long: the boot grace counts from now
+
+
+QUEUED = models.register_way(Queued())

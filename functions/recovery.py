@@ -13,14 +13,14 @@ from datetime import datetime
 from typing import Mapping
 
 from respawn.advice import ZoneAdvice
-from respawn.control import placement
+from respawn.control import models, placement
 from respawn.control.placement import cooldowns
 from respawn.schema import JobSpec, SlotStatus, Tier, ZoneOrder
 
 
-# A flex-start node's run duration ended (its agent's notice of it, or a loss near the end): a planned stop
+# A run that ended as its model planned (models.RUN_ENDED): a planned stop
 # (decide.loss_kind), which says nothing against its zone.
-RUN_ENDED = "run_ended"
+RUN_ENDED = models.RUN_ENDED
 
 
 @dataclass(frozen=True)
@@ -49,16 +49,12 @@ class Choice:
     ranked: tuple[str, ...] = ()  # the zones in the order capacity advice put them, when it changed the list's
 
 
-# How a tier's model reads in a strategy's name.
-_NAMES = {"standard": "on_demand", "flex-start": "flex_start"}
-
-
 @dataclass(frozen=True)
 class Strategy:
     order: ZoneOrder
-    restart_in_place: bool  # a STOP-terminated Spot GPU VM is started again where it stands
+    restart_in_place: bool  # a STOP-terminated node of a model that restarts in place (Spot GPU VMs) is started again
     tiers: tuple[Tier, ...] = (Tier(model="spot"),)  # JobSpec.provisioning_tiers
-    by_advice: bool = False  # placement.rank: advice: a Spot node's zones ordered by capacity advice first
+    by_advice: bool = False  # placement.rank: advice: an advised model's zones ordered by capacity advice first
 
     @property
     def name(self) -> str:
@@ -68,7 +64,7 @@ class Strategy:
             if before.after_preemptions is not None:
                 p = before.after_preemptions
                 rules.append(f"{p.max}_preemptions_per_{p.window_hours:g}h")
-            stages.append(f"{_NAMES.get(tier.model, tier.model)}_after_{'_or_'.join(rules)}")
+            stages.append(f"{models.of(tier.model).strategy_name}_after_{'_or_'.join(rules)}")
         return " → ".join(stages)
 
     def tier(self, status: SlotStatus, now: datetime, budget_used: float | None = None) -> tuple[Tier, str]:
@@ -98,11 +94,11 @@ class Strategy:
         return self.tier(status, now, budget_used)[0].model
 
     def in_place(self, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime, max_restarts: int) -> bool:
-        """Whether the current (stopped) node is started again in place: a Spot node, its zone not under a
-        capacity cooldown, restarted in place fewer than `max_restarts` times."""
-        if not self.restart_in_place or status.provisioning != "spot":
+        """Whether the current (stopped) node is started again in place: a node of a model that restarts in place
+        (Spot), its zone not under a capacity cooldown, restarted in place fewer than `max_restarts` times."""
+        if not self.restart_in_place or not models.of(status.provisioning).restarts_in_place:
             return False
-        until = cooldowns(blocked, "spot").get(status.zone or "")
+        until = cooldowns(blocked, status.provisioning or "spot").get(status.zone or "")
         return (until is None or until <= now) and status.in_place_restarts < max_restarts
 
     def choose(self, spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime,
@@ -111,12 +107,12 @@ class Strategy:
         `advice`: zone → capacity advice, which orders a Spot node's zones when the spec asks (placement.rank)."""
         tier, why = self.tier(status, now, budget_used)
         model = tier.model
-        blocked = cooldowns(blocked, model)  # a Spot stockout leaves flex-start and on-demand free to try
+        blocked = cooldowns(blocked, model)  # a Spot stockout leaves the other pools free to try
         # Zones that refused this round refused the model tried then: moving to another tier starts a new round.
         tried = status.tried_zones if status.provisioning in (None, model) else []
         skipped, eligible = [], []
-        zones = list(spec.zones)
-        if self.by_advice and model == "spot" and advice:  # advice scores Spot VMs alone
+        zones = models.of(model).zones(tier, list(spec.zones))
+        if self.by_advice and models.of(model).advised and advice:
             zones = placement.rank_zones(zones, advice)
         for zone in zones:
             until = blocked.get(zone)
@@ -127,7 +123,7 @@ class Strategy:
             eligible.remove(lost_in)
             eligible.insert(0 if self.order == "same_zone" else len(eligible), lost_in)
         return Choice(eligible[0] if eligible else None, model, tuple(skipped), why,
-                      tuple(zones) if zones != list(spec.zones) else ())
+                      tuple(zones) if self.by_advice and zones != list(spec.zones) else ())
 
 
 def strategy_for(spec: JobSpec) -> Strategy:

@@ -21,7 +21,7 @@ from respawn.schema import JobStatus, State
 @dataclass(frozen=True)
 class Observed:
     zone: str
-    model: str  # the node's provisioning model (spot, preemptible, flex-start, standard)
+    model: str  # the node's provisioning model (functions/models/: its name in the spec)
     counts: dict[str, float]  # ZoneStats field → increment
 
 

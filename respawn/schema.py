@@ -329,7 +329,9 @@ class PreemptionRate(Preemptions):
                                      "exponentially in the preemptions over max; fail: end the job FAILED")
 
 
-Model = Literal["spot", "preemptible", "flex-start", "standard"]
+Model = Literal["spot", "preemptible", "flex-start", "standard", "reservation"]
+# A specific reservation's name, or a shared one's path (projects/OWNER/reservations/NAME; gcp-facts §26).
+_RESERVATION = re.compile(r"^(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Flex-start VMs run for this long (scheduling.maxRunDuration, 600-604800 s; docs/gcp-facts.md §18)...
 FLEX_START_RUN_HOURS = (1 / 6, 168)
 # ...and its request waits for capacity within these bounds (params.requestValidForDuration, 90-7200 s).
@@ -363,6 +365,13 @@ class Tier(_Strict):
                     f"{FLEX_START_WAIT_MINUTES[0]:g}-{FLEX_START_WAIT_MINUTES[1]:g} min; default "
                     f"{DEFAULT_FLEX_START_WAIT_MINUTES:g}); unanswered, it counts as a refusal")
 
+    reservation: str | None = Field(
+        default=None, max_length=200,
+        description="reservation only: the specific reservation the node consumes, by name (or "
+                    "projects/OWNER/reservations/NAME for one another project shares)")
+    zone: str | None = Field(default=None, description="reservation only: the reservation's zone, one of the job's "
+                                                       "zones (a reservation is zonal)")
+
     @model_validator(mode="before")
     @classmethod
     def _short(cls, data: Any) -> Any:
@@ -370,10 +379,18 @@ class Tier(_Strict):
         return {"model": data} if isinstance(data, str) else data
 
     @model_validator(mode="after")
-    def _flex_only(self) -> "Tier":
-        for name in ("max_run_hours", "wait_minutes"):
-            if getattr(self, name) is not None and self.model != "flex-start":
-                raise ValueError(f"{name} applies to flex-start VMs only, not {self.model}")
+    def _model_fields(self) -> "Tier":
+        for name, model in (("max_run_hours", "flex-start"), ("wait_minutes", "flex-start"),
+                            ("reservation", "reservation"), ("zone", "reservation")):
+            if getattr(self, name) is not None and self.model != model:
+                raise ValueError(f"{name} applies to {model} tiers only, not {self.model}")
+        if self.model == "reservation":
+            if not self.reservation or not self.zone:
+                raise ValueError("a reservation tier names its reservation and the reservation's zone: "
+                                 "{model: reservation, reservation: NAME, zone: ZONE}")
+            if not _RESERVATION.match(self.reservation):
+                raise ValueError(f"{self.reservation!r} is not a reservation: a name, or "
+                                 "projects/OWNER/reservations/NAME for a shared one")
         return self
 
     @property
@@ -529,6 +546,8 @@ class JobSpec(_Strict):
         accelerator = info.data.get("accelerator")
         if "flex-start" in models and getattr(accelerator, "kind", None) == "tpu":
             raise ValueError("flex-start is a Compute Engine VM model: a TPU job takes spot, preemptible or standard")
+        if "reservation" in models and getattr(accelerator, "kind", None) == "tpu":
+            raise ValueError("reservation tiers are Compute Engine VMs: a TPU job takes spot, preemptible or standard")
         if "preemptible" in models and getattr(accelerator, "queued_resource", None) is True:
             raise ValueError("a queued resource's tiers are spot and guaranteed (standard): a preemptible TPU is "
                              "created directly (accelerator.queued_resource: false)")
@@ -666,6 +685,18 @@ class JobSpec(_Strict):
             if not _LABEL_VALUE.match(value):
                 raise ValueError(f"label {key!r} value {value!r}: at most 63 lowercase letters, digits, _ and -")
         return v
+
+    @model_validator(mode="after")
+    def _reservation_tier(self) -> "JobSpec":
+        """A reservation is a tier, named, in one of the job's zones."""
+        if self.tiers is None and self.provisioning == "reservation":
+            raise ValueError("provisioning: a reservation is a tier that names it: provisioning: [{model: reservation, "
+                             "reservation: NAME, zone: ZONE}, ...]")
+        for t in self.tiers or []:
+            if t.zone is not None and t.zone not in self.zones:
+                raise ValueError(f"provisioning: the reservation's zone {t.zone} is not one of the job's zones "
+                                 f"({', '.join(self.zones)})")
+        return self
 
     @model_validator(mode="after")
     def _node_fits(self) -> "JobSpec":

@@ -14,6 +14,14 @@ terminationTimestamp is the run's end (start + maxRunDuration, set at every star
 deleted as instanceTerminationAction says, as Compute's own stop or delete, never as a preemption. Both durations
 pass sim.run_duration_scale times faster in wall time, and terminationTimestamp is the compressed end.
 
+Reservations (docs/gcp-facts.md §26): an insert whose reservationAffinity is SPECIFIC_RESERVATION consumes the
+zone's specific reservation, whose size is the capacity timeline's "RESERVATION" steps for the zone and
+accelerator (sim.set_capacity(..., provisioning_model="RESERVATION")): the sim holds one per zone and accelerator,
+under the name (or the shared path, projects/OWNER/reservations/NAME) the insert gives. Such a VM is standard
+provisioning (never preempted; host maintenance still stops it) and is charged to no quota (the reservation holds
+it). A zone without such steps has no reservation: the insert is refused at once; a reservation whose VMs are all in
+use (in-use: live instances consuming it) refuses in the operation, as Compute Engine does.
+
 Images (global, any project): get and getFromFamily over a small table of Deep Learning VM families (IMAGE_FAMILIES,
 docs/gcp-facts.md §12) plus what add_image() registers; anything else is 404 `notFound`, and so is an insert whose
 boot disk names it, on the call itself, as Compute Engine answers.
@@ -48,6 +56,8 @@ MAX_NOTICE_SECONDS = 120  # scheduling.preemptionNoticeDuration: gcloud's docume
 RUN_SECONDS = (600, 604_800)  # a FLEX_START VM's scheduling.maxRunDuration: 10 min to 7 days (gcp-facts §18)
 WAIT_SECONDS = (90, 7200)  # params.requestValidForDuration: how long a flex-start request waits; 0 = no wait (§18)
 PREEMPTIBLE_QUOTA = ("SPOT", "FLEX_START")  # the models charged to the PREEMPTIBLE_* quota metrics (gcp-facts §18, §21)
+RESERVATION = "RESERVATION"  # the sim's model of a VM consuming a specific reservation (its capacity timeline's key)
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 DEFAULT_GRACEFUL_SHUTDOWN_SECONDS = 600  # scheduling.gracefulShutdown enabled without maxDuration
 SERIAL_BUFFER = 1 << 20  # bytes of serial port output Compute Engine keeps (getSerialPortOutput: "the last 1 MB")
 
@@ -339,9 +349,12 @@ class ComputeService:
             inst.body.pop("resourceStatus", None)
         inst.record.transition(self.sim.now(), status, status in LIVE)
 
-    def _refusal(self, zone: str, accelerator: str, model: str, machine_type: str, count: int) -> tuple[dict, tuple] | None:
+    def _refusal(self, zone: str, accelerator: str, model: str, machine_type: str, count: int,
+                 reservation: str = "") -> tuple[dict, tuple] | None:
         """A quota or capacity error for adding one node now, or None."""
         t = self.sim.now()
+        if model == RESERVATION:
+            return self._reservation_full(zone, accelerator, reservation, t)
         region = region_of(zone)
         pool = quota_model(model)
         limit, specific = self.sim.quota.limit(region, accelerator, pool, t)
@@ -360,6 +373,32 @@ class ComputeService:
             if used + 1 > limit:
                 return self._stockout(zone, accelerator, machine_type, count)
         return None
+
+    def _reservation(self, zone: str, body: dict, accelerator: str) -> str:
+        """The reservation a SPECIFIC_RESERVATION insert names, or the 400 Compute Engine answers when the zone has
+        none of that name (gcp-facts §26: its message as clients match it; the status is unverified)."""
+        affinity = body.get("reservationAffinity") or {}
+        values = affinity.get("values") or []
+        if affinity.get("key") != RESERVATION_KEY or len(values) != 1:
+            raise compute_error(400, "invalid", "Invalid value for field 'resource.reservationAffinity': a "
+                                f"SPECIFIC_RESERVATION affinity names one reservation under key {RESERVATION_KEY}")
+        name = values[0]
+        _, specific = self.sim.capacity.limit(zone, accelerator, RESERVATION, self.sim.now())
+        if not specific:
+            raise compute_error(400, "invalid", f"Could not find the given reservation with the following name: "
+                                                f"{name} in zone {zone}")
+        return name
+
+    def _reservation_full(self, zone: str, accelerator: str, name: str, t: float) -> tuple[dict, tuple] | None:
+        """The error of a reservation whose VMs are all in use, or None (gcp-facts §26: the message as clients match
+        it; the code and HTTP status are unverified)."""
+        limit, _ = self.sim.capacity.limit(zone, accelerator, RESERVATION, t)
+        if limit is None or self.sim.usage("capacity", zone, accelerator, RESERVATION) + 1 <= limit:
+            return None
+        short = name.rsplit("/", 1)[-1]
+        return ({"code": "RESERVATION_CAPACITY_EXCEEDED",
+                 "message": f"Reservation {short} does not have sufficient capacity for the requested resources."},
+                (503, "SERVICE UNAVAILABLE"))
 
     def _stockout(self, zone: str, accelerator: str, machine_type: str, count: int) -> tuple[dict, tuple]:
         what = (f"A {machine_type} VM instance with {count} {accelerator} accelerator(s)" if count
@@ -393,11 +432,18 @@ class ComputeService:
             requested = scheduling.get("provisioningModel")
             model = ("FLEX_START" if requested == "FLEX_START" else
                      "SPOT" if requested == "SPOT" or scheduling.get("preemptible") else "STANDARD")
+            reservation = ""
+            consume = (body.get("reservationAffinity") or {}).get("consumeReservationType")
+            if consume == "SPECIFIC_RESERVATION":
+                if model != "STANDARD":
+                    raise compute_error(400, "invalid", "Invalid value for field 'resource.reservationAffinity': "
+                                                        f"a {model} VM cannot consume a reservation")
+                reservation, model = self._reservation(zone, body, accelerator), RESERVATION
             _check_notice_duration(scheduling, model)
             _check_run_duration(body, scheduling, model)
             iid = self._new_id()
             op = self._new_op(zone, "insert", self._path(zone, name), iid)
-            refusal = self._refusal(zone, accelerator, model, machine_type, count)
+            refusal = self._refusal(zone, accelerator, model, machine_type, count, reservation)
             # A flex-start request that may wait waits for capacity; a quota refusal is final (gcp-facts §18).
             wait = _duration_seconds((body.get("params") or {}).get("requestValidForDuration"))
             queued = (model == "FLEX_START" and wait > 0 and refusal is not None
@@ -714,6 +760,9 @@ class ComputeService:
             if inst is not None and inst.model == "FLEX_START":
                 raise SimError(f"cannot preempt instance {zone}/{name}: a FLEX_START VM is never preempted (gcp-facts "
                                "§18); its run ends at scheduling.maxRunDuration (sim.run_duration_scale shortens it)")
+            if inst is not None and inst.model == RESERVATION:
+                raise SimError(f"cannot preempt instance {zone}/{name}: a VM consuming a reservation is standard "
+                               "provisioning, never preempted (gcp-facts §26); host maintenance still stops it")
             if inst is None or inst.status not in ("PROVISIONING", "STAGING", "RUNNING"):
                 raise SimError(f"cannot preempt instance {zone}/{name}: it is "
                                f"{'absent' if inst is None else inst.status}; only a live instance can be preempted")
@@ -816,6 +865,7 @@ class ComputeService:
             if (region_of(i.zone) if by_region else i.zone) == zone_or_region
             and i.accelerator == accelerator and i.status in LIVE
             and (model is None or (quota_model(i.model) if by_region else i.model) == model)
+            and not (by_region and i.model == RESERVATION)  # the reservation holds its quota, not its VMs
         )
 
 

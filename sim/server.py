@@ -34,7 +34,7 @@ from sim.storage_folders import StorageFolders
 from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES, TpuService
 
 LABEL_JOB = "respawn-job"
-CAPACITY_MODELS = ("SPOT", "STANDARD", "FLEX_START")
+CAPACITY_MODELS = ("SPOT", "STANDARD", "FLEX_START", "RESERVATION")  # RESERVATION: the zone's reservation (sim/compute.py)
 QUOTA_MODELS = ("SPOT", "STANDARD")  # flex-start is charged to the preemptible ("SPOT") quota (gcp-facts §18)
 
 

@@ -98,3 +98,20 @@ def test_after_a_planned_stop_the_zone_that_served_is_not_avoided():
     assert core.decide(obs("RUNNING", raw=None, **ended)).action.zone == ZONES[0]
     preempted = core.decide(obs("RUNNING", raw=None, run_ends_at=NOW + timedelta(hours=5), **FLEX))
     assert preempted.action.zone == ZONES[1]
+
+
+def test_a_run_end_the_agent_handled_is_a_planned_stop_however_late_the_controller_looks():
+    """Issue #34: the agent acted on its run's end (emergency save committed, final heartbeat `exited` with the
+    run-ending notice) while no replacement could be made during the notice (every zone cooling down: the notice
+    pass waited); the VM still runs when the controller looks again and the heartbeat has gone stale. That is the
+    run's end, as the first one was: not `stale_heartbeat`, and no preemption counted."""
+    final = hb("exited", age=600, exit_code=143, notice="run-ending", step=400, committed_step=400)
+    o = obs("RUNNING", raw="RUNNING", run_ends_at=NOW + timedelta(hours=5), preemptions=4, **FLEX)
+    d = core.decide(replace(o, heartbeat=final))
+    assert d.cause == core.RUN_ENDED and d.status.last_cause == core.RUN_ENDED
+    assert (d.status.preemptions, d.status.failures) == (4, 0) and d.details["counted_as"] == "planned"
+    assert d.status.last_committed_step == 400 and d.action.kind is Act.DELETE
+    # A Spot node's agent that went silent after a preemption notice is still a preemption.
+    spot = core.decide(replace(obs("RUNNING", raw="RUNNING", preemptions=4, spec=TIERED),
+                               heartbeat=hb("exited", age=600, exit_code=143, notice="preempted")))
+    assert spot.cause == "stale_heartbeat" and spot.status.preemptions == 5

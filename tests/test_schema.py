@@ -203,7 +203,7 @@ def test_longest_job_id_still_gives_valid_node_names():
         ("accelerator.boot_disk_gb", 5, "accelerator.boot_disk_gb: Input should be greater than or equal to 10"),
         ("accelerator.boot_image", "ubuntu:22.04", "accelerator.boot_image: 'ubuntu:22.04' is not an image"),
         ("accelerator.gpus", 1, "accelerator.gpus: unknown field"),
-        ("provisioning", "cheap", "provisioning: Input should be 'spot', 'preemptible', 'flex-start' or 'standard'"),
+        ("provisioning", "cheap", "provisioning: Input should be 'spot', 'preemptible', 'flex-start', 'standard' or 'reservation'"),
         ("termination_action", "HIBERNATE", "termination_action: Input should be 'STOP' or 'DELETE'"),
         ("zones", [], "zones: must not be empty"),
         ("zones", "us-central1-a", "zones: Input should be a valid list"),

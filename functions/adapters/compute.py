@@ -14,7 +14,7 @@ from google.api_core import extended_operation
 from google.cloud import compute_v1
 
 from respawn.contract import LABEL_JOB, Handover
-from respawn.control import nodespec
+from respawn.control import models, nodespec
 from respawn.images import IMAGE_PATH, REQUEST_PREFIX, ImageCheck, ImageVerdict, found, image_path
 from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
@@ -114,28 +114,9 @@ class ComputeProvider:
     def instance(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
                  slot: int = 0, service_account: str | None = None, handover: Handover | None = None):
         acc = spec.accelerator
-        run_seconds = None
-        if provisioning == "spot":
-            scheduling = compute_v1.Scheduling(
-                provisioning_model="SPOT", instance_termination_action=spec.termination_action or "STOP",
-                on_host_maintenance="TERMINATE", automatic_restart=False)
-            if spec.notice_seconds:  # gcp-facts §17: the notice before the soft-off, Spot only
-                scheduling.preemption_notice_duration = compute_v1.Duration(seconds=spec.notice_seconds)
-        elif provisioning == "flex-start":
-            # Waits for capacity, then runs without preemption until its run duration ends, then is deleted: the
-            # control plane treats that end as a planned stop (gcp-facts §18). Flex-start uses preemptible quota.
-            tier = next(t for t in spec.provisioning_tiers if t.model == "flex-start")
-            run_seconds = round(tier.run_hours * 3600)
-            scheduling = compute_v1.Scheduling(
-                provisioning_model="FLEX_START", instance_termination_action="DELETE", on_host_maintenance="TERMINATE",
-                automatic_restart=False, max_run_duration=compute_v1.Duration(seconds=run_seconds))
-        elif provisioning == "preemptible":
-            scheduling = compute_v1.Scheduling(preemptible=True, on_host_maintenance="TERMINATE", automatic_restart=False)
-        else:
-            # On-demand GPUs cannot live-migrate either. Restarts stay with the control plane (automatic_restart off)
-            # so that one place decides what a lost node means.
-            scheduling = compute_v1.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE",
-                                               automatic_restart=False)
+        # What differs between provisioning models is the model's (functions/models/): scheduling and the rest.
+        fields = models.of(provisioning).compute(spec, models.tier_of(spec, provisioning))
+        run_seconds = fields.run_seconds
         image = self.image_path(spec)
         accelerators = []
         if acc.accelerator_type:
@@ -151,17 +132,11 @@ class ComputeProvider:
         items = [compute_v1.Items(key=k, value=v)
                  for k, v in nodespec.metadata(spec, attempt, self.project, startup_script, opts,
                                                service_account, handover, run_seconds).items()]
-        extra = {}
-        if provisioning == "flex-start":
-            # How long the request waits for capacity (gcp-facts §18: params, not scheduling); never a reservation.
-            extra = dict(params=compute_v1.InstanceParams(request_valid_for_duration=compute_v1.Duration(
-                seconds=round(tier.request_valid_minutes * 60))), reservation_affinity=compute_v1.ReservationAffinity(
-                consume_reservation_type="NO_RESERVATION"))
         return compute_v1.Instance(
             name=name,
             machine_type=f"zones/{zone}/machineTypes/{acc.machine_type}",
             guest_accelerators=accelerators,
-            scheduling=scheduling,
+            scheduling=compute_v1.Scheduling(**fields.scheduling),
             disks=[compute_v1.AttachedDisk(
                 boot=True, auto_delete=True, type_="PERSISTENT",
                 initialize_params=compute_v1.AttachedDiskInitializeParams(source_image=image, disk_size_gb=acc.boot_disk_gb))],
@@ -170,7 +145,7 @@ class ComputeProvider:
             labels=nodespec.labels(spec, attempt, slot),
             service_accounts=[compute_v1.ServiceAccount(
                 email=service_account or DEFAULT_SERVICE_ACCOUNT, scopes=SCOPES)],
-            **extra,
+            **fields.extra,
         )
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,

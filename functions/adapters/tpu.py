@@ -14,7 +14,7 @@ from google.cloud import tpu_v2
 from google.protobuf import duration_pb2, field_mask_pb2
 
 from respawn.contract import LABEL_JOB, Handover
-from respawn.control import nodespec, queued
+from respawn.control import models, nodespec, queued
 from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
 
@@ -71,7 +71,7 @@ class TpuProvider:
         node = tpu_v2.Node(
             accelerator_type=acc.accelerator_type,
             runtime_version=acc.runtime_version,
-            scheduling_config=tpu_v2.SchedulingConfig(spot=provisioning == "spot", preemptible=provisioning == "preemptible"),
+            scheduling_config=tpu_v2.SchedulingConfig(**models.of(provisioning).tpu_scheduling()),
             network_config=network,
             labels=nodespec.labels(spec, attempt),
             metadata=nodespec.metadata(spec, attempt, self.project, startup_script, opts, service_account, handover),
@@ -159,8 +159,7 @@ class QueuedTpuProvider(TpuProvider):
 
     def request(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
                 service_account: str | None = None, handover: Handover | None = None) -> tpu_v2.QueuedResource:
-        if provisioning not in ("spot", "standard"):
-            raise ValueError(f"a queued resource's tiers are spot and guaranteed, not {provisioning}")
+        tier = models.of(provisioning).queued_tier()  # raises for a model a queued resource has no tier for
         node = self.node(spec, attempt, provisioning, startup_script, service_account, handover)
         node.scheduling_config = None  # the tier is the request's
         parent = f"projects/{self.project}/locations/{zone}"
@@ -169,7 +168,7 @@ class QueuedTpuProvider(TpuProvider):
             tpu=tpu_v2.QueuedResource.Tpu(node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(
                 parent=parent, node_id=name, node=node)]),
             queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(valid_until_duration=wait))
-        if provisioning == "spot":
+        if tier == "spot":
             request.spot = tpu_v2.QueuedResource.Spot()
         else:
             request.guaranteed = tpu_v2.QueuedResource.Guaranteed()

@@ -1,0 +1,19 @@
+"""Standard (on-demand) VMs: never preempted; host maintenance still stops a GPU VM (onHostMaintenance TERMINATE).
+Through a Cloud TPU queued resource it is the guaranteed tier."""
+
+from __future__ import annotations
+
+from respawn.control.models import Model, register
+
+
+class Standard(Model):
+    name = "standard"
+    label = "on-demand"
+    strategy_name = "on_demand"
+    capacity_pool = "standard"
+
+    def queued_tier(self) -> str:
+        return "guaranteed"
+
+
+STANDARD = register(Standard())

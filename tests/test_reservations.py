@@ -1,0 +1,120 @@
+"""Reserved capacity as a provisioning model (issue #34 item 1; docs/gcp-facts.md §26): the create body the model
+gives a node (SPECIFIC_RESERVATION by name, a shared one by its path), the sim serving a reservation of a size (its
+in-use VMs counted, a full one refusing as Compute Engine does, a missing one refused), and the pure core moving
+between the reservation and Spot in either tier order. Real client against sim/, no fakes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from google.api_core import exceptions as gexc
+
+from respawn.control import clients as factory
+from respawn.control import decide as core
+from respawn.control import models, placement
+from respawn.control.adapters.compute import ComputeProvider
+from respawn.control.decide import Act
+from respawn.schema import SpecError, parse_spec
+from functions_fixtures import T4, gpu_spec, tpu_spec
+from sim_fixtures import PROJECT, sim_factory, sim_server  # noqa: F401
+from test_decide_table import NOW, ZONES, make_spec, obs
+
+ZONE = "us-central1-a"
+MINE = {"model": "reservation", "reservation": "my-res", "zone": ZONE, "after_refusals": 1}
+RESERVED_FIRST = [MINE, "spot"]
+SPOT_FIRST = [{"model": "spot", "after_refusals": 2}, {k: v for k, v in MINE.items() if k != "after_refusals"}]
+
+
+@pytest.fixture
+def made(sim_server):
+    return factory.Clients(factory.Endpoints(PROJECT, sim_server.endpoint, sim_server.endpoint))
+
+
+def reserved_spec(tiers=RESERVED_FIRST, **over):
+    return parse_spec(gpu_spec("res", provisioning=tiers, termination_action=None, **over))
+
+
+def test_a_reservation_node_names_its_reservation_and_is_standard(made, sim_server):
+    sim_server.set_capacity(ZONE, T4, 1, provisioning_model="RESERVATION")
+    gce = ComputeProvider(made)
+    assert gce.create(reserved_spec(), ZONE, "res-1", 1, "reservation", "#!/bin/bash\n") is True
+    inst = made.instances().get(project=PROJECT, zone=ZONE, instance="res-1")
+    assert inst.status == "RUNNING"
+    assert inst.scheduling.provisioning_model == "STANDARD" and inst.scheduling.on_host_maintenance == "TERMINATE"
+    aff = inst.reservation_affinity
+    assert (aff.consume_reservation_type, aff.key, list(aff.values)) == (
+        "SPECIFIC_RESERVATION", "compute.googleapis.com/reservation-name", ["my-res"])
+    # The reservation's one VM is in use: the next is refused, in words placement reads as the pool's capacity.
+    with pytest.raises(gexc.ServiceUnavailable) as full:
+        gce.create(reserved_spec(), ZONE, "res-2", 2, "reservation", "#!/bin/bash\n")
+    refused = placement.classify(full.value)
+    assert refused.kind == "capacity" and "my-res does not have sufficient capacity" in refused.message
+    assert placement.pools_refused("capacity", "reservation") == ["reservation"]  # Spot stays free to try
+    gce.delete(ZONE, "res-1")  # its VM gone, the reservation serves again
+    assert gce.create(reserved_spec(), ZONE, "res-3", 3, "reservation", "#!/bin/bash\n") is True
+    # A Spot VM beside it is not the reservation's, and a reservation VM is never preempted.
+    assert gce.create(reserved_spec(), ZONE, "res-4", 4, "spot", "#!/bin/bash\n") is True
+    from sim.core import SimError
+    with pytest.raises(SimError, match="never preempted"):
+        sim_server.compute.preempt(ZONE, "res-3")
+
+
+def test_a_shared_reservation_is_named_by_its_path_and_a_missing_one_fails_the_create(made, sim_server):
+    shared = {**MINE, "reservation": "projects/owner-project/reservations/team-res"}
+    spec = reserved_spec([shared, "spot"])
+    body = ComputeProvider(made).instance(spec, ZONE, "res-1", 1, "reservation", "")
+    assert list(body.reservation_affinity.values) == ["projects/owner-project/reservations/team-res"]
+    # No reservation in the zone: refused at once, a fault of the spec no other zone fixes.
+    with pytest.raises(gexc.BadRequest) as missing:
+        ComputeProvider(made).create(spec, ZONE, "res-1", 1, "reservation", "#!/bin/bash\n")
+    assert placement.classify(missing.value).kind == "fatal"
+    assert "Could not find the given reservation" in str(missing.value)
+
+
+def test_the_spec_names_the_reservation_and_its_zone():
+    for tier, words in [({"model": "reservation", "zone": ZONE}, "names its reservation and the reservation's zone"),
+                        ({**MINE, "zone": "europe-west4-a"}, "zone europe-west4-a is not one of the job's zones"),
+                        ({**MINE, "reservation": "Bad_Name"}, "'Bad_Name' is not a reservation"),
+                        ({"model": "spot", "reservation": "my-res"}, "reservation applies to reservation tiers only")]:
+        with pytest.raises(SpecError, match=words):
+            reserved_spec([tier, "standard"])
+    with pytest.raises(SpecError, match="a reservation is a tier that names it"):
+        parse_spec(gpu_spec("res", provisioning="reservation", termination_action=None))
+    with pytest.raises(SpecError, match="reservation tiers are Compute Engine VMs"):
+        parse_spec(tpu_spec("res", provisioning=RESERVED_FIRST))
+
+
+def test_reservation_first_then_spot_when_it_is_full_and_back_when_it_serves():
+    """"My reservation first, Spot when it is full": one refusal moves the next node to Spot in the job's zones;
+    once a node ran, the next round starts at the reservation again."""
+    spec = make_spec(provisioning=RESERVED_FIRST, termination_action=None)
+    first = core.decide(obs("PENDING", raw=None, heartbeat="none", spec=spec))
+    assert (first.action.provisioning, first.action.zone) == ("reservation", ZONE)
+    full = core.decide(obs("PROVISIONING", raw=None, heartbeat="none", spec=spec, provisioning="reservation",
+                           create_state="failed", consecutive_failures=1, tried_zones=[ZONE]))
+    assert (full.action.kind, full.action.provisioning, full.action.zone) == (Act.CREATE, "spot", ZONES[0])
+    assert full.details["tier_why"] == "reservation: refused 1 times in a row"
+    lost = core.decide(obs("RUNNING", raw=None, spec=spec, provisioning="spot", preemptions=2))
+    assert (lost.action.provisioning, lost.status.preemptions) == ("reservation", 3)
+
+
+def test_spot_first_then_the_reservation_when_spot_is_dry():
+    spec = make_spec(provisioning=SPOT_FIRST)
+    dry = core.decide(obs("PROVISIONING", raw=None, heartbeat="none", spec=spec, create_state="failed",
+                          consecutive_failures=2, tried_zones=ZONES[:2]))
+    assert (dry.action.provisioning, dry.action.zone) == ("reservation", ZONE)
+    assert "spot: refused 2 times in a row" in dry.status.message
+    # Spot's cooldown in the zone does not keep the reservation out of it (a pool of its own).
+    cooled = {placement.pool_key(z, "spot"): NOW + timedelta(minutes=5) for z in ZONES}
+    blocked = core.decide(obs("PROVISIONING", raw=None, heartbeat="none", spec=spec, create_state="failed",
+                              consecutive_failures=2, tried_zones=ZONES[:2], blocked=cooled))
+    assert blocked.action.zone == ZONE
+
+
+def test_the_reservation_model_is_registered_under_its_spec_name_and_prices_on_demand():
+    m = models.of("reservation")
+    assert (m.name, m.capacity_pool, m.price_key, m.tpu) == ("reservation", "reservation", "standard", False)
+    assert set(models.names()) == {"spot", "preemptible", "flex-start", "standard", "reservation"}
+    with pytest.raises(ValueError, match="is not a provisioning model"):
+        models.of("cheap")
