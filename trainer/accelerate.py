@@ -20,6 +20,7 @@ respawn.ckpt.accelerate).
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ from . import _log, distributed
 from .framework_files import Files, FilesManager
 from .loop import CheckpointError, Preempted
 from .manager import SaveOutcome
+from .serialize import SnapshotBuffers
 
 POSITION = "respawn_data_position.json"
 FRAMEWORK = "accelerate"
@@ -56,6 +58,7 @@ class RespawnAccelerate:
         self.start = self.step = 0
         self.final: SaveOutcome | None = None
         self._position = {"epoch": 0, "batches": 0}
+        self._buffers = SnapshotBuffers()  # the periodic saves' copies: page-faulted once, then a memcpy
         self._handlers = self.manager.install_notice_handler(tuple(signals)) or {} if signals else {}
         if self._first:
             _log.info(f"checkpoints: {self.manager.where()}")
@@ -198,26 +201,37 @@ class RespawnAccelerate:
         later: list[Callable[[str], None]] = []
 
         def now(step_dir: str) -> None:
-            later.append(_snapshot(acc, step_dir))
+            later.append(_snapshot(acc, step_dir, self._buffers))
             self._write_position(step_dir)
 
         return Files(now=now, later=lambda step_dir: later[0](step_dir))
 
 
-def _snapshot(acc: Any, step_dir: str) -> Callable[[str], None]:
-    """save_state split in two: the small files written now and a copy of the large state, which the returned
-    function writes where and as save_state does (file names from accelerate.utils)."""
+def _snapshot(acc: Any, step_dir: str, buffers: SnapshotBuffers) -> Callable[[str], None]:
+    """save_state split in two: the small files written now and a copy of the large state (into `buffers`, reused
+    from save to save: the manager's save waits for the previous one first), which the returned function writes
+    where and as save_state does (file names from accelerate.utils)."""
     import torch
     from accelerate.checkpointing import save_accelerator_state, save_custom_state
     from accelerate.utils import (OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, SCHEDULER_NAME, WEIGHTS_NAME, save)
 
     each_node, safe = acc.project_configuration.save_on_each_node, True
-    weights = [{k: v.detach().clone() if isinstance(v, torch.Tensor) else v
-                for k, v in acc.get_state_dict(model, unwrap=False).items()} for model in acc._models]
+    index = itertools.count()
+
+    def copied(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return buffers.torch_copy(next(index), obj.detach())
+        if isinstance(obj, dict):
+            return type(obj)((key, copied(value)) for key, value in obj.items())  # an OrderedDict stays one
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(copied(value) for value in obj)
+        return copy.deepcopy(obj)
+
+    weights = [copied(acc.get_state_dict(model, unwrap=False)) for model in acc._models]
     for hook in acc._save_model_state_pre_hook.values():
         hook(acc._models, weights, step_dir)
-    optimizers = [copy.deepcopy(opt.state_dict()) for opt in acc._optimizers]
-    schedulers = [copy.deepcopy(s.state_dict()) for s in acc._schedulers]
+    optimizers = [copied(opt.state_dict()) for opt in acc._optimizers]
+    schedulers = [copied(s.state_dict()) for s in acc._schedulers]
     # RNG, step, scaler and samplers: the state of this very boundary, small.
     save_accelerator_state(step_dir, [], [], [], acc._dataloaders, acc.state.process_index, acc.step, acc.scaler,
                            save_on_each_node=each_node, safe_serialization=safe)

@@ -1,0 +1,261 @@
+"""respawn.ckpt.accelerate (trainer/accelerate.py) with the real Accelerate: a tiny model with dropout, shuffled
+synthetic data over several epochs, 2 ranks under `python -m respawn.ckpt.launch torchrun` (gloo, CPU; Accelerate
+reads torchrun's environment, as on a GPU node). Stopped by SIGTERM to the launcher's pid at two random steps and
+resumed, the final weights are bit-identical to a plain Accelerate loop's, run without Respawn, and the last
+emergency step loads with a plain `accelerator.load_state(dir)`. A rank killed before its vote leaves no committed
+step. By hand (no RESPAWN_* variables) a single process stopped by SIGTERM still saves into ./respawn-checkpoints, and
+a shuffle a resume cannot repeat is named once at start.
+
+Run as a script, this file is the trainer: `python tests/test_integration_accelerate.py [--plain] ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+STEPS, EVERY = 40, 15  # 12 batches per rank per epoch: the run crosses three epoch boundaries
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- the trainer ------------------------------------------------------------------------------------------------
+
+def build(seed: int, seedable: bool = True):
+    import torch
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import set_seed
+
+    set_seed(seed)
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=seedable))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.9)
+    gen = torch.Generator().manual_seed(1234)
+    data = torch.utils.data.TensorDataset(torch.randn(96, 8, generator=gen), torch.randn(96, 1, generator=gen))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    return accelerator, *accelerator.prepare(model, optimizer, loader, scheduler)
+
+
+def train(argv: list[str]) -> int:
+    import torch
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--every", type=int, default=EVERY)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--plain", action="store_true", help="Accelerate alone, no Respawn: the reference run")
+    p.add_argument("--dies-before-vote", type=int, default=None, help="rank 1 exits as it would vote on this step")
+    p.add_argument("--step-seconds", type=float, default=0.0)
+    p.add_argument("--out", default="weights.pt")
+    p.add_argument("--plain-shuffle", action="store_true", help="a RandomSampler, not Accelerate's seedable one")
+    p.add_argument("--load", help="only a plain accelerator.load_state(DIR), then check what it loaded")
+    args = p.parse_args(argv)
+    accelerator, model, optimizer, loader, scheduler = build(args.seed, seedable=not args.plain_shuffle)
+    if args.load:
+        return load(accelerator, model, scheduler, args.load)
+    name = f"accel[rank {accelerator.process_index}]"
+
+    def body(step, batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        print(f"{name}: step {step + 1}/{args.steps} ", flush=True)
+        time.sleep(args.step_seconds)
+
+    if args.plain:
+        step = 0
+        while step < args.steps:
+            for batch in loader:
+                if step == args.steps:
+                    break
+                body(step, batch)
+                step += 1
+    else:
+        from respawn.ckpt import Preempted
+        from respawn.ckpt.accelerate import RespawnAccelerate
+
+        manager = None
+        if args.dies_before_vote is not None:
+            manager = dying_manager(args.dies_before_vote, args.steps)
+        run = RespawnAccelerate(accelerator, args.steps, every=args.every, manager=manager)
+        print(f"{name}: starting at step {run.start} of {args.steps}", flush=True)
+        try:
+            for step, batch in run.steps(loader):
+                body(step, batch)
+        except Preempted as stop:
+            print(f"{name}: preempted at step {run.step}; emergency checkpoint {stop.outcome.state.value}",
+                  flush=True)
+            raise
+    if accelerator.is_main_process:
+        torch.save(accelerator.unwrap_model(model).state_dict(), args.out)
+    return 0
+
+
+def load(accelerator, model, scheduler, step_dir: str) -> int:
+    import torch
+    from safetensors.torch import load_file
+
+    accelerator.load_state(step_dir)
+    saved = load_file(os.path.join(step_dir, "model.safetensors"))
+    live = accelerator.unwrap_model(model).state_dict()
+    assert saved.keys() == live.keys() and all(torch.equal(saved[k], live[k]) for k in saved)
+    print(f"plain load_state: scheduler at {scheduler.scheduler.last_epoch}, weights as saved", flush=True)
+    return 0
+
+
+def dying_manager(step: int, total: int):
+    """The default manager with a seam on which rank 1 exits (code 1) when it would vote on `step`, after writing
+    its files, as a rank killed mid-save would (tests/fsdp_dies_before_vote.py's injection)."""
+    from respawn.ckpt import commit
+    from respawn.ckpt.framework_files import FilesManager
+    from respawn.ckpt.torch_sharded import GroupSeam
+
+    class DiesBeforeVote(GroupSeam):
+        def all_gather(self, key, data, control=None):
+            if self.rank == 1 and key == commit.votes_key(step):
+                os._exit(1)
+            return super().all_gather(key, data, control)
+
+    return FilesManager.from_env(framework="accelerate", total_steps=total, seam=DiesBeforeVote())
+
+
+if __name__ == "__main__":
+    sys.exit(train(sys.argv[1:]))
+
+
+# ---- the tests --------------------------------------------------------------------------------------------------
+
+import pytest  # noqa: E402 - the trainer above runs without pytest
+
+from trainer_helpers import free_port  # noqa: E402
+
+
+def command(*args: str, ranks: int = 2) -> list[str]:
+    launcher = [] if ranks == 1 else [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks), "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1"]
+    return [sys.executable, "-m", "respawn.ckpt.launch", sys.executable, *launcher, os.path.abspath(__file__), *args]
+
+
+def start(cwd, log: str, cmd: list[str]) -> subprocess.Popen:
+    """A run by hand in `cwd` (its checkpoints: cwd/respawn-checkpoints), the launcher leading its own group."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}  # by hand: no node agent
+    env.update(PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               OMP_NUM_THREADS="1")
+    with open(cwd / log, "ab") as out:
+        return subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=out, stderr=out, start_new_session=True)
+
+
+def finish(proc, log, timeout=180) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in re.findall(r"rank \d+ of \d+ pid (\d+)", log.read_text()):  # torchrun's workers: own sessions
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"{log} did not finish in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_at(proc, log, step: int) -> int:
+    """SIGTERM to the launcher's pid once rank 0 has done `step` steps (`kill PID`, docker stop, a scheduler)."""
+    deadline = time.monotonic() + 120
+    while not re.search(rf"accel(\[rank 0\])?: step {step}/", log.read_text(errors="replace")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            finish(proc, log, timeout=1)
+            pytest.fail(f"{log} never reached step {step}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGTERM)
+    return finish(proc, log)
+
+
+def stopped(log, ranks: int = 2) -> int:
+    """The one step every rank stopped at, its emergency checkpoint committed."""
+    text = log.read_text(errors="replace")
+    seen = {int(r or 0): (int(s), state) for r, s, state in re.findall(
+        r"accel(?:\[rank (\d)\])?: preempted at step (\d+); emergency checkpoint (\w+)", text)}
+    assert sorted(seen) == list(range(ranks)) and len(set(seen.values())) == 1, text[-3000:]  # one agreed step
+    step, state = seen[0]
+    assert state == "committed", text[-3000:]
+    return step
+
+
+def same(a, b) -> bool:
+    import torch
+
+    a, b = (torch.load(path, weights_only=True) for path in (a, b))
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The final weights of a plain Accelerate loop (no Respawn), uninterrupted."""
+    run = tmp_path_factory.mktemp("plain")
+    proc = start(run, "out.log", command("--plain"))
+    assert finish(proc, run / "out.log") == 0, (run / "out.log").read_text()[-3000:]
+    return run / "weights.pt"
+
+
+def test_two_sigterms_at_random_steps_resume_bit_identical_to_a_plain_loop_and_load_with_plain_load_state(tmp_path, reference):
+    from respawn.ckpt import PREEMPTED_EXIT_CODE
+    from respawn.ckpt import format as fmt
+    from respawn.ckpt.storage import LocalStore
+
+    first = random.randint(2, 17)
+    stops = [first, random.randint(first + 3, STEPS - 3)]
+    at = 0
+    for i, wanted in enumerate(stops):
+        log = tmp_path / f"run{i}.log"
+        code = stop_at(start(tmp_path, log.name, command("--step-seconds", "0.05")), log, wanted)
+        assert code == PREEMPTED_EXIT_CODE, log.read_text()[-3000:]
+        assert re.search(rf"accel\[rank 1\]: starting at step {at} of {STEPS}\n", log.read_text())
+        at = stopped(log)
+        assert wanted <= at < STEPS, (stops, at)
+        assert fmt.read_manifest(LocalStore(str(tmp_path / "respawn-checkpoints")).step_dir(at))["kind"] == "emergency"
+    log = tmp_path / "last.log"
+    assert finish(start(tmp_path, log.name, command()), log) == 0, log.read_text()[-3000:]
+    assert re.search(rf"accel\[rank 0\]: starting at step {at} of {STEPS}\n", log.read_text())
+    assert same(tmp_path / "weights.pt", reference), "the resumed run's final weights differ from the plain run's"
+
+    # The last emergency step, as Accelerate alone reads it (one process; AcceleratedScheduler steps the scheduler
+    # once per process: 2 per step here).
+    log = tmp_path / "load.log"
+    step_dir = LocalStore(str(tmp_path / "respawn-checkpoints")).step_dir(at)
+    assert finish(start(tmp_path, log.name, [sys.executable, os.path.abspath(__file__), "--load", step_dir]),
+                  log) == 0, log.read_text()[-3000:]
+    assert f"plain load_state: scheduler at {2 * at}, weights as saved" in log.read_text(), log.read_text()[-3000:]
+
+
+def test_a_rank_killed_before_its_vote_leaves_no_committed_step(tmp_path):
+    from respawn.ckpt.storage import LocalStore
+
+    log = tmp_path / "dies.log"
+    code = finish(start(tmp_path, log.name, command("--dies-before-vote", str(EVERY))), log)
+    assert code not in (0, 75), log.read_text()[-3000:]
+    steps = LocalStore(str(tmp_path / "respawn-checkpoints")).steps()
+    assert steps in ({}, {EVERY: False}), steps  # written by both ranks, never committed
+
+
+def test_by_hand_a_sigterm_saves_locally_and_an_unrepeatable_shuffle_is_named_at_start(tmp_path):
+    from respawn.ckpt import PREEMPTED_EXIT_CODE
+
+    log = tmp_path / "alone.log"
+    proc = start(tmp_path, log.name, command("--step-seconds", "0.05", "--plain-shuffle", ranks=1))
+    assert stop_at(proc, log, 4) == PREEMPTED_EXIT_CODE, log.read_text()[-3000:]
+    text = log.read_text()
+    step = stopped(log, ranks=1)
+    assert f"checkpoints: {tmp_path}/respawn-checkpoints" in text, text[-3000:]
+    assert os.path.exists(tmp_path / "respawn-checkpoints" / f"step_{step:012d}" / "COMMITTED")
+    assert text.count("use_seedable_sampler=True") == 1, text[-3000:]
