@@ -25,7 +25,7 @@ class _Strict(BaseModel):
 
 
 # A job spec's provisioning model → the sim's (its capacity timelines are per model).
-SIM_MODELS = {"spot": "SPOT", "flex-start": "FLEX_START", "standard": "STANDARD"}
+SIM_MODELS = {"spot": "SPOT", "flex-start": "FLEX_START", "standard": "STANDARD", "reservation": "RESERVATION"}
 
 
 class CapacityChange(_Strict):
@@ -36,9 +36,9 @@ class CapacityChange(_Strict):
     after_preemption: int | None = Field(default=None, ge=1, description="right after the Nth injected preemption")
     delay_seconds: float = Field(default=0, ge=0, description="with after_preemption: this long after it")
     count: int | None = Field(default=None, ge=0)
-    model: Literal["spot", "flex-start", "standard"] | None = Field(
-        default=None, description="only this provisioning model's capacity (Spot dry while flex-start is not); "
-        "default every model's")
+    model: Literal["spot", "flex-start", "standard", "reservation"] | None = Field(
+        default=None, description="only this provisioning model's capacity (Spot dry while flex-start is not; "
+        "reservation: the size of the zone's specific reservation); default every model's")
 
     @property
     def sim_model(self) -> str | None:
@@ -141,7 +141,7 @@ class TrainerSettings(_Strict):
 class Expect(_Strict):
     state: State = State.SUCCEEDED
     lost_steps: int | None = Field(default=None, ge=0, description="if set, lost steps must equal this")
-    provisioning: list[Literal["spot", "flex-start", "standard"]] | None = Field(
+    provisioning: list[Literal["spot", "flex-start", "standard", "reservation"]] | None = Field(
         default=None, description="if set, the provisioning model of each node that ran, in the order they started")
 
 
