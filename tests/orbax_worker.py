@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     if args.processes > 1:
         jax.distributed.initialize(args.coordinator, args.processes, args.process_id,
                                    coordinator_bind_address=args.coordinator, shutdown_timeout_seconds=10)
-    from respawn.ckpt import Preempted
+    from respawn.ckpt import PREEMPTED_EXIT_CODE, Preempted
     from respawn.ckpt.framework_files import FilesManager
     from respawn.ckpt.orbax_ckpt import FRAMEWORK, OrbaxCheckpoints
 
@@ -117,13 +117,24 @@ def main(argv=None) -> int:
                     time.sleep(args.step_seconds)
                 ckpt.save(step + 1, state)
     except Preempted as stop:
+        print(f"{name}: threads left: {threads()}", flush=True)
         print(f"{name}: preempted at step {stop.outcome.step}; {stop.outcome.state.value}; exiting 75", flush=True)
         if args.final_params and args.processes == 1:
             save_params(args.final_params)
+        if args.dies_after is not None:
+            os._exit(PREEMPTED_EXIT_CODE)  # process 1 is gone: no jax.distributed shutdown barrier to wait out
         raise
+    print(f"{name}: threads left: {threads()}", flush=True)
     if args.final_params:
         save_params(args.final_params)
     return 0
+
+
+def threads() -> str:
+    """The Python threads alive besides this one (none of Orbax's may outlive a save)."""
+    import threading
+
+    return ",".join(sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())) or "none"
 
 
 def dies_at_vote(after: int):

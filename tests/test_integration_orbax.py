@@ -132,7 +132,10 @@ def test_two_processes_stopped_by_sigterm_twice_resume_bit_identical_and_plain_o
     # A new node (its local directory empty): the step comes from the remote store; the run ends as if never stopped.
     proc = start(tmp_path, "last", "--final-params", f"{tmp_path}/final.npz", node="new-node")
     assert finish(proc, tmp_path, "last") == 0, output(tmp_path, "last")[-4000:]
-    assert f"orbax_worker[process 0]: starting at step {step}" in output(tmp_path, "last")
+    text = output(tmp_path, "last")
+    assert f"orbax_worker[process 0]: starting at step {step}" in text
+    for pid in range(2):  # Orbax's save threads and its metadata writer end with each save
+        assert f"orbax_worker[process {pid}]: threads left: none" in text, text[-4000:]
     final = dict(np.load(f"{tmp_path}/final.npz"))
     assert sorted(final) == sorted(reference)
     for key in reference:
@@ -196,8 +199,25 @@ def test_outside_a_node_sigterm_saves_into_the_working_directory_and_plain_orbax
     assert code == PREEMPTED_EXIT_CODE, text[-4000:]
     assert f"checkpoints: {folder}" in text
     step, state = stopped(text, processes=1)
+    assert "orbax_worker[process 0]: threads left: none" in text, text[-4000:]
     assert state == "committed" and EVERY <= step < STEPS, text[-4000:]
     assert (folder / f"step_{step:012d}" / "COMMITTED").exists()
     held = dict(np.load(tmp_path / "alone" / "stopped.npz"))  # the parameters at the stop
     for key, value in plain_orbax(str(folder / f"step_{step:012d}" / "state"), held).items():
         np.testing.assert_array_equal(value, held[key], err_msg=key)
+
+
+def test_processes_with_checkpoint_directories_of_their_own_are_refused_in_one_line(tmp_path):
+    # Orbax's processes write one directory that process 0 finalizes: hosts with disks of their own cannot share
+    # a step. Two members (threads over an in-process seam), each with its own directory and a remote store.
+    from respawn.ckpt.loop import CheckpointError
+    from respawn.ckpt.orbax_ckpt import OrbaxCheckpoints
+    from test_trainer_framework_files import run_members
+
+    def body(rank, seam):
+        mgr = FilesManager(f"file://{tmp_path}/remote", str(tmp_path / f"host{rank}"), framework="orbax", seam=seam)
+        return OrbaxCheckpoints(STEPS, EVERY, manager=mgr).restore({})
+
+    for result in run_members(2, body):
+        assert isinstance(result, CheckpointError), result
+        assert "checkpoint directories of their own" in str(result) and "shared filesystem" in str(result)
