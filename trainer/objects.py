@@ -12,6 +12,12 @@ import numpy as np
 
 def accessors(name: str, obj: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     """(get_state, load_state) for an object the loop restores in place."""
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is not None and isinstance(obj, (torch_data.DataLoader, torch_data.IterableDataset)):
+        from .data import check_data
+
+        position = check_data(name, obj)  # its batches consumed, not its workers' prefetch; a WARNING if inexact
+        return position.state_dict, position.load_state_dict
     if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
         return obj.state_dict, obj.load_state_dict  # torch modules, optimizers, schedulers; DCP-style Stateful
     if callable(getattr(obj, "get_state", None)) and callable(getattr(obj, "set_state", None)):
