@@ -1,12 +1,15 @@
 """Start and stop the official Firestore and Pub/Sub emulators, and gcp-storage-emulator, on free loopback ports.
 
 Used by the test harness and by `respawn demo`. Each emulator runs in its own process group (the wrapper
-scripts start `java` as a child), and stop() ends the whole group.
+scripts start `java` as a child), and stop() ends the whole group. An emulator shared by several users (the test
+session's, under demos of their own) is emptied one project at a time: reset_firestore, delete_pubsub.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -188,6 +191,40 @@ def start_storage(bucket: str, timeout: float = 30, log_dir: Path | None = None)
     return _start_on_a_free_port("storage", lambda port: [str(launcher), "start", "--host", "127.0.0.1", "--port",
                                                            str(port), "--default-bucket", bucket, "--in-memory",
                                                            "--quiet"], f"/storage/v1/b/{bucket}", timeout, log_dir)
+
+
+HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:[0-9]{1,5}")
+
+
+def check_running(name: str, host: str) -> None:
+    """The emulator said to run at `host` (HOST:PORT, as FIRESTORE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST take it)
+    answers; else an EmulatorError naming it."""
+    if not HOST_PORT.fullmatch(host):
+        raise EmulatorError(f"the {name} emulator's address {host!r} is not HOST:PORT (e.g. 127.0.0.1:8085)")
+    try:
+        with urllib.request.urlopen(f"http://{host}/", timeout=5) as r:
+            if r.status == 200:
+                return
+            problem = f"HTTP {r.status}"
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        problem = str(getattr(exc, "reason", exc))
+    raise EmulatorError(f"no {name} emulator answers at {host} ({problem}): start it there, or leave its address out "
+                        "to start one of the demo's own")
+
+
+def delete_pubsub(host: str, project: str, kind: str) -> None:
+    """Delete every one of `project`'s `kind` ("subscriptions" or "topics") on the Pub/Sub emulator at `host`; other
+    projects' are the emulator's own business and stay."""
+    url = f"http://{host}/v1/projects/{project}/{kind}"
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            names = [x["name"] for x in json.load(r).get(kind) or []]
+        if not names:
+            return
+        for name in names:
+            with urllib.request.urlopen(urllib.request.Request(f"http://{host}/v1/{name}", method="DELETE"),
+                                        timeout=10):
+                pass
 
 
 def reset_firestore(host: str, project: str, databases: tuple[str, ...] = ()) -> None:

@@ -11,9 +11,11 @@ import random
 import re
 import subprocess
 import sys
+import urllib.request
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -28,16 +30,58 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
 
 
 def leftovers(token: str) -> list[int]:
+    """The processes a demo run with RESPAWN_DEMO_TEST=token started (they inherit it) that still run; never the
+    session's emulators, which this process started."""
     return processes_with(f"RESPAWN_DEMO_TEST={token}".encode())
+
+
+_session_emulators: Callable[[], tuple[str, str]] | None = None
+
+
+@pytest.fixture(autouse=True)
+def session_emulators(request):
+    """run_demo's demos share this worker's Firestore and Pub/Sub emulators (tests/conftest.py), each under a project
+    of its own: the Java emulators start once per worker instead of once per demo. Started only once a test runs a
+    demo."""
+    global _session_emulators
+
+    def hosts() -> tuple[str, str]:
+        return request.getfixturevalue("firestore_emulator"), request.getfixturevalue("pubsub_emulator")
+
+    _session_emulators = hosts
+    yield
+    _session_emulators = None
+
+
+def project_left(firestore_host: str, pubsub_host: str, project: str) -> list[str]:
+    """What of `project` is still on the shared emulators: its collections (both databases), topics, subscriptions."""
+    from google.cloud import firestore
+
+    from respawn.contract import NODES_DATABASE
+
+    left = []
+    for database in ("(default)", NODES_DATABASE):
+        client = firestore.Client(project=project, database=database)
+        left += [f"{database}/{c.id}" for c in client.collections()]
+        client.close()
+    for kind in ("topics", "subscriptions"):
+        with urllib.request.urlopen(f"http://{pubsub_host}/v1/projects/{project}/{kind}", timeout=10) as r:
+            left += [x["name"] for x in json.load(r).get(kind) or []]
+    return left
 
 
 def run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     token = uuid.uuid4().hex
+    firestore_host, pubsub_host = _session_emulators()
+    project = f"demo-test-{token[:12]}"  # no other run on these emulators sees its documents, topics, subscriptions
     env = {**os.environ, "RESPAWN_DEMO_TEST": token}
-    r = subprocess.run([sys.executable, "-m", "respawn", "demo", "--json", "--no-live", "--out", str(tmp_path / "out"), *args],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "respawn", "demo", "--json", "--no-live", "--out", str(tmp_path / "out"),
+                        "--firestore-emulator", firestore_host, "--pubsub-emulator", pubsub_host, "--project", project,
+                        *args], capture_output=True, text=True, env=env, timeout=600)
     assert leftovers(token) == [], "processes the demo started are still running"
     assert r.stdout.strip(), f"no summary; stderr:\n{r.stderr[-4000:]}"
+    # The emulators it was given outlive it, with nothing of its project left on them.
+    assert project_left(firestore_host, pubsub_host, project) == [], "the demo left its project on the emulators"
     return r, json.loads(r.stdout.strip().splitlines()[-1])
 
 

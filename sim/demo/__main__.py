@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import shlex
 import signal
 import sys
@@ -16,10 +18,11 @@ from rich.table import Table
 from respawn.cli import CliError, err, run_reporting_errors
 from sim.demo.jobfile import read_job, with_job_file
 from sim.demo.live import LiveView
-from sim.demo.runner import DemoError, DemoRun
+from sim.demo.runner import PROJECT, DemoError, DemoRun
 from sim.demo.scenario import ScenarioError, default_scenario, load_scenario
 from sim.emulators import EmulatorError
 
+PROJECT_ID = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")  # Google Cloud's rule for a project ID
 SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "total_steps", "restarts", "zones",
                 "provisioning", "lost_steps",
                 "max_live_nodes", "notice_to_step_seconds", "wall_seconds", "goodput", "cost", "timeline", "logs")
@@ -37,6 +40,18 @@ def demo(
                               "running and print the `export` lines that point `respawn jobs describe/events/logs/"
                               "report` at them; Ctrl-C stops everything"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="where logs, summary.json and timeline.html go"),
+    firestore_emulator: Optional[str] = typer.Option(
+        None, "--firestore-emulator", metavar="HOST:PORT",
+        help="use the Firestore emulator already running there (e.g. \"$FIRESTORE_EMULATOR_HOST\") instead of "
+             "starting one: the demo writes under its --project only, deletes that project's documents at the end "
+             "and leaves the emulator running"),
+    pubsub_emulator: Optional[str] = typer.Option(
+        None, "--pubsub-emulator", metavar="HOST:PORT",
+        help="the same for the Pub/Sub emulator: the project's topics and subscriptions are deleted at the end"),
+    project: Optional[str] = typer.Option(
+        None, "--project", help=f"the project the demo's documents, topics and subscriptions belong to; default: "
+                                f"{PROJECT} on the demo's own emulators, a new respawn-demo-XXXXXXXX per run on "
+                                "emulators given above, so that runs sharing them never meet"),
     as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON object: the summary"),
     live: bool = typer.Option(True, "--live/--no-live", help="the live terminal view (plain lines when not a terminal)"),
 ) -> None:
@@ -45,6 +60,11 @@ def demo(
     Your own job: respawn demo --job examples/jobs/gpu-spot-small.yaml --keep"""
 
     def go() -> None:
+        shared = firestore_emulator or pubsub_emulator
+        run_project = project or (f"respawn-demo-{secrets.token_hex(4)}" if shared else PROJECT)
+        if not PROJECT_ID.fullmatch(run_project):
+            raise CliError(f"--project {run_project!r} is not a project ID: 6 to 30 lowercase letters, digits and "
+                           "hyphens, starting with a letter", code=2)
         try:
             sc = load_scenario(scenario) if scenario else default_scenario()
             job = None
@@ -73,7 +93,8 @@ def demo(
             with view:
                 view.say(f"scenario {sc.name}: {sc.description or 'no description'}"
                          + (f"; job {job.path}" if job else "") + f"; output in {base}")
-                run = DemoRun(sc, base, on_progress=view.update, say=view.say, job=job)
+                run = DemoRun(sc, base, on_progress=view.update, say=view.say, job=job, project=run_project,
+                              firestore_host=firestore_emulator, pubsub_host=pubsub_emulator)
                 result = run.run(keep=keep)
             try:
                 problem = _unexpected(sc, result)

@@ -8,6 +8,10 @@ registers the scenario's job, as `respawn jobs register` does. Each node boots t
 (sim/node_image.py), whose agent downloads the workdir, runs the setup commands and starts the trainer on the
 interpreter the spec names. The runner injects what the scenario says and ends with a summary and a timeline.
 Everything it started is stopped on the way out, also on Ctrl-C; with keep, not before close().
+
+Firestore and Pub/Sub emulators already running (a test session's) may be given instead: the run then keeps to a
+project of its own on them, deletes that project's documents, topics and subscriptions on the way out and leaves
+the emulators running.
 """
 
 from __future__ import annotations
@@ -236,9 +240,13 @@ def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int,
 
 class DemoRun:
     def __init__(self, sc: Scenario, out_dir: Path, *, on_progress: Callable[[Progress], None],
-                 say: Callable[[str], None], job: JobFile | None = None):
+                 say: Callable[[str], None], job: JobFile | None = None, project: str = PROJECT,
+                 firestore_host: str | None = None, pubsub_host: str | None = None):
         self.sc = sc
         self.job = job  # the user's own job file (sim/demo/jobfile.py); None: the demo's example job
+        self.project = project  # every document, topic and subscription of the run is this project's
+        # Emulators already running (HOST:PORT), shared with others: used, emptied of this project, never stopped.
+        self.firestore_host, self.pubsub_host = firestore_host, pubsub_host
         self.out = out_dir.resolve()  # children run elsewhere: every path handed to them must be absolute
         self.on_progress = on_progress
         self.say = say
@@ -252,18 +260,38 @@ class DemoRun:
     # --- start-up -----------------------------------------------------------------------------------------------
 
     def _emulators(self) -> None:
-        self.say("starting the Firestore, Pub/Sub and Cloud Storage emulators")
-        fs = emulators.start_firestore(log_dir=self.out)
-        self.stack.push("Firestore emulator", fs.stop, fs.proc.pid)
-        ps = emulators.start_pubsub(log_dir=self.out)
-        self.stack.push("Pub/Sub emulator", ps.stop, ps.proc.pid)
+        fs_host, ps_host = self.firestore_host, self.pubsub_host
+        given = {"Firestore": fs_host, "Pub/Sub": ps_host}
+        for name, host in given.items():
+            if host:
+                emulators.check_running(name, host)
+        own = [name for name, host in given.items() if not host] + ["Cloud Storage"]
+        starting = (f"starting the {', '.join(own[:-1])} and {own[-1]} emulators" if len(own) > 1
+                    else f"starting the {own[0]} emulator")
+        shared = " and ".join(f"the {name} emulator at {host}" for name, host in given.items() if host)
+        self.say(f"using {shared} (project {self.project}); {starting}" if shared else starting)
+        if fs_host:
+            # Pushed first, so done last: once nothing of the run can write any more.
+            self.stack.push("the project's Firestore documents",
+                            lambda host=fs_host: emulators.reset_firestore(host, self.project))
+        else:
+            fs = emulators.start_firestore(log_dir=self.out)
+            self.stack.push("Firestore emulator", fs.stop, fs.proc.pid)
+            fs_host = fs.host
+        if ps_host:
+            self.stack.push("the project's Pub/Sub topics",
+                            lambda host=ps_host: emulators.delete_pubsub(host, self.project, "topics"))
+        else:
+            ps = emulators.start_pubsub(log_dir=self.out)
+            self.stack.push("Pub/Sub emulator", ps.stop, ps.proc.pid)
+            ps_host = ps.host
         gcs = emulators.start_storage(BUCKET, log_dir=self.out)
         self.stack.push("Cloud Storage emulator", gcs.stop, gcs.proc.pid)
-        os.environ["FIRESTORE_EMULATOR_HOST"] = fs.host
-        os.environ["PUBSUB_EMULATOR_HOST"] = ps.host
+        os.environ["FIRESTORE_EMULATOR_HOST"] = fs_host
+        os.environ["PUBSUB_EMULATOR_HOST"] = ps_host
         os.environ["STORAGE_EMULATOR_HOST"] = gcs.url  # `respawn jobs register --workdir` uploads through it
-        self.env.update(FIRESTORE_EMULATOR_HOST=fs.host, PUBSUB_EMULATOR_HOST=ps.host)
-        self.cli_env.update(self.env, STORAGE_EMULATOR_HOST=gcs.url, GOOGLE_CLOUD_PROJECT=PROJECT)
+        self.env.update(FIRESTORE_EMULATOR_HOST=fs_host, PUBSUB_EMULATOR_HOST=ps_host)
+        self.cli_env.update(self.env, STORAGE_EMULATOR_HOST=gcs.url, GOOGLE_CLOUD_PROJECT=self.project)
         self.storage = node_image.Storage(gcs.url, BUCKET)
 
     def _sim(self) -> None:
@@ -276,7 +304,8 @@ class DemoRun:
         self.stack.push("Slack receiver", self.slack.stop)
         if sc.faults.slack:
             self.slack.fail(status=sc.faults.slack.status, count=sc.faults.slack.count, retry_after=1)
-        self.router = AuditRouter(PROJECT, topic=deployment.LOG_EVENTS_TOPIC, duplicates=sc.faults.duplicate_events)
+        self.router = AuditRouter(self.project, topic=deployment.LOG_EVENTS_TOPIC,
+                                  duplicates=sc.faults.duplicate_events)
         self.stack.push("audit router", self.router.close)
         if sc.faults.drop_events:
             self.router.drop_next(sc.faults.drop_events)
@@ -295,7 +324,7 @@ class DemoRun:
                      "made to resolve on a shared network)")
             self.say(f"TPU workers' worker-network-endpoints: {sc.tpu_endpoints}, "
                      + (names if sc.tpu_endpoints == ENDPOINTS_HOSTNAMES else "name:uid:IP"))
-        self.sim = SimServer(PROJECT, notice_seconds=sc.notice_seconds, op_delay=0.3,
+        self.sim = SimServer(self.project, notice_seconds=sc.notice_seconds, op_delay=0.3,
                              boot_command=boot_command, node_env=node_env, network="loopback" if why_not else "netns",
                              nodes_root=self.out / "nodes", audit_sink=self.router,
                              tpu_endpoints=sc.tpu_endpoints, run_duration_scale=sc.run_duration_scale).start()
@@ -310,7 +339,7 @@ class DemoRun:
         sc = self.sc
         env = {
             **os.environ, **self.env,
-            "RESPAWN_PROJECT": PROJECT,
+            "RESPAWN_PROJECT": self.project,
             "RESPAWN_COMPUTE_ENDPOINT": self.sim.endpoint,
             "RESPAWN_MONITORING_ENDPOINT": self.sim.endpoint,  # the job's goodput series, as in production
             "RESPAWN_TPU_ENDPOINT": self.sim.endpoint,
@@ -358,19 +387,22 @@ class DemoRun:
             urls[fn.entry_point] = f"http://127.0.0.1:{port}/"
         for fn, port, proc, log in procs:
             _wait_port(port, proc, f"function {fn.entry_point}", log)
+        if self.pubsub_host:  # before the functions stop: no push of the run's may reach another's on a reused port
+            self.stack.push("the project's Pub/Sub subscriptions",
+                            lambda: emulators.delete_pubsub(self.pubsub_host, self.project, "subscriptions"))
         # Pub/Sub push subscriptions deliver each topic to its function, as Eventarc's Pub/Sub triggers do.
         publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
         for fn in deployment.FUNCTIONS:
             if fn.trigger == "firestore":
                 continue
-            topic = publisher.topic_path(PROJECT, fn.trigger)
+            topic = publisher.topic_path(self.project, fn.trigger)
             try:
                 publisher.create_topic(name=topic)
             except Exception as exc:
                 if exc.__class__.__name__ != "AlreadyExists":
                     raise
             subscriber.create_subscription(
-                name=subscriber.subscription_path(PROJECT, f"{fn.name}-push"), topic=topic,
+                name=subscriber.subscription_path(self.project, f"{fn.name}-push"), topic=topic,
                 push_config={"push_endpoint": urls[fn.entry_point]}, ack_deadline_seconds=120,
             )
         return urls
@@ -378,9 +410,9 @@ class DemoRun:
     def _bridges(self, urls: dict[str, str]) -> None:
         from sim.bridges import EventarcBridge, SweepScheduler
 
-        bridge = EventarcBridge(PROJECT, urls["on_job_created"]).start()
+        bridge = EventarcBridge(self.project, urls["on_job_created"]).start()
         self.stack.push("Eventarc bridge", bridge.stop)
-        sweep = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=self.sc.sweep_seconds).start()
+        sweep = SweepScheduler(self.project, topic=deployment.SWEEP_TOPIC, interval=self.sc.sweep_seconds).start()
         self.stack.push("sweep scheduler", sweep.stop)
 
     def _upload_workdir(self, directory: Path) -> str:
@@ -391,7 +423,7 @@ class DemoRun:
             raise DemoError(f"cannot pack trainer.workdir: {exc}") from None
         if warning := packed.size_warning():
             self.say(warning)
-        sent = codestore.upload(packed, f"gs://{BUCKET}/demo", PROJECT)
+        sent = codestore.upload(packed, f"gs://{BUCKET}/demo", self.project)
         shown = directory.relative_to(REPO) if directory.is_relative_to(REPO) else directory
         self.say(f"packed {shown} ({packed.files} files, {human_bytes(packed.size)}) and uploaded it: "
                  f"trainer.workdir = {sent.uri}")
@@ -451,9 +483,9 @@ class DemoRun:
                 if change.at_seconds is not None:
                     self.sim.set_capacity(zone.name, key, change.count, at=self.sim.now() + change.at_seconds,
                                           provisioning_model=change.sim_model)
-        db = firestore.Client(project=PROJECT)
+        db = firestore.Client(project=self.project)
         self.stack.push("Firestore client", db.close)
-        nodes_db = firestore.Client(project=PROJECT, database=schema.NODES_DATABASE)
+        nodes_db = firestore.Client(project=self.project, database=schema.NODES_DATABASE)
         self.stack.push("Firestore client (heartbeats)", nodes_db.close)
         self.say(f"registering job {job_id} (a Firestore document, as `respawn jobs register` writes it)")
         sim_t0 = self.sim.now()
@@ -573,7 +605,7 @@ class DemoRun:
         """Every node's logs, the lost ones' too, as `respawn jobs logs` shows them (docs/watching.md), into logs.txt;
         for the summary, how many lines each node said."""
         try:
-            r = subprocess.run([sys.executable, "-m", "respawn", "jobs", "logs", job_id, "--project", PROJECT],
+            r = subprocess.run([sys.executable, "-m", "respawn", "jobs", "logs", job_id, "--project", self.project],
                                capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
         except (OSError, subprocess.TimeoutExpired) as exc:
             return [f"respawn jobs logs could not run: {exc}"]
