@@ -35,6 +35,12 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+def say(line: str) -> None:
+    """One line in one write: the ranks share the output, and torchrun leaves it unbuffered."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 class Progress(TrainerCallback):
     """One line per step (what the demo and the tests read), and a pause that stands for a bigger model's step."""
 
@@ -43,12 +49,16 @@ class Progress(TrainerCallback):
         self.seconds = seconds
 
     def on_train_begin(self, args, state, control, **kwargs):
-        print(f"{self.name}: starting at step {state.global_step} of {state.max_steps}", flush=True)
+        say(f"{self.name}: starting at step {state.global_step} of {state.max_steps}")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.seconds:
             time.sleep(self.seconds)
-        print(f"{self.name}: step {state.global_step}/{state.max_steps}", flush=True)
+        say(f"{self.name}: step {state.global_step}/{state.max_steps}")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs and state.is_world_process_zero:  # the mean over the ranks, the same on each
+            say(f"{self.name}: loss at step {state.global_step}: {logs['loss']!r}")
 
 
 def main(argv=None) -> int:
@@ -56,6 +66,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--save-steps", type=int, default=50)
     parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--logging-steps", type=int, default=10)
     parser.add_argument("--output-dir", default="hf-output")
     parser.add_argument("--weights-out", help="write the final weights here (torch.save of the state_dict)")
     args = parser.parse_args(argv)
@@ -65,14 +76,14 @@ def main(argv=None) -> int:
     model = GPT2LMHeadModel(config)
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, save_steps=args.save_steps, per_device_train_batch_size=4,
-        learning_rate=1e-3, logging_steps=10, report_to="none", disable_tqdm=True, use_cpu=True, seed=7,
+        learning_rate=1e-3, logging_steps=args.logging_steps, report_to="none", disable_tqdm=True, use_cpu=True, seed=7,
         dataloader_num_workers=0)
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(96, 16, config.vocab_size),
                       callbacks=[Progress(training.process_index, args.step_seconds)])
     trainer.train(resume_from_checkpoint=resume_path(trainer))  # Respawn, line 2 of 2
     if args.weights_out and training.process_index == 0:
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, args.weights_out)
-    print(f"{'train.py'}: done at step {trainer.state.global_step}", flush=True)
+    say(f"train.py: done at step {trainer.state.global_step}")
     return 0
 
 
