@@ -48,7 +48,7 @@ def step_costs(torch, accelerator, steps: int, repeats: int, folder: str) -> tup
     from respawn.ckpt.framework_files import FilesManager
 
     data = torch.utils.data.TensorDataset(torch.arange(steps, dtype=torch.float32))
-    loader = accelerator.prepare(torch.utils.data.DataLoader(data, batch_size=1, shuffle=True))
+    loader = accelerator.prepare(torch.utils.data.DataLoader(data, batch_size=1))
     plain, respawn = [], []
     for rep in range(repeats):
         t0 = time.perf_counter()

@@ -26,14 +26,17 @@ import os
 import signal
 from typing import Any, Callable, Iterator
 
+from respawn import contract
+
 from . import _log, distributed
 from .framework_files import Files, FilesManager
-from .loop import CheckpointError, Preempted
+from .loop import ENV_FRESH, CheckpointError, Preempted
 from .manager import SaveOutcome
 from .serialize import SnapshotBuffers
 
 POSITION = "respawn_data_position.json"
 FRAMEWORK = "accelerate"
+FRESH = f"to start fresh, run with {ENV_FRESH}=1 (deletes the checkpoints there)"
 
 
 class RespawnAccelerate:
@@ -71,20 +74,26 @@ class RespawnAccelerate:
     # ---- restore ------------------------------------------------------------------------------------------------
 
     def _restore(self) -> None:
+        if os.environ.get(ENV_FRESH) == "1" and self._first:  # before member 0's restore looks
+            if os.environ.get(contract.ENV_JOB_ID):
+                _log.warning(f"{ENV_FRESH}=1 ignored under the node agent: a job's restarts resume")
+            else:
+                removed = self.manager.discard_checkpoints()
+                _log.warning(f"{ENV_FRESH}=1: starting from step 0; deleted {len(removed)} checkpoint step(s) in "
+                             f"{self.manager.where()}", removed=removed)
         restored = self.manager.restore()
         if restored is not None:
             step, step_dir = restored
             if step > self.total_steps:
                 raise CheckpointError(f"respawn.ckpt: the checkpoint of step {step} in {self.manager.where()} is past "
-                                 f"total_steps={self.total_steps}: pass total_steps >= {step}, or give this run "
-                                 "another checkpoint folder")
+                                      f"total_steps={self.total_steps}: pass total_steps >= {step}, or {FRESH}")
             try:
                 self.accelerator.load_state(step_dir)
             except Exception as exc:  # noqa: BLE001 - one line, not a traceback
                 why = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-                raise CheckpointError(f"respawn.ckpt: accelerator.load_state could not load step {step} from {step_dir} "
-                                 f"({type(exc).__name__}: {why[:300]}); it was written for another model or "
-                                 "setup: give this run another checkpoint folder") from exc
+                raise CheckpointError(f"respawn.ckpt: accelerator.load_state could not load step {step} from "
+                                      f"{step_dir} ({type(exc).__name__}: {why[:300]}); it was written for another "
+                                      f"model or setup: {FRESH}, or give this run another checkpoint folder") from exc
             path = os.path.join(step_dir, POSITION)
             if os.path.exists(path):
                 with open(path) as f:
@@ -138,6 +147,11 @@ class RespawnAccelerate:
             if self.final is None or not self.final.committed:
                 why = f"{self.final.state.value}: {self.final.reason}" if self.final else "the save thread died"
                 raise RuntimeError(f"the final checkpoint (step {total}) was not committed: {why}")
+        except Preempted:
+            raise
+        except BaseException:  # a crash in the step body, or a loop left early: an in-flight save commits first
+            self.manager.close()
+            raise
         finally:
             self._restore_handlers()
 
@@ -239,6 +253,8 @@ def _snapshot(acc: Any, step_dir: str, buffers: SnapshotBuffers) -> Callable[[st
         save_custom_state(obj, step_dir, i, save_on_each_node=each_node)
 
     def write(step_dir: str) -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the copies from the GPU into the pinned buffers were asynchronous
         for i, state in enumerate(weights):
             name = SAFE_WEIGHTS_NAME if safe else WEIGHTS_NAME
             name = name.replace(".", f"_{i}.") if i else name
