@@ -138,27 +138,31 @@ class OrbaxCheckpoints:
 
     def _files(self, step: int, state: Any) -> Files:
         """Orbax's save of `state` into the step directory: started in `now` (the caller's thread), finished in
-        `later` (the save's thread, or the caller's for an emergency save). A checkpointer per save, closed in
-        `later`: its barrier keys are this save's own (a step saved again after an abandoned try included), and
-        none of its threads outlives the save."""
+        `later` (the save's thread, or the caller's for an emergency save). A checkpointer per save, made in `now`
+        (a step committed already writes nothing) and closed in `later`: its barrier keys are this save's own (a
+        step saved again after an abandoned try included), and none of its threads outlives the save."""
         self._check_hosts()
         self._saves += 1
-        options = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"respawn_{step}_{self._saves}")
-        orbax = ocp.StandardCheckpointer(multiprocessing_options=options)
-        failed: list[BaseException] = []
+        prefix = f"respawn_{step}_{self._saves}"
+        held: list = []  # the checkpointer, or the exception its save raised
 
         def now(step_dir: str) -> None:
             try:
+                orbax = ocp.StandardCheckpointer(
+                    multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=prefix))
+                held.append(orbax)
                 orbax.save(os.path.join(os.path.abspath(step_dir), ITEM), state)  # Orbax: absolute paths only
-            except Exception as exc:  # noqa: BLE001 - told in `later`: this process then votes no
-                failed.append(exc)
+            except Exception as exc:  # noqa: BLE001 - raised in `later`: this process then votes no
+                held.append(exc)
 
         def later(step_dir: str) -> None:
+            orbax, failed = held[0], held[-1]
             try:
-                if failed:
-                    raise failed[0]
+                if isinstance(failed, Exception):
+                    raise failed
                 orbax.wait_until_finished()  # Orbax's write, its barriers, its finalize: `state/` renamed in place
             finally:
-                orbax.close()
+                if not isinstance(orbax, Exception):
+                    orbax.close()
 
         return Files(now=now, later=later)
