@@ -13,6 +13,8 @@ per step is bench.agreement's figure.
                      checksummed, committed off the thread; median of the saves after the first)
   stall_ratio        stall_s / save_state_fsync_s (bench.checkpoint's baseline: a save on the disk) (goal <= 0.10)
   stall_vs_page_cache stall_s / save_state_s: on a CPU both are a copy of the state in memory
+  copy_floor_s       one copy_ of the same tensors into buffers already faulted in: the least any in-memory
+                     snapshot stalls on this machine (median of the copies after the first)
   emergency_s        the emergency save of that state (save_state, checksums, vote, COMMITTED), against the
                      notice budget
 """
@@ -103,6 +105,17 @@ def main(argv=None) -> int:
             fsync_all(where)
             synced.append(time.perf_counter() - t0)
             shutil.rmtree(where)
+        # The floor of any snapshot on this machine: one copy of the same tensors into buffers already faulted in.
+        tensors = [t for t in accelerator.get_state_dict(model, unwrap=False).values()] + [
+            t for state in optimizer.state_dict()["state"].values() for t in state.values() if t.dim()]
+        buffers = [torch.empty_like(t) for t in tensors]
+        floors = []
+        for _ in range(args.saves):
+            t0 = time.perf_counter()
+            for buf, t in zip(buffers, tensors):
+                buf.copy_(t)
+            floors.append(time.perf_counter() - t0)
+        del buffers
         mgr = FilesManager(local_dir=os.path.join(folder, "saves"), framework="accelerate", keep=2)
         run = RespawnAccelerate(accelerator, 10 * args.saves, every=1, manager=mgr, signals=())
         stalls = []
@@ -127,6 +140,7 @@ def main(argv=None) -> int:
             "stall_first_s": round(stalls[0], 4), "stall_s": round(stall_s, 4),
             "stall_ratio": round(stall_s / statistics.median(synced), 3),
             "stall_vs_page_cache": round(stall_s / save_state_s, 3),
+            "copy_floor_s": round(statistics.median(floors[1:] or floors), 4),
             "emergency_s": round(emergency_s, 4), "notice_budget_s": mgr.notice_budget_s,
         }
     finally:
