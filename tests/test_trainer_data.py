@@ -24,6 +24,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 from respawn.ckpt import PREEMPTED_EXIT_CODE, CheckpointManager, Preempted, TrainingLoop  # noqa: E402
 from respawn.ckpt.data import ResumableSampler, forever  # noqa: E402
+from trainer_helpers import free_port  # noqa: E402
 
 N, BATCH, STEPS, EVERY = 22, 4, 14, 3  # 6 batches an epoch (the last one short): the run crosses two epochs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +102,43 @@ def test_a_stopped_and_resumed_run_sees_the_same_batches_and_ends_bit_identical(
         assert torch.equal(a, b), f"{what}: the final weights differ from the uninterrupted run's"
 
 
+def torchrun(tmp_path, name: str, stop: int) -> subprocess.Popen:
+    """This file's __main__ on 2 ranks (gloo, rendezvous on 127.0.0.1), checkpoints in tmp_path/name."""
+    run = tmp_path / name
+    run.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1",
+           os.path.abspath(__file__), str(run), str(stop)]
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    with open(run / "out.log", "ab") as out:
+        return subprocess.Popen(cmd, cwd=str(run), env=env, stdout=out, stderr=out, start_new_session=True)
+
+
+def ranks_of(proc: subprocess.Popen, tmp_path, name: str) -> list[list[dict]]:
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"torchrun {name} did not finish in 120 s: {(tmp_path / name / 'out.log').read_text()[-3000:]}")
+    files = [tmp_path / name / f"rank{r}.pt" for r in (0, 1)]
+    assert all(f.exists() for f in files), (tmp_path / name / "out.log").read_text()[-3000:]
+    return [torch.load(f) for f in files]
+
+
+def test_a_two_rank_job_sharded_by_the_sampler_resumes_bit_identical(tmp_path):
+    stop = random.randrange(1, STEPS)
+    ranks = ranks_of(torchrun(tmp_path, "ddp", stop), tmp_path, "ddp")
+    for rank, (whole, first, second) in enumerate(ranks):
+        assert [first["exit"], first["start"], second["start"]] == [PREEMPTED_EXIT_CODE, 0, stop], (first, second)
+        seen = first["seen"] + second["seen"]
+        assert seen == whole["seen"], f"rank {rank}, notice after step {stop}: the batches differ\n" \
+                                      f"resumed   {seen}\nreference {whole['seen']}"
+        for a, b in zip(second["params"], whole["params"]):
+            assert torch.equal(a, b), f"rank {rank}, notice after step {stop}: the final weights differ"
+    epoch = [set(sum(whole["seen"][:3], [])) for whole, _, _ in ranks]  # 3 batches of 4: a rank's 11 samples
+    assert not epoch[0] & epoch[1] and len(epoch[0] | epoch[1]) == N, f"the ranks do not share the epoch: {epoch}"
+
+
 def test_the_sampler_shards_as_distributed_sampler_does_and_keeps_its_position():
     ds = dataset()
     for rank in (0, 1, 2):
@@ -147,3 +185,21 @@ def test_a_position_that_cannot_be_restored_is_named_once_and_the_run_goes_on(tm
     for w in warnings:
         assert "ResumableSampler" in w["message"] and "StatefulDataLoader" in w["message"], w
     assert loop.final.committed
+
+
+if __name__ == "__main__":  # a rank of test_a_two_rank_job_sharded_by_the_sampler_resumes_bit_identical
+    # The uninterrupted run, then the stopped one and its resumption, in one process (a torchrun start costs more
+    # than this file's other tests): the resumption restores the emergency checkpoint into new objects, as a
+    # restarted process does (tests/test_trainer_distributed.py restarts real processes).
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    out, stop, lives = sys.argv[1], int(sys.argv[2]), []
+    for ckpt, notice in (("ref", None), ("run", stop), ("run", None)):
+        lives.append({"exit": 0})
+        try:
+            train(os.path.join(out, ckpt), "sampler", 0, lives[-1], stop=notice, rank=dist.get_rank(), world_size=2)
+        except Preempted as p:
+            lives[-1]["exit"] = p.code
+    torch.save(lives, os.path.join(out, f"rank{dist.get_rank()}.pt"))
+    dist.destroy_process_group()
