@@ -19,7 +19,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset  # noqa: E402
+from torch.utils.data import (  # noqa: E402
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    TensorDataset,
+)
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 from respawn.ckpt import PREEMPTED_EXIT_CODE, CheckpointManager, Preempted, TrainingLoop  # noqa: E402
@@ -168,20 +175,24 @@ class Stream(IterableDataset):
 
 
 def test_a_position_that_cannot_be_restored_is_named_once_and_the_run_goes_on(tmp_path, capfd):
-    plain = DataLoader(dataset(), batch_size=BATCH, shuffle=True)
+    ds = dataset()
+    plain = DataLoader(ds, batch_size=BATCH, shuffle=True)
     stream = DataLoader(Stream(), batch_size=2)
-    good = loader_of("sampler", 0, dataset())
+    unordered = StatefulDataLoader(ds, sampler=RandomSampler(ds))  # a torch sampler: no state to save
+    good = loader_of("sampler", 0, ds)
+    batched = DataLoader(ds, batch_sampler=BatchSampler(ResumableSampler(ds), BATCH, drop_last=True))
     capfd.readouterr()
     loop = TrainingLoop(2, every=1, manager=CheckpointManager(local_dir=str(tmp_path)), signals=(),
-                        plain=plain, stream=stream, good=good)
+                        plain=plain, stream=stream, unordered=unordered, good=good, batched=batched)
     with loop:
         a, b = iter(plain), iter(stream)
         for _ in loop:
             next(a), next(b)
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
     warnings = [e for e in lines if e["severity"] == "WARNING" and "data position" in e["message"]]
-    assert [w["object"] for w in warnings] == ["plain", "stream"], warnings
+    assert [w["object"] for w in warnings] == ["plain", "stream", "unordered"], warnings
     assert "RandomSampler" in warnings[0]["message"] and "IterableDataset" in warnings[1]["message"]
+    assert "RandomSampler" in warnings[2]["message"]
     for w in warnings:
         assert "ResumableSampler" in w["message"] and "StatefulDataLoader" in w["message"], w
     assert loop.final.committed
