@@ -1,0 +1,239 @@
+"""respawn.ckpt.lightning with the real Lightning: examples/workdir-lightning/train.py (a small MLP, synthetic data,
+shuffled StatefulDataLoader batches) as real processes, by hand (no RESPAWN_* variables). Under
+`python -m respawn.ckpt.launch torchrun --nproc-per-node 2` (Lightning's DDP strategy on torchrun's ranks, gloo on
+CPU) a run stopped by SIGTERM to the launcher at two random steps and resumed twice ends with the weights, and every
+step's loss, bit-identical to an uninterrupted run's; a rank killed before its vote leaves no committed step. A
+committed step loads with plain `Trainer.fit(ckpt_path=...)`; alone, SIGTERM still saves into ./respawn-checkpoints;
+a train loader without state is named at start."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from respawn.ckpt import PREEMPTED_EXIT_CODE
+from respawn.ckpt import format as fmt
+from respawn.ckpt.storage import LocalStore
+from trainer_helpers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "workdir-lightning" / "train.py"
+STEPS, EVERY = 30, 10
+FLAGS = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--log-every", "1", "--seed", "3"]
+
+
+def torchrun(script: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "respawn.ckpt.launch", sys.executable, "-m", "torch.distributed.run", "--nnodes",
+            "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--local-addr", "127.0.0.1", str(script), *FLAGS, *args]
+
+
+def start(run: Path, cmd: list[str], log: str = "out.log") -> subprocess.Popen:
+    run.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}  # by hand: no node agent
+    env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{TRAIN.parent}", GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1",
+               PYTHONUNBUFFERED="1")
+    with open(run / log, "ab") as out:
+        proc = subprocess.Popen(cmd, cwd=str(run), env=env, stdout=out, stderr=out, start_new_session=True)
+    proc.log = run / log
+    return proc
+
+
+def output(proc: subprocess.Popen) -> str:
+    return proc.log.read_text(errors="replace")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"{proc.log} did not finish in {timeout} s:\n{output(proc)[-3000:]}")
+
+
+def wait_for_step(proc: subprocess.Popen, name: str, step: int) -> None:
+    while not re.search(rf"{name}: step {step}/{STEPS} ", output(proc)):
+        if proc.poll() is not None:
+            pytest.fail(f"{proc.log} ended before step {step}:\n{output(proc)[-3000:]}")
+        time.sleep(0.05)
+
+
+def losses(text: str, rank: int = 0) -> dict[int, str]:
+    # Two ranks' lines may share a line of the log: the loss is a float.hex().
+    return {int(s): loss for s, loss in re.findall(
+        rf"train.py\[rank {rank}\]: step (\d+)/\d+ loss (-?0x[0-9a-f.]+p[-+]\d+)", text)}
+
+
+def committed(ckpt: Path) -> list[int]:
+    return sorted(s for s, ok in LocalStore(str(ckpt)).steps().items() if ok) if ckpt.exists() else []
+
+
+def same_weights(a: Path, b: Path) -> None:
+    import torch
+
+    left, right = torch.load(a), torch.load(b)
+    assert sorted(left) == sorted(right)
+    for name in left:
+        assert torch.equal(left[name], right[name]), f"{name} differs"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The 2-rank run without a notice: rank 0's loss at every step, and its final weights."""
+    run = tmp_path_factory.mktemp("uninterrupted")
+    proc = start(run, torchrun(TRAIN, "--weights-out", str(run / "weights.pt")))
+    assert finish(proc) == 0, output(proc)[-3000:]
+    text = output(proc)
+    assert "distributed_backend=gloo" in text and "MEMBER: 2/2" in text  # Lightning's DDP over torchrun's ranks
+    assert sorted(losses(text)) == list(range(1, STEPS + 1))
+    return losses(text), run / "weights.pt"
+
+
+def test_two_sigterms_to_the_launcher_resume_bit_identical(tmp_path, uninterrupted):
+    expected, weights = uninterrupted
+    ckpt = tmp_path / "respawn-checkpoints"
+    first = random.randint(3, EVERY + 2)
+    seen: dict[int, str] = {}
+    resumed_at = None
+    for life, at in enumerate([first, random.randint(first + 3, STEPS - 4)]):
+        proc = start(tmp_path, torchrun(TRAIN, "--step-seconds", "0.1"), f"life{life}.log")
+        wait_for_step(proc, r"train.py\[rank 0\]", max(at, (resumed_at or 0) + 1))
+        os.kill(proc.pid, signal.SIGTERM)  # `kill PID` of the launcher: the notice for every rank
+        assert finish(proc) == PREEMPTED_EXIT_CODE, output(proc)[-3000:]
+        text = output(proc)
+        if resumed_at is not None:
+            assert re.search(rf'"message": "resuming", .*"step": {resumed_at}, ', text), text[-3000:]
+        stops = {int(rank): int(step) for step, rank in re.findall(
+            r'"message": "stopped for the notice at the agreed step".*?"step": (\d+), "rank": (\d+), '
+            r'"emergency": "committed"', text)}
+        assert sorted(stops) == [0, 1] and len(set(stops.values())) == 1, (stops, text[-3000:])  # one agreed step
+        step = stops[0]
+        assert at <= step < STEPS and committed(ckpt)[-1] == step
+        manifest = fmt.read_manifest(LocalStore(str(ckpt)).step_dir(step))
+        assert manifest["kind"] == "emergency" and manifest["members"] == 2 and manifest["framework"] == "lightning"
+        assert "checkpoint.ckpt" in manifest["files"]
+        seen.update(losses(text))
+        resumed_at = step
+    proc = start(tmp_path, torchrun(TRAIN, "--weights-out", str(tmp_path / "weights.pt")), "last.log")
+    assert finish(proc) == 0, output(proc)[-3000:]
+    text = output(proc)
+    assert re.search(rf'"message": "resuming", .*"step": {resumed_at}, ', text), text[-3000:]
+    seen.update(losses(text))
+    assert seen == expected  # every step's loss, the data order included, as without the notices
+    same_weights(tmp_path / "weights.pt", weights)
+
+
+# A rank of train.py that dies when it would vote on step 10's commit, after writing its files (the fault goes in
+# through the manager's seam, as tests/fsdp_dies_before_vote.py does it).
+DIES_BEFORE_VOTE = """
+import os, sys
+from respawn.ckpt import commit, lightning
+from respawn.ckpt.framework_files import FilesManager
+from respawn.ckpt.torch_sharded import GroupSeam
+import train
+
+class DiesBeforeVote(GroupSeam):
+    def all_gather(self, key, data, control=None):
+        if self.rank == 1 and key == commit.votes_key(10):
+            print("rank 1 dies before its vote on step 10", flush=True)
+            os._exit(1)
+        return super().all_gather(key, data, control)
+
+class Respawn(lightning.Respawn):
+    def _default_manager(self, trainer):
+        return FilesManager.from_env(framework="lightning", seam=DiesBeforeVote())
+
+train.Respawn = Respawn
+sys.exit(train.main())
+"""
+
+
+def test_a_rank_killed_before_its_vote_leaves_no_committed_step(tmp_path):
+    (tmp_path / "dies.py").write_text(DIES_BEFORE_VOTE)
+    proc = start(tmp_path, torchrun(tmp_path / "dies.py", "--step-seconds", "0.05"))
+    code = finish(proc)
+    text = output(proc)
+    assert code not in (0, PREEMPTED_EXIT_CODE), text[-3000:]
+    assert "rank 1 dies before its vote on step 10" in text, text[-3000:]
+    assert committed(tmp_path / "respawn-checkpoints") == [], LocalStore(str(tmp_path / "respawn-checkpoints")).steps()
+
+
+def test_outside_a_node_sigterm_saves_locally_and_plain_lightning_loads_it(tmp_path):
+    """One process, no RESPAWN_* variables: the checkpoints go to ./respawn-checkpoints (printed at start); SIGTERM
+    commits the step it stops at and exits 75. Plain Lightning, without Respawn, resumes from that .ckpt."""
+    at = random.randint(3, STEPS - 5)
+    proc = start(tmp_path, [sys.executable, str(TRAIN), *FLAGS, "--step-seconds", "0.1"])
+    wait_for_step(proc, "train.py", at)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert finish(proc) == PREEMPTED_EXIT_CODE, output(proc)[-3000:]
+    text = output(proc)
+    assert f'"message": "checkpoints: {tmp_path / "respawn-checkpoints"}"' in text, text[-3000:]
+    [step] = [int(s) for s in re.findall(r'"stopped for the notice at the agreed step".*?"step": (\d+)', text)]
+    assert at <= step and committed(tmp_path / "respawn-checkpoints")[-1] == step
+    path = Path(LocalStore(str(tmp_path / "respawn-checkpoints")).step_dir(step)) / "checkpoint.ckpt"
+    plain = subprocess.run([sys.executable, "-c", PLAIN_RESUME, str(path), str(step)], cwd=str(tmp_path),
+                           env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TRAIN.parent}"},
+                           capture_output=True, text=True, timeout=240)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert f"resumed at step {step}, ran to {STEPS}" in plain.stdout, plain.stdout + plain.stderr[-2000:]
+
+
+# Plain Lightning, no Respawn: the example's model and data, resumed from a .ckpt Respawn committed.
+PLAIN_RESUME = """
+import sys, torch, lightning as L
+from torch.utils.data import TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+import train
+path, step = sys.argv[1], int(sys.argv[2])
+g = torch.Generator().manual_seed(3)
+x = torch.randn(256, 16, generator=g); y = (x @ torch.randn(16, 1, generator=g)).tanh()
+data = TensorDataset(x, y)
+model = train.MLP(32, lr=0.05, step_seconds=0, log_every=0)
+seen = []
+class Watch(L.Callback):
+    def on_train_batch_start(self, trainer, *a): seen.append(trainer.global_step)
+t = L.Trainer(max_steps=30, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+              enable_checkpointing=False, callbacks=[Watch()])
+t.fit(model, StatefulDataLoader(data, batch_size=8, sampler=StatefulDistributedSampler(data, num_replicas=1, rank=0, seed=3)),
+      ckpt_path=path)
+assert seen[0] == step, seen[:3]
+print(f"resumed at step {seen[0]}, ran to {t.global_step}")
+"""
+
+
+def test_a_train_loader_without_state_is_named_once_at_start(tmp_path, capfd):
+    """In this process: a plain DataLoader cannot resume mid-epoch exactly; Respawn says so once, with the fix."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    sys.path.insert(0, str(TRAIN.parent))
+    try:
+        import train
+    finally:
+        sys.path.remove(str(TRAIN.parent))
+    from respawn.ckpt.framework_files import FilesManager
+    from respawn.ckpt.lightning import Respawn
+
+    x = torch.randn(32, 16)
+    loader = DataLoader(TensorDataset(x, x[:, :1]), batch_size=8, shuffle=True)
+    respawn = Respawn(every=2, manager=FilesManager(local_dir=str(tmp_path / "ckpt"), framework="lightning"))
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[respawn])
+    trainer.fit(train.MLP(8, lr=0.01, step_seconds=0, log_every=0), loader)
+    assert signal.getsignal(signal.SIGTERM) is before  # the notice handler is the fit's only
+    assert [cb for cb in trainer.callbacks if isinstance(cb, L.pytorch.callbacks.ModelCheckpoint)] == []
+    assert committed(tmp_path / "ckpt") == [2, 3] and respawn.final.committed
+    said = capfd.readouterr().err
+    assert said.count("has no state_dict()") == 1 and "StatefulDataLoader" in said, said[-3000:]
