@@ -3,7 +3,7 @@ synthetic data over several epochs, 2 ranks under `python -m respawn.ckpt.launch
 reads torchrun's environment, as on a GPU node). Stopped by SIGTERM to the launcher's pid at two random steps and
 resumed, the final weights are bit-identical to a plain Accelerate loop's, run without Respawn, and the last
 emergency step loads with a plain `accelerator.load_state(dir)`. A rank killed before its vote leaves no committed
-step. By hand (no RESPAWN_* variables) a single process stopped by SIGTERM still saves into ./respawn-checkpoints, and
+step, and the periodic step before it resumes bit-identically too. By hand (no RESPAWN_* variables) a single process stopped by SIGTERM still saves into ./respawn-checkpoints, and
 a shuffle a resume cannot repeat is named once at start.
 
 Run as a script, this file is the trainer: `python tests/test_integration_accelerate.py [--plain] ...`.
@@ -238,14 +238,24 @@ def test_two_sigterms_at_random_steps_resume_bit_identical_to_a_plain_loop_and_l
     assert f"plain load_state: scheduler at {2 * at}, weights as saved" in log.read_text(), log.read_text()[-3000:]
 
 
-def test_a_rank_killed_before_its_vote_leaves_no_committed_step(tmp_path):
+def test_a_rank_killed_before_its_vote_leaves_no_committed_step_and_the_periodic_step_before_resumes_exactly(
+        tmp_path, reference):
+    from respawn.ckpt import format as fmt
     from respawn.ckpt.storage import LocalStore
 
     log = tmp_path / "dies.log"
-    code = finish(start(tmp_path, log.name, command("--dies-before-vote", str(EVERY))), log)
+    code = finish(start(tmp_path, log.name, command("--dies-before-vote", str(2 * EVERY))), log)
     assert code not in (0, 75), log.read_text()[-3000:]
-    steps = LocalStore(str(tmp_path / "respawn-checkpoints")).steps()
-    assert steps in ({}, {EVERY: False}), steps  # written by both ranks, never committed
+    local = LocalStore(str(tmp_path / "respawn-checkpoints"))
+    steps = local.steps()
+    assert steps.get(EVERY) is True and steps.get(2 * EVERY) in (False, None), steps  # written, never committed
+    assert fmt.read_manifest(local.step_dir(EVERY))["kind"] == "periodic"
+
+    # The periodic step (copied on the training thread, written off it, mid-epoch) resumes bit-identically.
+    log = tmp_path / "resumed.log"
+    assert finish(start(tmp_path, log.name, command()), log) == 0, log.read_text()[-3000:]
+    assert re.search(rf"accel\[rank 1\]: starting at step {EVERY} of {STEPS}\n", log.read_text())
+    assert same(tmp_path / "weights.pt", reference), "resumed from the periodic step, the final weights differ"
 
 
 def test_by_hand_a_sigterm_saves_locally_and_an_unrepeatable_shuffle_is_named_at_start(tmp_path):
