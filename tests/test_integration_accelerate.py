@@ -3,8 +3,9 @@ synthetic data over several epochs, 2 ranks under `python -m respawn.ckpt.launch
 reads torchrun's environment, as on a GPU node). Stopped by SIGTERM to the launcher's pid at two random steps and
 resumed, the final weights are bit-identical to a plain Accelerate loop's, run without Respawn, and the last
 emergency step loads with a plain `accelerator.load_state(dir)`. A rank killed before its vote leaves no committed
-step, and the periodic step before it resumes bit-identically too. By hand (no RESPAWN_* variables) a single process stopped by SIGTERM still saves into ./respawn-checkpoints, and
-a shuffle a resume cannot repeat is named once at start.
+step, and the periodic step before it resumes bit-identically too. By hand (no RESPAWN_* variables) a single process
+stopped by SIGTERM still saves into ./respawn-checkpoints, and a shuffle a resume cannot repeat is named once at
+start.
 
 Run as a script, this file is the trainer: `python tests/test_integration_accelerate.py [--plain] ...`.
 """
