@@ -76,8 +76,8 @@ class OrbaxCheckpoints:
         """(step, state) of the newest committed step that verifies, read by plain Orbax into arrays shaped,
         typed and sharded as `state`'s (every process reads the shards its devices hold); (0, state) when there is
         none. A checkpoint that does not fit `state` is one line naming the folder and how to start fresh."""
-        found = self.manager.restore()
         self._check_hosts()
+        found = self.manager.restore()
         if found is None:
             return 0, state
         step, step_dir = found
