@@ -86,8 +86,8 @@ class RespawnCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         if self.trainer is None:
-            raise RuntimeError("RespawnCallback is not attached: call trainer.train(resume_from_checkpoint="
-                               "resume_path(trainer)) (respawn.ckpt.transformers.resume_path)")
+            raise SystemExit("respawn.ckpt.transformers: RespawnCallback is not attached to this trainer: call "
+                             "trainer.train(resume_from_checkpoint=resume_path(trainer))")
         dataset = getattr(self.trainer, "train_dataset", None)
         if args.ignore_data_skip:
             _log.warning("ignore_data_skip=True: a resumed run starts its epoch's data from the beginning, not where "
