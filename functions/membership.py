@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from respawn.contract import Generation
+from respawn.control import models
 from respawn.schema import JobSpec
 
 
@@ -70,10 +71,10 @@ def form_generation(previous: Generation | None, serving: Sequence[SlotView], si
     """The generation of at most `size` serving slots (None: all of them): `previous` itself when its members are exactly those chosen,
     a new one (number + 1) otherwise, None when nothing serves or a chosen member has no address yet. The
     previous generation's members that still serve are chosen first (a spare never displaces a survivor), then
-    on-demand slots, then the lowest slots."""
+    slots of a lasting model (on-demand, a reservation: models.Model.lasting), then the lowest slots."""
     ready = [s for s in serving if s.serving and s.node is not None]
     kept = set(previous.members) if previous is not None else set()
-    chosen = sorted(ready, key=lambda s: (s.node not in kept, s.provisioning != "standard", s.slot))[:size]
+    chosen = sorted(ready, key=lambda s: (s.node not in kept, not models.of(s.provisioning).lasting, s.slot))[:size]
     if not chosen or any(s.address is None for s in chosen):
         return None
     if previous is not None and set(previous.members) == {s.node for s in chosen}:
@@ -82,7 +83,7 @@ def form_generation(previous: Generation | None, serving: Sequence[SlotView], si
     keep = previous.members[0] if previous is not None else None
     master = next((s for s in by_slot if s.node == keep), None)
     if master is None:
-        master = next((s for s in by_slot if s.provisioning == "standard"), by_slot[0])
+        master = next((s for s in by_slot if models.of(s.provisioning).lasting), by_slot[0])
     ordered = [master] + [s for s in by_slot if s is not master]
     return Generation((previous.number if previous else 0) + 1, tuple(s.node for s in ordered), master.address)
 

@@ -34,13 +34,13 @@ PHASES = {
 
 def enabled(spec: JobSpec | None) -> bool:
     """Whether the job's node is obtained through a queued resource: accelerator.queued_resource, by default for a
-    multi-host TPU slice (as large slices are obtained in practice) unless a tier is preemptible (a queued
-    resource's tiers are spot and guaranteed)."""
+    multi-host TPU slice (as large slices are obtained in practice) unless a tier's model has no queued-resource
+    tier (preemptible: a queued resource's tiers are spot and guaranteed)."""
     if spec is None or spec.accelerator.kind != "tpu":
         return False
     if spec.accelerator.queued_resource is not None:
         return spec.accelerator.queued_resource
-    if any(t.model == "preemptible" for t in spec.provisioning_tiers):
+    if any(not models.of(t.model).queued for t in spec.provisioning_tiers):
         return False
     try:
         return tpu_hosts(spec.accelerator.accelerator_type) > 1

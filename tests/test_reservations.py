@@ -118,3 +118,15 @@ def test_the_reservation_model_is_registered_under_its_spec_name_and_prices_on_d
     assert set(models.names()) == {"spot", "preemptible", "flex-start", "standard", "reservation"}
     with pytest.raises(ValueError, match="is not a provisioning model"):
         models.of("cheap")
+
+
+def test_a_reservation_member_is_a_generations_master_as_an_on_demand_one_is():
+    """Never preempted: of a Spot slot and a reservation slot, the reservation's node is the master (the lasting
+    member the others meet at), as an on-demand slot's is."""
+    from respawn.control.membership import SlotView, form_generation
+    views = [SlotView(0, "job-1", True, "10.0.0.1", "spot"), SlotView(1, "job-2", True, "10.0.0.2", "reservation")]
+    g = form_generation(None, views)
+    assert g is not None and g.members[0] == "job-2" and g.master_addr == "10.0.0.2"
+    spot_only = form_generation(None, [SlotView(0, "job-1", True, "10.0.0.1", "spot"),
+                                       SlotView(1, "job-2", True, "10.0.0.2", "spot")])
+    assert spot_only is not None and spot_only.members[0] == "job-1"

@@ -50,6 +50,8 @@ class Model:
     queued: bool = True  # ...and through a queued resource (its tier there: queued_tier)
     # Phrases of a create's refusal that say this model's capacity is used up (placement.classify reads them).
     capacity_phrases: tuple[str, ...] = ()
+    # Neither taken by the platform nor ended by its own run: a generation's preferred member and master.
+    lasting: bool = False
     restarts_in_place: bool = False  # a node its preemption STOPs may be started again where it stands
     advised: bool = False  # capacity advice scores nodes of this model (placement.rank: advice)
     unanswered_cause: str = "node_gone"  # the event cause of unanswered()'s refusal

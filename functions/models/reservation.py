@@ -25,6 +25,7 @@ class Reservation(Model):
     capacity_pool = "reservation"  # the reservation's own VMs: a full one says nothing of the zone's spare capacity
     quota_pool = "reservation"  # the reservation holds its quota already
     price_key = "standard"
+    lasting = True  # never preempted (host maintenance aside, as on-demand)
     tpu = queued = False
     # What Compute Engine answers when the named reservation has no VM left (gcp-facts §26).
     capacity_phrases = ("does not have sufficient capacity for the requested resources",)

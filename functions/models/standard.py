@@ -11,6 +11,7 @@ class Standard(Model):
     label = "on-demand"
     strategy_name = "on_demand"
     capacity_pool = "standard"
+    lasting = True
 
     def queued_tier(self) -> str:
         return "guaranteed"
