@@ -329,7 +329,7 @@ def test_multi_node_scenario(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
                                   "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8", "tpu-slice",
-                                  "tpu-slice-triples", "tpu-queued", "reservation"])
+                                  "tpu-slice-triples", "tpu-queued", "reservation", "lightning"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
