@@ -104,8 +104,9 @@ class ResumableSampler(Sampler[int]):
             yield i
 
     def set_epoch(self, epoch: int) -> None:
+        """The next iter() runs `epoch` from its first index (a pass under way is not changed)."""
         if not (self._restored and epoch == self._next[0]):
-            self._next, self._pass, self._restored = (epoch, 0), None, False
+            self._next, self._restored = (epoch, 0), False
 
     def position(self) -> tuple[int, int]:
         """(epoch, per-rank samples handed out) of the current pass, or the next pass's start."""
@@ -173,7 +174,7 @@ class LoaderPosition:
         s, it = self.sampler, self._iterator()
         if it is None:  # no iterator since the start or the restore: the next one starts the pending pass
             return s.state_at(*s.position(), begun=False)
-        if s._passes > self._passes_before:  # this iterator's pass has begun (workers fetch from the start)
+        if s._pass is not None and s._passes > self._passes_before:  # its pass has begun (workers fetch at once)
             epoch, start, _ = s._pass
             return s.state_at(epoch, start + it._num_yielded * self.per_batch, begun=True)
         return s.state_at(*s._next, begun=True)  # made, not started yet (no workers): it runs the next pass
