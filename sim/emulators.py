@@ -103,21 +103,28 @@ def group_alive(pgid: int) -> bool:
 
 def stop_group(proc: subprocess.Popen, timeout: float = 10) -> None:
     """SIGTERM a process group started with start_new_session, SIGKILL it if it outlives `timeout`."""
-    pgid = proc.pid  # started with start_new_session, so the group id is the leader's pid
+    stop_groups([proc], timeout)
+
+
+def stop_groups(procs: list[subprocess.Popen], timeout: float = 10) -> None:
+    """stop_group for several groups at once: each is signalled before any is waited on, so they wind down together
+    (one after the other, a gunicorn's graceful exit each, was most of the demo's teardown)."""
+    left = list(procs)  # started with start_new_session: each group's id is its leader's pid
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
+        for proc in list(left):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                left.remove(proc)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is None:
+        while left and time.monotonic() < deadline:
+            left = [proc for proc in left if proc.poll() is None or group_alive(proc.pid)]
+            if left:
                 time.sleep(0.05)
-                continue
-            if not group_alive(pgid):
-                return
-            time.sleep(0.05)
-    proc.poll()
+        if not left:
+            break
+    for proc in procs:
+        proc.poll()
 
 
 def _start(name: str, argv: list[str], port: int, ready_path: str, timeout: float, log_dir: Path | None) -> Emulator:

@@ -90,3 +90,42 @@ def test_a_port_taken_before_the_emulator_binds_it_is_replaced_by_another(monkey
                 emu.stop()
     finally:
         taken.close()
+
+
+def test_stop_groups_ends_every_group_and_kills_one_that_ignores_sigterm():
+    import subprocess
+
+    polite = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60 & wait; sleep 60"], start_new_session=True)
+    done = subprocess.Popen(["true"], start_new_session=True)
+    done.wait()
+    emulators.stop_groups([polite, stubborn, done], timeout=2)
+    assert [p.returncode for p in (polite, stubborn, done)] == [-15, -9, 0]
+    assert not any(emulators.group_alive(p.pid) for p in (polite, stubborn))  # the sleeps too, not only the shells
+
+
+def test_a_shared_pubsub_emulator_is_emptied_one_project_at_a_time(pubsub_emulator):
+    """What a demo on the session's emulators deletes on its way out is its own project's, never another's."""
+    from google.cloud import pubsub_v1
+
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    for project in ("demo-test-mine", "demo-test-other"):
+        topic = publisher.create_topic(name=publisher.topic_path(project, "respawn-sweep")).name
+        subscriber.create_subscription(name=subscriber.subscription_path(project, "respawn-on-sweep-push"), topic=topic)
+    for kind in ("subscriptions", "topics"):
+        emulators.delete_pubsub(pubsub_emulator, "demo-test-mine", kind)
+    assert list(publisher.list_topics(project="projects/demo-test-mine")) == []
+    assert list(subscriber.list_subscriptions(project="projects/demo-test-mine")) == []
+    assert [t.name for t in publisher.list_topics(project="projects/demo-test-other")] == [
+        "projects/demo-test-other/topics/respawn-sweep"]
+    assert [s.name for s in subscriber.list_subscriptions(project="projects/demo-test-other")] == [
+        "projects/demo-test-other/subscriptions/respawn-on-sweep-push"]
+    for kind in ("subscriptions", "topics"):
+        emulators.delete_pubsub(pubsub_emulator, "demo-test-other", kind)
+
+
+def test_an_emulator_given_by_address_must_answer_there():
+    with pytest.raises(emulators.EmulatorError, match=r"no Firestore emulator answers at 127\.0\.0\.1:\d+"):
+        emulators.check_running("Firestore", f"127.0.0.1:{emulators.free_port()}")
+    with pytest.raises(emulators.EmulatorError, match="is not HOST:PORT"):
+        emulators.check_running("Pub/Sub", "http://127.0.0.1:8085")

@@ -83,7 +83,7 @@ class Stack:
     def __init__(self, say: Callable[[str], None]):
         self._items: list[tuple[str, Callable[[], None]]] = []
         self._say = say
-        self.pids: list[int] = []  # the process (group leader) each stop ends, where it is one
+        self.pids: list[int] = []  # the processes (group leaders) the stops end
 
     def push(self, name: str, stop: Callable[[], None], pid: int | None = None) -> None:
         self._items.append((name, stop))
@@ -367,7 +367,14 @@ class DemoRun:
         if not ff.exists():
             raise DemoError(f"{ff} is missing: install the functions extra (pip install -e '.[dev]')")
         urls: dict[str, str] = {}
-        procs = []
+        procs, handles = [], []
+
+        def stop() -> None:  # all four at once: each one's graceful exit takes seconds
+            emulators.stop_groups([proc for _, _, proc, _ in procs])
+            for handle in handles:
+                handle.close()
+
+        self.stack.push("the functions", stop)
         self.say("starting the four functions with the Functions Framework")
         for fn in deployment.FUNCTIONS:
             port = emulators.free_port()
@@ -375,14 +382,14 @@ class DemoRun:
             home = self.out / "functions-home" / fn.entry_point  # gunicorn keeps a control socket under $HOME
             home.mkdir(parents=True, exist_ok=True)
             handle = open(log, "wb")
+            handles.append(handle)
             proc = subprocess.Popen(
                 [str(ff), "--target", fn.entry_point, "--source", str(REPO / "functions" / "main.py"),
                  "--signature-type", "cloudevent", "--host", "127.0.0.1", "--port", str(port)],
                 stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**env, "HOME": str(home)}, cwd=REPO,
                 start_new_session=True,
             )
-            self.stack.push(f"function {fn.entry_point}", lambda p=proc, h=handle: (emulators.stop_group(p), h.close()),
-                            proc.pid)
+            self.stack.pids.append(proc.pid)
             procs.append((fn, port, proc, log))
             urls[fn.entry_point] = f"http://127.0.0.1:{port}/"
         for fn, port, proc, log in procs:
