@@ -138,7 +138,7 @@ class RespawnAccelerate:
                 mgr.report_step(step)
                 if mgr.store_error is not None:
                     raise CheckpointError(f"respawn.ckpt: the first checkpoint of this run could not be written to "
-                                     f"{mgr.store_error}; check the store's credentials, permissions and space")
+                                          f"{mgr.store_error}; check the store's credentials, permissions and space")
                 stop = self._stop_agreed()
                 if not stop and every and step % every == 0 and step < total:
                     mgr.save(step, self._periodic_files())  # blocks for the copy of the state only
@@ -164,6 +164,8 @@ class RespawnAccelerate:
         raise Preempted(outcome)
 
     def _batches(self, data: Any) -> Iterator[Any]:
+        import torch
+
         epoch, done = self._position["epoch"], self._position["batches"]
         sampler = _sampler(data)
         if "seed" in self._position and sampler is not None and hasattr(sampler, "initial_seed"):
@@ -174,10 +176,10 @@ class RespawnAccelerate:
             # A DataLoader's iterator draws its base seed from torch's global RNG as it starts. An uninterrupted run
             # drew it at the epoch's start, before the restored RNG state was saved: a resume inside the epoch
             # takes that draw back.
-            rng = _torch().get_rng_state() if done else None
+            rng = torch.get_rng_state() if done else None
             for batch in source:
                 if rng is not None:
-                    _torch().set_rng_state(rng)
+                    torch.set_rng_state(rng)
                     rng = None
                 done += 1
                 self._position = {"epoch": epoch, "batches": done}
@@ -227,9 +229,9 @@ def _snapshot(acc: Any, step_dir: str, buffers: SnapshotBuffers) -> Callable[[st
     where and as save_state does (file names from accelerate.utils)."""
     import torch
     from accelerate.checkpointing import save_accelerator_state, save_custom_state
-    from accelerate.utils import (OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, SCHEDULER_NAME, WEIGHTS_NAME, save)
+    from accelerate.utils import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, SCHEDULER_NAME, save
 
-    each_node, safe = acc.project_configuration.save_on_each_node, True
+    each_node = acc.project_configuration.save_on_each_node  # safetensors weights: save_state's default, as ours
     index = itertools.count()
 
     def copied(obj: Any) -> Any:
@@ -248,7 +250,7 @@ def _snapshot(acc: Any, step_dir: str, buffers: SnapshotBuffers) -> Callable[[st
     schedulers = [copied(s.state_dict()) for s in acc._schedulers]
     # RNG, step, scaler and samplers: the state of this very boundary, small.
     save_accelerator_state(step_dir, [], [], [], acc._dataloaders, acc.state.process_index, acc.step, acc.scaler,
-                           save_on_each_node=each_node, safe_serialization=safe)
+                           save_on_each_node=each_node)
     for i, obj in enumerate(acc._custom_objects):
         save_custom_state(obj, step_dir, i, save_on_each_node=each_node)
 
@@ -256,21 +258,14 @@ def _snapshot(acc: Any, step_dir: str, buffers: SnapshotBuffers) -> Callable[[st
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the copies from the GPU into the pinned buffers were asynchronous
         for i, state in enumerate(weights):
-            name = SAFE_WEIGHTS_NAME if safe else WEIGHTS_NAME
-            name = name.replace(".", f"_{i}.") if i else name
-            save(state, os.path.join(step_dir, name), save_on_each_node=each_node, safe_serialization=safe)
+            name = SAFE_WEIGHTS_NAME.replace(".", f"_{i}.") if i else SAFE_WEIGHTS_NAME
+            save(state, os.path.join(step_dir, name), save_on_each_node=each_node, safe_serialization=True)
         for prefix, states in ((OPTIMIZER_NAME, optimizers), (SCHEDULER_NAME, schedulers)):
             for i, state in enumerate(states):
                 name = f"{prefix}.bin" if i == 0 else f"{prefix}_{i}.bin"
                 save(state, os.path.join(step_dir, name), save_on_each_node=each_node)
 
     return write
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
 
 
 def _sampler(data: Any) -> Any:
