@@ -133,23 +133,31 @@ def _start(name: str, argv: list[str], port: int, ready_path: str, timeout: floa
     log = open(log_path, "wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     emu = Emulator(name=name, host=f"127.0.0.1:{port}", proc=proc, log_path=log_path, _log=log)
+    try:  # stopped on every way out but a ready emulator, Ctrl-C while it starts included
+        _wait_ready(emu, port, ready_path, timeout)
+    except BaseException:
+        emu.stop()
+        raise
+    return emu
+
+
+def _wait_ready(emu: Emulator, port: int, ready_path: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _port_taken(log_path):  # the Firestore emulator exits then, the Pub/Sub one lives on without its port
-            emu.stop()
-            raise PortTaken(f"the {name} emulator could not bind 127.0.0.1:{port}: Address already in use")
-        if proc.poll() is not None:
-            emu.stop()
-            raise EmulatorError(f"the {name} emulator exited with code {proc.returncode} while starting:\n{emu.log_tail()}")
+        if _port_taken(emu.log_path):  # the Firestore emulator exits then, the Pub/Sub one lives on without its port
+            raise PortTaken(f"the {emu.name} emulator could not bind 127.0.0.1:{port}: Address already in use")
+        if emu.proc.poll() is not None:
+            raise EmulatorError(f"the {emu.name} emulator exited with code {emu.proc.returncode} while starting:\n"
+                                f"{emu.log_tail()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=1) as r:
                 if r.status == 200:
-                    return emu
+                    return
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             pass
         time.sleep(0.2)
-    emu.stop()
-    raise EmulatorError(f"the {name} emulator did not answer on 127.0.0.1:{port} within {timeout:.0f} s:\n{emu.log_tail()}")
+    raise EmulatorError(f"the {emu.name} emulator did not answer on 127.0.0.1:{port} within {timeout:.0f} s:\n"
+                        f"{emu.log_tail()}")
 
 
 PORT_TRIES = 3
