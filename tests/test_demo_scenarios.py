@@ -327,9 +327,27 @@ def test_multi_node_scenario(tmp_path, name):
         assert trained_state(final) == trained_state(uninterrupted_ddp_state(tmp_path, sc, nodes * sc.trainer.ranks))
 
 
+@pytest.mark.parametrize("name", ["hf-multi-node"])
+def test_multi_node_job_file_scenario(tmp_path, name):
+    """A multi-node job of the user's own (its job_file's nodes, its own trainer): one node per slot, every rank of
+    every node stopped after one agreed step, one restart per preemption, nothing lost."""
+    sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
+    nodes = yaml.safe_load((SCENARIOS / sc.job_file).read_text())["nodes"]
+    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
+    check_common(r, out, tmp_path, nodes=nodes)
+    assert out["max_live_per_slot"] == 1
+    assert out["lost_steps"] == 0 and out["restarts"] == len(sc.preemptions)
+    stops: dict[str, set[str]] = {}
+    for step, rank in re.findall(r'"message": "preempted at step (\d+); emergency checkpoint committed".*?"rank": (\d+)',
+                                 "".join(p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log"))):
+        stops.setdefault(step, set()).add(rank)
+    assert len(stops) == len(sc.preemptions) and all(ranks == {str(r) for r in range(nodes)}
+                                                     for ranks in stops.values()), stops
+
+
 @pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
                                   "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8", "tpu-slice",
-                                  "tpu-slice-triples", "tpu-queued", "reservation", "lightning"])
+                                  "tpu-slice-triples", "tpu-queued", "reservation", "hf", "lightning"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
