@@ -62,7 +62,7 @@ from .prefetch import Prefetch
 from .previous_life import upload_previous_life
 from .run_end import RunEnd, RunEndTimer
 from .storage import Fetcher, Interrupted, Uploader
-from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id, read_exit_file
+from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord, boot_id
 from .watcher import NOTICE_SIGTERM, ValueWatcher, Watcher, maintenance_watch, preempted_watch
 
 # After the notice budget, this long is left to write the final heartbeat (a Spot VM gets 30 s in all).
@@ -331,11 +331,11 @@ class Agent:
             self._watch_run_end()
             return None
         if record is not None and record.boot_id == boot_id() and record.notice is None:
-            code = read_exit_file(self.node_dir)
+            self.trainer = TrainerProcess(self.node_dir, record, child=None)
+            code = self.trainer.poll()[1]  # its exit file, read as any exit is (supervisor.finished_anyway)
             log("WARNING", "the trainer ended while no agent was watching; reporting it, starting nothing",
                 pid=record.pid, exit_code=code)
             self.started_at = datetime.fromisoformat(record.started_at)
-            self.trainer = TrainerProcess(self.node_dir, record, child=None)
             return True, code
         # A trainer that ended unwatched is reported above and the agent exits: nothing to save at the run's end.
         self._watch_run_end()

@@ -151,6 +151,20 @@ class TrainerRecord:
         return self.boot_id == boot_id() and _proc_start_time(self.pid) == self.start_time
 
 
+def finished_anyway(code: int | None, status: dict | None) -> int | None:
+    """0 for a trainer whose status file says it committed its last step (committed_step == total_steps) but that
+    then exited with another status (an abort in its interpreter's teardown, the launcher's status after it): the
+    job is finished, not failed, and one WARNING line says so. Any other exit as it is."""
+    if code in (0, contract.EXIT_PREEMPTED) or not status:
+        return code
+    total, committed = status.get("total_steps"), status.get("committed_step")
+    if not isinstance(total, int) or isinstance(total, bool) or committed != total:
+        return code
+    log("WARNING", "the trainer committed its last step and then exited with an error; the job is finished",
+        exit_code=code, committed_step=committed, total_steps=total)
+    return 0
+
+
 def read_exit_file(node_dir: str) -> int | None:
     try:
         with open(os.path.join(node_dir, EXIT_FILE)) as f:
@@ -213,6 +227,7 @@ class TrainerProcess:
             if self.record.alive():
                 return False, None
             self._exit = read_exit_file(self.node_dir)
+        self._exit = finished_anyway(self._exit, contract.read_status(os.path.join(self.node_dir, contract.STATUS_FILE)))
         self._done = True
         return True, self._exit
 

@@ -91,11 +91,28 @@ def run_beating(work: Callable[[], Any] | None, group: Any) -> Any:
     return box.get("result")
 
 
+def release_group(group: Any) -> None:
+    """Destroy a process group this library made, at the end of a run. Destroying is not enough: its gloo threads
+    run until the group object is freed, so the caller drops its own reference too (the last one goes when this
+    returns, and the group's destructor joins its threads). Why: a gloo thread that lets go of a finished
+    collective's tensors takes the GIL to free their Python objects; one still doing that while the interpreter
+    finalizes is ended by Python (pthread_exit) inside a C++ noexcept frame: "terminate called without an active
+    exception", SIGABRT, a finished run's exit -6. A group already destroyed (the whole world was) just goes."""
+    import torch.distributed as dist
+
+    if group is not None and dist.is_initialized():
+        try:
+            dist.destroy_process_group(group)
+        except ValueError:  # not registered any more
+            pass
+
+
 class Job(Protocol):
     """A job of several processes as TrainingLoop drives it (TorchJob; jax_distributed.JaxJob): every member makes the
     same calls in the same order. writer: whether this member saves (rank 0 of a DDP job; every member of a sharded
     one). save_outcome runs `save` where this member writes and returns the job's outcome, waiting for it until
-    `deadline` (time.monotonic(); None: as long as it takes)."""
+    `deadline` (time.monotonic(); None: as long as it takes). close (optional): release what the job holds once the
+    run has finished (TorchJob: its group)."""
 
     rank: int
     writer: bool
@@ -188,6 +205,11 @@ class TorchJob:
             _log.warning("preemption notice seen by another rank; emergency checkpoint at this step boundary",
                          rank=self.rank, seconds_since_notice=age_ms / 1000)
         return True
+
+    def close(self) -> None:
+        """At the run's end: the agreement's group destroyed and let go (release_group); the job is done with."""
+        group, self.group = self.group, None
+        release_group(group)
 
     def restore(self, manager: Manager, held: int | None = None, like: Any = None) -> tuple[int, Any] | None:
         """Every rank restores the step rank 0 restored. Each rank reads the files itself, after rank 0 (which

@@ -272,6 +272,9 @@ class TrainingLoop:
                 mgr.save(step, self._capture())  # blocks for the snapshot only
         self.final = self._save(total, lambda: mgr.save(total, self._capture(), blocking=True), "periodic")
         mgr.finish(total)
+        close = getattr(self._job, "close", None)  # its group: none of the loop's threads outlives the run
+        if close is not None:
+            close()
         if mgr.store_error is not None:
             raise self._unwritable(mgr.store_error)
         if self.final is None or not self.final.committed:

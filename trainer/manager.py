@@ -260,9 +260,7 @@ class CheckpointManager:
         if self._is_committed(step):  # already committed (e.g. resumed exactly here)
             durable = "remote" if self.remote is None or step in self._remote_committed else "local"
             return SaveOutcome(SaveState.COMMITTED, step, durable) if blocking else None
-        if self._prepare_thread is not None:
-            self._prepare_thread.join()
-            self._prepare_thread = None
+        self._join_prepare()
         payload = self._flatten(state, copy=True)
         cancel = threading.Event()
         job = {"step": step, "cancel": cancel, "result": None}
@@ -415,8 +413,9 @@ class CheckpointManager:
         sys.exit(PREEMPTED_EXIT_CODE)
 
     def finish(self, step: int) -> None:
-        """Record the final step and wait for pending saves; call before a successful exit (code 0)."""
+        """Record the final step and wait for pending saves and threads; call before a successful exit (code 0)."""
         self.wait()
+        self._join_prepare()
         self.status.update(step=step)
 
     # ---- restore --------------------------------------------------------------------------------------------
@@ -541,7 +540,15 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
+        self._join_prepare()
         self.status.flush()
+
+    def _join_prepare(self) -> None:
+        """The snapshot buffers are ready, and no thread of ours runs when the interpreter finalizes (why:
+        respawn.ckpt.distributed.release_group)."""
+        if self._prepare_thread is not None:
+            self._prepare_thread.join()
+            self._prepare_thread = None
 
 
 def unrestorable(failed: dict[int, str], local: str, remote: str | None) -> fmt.NotRestorable:

@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 
 from . import _log, checksum, format as fmt
 from .commit import Seam, ShardedManager
-from .distributed import collective_timeout, run_beating, wait
+from .distributed import collective_timeout, release_group, run_beating, wait
 from .manager import SaveOutcome, SaveState
 from .objects import accessors, capture_rng
 from .torch_compat import copy_state_dict, create_cpu_state_dict, flatten_state_dict, init_optim_state
@@ -76,6 +76,15 @@ class TorchShardedManager(ShardedManager):
 
     def _alone(self, work: Callable[[], Any]) -> Any:
         return run_beating(work if self._rank == 0 else None, self._group)  # rank 0 may download and read for long
+
+    def finish(self, step: int) -> None:
+        """As CheckpointManager.finish, then the checkpoint's group destroyed and let go (release_group): nothing of
+        it outlives the run. The manager saves no more after it."""
+        super().finish(step)
+        group, self._group = self._group, None
+        if isinstance(self._seam, GroupSeam):
+            self._seam.group = None
+        release_group(group)
 
     # ---- the snapshot ---------------------------------------------------------------------------------------
 
