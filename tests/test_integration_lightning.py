@@ -211,8 +211,10 @@ print(f"resumed at step {seen[0]}, ran to {t.global_step}")
 """
 
 
-def test_a_train_loader_without_state_is_named_once_at_start(tmp_path, capfd):
-    """In this process: a plain DataLoader cannot resume mid-epoch exactly; Respawn says so once, with the fix."""
+def test_in_process_a_loader_without_state_is_named_and_an_unfit_checkpoint_is_one_line(tmp_path, capfd,
+                                                                                      monkeypatch):
+    """In this process: a plain DataLoader cannot resume mid-epoch exactly, which Respawn says once, with the fix; a
+    committed step that does not fit the model stops the fit in one line; RESPAWN_FRESH=1 starts over."""
     import lightning as L
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -224,6 +226,7 @@ def test_a_train_loader_without_state_is_named_once_at_start(tmp_path, capfd):
         sys.path.remove(str(TRAIN.parent))
     from respawn.ckpt.framework_files import FilesManager
     from respawn.ckpt.lightning import Respawn
+    from respawn.ckpt.loop import CheckpointError
 
     x = torch.randn(32, 16)
     loader = DataLoader(TensorDataset(x, x[:, :1]), batch_size=8, shuffle=True)
@@ -237,3 +240,17 @@ def test_a_train_loader_without_state_is_named_once_at_start(tmp_path, capfd):
     assert committed(tmp_path / "ckpt") == [2, 3] and respawn.final.committed
     said = capfd.readouterr().err
     assert said.count("has no state_dict()") == 1 and "StatefulDataLoader" in said, said[-3000:]
+
+    # A wider model than the committed step's: one line naming the folder and the switch, not Lightning's traceback.
+    def fit(width: int) -> Respawn:
+        again = Respawn(every=0, manager=FilesManager(local_dir=str(tmp_path / "ckpt"), framework="lightning"))
+        L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                  callbacks=[again]).fit(train.MLP(width, lr=0.01, step_seconds=0, log_every=0), loader)
+        return again
+
+    with pytest.raises(CheckpointError, match=rf"step 3 in {tmp_path / 'ckpt'} does not fit the model .*"
+                                              "RESPAWN_FRESH=1"):
+        fit(16)
+    assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setenv("RESPAWN_FRESH", "1")
+    assert fit(16).start == 0 and committed(tmp_path / "ckpt") == [4]

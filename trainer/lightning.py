@@ -11,8 +11,8 @@
   (`trainer.save_checkpoint`'s file, committed when every rank voted) and exit 75. Lightning's own SIGTERM handling
   is switched off for the fit: its handler broadcasts inside the signal handler, from the ranks the signal reached
   only (the DDP deadlock of Lightning #20806), and saving in a handler (#21406) is not ours either.
-- Periodic saves every `every` steps: the checkpoint is dumped and its tensors copied on the training thread (the
-  snapshot), written, checksummed, committed and uploaded on the save's thread. A Checkpoint callback: Lightning
+- Periodic saves every `every` steps: the checkpoint is dumped and its tensors copied into reused buffers on the
+  training thread (the snapshot), written, checksummed, committed and uploaded on the save's thread. A Checkpoint callback: Lightning
   adds no default ModelCheckpoint beside it.
 - The data position: Lightning saves and restores a train loader that has state_dict()/load_state_dict() (torchdata's
   StatefulDataLoader) in its fit loop's state; any other loader resumes at the start of an epoch's order, which is
@@ -23,9 +23,11 @@ Importing this module imports lightning (and torch); `respawn.ckpt` itself does 
 
 from __future__ import annotations
 
+import copy
+import itertools
 import os
 import signal
-from typing import Any
+from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
@@ -33,7 +35,6 @@ from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-from lightning_utilities.core.apply_func import apply_to_collection
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from respawn import contract
@@ -43,6 +44,7 @@ from .framework_files import Files, FilesManager
 from .loop import ENV_FRESH, CheckpointError, Preempted
 from .manager import SaveOutcome
 from .objects import capture_rng, restore_rng
+from .serialize import SnapshotBuffers
 
 FRAMEWORK = "lightning"
 FILENAME = "checkpoint.ckpt"  # the step directory's Lightning checkpoint: trainer.fit(ckpt_path=<step dir>/this)
@@ -92,6 +94,7 @@ class Respawn(Checkpoint):
         self._last_step = -1  # the global step the batch-end hook last acted on
         self._saved_step = -1  # the last step saved
         self._rng_file: str | None = None  # this rank's RNG file in the restored step
+        self._buffers = SnapshotBuffers()  # the periodic snapshots' copies: page-faulted once, then a memcpy
 
     # ---- the fit's start: the notice handler, then the restore ------------------------------------------------
 
@@ -211,18 +214,35 @@ class Respawn(Checkpoint):
         return Files(now=now)
 
     def _snapshot(self, trainer: pl.Trainer) -> Files:
-        """Lightning's checkpoint as trainer.save_checkpoint writes it, its tensors copied here (training goes on
-        changing them in place) and written by rank 0 on the save's thread; every rank's RNGs beside it."""
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-        checkpoint = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
-        rng, rank, io, writes = capture_rng(), trainer.global_rank, trainer.strategy.checkpoint_io, trainer.is_global_zero
+        """Lightning's checkpoint as trainer.save_checkpoint writes it, copied on this thread into buffers reused from
+        save to save (training goes on changing the tensors in place; the manager's save waits for the previous
+        write before `now`), and written by rank 0 on the save's thread; every rank's RNGs beside it."""
+        rank, writes, io = trainer.global_rank, trainer.is_global_zero, trainer.strategy.checkpoint_io
+        held: dict = {}
+
+        def copied(obj: Any, index: Iterator[int]) -> Any:
+            if isinstance(obj, torch.Tensor):
+                return self._buffers.torch_copy(next(index), obj.detach())
+            if isinstance(obj, dict):
+                return type(obj)((key, copied(value, index)) for key, value in obj.items())  # OrderedDict stays one
+            if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+                return type(obj)(copied(value, index) for value in obj)
+            return copy.deepcopy(obj)
+
+        def now(step_dir: str) -> None:
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)  # every rank: its hooks
+            held["rng"] = capture_rng()
+            if writes:
+                held["checkpoint"] = copied(checkpoint, itertools.count())
 
         def later(step_dir: str) -> None:
-            torch.save(rng, os.path.join(step_dir, RNG_FILE.format(rank=rank)))
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the copies from the GPU into pinned buffers were asynchronous
+            torch.save(held["rng"], os.path.join(step_dir, RNG_FILE.format(rank=rank)))
             if writes:
-                io.save_checkpoint(checkpoint, os.path.join(step_dir, FILENAME))
+                io.save_checkpoint(held["checkpoint"], os.path.join(step_dir, FILENAME))
 
-        return Files(later=later)
+        return Files(now=now, later=later)
 
     # ---- the end of the fit -------------------------------------------------------------------------------------
 
