@@ -17,7 +17,9 @@ from google.auth.transport.requests import AuthorizedSession
 from respawn.deployment import ENV_COMPUTE_ENDPOINT
 
 PRODUCTION = "https://compute.googleapis.com"
-SCOPES = ["https://www.googleapis.com/auth/compute.readonly"]
+# advice.capacity and advice.capacityHistory accept only cloud-platform or compute, not compute.readonly
+# (docs/gcp-facts.md §20); what may be read is IAM's to say (roles/compute.viewer), not the scope's.
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 TIMEOUT_S = 15
 
 

@@ -87,3 +87,18 @@ def test_capacity_answers():
     assert req["distributionPolicy"]["zones"] == [{"zone": f"zones/{A}"}] and req["size"] == 3
     assert req["instanceFlexibilityPolicy"]["instanceSelections"]["respawn"]["guestAccelerators"] == [
         {"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 2}]
+
+
+def test_the_cli_asks_for_a_scope_the_advice_methods_accept(monkeypatch):
+    """advice.capacity/capacityHistory list only these two scopes in compute.v1's discovery document (rev 20261106,
+    issue #36 D1): with compute.readonly, service-account credentials get 403 from `respawn zones`."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+
+    from respawn import compute_read
+    monkeypatch.delenv(compute_read.ENV_COMPUTE_ENDPOINT, raising=False)
+    monkeypatch.delenv("FIRESTORE_EMULATOR_HOST", raising=False)
+    asked = []
+    monkeypatch.setattr(google.auth, "default", lambda scopes=None: (asked.extend(scopes) or AnonymousCredentials(), "p"))
+    assert isinstance(compute_read.reader(None), compute_read.Reader)
+    assert set(asked) & {"https://www.googleapis.com/auth/cloud-platform", "https://www.googleapis.com/auth/compute"}
