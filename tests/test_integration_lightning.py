@@ -242,15 +242,15 @@ def test_in_process_a_loader_without_state_is_named_and_an_unfit_checkpoint_is_o
     assert said.count("has no state_dict()") == 1 and "StatefulDataLoader" in said, said[-3000:]
 
     # A wider model than the committed step's: one line naming the folder and the switch, not Lightning's traceback.
-    def fit(width: int) -> Respawn:
-        again = Respawn(every=0, manager=FilesManager(local_dir=str(tmp_path / "ckpt"), framework="lightning"))
+    def fit(width: int, **trainer) -> Respawn:
+        again = Respawn(every=2, manager=FilesManager(local_dir=str(tmp_path / "ckpt"), framework="lightning"))
         L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                  callbacks=[again]).fit(train.MLP(width, lr=0.01, step_seconds=0, log_every=0), loader)
+                  callbacks=[again], **trainer).fit(train.MLP(width, lr=0.01, step_seconds=0, log_every=0), loader)
         return again
 
     with pytest.raises(CheckpointError, match=rf"step 3 in {tmp_path / 'ckpt'} does not fit the model .*"
                                               "RESPAWN_FRESH=1"):
         fit(16)
     assert signal.getsignal(signal.SIGTERM) is before
-    monkeypatch.setenv("RESPAWN_FRESH", "1")
-    assert fit(16).start == 0 and committed(tmp_path / "ckpt") == [4]
+    monkeypatch.setenv("RESPAWN_FRESH", "1")  # and two batches per optimizer step: saves at optimizer steps only
+    assert fit(16, accumulate_grad_batches=2).start == 0 and committed(tmp_path / "ckpt") == [2, 4]

@@ -101,6 +101,8 @@ class Respawn(Checkpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.start, self.resumed_from, self._rng_file = 0, None, None
+        self._last_step, self._saved_step = 0, -1  # step 0 is no boundary: nothing trained yet
         # Lightning's SignalConnector would, in its SIGTERM handler, broadcast on the default group from whichever
         # ranks the signal reached (a collective in a signal handler: Lightning #20806). Ours sets a flag only; the
         # ranks agree at a step boundary. So Lightning registers none for this trainer's fits.
