@@ -79,7 +79,11 @@ def demo(
         # Absolute from here on: the nodes, the sim and the functions run with working directories of their own.
         run_name = f"{job.id}-{sc.name}" if job else sc.name
         base = (out_dir or Path("respawn-demo-out") / f"{run_name}-{datetime.now():%Y%m%d-%H%M%S}").resolve()
-        base.mkdir(parents=True, exist_ok=True)
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a regular file on the way, no permission
+            raise CliError(f"--out {base}: cannot make that folder ({exc.strerror}): give a folder that exists or "
+                           "can be made", code=2) from None
         view = LiveView(enabled=live and not as_json)
 
         def on_term(signum, frame):
