@@ -34,7 +34,7 @@ SERIES = {"n1": "N1 Predefined Instance", "n2": "N2 Instance", "g2": "G2 Instanc
           "a3": "A3 Instance"}
 # GPU accelerator type → how the catalog's SKU descriptions name it ("Nvidia L4 GPU running in Americas").
 GPUS = {"nvidia-l4": "Nvidia L4", "nvidia-tesla-t4": "Nvidia Tesla T4", "nvidia-tesla-a100": "Nvidia Tesla A100",
-        "nvidia-a100-80gb": "Nvidia A100 80GB", "nvidia-h100-80gb": "Nvidia H100 80GB"}
+        "nvidia-a100-80gb": "Nvidia Tesla A100 80GB", "nvidia-h100-80gb": "Nvidia H100 80GB"}
 # TPU version (of accelerator_type VERSION-N) → how SKU descriptions name a chip, and TensorCores per N.
 TPUS = {"v5litepod": ("TpuV5e", 1), "v5p": ("TpuV5p", 2), "v6e": ("TpuV6e", 1), "v4": ("Tpu-v4", 2)}
 # Balanced persistent disk capacity, as SKU descriptions name it.
@@ -46,6 +46,7 @@ BUNDLED = {
        for n, g in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8))},
     **{f"a2-highgpu-{g}g": (12 * g, 85 * g, "nvidia-tesla-a100", g) for g in (1, 2, 4, 8)},
     "a2-megagpu-16g": (96, 1360, "nvidia-tesla-a100", 16),
+    **{f"a2-ultragpu-{g}g": (12 * g, 170 * g, "nvidia-a100-80gb", g) for g in (1, 2, 4, 8)},
     "a3-highgpu-8g": (208, 1872, "nvidia-h100-80gb", 8),
 }
 # Series whose predefined types are SERIES-KIND-VCPUS, with their memory per vCPU (GiB).

@@ -120,3 +120,29 @@ def test_the_adapter_reads_every_page_caches_a_day_and_falls_back(sim_server, fi
     assert first.source == "catalog"  # the cached catalog book still wins over the offline table
     firestore_db.collection(adapter.PRICES).document("us-central1").delete()
     assert broken.book("us-central1", NOW).note == f"offline table of {prices.OFFLINE_DATE} (us-central1)"
+
+
+def test_the_a100_80gb_sku_prices_the_a100_80gb_and_not_the_40gb():
+    """The catalog names the A100 80GB "Nvidia Tesla A100 80GB GPU running in …" (issue #36 D4; gcp-facts §24): the
+    recorded A100 SKU (tests/fixtures/billing_catalog_a2_recorded.json) with that description prices the 80GB card
+    alone, the recorded 40GB one the 40GB card alone."""
+    import copy
+    import json
+    import os
+    with open(os.path.join(os.path.dirname(__file__), "fixtures", "billing_catalog_a2_recorded.json")) as f:
+        a100 = next(s for s in json.load(f)["skus"] if s["category"]["resourceGroup"] == "GPU")
+    a100_80 = copy.deepcopy(a100)
+    a100_80["description"] = "Nvidia Tesla A100 80GB GPU running in Americas"
+    a100_80["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"].update(units="3", nanos=922500000)
+    spot_80 = copy.deepcopy(a100_80)
+    spot_80["description"] = "Spot Preemptible Nvidia Tesla A100 80GB GPU running in Americas"
+    spot_80["category"]["usageType"] = "Preemptible"
+    spot_80["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"].update(units="1", nanos=570000000)
+    dws_80 = copy.deepcopy(a100_80)  # flex-start's own SKU is not the on-demand price
+    dws_80["description"] = "Nvidia Tesla A100 80GB GPU attached to DWS Defined Duration VMs running in Americas"
+    book = prices.from_catalog([dws_80, a100_80, spot_80, a100], "us-central1", "2026-11-28")
+    assert book.rates == {"gpu:nvidia-a100-80gb:standard": pytest.approx(3.9225),
+                          "gpu:nvidia-a100-80gb:spot": pytest.approx(1.57),
+                          "gpu:nvidia-tesla-a100:standard": pytest.approx(2.933908)}
+    shape = prices.shape_of(GpuAccelerator(kind="gpu", machine_type="a2-ultragpu-2g"))
+    assert (shape.vcpus, shape.memory_gib, shape.gpu, shape.gpus) == (24, 340, "nvidia-a100-80gb", 2)
