@@ -45,7 +45,7 @@ class RespawnCallback(TrainerCallback):
         self.manager = manager
         self.trainer: Trainer | None = None
         self.job = None
-        self._model_buffers: dict[str, torch.Tensor] | None = None
+        self._buffers: dict[Any, torch.Tensor] = {}  # the periodic save's copies, reused from save to save
 
     # ---- before train() ---------------------------------------------------------------------------------------
 
@@ -166,29 +166,37 @@ class RespawnCallback(TrainerCallback):
 
     def _frozen_trainer(self) -> Trainer:
         """A shallow copy of the trainer whose model weights, optimizer, scheduler, state and stateful callbacks are
-        copies taken now: its _save_checkpoint writes the Trainer's files as of this step, on any thread. The model
-        weights go into buffers reused from save to save (a save waits for the previous one first)."""
+        copies taken now: its _save_checkpoint writes the Trainer's files as of this step, on any thread. The tensors
+        are copied into buffers kept from save to save (a save waits for the previous one first): memory the copy
+        has touched before, not fresh pages to fault in at every save."""
         t = self.trainer
-        weights = t.model.state_dict()
-        if self._model_buffers is None or self._model_buffers.keys() != weights.keys():
-            by_storage: dict[Any, torch.Tensor] = {}  # tied weights stay one tensor: save_pretrained drops aliases
-            self._model_buffers = {name: by_storage.setdefault((v.untyped_storage().data_ptr(), v.storage_offset(),
-                                                                v.shape), torch.empty_like(v))
-                                   for name, v in weights.items()}
-        with torch.no_grad():
-            for name, v in weights.items():
-                self._model_buffers[name].copy_(v)
+        weights, aliases = {}, {}
+        for name, v in t.model.state_dict().items():  # tied weights stay one tensor: save_pretrained drops aliases
+            key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+            weights[name] = aliases[key] if key in aliases else aliases.setdefault(key, self._copy(("model", name), v))
+        optimizer = t.optimizer.state_dict()
+        optimizer = {**optimizer, "state": {
+            pid: {k: self._copy(("optimizer", pid, k), v) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                  for k, v in state.items()} for pid, state in optimizer["state"].items()},
+            "param_groups": copy.deepcopy(optimizer["param_groups"])}
         frozen = copy.copy(t)
-        frozen.optimizer = _Saved(copy.deepcopy(t.optimizer.state_dict()))
+        frozen.optimizer = _Saved(optimizer)
         frozen.lr_scheduler = _Saved(copy.deepcopy(t.lr_scheduler.state_dict()))
         frozen.state = copy.deepcopy(t.state)
         frozen.control = copy.deepcopy(t.control)
         frozen.callback_handler = types.SimpleNamespace(callbacks=[
             copy.deepcopy(cb) for cb in t.callback_handler.callbacks if isinstance(cb, ExportableState)])
-        buffers = dict(self._model_buffers)
-        frozen.save_model = lambda output_dir=None, _internal_call=False: t._save(output_dir, state_dict=buffers)
+        frozen.save_model = lambda output_dir=None, _internal_call=False: t._save(output_dir, state_dict=weights)
         frozen.store_flos = frozen._save_rng_state = frozen._save_scaler = lambda *a, **k: None  # done in `now`
         return frozen
+
+    def _copy(self, key: Any, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor`'s value in this save's buffer for `key`."""
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = self._buffers[key] = torch.empty_like(tensor)
+        with torch.no_grad():
+            return buffer.copy_(tensor)
 
 
 class _Saved:
