@@ -122,7 +122,7 @@ class TpuProvider:
 class QueuedTpuProvider(TpuProvider):
     """Cloud TPU VMs obtained through queued resources (tpu_v2, REST; gcp-facts §19; functions/queued.py): the
     node `{job}-{attempt}` is asked for by a request of the same id, with the node's spec inside. The request's tier
-    is the slot's model (spot → spot, standard → guaranteed) and its queueing_policy.valid_until_duration the job's
+    is the slot's model (spot → spot; standard → no tier, an on-demand request) and its queueing_policy.valid_until_duration the job's
     accelerator.queue_wait_minutes. `get` reports the request's state (queued.raw) until it is ACTIVE, then the
     node's; `delete` deletes the request with force, which deletes its node first (a request that holds no node
     would be deleted without force as well, but a waiting one may be provisioning by then)."""
@@ -170,8 +170,6 @@ class QueuedTpuProvider(TpuProvider):
             queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(valid_until_duration=wait))
         if tier == "spot":
             request.spot = tpu_v2.QueuedResource.Spot()
-        else:
-            request.guaranteed = tpu_v2.QueuedResource.Guaranteed()
         return request
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,

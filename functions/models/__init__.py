@@ -66,8 +66,9 @@ class Model:
         """A Cloud TPU node's schedulingConfig, created directly."""
         return {}
 
-    def queued_tier(self) -> str:
-        """The queued resource's tier field for this model: "spot" or "guaranteed"."""
+    def queued_tier(self) -> str | None:
+        """The queued resource's tier field for this model: "spot", or None for on demand (no tier, as Google's own
+        on-demand sample sends; issue #36 D6)."""
         raise ValueError(f"a queued resource's tiers are spot and guaranteed, not {self.name}")
 
     def zones(self, tier: Tier, zones: list[str]) -> list[str]:

@@ -1,5 +1,5 @@
 """Standard (on-demand) VMs: never preempted; host maintenance still stops a GPU VM (onHostMaintenance TERMINATE).
-Through a Cloud TPU queued resource it is the guaranteed tier."""
+Through a Cloud TPU queued resource it is the on-demand request: no tier field (gcp-facts §19)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ class Standard(Model):
     capacity_pool = "standard"
     lasting = True
 
-    def queued_tier(self) -> str:
-        return "guaranteed"
+    def queued_tier(self) -> str | None:
+        return None
 
 
 STANDARD = register(Standard())
