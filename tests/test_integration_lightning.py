@@ -204,8 +204,8 @@ class Watch(L.Callback):
     def on_train_batch_start(self, trainer, *a): seen.append(trainer.global_step)
 t = L.Trainer(max_steps=30, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
               enable_checkpointing=False, callbacks=[Watch()])
-t.fit(model, StatefulDataLoader(data, batch_size=8, sampler=StatefulDistributedSampler(data, num_replicas=1, rank=0, seed=3)),
-      ckpt_path=path)
+sampler = StatefulDistributedSampler(data, num_replicas=1, rank=0, seed=3)
+t.fit(model, StatefulDataLoader(data, batch_size=8, sampler=sampler), ckpt_path=path)
 assert seen[0] == step, seen[:3]
 print(f"resumed at step {seen[0]}, ran to {t.global_step}")
 """

@@ -1,6 +1,7 @@
-"""PyTorch Lightning under Respawn: one callback, `Respawn`.
+"""PyTorch Lightning under Respawn: one callback, `Respawn`, and a sampler, `StatefulSampler`.
 
-    from respawn.ckpt.lightning import Respawn
+    from respawn.ckpt.lightning import Respawn, StatefulSampler
+    loader = StatefulDataLoader(dataset, batch_size=32, sampler=StatefulSampler(dataset, seed=0))  # torchdata's
     trainer = L.Trainer(..., callbacks=[Respawn(every=50)])   # trainer.fit(model, loader): unchanged
 
 - Resume: in its `setup` hook (the process group is up), every rank finds the newest committed step that verifies
@@ -12,13 +13,14 @@
   is switched off for the fit: its handler broadcasts inside the signal handler, from the ranks the signal reached
   only (the DDP deadlock of Lightning #20806), and saving in a handler (#21406) is not ours either.
 - Periodic saves every `every` steps: the checkpoint is dumped and its tensors copied into reused buffers on the
-  training thread (the snapshot), written, checksummed, committed and uploaded on the save's thread. A Checkpoint callback: Lightning
-  adds no default ModelCheckpoint beside it.
-- The data position: Lightning saves and restores a train loader that has state_dict()/load_state_dict() (torchdata's
-  StatefulDataLoader) in its fit loop's state; any other loader resumes at the start of an epoch's order, which is
-  named once at start.
+  training thread (the snapshot), written, checksummed, committed and uploaded on the save's thread. A Checkpoint
+  callback: Lightning adds no default ModelCheckpoint beside it.
+- The data position: Lightning saves and restores a train loader that has state_dict()/load_state_dict() in its fit
+  loop's state; torchdata's StatefulDataLoader with StatefulSampler resumes the shuffled order exactly, under DDP
+  too. A loader without state, or a sampler Lightning wrapped for DDP, is named once at train start.
+- Each rank's global RNGs are saved beside Lightning's file (which lacks them) and restored at train start.
 
-Importing this module imports lightning (and torch); `respawn.ckpt` itself does not.
+Importing this module imports lightning, torch and torchdata; `respawn.ckpt` itself does not.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.callbacks import Checkpoint
-from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
@@ -91,7 +93,7 @@ class Respawn(Checkpoint):
         self.resumed_from: str | None = None
         self._job: Any = None
         self._handlers: dict = {}
-        self._last_step = -1  # the global step the batch-end hook last acted on
+        self._last_step = 0  # the global step the batch-end hook last acted on (each fit's setup resets both)
         self._saved_step = -1  # the last step saved
         self._rng_file: str | None = None  # this rank's RNG file in the restored step
         self._buffers = SnapshotBuffers()  # the periodic snapshots' copies: page-faulted once, then a memcpy
@@ -148,6 +150,10 @@ class Respawn(Checkpoint):
                                   f"written for another model: {fresh}, or give this run another checkpoint folder")
         self.start = self._last_step = self._saved_step = step
         self.resumed_from = path
+        self.manager.report_step(step)
+        if step == trainer.max_steps and trainer.global_rank == 0:
+            _log.warning(f"the run is already complete at step {step} in {where}: nothing to train; to train again "
+                         f"from step 0, run with {ENV_FRESH}=1 (deletes its checkpoints)")
         self._rng_file = os.path.join(step_dir, RNG_FILE.format(rank=trainer.global_rank))
         _log.info("resuming", step=step, checkpoint=path, rank=trainer.global_rank)
 
@@ -169,12 +175,13 @@ class Respawn(Checkpoint):
             return
         combined = trainer.fit_loop._combined_loader
         for loader in combined.flattened if combined is not None else []:
-            sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None) or getattr(loader, "sampler", None)
+            batches = getattr(loader, "batch_sampler", None)
+            sampler = getattr(batches, "sampler", None) or getattr(loader, "sampler", None)
             if not isinstance(loader, _Stateful):
                 why = f"the train dataloader ({type(loader).__name__}) has no state_dict()"
             elif isinstance(sampler, DistributedSamplerWrapper):
-                why = "Lightning's DDP wrapped the train dataloader's sampler (a DistributedSamplerWrapper: its order is redrawn"
-                why += " at a resume)"
+                why = ("Lightning's DDP wrapped the train dataloader's sampler (a DistributedSamplerWrapper, whose "
+                       "order is drawn anew after a resume)")
             else:
                 continue
             _log.warning(f"{why}: a resume mid-epoch does not continue the epoch's order where it stopped; use "
@@ -191,6 +198,10 @@ class Respawn(Checkpoint):
         self._last_step = step
         mgr = self.manager
         mgr.report_step(step)
+        if mgr.store_error is not None:  # this run's first save could not write its store
+            raise CheckpointError(f"respawn.ckpt: the first checkpoint of this run could not be written to "
+                                  f"{mgr.store_error}; check the store's credentials, permissions and space (or give "
+                                  "another checkpoint folder): without it a restart would lose every step")
         stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)
         if stop:
             outcome = mgr.emergency_save(step, self._in_place(trainer))
