@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 
 from respawn.control import clients as factory
@@ -307,3 +308,26 @@ def test_a_tpu_nodes_address_and_attributes_through_the_tpu_api(made, sim_server
         md = MetadataClient(sim_server.metadata_server(ZONE, "tpu-1", worker).host)
         assert md.read("instance/attributes/respawn-generation")[0] == "7"
         assert md.read("instance/attributes/agent-worker-number")[0] == str(worker)  # what Cloud TPU adds stays
+
+
+def test_a_flex_start_create_returns_while_its_vm_waits_for_capacity(sim_factory):
+    # issue #36 D3: whether Compute keeps a flex-start insert open while the VM is PENDING is unverified (gcp-facts
+    # §18); the sim keeps it open (flex_start_insert="wait"). The create must not block on it (it held the delivery
+    # for op_timeout, then raised TimeoutError): it returns, and the VM's wait is observed on the next passes.
+    sim = sim_factory(flex_start_insert="wait")
+    made = factory.Clients(factory.Endpoints(PROJECT, sim.endpoint, sim.endpoint))
+    spec = parse_spec(gpu_spec("flex", accelerator={"kind": "gpu", "machine_type": "g2-standard-8"}, provisioning=[
+        {"model": "flex-start", "max_run_hours": 2, "wait_minutes": 30}], termination_action=None))
+    sim.set_capacity(ZONE, "g2-standard-8", 0, provisioning_model="FLEX_START")
+    gce = ComputeProvider(made, op_timeout=5)
+    assert gce.create(spec, ZONE, "flex-1", 1, "flex-start", "#!/bin/bash\n") is True
+    assert gce.get(ZONE, "flex-1") == "PENDING"
+    assert made.instances().get(project=PROJECT, zone=ZONE, instance="flex-1").scheduling.provisioning_model == \
+        "FLEX_START"
+    sim.set_capacity(ZONE, "g2-standard-8", None, provisioning_model="FLEX_START")
+    sim.wait_for(lambda: gce.get(ZONE, "flex-1") == "RUNNING", 20, "the flex-start VM RUNNING")
+    # A refusal that is not a wait (quota) still raises from the create, as any insert's.
+    sim.set_quota("us-central1", "g2-standard-8", 0, provisioning_model="SPOT")
+    with pytest.raises(gexc.GoogleAPICallError) as refused:
+        gce.create(spec, ZONE, "flex-2", 2, "flex-start", "#!/bin/bash\n")
+    assert refused.value.errors[0].code == "QUOTA_EXCEEDED"

@@ -7,7 +7,9 @@ from the operation), so placement.classify reads the real shapes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import time
 
 from google.api_core import exceptions as gexc
 from google.api_core import extended_operation
@@ -25,6 +27,7 @@ DEFAULT_SERVICE_ACCOUNT = "default"  # the project's Compute Engine default serv
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 SET_METADATA_TRIES = 5  # reads and conditional writes before a 412 (a writer racing us every time) is raised
 CHECK_TIMEOUT = 30.0  # seconds for a read that must never hold a delivery for long (the boot image, the console)
+FLEX_START_POLL_SECONDS = 1.0  # between looks at a flex-start insert and its instance (is it PENDING yet?)
 
 
 class ComputeOperation(extended_operation.ExtendedOperation):
@@ -150,14 +153,38 @@ class ComputeProvider:
 
     def create(self, spec: JobSpec, zone: str, name: str, attempt: int, provisioning: str, startup_script: str,
                slot: int = 0, service_account: str | None = None, handover: Handover | None = None) -> bool:
-        """Create and wait until the operation is done. False: it already existed (409) and is adopted."""
+        """Create and wait until the operation is done, or for a flex-start VM until it waits for capacity
+        (PENDING): that wait is observed on the next passes, as a queued resource's is. False: it already existed
+        (409) and is adopted."""
         body = self.instance(spec, zone, name, attempt, provisioning, startup_script, slot, service_account, handover)
         try:
             op = self.clients.instances().insert_unary(project=self.project, zone=zone, instance_resource=body)
-            self._wait(zone, op)
+            if body.scheduling.provisioning_model == "FLEX_START":
+                self._wait_unless_pending(zone, name, op)
+            else:
+                self._wait(zone, op)
         except gexc.Conflict:
             return False
         return True
+
+    def _wait_unless_pending(self, zone: str, name: str, op) -> None:
+        """Wait for a flex-start insert until it is done (its error raised as any insert's) or its instance is
+        PENDING. Whether Compute keeps the insert open for the whole wait for capacity (up to 2 h) is unverified
+        (gcp-facts §18); blocking on it would hold the delivery for op_timeout and then raise. Polled with
+        zoneOperations.get, not wait: one wait call itself blocks for up to 2 minutes."""
+        ops = self.clients.zone_operations()
+        deadline = time.monotonic() + self.op_timeout
+        while True:
+            current = ops.get(project=self.project, zone=zone, operation=op.name)
+            if current.status == compute_v1.Operation.Status.DONE:
+                self._wait(zone, current)  # done: raises the operation's error, if any
+                return
+            if self.get(zone, name) == "PENDING":
+                return
+            if time.monotonic() >= deadline:
+                raise concurrent.futures.TimeoutError(f"the insert of {name} in {zone} was neither done nor PENDING "
+                                                      f"within {self.op_timeout:g} s")
+            time.sleep(FLEX_START_POLL_SECONDS)
 
     def start(self, zone: str, name: str) -> None:
         op = self.clients.instances().start_unary(project=self.project, zone=zone, instance=name)
