@@ -224,7 +224,8 @@ def make_handler(sim: "SimServer"):
             return sim.storage_folders.insert(bucket, body["name"])
 
         def g_folder_policy(self, bucket, folder, body, query):
-            return sim.storage_folders.get_policy(bucket, unquote(folder))
+            return sim.storage_folders.get_policy(bucket, unquote(folder),
+                                                  int(query.get("optionsRequestedPolicyVersion") or 1))
 
         def g_folder_set_policy(self, bucket, folder, body, query):
             return sim.storage_folders.set_policy(bucket, unquote(folder), body)

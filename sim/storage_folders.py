@@ -1,7 +1,8 @@
 """Cloud Storage managed folders and their IAM policies, as the controller uses them (the JSON API's
 managedFolders.insert / getIamPolicy / setIamPolicy, gcp-facts §16): where it grants a job's node identity that
 job's checkpoint folder. Kept in memory by the sim; `may` answers whether a member holds a role on an object, so a
-test can ask who may reach what.
+test can ask who may reach what. Bindings with an IAM condition are kept as set; as Cloud Storage does, a policy
+that has one is read only at optionsRequestedPolicyVersion 3 and set only as version 3 (gcp-facts §16).
 """
 
 from __future__ import annotations
@@ -49,24 +50,32 @@ class StorageFolders:
             raise compute_error(404, "notFound", f"The managed folder {name} does not exist.")
         return folder
 
-    def get_policy(self, bucket: str, name: str) -> dict:
+    def get_policy(self, bucket: str, name: str, version: int = 1) -> dict:
+        """The folder's policy at the requested version (optionsRequestedPolicyVersion, 1 when not given)."""
         self._check(bucket, "storage.managedFolders.getIamPolicy")
         with self._lock:
             folder = self._get(bucket, name)
+            if version < 3 and any("condition" in b for b in folder["bindings"]):
+                raise compute_error(400, "invalid", f"The IAM policy of managed folder {name} has IAM Conditions: "
+                                                    "optionsRequestedPolicyVersion must be 3 or greater.")
             return {"kind": "storage#policy", "resourceId": f"projects/_/buckets/{bucket}/managedFolders/{name}",
-                    "bindings": [dict(b, members=list(b["members"])) for b in folder["bindings"]],
-                    "etag": _etag(folder["etag"]), "version": 1}
+                    "bindings": [_copy(b) for b in folder["bindings"]], "etag": _etag(folder["etag"]),
+                    "version": version}
 
     def set_policy(self, bucket: str, name: str, policy: dict) -> dict:
         self._check(bucket, "storage.managedFolders.setIamPolicy")
+        bindings = [_copy(b) for b in policy.get("bindings", [])]
+        version = int(policy.get("version") or 1)
+        if version < 3 and any("condition" in b for b in bindings):
+            raise compute_error(400, "invalid", "A policy with IAM Conditions must be set as version 3.")
         with self._lock:
             folder = self._get(bucket, name)
             if policy.get("etag") not in (None, _etag(folder["etag"])):
                 raise ApiError(412, {"error": {"code": 412, "message": "Precondition Failed: the policy's etag "
                                                                        "does not match"}})
-            folder["bindings"] = [{"role": b["role"], "members": list(b["members"])} for b in policy.get("bindings", [])]
+            folder["bindings"] = bindings
             folder["etag"] += 1
-        return self.get_policy(bucket, name)
+        return self.get_policy(bucket, name, version)
 
     def may(self, member: str, role: str, bucket: str, obj: str) -> bool:
         """Whether `member` holds `role` on object `obj` through a managed folder that contains it."""
@@ -74,6 +83,14 @@ class StorageFolders:
             return any(b["role"] == role and member in b["members"]
                        for (bk, name), folder in self.folders.items() if bk == bucket and obj.startswith(name)
                        for b in folder["bindings"])
+
+
+def _copy(binding: dict) -> dict:
+    """A binding as the policy holds it: role, members and, if it has one, its condition."""
+    out = {"role": binding["role"], "members": list(binding["members"])}
+    if binding.get("condition"):
+        out["condition"] = dict(binding["condition"])
+    return out
 
 
 def _etag(n: int) -> str:

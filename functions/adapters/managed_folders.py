@@ -17,6 +17,9 @@ from respawn import deployment
 from respawn.control.adapters.jsonapi import checked
 
 PRODUCTION = "https://storage.googleapis.com"
+# The IAM policy version read and written: a policy with a conditional binding is read only at 3 (an older version
+# fails the request) and must be set as 3 (gcp-facts §16).
+POLICY_VERSION = 3
 TIMEOUT_S = 30
 ETAG_ATTEMPTS = 5  # a concurrent change of the policy (another grant) makes the write fail on its etag: read again
 
@@ -41,7 +44,8 @@ class ManagedFoldersApi(StorageJsonApi):
         return self._call("POST", f"{self.base}/{quote(bucket, safe='')}/managedFolders", {"name": folder})
 
     def get_iam_policy(self, bucket: str, folder: str) -> dict:
-        return self._call("GET", self._folder(bucket, folder) + "/iam")
+        return self._call("GET", self._folder(bucket, folder) + "/iam",
+                          params={"optionsRequestedPolicyVersion": POLICY_VERSION})
 
     def set_iam_policy(self, bucket: str, folder: str, policy: dict) -> dict:
         return self._call("PUT", self._folder(bucket, folder) + "/iam", policy)
@@ -94,7 +98,8 @@ class FolderGrants:
                 ours["members"] = [m for m in ours["members"] if m != member]
                 bindings = [b for b in bindings if b.get("members")]
             try:
-                api.set_iam_policy(bucket, prefix, {"bindings": bindings + others, "etag": policy.get("etag")})
+                api.set_iam_policy(bucket, prefix, {"bindings": bindings + others, "etag": policy.get("etag"),
+                                                    "version": POLICY_VERSION})
                 return
             except gexc.PreconditionFailed:
                 continue
