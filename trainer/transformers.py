@@ -212,5 +212,6 @@ class _Saved:
 def resume_path(trainer: Trainer) -> str | None:
     """Put `trainer` under Respawn (a RespawnCallback, unless it has one) and return the checkpoint to resume from:
     the newest committed step that verifies, local disk first, then the job's checkpoint_uri; None when there is
-    none. Call it on every rank, after the Trainer is built: trainer.train(resume_from_checkpoint=resume_path(trainer))."""
+    none. Call it on every rank, after the Trainer is built:
+    trainer.train(resume_from_checkpoint=resume_path(trainer))."""
     return RespawnCallback.resume_path(trainer)
