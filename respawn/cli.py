@@ -14,23 +14,32 @@ import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from respawn import deployment, schema
 from respawn.workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Respawn: hands-off training on Spot GPUs and TPUs.")
-jobs_app = typer.Typer(no_args_is_help=True, help="Register and inspect jobs.")
+# Plain help (click's): Rich's option tables cut long option names at 80 columns (--checkpoint-interval-m…).
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  help="Respawn: hands-off training on Spot GPUs and TPUs.")
+jobs_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Register and inspect jobs.")
 app.add_typer(jobs_app, name="jobs")
 
-# Piped output keeps whole table rows rather than an 80-column guess.
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, soft_wrap=True)
+# Piped output keeps whole table rows rather than an 80-column guess. No Rich markup: what is printed (paths, specs,
+# errors, table cells) is printed as written, `[...]` included; styles are given as Text (say, Text.assemble).
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200, markup=False)
+err = Console(stderr=True, soft_wrap=True, markup=False)
 
 ProjectOpt = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", help="Google Cloud project (default: ADC's)")
 # Packing and uploading show progress above this many bytes.
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 FOLLOW_POLL_S = 2.0  # `jobs logs --follow`: how often the job's log chunks are listed again
 SweepTopicOpt = typer.Option(deployment.SWEEP_TOPIC, "--sweep-topic", help="Pub/Sub topic the controller's sweep listens on")
+
+
+def say(label: str, text: str) -> None:
+    """One line (or a short list) on stderr: "error: …" in red, "warning: …" or "note: …" in yellow."""
+    err.print(Text.assemble((f"{label}:", "red" if label == "error" else "yellow"), " ", text), highlight=False)
 
 
 class CliError(Exception):
@@ -63,7 +72,16 @@ def _read_spec_data(path: Path) -> Any:
     try:
         return yaml.safe_load(text)  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
-        raise CliError(f"{path} is neither valid YAML nor JSON: {exc}", code=2) from None
+        raise CliError(f"{path} is neither valid YAML nor JSON: {yaml_problem(exc, path)}", code=2) from None
+
+
+def yaml_problem(exc: yaml.YAMLError, path: Path) -> str:
+    """PyYAML's own words (line, column, the line with a caret under the spot, what it expected), naming the file
+    instead of "<unicode string>"."""
+    for mark in (getattr(exc, "context_mark", None), getattr(exc, "problem_mark", None)):
+        if mark is not None:
+            mark.name = str(path)
+    return str(exc)
 
 
 def _parse_spec(path: Path, data: Any) -> schema.JobSpec:
@@ -72,7 +90,7 @@ def _parse_spec(path: Path, data: Any) -> schema.JobSpec:
     except schema.SpecError as exc:
         raise CliError(f"{path}: {exc}", code=2) from None
     for line in schema.deprecations(data):
-        err.print(f"[yellow]warning:[/yellow] {path}: {line}", highlight=False)
+        say("warning", f"{path}: {line}")
     return spec
 
 
@@ -86,16 +104,16 @@ def run_reporting_errors(fn, *args) -> None:
     try:
         fn(*args)
     except CliError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        say("error", str(exc))
         raise typer.Exit(exc.code) from None
     except Exception as exc:  # a cloud error: name it, without a traceback
         from respawn.jobstore import NoSuchJob, is_api_error
 
         if isinstance(exc, NoSuchJob):
-            err.print(f"[red]error:[/red] {_no_such_job(str(exc))}", highlight=False)
+            say("error", str(_no_such_job(str(exc))))
             raise typer.Exit(1) from None
         if is_api_error(exc):
-            err.print(f"[red]error:[/red] Firestore call failed: {exc}", highlight=False)
+            say("error", f"Firestore call failed: {exc}")
             raise typer.Exit(1) from None
         raise
 
@@ -122,7 +140,8 @@ def register(
             _check_network(spec, project)
             _check_quota(spec, project)
             if dry_run:
-                out.print(f"{file}: valid; would register [bold]{spec.id}[/bold] (dry run: nothing written)")
+                out.print(Text.assemble(f"{file}: valid; would register ", (spec.id, "bold"),
+                                        " (dry run: nothing written)"))
                 return
             _register(_store(project), spec, file)
             return
@@ -138,13 +157,12 @@ def register(
         packed = _pack(directory)
         uri = workdir_uri(spec.checkpoint_uri, packed.sha256)
         if workdir is not None and written is not None and written != uri:
-            err.print(f"[yellow]note:[/yellow] --workdir replaces trainer.workdir of {file} ({written})",
-                      highlight=False)
+            say("note", f"--workdir replaces trainer.workdir of {file} ({written})")
         trainer["workdir"] = uri
         spec = _parse_spec(file, data)
         if store is None:
-            out.print(f"would upload {uri} and register [bold]{spec.id}[/bold] with trainer.workdir set to it "
-                      "(dry run: nothing written)", highlight=False)
+            out.print(Text.assemble(f"would upload {uri} and register ", (spec.id, "bold"),
+                                    " with trainer.workdir set to it (dry run: nothing written)"), highlight=False)
             return
         from respawn.codestore import CodeStoreError, upload
 
@@ -174,8 +192,8 @@ def _check_image(spec: schema.JobSpec, project: str | None) -> None:
     if found.verdict is ImageVerdict.MISSING:
         raise CliError(f"{spec.id}: {missing_error(found)}", code=2)
     if found.verdict is ImageVerdict.UNCHECKED:
-        err.print(f"[yellow]note:[/yellow] boot image {found.image} not checked ({found.detail}); the controller "
-                  "checks it when it first handles the job", highlight=False)
+        say("note", f"boot image {found.image} not checked ({found.detail}); the controller checks it when it first "
+                    "handles the job")
     else:
         out.print(f"boot image: {found.image} → {found.detail}", highlight=False)
 
@@ -192,7 +210,7 @@ def _check_network(spec: schema.JobSpec, project: str | None) -> None:
 
     problem = missing_rule(project)
     if problem:
-        err.print(f"[yellow]warning:[/yellow] {spec.id} runs on {hosts} hosts; {problem}", highlight=False)
+        say("warning", f"{spec.id} runs on {hosts} hosts; {problem}")
 
 
 def _check_quota(spec: schema.JobSpec, project: str | None) -> None:
@@ -207,7 +225,7 @@ def _check_quota(spec: schema.JobSpec, project: str | None) -> None:
         raise CliError(f"{spec.id}: no quota for its GPUs in any listed zone's region:\n  " + "\n  ".join(verdict.lines),
                        code=2)
     for line in verdict.lines:
-        err.print(f"[yellow]warning:[/yellow] {spec.id} quota: {line}", highlight=False)
+        say("warning", f"{spec.id} quota: {line}")
 
 
 def _trainer_workdir(data: Any) -> tuple[dict | None, Any]:
@@ -233,7 +251,8 @@ def _register(store, spec: schema.JobSpec, file: Path) -> None:
         store.register(spec.id, spec.to_doc(), source=str(file))
     except JobExists:
         raise _exists(spec.id) from None
-    out.print(f"registered [bold]{spec.id}[/bold]: {spec.accelerator.kind} {spec.provisioning} over {', '.join(spec.zones)}")
+    out.print(Text.assemble("registered ", (spec.id, "bold"),
+                    f": {spec.accelerator.kind} {spec.provisioning} over {', '.join(spec.zones)}"))
 
 
 def _exists(job_id: str) -> CliError:
@@ -294,7 +313,7 @@ def _pack(directory: Path) -> PackedWorkdir:
               f"{human_bytes(packed.size)}, sha256 {packed.sha256}", highlight=False)
     warning = packed.size_warning()
     if warning:
-        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        say("warning", warning)
     return packed
 
 
@@ -313,7 +332,7 @@ def pack_cmd(
         if list_all:
             for m in packed.scan.members:
                 shown = f"{m.path} -> {m.target}" if m.kind == "symlink" else m.path + ("/" if m.kind == "dir" else "")
-                out.print(f"{m.mode:04o} {m.size:>12} {shown}", highlight=False, markup=False)
+                out.print(f"{m.mode:04o} {m.size:>12} {shown}", highlight=False)
         else:
             table = Table("top-level entry", "files", "bytes")
             for top, (count, size) in _by_top_entry(packed.scan.members).items():
@@ -322,12 +341,12 @@ def pack_cmd(
         left = packed.scan.excluded
         if left:
             out.print(f"left out ({len(left)}): " + ", ".join(left[:10]) + (", …" if len(left) > 10 else ""),
-                      highlight=False, markup=False)
+                      highlight=False)
         if output is not None:
             try:
                 output.write_bytes(packed.data)
             except OSError as exc:
-                raise CliError(f"cannot write {output}: {exc.strerror}") from None
+                raise CliError(f"cannot write {output}: {exc.strerror}", code=2) from None
             out.print(f"archive written to {output}", highlight=False)
 
     run_reporting_errors(go)
@@ -410,7 +429,7 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
             "status": status.model_dump(mode="json", exclude_none=True),
             "spec": doc.get("spec"),
         }
-        out.print(yaml.safe_dump(body, sort_keys=False), highlight=False, end="")
+        out.print(yaml.safe_dump(body, sort_keys=False, allow_unicode=True), highlight=False, end="")
 
     run_reporting_errors(go)
 
@@ -436,6 +455,9 @@ def report_cmd(
             page, r = report.write(_store(project), job_id, output, heartbeats_database)
         except NoSuchJob:
             raise _no_such_job(job_id) from None
+        except OSError as exc:
+            raise CliError(f"--output {output}: cannot write it ({exc.strerror}); give a file in a folder that "
+                           "exists", code=2) from None
         figures = report.describe(r)
         if as_json:
             print(json.dumps({"id": job_id, "state": r.state, "report": str(output), **figures}))
@@ -458,7 +480,7 @@ def events(job_id: str, project: Optional[str] = ProjectOpt, limit: int = typer.
         for ev in _store(project).job_events(job_id, limit):
             table.add_row(
                 _fmt_time(ev.at), ev.from_state.value if ev.from_state else "-", ev.to_state.value, ev.cause,
-                json.dumps(ev.details, default=str) if ev.details else "",
+                json.dumps(ev.details, default=str, ensure_ascii=False) if ev.details else "",
             )
         out.print(table)
 
@@ -531,7 +553,7 @@ def logs(
                     printed.setdefault(s.listed.name, s.listed.size)  # the older ones: skipped, not to be shown later
             text = joblogs.lines(joblogs.read_ahead(fresh, read) if len(fresh) > 1 else fresh, read, hosts=hosts)
             for line in joblogs.tail(text, tail_lines) if first and tail_lines else text:
-                out.print(line, markup=False, highlight=False)
+                out.print(line, highlight=False)
 
         show(True)
         try:
@@ -557,10 +579,8 @@ def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = 
         except JobFinished as exc:
             raise CliError(f"job {job_id!r} is already {exc.state.value}; nothing to cancel") from None
         woke = _wake_controller(store.project, sweep_topic, job_id)
-        out.print(
-            f"cancel requested for [bold]{job_id}[/bold] (was {state.value}); "
-            + ("the controller is deleting its node" if woke else "the next scheduled sweep deletes its node")
-        )
+        then = "the controller is deleting its node" if woke else "the next scheduled sweep deletes its node"
+        out.print(Text.assemble("cancel requested for ", (job_id, "bold"), f" (was {state.value}); {then}"))
 
     run_reporting_errors(go)
 
@@ -593,8 +613,9 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
         woke = _wake_controller(store.project, sweep_topic, job_id)
         what = ("resumes from its newest committed checkpoint" if before.state is schema.State.BUDGET_EXHAUSTED
                 else "runs on under the new cap")
-        out.print(f"budget of [bold]{job_id}[/bold] set to {prices.usd(budget)} ({prices.usd(spent)} spent); it {what}"
-                  + ("" if woke else " at the next scheduled sweep"))
+        when = "" if woke else " at the next scheduled sweep"
+        out.print(Text.assemble("budget of ", (job_id, "bold"),
+                                f" set to {prices.usd(budget)} ({prices.usd(spent)} spent); it {what}{when}"))
 
     run_reporting_errors(go)
 
@@ -607,7 +628,7 @@ def _wake_controller(project: str, topic: str, job_id: str) -> bool:
         nudge_sweep(project, topic, job_id)
         return True
     except Exception as exc:  # noqa: BLE001 - the cancel itself is recorded; only the nudge failed
-        err.print(f"[yellow]note:[/yellow] could not publish to topic {topic!r} ({exc.__class__.__name__})", highlight=False)
+        say("note", f"could not publish to topic {topic!r} ({exc.__class__.__name__})")
         return False
 
 
@@ -630,7 +651,7 @@ def validate(file: Path = typer.Argument(..., help="job spec, YAML or JSON")) ->
         if directory is not None:
             out.print(f"trainer.workdir: {directory} → {spec.trainer.workdir} (`respawn jobs register` uploads it)",
                       highlight=False)
-        out.print(f"{file}: valid job spec for [bold]{spec.id}[/bold]")
+        out.print(Text.assemble(f"{file}: valid job spec for ", (spec.id, "bold")))
 
     run_reporting_errors(go)
 
@@ -735,7 +756,11 @@ def plan_cmd(
         except ValueError as exc:
             raise CliError(str(exc), code=2) from None
         if plot is not None:
-            plot.write_text(svg_chart(result))
+            try:
+                plot.write_text(svg_chart(result))
+            except OSError as exc:
+                raise CliError(f"--plot {plot}: cannot write it ({exc.strerror}); give a file in a folder that "
+                               "exists", code=2) from None
         if as_json:
             print(json.dumps(result.to_json()))
             return
@@ -866,8 +891,10 @@ def chaos(
                     continue
                 seen.add((ev.at, ev.cause))
                 took = time.monotonic() - started
+                details = json.dumps({k: v for k, v in ev.details.items() if k != "lost"}, default=str,
+                                     ensure_ascii=False)
                 out.print(f"{took:7.1f} s  {ev.from_state.value if ev.from_state else '-'} → {ev.to_state.value}: "
-                          f"{ev.cause} {json.dumps({k: v for k, v in ev.details.items() if k != 'lost'}, default=str)}")
+                          f"{ev.cause} {details}")
                 if ev.cause == "recovered":
                     out.print(f"job {job_id} trains again {took:.0f} s after the interruption")
                     return
@@ -905,13 +932,21 @@ def zones_cmd(
         names = [z.strip() for z in (zones or "").split(",") if z.strip()]
         if bool(names) == bool(region):
             raise CliError("give --zones or --region (one of them)", code=2)
+        for zone in names:
+            if not schema._ZONE.match(zone):
+                raise CliError(f"--zones: {zone!r} is not a zone name such as us-central1-a", code=2)
+        if region and schema._ZONE.match(region):
+            raise CliError(f"--region {region} is a zone: give its region ({advice.region_of(region)}) or --zones "
+                           f"{region}", code=2)
+        asked = isinstance(look, Reader) and look.project
         if region:
-            found = region_zones(look, region) if isinstance(look, Reader) else "no Compute Engine to ask"
+            found = region_zones(look, region) if asked else _not_asked(look)
             if isinstance(found, str):
-                raise CliError(f"could not list the zones of {region}: {found}")
+                _say_offline_prices(shape, [region])
+                raise CliError(f"could not list the zones of {region}: {found}; or name them with --zones")
             names = found
-        rep = (report(look, shape, names) if isinstance(look, Reader) and look.project
-               else Report([ZoneRow(z) for z in names], [f"Compute Engine not asked: {look or 'no project'}"]))
+        rep = report(look, shape, names) if asked else Report([ZoneRow(z) for z in names],
+                                                              [f"Compute Engine not asked: {_not_asked(look)}"])
         try:
             add_seen(rep.rows, _store(project).capacity_records(names, shape.capacity_key))
         except Exception as exc:  # noqa: BLE001 - the other columns stand without it
@@ -920,9 +955,32 @@ def zones_cmd(
         for row in rep.rows:  # below the table: too long for a column
             out.print(f"Respawn saw in {row.zone}: {_seen(row)}", highlight=False)
         for note in rep.notes:
-            err.print(f"[yellow]note:[/yellow] not read: {note}", highlight=False)
+            say("note", f"not read: {note}")
+        if not asked:
+            _say_offline_prices(shape, list(dict.fromkeys(advice.region_of(z) for z in names)))
 
     run_reporting_errors(go)
+
+
+def _not_asked(look: Any) -> str:
+    """Why `respawn zones` cannot ask Compute Engine, and what to do about it."""
+    if look is None:
+        return (f"a local run (FIRESTORE_EMULATOR_HOST is set) with no Compute Engine stand-in at "
+                f"{deployment.ENV_COMPUTE_ENDPOINT}")
+    if isinstance(look, str):
+        return f"{look}: run `gcloud auth application-default login` and give --project"
+    return "no project: give --project or set GOOGLE_CLOUD_PROJECT"
+
+
+def _say_offline_prices(shape: Any, regions: list[str]) -> None:
+    """Offline, the dated offline table's price of the VM in each region (what Compute Engine's Spot price column
+    would say), or that the table has none."""
+    from respawn.zonereport import offline_price
+
+    for region in regions:
+        found = offline_price(shape, region)
+        say("note", f"{shape.machine_type} in {region}: {found}" if found else
+            f"{shape.machine_type} in {region}: the offline price table has no price for it")
 
 
 def _zones_table(rep: Any, shape: Any) -> Table:
@@ -980,7 +1038,7 @@ def demo(ctx: typer.Context) -> None:
     checkout = deployment.source_root()
     if not (checkout / "sim" / "demo" / "__main__.py").is_file():
         err.print("respawn demo runs from a source checkout of Respawn (its local stand-ins for Google Cloud are not "
-                  "installed): in the checkout, run `pip install -e '.[dev]' && respawn demo`", markup=False, highlight=False)
+                  "installed): in the checkout, run `pip install -e '.[dev]' && respawn demo`", highlight=False)
         raise typer.Exit(2)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
     sys.stdout.flush()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
-from respawn import advice
+from respawn import advice, prices
 from respawn.compute_read import Answer, Reader
 from respawn.schema import STATS, ZoneStats
 
@@ -76,6 +77,20 @@ def report(look: Reader, shape: advice.Shape, zones: list[str], size: int = 1) -
             else:
                 notes["history"] = f"capacity history: {_why(answer)}"
     return Report(rows, list(notes.values()))
+
+
+def offline_price(shape: advice.Shape, region: str) -> str | None:
+    """The VM's Spot and on-demand price an hour in `region` from respawn/prices.py's dated offline table (without
+    a boot disk, as Compute Engine's Spot price is), or None where the table cannot price it."""
+    book = prices.offline(region)
+    node = prices.shape_of(SimpleNamespace(kind="gpu", machine_type=shape.machine_type, boot_disk_gb=0,
+                                           accelerator_type=shape.accelerator_type,
+                                           accelerator_count=shape.accelerator_count))
+    found = prices.rate(node, "spot", book) if book and node else None
+    if found is None:
+        return None
+    return (f"Spot {prices.usd(found.usd_per_hour)}/h, on demand {prices.usd(found.on_demand_usd_per_hour)}/h "
+            f"({found.note})")
 
 
 def add_seen(rows: list[ZoneRow], records: dict[str, dict[str, Any]]) -> None:

@@ -177,6 +177,31 @@ def test_the_live_view_shows_a_slices_workers():
     assert "workers" not in single.getvalue()
 
 
+def test_the_live_view_keeps_the_last_step_during_a_recovery():
+    import io
+
+    from rich.console import Console
+
+    from sim.demo.live import LiveView, _panel
+    from sim.demo.runner import Progress
+
+    stream = io.StringIO()
+    view = LiveView(enabled=False, stream=stream)
+    view.update(Progress(scenario="s", job_id="j", state="PENDING"))
+    assert "step=- committed=-" in stream.getvalue()  # nothing reported yet: nothing to keep
+    view.update(Progress(scenario="s", job_id="j", state="RUNNING", node="j-1", step=93, committed=90,
+                         total_steps=300))
+    gone = Progress(scenario="s", job_id="j", state="PROVISIONING", total_steps=300)  # the node is gone
+    view.update(gone)
+    assert stream.getvalue().splitlines()[-1].endswith("step=93/300 (recovering) committed=90 live=0")
+    console = Console(file=io.StringIO(), width=120)
+    console.print(_panel(gone, (93, 90)))
+    assert "93/300 (recovering)" in console.file.getvalue()
+    # An event's details are printed as written, not read as Rich markup.
+    console.print(_panel(Progress(scenario="s", job_id="j", events=["moved [from us-central1-a]"])))
+    assert "moved [from us-central1-a]" in console.file.getvalue()
+
+
 def test_notice_to_step_runs_from_each_notice_to_a_new_life_stepping_past_its_resume():
     samples = [S(1, "j-1", "a", "training", 50, 40), S(2, "j-1", "a", "training", 60, 40),
                # the notice at 2.5: the old life still reports, the new one restores step 60, then steps

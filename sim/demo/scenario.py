@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from respawn.cli import yaml_problem
 from respawn.schema import State, error_lines
 from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES
 
@@ -148,7 +149,8 @@ class Expect(_Strict):
 class Scenario(_Strict):
     name: str
     description: str = ""
-    zones: list[Zone] = Field(default_factory=lambda: [Zone(name=z) for z in DEFAULT_ZONES], min_length=1)
+    zones: list[Zone] = Field(default_factory=lambda: [Zone(name=z) for z in DEFAULT_ZONES], min_length=1,
+                              description="each a mapping (name, capacity, advice) or its name alone")
     accelerator: Literal["gpu", "tpu"] = "gpu"
     # The hostname format by default: the one JAX's reader calls new (gcp-facts §13); triples, the older one, remain.
     tpu_endpoints: Literal[ENDPOINT_FORMATS] = Field(  # type: ignore[valid-type]
@@ -174,6 +176,12 @@ class Scenario(_Strict):
     run_duration_scale: float = Field(default=1.0, gt=0, le=1, description="wall seconds per second of a flex-start "
                                       "VM's run duration and request wait (the sim's run_duration_scale)")
     expect: Expect = Field(default_factory=Expect)
+
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zone_names(cls, zones: Any) -> Any:
+        """A zone written as its name alone (the job spec's form, `zones: [us-central1-a]`) has unlimited capacity."""
+        return [{"name": z} if isinstance(z, str) else z for z in zones] if isinstance(zones, list) else zones
 
     @model_validator(mode="after")
     def _budget_fits_notice(self) -> Scenario:
@@ -226,7 +234,7 @@ def load_scenario(path: Path) -> Scenario:
     except OSError as exc:
         raise ScenarioError(str(path), [f"cannot read: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:
-        raise ScenarioError(str(path), [f"not valid YAML: {exc}"]) from None
+        raise ScenarioError(str(path), [f"not valid YAML: {yaml_problem(exc, path)}"]) from None
     sc = parse_scenario(data, str(path))
     if sc.job_file is not None:  # relative to the scenario file, as a job file's workdir is to the job file
         sc = sc.model_copy(update={"job_file": str((path.parent / sc.job_file).resolve())})
