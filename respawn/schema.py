@@ -330,6 +330,9 @@ class PreemptionRate(Preemptions):
 
 
 Model = Literal["spot", "preemptible", "flex-start", "standard", "reservation"]
+# The machine series a flex-start VM may be: "all accelerator-optimized machine types (except A4X and G4) and H4D"
+# (Google's "About flex-start VMs", gcp-facts §18).
+FLEX_START_SERIES = frozenset({"a2", "a3", "a4", "g2", "h4d"})
 # A specific reservation's name, or a shared one's path (projects/OWNER/reservations/NAME; gcp-facts §26).
 _RESERVATION = re.compile(r"^(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Flex-start VMs run for this long (scheduling.maxRunDuration, 600-604800 s; docs/gcp-facts.md §18)...
@@ -685,6 +688,18 @@ class JobSpec(_Strict):
             if not _LABEL_VALUE.match(value):
                 raise ValueError(f"label {key!r} value {value!r}: at most 63 lowercase letters, digits, _ and -")
         return v
+
+    @model_validator(mode="after")
+    def _flex_start_machine(self) -> "JobSpec":
+        """A flex-start tier on a machine type Compute Engine offers it on: refused here, in one line, rather than by
+        Compute at every create."""
+        machine_type = getattr(self.accelerator, "machine_type", None)
+        if (machine_type and machine_type.split("-")[0] not in FLEX_START_SERIES
+                and any(t.model == "flex-start" for t in self.provisioning_tiers)):
+            raise ValueError(f"provisioning: flex-start does not run {machine_type}: Google offers it on "
+                             "accelerator-optimized machine types (A2, A3, A4, G2; not A4X or G4) and H4D only; "
+                             "choose one (e.g. g2-standard-8 for one L4) or another model for this job")
+        return self
 
     @model_validator(mode="after")
     def _reservation_tier(self) -> "JobSpec":

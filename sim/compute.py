@@ -55,6 +55,8 @@ LIVE = ("PROVISIONING", "STAGING", "RUNNING", "PENDING_STOP", "STOPPING")
 MAX_NOTICE_SECONDS = 120  # scheduling.preemptionNoticeDuration: gcloud's documented range is [0s, 120s] (gcp-facts §17)
 RUN_SECONDS = (600, 604_800)  # a FLEX_START VM's scheduling.maxRunDuration: 10 min to 7 days (gcp-facts §18)
 WAIT_SECONDS = (90, 7200)  # params.requestValidForDuration: how long a flex-start request waits; 0 = no wait (§18)
+# The machine series a FLEX_START VM may be: accelerator-optimized but A4X and G4, and H4D (gcp-facts §18).
+FLEX_START_SERIES = ("a2", "a3", "a4", "g2", "h4d")
 PREEMPTIBLE_QUOTA = ("SPOT", "FLEX_START")  # the models charged to the PREEMPTIBLE_* quota metrics (gcp-facts §18, §21)
 RESERVATION = "RESERVATION"  # the sim's model of a VM consuming a specific reservation (its capacity timeline's key)
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
@@ -167,6 +169,11 @@ def _check_run_duration(body: dict, scheduling: dict, model: str) -> None:
     """What Compute refuses of a flex-start request (gcp-facts §18) and of a limited run time (§17), with 400."""
     run = _duration_seconds(scheduling.get("maxRunDuration"))
     if model == "FLEX_START":
+        machine_type = _last(body["machineType"])
+        if machine_type.split("-")[0] not in FLEX_START_SERIES:  # the message's wording is the sim's (unverified)
+            raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.provisioningModel': "
+                                                f"'FLEX_START'. Machine type {machine_type} does not support the "
+                                                "FLEX_START provisioning model")
         if not run:
             raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.maxRunDuration': a "
                                                 "FLEX_START instance needs a maximum run duration")

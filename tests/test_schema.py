@@ -453,3 +453,24 @@ def test_tpu_queued_resource_fields_and_what_they_refuse():
         parse_spec({**base, "accelerator": {**acc, "queued_resource": True}, "provisioning": "preemptible"})
     with pytest.raises(SpecError, match="queue_wait_minutes"):
         parse_spec({**base, "accelerator": {**acc, "queue_wait_minutes": 0.5}})
+
+
+@pytest.mark.parametrize("machine_type, gpu, takes", [
+    ("n1-standard-8", "nvidia-tesla-t4", False), ("a4x-highgpu-4g", None, False), ("g4-standard-48", None, False),
+    ("n2-standard-8", None, False), ("g2-standard-8", None, True), ("a2-highgpu-1g", None, True),
+    ("a3-highgpu-8g", None, True), ("a4-highgpu-8g", None, True), ("h4d-highmem-192", None, True)])
+def test_flex_start_only_on_the_machine_types_google_offers_it_on(machine_type, gpu, takes):
+    # "Flex-start VMs support all accelerator-optimized machine types (except A4X and G4) and H4D machine types"
+    # (Google's "About flex-start VMs", issue #36 D2): any other is refused at registration, in one line.
+    accelerator = {"kind": "gpu", "machine_type": machine_type, **({"accelerator_type": gpu} if gpu else {})}
+    spec = {**copy.deepcopy(GPU), "accelerator": accelerator, "termination_action": None,
+            "provisioning": ["spot", {"model": "flex-start", "max_run_hours": 2}]}
+    if takes:
+        assert parse_spec(spec).provisioning_tiers[1].model == "flex-start"
+        return
+    with pytest.raises(SpecError) as refused:
+        parse_spec(spec)
+    assert len(refused.value.errors) == 1
+    assert f"flex-start does not run {machine_type}" in str(refused.value)
+    assert "accelerator-optimized machine types (A2, A3, A4, G2; not A4X or G4) and H4D only" in str(refused.value)
+    parse_spec({**spec, "provisioning": ["spot", "standard"]})  # the machine type itself is fine

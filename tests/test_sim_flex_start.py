@@ -16,7 +16,7 @@ from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory  
 
 ZONE = "us-central1-a"
 REGION = "us-central1"
-T4 = "nvidia-tesla-t4"
+G2 = "g2-standard-8"  # one L4 built in: flex-start runs accelerator-optimized machine types (gcp-facts §18)
 SCALE = 0.002  # wall seconds per run or wait second: a 600 s run lasts 1.2 s
 SLOW = 0.01  # for a wait that must outlast a few calls: 90 s last 0.9 s
 
@@ -31,13 +31,19 @@ def flex_instance(name: str, *, run_s: int | None = 600, wait_s: int | None = 72
     if action is not None:
         sched.instance_termination_action = action
     inst = compute_v1.Instance(
-        name=name, machine_type=f"zones/{ZONE}/machineTypes/n1-standard-4", scheduling=sched,
-        guest_accelerators=[compute_v1.AcceleratorConfig(
-            accelerator_type=f"projects/{PROJECT}/zones/{ZONE}/acceleratorTypes/{T4}", accelerator_count=1)],
+        name=name, machine_type=f"zones/{ZONE}/machineTypes/{G2}", scheduling=sched,
         reservation_affinity=compute_v1.ReservationAffinity(consume_reservation_type="NO_RESERVATION"),
         labels={"respawn-job": "job-a"})
     if wait_s is not None:
         inst.params = compute_v1.InstanceParams(request_valid_for_duration=compute_v1.Duration(seconds=wait_s))
+    return inst
+
+
+def on_machine(inst: compute_v1.Instance, machine_type: str, gpu: str | None = None) -> compute_v1.Instance:
+    inst.machine_type = f"zones/{ZONE}/machineTypes/{machine_type}"
+    if gpu is not None:
+        inst.guest_accelerators = [compute_v1.AcceleratorConfig(
+            accelerator_type=f"projects/{PROJECT}/zones/{ZONE}/acceleratorTypes/{gpu}", accelerator_count=1)]
     return inst
 
 
@@ -61,7 +67,7 @@ def states(sim, name: str) -> list[str]:
 
 def test_flex_start_runs_on_its_own_capacity_and_reports_its_run_end(sim_factory):
     sim = sim_factory(run_duration_scale=SCALE)
-    sim.set_capacity(ZONE, T4, 0, provisioning_model="SPOT")  # Spot stocked out, flex-start not
+    sim.set_capacity(ZONE, G2, 0, provisioning_model="SPOT")  # Spot stocked out, flex-start not
     instances, ops = compute_clients(sim.endpoint)
     with pytest.raises(exceptions.ServiceUnavailable):
         compute_result(ops, PROJECT, ZONE, insert_op(instances, spot_instance("spot-1")))
@@ -81,7 +87,7 @@ def test_flex_start_runs_on_its_own_capacity_and_reports_its_run_end(sim_factory
 
 def test_no_capacity_waits_pending_not_live_until_capacity_comes_first_asked_first(sim_factory):
     sim = sim_factory(run_duration_scale=SCALE)
-    sim.set_capacity(ZONE, T4, 0, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, 0, provisioning_model="FLEX_START")
     instances, ops = compute_clients(sim.endpoint)
     for name in ("flex-1", "flex-2"):
         op = insert_op(instances, flex_instance(name, run_s=3600))
@@ -92,7 +98,7 @@ def test_no_capacity_waits_pending_not_live_until_capacity_comes_first_asked_fir
     time.sleep(0.3)  # several passes over the queue with no capacity
     assert [sim.status_of(ZONE, n) for n in ("flex-1", "flex-2")] == ["PENDING", "PENDING"]
     assert sim.live_nodes() == [] and sim.max_live() == 0  # PENDING holds no hardware
-    sim.set_capacity(ZONE, T4, 1, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, 1, provisioning_model="FLEX_START")
     sim.wait_for(lambda: sim.status_of(ZONE, "flex-1") == "RUNNING", timeout=10, what="flex-1 running")
     time.sleep(0.3)
     assert sim.status_of(ZONE, "flex-2") == "PENDING"  # one slot: the first request got it
@@ -103,7 +109,7 @@ def test_no_capacity_waits_pending_not_live_until_capacity_comes_first_asked_fir
 
 def test_an_expired_request_is_deleted_by_compute(sim_factory):
     sim = sim_factory(run_duration_scale=SLOW)
-    sim.set_capacity(ZONE, T4, 0, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, 0, provisioning_model="FLEX_START")
     instances, ops = compute_clients(sim.endpoint)
     compute_result(ops, PROJECT, ZONE, insert_op(instances, flex_instance("flex-1", wait_s=90)))
     assert instances.get(project=PROJECT, zone=ZONE, instance="flex-1").status == "PENDING"
@@ -112,14 +118,14 @@ def test_an_expired_request_is_deleted_by_compute(sim_factory):
         instances.get(project=PROJECT, zone=ZONE, instance="flex-1")
     record = sim.history()[0]
     assert record["live"] == [] and record["deletedAt"] - record["createdAt"] == pytest.approx(90 * SLOW, abs=0.3)
-    sim.set_capacity(ZONE, T4, None, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, None, provisioning_model="FLEX_START")
     time.sleep(0.2)
     assert sim.status_of(ZONE, "flex-1") is None  # capacity after the expiry brings nothing back
 
 
 def test_with_flex_start_insert_wait_the_insert_ends_when_the_vm_runs_or_the_request_expires(sim_factory):
     sim = sim_factory(run_duration_scale=SLOW, flex_start_insert="wait")
-    sim.set_capacity(ZONE, T4, 0, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, 0, provisioning_model="FLEX_START")
     instances, ops = compute_clients(sim.endpoint)
     expiring = insert_op(instances, flex_instance("flex-1", wait_s=90))
     with pytest.raises(exceptions.ServiceUnavailable) as info:
@@ -129,20 +135,20 @@ def test_with_flex_start_insert_wait_the_insert_ends_when_the_vm_runs_or_the_req
     waiting = insert_op(instances, flex_instance("flex-2"))
     time.sleep(0.3)
     assert ops.get(project=PROJECT, zone=ZONE, operation=waiting.name).status != compute_v1.Operation.Status.DONE
-    sim.set_capacity(ZONE, T4, 1, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, 1, provisioning_model="FLEX_START")
     compute_result(ops, PROJECT, ZONE, waiting)
     assert instances.get(project=PROJECT, zone=ZONE, instance="flex-2").status == "RUNNING"
 
 
 def test_a_pending_request_can_be_withdrawn(sim_factory):
     sim = sim_factory(run_duration_scale=SCALE)
-    sim.set_capacity(ZONE, T4, 0, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, 0, provisioning_model="FLEX_START")
     instances, ops = compute_clients(sim.endpoint)
     compute_result(ops, PROJECT, ZONE, insert_op(instances, flex_instance("flex-1")))
     with pytest.raises(exceptions.BadRequest):  # stop has nothing to stop
         instances.stop_unary(project=PROJECT, zone=ZONE, instance="flex-1")
     compute_result(ops, PROJECT, ZONE, instances.delete_unary(project=PROJECT, zone=ZONE, instance="flex-1"))
-    sim.set_capacity(ZONE, T4, None, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, None, provisioning_model="FLEX_START")
     time.sleep(0.3)
     assert sim.status_of(ZONE, "flex-1") is None and sim.max_live() == 0
 
@@ -196,7 +202,10 @@ def test_the_run_end_stops_a_stop_vm_and_a_start_begins_a_new_run(sim_factory):
      "resource.scheduling.preemptionNoticeDuration"),
     (flex_instance("f", graceful_shutdown=compute_v1.SchedulingGracefulShutdown(enabled=True)),
      "resource.scheduling.gracefulShutdown"),
-], ids=["no-run", "run-599", "run-604801", "no-action", "wait-89", "wait-7201", "notice", "graceful"])
+    # Not a machine type flex-start runs (issue #36 D2): N1 with a T4 attached, A4X (accelerator-optimized, excluded).
+    (on_machine(flex_instance("f"), "n1-standard-4", "nvidia-tesla-t4"), "resource.scheduling.provisioningModel"),
+    (on_machine(flex_instance("f"), "a4x-highgpu-4g"), "resource.scheduling.provisioningModel"),
+], ids=["no-run", "run-599", "run-604801", "no-action", "wait-89", "wait-7201", "notice", "graceful", "n1-t4", "a4x"])
 def test_invalid_flex_start_fields_are_400_naming_the_field(sim_factory, instance, field):
     sim = sim_factory()
     instances, _ = compute_clients(sim.endpoint)
@@ -211,7 +220,7 @@ def test_bounds_and_no_wait_are_accepted(sim_factory):
     instances, ops = compute_clients(sim.endpoint)
     compute_result(ops, PROJECT, ZONE, insert_op(instances, flex_instance("flex-1", run_s=600, wait_s=90)))
     compute_result(ops, PROJECT, ZONE, insert_op(instances, flex_instance("flex-2", run_s=604_800, wait_s=0)))
-    sim.set_capacity(ZONE, T4, 0, provisioning_model="FLEX_START")
+    sim.set_capacity(ZONE, G2, 0, provisioning_model="FLEX_START")
     with pytest.raises(exceptions.ServiceUnavailable):  # a request with no wait is refused at once
         compute_result(ops, PROJECT, ZONE, insert_op(instances, flex_instance("flex-3", wait_s=0)))
     assert sim.status_of(ZONE, "flex-3") is None
@@ -219,18 +228,18 @@ def test_bounds_and_no_wait_are_accepted(sim_factory):
 
 def test_flex_start_is_charged_to_the_preemptible_quota(sim_factory):
     sim = sim_factory(run_duration_scale=SCALE)
-    sim.set_quota(REGION, T4, 1, provisioning_model="SPOT")
+    sim.set_quota(REGION, G2, 1, provisioning_model="SPOT")
     instances, ops = compute_clients(sim.endpoint)
     compute_result(ops, PROJECT, ZONE, insert_op(instances, flex_instance("flex-1")))
     with pytest.raises(exceptions.Forbidden) as info:  # the flex-start VM holds the one preemptible GPU
         compute_result(ops, PROJECT, ZONE, insert_op(instances, spot_instance("spot-1")))
-    assert "PREEMPTIBLE_NVIDIA_T4_GPUS" in info.value.errors[0].message
+    assert "PREEMPTIBLE_NVIDIA_L4_GPUS" in info.value.errors[0].message
     with pytest.raises(exceptions.Forbidden) as info:  # a quota refusal does not wait, whatever the request's wait
         compute_result(ops, PROJECT, ZONE, insert_op(instances, flex_instance("flex-2")))
-    assert info.value.errors[0].code == "QUOTA_EXCEEDED" and "PREEMPTIBLE_NVIDIA_T4_GPUS" in info.value.errors[0].message
+    assert info.value.errors[0].code == "QUOTA_EXCEEDED" and "PREEMPTIBLE_NVIDIA_L4_GPUS" in info.value.errors[0].message
     assert sim.status_of(ZONE, "flex-2") is None
     standard = spot_instance("std-1")
     standard.scheduling.provisioning_model = "STANDARD"
     compute_result(ops, PROJECT, ZONE, insert_op(instances, standard))  # on-demand quota is another
     with pytest.raises(ValueError, match="preemptible quota"):
-        sim.set_quota(REGION, T4, 1, provisioning_model="FLEX_START")
+        sim.set_quota(REGION, G2, 1, provisioning_model="FLEX_START")
