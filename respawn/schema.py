@@ -695,7 +695,7 @@ class JobSpec(_Strict):
         Compute at every create."""
         machine_type = getattr(self.accelerator, "machine_type", None)
         if (machine_type and machine_type.split("-")[0] not in FLEX_START_SERIES
-                and any(t.model == "flex-start" for t in self.provisioning_tiers)):
+                and "flex-start" in [t.model for t in self.tiers or []] + [self.provisioning]):
             raise ValueError(f"provisioning: flex-start does not run {machine_type}: Google offers it on "
                              "accelerator-optimized machine types (A2, A3, A4, G2; not A4X or G4) and H4D only; "
                              "choose one (e.g. g2-standard-8 for one L4) or another model for this job")
