@@ -1,5 +1,6 @@
 """Every `respawn` subcommand given bad arguments, paths and files, run as a real process: exit 2, a line (or a short
-list) naming what is wrong and what to do, the user's own words kept (no Rich markup eaten), never a traceback."""
+list) naming what is wrong and what to do, the user's own words kept (no Rich markup eaten), never a traceback. A job
+id that names no job is a lookup that found nothing, not a malformed input: exit 1, as for a cloud call that failed."""
 
 from __future__ import annotations
 
@@ -91,6 +92,12 @@ def respawn(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Compl
                           timeout=120)
 
 
+def respawn_each(argvs: list[list[str]], cwd: Path, env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """Each command line, a few processes at a time (each mostly waits on its imports)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda argv: respawn(argv, cwd, env), argvs))
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("bad-inputs")
@@ -108,11 +115,8 @@ def workspace(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def offline_runs(workspace, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    """Every offline case, a few processes at a time (each mostly waits on its imports)."""
-    env = offline_env(tmp_path_factory.mktemp("home"))
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        runs = pool.map(lambda case: respawn(case[1], workspace, env), OFFLINE)
-        return {case[0]: r for case, r in zip(OFFLINE, runs)}
+    runs = respawn_each([argv for _, argv, _ in OFFLINE], workspace, offline_env(tmp_path_factory.mktemp("home")))
+    return {case[0]: r for case, r in zip(OFFLINE, runs)}
 
 
 def assert_told(r: subprocess.CompletedProcess, said: list[str], code: int = 2) -> None:
@@ -153,16 +157,23 @@ def test_help_is_readable_at_80_columns(workspace, tmp_path):
     from respawn.cli import app
 
     root = get_command(app)
-    for argv in [["plan"], ["zones"], ["chaos"], *(["jobs", n] for n in root.commands["jobs"].commands)]:
-        r = respawn([*argv, "--help"], workspace, env)
+    argvs = [["plan"], ["zones"], ["chaos"], *(["jobs", n] for n in root.commands["jobs"].commands)]
+    for argv, r in zip(argvs, respawn_each([[*argv, "--help"] for argv in argvs], workspace, env)):
         assert r.returncode == 0, r.stderr
         assert "…" not in r.stdout, r.stdout  # an option name cut short
         assert max(map(len, r.stdout.splitlines())) <= 80, r.stdout
-        params = get_command(app).commands[argv[0]]
+        params = root.commands[argv[0]]
         for name in argv[1:]:
             params = params.commands[name]
         for option in (o for p in params.params for o in p.opts if o.startswith("--")):
             assert option in r.stdout, (argv, option)
+
+
+def test_a_scenarios_zones_may_be_names_alone():
+    from sim.demo.scenario import parse_scenario
+
+    sc = parse_scenario({"name": "s", "zones": ["us-central1-a", {"name": "us-central1-b", "capacity": []}]})
+    assert [(z.name, z.capacity) for z in sc.zones] == [("us-central1-a", []), ("us-central1-b", [])]
 
 
 def test_zones_offline_says_what_to_do_and_the_offline_price(workspace, tmp_path):
@@ -180,11 +191,11 @@ def test_zones_offline_says_what_to_do_and_the_offline_price(workspace, tmp_path
 
 def test_unknown_jobs_and_an_unwritable_report_on_the_emulator(firestore_db, project, workspace):
     env = {**os.environ, "COLUMNS": "200"}
-    for argv in (["jobs", "describe", "nope"], ["jobs", "events", "nope"], ["jobs", "cancel", "nope"],
-                 ["jobs", "report", "nope"], ["jobs", "logs", "nope"],
-                 ["jobs", "resume", "nope", "--budget", "5"], ["chaos", "nope", "--yes"]):
-        assert_told(respawn([*argv, "--project", project], workspace, env),
-                    ["no job 'nope'; `respawn jobs list` shows the registered jobs"], code=1)
+    argvs = [["jobs", "describe", "nope"], ["jobs", "events", "nope"], ["jobs", "cancel", "nope"],
+             ["jobs", "report", "nope"], ["jobs", "logs", "nope"], ["jobs", "resume", "nope", "--budget", "5"],
+             ["chaos", "nope", "--yes"]]
+    for r in respawn_each([[*argv, "--project", project] for argv in argvs], workspace, env):
+        assert_told(r, ["no job 'nope'; `respawn jobs list` shows the registered jobs"], code=1)
     (workspace / "job.yaml").write_text(yaml.safe_dump(SPEC))
     assert respawn(["jobs", "register", "job.yaml", "--project", project], workspace, env).returncode == 0
     assert_told(respawn(["jobs", "report", "err-job", "-o", "afile/report.html", "--project", project], workspace, env),
