@@ -177,6 +177,12 @@ class TpuAccelerator(_Strict):
     @field_validator("accelerator_type")
     @classmethod
     def _tpu_type(cls, v: str) -> str:
+        generation = re.match(r"^(?:tpu|v)([0-9]+)", v)
+        if generation and int(generation.group(1)) >= 7:
+            # "To use TPU7x, you must use Google Kubernetes Engine" (cloud.google.com/tpu/docs/tpu7x; gcp-facts §19),
+            # and the Cloud TPU API, which Respawn drives, gets no new generations.
+            raise ValueError(f"{v!r}: TPU7x (Ironwood) and later TPUs are offered only through Google Kubernetes "
+                             "Engine, not the Cloud TPU API Respawn uses; choose v6e, v5p, v5litepod or v4")
         if not re.match(r"^v[0-9][a-z0-9]*-[0-9]+$", v):
             raise ValueError(f"{v!r} is not a TPU accelerator type such as v4-8 or v5litepod-16")
         return v

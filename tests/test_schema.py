@@ -474,3 +474,14 @@ def test_flex_start_only_on_the_machine_types_google_offers_it_on(machine_type, 
     assert f"flex-start does not run {machine_type}" in str(refused.value)
     assert "accelerator-optimized machine types (A2, A3, A4, G2; not A4X or G4) and H4D only" in str(refused.value)
     parse_spec({**spec, "provisioning": ["spot", "standard"]})  # the machine type itself is fine
+
+
+@pytest.mark.parametrize("accelerator_type", ["tpu7x-8", "tpu7x-128", "v7x-8", "tpu8-16", "v10-8"])
+def test_tpu7x_and_later_are_refused_because_only_gke_offers_them(accelerator_type):
+    # "To use TPU7x, you must use Google Kubernetes Engine" (cloud.google.com/tpu/docs/tpu7x; issue #36 item 3).
+    with pytest.raises(SpecError) as refused:
+        parse_spec(with_(TPU, "accelerator.accelerator_type", accelerator_type))
+    assert refused.value.errors == [f"accelerator.accelerator_type: {accelerator_type!r}: TPU7x (Ironwood) and later "
+                                    "TPUs are offered only through Google Kubernetes Engine, not the Cloud TPU API "
+                                    "Respawn uses; choose v6e, v5p, v5litepod or v4"]
+    parse_spec(with_(TPU, "accelerator.accelerator_type", "v6e-8"))
