@@ -69,10 +69,15 @@ def _read_spec_data(path: Path) -> Any:
         text = path.read_text()
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror}", code=2) from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path} is not UTF-8 text (byte {exc.start}): give a YAML or JSON job spec", code=2) from None
     try:
-        return yaml.safe_load(text)  # YAML is a superset of JSON
+        data = yaml.safe_load(text)  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
         raise CliError(f"{path} is neither valid YAML nor JSON: {yaml_problem(exc, path)}", code=2) from None
+    if data is None:
+        raise CliError(f"{path} is empty: a job spec is a mapping of fields (docs/job-spec.md)", code=2)
+    return data
 
 
 def yaml_problem(exc: yaml.YAMLError, path: Path) -> str:

@@ -47,6 +47,8 @@ OFFLINE = [
         ("shell-string command", "shell.yaml", ["trainer.command: must be an argv list such as [python, train.py], "
                                                 "not a shell string"]),
         ("not a mapping", "list.yaml", ["list.yaml: invalid job spec"]),
+        ("binary file", "binary.yaml", ["binary.yaml is not UTF-8 text (byte 0): give a YAML or JSON job spec"]),
+        ("empty file", "empty.yaml", ["empty.yaml is empty: a job spec is a mapping of fields"]),
     )],
     ("pack missing directory", ["jobs", "pack", "missing"], ["workdir missing does not exist"]),
     ("pack a file", ["jobs", "pack", "afile"], ["workdir afile is not a directory"]),
@@ -67,6 +69,8 @@ OFFLINE = [
     ("zones a zone as region", ["zones", "--accelerator", "nvidia-l4", "--machine-type", "g2-standard-8",
                                 "--region", "us-central1-a"],
      ["--region us-central1-a is a zone: give its region (us-central1) or --zones us-central1-a"]),
+    ("demo binary scenario", ["demo", "--scenario", "binary.yaml"], ["binary.yaml: invalid scenario",
+                                                                     "not UTF-8 text (byte 0)"]),
     ("demo missing scenario", ["demo", "--scenario", "missing.yaml"], ["missing.yaml: invalid scenario",
                                                                        "cannot read: No such file or directory"]),
     ("demo scenario YAML error", ["demo", "--scenario", "syntax.yaml"], ["not valid YAML", "line 3, column 4", "^"]),
@@ -109,6 +113,8 @@ def workspace(tmp_path_factory) -> Path:
     shell = yaml.safe_dump({**SPEC, "trainer": {"command": "python train.py --lr [0.1]"}})
     (where / "shell.yaml").write_text(shell)
     (where / "list.yaml").write_text("- a\n- b\n")
+    (where / "binary.yaml").write_bytes(b"\xff\xfe\x00not text")
+    (where / "empty.yaml").write_text("# nothing yet\n")
     (where / "scenario.yaml").write_text("name: s\nzones: [3]\n")
     return where
 

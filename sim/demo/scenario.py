@@ -233,6 +233,8 @@ def load_scenario(path: Path) -> Scenario:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ScenarioError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(str(path), [f"not UTF-8 text (byte {exc.start})"]) from None
     except yaml.YAMLError as exc:
         raise ScenarioError(str(path), [f"not valid YAML: {yaml_problem(exc, path)}"]) from None
     sc = parse_scenario(data, str(path))
