@@ -71,6 +71,8 @@ OFFLINE = [
      ["--region us-central1-a is a zone: give its region (us-central1) or --zones us-central1-a"]),
     ("demo binary scenario", ["demo", "--scenario", "binary.yaml"], ["binary.yaml: invalid scenario",
                                                                      "not UTF-8 text (byte 0)"]),
+    ("demo --job shell-string command", ["demo", "--job", "shell.yaml"],
+     ["trainer.command: must be an argv list such as [python, train.py], not a shell string"]),
     ("demo missing scenario", ["demo", "--scenario", "missing.yaml"], ["missing.yaml: invalid scenario",
                                                                        "cannot read: No such file or directory"]),
     ("demo scenario YAML error", ["demo", "--scenario", "syntax.yaml"], ["not valid YAML", "line 3, column 4", "^"]),
