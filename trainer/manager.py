@@ -369,7 +369,10 @@ class CheckpointManager:
         started = time.monotonic()
         job = self._inflight
         if job is not None and job["thread"].is_alive():
-            if job["step"] != step:  # an older step: free the disk for this one
+            if job["step"] != step:
+                # An older step may still commit, and is then what a restart finds if this save does not finish in
+                # time: it gets half the time left, then is cancelled to free the disk and the cores for this one.
+                job["thread"].join(max(0.0, (deadline - time.monotonic()) / 2))
                 job["cancel"].set()
             job["thread"].join(max(0.0, deadline - time.monotonic()))  # this very step: let it finish in time
         control = fmt.WriteControl(deadline=deadline)
