@@ -126,7 +126,7 @@ class RespawnAccelerate:
         batches = self._batches(data) if data is not None else None
         try:
             step = self.step
-            stop = self._stop_agreed()
+            stop = distributed.stop_agreed(self._job, self.manager)
             while True:
                 if stop:
                     self._emergency(step)
@@ -139,7 +139,7 @@ class RespawnAccelerate:
                 if mgr.store_error is not None:
                     raise CheckpointError(f"respawn.ckpt: the first checkpoint of this run could not be written to "
                                           f"{mgr.store_error}; check the store's credentials, permissions and space")
-                stop = self._stop_agreed()
+                stop = distributed.stop_agreed(self._job, self.manager)
                 if not stop and every and step % every == 0 and step < total:
                     mgr.save(step, self._periodic_files())  # blocks for the copy of the state only
             self.final = mgr.save(total, self._files(), blocking=True)
@@ -154,9 +154,6 @@ class RespawnAccelerate:
             raise
         finally:
             self._restore_handlers()
-
-    def _stop_agreed(self) -> bool:
-        return self.manager.preemption_requested if self._job is None else self._job.agree_notice(self.manager)
 
     def _emergency(self, step: int) -> None:
         outcome = self.manager.emergency_save(step, self._files())

@@ -124,6 +124,12 @@ class Job(Protocol):
                      deadline: float | None) -> SaveOutcome: ...
 
 
+def stop_agreed(job: "Job | None", manager: Manager) -> bool:
+    """At a step boundary: whether this process stops now for a notice, agreed by every member of `job` (a
+    collective: every member asks at the same boundary), or, alone, seen by its own manager."""
+    return manager.preemption_requested if job is None else job.agree_notice(manager)
+
+
 def current_job(objects: dict[str, Any] | None = None) -> Job | None:
     """The job this process is a rank of, or None for a single process (neither torch.distributed nor
     jax.distributed initialized with more than one member). A world of one rank is a job too when `objects` hold

@@ -202,7 +202,7 @@ class Respawn(Checkpoint):
             raise CheckpointError(f"respawn.ckpt: the first checkpoint of this run could not be written to "
                                   f"{mgr.store_error}; check the store's credentials, permissions and space (or give "
                                   "another checkpoint folder): without it a restart would lose every step")
-        stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)
+        stop = distributed.stop_agreed(self._job, mgr)
         if stop:
             outcome = mgr.emergency_save(step, self._in_place(trainer))
             self._saved_step = step

@@ -247,13 +247,13 @@ class TrainingLoop:
     def _steps(self) -> Iterator[int]:
         mgr, total, every = self.manager, self.total_steps, self.every
         step = self.start
-        stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)  # during the restore
+        stop = distributed.stop_agreed(self._job, mgr)  # during the restore
         first, began = True, time.monotonic()
         while True:
             if stop:
                 step = self._stop(step)  # Preempted, or this process joined a new world at `step`
                 # The new world agrees once before its first step, as a new process does after its restore.
-                stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)
+                stop = distributed.stop_agreed(self._job, mgr)
                 continue
             if step >= total:
                 break
@@ -267,7 +267,7 @@ class TrainingLoop:
                 _log.info("first step done", step=step, seconds=round(time.monotonic() - began, 3))
                 first = False
             # Inlined: the single-process path pays no extra call per step.
-            stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)
+            stop = distributed.stop_agreed(self._job, mgr)
             if not stop and every and step % every == 0 and step < total and self._writes:
                 mgr.save(step, self._capture())  # blocks for the snapshot only
         self.final = self._save(total, lambda: mgr.save(total, self._capture(), blocking=True), "periodic")

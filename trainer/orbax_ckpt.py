@@ -27,7 +27,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from . import _log
-from .distributed import current_job
+from .distributed import current_job, stop_agreed
 from .framework_files import Files, FilesManager
 from .loop import CheckpointError, Preempted, _one_line
 from .manager import SaveOutcome
@@ -104,7 +104,7 @@ class OrbaxCheckpoints:
         blocking one (its outcome; RuntimeError if it was not committed)."""
         mgr = self.manager
         mgr.report_step(step)
-        stop = mgr.preemption_requested if self._job is None else self._job.agree_notice(mgr)
+        stop = stop_agreed(self._job, mgr)
         if stop:
             raise Preempted(self._outcome(step, lambda: mgr.emergency_save(step, self._files(step, state))))
         if step >= self.total_steps:

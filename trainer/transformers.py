@@ -30,7 +30,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 
 from . import _log
-from .distributed import current_job
+from .distributed import current_job, stop_agreed
 from .framework_files import Files, FilesManager
 
 FRAMEWORK = "transformers"
@@ -100,7 +100,7 @@ class RespawnCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         step, mgr = state.global_step, self.manager
         mgr.report_step(step)
-        if self.job.agree_notice(mgr) if self.job is not None else mgr.preemption_requested:
+        if stop_agreed(self.job, mgr):
             control.should_save = control.should_evaluate = False  # the Trainer's own save would be a second one
             outcome = mgr.emergency_save(step, Files(now=self._save_checkpoint))
             _log.info(f"preempted at step {step}; emergency checkpoint {outcome.state.value}", step=step,
