@@ -19,7 +19,6 @@ respawn.ckpt.accelerate).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import os
@@ -231,20 +230,11 @@ def _snapshot(acc: Any, step_dir: str, buffers: SnapshotBuffers) -> Callable[[st
     each_node = acc.project_configuration.save_on_each_node  # safetensors weights: save_state's default, as ours
     index = itertools.count()
 
-    def copied(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            return buffers.torch_copy(next(index), obj.detach())
-        if isinstance(obj, dict):
-            return type(obj)((key, copied(value)) for key, value in obj.items())  # an OrderedDict stays one
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(copied(value) for value in obj)
-        return copy.deepcopy(obj)
-
-    weights = [copied(acc.get_state_dict(model, unwrap=False)) for model in acc._models]
+    weights = [buffers.copy_tree(acc.get_state_dict(model, unwrap=False), index) for model in acc._models]
     for hook in acc._save_model_state_pre_hook.values():
         hook(acc._models, weights, step_dir)
-    optimizers = [copied(opt.state_dict()) for opt in acc._optimizers]
-    schedulers = [copied(s.state_dict()) for s in acc._schedulers]
+    optimizers = [buffers.copy_tree(opt.state_dict(), index) for opt in acc._optimizers]
+    schedulers = [buffers.copy_tree(s.state_dict(), index) for s in acc._schedulers]
     # RNG, step, scaler and samplers: the state of this very boundary, small.
     save_accelerator_state(step_dir, [], [], [], acc._dataloaders, acc.state.process_index, acc.step, acc.scaler,
                            save_on_each_node=each_node)

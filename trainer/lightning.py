@@ -25,11 +25,10 @@ Importing this module imports lightning, torch and torchdata; `respawn.ckpt` its
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 import signal
-from typing import Any, Iterator
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -233,20 +232,11 @@ class Respawn(Checkpoint):
         rank, writes, io = trainer.global_rank, trainer.is_global_zero, trainer.strategy.checkpoint_io
         held: dict = {}
 
-        def copied(obj: Any, index: Iterator[int]) -> Any:
-            if isinstance(obj, torch.Tensor):
-                return self._buffers.torch_copy(next(index), obj.detach())
-            if isinstance(obj, dict):
-                return type(obj)((key, copied(value, index)) for key, value in obj.items())  # OrderedDict stays one
-            if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-                return type(obj)(copied(value, index) for value in obj)
-            return copy.deepcopy(obj)
-
         def now(step_dir: str) -> None:
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)  # every rank: its hooks
             held["rng"] = capture_rng()
             if writes:
-                held["checkpoint"] = copied(checkpoint, itertools.count())
+                held["checkpoint"] = self._buffers.copy_tree(checkpoint, itertools.count())
 
         def later(step_dir: str) -> None:
             if torch.cuda.is_available() and torch.cuda.is_initialized():

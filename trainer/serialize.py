@@ -11,13 +11,14 @@ Neither torch nor jax is imported here unless the state contains their objects (
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -139,6 +140,18 @@ class SnapshotBuffers:
         else:
             buf.copy_(t)
         return buf
+
+    def copy_tree(self, obj: Any, index: Iterator[int]) -> Any:
+        """A framework's state (nested dicts, lists, tuples) as it is now: each torch tensor copied into buffer
+        next(index), containers rebuilt (a dict keeps its type; a named tuple is deep-copied whole), anything else
+        deep-copied. The same state in the same order reuses the same buffers save after save."""
+        if _is_torch_tensor(obj):
+            return self.torch_copy(next(index), obj.detach())
+        if isinstance(obj, dict):
+            return type(obj)((key, self.copy_tree(value, index)) for key, value in obj.items())
+        if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+            return type(obj)(self.copy_tree(value, index) for value in obj)
+        return copy.deepcopy(obj)
 
     def numpy_copy(self, index: int, a: np.ndarray):
         buf = self._buffer(index, a)
