@@ -7,6 +7,7 @@ rank's RNG: each step's loss after a resume is the uninterrupted run's, and so a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import re
@@ -166,11 +167,10 @@ def test_alone_without_a_node_it_saves_on_sigterm_locally_and_the_plain_trainer_
     assert at <= step < SAVE and fmt.read_manifest(LocalStore(str(ckpt)).step_dir(step))["kind"] == "emergency"
 
     # The committed folder is a plain Trainer checkpoint: Trainer.train(resume_from_checkpoint=...) with no Respawn.
-    sys.path.insert(0, os.path.dirname(TRAIN))
-    try:
-        import train as example
-    finally:
-        sys.path.pop(0)
+    # By its path, under a name of its own: another test's `train` module may already be in sys.modules.
+    spec = importlib.util.spec_from_file_location("respawn_hf_example_train", TRAIN)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
     from safetensors.torch import load_file
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
