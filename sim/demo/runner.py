@@ -497,6 +497,7 @@ class DemoRun:
         self.say(f"registering job {job_id} (a Firestore document, as `respawn jobs register` writes it)")
         sim_t0 = self.sim.now()
         t0 = time.monotonic()
+        self._wall_t0 = time.time()  # a heartbeat's own time on the run's clock (_run_ends)
         JobStore(db).register(job_id, _document(spec), source=f"scenario {sc.name}")
 
         progress = Progress(scenario=sc.name, job_id=job_id)
@@ -635,7 +636,9 @@ class DemoRun:
         for node, hosts in beats.items():
             hb = hosts.get(0) or {}
             if hb.get("notice") == contract.NOTICE_RUN_ENDING and node not in self.noticed:
-                self.noticed[node] = now
+                # When the agent said so, not when this poll saw it: the controller may start the next node between.
+                said = hb.get("heartbeat_at")
+                self.noticed[node] = min(now, said.timestamp() - self._wall_t0) if isinstance(said, datetime) else now
                 marks.append(Mark(now, "notice", f"run ending {node} at step {hb.get('step')}", zones.get(node)))
                 self.say(f"{node}'s flex-start run is ending: it saves at step {hb.get('step')} and stops")
 
