@@ -8,6 +8,7 @@ a train loader without state is named at start."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import re
@@ -219,11 +220,10 @@ def test_in_process_a_loader_without_state_is_named_and_an_unfit_checkpoint_is_o
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    sys.path.insert(0, str(TRAIN.parent))
-    try:
-        import train
-    finally:
-        sys.path.remove(str(TRAIN.parent))
+    # By its path, under a name of its own: another test's `train` module may already be in sys.modules.
+    spec = importlib.util.spec_from_file_location("respawn_lightning_example_train", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
     from respawn.ckpt.framework_files import FilesManager
     from respawn.ckpt.lightning import Respawn
     from respawn.ckpt.loop import CheckpointError
