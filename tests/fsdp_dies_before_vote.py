@@ -13,8 +13,8 @@ from respawn.ckpt.examples import torch_fsdp
 from respawn.ckpt.torch_sharded import GroupSeam
 
 
-def main() -> int:
-    rank, step, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def dies_before_vote(rank: int, step: int) -> type[GroupSeam]:
+    """A GroupSeam whose rank `rank` exits (code 1) when it would vote on step `step`."""
 
     class DiesBeforeVote(GroupSeam):
         def all_gather(self, key, data, control=None):
@@ -22,7 +22,12 @@ def main() -> int:
                 os._exit(1)
             return super().all_gather(key, data, control)
 
-    return torch_fsdp.main(argv, seam=DiesBeforeVote)
+    return DiesBeforeVote
+
+
+def main() -> int:
+    rank, step, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    return torch_fsdp.main(argv, seam=dies_before_vote(rank, step))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import os
 import runpy
 import sys
 
-from respawn.ckpt import commit, framework_files
-from respawn.ckpt.torch_sharded import GroupSeam
+from fsdp_dies_before_vote import dies_before_vote  # tests/ is this script's directory
+from respawn.ckpt import framework_files
 
 TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "workdir-hf", "train.py")
 
@@ -18,13 +18,7 @@ TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main() -> int:
     rank, step, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 
-    class DiesBeforeVote(GroupSeam):
-        def all_gather(self, key, data, control=None):
-            if self.rank == rank and key == commit.votes_key(step):
-                os._exit(1)
-            return super().all_gather(key, data, control)
-
-    framework_files.default_seam = DiesBeforeVote  # what FilesManager takes when given no seam
+    framework_files.default_seam = dies_before_vote(rank, step)  # what FilesManager takes when given no seam
     train = runpy.run_path(TRAIN)
     return train["main"](argv)
 
