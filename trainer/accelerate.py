@@ -182,6 +182,8 @@ class RespawnAccelerate:
                 if sampler is not None and hasattr(sampler, "initial_seed"):
                     self._position["seed"] = int(sampler.initial_seed)
                 yield batch
+            if rng is not None:  # resumed at the epoch's end: the skip's iterator drew a seed the next one must not see
+                torch.set_rng_state(rng)
             epoch, done = epoch + 1, 0
 
     # ---- what a save writes -------------------------------------------------------------------------------------
