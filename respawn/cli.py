@@ -731,7 +731,8 @@ def plan_cmd(
     flex-start, Spot then on-demand, all on-demand), by Monte Carlo simulation."""
 
     def go() -> None:
-        from respawn.plan import PlanInputs, max_emergency_state_gb, plan, svg_chart, with_bench
+        from respawn.plan import PlanInputs, plan, svg_chart, with_bench
+        from respawn.plan_model import max_emergency_state_gb
 
         if on_demand_nodes > nodes:
             raise CliError(f"--on-demand-nodes {on_demand_nodes} is more than --nodes ({nodes}): the on-demand nodes "

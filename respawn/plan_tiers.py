@@ -11,11 +11,11 @@ capacity (docs/job-spec.md, provisioning tiers), by Monte Carlo over Spot preemp
 - `on-demand`: every node on demand: no preemption, `job_hours` plus one boot.
 
 A drought begins after a Spot preemption with probability `spot_dry_probability` and lasts `spot_dry_hours`
-(exponential); otherwise a preemption recovers as the `respawn` strategy does (plan.recovery_s, its zone stockouts
-included). The job's Spot nodes move as one: a drought sends all of them to the next tier (in a real run the
-survivors follow as each of them is lost); the spec's on-demand nodes (`on_demand_nodes`) stay on demand in every
-row. Periodic checkpoints block for `stall_ratio` of a synchronous save every interval; a preemption loses the work
-since the last checkpoint unless the emergency save fits the notice. Pure Python, no cloud.
+(exponential); otherwise a preemption recovers as the `respawn` strategy does (plan_model.recovery_s, its zone
+stockouts included). The job's Spot nodes move as one: a drought sends all of them to the next tier (in a real run
+the survivors follow as each of them is lost); the spec's on-demand nodes (`on_demand_nodes`) stay on demand in
+every row. Periodic checkpoints block for `stall_ratio` of a synchronous save every interval; a preemption loses the
+work since the last checkpoint unless the emergency save fits the notice. Pure Python, no cloud.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from respawn.plan import PlanInputs, emergency_fits, recovery_s, sync_save_s
+from respawn.plan_model import PlanInputs, emergency_fits, recovery_s, sync_save_s
 
 POLICIES = ("spot", "spot-flex-start", "spot-on-demand", "on-demand")
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from respawn.plan import PlanInputs, max_emergency_state_gb, plan, with_bench
+from respawn.plan import PlanInputs, plan, with_bench
+from respawn.plan_model import max_emergency_state_gb
 
 FAST = dict(job_hours=12.0, runs=150, seed=7)
 
