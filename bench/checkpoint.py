@@ -24,19 +24,7 @@ import sys
 import tempfile
 import time
 
-
-def raw_write(path: str, size: int, chunk: int = 8 << 20) -> float:
-    buf = os.urandom(chunk)
-    t0 = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        left = size
-        while left > 0:
-            n = f.write(buf[:min(chunk, left)])
-            left -= n
-        os.fsync(f.fileno())
-    dt = time.perf_counter() - t0
-    os.remove(path)
-    return size / dt / 1e6
+from bench.disk import raw_write
 
 
 def make_state(torch, size: int, n_tensors: int = 8) -> dict:

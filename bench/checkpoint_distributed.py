@@ -46,7 +46,7 @@ def _rank_main(rank: int, world: int, port: int, work: str, size: int, saves: in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from bench.checkpoint import raw_write
+    from bench.disk import raw_write
     from respawn.ckpt import format as fmt
     from respawn.ckpt.torch_sharded import TorchShardedManager
 

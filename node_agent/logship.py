@@ -24,12 +24,12 @@ from respawn import contract
 from respawn.logs import log
 
 from .cloudlog import CloudLog
-from .main import AGENT_LOG
 from .metadata import TRANSPORT_ERRORS
 from .prepare import SETUP_LOG
 from .storage import UploadError, Uploader
 from .supervisor import LOG_FILE
 
+AGENT_LOG = "agent.log"  # the agent's own lines: main.py tees its stdout there
 STATE_FILE = "logship.json"
 STREAM_FILES = dict(zip(contract.LOG_STREAMS, (SETUP_LOG, LOG_FILE, AGENT_LOG)))  # each stream's file in the node dir
 POLL_S = 0.5  # how often the thread looks whether a stream has a full chunk waiting

@@ -23,9 +23,8 @@ from respawn.logs import log, set_labels
 
 from .config import ConfigError, load_config
 from .firestore_rest import FirestoreWriter
+from .logship import AGENT_LOG
 from .metadata import MetadataClient
-
-AGENT_LOG = "agent.log"
 
 
 class _Tee:
