@@ -1,12 +1,15 @@
 """Every body sim/ serves on a Compute Engine or Cloud TPU path parses *strictly* as the real API's type: no field
 the type lacks, no value out of its range (a TPU node id above int64 once made one node in twelve unreadable to the
 real client, and with it every reconcile and the orphan scan). The real clients drive the flows through a recording
-proxy; each body it saw is parsed with the client's own proto types, unknown fields refused."""
+proxy; each body it saw is parsed with the client's own proto types, unknown fields refused. Beside this parse,
+tests/test_discovery_bodies.py checks every route's answers, and every request Respawn sends, against Google's
+discovery documents (which mark no field required: the proto parse is the stricter on types, they on URLs)."""
 
 from __future__ import annotations
 
 import http.client
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -44,12 +47,24 @@ def route_of(method: str, path: str) -> str | None:
     return next((h for m, rx, h in _COMPILED if m == method and rx.match(path)), None)
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """One request through the proxy and the sim's answer (tests/test_discovery_bodies.py checks both)."""
+    method: str
+    url: str  # path and query, as sent
+    route: str | None  # the sim route that served it (sim/http_api.py), None if none did
+    request: bytes
+    status: int
+    answer: bytes
+
+
 class RecordingProxy:
-    """Forwards every request to the sim and keeps (route, body) of each 2xx answer."""
+    """Forwards every request to the sim; keeps every exchange, and (route, path, body) of each 2xx answer."""
 
     def __init__(self, target: str):
         self.target = urlsplit(target).netloc
         self.seen: list[tuple[str, str, bytes]] = []
+        self.exchanges: list[Exchange] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -64,8 +79,10 @@ class RecordingProxy:
                 answer = conn.getresponse()
                 data = answer.read()
                 path = urlsplit(self.path).path
+                route = route_of(self.command, path)
+                proxy.exchanges.append(Exchange(self.command, self.path, route, body, answer.status, data))
                 if 200 <= answer.status < 300:
-                    proxy.seen.append((route_of(self.command, path) or f"{self.command} {path}", path, data))
+                    proxy.seen.append((route or f"{self.command} {path}", path, data))
                 self.send_response(answer.status)
                 for k, v in answer.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -74,7 +91,7 @@ class RecordingProxy:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_DELETE = do_PATCH = _forward
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
