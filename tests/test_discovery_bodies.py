@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
+from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 
 import discovery_schema as discovery
@@ -129,8 +130,24 @@ def drive_compute(sim: SimServer, made: factory.Clients) -> None:
     gce.start(ZONE, "vm-standard")
     instances.simulate_maintenance_event_unary(project=PROJECT, zone=ZONE, instance="vm-standard")
     list(ops.list(project=PROJECT, zone=ZONE))
-    for model in specs:
-        gce.delete(ZONE, f"vm-{model}")
+    # The answers of what goes wrong: a preempted VM, a flex-start VM waiting for capacity, and the operations of a
+    # refused insert (the pool exhausted; the quota, with its quotaInfo details).
+    sim.preempt(ZONE, "vm-spot")
+    sim.wait_for(lambda: gce.get(ZONE, "vm-spot") == "TERMINATED", 20, "the preempted VM TERMINATED")
+    sim.set_capacity(ZONE, "g2-standard-8", 0, provisioning_model="FLEX_START")
+    assert gce.create(specs["flex-start"], ZONE, "vm-waiting", 9, "flex-start", SCRIPT)
+    assert gce.get(ZONE, "vm-waiting") == "PENDING"
+    sim.set_capacity(ZONE, T4, 0, provisioning_model="SPOT")
+    with pytest.raises(gexc.ServiceUnavailable):
+        gce.create(specs["spot"], ZONE, "vm-refused", 10, "spot", SCRIPT)
+    sim.set_capacity(ZONE, T4, None, provisioning_model="SPOT")
+    sim.set_quota(REGION, T4, 0, provisioning_model="SPOT")
+    with pytest.raises(gexc.GoogleAPICallError) as quota:
+        gce.create(specs["spot"], ZONE, "vm-refused", 11, "spot", SCRIPT)
+    assert quota.value.errors[0].code == "QUOTA_EXCEEDED"
+    sim.set_quota(REGION, T4, None, provisioning_model="SPOT")
+    for name in [*(f"vm-{model}" for model in specs), "vm-waiting", "vm-refused"]:
+        gce.delete(ZONE, name)
 
 
 def drive_tpu(sim: SimServer, made: factory.Clients) -> None:
@@ -140,7 +157,12 @@ def drive_tpu(sim: SimServer, made: factory.Clients) -> None:
     tpu.set_attributes(ZONE, "tpu-1", {"respawn-generation": "2"})
     assert tpu.get(ZONE, "tpu-1") == "READY" and tpu.address(ZONE, "tpu-1")
     assert tpu.list_labelled(ZONE)
+    sim.preempt(ZONE, "tpu-1")
+    sim.wait_for(lambda: tpu.get(ZONE, "tpu-1") == "PREEMPTED", 20, "the TPU node PREEMPTED")
     tpu.delete(ZONE, "tpu-1")
+    sim.set_capacity(ZONE, "v5litepod-8", 0)
+    with pytest.raises(gexc.GoogleAPICallError):  # the create's operation ends with the refusal
+        tpu.create(spec, ZONE, "tpu-2", 2, "spot", SCRIPT)
     queued = QueuedTpuProvider(made)
     for i, provisioning in enumerate(("spot", "standard")):
         spec = parse_spec(tpu_spec("slice", provisioning=provisioning, accelerator={
@@ -149,6 +171,9 @@ def drive_tpu(sim: SimServer, made: factory.Clients) -> None:
         assert queued.create(spec, ZONE, f"slice-{i}", 1, provisioning, SCRIPT)
         sim.wait_for(lambda: queued.get(ZONE, f"slice-{i}") == "READY", 20, "the request's node READY")
     assert queued.list_labelled(ZONE)
+    sim.preempt(ZONE, "slice-0")  # the request SUSPENDED
+    sim.wait_for(lambda: queued.get(ZONE, "slice-0") == "queued:SUSPENDED", 20, "the request SUSPENDED")
+    queued.list_labelled(ZONE)
     for i in range(2):
         queued.delete(ZONE, f"slice-{i}")
 
