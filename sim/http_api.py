@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from sim import machine_catalog
 from sim.core import ApiError, SimError, compute_error, rpc_error
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ ROUTES = [
     ("POST", _C + r"/instances/(?P<name>[^/]+)/setMetadata", "c_set_metadata"),
     ("POST", _C + r"/instances/(?P<name>[^/]+)/simulateMaintenanceEvent", "c_simulate_maintenance"),
     ("GET", _C + r"/instances/(?P<name>[^/]+)/serialPort", "c_serial"),
+    ("GET", _C, "c_zone"),
+    ("GET", _C + r"/machineTypes/(?P<machine_type>[^/]+)", "c_machine_type"),
+    ("GET", _C + r"/acceleratorTypes/(?P<accelerator_type>[^/]+)", "c_accelerator_type"),
     ("GET", _C + r"/operations", "c_ops"),
     ("GET", _C + r"/operations/(?P<op>[^/]+)", "c_op"),
     ("POST", _C + r"/operations/(?P<op>[^/]+)/wait", "c_wait"),
@@ -47,6 +51,7 @@ ROUTES = [
     ("DELETE", _T + r"/nodes/(?P<name>[^/:]+)", "t_delete"),
     ("PATCH", _T + r"/nodes/(?P<name>[^/:]+)", "t_update"),
     ("GET", _T + r"/operations/(?P<op>[^/]+)", "t_op"),
+    ("GET", _T + r"/acceleratorTypes/(?P<accelerator_type>[^/]+)", "t_accelerator_type"),
     ("POST", _T + r"/queuedResources", "t_qr_create"),
     ("GET", _T + r"/queuedResources", "t_qr_list"),
     ("GET", _T + r"/queuedResources/(?P<name>[^/:]+)", "t_qr_get"),
@@ -185,6 +190,19 @@ def make_handler(sim: "SimServer"):
 
         def c_serial(self, zone, name, body, query):
             return sim.compute.serial_port_output(zone, name, int(query.get("port", 1)), int(query.get("start", 0)))
+
+        # What exists (sim/machine_catalog.py: Respawn's offline catalog, as `jobs register` asks it).
+        def c_zone(self, zone, body, query):
+            return machine_catalog.zone(sim.project, zone)
+
+        def c_machine_type(self, zone, machine_type, body, query):
+            return machine_catalog.machine_type(sim.project, zone, machine_type)
+
+        def c_accelerator_type(self, zone, accelerator_type, body, query):
+            return machine_catalog.accelerator_type(sim.project, zone, accelerator_type)
+
+        def t_accelerator_type(self, zone, accelerator_type, body, query):
+            return machine_catalog.tpu_type(sim.project, zone, accelerator_type)
 
         def c_ops(self, zone, body, query):
             return sim.compute.list_operations(zone, query.get("filter"))
