@@ -89,14 +89,32 @@ def yaml_problem(exc: yaml.YAMLError, path: Path) -> str:
     return str(exc)
 
 
-def _parse_spec(path: Path, data: Any) -> schema.JobSpec:
+def _parse_spec(path: Path, data: Any, live: Any = None) -> schema.JobSpec:
+    """The spec, valid and naming only what exists (respawn.catalog: the offline catalog, or `live`'s answers from
+    the APIs where it has them)."""
+    from respawn import catalog
+
     try:
         spec = schema.parse_spec(data)
+        missing = catalog.problems(spec, live)
+        if missing:
+            raise schema.SpecError(missing)
     except schema.SpecError as exc:
         raise CliError(f"{path}: {exc}", code=2) from None
     for line in schema.deprecations(data):
         say("warning", f"{path}: {line}")
     return spec
+
+
+def _live_catalog(project: str | None) -> Any:
+    """The APIs' answers to what exists (respawn.catalogcheck), or None where none can be asked (then the offline
+    catalog alone decides, and a note says why)."""
+    from respawn.catalogcheck import live
+
+    answer, why = live(project)
+    if why:
+        say("note", f"machine types, GPUs and TPU types checked against the offline catalog only ({why})")
+    return answer
 
 
 def _fmt_time(value: Any) -> str:
@@ -139,8 +157,9 @@ def register(
         data = _read_spec_data(file)
         trainer, written = _trainer_workdir(data)
         directory = workdir if workdir is not None else _local_workdir(file, written)
+        live = _live_catalog(project)
         if directory is None:
-            spec = _parse_spec(file, data)
+            spec = _parse_spec(file, data, live)
             _check_image(spec, project)
             _check_network(spec, project)
             _check_quota(spec, project)
@@ -151,7 +170,7 @@ def register(
             _register(_store(project), spec, file)
             return
         trainer.pop("workdir", None)  # replaced by the packed directory's URI, so not validated as written
-        spec = _parse_spec(file, data)  # every other field, before anything is packed or sent
+        spec = _parse_spec(file, data, live)  # every other field, before anything is packed or sent
         _check_image(spec, project)
         _check_network(spec, project)
         _check_quota(spec, project)
@@ -164,7 +183,7 @@ def register(
         if workdir is not None and written is not None and written != uri:
             say("note", f"--workdir replaces trainer.workdir of {file} ({written})")
         trainer["workdir"] = uri
-        spec = _parse_spec(file, data)
+        spec = _parse_spec(file, data, live)
         if store is None:
             out.print(Text.assemble(f"would upload {uri} and register ", (spec.id, "bold"),
                                     " with trainer.workdir set to it (dry run: nothing written)"), highlight=False)
