@@ -62,7 +62,8 @@ class Api:
                 self.methods[m["id"]] = Method(
                     self, m["id"], m["httpMethod"], m["path"], m.get("parameters", {}),
                     (m.get("request") or {}).get("$ref"), (m.get("response") or {}).get("$ref"),
-                    bool(m.get("supportsMediaDownload")), bool(m.get("useMediaDownloadService")), tuple(p["path"] for p in protocols.values()))
+                    bool(m.get("supportsMediaDownload")), bool(m.get("useMediaDownloadService")),
+                    tuple(p["path"] for p in protocols.values()))
             self._collect(resource.get("resources", {}))
 
 
@@ -133,7 +134,8 @@ def check(api: Api, schema: dict, value: Any, where: str) -> list[str]:
             return [f"{where}: {_short(value)} is not an integer"]
         return _in_range(schema.get("format"), value, where)
     if kind == "number":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) or value in ("NaN", "Infinity", "-Infinity")
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              or value in ("NaN", "Infinity", "-Infinity"))
         return [] if ok else [f"{where}: {_short(value)} is not a number"]
     if kind == "boolean":
         return [] if isinstance(value, bool) else [f"{where}: {_short(value)} is not a boolean"]

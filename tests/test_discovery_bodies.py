@@ -34,7 +34,8 @@ from respawn.agent.heartbeat import compose_heartbeat
 from respawn.agent.metadata import MetadataClient
 from respawn.agent.nudge import Nudger
 from respawn.agent.storage import Fetcher, Uploader
-from respawn import advice, contract, deployment, firewallcheck, imagecheck, prices, quotacheck, zonereport
+from respawn import (advice, catalogcheck, contract, deployment, firewallcheck, imagecheck, prices, quotacheck,
+                     zonereport)
 from respawn.compute_read import Reader
 from respawn.control import clients as factory
 from respawn.control import goodput_metrics
@@ -70,7 +71,9 @@ ROUTE_METHODS = {
     "c_op": "compute.zoneOperations.get", "c_wait": "compute.zoneOperations.wait", "c_image": "compute.images.get",
     "c_image_family": "compute.images.getFromFamily", "c_advice_capacity": "compute.advice.capacity",
     "c_advice_history": "compute.advice.capacityHistory", "c_region": "compute.regions.get",
-    "c_firewall": "compute.firewalls.get",
+    "c_firewall": "compute.firewalls.get", "c_zone": "compute.zones.get", "c_machine_type": "compute.machineTypes.get",
+    "c_accelerator_type": "compute.acceleratorTypes.get",
+    "t_accelerator_type": "tpu.projects.locations.acceleratorTypes.get",
     "m_time_series": "monitoring.projects.timeSeries.create", "l_entries_write": "logging.entries.write",
     "t_create": "tpu.projects.locations.nodes.create", "t_list": "tpu.projects.locations.nodes.list",
     "t_get": "tpu.projects.locations.nodes.get", "t_delete": "tpu.projects.locations.nodes.delete",
@@ -87,10 +90,13 @@ CONTROL_PREFIX = "/sim/"
 
 # Every product file that names a Google API endpoint or path (FOUND below) → the driver here that sends its calls.
 HAND_CALLERS = {
-    "respawn/compute_read.py": "drive_cli", "functions/adapters/managed_folders.py": "drive_controller_rest",
-    "functions/adapters/monitoring.py": "drive_controller_rest", "functions/adapters/prices.py": "drive_controller_rest",
+    "respawn/compute_read.py": "drive_cli", "respawn/catalogcheck.py": "drive_cli",
+    "functions/adapters/managed_folders.py": "drive_controller_rest",
+    "functions/adapters/monitoring.py": "drive_controller_rest",
+    "functions/adapters/prices.py": "drive_controller_rest",
     "node_agent/cloudlog.py": "drive_agent_logs", "node_agent/firestore_rest.py": "test_agent_and_trainer_requests",
-    "node_agent/nudge.py": "test_agent_and_trainer_requests", "node_agent/storage.py": "test_agent_and_trainer_requests",
+    "node_agent/nudge.py": "test_agent_and_trainer_requests",
+    "node_agent/storage.py": "test_agent_and_trainer_requests",
     "trainer/storage.py": "test_agent_and_trainer_requests", "deploy/vm/startup.sh": "test_agent_and_trainer_requests",
 }
 NOT_CALLERS = {"functions/settings.py": "names the adapters' default endpoints in comments only"}
@@ -121,9 +127,9 @@ def drive_compute(sim: SimServer, made: factory.Clients) -> None:
     gce.console_tail(ZONE, "vm-spot", 2000)
     sim.compute.add_image(PROJECT, "my-image", family="my-family")
     for image in (specs["spot"].accelerator.boot_image, f"projects/{PROJECT}/global/images/my-image"):
-        assert gce.check_image(parse_spec(gpu_spec("vm", accelerator={
-            "kind": "gpu", "machine_type": "n1-standard-8", "accelerator_type": T4, "boot_image": image}))).verdict.name \
-            == "FOUND", image
+        spec = parse_spec(gpu_spec("vm", accelerator={"kind": "gpu", "machine_type": "n1-standard-8",
+                                                      "accelerator_type": T4, "boot_image": image}))
+        assert gce.check_image(spec).verdict.name == "FOUND", image
     instances, ops = made.instances(), made.zone_operations()
     op = instances.stop_unary(project=PROJECT, zone=ZONE, instance="vm-standard")
     ops.wait(project=PROJECT, zone=ZONE, operation=op.name)
@@ -193,7 +199,12 @@ def drive_cli(sim: SimServer, endpoint: str) -> None:
                              service_account=deployment.service_account_email(deployment.node_identity(1), PROJECT))
     with pytest.MonkeyPatch.context() as env:
         env.setenv(deployment.ENV_COMPUTE_ENDPOINT, endpoint)
+        env.setenv(catalogcheck.ENV_TPU_ENDPOINT, endpoint)
         assert firewallcheck.missing_rule(PROJECT) is None
+        ask, why = catalogcheck.live(PROJECT)  # register's look at what exists
+        assert ask is not None, why
+        assert ask("zone", ZONE, "") and ask("machine", "g2-standard-8", ZONE) and ask("gpu", T4, ZONE)
+        assert ask("tpu", "v5litepod-8", ZONE) and ask("machine", "g2-standard-8", "us-central2-b") is False
         for image in ("projects/deeplearning-platform-release/global/images/family/common-cu129-ubuntu-2404-nvidia-580",
                       f"projects/{PROJECT}/global/images/my-image"):
             assert imagecheck.check(image, PROJECT).verdict.name == "FOUND", image
@@ -329,7 +340,8 @@ class StandIn:
                 "name": path.removeprefix("/v1/"), "fields": {"state": {"stringValue": "training"}},
                 "createTime": at, "updateTime": at},
             "pubsub.projects.topics.publish": {"messageIds": ["17"]},
-            "storage.objects.list": {"kind": "storage#objects", "items": [{"name": "a/.respawn-logs/x", "updated": at}]},
+            "storage.objects.list": {"kind": "storage#objects",
+                                     "items": [{"name": "a/.respawn-logs/x", "updated": at}]},
             "storage.objects.delete": None,
         }
         m = found[0]
@@ -435,15 +447,15 @@ def test_the_checker_names_each_kind_of_wrong_body(body, problem):
 
 
 @pytest.mark.parametrize("method_id,body,problem", [
-    ("monitoring.projects.timeSeries.create", {"timeSeries": [{"points": [{"interval": {"endTime": "2026-11-28 04:00"}}]}]},
-     "has no time zone"),
+    ("monitoring.projects.timeSeries.create",
+     {"timeSeries": [{"points": [{"interval": {"endTime": "2026-11-28 04:00"}}]}]}, "has no time zone"),
     ("monitoring.projects.timeSeries.create", {"timeSeries": [{"points": [{"interval": {"endTime": "yesterday"}}]}]},
      "is not an RFC 3339 timestamp"),
     ("tpu.projects.locations.queuedResources.create", {"queueingPolicy": {"validUntilDuration": "7m"}},
      "is not a duration"),
     ("pubsub.projects.topics.publish", {"messages": [{"data": "not base64!"}]}, "is not base64"),
-    ("firestore.projects.databases.documents.commit", {"writes": [{"update": {"fields": {"a": {"stringValue": None}}}}]},
-     "update.fields['a'].stringValue: null"),
+    ("firestore.projects.databases.documents.commit",
+     {"writes": [{"update": {"fields": {"a": {"stringValue": None}}}}]}, "update.fields['a'].stringValue: null"),
 ])
 def test_the_checker_reads_formats_and_nulls(method_id, body, problem):
     (found,) = discovery.check_request(discovery.method(method_id), body)

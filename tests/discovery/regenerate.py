@@ -95,5 +95,6 @@ def main(wheel: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python tests/discovery/regenerate.py google_api_python_client-VERSION-py3-none-any.whl")
+        raise SystemExit("usage: python tests/discovery/regenerate.py "
+                         "google_api_python_client-VERSION-py3-none-any.whl")
     main(sys.argv[1])
