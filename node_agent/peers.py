@@ -3,8 +3,8 @@ restores from a survivor instead of Cloud Storage when the survivor holds the ne
 
     GET /step_000000000042/data-00000.bin        Range: bytes=0-33554431   → 206 and those bytes
 
-Only a committed step is served (its directory holds contract.CHECKPOINT_MARKER), and only the files its manifest
-lists; anything else (an uncommitted or unknown step, the manifest or marker themselves, any other path) is 404. No
+Only a committed step is served (contract.committed_files: its directory holds the marker, written last), and only
+the files its manifest lists; anything else (an uncommitted or unknown step, the manifest or marker themselves, any other path) is 404. No
 path is ever joined from what the request says: the step directory must match contract.CHECKPOINT_STEP_RE and the
 file must be a name the manifest lists, so nothing outside the checkpoint directory can be named. The reader checks
 every byte against the manifest it reads from the checkpoint store, never this node's (respawn.ckpt.peers), so a
@@ -17,7 +17,6 @@ out with sendfile; one thread per connection (the reader keeps one keep-alive co
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -54,14 +53,8 @@ def committed_file(root: str, path: str) -> str | None:
     if len(parts) != 3 or parts[0] != "" or not contract.CHECKPOINT_STEP_RE.match(parts[1]):
         return None
     step_dir, name = os.path.join(root, parts[1]), parts[2]
-    if not os.path.isfile(os.path.join(step_dir, contract.CHECKPOINT_MARKER)):
-        return None
-    try:
-        with open(os.path.join(step_dir, contract.CHECKPOINT_MANIFEST)) as f:
-            files = json.load(f).get("files")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(files, dict) or name not in files or name in ("", ".", "..") or "/" in name or "\0" in name:
+    files = contract.committed_files(step_dir)
+    if files is None or name not in files or name in ("", ".", "..") or "/" in name or "\0" in name:
         return None
     return os.path.join(step_dir, name)
 

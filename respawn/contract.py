@@ -15,6 +15,7 @@ import enum
 import ipaddress
 import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -238,6 +239,20 @@ WORKDIRS_DIR = "workdirs"  # workdirs/sha256-HEX/: the user's code, unpacked onc
 CHECKPOINT_STEP_RE = re.compile(r"^step_(\d{12})$")
 CHECKPOINT_MANIFEST = "manifest.json"
 CHECKPOINT_MARKER = "COMMITTED"
+
+
+def committed_files(step_dir: str) -> Optional[Dict[str, Any]]:
+    """The files {name: {size, checksum}} a committed step directory's manifest lists; None where the directory
+    holds no marker (a torn or in-progress save: respawn.ckpt.commit.seal writes it last) or no readable manifest.
+    The agent's reading of a step (node_agent/peers.py); the trainer also checks the manifest against the marker."""
+    if not os.path.isfile(os.path.join(step_dir, CHECKPOINT_MARKER)):
+        return None
+    try:
+        with open(os.path.join(step_dir, CHECKPOINT_MANIFEST)) as f:
+            files = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return files if isinstance(files, dict) else None
 # A multi-node member's agent serves the committed steps in its LOCAL_CHECKPOINT_DIR, read-only, on its own address
 # at PEER_PORT (node_agent/peers.py); a trainer reads the newest committed step from the agents in ENV_PEERS before
 # Cloud Storage, every byte checked against the store's manifest (respawn.ckpt.peers). Below torchrun's ports

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from respawn.ckpt import checksum, commit, format as fmt
-from respawn.ckpt.manager import SaveState
+from respawn.ckpt.manager import SaveState, ShardedManager
 
 MEMBERS = 3
 
@@ -61,7 +61,7 @@ class ThreadSeam:
         return self.exchange.get(key, control)
 
 
-class OneFileEach(commit.ShardedManager):
+class OneFileEach(ShardedManager):
     """The smallest layout: each member writes its state (bytes) to one file of the step."""
 
     layout, framework, members = "one-file-each", "test", "members"

@@ -6,9 +6,9 @@
         manifest.json        step, kind, framework, created_at, durable, files {name: {size, checksum}}, arrays
         COMMITTED            written last: {"step", "manifest_checksum"}; without it the directory does not exist
 
-Every file and the directory are fsync'd before the marker is written, and the marker is fsync'd too. A reader
-trusts a step only if the marker exists, the manifest's checksum matches the marker, and every file has the size
-and checksum the manifest lists.
+Every file and the directory are fsync'd before the marker is written, and the marker is fsync'd too (the store's
+marker, respawn.ckpt.commit.seal_dir: how every step becomes final). A reader trusts a step only if the marker
+exists, the manifest's checksum matches the marker, and every file has the size and checksum the manifest lists.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 from respawn import contract
 
 from . import checksum
+from .commit import manifest_bytes, marker_bytes, seal_dir, write_file_durable
 from .serialize import Payload
 
 FORMAT = "respawn-checkpoint"
@@ -79,45 +80,12 @@ def check_layout(manifest: dict, step: int, want: str | None) -> None:
                         "ranks), or move that checkpoint directory away to start from step 0")
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_durable(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def marker_bytes(step: int, manifest_data: bytes, algorithm: str) -> bytes:
-    return json.dumps({"step": step, "manifest_checksum": checksum.of_bytes(manifest_data, algorithm),
-                       "checksum_algorithm": algorithm}).encode()
-
-
 def new_manifest(step: int, kind: str, framework: str, durable: str, files: dict[str, dict],
                  algorithm: str = checksum.DEFAULT_ALGORITHM, **extra) -> dict:
     """A step's manifest: what the marker's checksum covers and what a reader checks every file against."""
     return {"format": FORMAT, "version": VERSION, "step": step, "kind": kind, "framework": framework,
             "created_at": time.time(), "durable": durable, "checksum_algorithm": algorithm,
             "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())), **extra}
-
-
-def commit(step_dir: str, step: int, manifest_data: bytes, control: WriteControl | None = None,
-           algorithm: str = checksum.DEFAULT_ALGORITHM) -> None:
-    """The manifest, then COMMITTED last, each fsync'd with its directory and the parent: the step's data files must
-    be durable already. The control is checked once more before the marker."""
-    write_file_durable(os.path.join(step_dir, MANIFEST), manifest_data)
-    fsync_dir(step_dir)
-    if control is not None:
-        control.check(f"committing step {step}")
-    write_file_durable(os.path.join(step_dir, MARKER), marker_bytes(step, manifest_data, algorithm))
-    fsync_dir(step_dir)
-    fsync_dir(os.path.dirname(step_dir))
 
 
 @dataclass
@@ -218,7 +186,8 @@ def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durab
         write_file_durable(os.path.join(final, SKELETON), payload.skeleton)
         files[SKELETON] = {"size": len(payload.skeleton), "checksum": checksum.of_bytes(payload.skeleton, algorithm)}
         manifest = new_manifest(step, kind, payload.framework, durable, files, algorithm, arrays=entries, **(extra or {}))
-        commit(final, step, json.dumps(manifest, indent=1).encode(), control, algorithm)
+        data = manifest_bytes(manifest)
+        seal_dir(final, step, data, marker_bytes(step, data, algorithm), control)  # the single writer's commit
         return manifest
     except BaseException:
         hash_ex.shutdown(wait=True, cancel_futures=True)

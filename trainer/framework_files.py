@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import checksum, format as fmt
-from .commit import Seam, ShardedManager
+from .commit import Seam
+from .manager import ShardedManager
 
 LAYOUT = "framework-files"
 _OURS = {fmt.MANIFEST, fmt.MARKER}

@@ -24,9 +24,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from respawn import contract
 
 from . import _log, checksum, format as fmt
-from .commit import Seam, ShardedManager
+from .commit import Seam, fsync_dir, write_file_durable
 from .jax_compat import coordination_client
-from .manager import Manager, SaveOutcome, SaveState
+from .manager import Manager, SaveOutcome, SaveState, ShardedManager
 from .status import StatusWriter
 from .serialize import ArrayRef, map_tree, np_dtype, unflatten
 
@@ -371,8 +371,8 @@ def _write_part(step_dir: str, pid: int, payload: ShardedPayload, control: fmt.W
                     parts[-1].append({"index": index, "file": data_name, "offset": offset, "nbytes": len(view)})
                     offset += len(view)
             os.fsync(f.fileno())
-        fmt.write_file_durable(os.path.join(step_dir, tree_name), payload.skeleton)
-        fmt.fsync_dir(step_dir)
+        write_file_durable(os.path.join(step_dir, tree_name), payload.skeleton)
+        fsync_dir(step_dir)
     except BaseException:
         for name in (data_name, tree_name):
             try:

@@ -2,24 +2,28 @@
 restore with fallback, retention, progress reporting. Framework-neutral: the state is any nesting of
 dicts/lists/tuples holding PyTorch tensors, JAX arrays, NumPy arrays and picklable objects (see serialize.py);
 respawn.ckpt.torch_state and respawn.ckpt.jax_state build such states from models, optimizers and RNGs.
+ShardedManager: the same for one member of a job whose members all write a part of each step (torch_sharded,
+jax_distributed, framework_files). How either commits a step: respawn.ckpt.commit.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
-from enum import Enum
-from typing import Any, Callable, Iterator, Literal, Protocol
+from dataclasses import asdict, replace
+from typing import Any, Callable, Iterator, Protocol
 
 from respawn import contract
 
-from . import _log, format as fmt, peers as peer_reads
+from . import _log, commit, format as fmt, hosts, peers as peer_reads
+from .commit import SaveOutcome, SaveState, Seam
 from .serialize import SnapshotBuffers, flatten
 from .status import StatusWriter
 from .storage import LocalStore, open_store
@@ -27,35 +31,6 @@ from .storage import LocalStore, open_store
 PREEMPTED_EXIT_CODE = contract.EXIT_PREEMPTED  # stopped on a preemption notice, training not finished; restart me
 DEFAULT_NOTICE_BUDGET_S = contract.DEFAULT_NOTICE_BUDGET_SECONDS
 DEFAULT_KEEP = 3
-
-
-class SaveState(str, Enum):  # not enum.StrEnum (3.11+): the library runs on 3.10 images
-    """How a save ended (the emergency one's is also the status file's `emergency.state`)."""
-
-    COMMITTED = "committed"
-    ABANDONED = "abandoned"  # stopped at the deadline or cancelled; its partial directory is removed
-    FAILED = "failed"  # an error (in `reason`); the previous committed checkpoint stays the newest
-
-    __str__ = str.__str__  # as StrEnum: "committed", also in f-strings
-    __format__ = str.__format__
-
-
-@dataclass(frozen=True)
-class SaveOutcome:
-    """The result of one save. durable: "remote" = committed in the checkpoint URI's store (also when that store
-    is the local directory itself), "local" = committed on the node's disk only (upload cut short or failed),
-    None = not committed."""
-
-    state: SaveState
-    step: int
-    durable: Literal["local", "remote"] | None = None
-    reason: str | None = None
-    seconds: float | None = None  # write + commit + upload (emergency: from the call, waiting included)
-    nbytes: int | None = None  # bytes written (the manifest's total_bytes); None when nothing was written
-
-    @property
-    def committed(self) -> bool:
-        return self.state is SaveState.COMMITTED
 
 
 def plan_retention(steps: dict[int, bool], kinds: dict[int, str], keep: int, protect: set[int]) -> list[int]:
@@ -552,6 +527,170 @@ class CheckpointManager:
         if self._prepare_thread is not None:
             self._prepare_thread.join()
             self._prepare_thread = None
+
+
+class ShardedManager(CheckpointManager):
+    """A CheckpointManager for one member of a job whose members all write (one per member: every member calls
+    save, emergency_save and restore, in the same order). The notice, the deadline, the asynchronous periodic saves
+    and the status file work as for one process; the members' vote commits each step (respawn.ckpt.commit: member 0
+    seals it; a job of one member is the single writer), and member 0 alone uploads a shared directory's step and
+    applies retention. A checkpoint layout is a subclass: it names its layout and implements, for one member:
+    _write_files(step, payload, control) -> its vote: its part durable, with `files` {name: {size, checksum}} (on
+        hosts with disks of their own, uploaded next) and what _manifest_extra(votes) reads, which returns the
+        layout's manifest fields (raising when the votes do not add up);
+    _open_for_restore(store, step) -> (member 0) the step's directory, checked enough to offer it to every member;
+    _load_part(step, step_dir, like) -> (manifest, this member's state) of the step member 0 offered."""
+
+    layout = framework = members = ""  # the manifest's layout and framework; what the members are ("ranks")
+
+    def __init__(self, *args: Any, seam: Seam, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._seam, self._rank = seam, seam.rank
+        self._commit = commit.of_members(seam)
+        self._per_host: bool | None = None  # known after the first exchange (restore, or the first save)
+        self._host_leader = False
+        self._exchanges = itertools.count()
+
+    def _alone(self, work: Callable[[], Any]) -> Any:
+        """Member 0 runs `work` while the others wait (the torch group keeps a heartbeat); its result there."""
+        return work() if self._rank == 0 else None
+
+    def _find_hosts(self) -> None:
+        """Whether the members have checkpoint directories of their own (hosts with their own disks), and what
+        follows: every member uploads its files and member 0 commits in the remote store, which is required.
+        Otherwise member 0 alone uploads each committed step. Collective: every member calls it, once."""
+        if self._per_host is not None:
+            return
+        groups = hosts.shared_groups(self.local.root, self._rank, lambda data: self._seam.all_gather(
+            f"respawn/hosts/{next(self._exchanges)}", data))
+        self._per_host = hosts.per_host(groups, self.remote is not None, self.members)
+        self._host_leader = any(g[0] == self._rank for g in groups)
+        if not self._per_host and self._rank != 0:
+            self.remote = None  # member 0 uploads each committed step (the directory is shared), no one else
+
+    # ---- the commit: this member's part is its vote ----------------------------------------------------------
+
+    def _write_and_ship(self, step, kind, payload, control, retention) -> SaveOutcome:
+        started = time.monotonic()
+        try:
+            self._find_hosts()
+            vote = {"ok": True, **self._write_files(step, payload, control)}
+            if self._per_host:  # every member's files are in the remote store before it votes
+                self.remote.put_files(self.local.step_dir(step), step, list(vote["files"]), control)
+        except Exception as exc:  # noqa: BLE001 - this member votes no; member 0 then does not commit
+            late = isinstance(exc, fmt.Abandoned)
+            vote = {"ok": False, "late": late, "reason": str(exc) if late else f"{type(exc).__name__}: {exc}"}
+            if not late:
+                _log.error("checkpoint: this member's part failed", step=step, rank=self._rank, error=vote["reason"])
+        outcome, manifest = self._commit.commit(step, vote, control,
+                                                lambda votes: self._decide(step, kind, votes, control, started))
+        if self._rank != 0:
+            if self._per_host and self._host_leader:
+                for old in [s for s in self.local.steps() if s <= step]:  # sent or useless: the remote decides
+                    self.local.delete_step(old)
+            if outcome.committed:
+                self._committed(step, kind, outcome.durable)  # this node's status file, if it keeps one
+                if self._per_host:
+                    self._remote_committed.add(step)
+        elif outcome.committed:
+            if self.remote is not None and not self._per_host:  # member 0 reads every file: the directory is shared
+                durable, reason = self._ship(step, kind, manifest, control)
+                outcome = replace(outcome, durable=durable, reason=reason)
+            if retention:  # steps above this one may hold other members' parts of the next save: keep them
+                self.apply_retention(protect={s for s in self.local.steps() if s >= step})
+        return replace(outcome, seconds=round(time.monotonic() - started, 3),
+                       nbytes=manifest["total_bytes"] if manifest else None)
+
+    def _decide(self, step, kind, votes: list[dict], control, started) -> tuple[SaveOutcome, dict | None]:
+        """Member 0: the manifest and the marker, only when every member's files are durable and accounted for."""
+        no = {r: v["reason"] for r, v in enumerate(votes) if not v["ok"]}
+        if no:
+            _log.warning("checkpoint not committed: a member did not finish its part; the previous committed "
+                         "checkpoint stays the newest", step=step, members=no)
+            late = all(votes[r].get("late") for r in no)
+            return SaveOutcome(SaveState.ABANDONED if late else SaveState.FAILED, step,
+                               reason="; ".join(f"member {r}: {why}" for r, why in no.items())), None
+        store = self.remote if self._per_host else self.local
+        try:
+            files = {name: meta for v in votes for name, meta in v["files"].items()}
+            manifest = fmt.new_manifest(step, kind, self.framework, "remote" if self.remote is None or self._per_host
+                                        else "local", files, layout=self.layout, job_id=self.job_id,
+                                        attempt=self.attempt, **self._manifest_extra(votes))
+            control.check(f"committing step {step}")
+            if self._per_host:  # every member uploaded its files before it voted: commit where they are
+                self.remote.commit_step(step, manifest, control)
+                self._remote_committed.add(step)
+            else:
+                self._commit_here(step, manifest, control)
+        except fmt.Abandoned as exc:
+            _log.warning("checkpoint abandoned", step=step, reason=str(exc))
+            return SaveOutcome(SaveState.ABANDONED, step, reason=str(exc)), None
+        except Exception as exc:  # noqa: BLE001 - reported; the previous committed step stays the newest
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            _log.error("checkpoint commit failed", step=step, error=self.last_error)
+            return SaveOutcome(SaveState.FAILED, step, reason=self.last_error), None
+        self._kinds[(store.uri, step)] = kind
+        self._committed(step, kind, manifest["durable"])
+        _log.info("checkpoint committed", step=step, kind=kind, members=len(votes), bytes=manifest["total_bytes"],
+                  seconds=round(time.monotonic() - started, 3), store=store.uri)
+        return SaveOutcome(SaveState.COMMITTED, step, manifest["durable"]), manifest
+
+    def _commit_here(self, step: int, manifest: dict, control: fmt.WriteControl) -> None:
+        step_dir = self.local.step_dir(step)
+        tops = {name.split("/", 1)[0] for name in manifest["files"]}  # a framework's files may sit in folders
+        for name in os.listdir(step_dir):  # leftovers of an earlier attempt at this step
+            if name not in tops:
+                path = os.path.join(step_dir, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        for name, want in manifest["files"].items():  # the others wrote into this directory: it must be one
+            path = os.path.join(step_dir, name)
+            if not os.path.exists(path) or os.path.getsize(path) != want["size"]:
+                raise fmt.CorruptCheckpoint(f"{name} is not in {step_dir} with {want['size']} bytes: every member "
+                                            "must write into the same checkpoint directory (a shared filesystem)")
+        commit.fsync_dir(step_dir)  # every member's files are fsync'd; their names now too
+        data = commit.manifest_bytes(manifest)
+        commit.seal_dir(step_dir, step, data, commit.marker_bytes(step, data, manifest["checksum_algorithm"]), control)
+
+    # ---- restore ------------------------------------------------------------------------------------------------
+
+    def restore(self, step: int | None = None, like: Any = None) -> tuple[int, Any] | None:
+        started = time.monotonic()
+        self._find_hosts()
+        candidates = self._verified_steps(self._open_for_restore, only=step) if self._rank == 0 else iter(())
+        failed: dict[int, str] = {}  # steps member 0 offered that some member could not load
+
+        def offer() -> bytes:
+            try:
+                s, _, step_dir = next(candidates, (-1, None, None))
+                return json.dumps({"step": s, "dir": step_dir}).encode()
+            except fmt.NotRestorable as exc:  # every member raises it, not member 0 alone
+                return json.dumps({"step": -1, "error": str(exc)}).encode()
+
+        for attempt in itertools.count():
+            offered = json.loads(self._seam.broadcast(f"respawn/restore/{attempt}", self._alone(offer)))
+            if offered.get("error"):
+                raise fmt.NotRestorable(offered["error"])
+            s = offered["step"]
+            if s < 0:
+                if failed:
+                    raise unrestorable(failed, self.local.uri, self.remote.uri if self.remote else None)
+                return None
+            try:
+                manifest, state = self._load_part(s, offered["dir"], like)
+                why = ""
+            except Exception as exc:  # noqa: BLE001 - told to every member: all go on to the next older step
+                why = f"{type(exc).__name__}: {exc}"
+                _log.warning("checkpoint unusable on this member; falling back to an older one", step=s,
+                             rank=self._rank, reason=why)
+            whys = [w.decode() for w in self._seam.all_gather(f"respawn/restore/{attempt}/loaded", why.encode())]
+            if any(whys):
+                failed[s] = "; ".join(f"member {r}: {w}" for r, w in enumerate(whys) if w)
+                continue
+            if self._per_host:  # every member knows the same committed steps: this one, and those from here on
+                self._remote_committed = {s}
+            self._restored(s, manifest, members=self._seam.size, dir=offered["dir"],
+                           seconds=round(time.monotonic() - started, 3))
+            return s, state
 
 
 def unrestorable(failed: dict[int, str], local: str, remote: str | None) -> fmt.NotRestorable:

@@ -1,12 +1,12 @@
 """Checkpoint stores: a local directory (`file:///abs/path` or a plain path) and `gs://bucket/prefix`.
 
 Checkpoints are always written to a local directory first (format.write_checkpoint); a store other than that
-directory receives a committed step by `put_step`, which copies the data files (in parallel for GCS), then the
-manifest, then the commit marker, so a cut transfer leaves an uncommitted directory that restore ignores and
-retention removes. `get_step` is the reverse, marker last too; `load_step` reads a committed step straight into
-the saved state (CheckpointManager's restore), with no local copy unless asked. In a job whose hosts have their own
-disks, every host sends its own files with `put_files` and one process writes the manifest and marker with
-`commit_step` once all of them are there.
+directory receives a committed step by `put_step`, which copies the data files (in parallel for GCS), then seals
+the step there (`commit_step`: the manifest, then the commit marker, respawn.ckpt.commit.seal), so a cut transfer
+leaves an uncommitted directory that restore ignores and retention removes. `get_step` is the reverse, the step's own
+marker last too; `load_step` reads a committed step straight into the saved state (CheckpointManager's restore), with
+no local copy unless asked. In a job whose hosts have their own disks, every host sends its own files with
+`put_files` and the member that seals the members' vote calls `commit_step` once all of them are there.
 
 Reads from Cloud Storage are ranged GETs (fmt.slice_bytes) on `workers` keep-alive connections, as sliced
 downloads do, read with readinto straight into their destination (the arrays, or a buffer written into place in
@@ -17,7 +17,6 @@ so every byte is fetched once and hashed once.
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import shutil
 import threading
@@ -25,6 +24,7 @@ import time
 from urllib.parse import quote, urlparse, urlsplit
 
 from . import format as fmt
+from .commit import manifest_bytes, marker_bytes, seal, seal_dir, write_file_durable
 
 UPLOAD_WORKERS = 8
 GET_ATTEMPTS = 4  # a range whose connection fails, or that Cloud Storage answers 429/5xx, is fetched again
@@ -77,8 +77,7 @@ def _run_parallel(jobs, control: fmt.WriteControl | None, workers: int, what: st
 
 
 def remote_manifest(manifest: dict) -> bytes:
-    m = dict(manifest, durable="remote", uploaded_at=time.time())
-    return json.dumps(m, indent=1).encode()
+    return manifest_bytes(dict(manifest, durable="remote", uploaded_at=time.time()))
 
 
 class _Store:
@@ -111,7 +110,7 @@ class _Store:
             def read(self, name: str) -> bytes:
                 data = source.read(name)
                 if dst is not None:
-                    fmt.write_file_durable(os.path.join(dst, name), data)
+                    write_file_durable(os.path.join(dst, name), data)
                 return data
 
             def fill(self, r: fmt.Range, algorithm: str) -> int:
@@ -123,9 +122,7 @@ class _Store:
             if sink is not None:
                 sink.close()
         if dst is not None:
-            fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), manifest_data)
-            fmt.write_file_durable(os.path.join(dst, fmt.MARKER), marker)
-            fmt.fsync_dir(dst)
+            seal_dir(dst, step, manifest_data, marker)
         return manifest, state
 
 
@@ -181,8 +178,9 @@ class LocalStore(_Store):
         _run_parallel([lambda n=n: copy(n) for n in names], control, 2, f"copying step {step}")
 
     def commit_step(self, step: int, manifest: dict, control=None) -> None:
-        """The manifest, then the marker: the step's data files must be here already."""
-        fmt.commit(self.step_dir(step), step, remote_manifest(manifest), control, manifest["checksum_algorithm"])
+        """Seal the step here (seal_dir): the step's data files must be here already."""
+        data = remote_manifest(manifest)
+        seal_dir(self.step_dir(step), step, data, marker_bytes(step, data, manifest["checksum_algorithm"]), control)
 
     def read(self, step: int, name: str) -> bytes:
         """One file of a step (e.g. its manifest)."""
@@ -310,13 +308,11 @@ class GCSStore(_Store):
                       f"uploading step {step} to {self.uri}")
 
     def commit_step(self, step: int, manifest: dict, control=None) -> None:
-        """The manifest, then the marker: the step's data files must be uploaded already."""
+        """Seal the step here (seal: an object is durable once its upload returns): the step's data files must be
+        uploaded already."""
         data = remote_manifest(manifest)
-        self.bucket.blob(self._name(step, fmt.MANIFEST)).upload_from_string(data)
-        if control is not None:
-            control.check(f"committing upload of step {step}")
-        self.bucket.blob(self._name(step, fmt.MARKER)).upload_from_string(
-            fmt.marker_bytes(step, data, manifest["checksum_algorithm"]))
+        seal(lambda name, blob: self.bucket.blob(self._name(step, name)).upload_from_string(blob), step, data,
+             marker_bytes(step, data, manifest["checksum_algorithm"]), control)
 
     def committed_manifest(self, step: int) -> tuple[bytes, bytes, dict]:
         """(marker, manifest bytes, manifest) of a remote step, the manifest checked against the marker."""
@@ -361,9 +357,7 @@ class GCSStore(_Store):
         finally:
             sink.close()
         fmt.check_ranges({n: manifest["files"][n] for n in wanted}, ranges, sums, manifest["checksum_algorithm"])
-        fmt.write_file_durable(os.path.join(dst, fmt.MANIFEST), manifest_data)
-        fmt.write_file_durable(os.path.join(dst, fmt.MARKER), marker)
-        fmt.fsync_dir(dst)
+        seal_dir(dst, step, manifest_data, marker)
         return dst
 
     def load_step(self, step: int, copy_to: str | None = None, check=None, like=None) -> tuple[dict, object]:
