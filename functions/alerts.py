@@ -7,8 +7,9 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
      "severity": "info" | "warning" | "error", "job_id": str, "at": ISO-8601 UTC, "message": str,
      "attempt": int, "restarts": int, "cause": str | null,
      # a loss's alerts (recovered, crashed, boot_failed, preemption_rate, failed): "failures", "preemptions"
-     # recovered (sent once the replacement's agent reports, never for a node that did not):
-     #   "old_zone", "new_zone", "downtime_seconds", "steps_lost", "committed_step", "in_place",
+     # recovered (sent once every rank steps again, never for a node that did not): "old_zone", "new_zone",
+     #   "in_place", the recovery (recovery_time.Recovery.fields: "recovery_seconds", "notice_at", "stepping_at",
+     #   "steps_lost", "furthest_step", "resumed_from", "cause"), "committed_step" (the step it resumed from),
      #   "stages" (where the recovery's time went: alerts.STAGES → seconds)
      # waiting_for_capacity: "next_attempt_at", "zones"; failed / invalid_spec: "errors" (list[str]) when known
      # succeeded: "committed_step", "zone"; crashed: "exit_code", "output_tail"
@@ -27,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from respawn import prices
+from respawn.control import recovery_time
 
 TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed", "boot_failed",
          "preemption_rate", "budget", "budget_exhausted")
@@ -59,24 +61,12 @@ STAGES = {"waiting_for_capacity": "waiting for capacity", "vm_create_and_boot": 
           "setup": "agent and setup", "restore_and_first_step": "trainer start, restore and first step"}
 
 
-def breakdown_text(cause: str | None, stages: dict[str, float]) -> str:
-    """'this preemption cost 4m10s: 52s waiting for capacity, …' (the stages that took a second or more)."""
+def breakdown_text(cause: str | None, stages: dict[str, float], seconds: float) -> str:
+    """'this preemption cost 250.3 s: 52.0 s waiting for capacity, …': the recovery's time (recovery_time: the
+    figure every renderer shows), then the stages that took a second or more."""
     what = {"preempted": "preemption", "run_ended": "planned stop"}.get(cause or "", "loss")
-    parts = [f"{_duration(v)} {STAGES.get(k, k)}" for k, v in stages.items() if v >= 1]
-    return f"this {what} cost {_duration(sum(stages.values()))}" + (": " + ", ".join(parts) if parts else "")
-
-
-def _duration(seconds: Any) -> str:
-    if not isinstance(seconds, (int, float)):
-        return "unknown"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, sec = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{sec:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
+    parts = [f"{recovery_time.text(v)} {STAGES.get(k, k)}" for k, v in stages.items() if v >= 1]
+    return f"this {what} cost {recovery_time.text(seconds)}" + (": " + ", ".join(parts) if parts else "")
 
 
 def _losses(alert: dict[str, Any]) -> list[tuple[str, str]]:
@@ -92,7 +82,7 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
         move = f"{alert.get('old_zone') or '?'} → {alert.get('new_zone') or '?'}"
         if alert.get("in_place"):
             move += " (restarted in place)"
-        facts += [("Zone", move), ("Downtime", _duration(alert.get("downtime_seconds"))),
+        facts += [("Zone", move), ("Recovery time", recovery_time.text(alert.get("recovery_seconds"))),
                   ("Steps lost", "unknown" if alert.get("steps_lost") is None else str(alert["steps_lost"])),
                   ("Restarts", str(alert.get("restarts", "?"))), *_losses(alert)]
         if alert.get("cause"):

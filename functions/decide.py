@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
 from respawn.contract import SOFT_OFF_SECONDS, Handover
-from respawn.control import alerts, models, placement, recovery
+from respawn.control import alerts, models, placement, recovery, recovery_time
 from respawn.advice import ZoneAdvice
 from respawn.prices import Quote
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
@@ -235,7 +235,7 @@ def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
     slice's None (decide: still booting, or after the boot grace no heartbeat) and the stalest worker's time is
     the slice's. A worker whose setup failed, or whose trainer crashed, speaks for the slice; the slice exited 0
     only when every worker did. Otherwise the first worker still working is the base, with the newest committed
-    step and any worker's notice."""
+    step, any worker's notice, and its first step once every worker stepped."""
     if not workers or any(hb is None for hb in workers):
         return None
     hbs: list[Heartbeat] = list(workers)  # type: ignore[arg-type]
@@ -252,9 +252,13 @@ def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
     base = next((hb for hb in hbs if hb.state is not NodeState.EXITED), hbs[0])
     committed = [hb.committed_step for hb in hbs if hb.committed_step is not None]
     seen = next((hb for hb in hbs if noticed(hb)), None)
+    stepped = all(hb.first_step_at is not None and hb.first_step is not None for hb in hbs)
     return base.model_copy(update={
         "heartbeat_at": min(hb.heartbeat_at for hb in hbs),
         "committed_step": max(committed) if committed else None,
+        # The slice steps once every worker has: its last worker's first step (recovery_time).
+        "first_step": min(hb.first_step for hb in hbs) if stepped else None,  # type: ignore[type-var]
+        "first_step_at": max(hb.first_step_at for hb in hbs) if stepped else None,  # type: ignore[type-var]
         "notice": seen.notice if seen is not None else base.notice,
         "state": NodeState.PREEMPTING if seen is not None and seen.state is NodeState.PREEMPTING else base.state,
     })
@@ -324,7 +328,7 @@ def _decide(o: Observation) -> Decision:
         if o.node.phase is Phase.ABSENT:
             if s.next_attempt_at is not None and now < s.next_attempt_at:
                 return Decision(Action(Act.WAIT, until=s.next_attempt_at))
-            return _provision(o, spec, s, cause=s.last_cause or "replacement")
+            return _provision(o, spec, s, cause="replacement")  # the loss's own event told its cause
         if o.node.phase in (Phase.DELETING,):
             return Decision(POLL)
         return Decision(_delete(o))
@@ -466,27 +470,30 @@ def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
         changes["last_committed_step"] = hb.committed_step
         if s.failure_streak and (s.last_committed_step is None or hb.committed_step > s.last_committed_step):
             changes["failure_streak"] = 0
-    if hb.step is not None and hb.step != s.last_step:
-        changes["last_step"] = hb.step
+    if hb.step is not None and hb.step != s.last_step and not recovery_time.resumed_run(hb, s.recovering,
+                                                                                         s.preempted_at):
+        changes["last_step"] = hb.step  # while recovering, the furthest step before it stays (its steps lost)
     if hb.total_steps is not None and hb.total_steps != s.total_steps:
         changes["total_steps"] = hb.total_steps
     if s.boot_failures:
         changes["boot_failures"] = 0
     alert = None
-    if s.recovering and hb.state is NodeState.TRAINING:
-        changes.update(recovering=False, message=f"running on {s.node} in {s.zone}")
-        stages = recovery_stages(s, hb, o.now)
+    back = (recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, [hb])
+            if s.recovering and hb.state is NodeState.TRAINING else None)
+    if back is not None:  # every rank steps again: the recovery, measured once (recovery_time)
+        changes.update(recovering=False, message=f"running on {s.node} in {s.zone}", steps_lost=back.steps_lost)
+        stages = recovery_stages(s, hb, back.stepping_at)
         alert = alerts.make(
             "recovered", o.job_id, o.now, f"training again on {s.node} in {s.zone}"
-            + (f"; {alerts.breakdown_text(s.last_cause, stages)}" if stages else ""), stages=stages,
-            old_zone=s.preempted_zone, new_zone=s.zone, downtime_seconds=_age(o.now, s.preempted_at),
-            steps_lost=s.steps_lost, committed_step=s.last_committed_step, restarts=s.restarts,
-            failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause,
+            + (f"; {alerts.breakdown_text(s.last_cause, stages, back.seconds)}" if stages else ""), stages=stages,
+            old_zone=s.preempted_zone, new_zone=s.zone, committed_step=back.resumed_from, restarts=s.restarts,
+            failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, **back.fields(),
             in_place=s.in_place_restarts > 0 and s.preempted_zone == s.zone,
         )
     if not changes:
         return Decision(NONE)
-    return Decision(NONE, _upd(s, o.now, **changes), "recovered" if alert else None, alert)
+    return Decision(NONE, _upd(s, o.now, **changes), "recovered" if alert else None, alert,
+                    back.fields() if back is not None else {})
 
 
 def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
@@ -502,12 +509,12 @@ def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
     return Decision(NONE, st, "node_running")
 
 
-def recovery_stages(s: SlotStatus, hb: Heartbeat, now: datetime) -> dict[str, float]:
-    """Where a recovery's time went, in seconds, from the loss until the replacement trains (its first training
-    heartbeat, `now`): stage → seconds, in order, for the stages whose ends are known (alerts.STAGES). A restart in
-    place has no create: its start is its 'VM create and boot'."""
+def recovery_stages(s: SlotStatus, hb: Heartbeat, stepping_at: datetime) -> dict[str, float]:
+    """Where a recovery's time went, in seconds, from its notice until every rank steps again (`stepping_at`:
+    recovery_time.Recovery, so the stages add up to its time): stage → seconds, in order, for the stages whose ends
+    are known (alerts.STAGES). A restart in place has no create: its start is its 'VM create and boot'."""
     points = [("waiting_for_capacity", s.node_started_at), ("vm_create_and_boot", s.running_at),
-              ("setup", hb.started_at), ("restore_and_first_step", hb.first_step_at or now)]
+              ("setup", hb.started_at), ("restore_and_first_step", stepping_at)]
     out, t = {}, s.preempted_at
     if t is None:
         return {}
@@ -545,8 +552,8 @@ def _in_place_candidate(o: Observation, spec: JobSpec) -> bool:
 # node served past its boot grace and its agent never reported (a broken image, a failing startup script, an agent
 # that cannot install). Every other cause is the platform taking the node: a preemption (preempted, host error,
 # stopped, deleted or gone from outside, a notice seen by the agent).
-FAILURE_CAUSES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # unreachable: job.UNREACHABLE
-BOOT_FAILURE = "no_heartbeat"
+FAILURE_CAUSES = recovery_time.FAILURES  # unreachable: job.UNREACHABLE
+BOOT_FAILURE = recovery_time.NO_HEARTBEAT
 BOOT_FAILURES_TO_FAIL = 2  # boots in a row whose agent never reported: the second ends the job
 # A run that ended as its model planned (models.Model.loss_cause: its agent's notice of it, or a loss near the end):
 # a planned stop (models.RUN_ENDED). The next node is made as after a loss, but it counts as neither a preemption
@@ -611,10 +618,12 @@ def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str, leavi
     """_count_loss, its event naming the life that ended (`lost`: what the node's last heartbeat said of its trainer),
     so that a later report (respawn/report.py) knows every life, not only the last one a node's heartbeat keeps.
     The cause is first read by the node's model (a loss at the planned end of its run is that end, however it was
-    observed)."""
-    cause = models.of(o.status.provisioning).loss_cause(cause, o.status, hb, o.now)
-    d = _count_loss(o, spec, hb, cause, leaving)
-    return replace(d, details={**d.details, "lost": lost_life(o.status, hb)})
+    observed), then told in the one vocabulary of causes (recovery_time.loss_cause: the same fault, the same cause;
+    the signal it came by, when another word, in the event's `signal`)."""
+    signal = models.of(o.status.provisioning).loss_cause(cause, o.status, hb, o.now)
+    d = _count_loss(o, spec, hb, recovery_time.loss_cause(signal, hb is not None and noticed(hb)), leaving)
+    return replace(d, details={**d.details, "lost": lost_life(o.status, hb),
+                               **({"signal": signal} if signal != d.cause else {})})
 
 
 def lost_life(s: MemberStatus, hb: Heartbeat | None) -> dict[str, Any]:

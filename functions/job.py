@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from respawn import prices
 from respawn.contract import EXIT_PREEMPTED, SOFT_OFF_SECONDS, Generation, Handover
-from respawn.control import alerts, costs, decide as core, membership
+from respawn.control import alerts, costs, decide as core, membership, recovery_time
 from respawn.control.decide import ABSENT, NONE, POLL, Act, Action, Decision, NodeObs, Observation, Outcome, Phase
 from respawn.schema import (Heartbeat, JobCounters, JobEvent, JobSpec, JobStatus, MemberStatus, NodeState, SlotStatus,
                             State)
@@ -327,7 +327,11 @@ def _progress(s: JobStatus, beats: Sequence[Heartbeat | None]) -> dict[str, Any]
     out: dict[str, Any] = {}
     for field, reported in (("last_step", "step"), ("last_committed_step", "committed_step"),
                             ("total_steps", "total_steps")):
-        values = [getattr(hb, reported) for hb in beats if hb is not None and getattr(hb, reported) is not None]
+        values = [getattr(hb, reported) for hb in beats if hb is not None and getattr(hb, reported) is not None
+                  # while recovering, the furthest step before it stays (its steps lost: recovery_time)
+                  and not (field == "last_step" and recovery_time.resumed_run(hb, s.recovering, s.preempted_at))]
+        if field == "last_step" and s.recovering and s.last_step is not None and values and max(values) < s.last_step:
+            continue  # nor goes back to a survivor's older report
         if values and max(values) != getattr(s, field):
             out[field] = max(values)
     return out
@@ -419,7 +423,11 @@ def _membership(o: Observation, spec: JobSpec, members: list[MemberStatus], seen
         if behind:  # every member behind at once: they restart together, and the writes run side by side
             return Decision(SetGeneration(g.to_json(), behind))  # type: ignore[arg-type]
         if s.recovering and _training(g, members, beats):
-            return _recovered(o, spec, members, g)
+            by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
+            back = recovery_time.measure(s.last_cause, s.preempted_at, s.last_step,
+                                         [by_node[n] for n in g.members])  # type: ignore[misc]
+            if back is not None:  # every rank of the generation steps again
+                return _recovered(o, spec, members, g, back)
     full = p.step is membership.Step.RUN and p.generation is not None and p.generation.world_size == spec.nodes
     message = p.reason if p.step is not membership.Step.RUN else _running_message(p.generation, s.zone)
     return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones, **_progress(s, beats))
@@ -471,18 +479,19 @@ def _training(g: Generation, members: Sequence[MemberStatus], beats: Sequence[He
                for n in g.members)
 
 
-def _recovered(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Generation) -> Decision:
-    """The job trains again after a loss (a member replaced, an elastic world formed, a move): one alert for the
-    recovery, however many nodes it took, with what the resumed generation lost."""
+def _recovered(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Generation,
+               back: recovery_time.Recovery) -> Decision:
+    """The job steps again after a loss (a member replaced, an elastic world formed, a move): one alert for the
+    recovery, however many nodes it took, with its time and what the resumed generation lost (recovery_time)."""
     s, now = o.status, o.now
     on = f"{g.world_size} of {spec.nodes} nodes" if g.world_size < spec.nodes else f"all {spec.nodes} nodes"
-    alert = alerts.make("recovered", o.job_id, now, f"training again on {on} in {s.zone} (generation {g.number})",
-                        old_zone=s.preempted_zone, new_zone=s.zone, downtime_seconds=(now - s.preempted_at).total_seconds()
-                        if s.preempted_at else None, steps_lost=s.steps_lost, committed_step=s.last_committed_step,
-                        restarts=s.restarts, failures=s.failures, preemptions=s.preemptions, attempt=s.attempt,
-                        cause=s.last_cause)
-    return Decision(NONE, _upd(s, now, members=members, recovering=False), "recovered", alert,
-                    {"generation": g.number})
+    alert = alerts.make("recovered", o.job_id, now, f"training again on {on} in {s.zone} (generation {g.number}); "
+                        f"this {'preemption' if back.cause == recovery_time.PREEMPTED else 'loss'} cost "
+                        f"{recovery_time.text(back.seconds)}", old_zone=s.preempted_zone, new_zone=s.zone,
+                        committed_step=back.resumed_from, restarts=s.restarts, failures=s.failures,
+                        preemptions=s.preemptions, attempt=s.attempt, **back.fields())
+    return Decision(NONE, _upd(s, now, members=members, recovering=False, steps_lost=back.steps_lost), "recovered",
+                    alert, {"generation": g.number, **back.fields()})
 
 
 def _new_generation(o: Observation, members: list[MemberStatus], g: Generation, reason: str, cause: str,

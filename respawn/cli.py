@@ -921,7 +921,9 @@ def chaos(
                 out.print(f"{took:7.1f} s  {ev.from_state.value if ev.from_state else '-'} → {ev.to_state.value}: "
                           f"{ev.cause} {details}")
                 if ev.cause == "recovered":
-                    out.print(f"job {job_id} trains again {took:.0f} s after the interruption")
+                    from respawn.control import recovery_time
+
+                    out.print(f"job {job_id} {recovery_time.line(ev.details)}", markup=False, highlight=False)
                     return
                 if ev.to_state.terminal:
                     raise CliError(f"job {job_id} ended {ev.to_state.value} instead of recovering")

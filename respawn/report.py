@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from respawn.control import costs
+from respawn.control import costs, recovery_time
 from respawn.schema import Heartbeat, JobEvent, JobStatus, State
 from respawn.prices import usd
 from respawn.timeline import Mark, NodeSpan, Timeline, render_html
@@ -82,15 +82,16 @@ def _time(value: Any) -> datetime | None:
 
 @dataclass
 class Recovery:
-    slot: int
-    lost: str  # the node lost
-    cause: str
-    at: datetime  # when the controller learned of it (the notice, or the loss)
-    training_at: datetime | None  # when the job trained again (the `recovered` event)
+    """One recovery as the controller measured it (its `recovered` event: respawn.control.recovery_time), with the
+    first node it replaced; a loss not recovered (yet) has no `training_at`."""
 
-    @property
-    def seconds(self) -> float | None:
-        return None if self.training_at is None else (self.training_at - self.at).total_seconds()
+    slot: int
+    lost: str  # the node lost (the first, when one recovery took several)
+    cause: str
+    at: datetime  # its notice
+    training_at: datetime | None  # every rank stepping again
+    seconds: float | None = None  # the recovery time, as every renderer shows it
+    steps_lost: int | None = None
 
 
 @dataclass
@@ -159,14 +160,29 @@ def lives(events: Iterable[JobEvent], heartbeats: dict[str, Heartbeat]) -> tuple
 
 
 def recoveries(all_lives: list[Life], events: Iterable[JobEvent]) -> list[Recovery]:
-    """Each loss (a life ended by another's create), and the first `recovered` event of its slot after it."""
-    recovered = [(ev.at, int(ev.details.get("slot") or 0)) for ev in events if ev.cause == "recovered"]
+    """Each `recovered` event's recovery (its figure: recovery_time), naming the losses (lives that ran and were
+    ended by another's create) since the previous one; then the losses not recovered yet. An event of an older
+    controller, without the figure, counts from the loss to the event."""
+    pending = sorted((life for life in all_lives if life.ended_at is not None and life.end_cause not in _ENDS
+                      and life.running_at is not None), key=lambda life: life.ended_at)  # type: ignore[arg-type,return-value]
     out = []
-    for life in all_lives:
-        if life.ended_at is None or life.end_cause in _ENDS or life.running_at is None:
+    for ev in events:
+        if ev.cause != "recovered":
             continue
-        back = next((at for at, slot in recovered if slot == life.slot and at >= life.ended_at), None)
-        out.append(Recovery(life.slot, life.node, life.end_cause, life.ended_at, back))
+        took = [life for life in pending if life.ended_at <= ev.at]  # type: ignore[operator]
+        pending = pending[len(took):]
+        first = took[0] if took else None
+        fig = recovery_time.read(ev.details)
+        if fig is not None:
+            out.append(Recovery(first.slot if first else 0, first.node if first else "", fig.cause or "", fig.notice_at,
+                                fig.stepping_at, fig.seconds, fig.steps_lost))
+        elif first is not None:
+            assert first.ended_at is not None
+            out.append(Recovery(first.slot, first.node, first.end_cause, first.ended_at, ev.at,
+                                round((ev.at - first.ended_at).total_seconds(), 1), ev.details.get("steps_lost")))
+    for life in pending:
+        assert life.ended_at is not None
+        out.append(Recovery(life.slot, life.node, life.end_cause, life.ended_at, None))
     return out
 
 
@@ -228,8 +244,8 @@ def describe(r: Report) -> dict[str, Any]:
         "buckets_seconds": {k: round(v, 1) for k, v in r.goodput.items()},
         "lives": len(r.lives),
         "refused_creates": r.refused,
-        "recoveries": [{"node": x.lost, "cause": x.cause, "at": x.at.isoformat(),
-                        "seconds": None if x.seconds is None else round(x.seconds, 1)} for x in r.recoveries],
+        "recoveries": [{"node": x.lost, "cause": x.cause, "at": x.at.isoformat(), "seconds": x.seconds,
+                        "steps_lost": x.steps_lost} for x in r.recoveries],
         **({"cost": r.cost} if r.cost is not None else {}),
     }
 
@@ -256,7 +272,8 @@ def timeline(r: Report, zones: list[str], total_steps: int = 0) -> Timeline:
     for x in r.recoveries:
         marks.append(Mark(s(x.at), "notice", f"{x.cause} {x.lost}"))
         if x.training_at is not None:
-            marks.append(Mark(s(x.training_at), "training again", f"{x.seconds:g} s after"))
+            marks.append(Mark(s(x.training_at), "training again",
+                              f"{recovery_time.text(x.seconds)} after the notice (recovery time)"))
     summary = {"job": r.job_id, "state": r.state, "wall": f"{r.wall_seconds:.1f} s",
                "goodput": f"{r.goodput_ratio:.1%}", "lives": len(r.lives), "refused creates": r.refused}
     summary.update({k.replace("_", " "): f"{v:.1f} s" for k, v in r.goodput.items()})

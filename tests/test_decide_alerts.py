@@ -9,15 +9,17 @@ from respawn.control import alerts
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 
 
-def test_recovered_alert_says_where_from_where_to_downtime_and_steps_lost():
+def test_recovered_alert_says_where_from_where_to_its_recovery_time_and_steps_lost():
     a = alerts.make("recovered", "llama", NOW, "llama-4 is running", old_zone="us-central1-a", new_zone="us-central1-b",
-                    downtime_seconds=95.2, steps_lost=12, restarts=3, attempt=4, cause="preempted")
+                    recovery_seconds=95.2, steps_lost=12, restarts=3, attempt=4, cause="preempted")
     assert a["severity"] == "info" and a["at"] == "2025-01-01T12:00:00+00:00"
     msg = alerts.to_slack(a)
-    assert "us-central1-a → us-central1-b" in msg["text"] and "1m35s" in msg["text"] and "steps lost: 12" in msg["text"]
+    # The recovery time as every renderer shows it (recovery_time.text): the figure itself, not a rounding of it.
+    assert "us-central1-a → us-central1-b" in msg["text"] and "recovery time: 95.2 s" in msg["text"]
+    assert "steps lost: 12" in msg["text"]
     assert msg["blocks"][0]["type"] == "section" and "*llama*" in msg["blocks"][0]["text"]["text"]
     fields = {f["text"].split("\n")[0]: f["text"].split("\n")[1] for f in msg["blocks"][2]["fields"]}
-    assert fields["*Restarts*"] == "3" and fields["*Downtime*"] == "1m35s"
+    assert fields["*Restarts*"] == "3" and fields["*Recovery time*"] == "95.2 s"
 
 
 @pytest.mark.parametrize("kind", alerts.TYPES)

@@ -64,7 +64,8 @@ def test_the_end_of_the_run_is_a_planned_stop_and_the_next_node_tries_spot_again
 
 def test_a_flex_start_node_lost_long_before_its_end_is_a_preemption():
     d = core.decide(obs("RUNNING", raw=None, run_ends_at=NOW + timedelta(hours=5), preemptions=4, **FLEX))
-    assert d.cause == "node_gone" and d.status.preemptions == 5
+    # Told as every platform loss is (recovery_time.loss_cause), the signal kept beside it.
+    assert (d.cause, d.details["signal"]) == ("preempted", "node_gone") and d.status.preemptions == 5
 
 
 def test_the_agents_run_ending_notice_gets_the_next_node_made_during_it_as_a_planned_stop():
@@ -111,7 +112,7 @@ def test_a_run_end_the_agent_handled_is_a_planned_stop_however_late_the_controll
     assert d.cause == core.RUN_ENDED and d.status.last_cause == core.RUN_ENDED
     assert (d.status.preemptions, d.status.failures) == (4, 0) and d.details["counted_as"] == "planned"
     assert d.status.last_committed_step == 400 and d.action.kind is Act.DELETE
-    # A Spot node's agent that went silent after a preemption notice is still a preemption.
+    # A Spot node's agent that went silent after a preemption notice is still a preemption, and told as one.
     spot = core.decide(replace(obs("RUNNING", raw="RUNNING", preemptions=4, spec=TIERED),
                                heartbeat=hb("exited", age=600, exit_code=143, notice="preempted")))
-    assert spot.cause == "stale_heartbeat" and spot.status.preemptions == 5
+    assert (spot.cause, spot.details["signal"]) == ("preempted", "stale_heartbeat") and spot.status.preemptions == 5

@@ -48,7 +48,11 @@ def hb(state="training", age=5, attempt=3, **kw):
 
 HEARTBEATS = {
     "none": None,
-    "fresh": hb(step=120, committed_step=100),
+    # A trainer started a minute ago that resumed from step 100 and stepped (its first step, as its agent saw it, 30 s
+    # ago); the same restored, before its first step.
+    "fresh": hb(step=120, committed_step=100, started_at=NOW - timedelta(seconds=60), first_step=101,
+                first_step_at=NOW - timedelta(seconds=30)),
+    "restored": hb(step=100, committed_step=100, started_at=NOW - timedelta(seconds=60)),
     "stale": hb(age=600, step=120, committed_step=100),
     "exit0": hb("exited", exit_code=0, step=500, committed_step=500),
     "crash": hb("exited", exit_code=1, step=130, committed_step=100, output_tail="Traceback: boom"),
@@ -131,6 +135,9 @@ ROWS = [
     ("running after a loss, the replacement trains: recovered alert",
      obs("RUNNING", recovering=True, preempted_zone=ZONES[0], zone=ZONES[1], preempted_at=NOW - timedelta(seconds=90),
          steps_lost=7), Act.NONE, "RUNNING", "recovered"),
+    ("running after a loss, the replacement restored but has not stepped: not yet recovered",
+     obs("RUNNING", heartbeat="restored", recovering=True, preempted_zone=ZONES[0], zone=ZONES[1],
+         preempted_at=NOW - timedelta(seconds=90)), Act.NONE, "RUNNING", None),
     ("running after a loss, no heartbeat yet: no alert",
      obs("RUNNING", heartbeat="none", recovering=True, node_started_at=NOW - timedelta(seconds=60)), Act.NONE,
      "RUNNING", None),
@@ -675,14 +682,19 @@ def test_what_a_loss_counts_as(cause, heartbeat, kind):
 
 
 def test_the_recovered_alert_comes_when_the_replacement_trains_and_says_what_it_cost():
+    # The lost node reached step 107 (the notice found no later commit than the replacement's restored step 100).
     st = dict(recovering=True, preempted_zone=ZONES[0], zone=ZONES[1], preempted_at=NOW - timedelta(seconds=90),
-              steps_lost=7, failures=1, preemptions=2, restarts=3)
+              last_step=107, steps_lost=20, failures=1, preemptions=2, restarts=3, last_cause="preempted")
     up = decide(obs("PROVISIONING", raw="RUNNING", heartbeat="none", **st))
     assert up.alert is None and up.status.recovering and "waiting for its agent" in up.status.message
-    d = decide(replace(obs("RUNNING", **st), status=up.status))
+    restoring = decide(replace(obs("RUNNING", heartbeat="restored", **st), status=up.status))
+    assert restoring.alert is None and restoring.status.last_step == 107  # the furthest step stays while recovering
+    d = decide(replace(obs("RUNNING", **st), status=restoring.status))
     a = d.alert
-    assert (a["type"], a["old_zone"], a["new_zone"], a["downtime_seconds"], a["steps_lost"]) == (
-        "recovered", ZONES[0], ZONES[1], 90, 7)
+    # From the notice (90 s ago) to its first step (30 s ago); lost: 107 reached, resumed from 100 (recovery_time).
+    assert (a["type"], a["old_zone"], a["new_zone"], a["recovery_seconds"], a["steps_lost"], a["resumed_from"]) == (
+        "recovered", ZONES[0], ZONES[1], 60.0, 7, 100)
+    assert d.status.steps_lost == 7 and d.details["recovery_seconds"] == 60.0 and d.cause == "recovered"
     assert (a["failures"], a["preemptions"], a["restarts"]) == (1, 2, 3) and not d.status.recovering
     assert decide(replace(obs("RUNNING", **st), status=d.status)).alert is None  # once
 

@@ -202,22 +202,16 @@ def test_the_live_view_keeps_the_last_step_during_a_recovery():
     assert "moved [from us-central1-a]" in console.file.getvalue()
 
 
-def test_notice_to_step_runs_from_each_notice_to_a_new_life_stepping_past_its_resume():
-    samples = [S(1, "j-1", "a", "training", 50, 40), S(2, "j-1", "a", "training", 60, 40),
-               # the notice at 2.5: the old life still reports, the new one restores step 60, then steps
-               S(3, "j-1", "a", "preempting", 61, 61), S(9, "j-2", "b", "training", 61, 61, resumed_from=61),
-               S(10, "j-2", "b", "training", 62, 61),
-               # a multi-node job's generation 2 after the notice at 20: every rank steps together
-               S(24, "m-1", "c", "training", 80, 70, generation=1), S(26, "m-1", "c", "training", 80, 80, resumed_from=80,
-                                                                     generation=2),
-               S(27, "m-2", "d", "training", 81, 80, resumed_from=80, generation=2)]
-    from sim.demo.summary import recoveries
-
-    got = recoveries(samples, [2.5, 20, 30])
-    assert [r["notice_to_step_seconds"] for r in got] == [7.5, 7, None]  # nothing stepped after the last
-    assert got[0] == {"notice_at": 2.5, "training_at": 10, "notice_to_step_seconds": 7.5}
-    assert summarize(RunRecord("j", 100, 40, "SUCCEEDED", 2, samples, [], notices=[2.5, 20, 30])
-                     )["notice_to_step_seconds"] == [7.5, 7, None]
+def test_the_summary_tells_each_recovery_as_its_recovered_event_recorded_it():
+    # The controller's figure (recovery_time.Recovery.fields), as the job's `recovered` events carry it: the summary
+    # takes it as it is, so that it is the number Slack, the events and the report show.
+    recovered = [{"recovery_seconds": 9.8, "notice_at": "2026-11-28T04:00:00+00:00", "steps_lost": 0,
+                  "stepping_at": "2026-11-28T04:00:09.800000+00:00", "furthest_step": 61, "resumed_from": 61,
+                  "cause": "preempted", "generation": 2, "node": "j-2"}]
+    out = summarize(RunRecord("j", 100, 40, "SUCCEEDED", 1, [], [], recovered=recovered))
+    assert out["recovery_seconds"] == [9.8]
+    assert out["recoveries"] == [{k: v for k, v in recovered[0].items() if k not in ("generation", "node")}]
+    assert summarize(RunRecord("j", 100, 40, "SUCCEEDED", 0, [], []))["recovery_seconds"] == []
 
 
 def test_a_node_in_its_notice_does_not_count_as_a_second_node_of_its_slot():

@@ -12,7 +12,7 @@ from sim_fixtures import sim_factory, sim_server  # noqa: F401
 
 ALERT = {"type": "recovered", "severity": "info", "job_id": "llama", "at": "2025-01-01T12:00:00+00:00",
          "message": "llama-4 is running in us-central1-b", "old_zone": "us-central1-a", "new_zone": "us-central1-b",
-         "downtime_seconds": 95, "steps_lost": 12, "restarts": 3, "attempt": 4, "cause": "preempted"}
+         "recovery_seconds": 95.2, "steps_lost": 12, "restarts": 3, "attempt": 4, "cause": "preempted"}
 
 
 @pytest.fixture

@@ -219,7 +219,9 @@ def settle(status: JobStatus, seen: list[MemberObs], passes: int = 8, **kw):
 
 def test_a_member_lost_and_replaced_is_one_recovered_alert_once_the_new_generation_trains():
     status, seen = running_job(GEN1, sent=1)
-    status = status.model_copy(update={"last_step": 61, "last_committed_step": 50})
+    # The last beats said step 58, committed 50: 8 steps at risk when the loss is seen, none once the notice's
+    # emergency save committed step 60 (a figure taken at the loss would say 8).
+    status = status.model_copy(update={"last_step": 58, "last_committed_step": 50})
     seen[2] = MemberObs()  # job-3 is gone; its replacement job-4 is created
     lost, sent = settle(status, seen, passes=1)
     assert lost.recovering and lost.preempted_at == NOW and lost.members[2].node == "job-4" and sent == []
@@ -234,11 +236,20 @@ def test_a_member_lost_and_replaced_is_one_recovered_alert_once_the_new_generati
     formed, sent = settle(replaced, waiting)
     assert formed.generation["members"] == ["job-1", "job-2", "job-4"] and formed.recovering and sent == []
     assert formed.steps_lost == 0  # the new generation resumes from the emergency step: nothing lost
-    trains = [MemberObs(RUNNING, beat(a, "training", generation=2, step=61), f"10.0.0.{a}") for a in (1, 2, 4)]
-    done, sent = settle(formed, trains)
+    # Every rank trains in generation 2, restored from step 60; two have stepped, the last not yet: no recovery.
+    def trains(last: int) -> list[MemberObs]:
+        return [MemberObs(RUNNING, beat(a, "training", generation=2, step=last if a == 4 else 61, committed_step=60,
+                                        started_at=NOW,
+                                        **({"first_step": 61, "first_step_at": NOW - timedelta(seconds=1)}
+                                           if a != 4 or last > 60 else {})), f"10.0.0.{a}") for a in (1, 2, 4)]
+    waiting_for_4, sent = settle(formed, trains(60))
+    assert sent == [] and waiting_for_4.recovering
+    done, sent = settle(waiting_for_4, trains(61))
     assert [a["type"] for a in sent] == ["recovered"] and not done.recovering
-    assert sent[0]["steps_lost"] == 0 and sent[0]["downtime_seconds"] == 0 and "all 3 nodes" in sent[0]["message"]
-    assert settle(done, trains)[1] == []  # told once
+    a = sent[0]
+    assert (a["steps_lost"], a["furthest_step"], a["resumed_from"], done.steps_lost) == (0, 60, 60, 0)
+    assert a["recovery_seconds"] == 0.0 and "all 3 nodes" in a["message"]  # the test's clock stands still
+    assert settle(done, trains(61))[1] == []  # told once
 
 
 def test_a_slot_refused_in_the_jobs_zone_is_not_the_job_waiting_for_capacity():

@@ -23,8 +23,8 @@ def at(s: float) -> datetime:
     return T0 + timedelta(seconds=s)
 
 
-def ev(s: float, frm, to, cause, **details) -> JobEvent:
-    return JobEvent(at=at(s), from_state=frm and State(frm), to_state=State(to), cause=cause, details=details)
+def ev(s: float, frm, to, why, **details) -> JobEvent:
+    return JobEvent(at=at(s), from_state=frm and State(frm), to_state=State(to), cause=why, details=details)
 
 
 def lost(node, started, first_step, first_at, step, committed, beat):
@@ -43,9 +43,12 @@ EVENTS = [
     ev(100, "RUNNING", "PROVISIONING", "preempted", node="j-1", attempt=1, zone="z-a", in_place=True,
        lost=lost("j-1", 31, 0, 41, 58, 50, 99)),
     ev(101, "PROVISIONING", "PREEMPTED", "zone_refused_capacity", node="j-1", zone="z-a", code="STOCKOUT"),
-    ev(102, "PREEMPTED", "PROVISIONING", "preempted", node="j-2", attempt=2, zone="z-b", provisioning="flex-start"),
+    ev(102, "PREEMPTED", "PROVISIONING", "replacement", node="j-2", attempt=2, zone="z-b", provisioning="flex-start"),
     ev(130, "PROVISIONING", "RUNNING", "node_running", node="j-2", attempt=2, zone="z-b"),
-    ev(190, "RUNNING", "RUNNING", "recovered", node="j-2", attempt=2, zone="z-b"),
+    # The recovery as the controller measured it (recovery_time): its notice at 100 s, j-2's first step at 190 s.
+    ev(192, "RUNNING", "RUNNING", "recovered", node="j-2", attempt=2, zone="z-b", recovery_seconds=90.0,
+       notice_at=at(100).isoformat(), stepping_at=at(190).isoformat(), steps_lost=8, furthest_step=58,
+       resumed_from=50, cause="preempted"),
     ev(300, "RUNNING", "SUCCEEDED", "trainer_succeeded", node="j-2", attempt=2, zone="z-b"),
 ]
 BEATS = {"j-2": Heartbeat(job_id="j", attempt=2, state="exited", step=100, committed_step=100, first_step=51,
@@ -58,7 +61,11 @@ def test_lives_recoveries_and_buckets_follow_the_events_and_the_heartbeats():
         ("j-1", "z-a", "spot", "preempted"), ("j-2", "z-b", "flex-start", "succeeded")]
     assert r.refused == 1  # the start in place that the zone refused made no run
     [rec] = r.recoveries
-    assert (rec.lost, rec.cause, rec.seconds) == ("j-1", "preempted", 90.0)
+    assert (rec.lost, rec.cause, rec.seconds, rec.steps_lost, rec.training_at) == ("j-1", "preempted", 90.0, 8, at(190))
+    # An older controller's `recovered` event, without the figure: from the loss to the event.
+    older = [e if e.cause != "recovered" else e.model_copy(update={"details": {"node": "j-2"}}) for e in EVENTS]
+    assert [(x.lost, x.seconds) for x in report.build("j", "SUCCEEDED", T0, at(300), older, BEATS).recoveries] == [
+        ("j-1", 92.0)]
     assert r.goodput == {
         # j-1 stepped 41..99 s over steps 0..58, kept 0..50; j-2 stepped 190..298 s, all kept.
         "productive_training": pytest.approx(58 * 50 / 58 + 108),
@@ -99,8 +106,9 @@ def test_the_cli_writes_the_page_and_its_figures_match_the_events(firestore_db, 
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout)
     assert (figures["lives"], figures["refused_creates"], figures["wall_seconds"]) == (2, 1, 300.0)
-    assert figures["recoveries"] == [{"node": "j-1", "cause": "preempted", "at": at(100).isoformat(),
-                                      "seconds": 90.0}]
+    # The recovery's figure as its `recovered` event carries it, in the report and in `jobs describe`.
+    recoveries = [{"node": "j-1", "cause": "preempted", "at": at(100).isoformat(), "seconds": 90.0, "steps_lost": 8}]
+    assert figures["recoveries"] == recoveries
     assert figures["buckets_seconds"]["infrastructure_recovery_from_disruption"] == 30.0
     html = page.read_text()
     assert 'data-node="j-1"' in html and 'data-node="j-2"' in html and "trainer_succeeded" in html
@@ -109,6 +117,7 @@ def test_the_cli_writes_the_page_and_its_figures_match_the_events(firestore_db, 
     assert described.returncode == 0, described.stderr
     goodput = yaml.safe_load(described.stdout)["goodput"]
     assert goodput["goodput"] == round(158 / 300, 4) and goodput["lives"] == 2
+    assert goodput["recoveries"] == recoveries
     missing = subprocess.run([sys.executable, "-m", "respawn", "jobs", "report", "nope", "--project", project],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no job 'nope'" in missing.stderr

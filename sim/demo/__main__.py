@@ -25,7 +25,7 @@ from sim.emulators import EmulatorError
 PROJECT_ID = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")  # Google Cloud's rule for a project ID
 SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "total_steps", "restarts", "zones",
                 "provisioning", "lost_steps",
-                "max_live_nodes", "notice_to_step_seconds", "wall_seconds", "goodput", "cost", "timeline", "logs")
+                "max_live_nodes", "recovery_seconds", "wall_seconds", "goodput", "cost", "timeline", "logs")
 
 
 def demo(

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from respawn import codestore, contract, deployment, report, schema
+from respawn.control import recovery_time
 from respawn.timeline import Mark, NodeSpan, Timeline, render_html
 from respawn.workdir import WorkdirError, human_bytes, pack
 from sim import emulators, netns, node_image
@@ -593,7 +594,7 @@ class DemoRun:
             self.total_steps = sc.trainer.steps
         self._drain_alerts(job_id, status.state)
         transitions += self._new_events(job_ref, seen_events, progress, marks, wall)
-        result = self._finish(job_id, status, samples, marks, sim_t0, wall)
+        result = self._finish(job_id, status, samples, marks, sim_t0, wall, transitions)
         result["transitions"] = transitions
         result["message"] = status.message  # the job's last status message: why it ended as it did
         result["partitions"] = self.partitions
@@ -692,7 +693,8 @@ class DemoRun:
                 continue
             seen.add(ev.id)
             e = ev.to_dict()
-            line = f"{e.get('from_state') or '-'} → {e.get('to_state')}: {e.get('cause')}"
+            told = recovery_time.line(e.get("details") or {}) if e.get("cause") == "recovered" else e.get("cause")
+            line = f"{e.get('from_state') or '-'} → {e.get('to_state')}: {told}"
             progress.events.append(line)
             self.say(f"event: {line}")
             if e.get("to_state") == "PROVISIONING" and e.get("from_state") in ("PREEMPTED", "RUNNING"):
@@ -715,7 +717,7 @@ class DemoRun:
                 return
             time.sleep(0.2)
 
-    def _finish(self, job_id, status, samples, marks, sim_t0, wall) -> dict[str, Any]:
+    def _finish(self, job_id, status, samples, marks, sim_t0, wall, transitions) -> dict[str, Any]:
         history = [h for h in self.sim.history() if (h.get("labels") or {}).get("respawn-job") == job_id]
         hosts = workers_seen(samples)
         lifetimes, spans = [], []
@@ -729,10 +731,10 @@ class DemoRun:
                 spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running",
                                       workers=len(hosts.get(h["name"]) or [0])))
         alerts = [p.get("text", "") for p in self.slack.payloads]
-        notices = sorted({m.t for m in marks if m.kind == "notice"})  # one moment may hit several nodes
+        recovered = [e["details"] for e in transitions if e["cause"] == "recovered"]
         rec = RunRecord(job_id=job_id, total_steps=self.total_steps, wall_seconds=wall, state=status.state.value,
-                        restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts, notices=notices,
-                        noticed=self.noticed)
+                        restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts,
+                        noticed=self.noticed, recovered=recovered)
         result = summarize(rec)
         # TPU queued resources (issue #26 item 2): the most requests serving at once (one in its node's notice no
         # longer counts, as for nodes) and those left at the end.
@@ -741,10 +743,10 @@ class DemoRun:
                  for start, end in h["live"]]
         result.update(max_queued_resources=max_live(serving(asked, self.noticed), wall),
                       queued_resources_left=len(self.sim.queued_resources(job_id)))
-        for r in recoveries(samples, notices):
-            if r["training_at"] is not None:
-                marks.append(Mark(r["training_at"], "training again",
-                                  f"{r['notice_to_step_seconds']:g} s after the notice at {r['notice_at']:g} s"))
+        for r in recoveries(recovered):  # the controller's figure, on the run's clock
+            notice, back = (datetime.fromisoformat(r[k]).timestamp() - self._wall_t0 for k in ("notice_at", "stepping_at"))
+            marks.append(Mark(back, "training again", f"{recovery_time.text(r['recovery_seconds'])} after the notice "
+                                                      f"at {notice:.1f} s (recovery time)"))
         ordered = lives(samples)
         for prev, nxt in zip(ordered, ordered[1:]):
             downtime = (prev.last_t, nxt.first_t)

@@ -55,8 +55,10 @@ class RunRecord:
     samples: list[HeartbeatSample] = field(default_factory=list)
     lifetimes: list[Lifetime] = field(default_factory=list)
     alerts: list[str] = field(default_factory=list)
-    notices: list[float] = field(default_factory=list)  # when each loss was injected (seconds since registration)
     noticed: dict[str, float] = field(default_factory=dict)  # node → when its loss was injected
+    # Each recovery as the controller measured and recorded it: the details of the job's `recovered` events
+    # (respawn.control.recovery_time), the same figure as Slack's, the events' and the report's.
+    recovered: list[dict] = field(default_factory=list)
 
 
 def lives(samples: list[HeartbeatSample]) -> list[Life]:
@@ -83,33 +85,11 @@ def lives(samples: list[HeartbeatSample]) -> list[Life]:
     return sorted(by_key.values(), key=lambda life: life.first_t)
 
 
-def _life_key(s: HeartbeatSample) -> tuple[str, str]:
-    return ("generation", str(s.generation)) if s.generation is not None else (s.node, s.life)
-
-
-def recoveries(samples: list[HeartbeatSample], notices: list[float]) -> list[dict]:
-    """What a user pays for at each loss: from its notice to the moment the job steps again, i.e. the first heartbeat
-    of a trainer life begun after the notice (a replacement, a restart in place, a new generation: its ranks step
-    together) whose step is past the one it resumed from. None while the job never stepped again before the next
-    notice. The heartbeat period bounds the resolution."""
-    firsts: dict[tuple[str, str], tuple[float, int, int | None]] = {}
-    stepping = sorted((s for s in samples if s.step is not None and s.worker == 0), key=lambda s: s.t)
-    for s in stepping:
-        t, step, resumed = firsts.get(_life_key(s), (s.t, s.step, None))
-        firsts[_life_key(s)] = (t, min(step, s.step), resumed if resumed is not None else s.resumed_from)
-    out = []
-    ordered = sorted(notices)
-    for i, at in enumerate(ordered):
-        until = ordered[i + 1] if i + 1 < len(ordered) else float("inf")
-        back = None
-        for s in stepping:
-            began, first_step, resumed = firsts[_life_key(s)]
-            if at < began and at < s.t < until and s.step > (resumed if resumed is not None else first_step):
-                back = s.t
-                break
-        out.append({"notice_at": round(at, 2), "training_at": None if back is None else round(back, 2),
-                    "notice_to_step_seconds": None if back is None else round(back - at, 2)})
-    return out
+def recoveries(recovered: list[dict]) -> list[dict]:
+    """Each recovery as the job's `recovered` event says (recovery_time.Recovery.fields): its cause, its time from
+    the notice until every rank steps again, and the steps it lost. One that never completed has no event."""
+    keys = ("cause", "recovery_seconds", "steps_lost", "furthest_step", "resumed_from", "notice_at", "stepping_at")
+    return [{k: d.get(k) for k in keys} for d in recovered]
 
 
 def progress_series(samples: list[HeartbeatSample]) -> list[list[tuple[float, int]]]:
@@ -221,5 +201,6 @@ def summarize(rec: RunRecord) -> dict:
         "wall_seconds": round(rec.wall_seconds, 2),
         "goodput": round(goodput(ordered, final_step, rec.wall_seconds), 4),
         "workers": workers_seen(rec.samples),
-        "notice_to_step_seconds": [r["notice_to_step_seconds"] for r in recoveries(rec.samples, rec.notices)],
+        "recovery_seconds": [r["recovery_seconds"] for r in recoveries(rec.recovered)],
+        "recoveries": recoveries(rec.recovered),
     }

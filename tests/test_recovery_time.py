@@ -1,0 +1,89 @@
+"""respawn.control.recovery_time: one recovery figure (notice → every rank stepping again; steps lost = the furthest
+step before the resume minus the step the resumed run restored) and one vocabulary of loss causes. Pure."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from respawn.control import alerts, recovery_time
+from respawn.control.decide import slice_heartbeat
+from respawn.schema import Heartbeat, NodeState
+
+NOTICE = datetime(2026, 11, 28, 4, 0, tzinfo=timezone.utc)
+
+
+def at(s: float) -> datetime:
+    return NOTICE + timedelta(seconds=s)
+
+
+def rank(first_at: float | None, step: int, committed: int | None, first: int | None = None, worker: int = 0,
+         started: float = 5, beat: float = 40) -> Heartbeat:
+    """A rank of the resumed run: its trainer started `started` s after the notice, restored `committed`."""
+    stepped = first_at is not None
+    return Heartbeat(job_id="j", attempt=2, worker=worker, state=NodeState.TRAINING, step=step, committed_step=committed,
+                     started_at=at(started), first_step=(first if first is not None else (committed or 0) + 1)
+                     if stepped else None, first_step_at=at(first_at) if stepped else None, heartbeat_at=at(beat))
+
+
+@pytest.mark.parametrize("case,furthest,ranks,seconds,lost,resumed", [
+    # One node: preempted at step 107 (the last beat seen), its emergency save committed 110; the replacement
+    # restored 110 and first stepped 31.5 s after the notice. Nothing lost: the figure is taken after the commit.
+    ("single node, emergency save", 107, [rank(31.5, 113, 110)], 31.5, 0, 110),
+    # No emergency save (the notice came too late): the replacement restored the periodic step 100.
+    ("single node, periodic checkpoint", 107, [rank(31.5, 113, 100)], 31.5, 7, 100),
+    # A TPU slice of 2 workers: its heartbeat is its workers' (decide.slice_heartbeat), stepping once the last has.
+    ("TPU slice, 2 workers", 60, [slice_heartbeat([rank(20, 62, 60), rank(24.26, 61, 60, worker=1)])], 24.3, 0, 60),
+    # A multi-node job: every member of the new generation, the last member's first step is the job's.
+    ("multi-node, 3 members", 58, [rank(12, 62, 60), rank(13, 61, 60), rank(19.96, 61, 60)], 20.0, 0, 60),
+    # An elastic job that lost a member and trains on fewer: the survivors restored the periodic step 40.
+    ("elastic member loss", 47, [rank(8, 44, 40), rank(9, 42, 40)], 9.0, 7, 40),
+    # No notice (a hard kill): the controller's detection starts the clock; a restore seen before its first step
+    # (first step caught at the restored step) counts from the beat that shows it past.
+    ("no notice (hard kill)", 90, [rank(3, 95, 90, first=90, beat=33)], 33.0, 0, 90),
+])
+def test_a_recovery_from_its_notice_to_every_rank_stepping(case, furthest, ranks, seconds, lost, resumed):
+    r = recovery_time.measure("preempted", NOTICE, furthest, ranks)
+    assert r is not None, case
+    assert (r.seconds, r.steps_lost, r.resumed_from) == (seconds, lost, resumed), case
+    # What the alert and the event carry reads back as the same recovery, and is told as one line everywhere.
+    assert recovery_time.read(r.fields()) == r
+    assert recovery_time.line(r.fields()).startswith(f"recovered in {seconds:.1f} s (notice → every rank stepping), "
+                                                     f"{lost} steps lost")
+
+
+def test_no_recovery_until_every_rank_has_stepped():
+    assert recovery_time.measure("preempted", NOTICE, 58, [rank(12, 62, 60), rank(None, 60, 60)]) is None
+    assert recovery_time.measure("preempted", NOTICE, 58, [slice_heartbeat([rank(20, 62, 60),
+                                                                            rank(None, 60, 60, worker=1)])]) is None
+    assert recovery_time.measure("preempted", NOTICE, 58, [rank(3, 60, 60, first=60)]) is None  # restored, no step
+    assert recovery_time.measure("preempted", None, 58, [rank(12, 62, 60)]) is None
+    assert recovery_time.read({"recovery_seconds": 5}) is None  # an older event: no figure to read back
+
+
+def test_only_a_run_begun_after_the_notice_is_the_resumed_one():
+    assert recovery_time.resumed_run(rank(12, 62, 60, started=5), True, NOTICE)
+    assert not recovery_time.resumed_run(rank(12, 62, 60, started=-5), True, NOTICE)  # a survivor's own run
+    assert not recovery_time.resumed_run(rank(12, 62, 60, started=5), False, NOTICE)
+
+
+@pytest.mark.parametrize("signal,noticed,cause", [
+    # The platform taking a node, however Respawn heard of it: the audit log, a poll's state, the agent's notice.
+    ("preempted", False, "preempted"), ("node_terminated", False, "preempted"), ("tpu_terminated", False, "preempted"),
+    ("node_stopping", False, "preempted"), ("node_gone", False, "preempted"), ("host_error", False, "preempted"),
+    ("stale_heartbeat", True, "preempted"), ("trainer_crashed", True, "preempted"),
+    # The job's own faults, a planned stop and a failed request keep their names.
+    ("stale_heartbeat", False, "stale_heartbeat"), ("trainer_crashed", False, "trainer_crashed"),
+    ("no_heartbeat", False, "no_heartbeat"), ("run_ended", False, "run_ended"),
+    ("queued_resource_failed", False, "queued_resource_failed"),
+])
+def test_the_same_fault_gives_the_same_cause(signal, noticed, cause):
+    assert recovery_time.loss_cause(signal, noticed) == cause
+
+
+def test_slack_shows_the_figure_itself():
+    r = recovery_time.measure("preempted", NOTICE, 107, [rank(31.46, 113, 100)])
+    assert r is not None
+    text = alerts.to_slack(alerts.make("recovered", "j", at(40), "training again", **r.fields()))["text"]
+    assert "recovery time: 31.5 s" in text and "steps lost: 7" in text and "cause: preempted" in text
