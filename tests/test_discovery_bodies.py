@@ -88,19 +88,28 @@ ROUTE_METHODS = {
 # Routes with no Google counterpart: the sim's own control surface (sim/README.md), which tests and the demo call.
 CONTROL_PREFIX = "/sim/"
 
-# Every product file that names a Google API endpoint or path (FOUND below) → the driver here that sends its calls.
+# Every product file that talks to a Google API by hand (FOUND: it names an endpoint, or sends through the CLI's
+# Compute reader, the controller's JSON-API session or the agent's HTTP helper) → the drive here that sends its calls.
 HAND_CALLERS = {
     "respawn/compute_read.py": "drive_cli", "respawn/catalogcheck.py": "drive_cli",
+    "respawn/firewallcheck.py": "drive_cli", "respawn/imagecheck.py": "drive_cli", "respawn/quotacheck.py": "drive_cli",
+    "respawn/zonereport.py": "drive_cli",
     "functions/adapters/managed_folders.py": "drive_controller_rest",
     "functions/adapters/monitoring.py": "drive_controller_rest",
     "functions/adapters/prices.py": "drive_controller_rest",
+    "functions/adapters/logstore.py": "test_agent_and_trainer_requests",
     "node_agent/cloudlog.py": "drive_agent_logs", "node_agent/firestore_rest.py": "test_agent_and_trainer_requests",
     "node_agent/nudge.py": "test_agent_and_trainer_requests",
     "node_agent/storage.py": "test_agent_and_trainer_requests",
     "trainer/storage.py": "test_agent_and_trainer_requests", "deploy/vm/startup.sh": "test_agent_and_trainer_requests",
 }
-NOT_CALLERS = {"functions/settings.py": "names the adapters' default endpoints in comments only"}
-FOUND = re.compile(r"https://[a-z0-9-]+\.googleapis\.com(?!/auth)|/storage/v1/")
+NOT_CALLERS = {
+    "functions/settings.py": "names the adapters' default endpoints in comments only",
+    "respawn/cli.py": "hands the Compute reader to respawn.zonereport, which makes the calls",
+    "node_agent/metadata.py": "the metadata server, which has no discovery document",
+}
+FOUND = re.compile(r"https://[a-z0-9-]+\.googleapis\.com(?!/auth)|/storage/v1/|compute_read import|StorageJsonApi"
+                   r"|adapters\.jsonapi import|import _http")
 
 
 # --- the calls through sim/ -------------------------------------------------------------------------------------
@@ -420,14 +429,31 @@ def test_agent_and_trainer_requests(tmp_path):
                     "storage.objects.list", "storage.objects.delete"}, used
 
 
+def test_the_files_the_build_hands_gcloud_are_their_methods_bodies():
+    # `gcloud iam roles create|update --file` sends the file as the Role (create wraps it with its roleId);
+    # `gcloud monitoring dashboards create|update --config-from-file` sends the file as the Dashboard.
+    from deploy import iam
+
+    problems = []
+    for role in iam.roles():
+        create = {"roleId": role.id, "role": role.definition()}
+        problems += discovery.check_request(discovery.method("iam.projects.roles.create"), create)
+        problems += discovery.check_request(discovery.method("iam.projects.roles.patch"), role.definition())
+    dashboard = json.loads((ROOT / "deploy/monitoring/goodput-dashboard.json").read_text())
+    for method_id in ("monitoring.projects.dashboards.create", "monitoring.projects.dashboards.patch"):
+        problems += discovery.check_request(discovery.method(method_id), dashboard)
+    assert not problems, "\n".join(problems)
+
+
 def test_every_product_file_that_calls_a_google_api_is_driven_here():
     found = sorted(str(p.relative_to(ROOT)) for top in ("respawn", "functions", "node_agent", "trainer", "deploy")
                    for p in (ROOT / top).rglob("*") if p.suffix in (".py", ".sh") and FOUND.search(p.read_text()))
     unchecked = [f for f in found if f not in HAND_CALLERS and f not in NOT_CALLERS]
     assert not unchecked, (f"{unchecked} name a Google API endpoint but no drive here sends their calls: add one to "
                            "this test and the file to HAND_CALLERS")
-    stale = set(HAND_CALLERS) - set(found)
-    assert not stale, f"HAND_CALLERS names files that call no Google API any more: {sorted(stale)}"
+    stale = (set(HAND_CALLERS) | set(NOT_CALLERS)) - set(found)
+    assert not stale, f"HAND_CALLERS or NOT_CALLERS name files that call no Google API any more: {sorted(stale)}"
+    assert set(HAND_CALLERS.values()) <= set(globals()), "a HAND_CALLERS drive that does not exist"
 
 
 # --- the checker itself -------------------------------------------------------------------------------------------
@@ -485,4 +511,4 @@ def test_the_vendored_documents_are_the_revisions_the_audit_read():
     assert {name: api.revision for name, api in discovery.apis().items()} == {
         "compute.v1": "20261106", "tpu.v2": "20261001", "storage.v1": "20261009", "logging.v2": "20260911",
         "cloudbilling.v1": "20260901", "monitoring.v3": "20260129", "pubsub.v1": "20261027",
-        "firestore.v1": "20260928"}
+        "firestore.v1": "20260928", "iam.v1": "20261023", "monitoring.v1": "20260903"}

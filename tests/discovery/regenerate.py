@@ -48,6 +48,10 @@ METHODS = {
     "monitoring.v3": ["monitoring.projects.timeSeries.create"],
     "pubsub.v1": ["pubsub.projects.topics.publish"],
     "firestore.v1": ["firestore.projects.databases.documents.commit", "firestore.projects.databases.documents.get"],
+    # What the build hands gcloud as files: the custom roles (`gcloud iam roles create|update --file`) and the
+    # goodput dashboard (`gcloud monitoring dashboards create|update --config-from-file`).
+    "iam.v1": ["iam.projects.roles.create", "iam.projects.roles.patch"],
+    "monitoring.v1": ["monitoring.projects.dashboards.create", "monitoring.projects.dashboards.patch"],
 }
 TOP_LEVEL = ("kind", "id", "name", "version", "revision", "title", "rootUrl", "servicePath", "basePath", "parameters")
 
