@@ -188,8 +188,14 @@ def drive_tpu(sim: SimServer, made: factory.Clients) -> None:
     assert queued.list_labelled(ZONE)
     sim.preempt(ZONE, "slice-0")  # the request SUSPENDED
     sim.wait_for(lambda: queued.get(ZONE, "slice-0") == "queued:SUSPENDED", 20, "the request SUSPENDED")
+    sim.set_capacity(ZONE, "v4-16", 0)  # a request whose wait ends FAILED (its minute lasts 0.6 s)
+    sim.run_duration_scale = 0.01
+    assert queued.create(parse_spec(tpu_spec("slice", accelerator={
+        "kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base",
+        "queue_wait_minutes": 1})), ZONE, "slice-2", 1, "spot", SCRIPT)
+    sim.wait_for(lambda: queued.get(ZONE, "slice-2") == "queued:FAILED", 20, "the request FAILED")
     queued.list_labelled(ZONE)
-    for i in range(2):
+    for i in range(3):
         queued.delete(ZONE, f"slice-{i}")
 
 
