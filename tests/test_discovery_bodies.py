@@ -6,10 +6,11 @@ does not take.
 The product's own code makes the calls: the Compute and TPU providers through the client libraries, the CLI's
 Compute reads, the controller's JSON-API adapters (managed folders, Cloud Monitoring, the Billing Catalog, log
 retention) and the node agent's hand-written REST (Cloud Logging, Firestore, Pub/Sub, Cloud Storage), the
-trainer's ranged reads and the startup script's download. What goes to sim/ passes a recording proxy; what goes to
-an emulator in local runs goes here to a stand-in that records it and answers as the API does. The coverage rules:
-every sim route maps to a discovery method (or is the sim's own control API), every mapped route is served here,
-every request lands on a method, and every product file that names a Google API endpoint is driven here.
+trainer's ranged reads and the startup script's download; the build's role and dashboard files are checked as the
+bodies gcloud sends. What goes to sim/ passes a recording proxy; what goes to an emulator in local runs goes here to
+a stand-in that records it and answers as the API does. The coverage rules: every sim route maps to a discovery
+method (or is the sim's own control API), every mapped route is served here, every request lands on a method, and
+every product file that talks to a Google API by hand is driven here (HAND_CALLERS).
 """
 
 from __future__ import annotations
