@@ -115,8 +115,10 @@ def summary(s: JobStatus, now: datetime, cap: float | None = None) -> dict[str, 
     """The cost so far as `respawn jobs describe` and the demo show it: against the same lives on demand, which
     prices were used (or why a life is unpriced), and the budget's share."""
     usd, on_demand = spent(s, now)
-    out: dict[str, Any] = {"so_far_usd": round(usd, 4), "on_demand_usd": round(on_demand, 4),
-                           "prices": s.cost.note or "none yet (no node has run)"}
+    ran = s.cost.closed_usd > 0 or any(m.running_at is not None or m.billing is not None for m in s.members)
+    prices = s.cost.note or ("no prices" if s.cost.unpriced else "not priced yet" if ran else
+                             "none yet (no node has run)")
+    out: dict[str, Any] = {"so_far_usd": round(usd, 4), "on_demand_usd": round(on_demand, 4), "prices": prices}
     if s.cost.unpriced:
         out["unpriced"] = s.cost.unpriced
     if cap is not None:

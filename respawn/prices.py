@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from respawn.catalog import load
+
 # Services of the Cloud Billing Catalog (gcp-facts §24): Compute Engine's SKUs hold the VMs, the GPUs, the disks and
 # the newer TPUs (v5e, v5p, v6e); Cloud TPU's the older TPUs (v2-v4).
 COMPUTE_SERVICE = "6F81-5844-456A"
@@ -64,13 +66,30 @@ class Book:
     as_of: str  # the catalog's fetch date, or the offline table's
     rates: Mapping[str, float] = field(default_factory=dict)
     filled: tuple[str, ...] = ()  # keys of a catalog book taken from the offline table (with_offline)
+    borrowed: tuple[str, ...] = ()  # keys the offline table has for `like`, not this region (offline())
+    like: str | None = None  # the nearest region the offline table lists, whose prices fill this one's in
 
     @property
     def note(self) -> str:
-        """Which prices a figure was computed with, as every priced figure says."""
+        """Which prices the book's figures are, as every priced figure says (`note_for`: of the units one used)."""
+        return self.note_for(self.rates)
+
+    def note_for(self, keys: Iterable[str]) -> str:
+        """Which prices a figure computed with `keys` was computed with: the book's, and those of its units taken
+        from the offline table or, where the table lists no price for the region, from its nearest listed region."""
+        keys = set(keys)
         what = "Cloud Billing Catalog" if self.source == "catalog" else "offline table"
-        filled = f"; {', '.join(self.filled)} from the offline table of {OFFLINE_DATE}" if self.filled else ""
-        return f"{what} of {self.as_of} ({self.region}{filled})"
+        borrowed = sorted(keys & set(self.borrowed))
+        filled = sorted(keys & set(self.filled) - set(borrowed))
+        parts = [f"{', '.join(filled)} from the offline table of {OFFLINE_DATE}"] if filled else []
+        nearest = f"{self.like}'s, the nearest region the table lists"
+        if borrowed and self.source == "offline" and not keys - set(borrowed):
+            return f"{what} of {self.as_of} ({self.region} priced as {nearest})"
+        if borrowed:
+            table = "" if self.source == "offline" else f" from the offline table of {OFFLINE_DATE}"
+            units = ", ".join(borrowed) if len(borrowed) <= 4 else "the other units"
+            parts.append(f"{units}{table} as {nearest}")
+        return f"{what} of {self.as_of} ({'; '.join([self.region, *parts])})"
 
 
 @dataclass(frozen=True)
@@ -114,7 +133,10 @@ def quote(accelerator: Any, book: Book) -> Quote:
     books = {model: with_offline(book, missing(shape, model, book)) for model in TIER}
     rates = {model: rate(shape, model, books[model]) for model in TIER}
     lacking = sorted({key for model in TIER for key in missing(shape, model, books[model])})
-    return Quote(rates, f"the {book.note} has no price for {', '.join(lacking)}" if lacking else None)
+    where = ("the offline table of {d} has none" if book.source == "offline" else
+             f"neither the Cloud Billing Catalog of {book.as_of} nor the offline table of {{d}} has one")
+    return Quote(rates, f"no price for {', '.join(lacking)} in {book.region}: {where.format(d=OFFLINE_DATE)}"
+                 if lacking else None)
 
 
 def usd(amount: float) -> str:
@@ -147,7 +169,18 @@ def shape_of(accelerator: Any) -> Shape | None:
                  accelerator.accelerator_count if gpu else 0, disk_gb=disk)
 
 
+def _keys(shape: Shape, tier: str) -> list[str]:
+    return [key for key, _ in _parts(shape, tier)]
+
+
 def _hourly(shape: Shape, tier: str, book: Book) -> tuple[float, list[str]]:
+    parts = _parts(shape, tier)
+    missing = [key for key, _ in parts if key not in book.rates]
+    return sum(book.rates.get(key, 0.0) * n for key, n in parts), missing
+
+
+def _parts(shape: Shape, tier: str) -> list[tuple[str, float]]:
+    """The units a node of `shape` is billed for at `tier`, and how many of each."""
     parts: list[tuple[str, float]] = []
     if shape.series:
         parts += [(f"cpu:{shape.series}:{tier}", shape.vcpus), (f"ram:{shape.series}:{tier}", shape.memory_gib)]
@@ -157,8 +190,7 @@ def _hourly(shape: Shape, tier: str, book: Book) -> tuple[float, list[str]]:
         parts.append((f"tpu:{shape.tpu}:{tier}", shape.chips))
     if shape.disk_gb:
         parts.append((f"disk:{BOOT_DISK}", shape.disk_gb / HOURS_PER_MONTH))
-    missing = [key for key, _ in parts if key not in book.rates]
-    return sum(book.rates.get(key, 0.0) * n for key, n in parts), missing
+    return parts
 
 
 def rate(shape: Shape, model: str, book: Book) -> Rate | None:
@@ -167,7 +199,7 @@ def rate(shape: Shape, model: str, book: Book) -> Rate | None:
     on_demand, missing_od = _hourly(shape, "standard", book)
     if missing or missing_od:
         return None
-    return Rate(round(own, 6), round(on_demand, 6), book.note)
+    return Rate(round(own, 6), round(on_demand, 6), book.note_for(_keys(shape, TIER[model]) + _keys(shape, "standard")))
 
 
 def missing(shape: Shape, model: str, book: Book) -> list[str]:
@@ -249,12 +281,14 @@ def from_catalog(skus: Iterable[Mapping[str, Any]], region: str, as_of: str) -> 
 
 
 # ---- the offline table ------------------------------------------------------------------------------------------
-# What a job is priced with when the catalog cannot be had: list prices in USD for us-central1, as compiled on
-# OFFLINE_DATE. Each figure: (price, where it is from, verified). "verified" means the figure was read on that page
+# What a job is priced with when the catalog cannot be had: list prices in USD, as compiled on OFFLINE_DATE: every
+# unit for us-central1 (a full region, FULL_REGIONS), and the units known for other regions (the TPUs'). A region of
+# the catalog's zones (respawn/catalog.py) takes the units it lacks from its nearest full region, and every figure
+# priced so says which (Book.note_for). Each figure: (price, where it is from, verified). "verified" means the figure was read on that page
 # or in that dated table (gcp-facts §24 says what each is); the others are the list prices as last known to the
 # author: treat them as estimates. Spot prices change as often as daily (https://cloud.google.com/spot-vms/pricing),
 # so even a verified Spot figure is only its table's day's.
-OFFLINE_DATE = "2026-11-26"
+OFFLINE_DATE = "2026-11-28"
 _VM = "https://cloud.google.com/compute/vm-instance-pricing"
 _SPOT = "https://cloud.google.com/spot-vms/pricing"
 _GPU = "https://cloud.google.com/compute/gpus-pricing"
@@ -272,6 +306,20 @@ _AUTOSCALER = ("https://github.com/kubernetes/autoscaler/blob/5a172bc2e4d3518747
 # SkyPilot's GCP catalog (accelerator and TPU prices by region; undated, its L4 Spot figure is the 2025-2026 one).
 _SKYPILOT = ("https://github.com/skypilot-org/skypilot-catalog/blob/017e2502fb63c7a28757acd94002b2d6099d3e3d/"
              "catalogs/v7/gcp/vms.csv")
+
+
+def _skypilot_tpus(v6e: tuple[float, float] | None = None,
+                   v5p: tuple[float, float] | None = None) -> dict[str, tuple[float, str, bool]]:
+    """A region's TPU chip-hours from SkyPilot's rows: v6e from tpu-v6e-1 (one chip; on demand, Spot), v5p from
+    tpu-v5p-12160 (6080 chips: 12160 TensorCores, two a chip)."""
+    out: dict[str, tuple[float, str, bool]] = {}
+    for version, row, chips in (("v6e", v6e, 1), ("v5p", v5p, 6080)):
+        if row is not None:
+            out[f"tpu:{version}:standard"] = (round(row[0] / chips, 6), _SKYPILOT, True)
+            out[f"tpu:{version}:spot"] = (round(row[1] / chips, 6), _SKYPILOT, True)
+    return out
+
+
 OFFLINE_SOURCES: dict[str, dict[str, tuple[float, str, bool]]] = {
     "us-central1": {
         "cpu:n1:standard": (0.031611, _AUTOSCALER, True), "ram:n1:standard": (0.004237, _AUTOSCALER, True),
@@ -294,17 +342,46 @@ OFFLINE_SOURCES: dict[str, dict[str, tuple[float, str, bool]]] = {
         "gpu:nvidia-h100-80gb:spot": (2.950000, _SPOT, False),
         "tpu:v5litepod:standard": (1.200000, _SKYPILOT, True), "tpu:v5litepod:spot": (0.212980, _SKYPILOT, True),
         "tpu:v4:standard": (3.220000, _TPU, False), "tpu:v4:spot": (0.966000, _TPU, False),
+        **_skypilot_tpus(v6e=(2.7, 0.64833), v5p=(25536.0, 10214.4)),
         "disk:pd-balanced": (0.100000, _TABLE_2026_07, True),
     },
+    # Other regions' TPU chip-hours, from the same SkyPilot catalog's rows (tpu-v6e-1, tpu-v5p-12160).
+    **{region: _skypilot_tpus(**tpus) for region, tpus in {
+        "us-east1": dict(v6e=(2.7, 0.64833), v5p=(25536.0, 10214.4)),
+        "us-east4": dict(v6e=(2.7, 0.85833)),
+        "us-east5": dict(v6e=(2.7, 1.08), v5p=(25536.0, 9485.3472)),
+        "us-south1": dict(v6e=(2.7, 1.89), v5p=(29056.32, 14564.032)),
+        "us-west1": dict(v6e=(2.7, 0.64833)),
+        "europe-west1": dict(v5p=(27113.4864, 10845.39456)),
+        "europe-west4": dict(v6e=(2.97, 0.71316), v5p=(25855.2, 8198.8192)),
+        "asia-northeast1": dict(v6e=(3.24, 1.07681)),
+        "asia-south1": dict(v6e=(3.24, 2.27)),
+        "asia-southeast1": dict(v6e=(2.97, 0.72958)),
+    }.items()},
 }
+# The regions the offline table prices every unit of; any other takes the units it lacks from the nearest of these.
+FULL_REGIONS = ("us-central1",)
+
+
+def nearest_full(region: str) -> str:
+    """The full region of the offline table nearest `region`: one of its own geography (us, europe, asia, ...) if
+    the table has one, else the first."""
+    return next((r for r in FULL_REGIONS if r.split("-")[0] == region.split("-")[0]), FULL_REGIONS[0])
 
 
 def offline(region: str) -> Book | None:
-    """The offline table's book for `region`, or None where the table has none."""
-    figures = OFFLINE_SOURCES.get(region)
-    if figures is None:
+    """The offline table's book for `region` (a region of the catalog's zones, or one the table lists): its own
+    figures, the units it lacks from its nearest full region (`borrowed`, `like`); None for a region neither knows."""
+    own = {k: v[0] for k, v in OFFLINE_SOURCES.get(region, {}).items()}
+    if not own and region not in load().data["regions"] and region not in {
+            z.rsplit("-", 1)[0] for z in load().data.get("tpu_only_zones", {})}:
         return None
-    return Book(region, "offline", OFFLINE_DATE, {k: v[0] for k, v in figures.items()})
+    if region in FULL_REGIONS:
+        return Book(region, "offline", OFFLINE_DATE, own)
+    like = nearest_full(region)
+    base = {k: v[0] for k, v in OFFLINE_SOURCES[like].items()}
+    return Book(region, "offline", OFFLINE_DATE, {**base, **own}, borrowed=tuple(sorted(set(base) - set(own))),
+                like=like)
 
 
 def with_offline(book: Book, keys: Iterable[str]) -> Book:
@@ -318,7 +395,7 @@ def with_offline(book: Book, keys: Iterable[str]) -> Book:
     if not filled:
         return book
     return Book(book.region, book.source, book.as_of, {**book.rates, **{k: table.rates[k] for k in filled}},
-                book.filled + filled)
+                book.filled + filled, book.borrowed + tuple(k for k in filled if k in table.borrowed), table.like)
 
 
 def catalog_skus(book_rates: Mapping[str, float], region: str) -> list[dict[str, Any]]:

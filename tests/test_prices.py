@@ -35,8 +35,11 @@ def test_g2_standard_8_is_its_vcpus_memory_l4_and_disk():
     # flex-start is priced on demand (an upper bound); a unit neither the catalog nor the offline table has leaves
     # the node unpriced, and says which.
     assert prices.rate(prices.shape_of(G2), "flex-start", book).usd_per_hour == r.on_demand_usd_per_hour
-    q = prices.quote(G2, prices.Book("europe-west4", "catalog", "2026-11-26", {"cpu:g2:spot": 0.01}))
-    assert q.rates["spot"] is None and "gpu:nvidia-l4:spot" in q.why
+    a100_80 = GpuAccelerator(kind="gpu", machine_type="a2-ultragpu-1g")
+    q = prices.quote(a100_80, prices.Book("europe-west4", "catalog", "2026-11-26", {"cpu:a2:spot": 0.01}))
+    assert q.rates["spot"] is None and q.why == (
+        "no price for gpu:nvidia-a100-80gb:spot, gpu:nvidia-a100-80gb:standard in europe-west4: neither the Cloud "
+        f"Billing Catalog of 2026-11-26 nor the offline table of {prices.OFFLINE_DATE} has one")
 
 
 def test_a_unit_the_catalog_lacks_comes_from_the_offline_table_and_the_note_says_which():
@@ -115,7 +118,10 @@ def test_the_adapter_reads_every_page_caches_a_day_and_falls_back(sim_server, fi
     assert stale.source == "catalog" and stale.rates["gpu:nvidia-l4:spot"] == pytest.approx(0.4)
     # ...and with nothing cached, the dated offline table.
     fallback = broken.book("europe-west4", NOW)
-    assert fallback.source == "offline" and fallback.rates == {}
+    assert fallback.source == "offline" and fallback.note == (
+        f"offline table of {prices.OFFLINE_DATE} (europe-west4; the other units as us-central1's, the nearest region "
+        "the table lists)")  # its own TPU prices, the rest its nearest full region's
+    assert broken.book("europe-west4", NOW + timedelta(minutes=5)).note == fallback.note  # the cached one says so too
     first = broken.book("us-central1", NOW + timedelta(days=5))
     assert first.source == "catalog"  # the cached catalog book still wins over the offline table
     firestore_db.collection(adapter.PRICES).document("us-central1").delete()
@@ -146,3 +152,38 @@ def test_the_a100_80gb_sku_prices_the_a100_80gb_and_not_the_40gb():
                           "gpu:nvidia-tesla-a100:standard": pytest.approx(2.933908)}
     shape = prices.shape_of(GpuAccelerator(kind="gpu", machine_type="a2-ultragpu-2g"))
     assert (shape.vcpus, shape.memory_gib, shape.gpu, shape.gpus) == (24, 340, "nvidia-a100-80gb", 2)
+
+
+# One node of each GPU and TPU Respawn prices (respawn/prices.py GPUS, TPUS), the A100 80GB aside: no public source
+# for its price was found (docs/gcp-facts.md §24).
+PRICED = [GpuAccelerator(kind="gpu", machine_type="g2-standard-8"),
+          GpuAccelerator(kind="gpu", machine_type="n1-standard-8", accelerator_type="nvidia-tesla-t4"),
+          GpuAccelerator(kind="gpu", machine_type="a2-highgpu-1g"), GpuAccelerator(kind="gpu", machine_type="a3-highgpu-8g"),
+          *[TpuAccelerator(kind="tpu", accelerator_type=t, runtime_version="x")
+            for t in ("v5litepod-8", "v5p-8", "v6e-8", "v4-8")]]
+
+
+def test_every_region_of_the_catalogs_zones_is_priced_offline_and_says_how():
+    from respawn import catalog
+
+    regions = sorted({catalog.region_of(z) for z in catalog.load().zones()})
+    assert len(regions) > 40
+    for region in regions:
+        book = prices.offline(region)
+        for acc in PRICED:
+            q = prices.quote(acc, book)
+            assert q.why is None, (region, q.why)
+            note = q.rates["spot"].note
+            assert note.startswith(f"offline table of {prices.OFFLINE_DATE} ({region}"), note
+            own = region in prices.OFFLINE_SOURCES
+            assert own or note.endswith(f"({region} priced as us-central1's, the nearest region the table lists)")
+    # A region with TPU prices of its own: its v6e is its own, its G2 us-central1's, and each note says so.
+    assert prices.quote(PRICED[6], prices.offline("europe-west4")).rates["spot"].note == \
+        f"offline table of {prices.OFFLINE_DATE} (europe-west4)"
+    assert prices.quote(PRICED[6], prices.offline("europe-west4")).rates["spot"].usd_per_hour == pytest.approx(
+        8 * 0.71316)
+    # What is missing is said exactly: the unit and the region; a region no one knows, by name.
+    a100_80 = prices.quote(GpuAccelerator(kind="gpu", machine_type="a2-ultragpu-1g"), prices.offline("us-east1"))
+    assert a100_80.why == ("no price for gpu:nvidia-a100-80gb:spot, gpu:nvidia-a100-80gb:standard in us-east1: the "
+                           f"offline table of {prices.OFFLINE_DATE} has none")
+    assert prices.offline("mars-north1") is None

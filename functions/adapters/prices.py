@@ -72,6 +72,8 @@ class CatalogPrices:
         snap = ref.get()
         cached = snap.to_dict() if snap.exists else None
         if cached is not None and cached.get("until") is not None and cached["until"] > now:
+            if cached["source"] == "offline":  # the table itself, which says which units are another region's
+                return prices.offline(region) or prices.Book(region, "offline", prices.OFFLINE_DATE, {})
             return prices.Book(region, cached["source"], cached["as_of"], dict(cached.get("rates") or {}))
         try:
             skus = self.api.skus(prices.COMPUTE_SERVICE) + self.api.skus(prices.TPU_SERVICE)
