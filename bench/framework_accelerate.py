@@ -1,6 +1,6 @@
 """Accelerate integration benchmark (respawn.ckpt.accelerate): what RespawnAccelerate costs a custom loop, against
 the same loop with Accelerate alone, measured in the same run. `python -m bench.framework_accelerate [--size-mb 128]
-[--steps 3000] [--saves 4] [--quick] [--json] [--dir DIR]`. One process (CPU); the multi-rank agreement's all-reduce
+[--steps 3000] [--saves 4] [--batch 16] [--quick] [--json] [--dir DIR]`. One process (CPU); the multi-rank agreement's all-reduce
 per step is bench.agreement's figure.
 
   step_plain_us      a step of `for batch in loader` with an empty body (median over --repeats passes)
@@ -9,8 +9,11 @@ per step is bench.agreement's figure.
   save_state_s       accelerator.save_state(dir) of an MLP of SIZE MiB with AdamW (3 x SIZE on disk): the blocking
                      save a plain loop waits for, into the page cache (median of --saves)
   save_state_fsync_s the same save with its files fsynced: on the disk, as Respawn's commit leaves a step
-  stall_s            the training thread's time in RespawnAccelerate's periodic save (the state copied; written,
-                     checksummed, committed off the thread; median of the saves after the first)
+  stall_s            the training thread's time in RespawnAccelerate's periodic save (small files written, buffers
+                     copied; the parameters and optimizer state copied on a thread, written, checksummed, committed
+                     off the thread), plus what the next step's optimizer step waited for that copy (median of the
+                     saves after the first)
+  forward_backward_s the next step's forward and backward (a batch of --batch): the window the copy overlaps
   stall_ratio        stall_s / save_state_fsync_s (bench.checkpoint's baseline: a save on the disk) (goal <= 0.10)
   stall_vs_page_cache stall_s / save_state_s: on a CPU both are a copy of the state in memory
   copy_floor_s       one copy_ of the same tensors into buffers already faulted in: the least any in-memory
@@ -73,6 +76,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3000, help="steps per pass of the per-step cost (default 3000)")
     p.add_argument("--repeats", type=int, default=5, help="passes of the per-step cost (default 5)")
     p.add_argument("--saves", type=int, default=4, help="saves timed, each way (default 4)")
+    p.add_argument("--batch", type=int, default=16, help="the batch of the step after each save (default 16)")
     p.add_argument("--quick", action="store_true", help="16 MiB, 500 steps: a smoke run")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--dir", default=None, help="directory on the disk to measure (default: system temp dir)")
@@ -118,11 +122,19 @@ def main(argv=None) -> int:
         del buffers
         mgr = FilesManager(local_dir=os.path.join(folder, "saves"), framework="accelerate", keep=2)
         run = RespawnAccelerate(accelerator, 10 * args.saves, every=1, manager=mgr, signals=())
-        stalls = []
+        stalls, passes, batch = [], [], torch.randn(args.batch, 1024)
         for i in range(1, args.saves + 1):
+            blocked = run._buffers.blocked_s
             t0 = time.perf_counter()
             mgr.save(i, run._periodic_files())  # what the loop runs at a periodic step
             stalls.append(time.perf_counter() - t0)
+            # The next step, as the loop runs it: its optimizer step waits for the parameters' copy if not done.
+            t0 = time.perf_counter()
+            accelerator.backward(model(batch).square().mean())
+            passes.append(time.perf_counter() - t0)
+            optimizer.step()
+            optimizer.zero_grad()
+            stalls[-1] += run._buffers.blocked_s - blocked
             outcome = mgr.wait()
             assert outcome is not None and outcome.committed, outcome
         t0 = time.perf_counter()
@@ -141,6 +153,7 @@ def main(argv=None) -> int:
             "stall_ratio": round(stall_s / statistics.median(synced), 3),
             "stall_vs_page_cache": round(stall_s / save_state_s, 3),
             "copy_floor_s": round(statistics.median(floors[1:] or floors), 4),
+            "forward_backward_s": round(statistics.median(passes), 4),
             "emergency_s": round(emergency_s, 4), "notice_budget_s": mgr.notice_budget_s,
         }
     finally:

@@ -10,10 +10,11 @@ resume_path(trainer) (Respawn's callback takes those saves). Timed on the traini
   overhead_ratio               that / --step-ms (goal <= 0.01)
   trainer_save_ms              the Trainer's own blocking save (_save_checkpoint), median over saves
   respawn_stall_first_ms       Respawn's first periodic save on the training thread (its copy buffers allocated)
-  respawn_stall_ms             Respawn's periodic save on the training thread (the model, optimizer and scheduler state
-                               copied into the buffers, every rank's RNG written), median over the later saves; the
-                               Trainer's files are written from that copy, checksummed, committed and uploaded on the
-                               save's thread
+  respawn_stall_ms             Respawn's periodic save on the training thread (every rank's RNG written, the
+                               scheduler and trainer state copied, the parameters' and optimizer state's copy into the
+                               buffers started on a thread) plus what the next step's optimizer step waited for that
+                               copy, median over the later saves; the Trainer's files are written from the copy,
+                               checksummed, committed and uploaded on the save's thread
   stall_ratio                  respawn_stall_ms / trainer_save_ms (goal <= 0.10)
   emergency_save_s             the notice's save after the last step: the Trainer's checkpoint written on the training
                                thread, checksummed and committed (local disk), against
@@ -52,7 +53,7 @@ def train(args: argparse.Namespace, folder: str, respawn: bool) -> dict:
         def __getitem__(self, i):
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
-    out: dict = {"ends": [], "hooks": {}, "saves": {}}
+    out: dict = {"ends": [], "hooks": {}, "saves": {}, "blocked": {}}
 
     class Step(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -94,6 +95,7 @@ def train(args: argparse.Namespace, folder: str, respawn: bool) -> dict:
             return inner_hook(args_, state, control, **k)
         finally:
             out["hooks"][state.global_step] = time.perf_counter() - t0
+            out["blocked"][state.global_step] = callback._buffers.blocked_s  # optimizer steps' waits for copies
 
     def timed_emergency(step, files):
         outcome = inner_emergency(step, files)
@@ -136,8 +138,11 @@ def main(argv=None) -> int:
 
     between = statistics.median(ours["hooks"][s] for s in quiet)
     trainer_save = statistics.median(base["saves"][s] for s in saves)
-    first = ours["hooks"][min(saves)]  # the copy's buffers are allocated at the first save
-    stall = statistics.median(ours["hooks"][s] for s in sorted(saves)[1:]) if len(saves) > 1 else first
+    def stall_at(s):  # the hook, and the next step's optimizer step waiting for the parameters' copy
+        return ours["hooks"][s] + ours["blocked"][s + 1] - ours["blocked"][s]
+
+    first = stall_at(min(saves))  # the copy's buffers are allocated at the first save
+    stall = statistics.median(stall_at(s) for s in sorted(saves)[1:]) if len(saves) > 1 else first
     result = {
         "steps": args.steps, "every": args.every, "step_ms": args.step_ms, "state_mb": args.state_mb,
         "step_ms_median": [round(steps(base) * 1e3, 1), round(steps(ours) * 1e3, 1)],

@@ -225,17 +225,24 @@ def _snapshot(acc: Any, step_dir: str, buffers: SnapshotBuffers) -> Callable[[st
     """save_state split in two: the small files written now and a copy of the large state (into `buffers`, reused
     from save to save: the manager's save waits for the previous one first), which the returned function writes
     where and as save_state does (file names from accelerate.utils)."""
-    import torch
     from accelerate.checkpointing import save_accelerator_state, save_custom_state
     from accelerate.utils import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, SCHEDULER_NAME, save
 
     each_node = acc.project_configuration.save_on_each_node  # safetensors weights: save_state's default, as ours
     index = itertools.count()
 
-    weights = [buffers.copy_tree(acc.get_state_dict(model, unwrap=False), index) for model in acc._models]
+    # Parameters and optimizer state change only in an optimizer step: copied on a thread meanwhile. Buffers (a
+    # norm's running statistics) change in the forward pass: copied now.
+    later: list = []
+    params = {p.data_ptr() for model in acc._models for p in model.parameters()}
+    weights = [buffers.copy_tree(acc.get_state_dict(model, unwrap=False), index, later, params)
+               for model in acc._models]
+    optimizers = [buffers.copy_tree(opt.state_dict(), index, later) for opt in acc._optimizers]
+    buffers.copy_until_step(later)
+    if acc._save_model_state_pre_hook:
+        buffers.wait()  # a hook reads the weights
     for hook in acc._save_model_state_pre_hook.values():
         hook(acc._models, weights, step_dir)
-    optimizers = [buffers.copy_tree(opt.state_dict(), index) for opt in acc._optimizers]
     schedulers = [buffers.copy_tree(s.state_dict(), index) for s in acc._schedulers]
     # RNG, step, scaler and samplers: the state of this very boundary, small.
     save_accelerator_state(step_dir, [], [], [], acc._dataloaders, acc.state.process_index, acc.step, acc.scaler,
@@ -244,8 +251,7 @@ def _snapshot(acc: Any, step_dir: str, buffers: SnapshotBuffers) -> Callable[[st
         save_custom_state(obj, step_dir, i, save_on_each_node=each_node)
 
     def write(step_dir: str) -> None:
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()  # the copies from the GPU into the pinned buffers were asynchronous
+        buffers.wait()  # the copies on the thread, and those from the GPU into pinned buffers
         for i, state in enumerate(weights):
             name = SAFE_WEIGHTS_NAME.replace(".", f"_{i}.") if i else SAFE_WEIGHTS_NAME
             save(state, os.path.join(step_dir, name), save_on_each_node=each_node, safe_serialization=True)

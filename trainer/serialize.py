@@ -112,12 +112,27 @@ def _copy(dst, src) -> None:
         dst.copy_(src)
 
 
+def _torch_copy(buf, t) -> None:
+    if t.device.type == "cuda":
+        buf.copy_(t, non_blocking=True)
+    elif t.is_contiguous():
+        parallel_copy(buf.view(-1), t.view(-1), t.numel() * t.element_size())
+    else:
+        buf.copy_(t)
+
+
 class SnapshotBuffers:
     """Host buffers reused between periodic snapshots, so that steady-state snapshots are a plain memcpy (fresh
-    allocations page-fault at well under 1 GB/s; reused ones copy at memory bandwidth)."""
+    allocations page-fault at well under 1 GB/s; reused ones copy at memory bandwidth).
+
+    A framework integration may also leave the copy of the parameters and optimizer state to a thread
+    (copy_until_step): only an optimizer step changes them, so the copy overlaps the next step's forward and backward
+    and the step waits for it only if it is not done by then."""
 
     def __init__(self) -> None:
         self._bufs: dict[int, Any] = {}
+        self._copying: tuple[threading.Event, list, Any] | None = None
+        self.blocked_s = 0.0  # how long optimizer steps waited for deferred copies, all saves together
 
     def _buffer(self, index: int, src):
         """The host buffer of array `index`, allocated anew when `src`'s type, shape or dtype changed (pinned for a
@@ -133,25 +148,71 @@ class SnapshotBuffers:
 
     def torch_copy(self, index: int, t):
         buf = self._buffer(index, t)
-        if t.device.type == "cuda":
-            buf.copy_(t, non_blocking=True)
-        elif t.is_contiguous():
-            parallel_copy(buf.view(-1), t.view(-1), t.numel() * t.element_size())
-        else:
-            buf.copy_(t)
+        _torch_copy(buf, t)
         return buf
 
-    def copy_tree(self, obj: Any, index: Iterator[int]) -> Any:
+    def copy_tree(self, obj: Any, index: Iterator[int], later: list | None = None,
+                  stable: set[int] | None = None) -> Any:
         """A framework's state (nested dicts, lists, tuples) as it is now: each torch tensor copied into buffer
         next(index), containers rebuilt (a dict keeps its type; a named tuple is deep-copied whole), anything else
-        deep-copied. The same state in the same order reuses the same buffers save after save."""
+        deep-copied. The same state in the same order reuses the same buffers save after save. With `later` (a
+        list), a CPU tensor whose data_ptr() is in `stable` (any, when None) is not copied yet: its (buffer, tensor)
+        pair goes to `later`, for copy_until_step."""
         if _is_torch_tensor(obj):
-            return self.torch_copy(next(index), obj.detach())
+            t = obj.detach()
+            if later is not None and t.device.type == "cpu" and (stable is None or t.data_ptr() in stable):
+                buf = self._buffer(next(index), t)
+                later.append((buf, t))
+                return buf
+            return self.torch_copy(next(index), t)
         if isinstance(obj, dict):
-            return type(obj)((key, self.copy_tree(value, index)) for key, value in obj.items())
+            return type(obj)((key, self.copy_tree(value, index, later, stable)) for key, value in obj.items())
         if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-            return type(obj)(self.copy_tree(value, index) for value in obj)
+            return type(obj)(self.copy_tree(value, index, later, stable) for value in obj)
         return copy.deepcopy(obj)
+
+    def copy_until_step(self, pairs: list) -> None:
+        """Copy (buffer, tensor) pairs on a thread; the next optimizer step (any torch optimizer's) and wait() wait
+        for the copy to end. For tensors that only an optimizer step changes: parameters and optimizer state."""
+        import time
+
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self.wait()
+        done, errors = threading.Event(), []
+
+        def copy_all() -> None:
+            try:
+                for buf, t in pairs:
+                    _torch_copy(buf, t)
+            except BaseException as exc:  # noqa: BLE001 - wait() raises it on the save's thread
+                errors.append(exc)
+            finally:
+                done.set()
+
+        def before_step(optimizer, args, kwargs) -> None:
+            if not done.is_set():
+                t0 = time.perf_counter()
+                done.wait()
+                self.blocked_s += time.perf_counter() - t0
+
+        self._copying = (done, errors, register_optimizer_step_pre_hook(before_step))
+        threading.Thread(target=copy_all, name="respawn-snapshot", daemon=True).start()
+
+    def wait(self) -> None:
+        """Every copy of the last snapshot done: the deferred ones (raising what failed) and the asynchronous
+        device-to-host ones."""
+        copying = self._copying
+        if copying is not None:
+            done, errors, hook = copying
+            done.wait()
+            hook.remove()
+            self._copying = None
+            if errors:
+                raise errors[0]
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
 
     def numpy_copy(self, index: int, a: np.ndarray):
         buf = self._buffer(index, a)

@@ -10,9 +10,10 @@ folder the Trainer reads unchanged) or None. Then, at every optimizer step's end
 own _maybe_log_save_evaluate): every rank agrees whether any has seen the notice; if so, every rank writes the
 Trainer's checkpoint of that step (Trainer._save_checkpoint into Respawn's step directory), the step is committed
 (respawn.ckpt.framework_files) and uploaded, and the process exits 75. A `save_steps` (or epoch) save is taken
-from the Trainer the same way: the model, optimizer and scheduler state are copied in memory on the training
-thread, and the Trainer's own code writes its files from that copy on the save's thread, where the checksums, the
-commit and the upload run too.
+from the Trainer the same way: the model, optimizer and scheduler state are copied in memory (the parameters and
+optimizer state on a thread, while the next step's forward and backward run; its optimizer step waits for the copy
+if it is not done), and the Trainer's own code writes its files from that copy on the save's thread, where the
+checksums, the commit and the upload run too.
 
 Written as `respawn.ckpt.transformers`: `import transformers` below is the library (absolute imports only).
 """
@@ -20,9 +21,9 @@ Written as `respawn.ckpt.transformers`: `import transformers` below is the libra
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import types
-from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
@@ -32,6 +33,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from . import _log
 from .distributed import current_job, stop_agreed
 from .framework_files import Files, FilesManager
+from .serialize import SnapshotBuffers
 
 FRAMEWORK = "transformers"
 
@@ -45,7 +47,7 @@ class RespawnCallback(TrainerCallback):
         self.manager = manager
         self.trainer: Trainer | None = None
         self.job = None
-        self._buffers: dict[Any, torch.Tensor] = {}  # the periodic save's copies, reused from save to save
+        self._buffers = SnapshotBuffers()  # the periodic save's copies, reused from save to save
 
     # ---- before train() ---------------------------------------------------------------------------------------
 
@@ -160,25 +162,29 @@ class RespawnCallback(TrainerCallback):
 
         def later(step_dir: str) -> None:
             if "trainer" in snap:
+                self._buffers.wait()
                 self._save_checkpoint(step_dir, snap.pop("trainer"))
 
         return Files(now=now, later=later)
 
     def _frozen_trainer(self) -> Trainer:
         """A shallow copy of the trainer whose model weights, optimizer, scheduler, state and stateful callbacks are
-        copies taken now: its _save_checkpoint writes the Trainer's files as of this step, on any thread. The tensors
-        are copied into buffers kept from save to save (a save waits for the previous one first): memory the copy
-        has touched before, not fresh pages to fault in at every save."""
-        t = self.trainer
+        copies of this step's: its _save_checkpoint writes the Trainer's files as of this step, on any thread, once
+        the copies are done (`self._buffers.wait()`). The tensors go into buffers kept from save to save (a save
+        waits for the previous one first); parameters and optimizer state, which only an optimizer step changes, are
+        copied on a thread while the next step's forward and backward run (SnapshotBuffers.copy_until_step)."""
+        t, index, later = self.trainer, itertools.count(), []
+        params = {p.data_ptr() for p in t.model.parameters()}
         weights, aliases = {}, {}
         for name, v in t.model.state_dict().items():  # tied weights stay one tensor: save_pretrained drops aliases
             key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
-            weights[name] = aliases[key] if key in aliases else aliases.setdefault(key, self._copy(("model", name), v))
+            if key not in aliases:
+                aliases[key] = self._buffers.copy_tree(v, index, later, params)
+            weights[name] = aliases[key]
         optimizer = t.optimizer.state_dict()
-        optimizer = {**optimizer, "state": {
-            pid: {k: self._copy(("optimizer", pid, k), v) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-                  for k, v in state.items()} for pid, state in optimizer["state"].items()},
-            "param_groups": copy.deepcopy(optimizer["param_groups"])}
+        optimizer = {**optimizer, "state": self._buffers.copy_tree(optimizer["state"], index, later),
+                     "param_groups": copy.deepcopy(optimizer["param_groups"])}
+        self._buffers.copy_until_step(later)
         frozen = copy.copy(t)
         frozen.optimizer = _Saved(optimizer)
         frozen.lr_scheduler = _Saved(copy.deepcopy(t.lr_scheduler.state_dict()))
@@ -189,14 +195,6 @@ class RespawnCallback(TrainerCallback):
         frozen.save_model = lambda output_dir=None, _internal_call=False: t._save(output_dir, state_dict=weights)
         frozen.store_flos = frozen._save_rng_state = frozen._save_scaler = lambda *a, **k: None  # done in `now`
         return frozen
-
-    def _copy(self, key: Any, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor`'s value in this save's buffer for `key`."""
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = self._buffers[key] = torch.empty_like(tensor)
-        with torch.no_grad():
-            return buffer.copy_(tensor)
 
 
 class _Saved:
