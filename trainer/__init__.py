@@ -6,7 +6,7 @@ underneath. Interface for the node agent: respawn.contract (read_status, EXIT_PR
 trainer/README.md.
 """
 
-from .distributed import collective_timeout
+from .collectives import collective_timeout
 from .loop import Preempted, TrainingLoop
 from .manager import (
     DEFAULT_NOTICE_BUDGET_S,

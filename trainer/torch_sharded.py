@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 
 from . import _log, checksum, format as fmt
 from .commit import Seam
-from .distributed import collective_timeout, release_group, run_beating, wait
+from .collectives import collective_timeout, release_group, run_beating, wait
 from .manager import SaveOutcome, SaveState, ShardedManager
 from .objects import accessors, capture_rng
 from .torch_compat import copy_state_dict, create_cpu_state_dict, flatten_state_dict, init_optim_state
