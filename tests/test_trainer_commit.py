@@ -4,17 +4,22 @@ through an in-memory seam, and a layout of one file per member. A member whose v
 vote) leaves the step without COMMITTED on every member's side; one whose write fails makes the step FAILED, one
 past the deadline ABANDONED; restore agrees on the newest step every member can load. The real transports:
 tests/test_trainer_sharded.py (a rank killed before its vote) and tests/test_trainer_jax_distributed.py (a process
-killed mid-save)."""
+killed mid-save). Last, the store's marker every kind of commit ends with: the manifest's checksum, written last, so an
+upload cut before it leaves a step that is never read."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
+import numpy as np
 import pytest
 
 from respawn.ckpt import checksum, commit, format as fmt
-from respawn.ckpt.manager import SaveState, ShardedManager
+from respawn.ckpt.manager import CheckpointManager, SaveState, ShardedManager
+from respawn.ckpt.serialize import flatten
+from respawn.ckpt.storage import LocalStore
 
 MEMBERS = 3
 
@@ -167,3 +172,26 @@ def test_a_step_no_member_can_load_is_not_restored_from_scratch(tmp_path):
     os.remove(tmp_path / fmt.step_dirname(5) / "m2.bin")  # committed, then damaged
     with pytest.raises(fmt.NotRestorable, match="step 5"):
         run(tmp_path, lambda mgr: mgr.restore())
+
+
+class StopBeforeMarker:
+    """A control whose deadline passes between the manifest and the marker (seal checks it there, nowhere else)."""
+
+    def check(self, what: str) -> None:
+        if what.startswith("committing"):
+            raise fmt.Abandoned(f"deadline reached while {what}")
+
+
+def test_the_stores_marker_is_the_manifests_checksum_written_last_and_a_copy_cut_before_it_is_not_committed(tmp_path):
+    src = LocalStore(str(tmp_path / "src"))
+    manifest = fmt.write_checkpoint(src.root, 3, "periodic", flatten({"w": np.arange(6.0)}, copy=False))
+    data = (tmp_path / "src" / fmt.step_dirname(3) / fmt.MANIFEST).read_bytes()
+    marker = json.loads((tmp_path / "src" / fmt.step_dirname(3) / fmt.MARKER).read_bytes())
+    assert marker == {"step": 3, "manifest_checksum": checksum.of_bytes(data), "checksum_algorithm": "crc32"}
+    dst = LocalStore(str(tmp_path / "dst"))
+    with pytest.raises(fmt.Abandoned):  # an upload stopped at the deadline: files and manifest there, no marker
+        dst.put_step(src.step_dir(3), 3, manifest, StopBeforeMarker())
+    assert (tmp_path / "dst" / fmt.step_dirname(3) / fmt.MANIFEST).exists() and dst.steps() == {3: False}
+    assert CheckpointManager(local_dir=dst.root).restore() is None  # never read as a step
+    dst.put_step(src.step_dir(3), 3, manifest)
+    assert dst.steps() == {3: True} and CheckpointManager(local_dir=dst.root).restore()[0] == 3
