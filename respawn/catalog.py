@@ -91,8 +91,11 @@ def region_of(zone: str) -> str:
 
 
 def _suggest(value: str, candidates: Any) -> str:
+    """"; did you mean X?" for a near miss; for none, where the answer comes from (a name newer than the catalog
+    passes `respawn jobs register`, which asks the APIs)."""
     close = difflib.get_close_matches(value, list(candidates), n=1, cutoff=0.75)
-    return f"; did you mean {close[0]}?" if close else ""
+    return (f"; did you mean {close[0]}?" if close else
+            f" (Respawn's catalog of {load().as_of}; `respawn jobs register` asks Google Cloud where it can)")
 
 
 def _listed(names: list[str], limit: int = 6) -> str:
