@@ -9,7 +9,7 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
      # a loss's alerts (recovered, crashed, boot_failed, preemption_rate, failed): "failures", "preemptions"
      # recovered (sent once every rank steps again, never for a node that did not): "old_zone", "new_zone",
      #   "in_place", the recovery (recovery_time.Recovery.fields: "recovery_seconds", "notice_at", "stepping_at",
-     #   "steps_lost", "furthest_step", "resumed_from", "cause"), "committed_step" (the step it resumed from),
+     #   "steps_lost", "furthest_step", "resumed_from", "loss_cause": the alert's `cause`), "committed_step" (the step it resumed from),
      #   "stages" (where the recovery's time went: alerts.STAGES → seconds)
      # waiting_for_capacity: "next_attempt_at", "zones"; failed / invalid_spec: "errors" (list[str]) when known
      # succeeded: "committed_step", "zone"; crashed: "exit_code", "output_tail"

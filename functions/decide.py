@@ -487,7 +487,7 @@ def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
             "recovered", o.job_id, o.now, f"training again on {s.node} in {s.zone}"
             + (f"; {alerts.breakdown_text(s.last_cause, stages, back.seconds)}" if stages else ""), stages=stages,
             old_zone=s.preempted_zone, new_zone=s.zone, committed_step=back.resumed_from, restarts=s.restarts,
-            failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, **back.fields(),
+            failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields(),
             in_place=s.in_place_restarts > 0 and s.preempted_zone == s.zone,
         )
     if not changes:

@@ -489,7 +489,7 @@ def _recovered(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Ge
                         f"this {'preemption' if back.cause == recovery_time.PREEMPTED else 'loss'} cost "
                         f"{recovery_time.text(back.seconds)}", old_zone=s.preempted_zone, new_zone=s.zone,
                         committed_step=back.resumed_from, restarts=s.restarts, failures=s.failures,
-                        preemptions=s.preemptions, attempt=s.attempt, **back.fields())
+                        preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields())
     return Decision(NONE, _upd(s, now, members=members, recovering=False, steps_lost=back.steps_lost), "recovered",
                     alert, {"generation": g.number, **back.fields()})
 

@@ -65,10 +65,11 @@ class Recovery:
         return max(self.furthest_step - self.resumed_from, 0)
 
     def fields(self) -> dict[str, Any]:
-        """What the `recovered` alert and event carry (times as RFC 3339 text)."""
+        """What the `recovered` alert and event carry (times as RFC 3339 text; the loss's cause as `loss_cause`, the
+        event's own cause being `recovered`)."""
         return {"recovery_seconds": self.seconds, "notice_at": self.notice_at.isoformat(),
                 "stepping_at": self.stepping_at.isoformat(), "steps_lost": self.steps_lost,
-                "furthest_step": self.furthest_step, "resumed_from": self.resumed_from, "cause": self.cause}
+                "furthest_step": self.furthest_step, "resumed_from": self.resumed_from, "loss_cause": self.cause}
 
 
 def resumed_run(hb: Heartbeat, recovering: bool, notice_at: datetime | None) -> bool:
@@ -108,7 +109,7 @@ def measure(cause: str | None, notice_at: datetime | None, furthest_step: int | 
 def read(details: Mapping[str, Any]) -> Recovery | None:
     """A recovery back from what a `recovered` alert or event carries (None: an older one without it)."""
     try:
-        return Recovery(details.get("cause"), _time(details["notice_at"]), _time(details["stepping_at"]),
+        return Recovery(details.get("loss_cause"), _time(details["notice_at"]), _time(details["stepping_at"]),
                         details.get("furthest_step"), details.get("resumed_from"))
     except (KeyError, TypeError, ValueError):
         return None

@@ -166,16 +166,19 @@ class Controller:
     def heartbeat(self, node: str, *, state: str = "training", step: int = 10, committed_step: int = 5,
                   age: float = 0, worker: int = 0, database: str | None = None, **kw) -> None:
         """Write nodes/{node} (a slice's other workers: nodes/{node}-w{worker}) as the agent does; `age` seconds
-        in the past (a node that went silent). `database`: another than the pool-less deployment's (a node
-        identity's, deployment.heartbeat_database)."""
+        in the past (a node that went silent). A trainer training past its committed step has stepped: its first
+        step, and when, unless given (the recovery's end: recovery_time). `database`: another than the pool-less
+        deployment's (a node identity's, deployment.heartbeat_database)."""
         from google.cloud import firestore
 
         job, _, attempt = node.rpartition("-")
         db = self.nodes_db if database is None else firestore.Client(project=self.project, database=database)
+        at = datetime.now(timezone.utc) - timedelta(seconds=age)
+        if state == "training" and step is not None and step > (committed_step or 0):
+            kw = {"first_step": step, "first_step_at": at, **kw}
         db.collection(NODES).document(heartbeat_id(node, worker)).set({
             "job_id": job, "attempt": int(attempt), "worker": worker, "state": state, "step": step,
-            "committed_step": committed_step, "heartbeat_at": datetime.now(timezone.utc) - timedelta(seconds=age),
-            **kw})
+            "committed_step": committed_step, "heartbeat_at": at, **kw})
 
     def cancel(self, job_id: str) -> None:
         self.db.collection(JOBS).document(job_id).update({"cancel_requested": True})

@@ -46,7 +46,7 @@ def test_chaos_interrupts_the_node_and_follows_the_recovery(controller, gcloud_e
         proc.kill()
     assert proc.returncode == 0, err
     assert f"interrupting {st.node}: gcloud compute instances simulate-maintenance-event {st.node}" in err
-    assert "recovered" in out and f"job {job} trains again" in out
+    assert f"job {job} recovered in " in out and "(notice → every rank stepping)" in out  # recovery_time.line
 
 
 def test_chaos_refuses_what_it_cannot_interrupt(controller, gcloud_env, project):

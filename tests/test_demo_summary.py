@@ -207,7 +207,7 @@ def test_the_summary_tells_each_recovery_as_its_recovered_event_recorded_it():
     # takes it as it is, so that it is the number Slack, the events and the report show.
     recovered = [{"recovery_seconds": 9.8, "notice_at": "2026-11-28T04:00:00+00:00", "steps_lost": 0,
                   "stepping_at": "2026-11-28T04:00:09.800000+00:00", "furthest_step": 61, "resumed_from": 61,
-                  "cause": "preempted", "generation": 2, "node": "j-2"}]
+                  "loss_cause": "preempted", "generation": 2, "node": "j-2"}]
     out = summarize(RunRecord("j", 100, 40, "SUCCEEDED", 1, [], [], recovered=recovered))
     assert out["recovery_seconds"] == [9.8]
     assert out["recoveries"] == [{k: v for k, v in recovered[0].items() if k not in ("generation", "node")}]

@@ -85,5 +85,5 @@ def test_the_same_fault_gives_the_same_cause(signal, noticed, cause):
 def test_slack_shows_the_figure_itself():
     r = recovery_time.measure("preempted", NOTICE, 107, [rank(31.46, 113, 100)])
     assert r is not None
-    text = alerts.to_slack(alerts.make("recovered", "j", at(40), "training again", **r.fields()))["text"]
+    text = alerts.to_slack(alerts.make("recovered", "j", at(40), "training again", cause=r.cause, **r.fields()))["text"]
     assert "recovery time: 31.5 s" in text and "steps lost: 7" in text and "cause: preempted" in text

@@ -48,7 +48,7 @@ EVENTS = [
     # The recovery as the controller measured it (recovery_time): its notice at 100 s, j-2's first step at 190 s.
     ev(192, "RUNNING", "RUNNING", "recovered", node="j-2", attempt=2, zone="z-b", recovery_seconds=90.0,
        notice_at=at(100).isoformat(), stepping_at=at(190).isoformat(), steps_lost=8, furthest_step=58,
-       resumed_from=50, cause="preempted"),
+       resumed_from=50, loss_cause="preempted"),
     ev(300, "RUNNING", "SUCCEEDED", "trainer_succeeded", node="j-2", attempt=2, zone="z-b"),
 ]
 BEATS = {"j-2": Heartbeat(job_id="j", attempt=2, state="exited", step=100, committed_step=100, first_step=51,

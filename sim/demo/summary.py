@@ -88,7 +88,8 @@ def lives(samples: list[HeartbeatSample]) -> list[Life]:
 def recoveries(recovered: list[dict]) -> list[dict]:
     """Each recovery as the job's `recovered` event says (recovery_time.Recovery.fields): its cause, its time from
     the notice until every rank steps again, and the steps it lost. One that never completed has no event."""
-    keys = ("cause", "recovery_seconds", "steps_lost", "furthest_step", "resumed_from", "notice_at", "stepping_at")
+    keys = ("loss_cause", "recovery_seconds", "steps_lost", "furthest_step", "resumed_from", "notice_at",
+            "stepping_at")
     return [{k: d.get(k) for k in keys} for d in recovered]
 
 
