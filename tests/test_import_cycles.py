@@ -114,9 +114,6 @@ def cycle(component: set[str], edges: dict[str, set[str]]) -> list[str]:
 # Cycles not broken yet, each with why and where it is to be broken (issue #34 item 3). The test fails on any other
 # cycle, and on an entry here that is gone (delete it then).
 KNOWN = {
-    frozenset({"respawn.ckpt.commit", "respawn.ckpt.format"}):
-        "commit names format.WriteControl (a save's deadline and cancel) for its type, format imports commit: "
-        "WriteControl is to move down into commit (#34 item 5)",
     frozenset({"respawn.control.models", "respawn.control.queued", *(f"respawn.control.models.{m}" for m in (
         "flex_start", "preemptible", "reservation", "spot", "standard"))}):
         "the models' registry: models/__init__ imports each model to register it, each model imports Model and "

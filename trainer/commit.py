@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Literal, Protocol
+from typing import Callable, Literal, Protocol
 
 from respawn import contract
 
 from . import _log, checksum
-
-if TYPE_CHECKING:
-    from .format import WriteControl
 
 
 class SaveState(str, Enum):  # not enum.StrEnum (3.11+): the library runs on 3.10 images
@@ -60,6 +58,25 @@ class SaveOutcome:
     @property
     def committed(self) -> bool:
         return self.state is SaveState.COMMITTED
+
+
+class Abandoned(Exception):
+    """A write stopped before its marker because of the deadline or a cancel; nothing committed was touched."""
+
+
+@dataclass
+class WriteControl:
+    """Stops a write between chunks: at `deadline` (time.monotonic()) or when `cancelled()` turns true."""
+
+    deadline: float | None = None
+    cancel: object = None  # a threading.Event
+    progress: object = None  # callable(bytes_written)
+
+    def check(self, what: str) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Abandoned(f"cancelled while {what}")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise Abandoned(f"deadline reached while {what}")
 
 
 # ---- the store's marker -------------------------------------------------------------------------------------------
@@ -136,7 +153,7 @@ class SingleWriter:
 class Seam(Protocol):
     """How the members of a job exchange a few bytes: all_gather returns every member's, in rank order; broadcast
     member 0's (`data` there, ignored elsewhere). `key` names the exchange (the key-value store's keys; a process
-    group's collectives are ordered and ignore it). A wait stops with format.Abandoned, or the transport's error, at
+    group's collectives are ordered and ignore it). A wait stops with Abandoned, or the transport's error, at
     the control's deadline or cancel (no control: the transport's own timeout)."""
 
     rank: int

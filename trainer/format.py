@@ -26,7 +26,8 @@ from typing import Any
 from respawn import contract
 
 from . import checksum
-from .commit import manifest_bytes, marker_bytes, seal_dir, write_file_durable
+from .commit import (  # Abandoned and WriteControl (how a save stops) are the commit's, named as the format's too
+    Abandoned, WriteControl, manifest_bytes, marker_bytes, seal_dir, write_file_durable)
 from .serialize import Payload
 
 FORMAT = "respawn-checkpoint"
@@ -49,10 +50,6 @@ def step_dirname(step: int) -> str:
 def parse_step(name: str) -> int | None:
     m = STEP_RE.match(name.rstrip("/"))
     return int(m.group(1)) if m else None
-
-
-class Abandoned(Exception):
-    """A write stopped before its marker because of the deadline or a cancel; nothing committed was touched."""
 
 
 class CorruptCheckpoint(Exception):
@@ -86,21 +83,6 @@ def new_manifest(step: int, kind: str, framework: str, durable: str, files: dict
     return {"format": FORMAT, "version": VERSION, "step": step, "kind": kind, "framework": framework,
             "created_at": time.time(), "durable": durable, "checksum_algorithm": algorithm,
             "total_bytes": sum(f["size"] for f in files.values()), "files": dict(sorted(files.items())), **extra}
-
-
-@dataclass
-class WriteControl:
-    """Stops a write between chunks: at `deadline` (time.monotonic()) or when `cancelled()` turns true."""
-
-    deadline: float | None = None
-    cancel: object = None  # a threading.Event
-    progress: object = None  # callable(bytes_written)
-
-    def check(self, what: str) -> None:
-        if self.cancel is not None and self.cancel.is_set():
-            raise Abandoned(f"cancelled while {what}")
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise Abandoned(f"deadline reached while {what}")
 
 
 def write_checkpoint(root: str, step: int, kind: str, payload: Payload, *, durable: str = "local",
