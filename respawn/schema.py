@@ -554,7 +554,9 @@ class JobSpec(_Strict):
         models = [t.model for t in v] if isinstance(v, list) else [v]
         accelerator = info.data.get("accelerator")
         if "flex-start" in models and getattr(accelerator, "kind", None) == "tpu":
-            raise ValueError("flex-start is a Compute Engine VM model: a TPU job takes spot, preemptible or standard")
+            # Cloud TPU's flex-start is a queued resource's provisioningModel in its v2alpha1 API only (gcp-facts §19).
+            raise ValueError("flex-start TPUs are not offered: Cloud TPU asks for them only in its v2alpha1 API, not the "
+                             "v2 API Respawn drives; a TPU job takes spot, preemptible or standard")
         if "reservation" in models and getattr(accelerator, "kind", None) == "tpu":
             raise ValueError("reservation tiers are Compute Engine VMs: a TPU job takes spot, preemptible or standard")
         if "preemptible" in models and getattr(accelerator, "queued_resource", None) is True:

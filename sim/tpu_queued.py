@@ -1,8 +1,9 @@
 """Cloud TPU v2 queued resources (gcp-facts §19): a request for one TPU node that waits for capacity.
 
-States: CREATING → WAITING_FOR_RESOURCES (the create operation ends here: whether Cloud TPU ends it once queued or
-once ACTIVE is unverified) → PROVISIONING (the zone has the hardware: the node is made, CREATING) → ACTIVE (the node
-is READY). A request still waiting when its `queueingPolicy.validUntilDuration` ends is FAILED (failedData.error).
+States: CREATING → WAITING_FOR_RESOURCES (the create operation ends here, as Cloud TPU's does: Google's sample
+python-docs-samples tpu/queued_resources_create.py) → PROVISIONING (the zone has the hardware: the node is made,
+CREATING) → ACTIVE (the node is READY). A request still waiting when its `queueingPolicy.validUntilDuration` ends
+is FAILED (failedData.error).
 A Spot request whose node is preempted goes SUSPENDING (its node PREEMPTED, then deleted by the service) →
 SUSPENDED, stateInitiator SERVICE, and is never queued again; a node deleted by the user does the same (USER).
 Waiting requests get the zone's hardware first asked, first served, as the capacity model frees it.

@@ -485,3 +485,17 @@ def test_tpu7x_and_later_are_refused_because_only_gke_offers_them(accelerator_ty
                                     "TPUs are offered only through Google Kubernetes Engine, not the Cloud TPU API "
                                     "Respawn uses; choose v6e, v5p, v5litepod or v4"]
     parse_spec(with_(TPU, "accelerator.accelerator_type", "v6e-8"))
+
+
+@pytest.mark.parametrize("provisioning, field", [
+    ("flex-start", "provisioning"), (["spot", {"model": "flex-start", "max_run_hours": 2}], "tiers")])
+def test_a_tpu_job_is_refused_flex_start_because_only_cloud_tpus_v2alpha1_api_asks_for_it(provisioning, field):
+    # tpu v2alpha1's QueuedResource has provisioningModel FLEX_START, tpu.v2 (what Respawn drives) has not (gcp-facts
+    # §19, issue #36): a v5e job in us-west4-a, a zone Google offers flex-start v5e in, is still refused, in one line.
+    with pytest.raises(SpecError) as refused:
+        parse_spec({**TPU, "provisioning": provisioning})
+    assert refused.value.errors == [f"{field}: flex-start TPUs are not offered: Cloud TPU asks for them only in its "
+                                    "v2alpha1 API, not the v2 API Respawn drives; a TPU job takes spot, preemptible "
+                                    "or standard"]
+    assert [t.model for t in parse_spec({**TPU, "provisioning": ["spot", "standard"]}).provisioning_tiers] == [
+        "spot", "standard"]
