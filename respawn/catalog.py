@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 PATH = Path(__file__).with_name("data") / "catalog.json"
-# TensorFlow's TPU runtimes (tpu-vm-tf-X.Y.Z[-pod][-pjrt|-se]) run on every generation (docs/gcp-facts.md §27).
+# TensorFlow's TPU runtimes (tpu-vm-tf-X.Y.Z[-pod][-pjrt|-se]) run on every generation (docs/gcp-facts.md §28).
 _TF_RUNTIME = re.compile(r"^tpu-vm-tf-[0-9]")
 # A TPU type's generation: v5litepod-16 → v5litepod.
 _TPU = re.compile(r"^(?P<gen>v[0-9][a-z0-9]*)-(?P<size>[0-9]+)$")
@@ -102,10 +102,10 @@ def _listed(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def problems(spec: Any, live: Live | None = None, catalog: Catalog | None = None) -> list[str]:
+def problems(spec: Any, live: Live | None = None) -> list[str]:
     """Every name in `spec` (a respawn.schema.JobSpec) that does not exist where the spec puts it, one line each
     (`field: what is wrong; the fix`). `live` answers are preferred where given."""
-    cat = catalog or load()
+    cat = load()
     zones = cat.zones()
     out: list[str] = []
     known_zones = []
