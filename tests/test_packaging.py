@@ -122,6 +122,8 @@ def test_the_import_contracts_hold_and_a_violation_fails_them(tmp_path):
     for contract in ("the pure control core imports no Google client and no adapter",
                      "the node agent imports only the standard library, the contract and logs",
                      "nothing installable imports the local stand-ins or the benchmarks",
-                     "google.* is imported only by the adapters and the checkpoint storage module"):
+                     "google.* is imported only by the adapters and the checkpoint storage module",
+                     # decide -> adapters.compute -> ... -> decide: the planted import closes a cycle too
+                     "no import cycle between the modules and subpackages of any package"):
         assert f"{contract} BROKEN" in broken.stdout, broken.stdout
-    assert "4 broken" in broken.stdout
+    assert "5 broken" in broken.stdout
