@@ -14,6 +14,8 @@ per step is bench.agreement's figure.
                      off the thread), plus what the next step's optimizer step waited for that copy (median of the
                      saves after the first)
   forward_backward_s the next step's forward and backward (a batch of --batch): the window the copy overlaps
+  forward_backward_quiet_s  the same with no copy beside it: the difference is what the copy's share of the
+                     cores and memory bandwidth costs the step on a CPU (on a GPU the copy is a DMA transfer)
   stall_ratio        stall_s / save_state_fsync_s (bench.checkpoint's baseline: a save on the disk) (goal <= 0.10)
   stall_vs_page_cache stall_s / save_state_s: on a CPU both are a copy of the state in memory
   copy_floor_s       one copy_ of the same tensors into buffers already faulted in: the least any in-memory
@@ -123,6 +125,12 @@ def main(argv=None) -> int:
         mgr = FilesManager(local_dir=os.path.join(folder, "saves"), framework="accelerate", keep=2)
         run = RespawnAccelerate(accelerator, 10 * args.saves, every=1, manager=mgr, signals=())
         stalls, passes, batch = [], [], torch.randn(args.batch, 1024)
+        quiet = []  # the same forward and backward with no copy beside it
+        for _ in range(args.saves):
+            t0 = time.perf_counter()
+            accelerator.backward(model(batch).square().mean())
+            quiet.append(time.perf_counter() - t0)
+            optimizer.zero_grad()
         for i in range(1, args.saves + 1):
             blocked = run._buffers.blocked_s
             t0 = time.perf_counter()
@@ -154,6 +162,7 @@ def main(argv=None) -> int:
             "stall_vs_page_cache": round(stall_s / save_state_s, 3),
             "copy_floor_s": round(statistics.median(floors[1:] or floors), 4),
             "forward_backward_s": round(statistics.median(passes), 4),
+            "forward_backward_quiet_s": round(statistics.median(quiet), 4),
             "emergency_s": round(emergency_s, 4), "notice_budget_s": mgr.notice_budget_s,
         }
     finally:
