@@ -162,3 +162,18 @@ def test_every_example_job_names_only_what_exists(example):
     data = yaml.safe_load(example.read_text())
     data["trainer"].pop("workdir", None)  # a directory, packed by validate (tests/test_cli_workdir.py)
     assert catalog.problems(schema.parse_spec(data)) == []
+
+
+# The demo's scenarios that build their own job (not a job file, validated above; not invalid on purpose).
+OWN_JOB = [p for p in sorted((ROOT / "examples" / "scenarios").glob("*.yaml"))
+           if "job_file" not in yaml.safe_load(p.read_text()) and p.stem != "invalid-spec"]
+
+
+@pytest.mark.parametrize("scenario", OWN_JOB, ids=lambda p: p.name)
+def test_every_demo_scenarios_job_names_only_what_exists(scenario, tmp_path):
+    from sim.demo.runner import job_spec
+    from sim.demo.scenario import parse_scenario
+
+    sc = parse_scenario(yaml.safe_load(scenario.read_text()))
+    spec = job_spec(sc, tmp_path, "file:///tmp/workdir/sha256-" + "0" * 64 + ".tar.gz")
+    assert catalog.problems(schema.parse_spec(spec)) == []
