@@ -486,8 +486,7 @@ def _recovered(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Ge
     s, now = o.status, o.now
     on = f"{g.world_size} of {spec.nodes} nodes" if g.world_size < spec.nodes else f"all {spec.nodes} nodes"
     alert = alerts.make("recovered", o.job_id, now, f"training again on {on} in {s.zone} (generation {g.number}); "
-                        f"this {'preemption' if back.cause == recovery_time.PREEMPTED else 'loss'} cost "
-                        f"{recovery_time.text(back.seconds)}", old_zone=s.preempted_zone, new_zone=s.zone,
+                        + alerts.breakdown_text(back.cause, {}, back.seconds), old_zone=s.preempted_zone, new_zone=s.zone,
                         committed_step=back.resumed_from, restarts=s.restarts, failures=s.failures,
                         preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields())
     return Decision(NONE, _upd(s, now, members=members, recovering=False, steps_lost=back.steps_lost), "recovered",
