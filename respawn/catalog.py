@@ -158,15 +158,18 @@ def _gpu_problems(cat: Catalog, acc: Any, zones: list[tuple[int, str]], live: Li
     what = gpu or built_in
     for i, zone in zones:
         region = region_of(zone)
-        said = _exists(live, "gpu" if what else "machine", what or machine, zone)
-        if said is not None:
-            if not said:
-                out.append(f"zones[{i}]: {zone} does not offer {what or machine} (Compute Engine says so): drop it")
+        # The machine type (machineTypes.get), and an attached GPU (acceleratorTypes.get): what Compute Engine says
+        # of each, else the catalog's per-region answer.
+        said = {"machine": _exists(live, "machine", machine, zone), "gpu": _exists(live, "gpu", gpu, zone) if gpu
+                else None}
+        refused = [name for kind, name in (("machine", machine), ("gpu", gpu)) if said[kind] is False]
+        if refused:
+            out.append(f"zones[{i}]: {zone} does not offer {' with '.join(refused)} (Compute Engine says so): drop it")
             continue
         machine_regions = cat.machine_regions(machine)
-        if machine_regions is not None and region not in machine_regions:
+        if said["machine"] is None and machine_regions is not None and region not in machine_regions:
             out.append(f"zones[{i}]: {machine} is not offered in {region}{_where(machine_regions)}")
-        elif what and region not in cat.gpu_regions(what):
+        elif what and (said["gpu"] if gpu else said["machine"]) is None and region not in cat.gpu_regions(what):
             out.append(f"zones[{i}]: {region} has no {what}{_where(cat.gpu_regions(what))}")
     return out
 

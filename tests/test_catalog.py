@@ -80,9 +80,13 @@ def test_a_gpu_on_a_machine_that_does_not_take_it():
 def test_a_live_answer_is_preferred_to_the_catalogs():
     spec = _spec({**GPU, "machine_type": "a3-highgpu-8g"}, ["us-west2-b", "us-central1-a"])
     # Compute Engine offers it where the catalog has none (the catalog is older), and not where the catalog says so.
-    said = {("gpu", "nvidia-h100-80gb", "us-west2-b"): True, ("gpu", "nvidia-h100-80gb", "us-central1-a"): False}
+    said = {("machine", "a3-highgpu-8g", "us-west2-b"): True, ("machine", "a3-highgpu-8g", "us-central1-a"): False}
     assert catalog.problems(spec, lambda kind, name, zone: said.get((kind, name, zone))) == [
-        "zones[1]: us-central1-a does not offer nvidia-h100-80gb (Compute Engine says so): drop it"]
+        "zones[1]: us-central1-a does not offer a3-highgpu-8g (Compute Engine says so): drop it"]
+    # An attached GPU is asked about too.
+    t4 = _spec({**GPU, "machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4"}, ["us-central1-a"])
+    assert catalog.problems(t4, lambda kind, name, zone: kind != "gpu") == [
+        "zones[0]: us-central1-a does not offer nvidia-tesla-t4 (Compute Engine says so): drop it"]
     # No answer (no permission, no network): the catalog decides.
     assert catalog.problems(spec, lambda kind, name, zone: None)[0].startswith(
         "zones[0]: a3-highgpu-8g is not offered in us-west2")
@@ -149,7 +153,7 @@ def test_the_sim_answers_what_exists_from_the_catalog_and_register_prefers_it(si
     r = _respawn("jobs", "register", str(path), "--dry-run", "--project", PROJECT, cwd=tmp_path,
                  env={"RESPAWN_COMPUTE_ENDPOINT": sim_server.endpoint})
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "zones[1]: us-west2-b does not offer nvidia-h100-80gb (Compute Engine says so): drop it" in \
+    assert "zones[1]: us-west2-b does not offer a3-highgpu-8g (Compute Engine says so): drop it" in \
         " ".join(r.stderr.split())
     path.write_text(yaml.safe_dump({**BASE, "accelerator": GPU, "zones": ["us-central1-a"]}))
     r = _respawn("jobs", "register", str(path), "--dry-run", "--project", PROJECT, cwd=tmp_path,
