@@ -106,11 +106,12 @@ def stop_group(proc: subprocess.Popen, timeout: float = 10) -> None:
     stop_groups([proc], timeout)
 
 
-def stop_groups(procs: list[subprocess.Popen], timeout: float = 10) -> None:
-    """stop_group for several groups at once: each is signalled before any is waited on, so they wind down together
-    (one after the other, a gunicorn's graceful exit each, was most of the demo's teardown)."""
+def stop_groups(procs: list[subprocess.Popen], timeout: float = 10, first: int = signal.SIGTERM) -> None:
+    """stop_group for several groups at once: each is signalled (`first`, then SIGKILL after `timeout`) before any is
+    waited on, so they wind down together (one after the other, a gunicorn's graceful exit each, was most of the
+    demo's teardown)."""
     left = list(procs)  # started with start_new_session: each group's id is its leader's pid
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig in (first, signal.SIGKILL):
         for proc in list(left):
             try:
                 os.killpg(proc.pid, sig)
