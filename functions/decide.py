@@ -235,7 +235,7 @@ def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
     slice's None (decide: still booting, or after the boot grace no heartbeat) and the stalest worker's time is
     the slice's. A worker whose setup failed, or whose trainer crashed, speaks for the slice; the slice exited 0
     only when every worker did. Otherwise the first worker still working is the base, with the newest committed
-    step, any worker's notice, and its first step once every worker stepped."""
+    step, any worker's notice, and its first step once every worker reporting steps stepped."""
     if not workers or any(hb is None for hb in workers):
         return None
     hbs: list[Heartbeat] = list(workers)  # type: ignore[arg-type]
@@ -252,13 +252,15 @@ def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
     base = next((hb for hb in hbs if hb.state is not NodeState.EXITED), hbs[0])
     committed = [hb.committed_step for hb in hbs if hb.committed_step is not None]
     seen = next((hb for hb in hbs if noticed(hb)), None)
-    stepped = all(hb.first_step_at is not None and hb.first_step is not None for hb in hbs)
+    # The slice steps once every worker that reports steps has (a worker sharing its host's status file reports
+    # none): its last such worker's first step (recovery_time).
+    reporting = [hb for hb in hbs if hb.step is not None]
+    stepped = bool(reporting) and all(hb.first_step_at is not None and hb.first_step is not None for hb in reporting)
     return base.model_copy(update={
         "heartbeat_at": min(hb.heartbeat_at for hb in hbs),
         "committed_step": max(committed) if committed else None,
-        # The slice steps once every worker has: its last worker's first step (recovery_time).
-        "first_step": min(hb.first_step for hb in hbs) if stepped else None,  # type: ignore[type-var]
-        "first_step_at": max(hb.first_step_at for hb in hbs) if stepped else None,  # type: ignore[type-var]
+        "first_step": min(hb.first_step for hb in reporting) if stepped else None,  # type: ignore[type-var]
+        "first_step_at": max(hb.first_step_at for hb in reporting) if stepped else None,  # type: ignore[type-var]
         "notice": seen.notice if seen is not None else base.notice,
         "state": NodeState.PREEMPTING if seen is not None and seen.state is NodeState.PREEMPTING else base.state,
     })

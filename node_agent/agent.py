@@ -259,9 +259,10 @@ class Agent:
     def _reach(self, status: dict | None) -> dict:
         """step_idle_seconds, master_reachable and the trainer's first step (node_agent/reach.py) for this beat."""
         training = self.state is NodeState.TRAINING
-        step = (status or {}).get("step")
+        step, committed = (status or {}).get("step"), (status or {}).get("committed_step")
         idle = self.step_clock.idle(training, (self.started_at, self.trainer_generation),
-                                    step if isinstance(step, int) else None)
+                                    step if isinstance(step, int) else None,
+                                    committed if isinstance(committed, int) else None)
         reachable = None
         if self.master_probe is not None:
             g = self.generation

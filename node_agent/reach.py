@@ -26,12 +26,16 @@ class StepClock:
         self._step: int | None = None
         self._since = time.monotonic()
         # The running trainer's first step and when it was seen (wall clock): where its training began (the
-        # report's step line, goodput); None before it stepped. As fine as the beats that read the status file.
+        # report's step line, goodput, a recovery's end: respawn.control.recovery_time); None before it stepped.
+        # As fine as the beats that read the status file.
         self.first_step: int | None = None
         self.first_step_at: datetime | None = None
 
-    def idle(self, running: bool, trainer: Hashable, step: int | None) -> float | None:
-        """`trainer` names the trainer's life (a new one restarts the clock); None while no trainer runs."""
+    def idle(self, running: bool, trainer: Hashable, step: int | None, committed: int | None = None
+             ) -> float | None:
+        """`trainer` names the trainer's life (a new one restarts the clock); None while no trainer runs.
+        `committed`: the status file's committed step. A step at or below it is no step trained: the status's
+        first write (step 0) and a restore (step = committed step) are not the first step."""
         now = time.monotonic()
         if not running:
             self._key = None
@@ -41,7 +45,7 @@ class StepClock:
             self.first_step = self.first_step_at = None
         if step != self._step:
             self._step, self._since = step, now
-            if self.first_step is None:
+            if self.first_step is None and step is not None and step > (committed if committed is not None else 0):
                 self.first_step, self.first_step_at = step, datetime.now(timezone.utc)
         return None if self._step == self._start_step else now - self._since
 

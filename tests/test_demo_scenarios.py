@@ -333,6 +333,9 @@ def test_multi_node_scenario(tmp_path, name):
     assert out["max_live_per_slot"] == 1  # never two nodes for one slot
     assert out["lost_steps"] == 0 and out["restarts"] == len(sc.preemptions)
     assert out["zones"] == [sc.zones[0].name]  # every node in the job's zone; none moved
+    # Every recovery has its figure, once every member of the new generation steps, with nothing lost.
+    told = check_recoveries(out)
+    assert told and all(d["steps_lost"] == 0 for d in told), told
     check_members(tmp_path, sc, out)
     causes = [t["cause"] for t in out["transitions"]]
     if name == "elastic":
@@ -404,6 +407,9 @@ def test_scenario(tmp_path, name):
         assert 0 < out["lost_steps"]
     elif name.startswith("tpu-slice"):
         assert out["lost_steps"] == 0
+        # Each preemption of the slice is one recovery, its figure once both workers step again, nothing lost.
+        assert len(out["recovery_seconds"]) == len(sc.preemptions)
+        assert [d["steps_lost"] for d in check_recoveries(out)] == [0] * len(sc.preemptions)
         check_tpu_slice(tmp_path, sc, out)
     elif name == "jax":
         # The host error gives no notice: at most the steps since the last periodic checkpoint are redone.

@@ -53,6 +53,29 @@ def test_a_recovery_from_its_notice_to_every_rank_stepping(case, furthest, ranks
                                                      f"{lost} steps lost")
 
 
+def test_a_slice_worker_that_reports_no_step_does_not_hold_it_up():
+    # Two workers sharing one host's status file (the demo's sim): the second reports no step at all.
+    silent = Heartbeat(job_id="j", attempt=2, worker=1, state=NodeState.TRAINING, heartbeat_at=at(40))
+    r = recovery_time.measure("preempted", NOTICE, 60, [slice_heartbeat([rank(20, 62, 60), silent])])
+    assert r is not None and r.seconds == 20.0
+
+
+def test_the_agents_first_step_is_the_first_step_trained():
+    from respawn.agent.reach import StepClock
+
+    clock = StepClock()
+    # The status file at the trainer's start (an earlier life's), its first write, the restore, then a step.
+    for step, committed in ((93, 93), (0, None), (60, 60)):
+        clock.idle(True, "life-2", step, committed)
+        assert clock.first_step is None, (step, committed)
+    clock.idle(True, "life-2", 61, 60)
+    assert clock.first_step == 61 and clock.first_step_at is not None
+    fresh = StepClock()  # a run with no checkpoint: its step 1 is its first
+    fresh.idle(True, "life-1", 0, None)
+    fresh.idle(True, "life-1", 1, None)
+    assert fresh.first_step == 1
+
+
 def test_no_recovery_until_every_rank_has_stepped():
     assert recovery_time.measure("preempted", NOTICE, 58, [rank(12, 62, 60), rank(None, 60, 60)]) is None
     assert recovery_time.measure("preempted", NOTICE, 58, [slice_heartbeat([rank(20, 62, 60),
