@@ -5,7 +5,8 @@ it lost; and the one vocabulary of loss causes. Pure: no I/O, no clock.
   controller seeing the node lost, whichever came first (a hard kill has no notice: its detection starts the clock).
   It is the loss's `preempted_at` in the job's status.
 - Every rank stepping again: the last rank's first step of the resumed run, as its agent saw it (each heartbeat's
-  `first_step_at`: a single node, every worker of a TPU slice, every member of a generation).
+  `first_step_at`, the first step past the restored one: node_agent/reach.py; a single node, every worker of a TPU
+  slice, every member of a generation).
 - Steps lost: the furthest step reached before the resume minus the step the resumed run restored (its committed
   step when it first stepped): taken after the notice's emergency commit, so a step it kept is not lost.
 
@@ -32,7 +33,6 @@ PREEMPTED = "preempted"  # the platform took the node: Spot/preemptible preempti
 RUN_ENDED = models.RUN_ENDED  # a run ended as its model planned (a flex-start VM's max run duration)
 NO_HEARTBEAT = "no_heartbeat"  # a boot whose agent never reported
 FAILURES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # the job's own (decide.FAILURE_CAUSES)
-LOSS_CAUSES = (PREEMPTED, RUN_ENDED, NO_HEARTBEAT, *FAILURES)
 
 
 def loss_cause(signal: str, noticed: bool = False) -> str:
@@ -80,8 +80,8 @@ def resumed_run(hb: Heartbeat, recovering: bool, notice_at: datetime | None) -> 
 
 def _stepped(hb: Heartbeat) -> tuple[datetime, int] | None:
     """(when this rank first stepped in its run, the step it resumed from), or None before it stepped past it. A
-    restored trainer reports its restored step as committed; a first step the agent caught at or below it (its
-    status file read before the restore) leaves the time of the beat that shows it past."""
+    restored trainer reports its restored step as committed; a first step at or below it (an agent that counted the
+    status file's first write or the restore as one) leaves the time of the beat that shows it past."""
     if hb.first_step_at is None or hb.first_step is None or hb.step is None:
         return None
     resumed = hb.committed_step if hb.committed_step is not None else 0
