@@ -2,10 +2,12 @@
 Drawn for the demo (sim/demo: from the heartbeats it sampled) and for a real job (respawn/report.py: from its
 events and its nodes' heartbeats, `respawn jobs report`).
 
-Rows are zones; bars are node lifetimes; red marks are preemption notices, purple ones the moment the job steps
-again after each (its notice-to-step time in the mark's tip and the summary); the bottom panel is training progress
-(steps over time, one line per trainer life) with its checkpoints; grey bands are downtime, when no node was
-training.
+Above the chart, a headline of the figures a user asks first (a report's: respawn.report.headline). Rows are
+zones; bars are node lifetimes; red marks are preemption notices, purple ones the moment the job steps again after
+each, with the recovery time between them over the chart; the bottom panel is training progress (steps over time,
+one line per trainer life) with its checkpoints (green dots) and emergency saves (orange diamonds on the step line,
+labelled, drawn over the rest); grey bands are downtime, when no node was training. The legend names only what is
+drawn; the times of the axis are seconds since the chart's 0.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Mark:
     kind: str  # notice, checkpoint, emergency, restart, training again (the job steps again after a notice)
     label: str = ""
     zone: str | None = None
+    step: int | None = None  # a checkpoint's or an emergency save's step: drawn on the step line
 
 
 @dataclass
@@ -45,14 +48,27 @@ class Timeline:
     progress: list[list[tuple[float, int]]] = field(default_factory=list)  # per trainer life: (t, step)
     total_steps: int = 0
     summary: dict = field(default_factory=dict)
+    headline: list[tuple[str, str, str]] = field(default_factory=list)  # (key, label, value), above the chart
+    recoveries: list[tuple[float, float, str]] = field(default_factory=list)  # (notice, stepping again, its time)
 
 
-_W, _LEFT, _ROW, _TOP, _PROGRESS = 1000, 130, 34, 40, 150
+_W, _LEFT, _ROW, _TOP, _PROGRESS = 1000, 130, 34, 50, 150
 # Bars by provisioning model (Spot, and unknown, the default blue).
 _MODEL_FILL = {"flex-start": ("#c7e9c0", "#31a354"), "standard": ("#d9d9d9", "#636363"),
                "preemptible": ("#dadaeb", "#756bb1")}
 _COLOURS = {"notice": "#d62728", "checkpoint": "#2ca02c", "emergency": "#ff7f0e", "restart": "#1f77b4",
             "training again": "#9467bd"}
+_LEGEND = {"notice": "notice", "checkpoint": "checkpoint", "emergency": "emergency save", "restart": "restart",
+           "training again": "every rank stepping again"}
+
+
+def _plain(value: object) -> str:
+    """A value in words, not a repr: a list joined by commas, a mapping as 'key: value; …'."""
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_plain(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_plain(v) for v in value)
+    return str(value)
 
 
 def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]]] = ()) -> str:
@@ -97,23 +113,48 @@ def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]
             pts = " ".join(f"{x(t):.1f},{yv(s):.1f}" for t, s in points)
             svg.append(f'<polyline class="progress" data-life="{i}" points="{pts}" fill="none" stroke="#555555" '
                        f'stroke-width="1.5"><title>life {i + 1}: steps {points[0][1]}–{points[-1][1]}</title></polyline>')
-    for m in tl.marks:
+    order = {"checkpoint": 0, "emergency": 2}  # an emergency save is drawn over every other mark
+    for m in sorted(tl.marks, key=lambda m: order.get(m.kind, 1)):
         colour = _COLOURS.get(m.kind, "#555555")
         tip = html.escape(f"{m.kind} at {m.t:.1f} s {m.label}".strip())
-        if m.kind in ("checkpoint", "emergency"):
-            svg.append(f'<circle cx="{x(m.t):.1f}" cy="{py0 + _PROGRESS + 8}" r="4" fill="{colour}"><title>{tip}</title></circle>')
+        if m.kind == "emergency":
+            cx, cy = x(m.t), (yv(m.step) if m.step is not None else py0 + _PROGRESS + 8)
+            svg.append(f'<path class="mark emergency" d="M{cx:.1f},{cy - 8:.1f} l8,8 l-8,8 l-8,-8 z" fill="{colour}" '
+                       f'stroke="#ffffff"><title>{tip}</title></path>')
+            svg.append(f'<text x="{cx + 10:.1f}" y="{cy - 6:.1f}" fill="{colour}" font-weight="bold">emergency save'
+                       + (f" {m.step}" if m.step is not None else "") + "</text>")
+        elif m.kind == "checkpoint":
+            svg.append(f'<circle class="mark checkpoint" cx="{x(m.t):.1f}" cy="{py0 + _PROGRESS + 8}" r="4" '
+                       f'fill="{colour}"><title>{tip}</title></circle>')
         else:
-            svg.append(f'<line x1="{x(m.t):.1f}" y1="{_TOP - 10}" x2="{x(m.t):.1f}" y2="{py0 + _PROGRESS}" '
-                       f'stroke="{colour}" stroke-dasharray="4,3"><title>{tip}</title></line>')
+            svg.append(f'<line class="mark {html.escape(m.kind.replace(" ", "-"))}" x1="{x(m.t):.1f}" y1="{_TOP - 10}" '
+                       f'x2="{x(m.t):.1f}" y2="{py0 + _PROGRESS}" stroke="{colour}" stroke-dasharray="4,3">'
+                       f'<title>{tip}</title></line>')
+    for t0, t1, said in tl.recoveries:  # the recovery time, over the chart, from its notice to stepping again
+        y = _TOP - 18
+        svg.append(f'<line class="recovery" x1="{x(t0):.1f}" y1="{y}" x2="{x(t1):.1f}" y2="{y}" stroke="#9467bd" '
+                   f'stroke-width="2"/><text x="{(x(t0) + x(t1)) / 2:.1f}" y="{y - 5}" text-anchor="middle" '
+                   f'fill="#9467bd">recovery {html.escape(said)}</text>')
     for k in range(6):
         t = span * k / 5
-        svg.append(f'<text x="{x(t) - 10:.1f}" y="{height - 12}">{t:.0f} s</text>')
+        anchor = "start" if k == 0 else "end" if k == 5 else "middle"
+        svg.append(f'<text x="{x(t):.1f}" y="{height - 12}" text-anchor="{anchor}">{t:.0f} s</text>')
     svg.append("</svg>")
-    legend = " · ".join(f'<span style="color:{c}">■</span> {k}' for k, c in _COLOURS.items())
-    if any(n.model for n in tl.nodes):
-        legend += " · bars: " + " · ".join(f'<span style="color:{s}">■</span> {m}' for m, (_, s) in
-                                          {"spot": ("", "#3182bd"), **_MODEL_FILL}.items())
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in tl.summary.items())
+    drawn = [k for k in _LEGEND if any(m.kind == k for m in tl.marks)]
+    legend = [f'<span style="color:{_COLOURS[k]}">{"◆" if k == "emergency" else "■"}</span> {_LEGEND[k]}' for k in drawn]
+    if tl.recoveries:
+        legend.append('<span style="color:#9467bd">━</span> recovery time')
+    if tl.progress:
+        legend.append('<span style="color:#555555">━</span> steps of each run')
+    if tl.downtime:
+        legend.append("<span style='color:#bbbbbb'>■</span> downtime")
+    models = list(dict.fromkeys(n.model for n in tl.nodes if n.zone in tl.zones))
+    bars = [f'<span style="color:{_MODEL_FILL.get(m, ("", "#3182bd"))[1]}">■</span> {html.escape(m or "node")}'
+            for m in models]
+    legend.append("bars, node lives per zone: " + " · ".join(bars) if bars else "")
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_plain(v))}</td></tr>" for k, v in tl.summary.items())
+    head = "".join(f"<div class='figure' data-figure='{html.escape(key)}'><div class='value'>{html.escape(value)}</div>"
+                   f"<div class='label'>{html.escape(label)}</div></div>" for key, label, value in tl.headline)
     more = "".join(
         f"<h3>{html.escape(title)}</h3><table class='{html.escape(title)}'><tr>"
         + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
@@ -123,8 +164,12 @@ def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(tl.title)}</title>"
         "<style>body{font-family:sans-serif;margin:20px}th{text-align:left;padding-right:12px}"
-        "td{padding-right:12px;vertical-align:top}</style></head><body>"
-        f"<h2>{html.escape(tl.title)}</h2>{''.join(svg)}"
-        f"<p>{legend} · <span style='color:#bbbbbb'>■</span> downtime · bars: node lifetimes per zone</p>"
+        "td{padding-right:12px;vertical-align:top}td:first-child{white-space:nowrap}.headline{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0 4px}"
+        ".figure{border:1px solid #dddddd;border-radius:4px;padding:6px 10px;min-width:120px;max-width:300px}"
+        ".figure .value{font-size:20px;font-weight:bold}.figure .label{font-size:12px;color:#555555}"
+        "</style></head><body>"
+        f"<h2>{html.escape(tl.title)}</h2>"
+        + (f"<section class='headline'>{head}</section>" if head else "")
+        + f"{''.join(svg)}<p class='legend'>{' · '.join(part for part in legend if part)} · time: seconds since the chart's 0</p>"
         f"<table class='summary'>{rows}</table>{more}</body></html>"
     )

@@ -111,7 +111,8 @@ def test_the_cli_writes_the_page_and_its_figures_match_the_events(firestore_db, 
     assert figures["recoveries"] == recoveries
     assert figures["buckets_seconds"]["infrastructure_recovery_from_disruption"] == 30.0
     html = page.read_text()
-    assert 'data-node="j-1"' in html and 'data-node="j-2"' in html and "trainer_succeeded" in html
+    assert 'data-node="j-1"' in html and 'data-node="j-2"' in html and "j-2 trainer succeeded in z-b" in html
+    assert "data-figure='steps'><div class='value'>- of 100</div>" in html  # the status holds no step
     described = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "j", "--project", project],
                                capture_output=True, text=True, timeout=60)
     assert described.returncode == 0, described.stderr
@@ -123,17 +124,64 @@ def test_the_cli_writes_the_page_and_its_figures_match_the_events(firestore_db, 
     assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
 
 
-def test_the_page_renders_every_life_and_the_totals_in_chromium(browser, tmp_path):
-    r = report.build("j", "SUCCEEDED", T0, at(300), EVENTS, BEATS)
+# The job's record the page is built from: its document (the status: steps, preemptions, the cost ledger).
+DOC = {"spec": {"zones": ["z-a", "z-b"]}, "created_at": T0, "status": schema.JobStatus(
+    state=State.SUCCEEDED, total_steps=100, last_step=100, last_committed_step=100, preemptions=1,
+    cost=schema.CostLedger(closed_usd=0.0259, closed_on_demand_usd=0.0777, note="offline table (z)")).model_dump()}
+
+
+def test_the_page_answers_the_user_in_chromium(browser, tmp_path):
+    r = report.of_record("j", DOC, EVENTS, BEATS, at(400))
     path = tmp_path / "report.html"
-    path.write_text(report.render(r, ["z-a", "z-b"], EVENTS, 100))
-    page, errors = open_page(browser, path)
+    path.write_text(report.render(r, ["z-a", "z-b"], EVENTS))
+    page, errors = open_page(browser, path, screenshot="report-page.png")
     assert errors == []
+    # The headline, each figure from the record: the status, the `recovered` event's figure, the ledger, the buckets.
+    status = schema.JobStatus.model_validate(DOC["status"])
+    [told] = [e.details for e in EVENTS if e.cause == "recovered"]
+    ran = (100 - 11) + (300 - 130)  # seconds a node ran: j-1 from running to its loss, j-2 to the end
+    headline = {f.get_attribute("data-figure"): f.locator(".value").inner_text()
+                for f in page.locator(".headline .figure").all()}
+    assert headline == {
+        "state": "succeeded",
+        "steps": f"{status.last_step} of {status.total_steps}",
+        "preemptions": str(status.preemptions),
+        "recoveries": f"{told['recovery_seconds']:.1f} s",
+        "steps_lost": str(told["steps_lost"]),
+        "cost": f"${status.cost.closed_usd:.4f} (on demand ${status.cost.closed_on_demand_usd:.4f})",
+        "saved": f"{1 - status.cost.closed_usd / status.cost.closed_on_demand_usd:.0%}",
+        "cost_per_preemption": f"${told['recovery_seconds'] * status.cost.closed_usd / ran:.4f}",
+        "goodput": f"{158 / 300:.1%}",
+    }
     assert page.locator("rect.life").count() == 2
     assert page.locator("rect.life").nth(1).get_attribute("data-model") == "flex-start"
-    summary = dict(zip(page.locator("table.summary th").all_inner_texts(),
-                       page.locator("table.summary td").all_inner_texts()))
-    assert summary["goodput"] == f"{158 / 300:.1%}" and summary["lives"] == "2"
-    assert summary["infrastructure recovery from disruption"] == "30.0 s"
-    assert page.locator("table.events tr").count() == len(EVENTS) + 1  # its header, then every event
     assert page.locator("polyline.progress").count() == 2
+    # The notice where it came (100 s on the chart's axis), the recovery time drawn from it; j-1's last checkpoint
+    # (step 50, not its last step 58) is no emergency save; the legend names only what is drawn.
+    assert page.locator("line.mark.notice title").text_content() == "notice at 100.0 s preempted j-1"
+    assert page.locator(".recovery + text").text_content() == "recovery 90.0 s"
+    assert page.locator(".mark.emergency").count() == 0 and page.locator(".mark.checkpoint").count() == 2
+    legend = page.locator("p.legend").inner_text()
+    assert "notice" in legend and "flex-start" in legend
+    assert not any(w in legend for w in ("emergency", "downtime", "standard", "preemptible"))
+    # The buckets in words, adding up to the wall time; every event in words at its time on the chart's axis.
+    goodput = page.locator("table.goodput td:first-child").all_inner_texts()
+    assert goodput == [report.BUCKET_WORDS[k][0] for k in report.BUCKETS]
+    events = [row.locator("td").all_inner_texts() for row in page.locator("table.events tr").all()[1:]]
+    assert len(events) == len(EVENTS)
+    assert events[3] == ["100.0 s", "RUNNING → PROVISIONING", "j-1 preempted in z-a at step 58 (committed 50); "
+                                                               "restarting it in place"]
+    assert events[4][2] == "z-a refused j-1: no capacity (STOCKOUT)"
+    assert events[7][2] == ("j-2: recovered in 90.0 s (notice → every rank stepping), 8 steps lost (preempted); "
+                            "resumed from step 50")
+    assert not any("{" in cell or "=" in cell for row in events for cell in row)  # no dict reprs
+
+
+def test_an_emergency_save_is_drawn_on_the_step_line():
+    # j-1's last step committed as it was lost: the notice's emergency save, over the rest, labelled.
+    events = [e.model_copy(update={"details": {**e.details, "lost": {**e.details["lost"], "committed_step": 58}}})
+              if e.details.get("lost") else e for e in EVENTS]
+    page = report.render(report.of_record("j", DOC, events, BEATS, at(400)), ["z-a", "z-b"], events)
+    assert page.count('class="mark emergency"') == 1 and ">emergency save 58</text>" in page
+    assert page.index('class="mark checkpoint"') < page.index('class="mark emergency"')  # drawn last, on top
+    assert "emergency save" in page[page.index("class='legend'"):]

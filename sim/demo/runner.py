@@ -747,15 +747,17 @@ class DemoRun:
                  for start, end in h["live"]]
         result.update(max_queued_resources=max_live(serving(asked, self.noticed), wall),
                       queued_resources_left=len(self.sim.queued_resources(job_id)))
+        told = []
         for r in recoveries(recovered):  # the controller's figure, on the run's clock
             notice, back = (datetime.fromisoformat(r[k]).timestamp() - self._wall_t0 for k in ("notice_at", "stepping_at"))
             marks.append(Mark(back, "training again", f"{recovery_time.text(r['recovery_seconds'])} after the notice "
                                                       f"at {notice:.1f} s (recovery time)"))
+            told.append((notice, back, recovery_time.text(r["recovery_seconds"])))
         ordered = lives(samples)
         for prev, nxt in zip(ordered, ordered[1:]):
             downtime = (prev.last_t, nxt.first_t)
             marks.append(Mark(prev.last_t, "emergency" if prev.last_committed == prev.last_step else "checkpoint",
-                              f"committed step {prev.last_committed}"))
+                              f"committed step {prev.last_committed}", step=prev.last_committed))
             marks.append(Mark(nxt.first_t, "restart", f"{nxt.node} resumed"))
             result.setdefault("_downtime", []).append(downtime)
         committed_seen: set[int] = set()
@@ -769,7 +771,7 @@ class DemoRun:
         timeline = Timeline(title=f"respawn demo: {self.sc.name}", wall_seconds=wall, zones=[z.name for z in self.sc.zones],
                             nodes=spans, marks=marks, downtime=downtime, progress=progress_series(samples),
                             total_steps=self.total_steps or 0,
-                            summary={k: v for k, v in result.items() if k != "alerts"})
+                            summary={k: v for k, v in result.items() if k != "alerts"}, recoveries=told)
         (self.out / "timeline.html").write_text(render_html(timeline))
         result["expected_state"] = self.sc.expect.state.value
         result["timeline"] = str(self.out / "timeline.html")
