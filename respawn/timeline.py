@@ -114,6 +114,7 @@ def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]
             svg.append(f'<polyline class="progress" data-life="{i}" points="{pts}" fill="none" stroke="#555555" '
                        f'stroke-width="1.5"><title>life {i + 1}: steps {points[0][1]}–{points[-1][1]}</title></polyline>')
     order = {"checkpoint": 0, "emergency": 2}  # an emergency save is drawn over every other mark
+    labelled: set[int | None] = set()  # an emergency save's step, labelled once (a demo sees some twice)
     for m in sorted(tl.marks, key=lambda m: order.get(m.kind, 1)):
         colour = _COLOURS.get(m.kind, "#555555")
         tip = html.escape(f"{m.kind} at {m.t:.1f} s {m.label}".strip())
@@ -121,8 +122,10 @@ def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]
             cx, cy = x(m.t), (yv(m.step) if m.step is not None else py0 + _PROGRESS + 8)
             svg.append(f'<path class="mark emergency" d="M{cx:.1f},{cy - 8:.1f} l8,8 l-8,8 l-8,-8 z" fill="{colour}" '
                        f'stroke="#ffffff"><title>{tip}</title></path>')
-            svg.append(f'<text x="{cx + 10:.1f}" y="{cy - 6:.1f}" fill="{colour}" font-weight="bold">emergency save'
-                       + (f" {m.step}" if m.step is not None else "") + "</text>")
+            if m.step not in labelled:
+                labelled.add(m.step)
+                svg.append(f'<text x="{cx + 10:.1f}" y="{cy - 6:.1f}" fill="{colour}" font-weight="bold">emergency '
+                           f'save{"" if m.step is None else f" {m.step}"}</text>')
         elif m.kind == "checkpoint":
             svg.append(f'<circle class="mark checkpoint" cx="{x(m.t):.1f}" cy="{py0 + _PROGRESS + 8}" r="4" '
                        f'fill="{colour}"><title>{tip}</title></circle>')
