@@ -130,6 +130,13 @@ def test_default_scenario(tmp_path, browser):
                        page.locator("table.summary td").all_inner_texts()))
     assert summary["state"] == "SUCCEEDED" and summary["lives"] == "3"
     assert summary["cost"].startswith("$") and "(on demand $" in summary["cost"]  # the controller's ledger
+    # Its headline, from the same record: the job's steps, preemptions, the recovered events' figures, the ledger.
+    headline = {f.get_attribute("data-figure"): f.locator(".value").inner_text()
+                for f in page.locator(".headline .figure").all()}
+    assert (headline["state"], headline["steps"], headline["preemptions"], headline["steps_lost"]) == (
+        "succeeded", f"{out['final_step']} of {out['total_steps']}", "2", "0")
+    assert headline["recoveries"] == ", ".join(f"{x:.1f} s" for x in out["recovery_seconds"])
+    assert out["cost"].startswith(headline["cost"].removesuffix(")") + ";"), (headline["cost"], out["cost"])
     assert out["restarts"] == 2 and out["lost_steps"] == 0
     # The preempted first node's logs, read back by `respawn jobs logs` after its replacement ran (docs/watching.md):
     # its setup's output and the trainer's last words, said during the notice, each line naming its node.
