@@ -12,7 +12,8 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
      #   "steps_lost", "furthest_step", "resumed_from", "loss_cause": the alert's `cause`), "committed_step" (the step it resumed from),
      #   "stages" (where the recovery's time went: alerts.STAGES → seconds)
      # waiting_for_capacity: "next_attempt_at", "zones"; failed / invalid_spec: "errors" (list[str]) when known
-     # succeeded: "committed_step", "zone"; crashed: "exit_code", "output_tail"
+     # succeeded: "committed_step", "zone", the recovery's fields when its last run finished before a recovered was
+     #   sent (recovery_time.told); crashed: "exit_code", "output_tail"
      # boot_failed (no agent heartbeat within the boot grace; the node is replaced): "node", "zone", "console_tail"
      # preemption_rate (more than spec.preemption_rate.max in its window): "max", "window_hours", "action"
      # failed with cause setup_failed: "failed_command" (argv), "exit_code", "output_tail"
@@ -93,6 +94,9 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
         facts += [("Zone", str(alert.get("zone") or "?")), ("Restarts", str(alert.get("restarts", 0)))]
         if alert.get("committed_step") is not None:
             facts.append(("Committed step", str(alert["committed_step"])))
+        if "recovery_seconds" in alert:  # its last run stepped and finished before a `recovered` was sent
+            facts += [("Recovery time", recovery_time.text(alert["recovery_seconds"])),
+                      ("Steps lost", "unknown" if alert.get("steps_lost") is None else str(alert["steps_lost"]))]
     elif kind == "crashed":
         facts += [("Exit code", str(alert.get("exit_code"))), ("Restarts", str(alert.get("restarts", "?"))),
                   *_losses(alert)]

@@ -299,9 +299,12 @@ def _decide(o: Observation) -> Decision:
         st = _upd(s, now, state=State.SUCCEEDED, message="trainer exited 0", exit_code=0,
                   last_committed_step=committed, last_step=hb.step if hb.step is not None else s.last_step,
                   total_steps=hb.total_steps if hb.total_steps is not None else s.total_steps, recovering=False)
+        # A run that stepped and finished before a reconcile told its recovery: the end tells it (recovery_time.told).
+        back = recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, [hb]) if s.recovering else None
+        told = back.fields() if back is not None else {}
         alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0; node deleted", zone=s.zone,
-                            restarts=s.restarts, attempt=s.attempt, committed_step=committed)
-        return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert)
+                            restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told)
+        return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert, told)
     if hb is not None and hb.state is NodeState.SETUP_FAILED and not noticed(hb):
         return _setup_failed(o, s, hb)
     if o.hint in NOTICES:

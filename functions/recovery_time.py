@@ -11,7 +11,8 @@ it lost; and the one vocabulary of loss causes. Pure: no I/O, no clock.
   step when it first stepped): taken after the notice's emergency commit, so a step it kept is not lost.
 
 The decision core measures it (`measure`) when the job steps again (decide._progress for one node, job._recovered
-for several), and the `recovered` alert and event carry it (`Recovery.fields`); Slack, `respawn jobs
+for several; the agent wakes the controller at a trainer's first step), and the `recovered` alert and event carry
+it (`Recovery.fields`; the `succeeded` ones when the run finished before a reconcile saw it step: `told`); Slack, `respawn jobs
 describe/events/report`, `respawn chaos` and the demo's summary and live view read it from there (`read`, `text`).
 """
 
@@ -79,16 +80,13 @@ def resumed_run(hb: Heartbeat, recovering: bool, notice_at: datetime | None) -> 
 
 
 def _stepped(hb: Heartbeat) -> tuple[datetime, int] | None:
-    """(when this rank first stepped in its run, the step it resumed from), or None before it stepped past it. A
-    restored trainer reports its restored step as committed; a first step at or below it (an agent that counted the
-    status file's first write or the restore as one) leaves the time of the beat that shows it past."""
-    if hb.first_step_at is None or hb.first_step is None or hb.step is None:
+    """(when this rank first stepped in its run, the step it resumed from), or None before it stepped. Its agent's
+    first step is the first past the step its trainer restored (node_agent/reach.py), so the run resumed from the
+    step before it, or from the committed step it reports when that is older (a first step seen a few steps late)."""
+    if hb.first_step_at is None or hb.first_step is None:
         return None
-    resumed = hb.committed_step if hb.committed_step is not None else 0
-    resumed = min(resumed, hb.step)
-    if hb.step <= resumed and hb.first_step <= resumed:
-        return None
-    return (hb.first_step_at if hb.first_step > resumed else hb.heartbeat_at), resumed
+    resumed = hb.first_step - 1 if hb.committed_step is None else min(hb.committed_step, hb.first_step - 1)
+    return hb.first_step_at, max(resumed, 0)
 
 
 def measure(cause: str | None, notice_at: datetime | None, furthest_step: int | None,
@@ -104,6 +102,12 @@ def measure(cause: str | None, notice_at: datetime | None, furthest_step: int | 
     resumed = min(r for _, r in stepped)  # type: ignore[misc]
     furthest = max(furthest_step, resumed) if furthest_step is not None else None
     return Recovery(cause, notice_at, max(at, notice_at), furthest, resumed)
+
+
+def told(cause: str, details: Mapping[str, Any]) -> bool:
+    """An event (or alert) that tells a recovery: `recovered`, or the job's end when its last run stepped and
+    finished before a reconcile said so (its `trainer_succeeded` then carries the figure)."""
+    return cause == "recovered" or "recovery_seconds" in details
 
 
 def read(details: Mapping[str, Any]) -> Recovery | None:

@@ -260,9 +260,14 @@ class Agent:
         """step_idle_seconds, master_reachable and the trainer's first step (node_agent/reach.py) for this beat."""
         training = self.state is NodeState.TRAINING
         step, committed = (status or {}).get("step"), (status or {}).get("committed_step")
+        before = self.step_clock.first_step
         idle = self.step_clock.idle(training, (self.started_at, self.trainer_generation),
                                     step if isinstance(step, int) else None,
                                     committed if isinstance(committed, int) else None)
+        if before is None and self.step_clock.first_step is not None:
+            # The trainer's first step: a recovery ends here (respawn.control.recovery_time), told now rather
+            # than at the next sweep, before the job may end or lose this node again.
+            self._wake_controller("the trainer's first step", time.monotonic())
         reachable = None
         if self.master_probe is not None:
             g = self.generation
@@ -543,7 +548,8 @@ class Agent:
 
     def _wake_controller(self, why: str, since: float):
         """This node's trainer ended on its own (an error, or done: the job's nodes go now rather than at the next
-        sweep), its setup failed, or it is a member prepared and waiting for a generation; not on a notice: once a
+        sweep), its setup failed, it took its first step (a recovery's end), or it is a member prepared and waiting
+        for a generation; not on a notice: once a
         heartbeat composed after the monotonic time `since`
         (so saying so) has landed, publish the job's sweep nudge in the background (nudge.py). Returns the thread,
         or None when there is no sweep topic or a notice came (the node is going away: not its own failure)."""

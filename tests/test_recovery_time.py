@@ -39,9 +39,9 @@ def rank(first_at: float | None, step: int, committed: int | None, first: int | 
     ("multi-node, 3 members", 58, [rank(12, 62, 60), rank(13, 61, 60), rank(19.96, 61, 60)], 20.0, 0, 60),
     # An elastic job that lost a member and trains on fewer: the survivors restored the periodic step 40.
     ("elastic member loss", 47, [rank(8, 44, 40), rank(9, 42, 40)], 9.0, 7, 40),
-    # No notice (a hard kill): the controller's detection starts the clock; a restore seen before its first step
-    # (first step caught at the restored step) counts from the beat that shows it past.
-    ("no notice (hard kill)", 90, [rank(3, 95, 90, first=90, beat=33)], 33.0, 0, 90),
+    # No notice (a hard kill): the controller's detection starts the clock; the periodic step 90 was restored, its
+    # first step seen a few steps late (at 93).
+    ("no notice (hard kill)", 95, [rank(3, 97, 90, first=93)], 3.0, 5, 90),
 ])
 def test_a_recovery_from_its_notice_to_every_rank_stepping(case, furthest, ranks, seconds, lost, resumed):
     r = recovery_time.measure("preempted", NOTICE, furthest, ranks)
@@ -80,7 +80,7 @@ def test_no_recovery_until_every_rank_has_stepped():
     assert recovery_time.measure("preempted", NOTICE, 58, [rank(12, 62, 60), rank(None, 60, 60)]) is None
     assert recovery_time.measure("preempted", NOTICE, 58, [slice_heartbeat([rank(20, 62, 60),
                                                                             rank(None, 60, 60, worker=1)])]) is None
-    assert recovery_time.measure("preempted", NOTICE, 58, [rank(3, 60, 60, first=60)]) is None  # restored, no step
+    assert recovery_time.measure("preempted", NOTICE, 58, [rank(None, 60, 60)]) is None  # restored, no step yet
     assert recovery_time.measure("preempted", None, 58, [rank(12, 62, 60)]) is None
     assert recovery_time.read({"recovery_seconds": 5}) is None  # an older event: no figure to read back
 
@@ -103,6 +103,23 @@ def test_only_a_run_begun_after_the_notice_is_the_resumed_one():
 ])
 def test_the_same_fault_gives_the_same_cause(signal, noticed, cause):
     assert recovery_time.loss_cause(signal, noticed) == cause
+
+
+def test_a_run_that_finished_before_its_recovery_was_told_tells_it_at_its_end():
+    from dataclasses import replace
+
+    from respawn.control import decide
+    from test_decide_table import NOW, hb, obs
+
+    lost = NOW - timedelta(seconds=30)
+    done = hb("exited", exit_code=0, step=120, committed_step=120, started_at=lost + timedelta(seconds=5),
+              first_step=101, first_step_at=lost + timedelta(seconds=12))
+    d = decide.decide(replace(obs("RUNNING", recovering=True, preempted_at=lost, last_step=103,
+                                  last_cause="preempted"), heartbeat=done))
+    assert d.cause == "trainer_succeeded" and recovery_time.told(d.cause, d.details)
+    assert (d.details["recovery_seconds"], d.details["steps_lost"]) == (12.0, 3)  # resumed from the commit at 100
+    text = alerts.to_slack(d.alert)["text"]
+    assert "recovery time: 12.0 s" in text and "steps lost: 3" in text
 
 
 def test_slack_shows_the_figure_itself():

@@ -697,7 +697,9 @@ class DemoRun:
                 continue
             seen.add(ev.id)
             e = ev.to_dict()
-            told = recovery_time.line(e.get("details") or {}) if e.get("cause") == "recovered" else e.get("cause")
+            details = e.get("details") or {}
+            told = recovery_time.line(details) if e.get("cause") == "recovered" else e.get("cause") + (
+                f"; {recovery_time.line(details)}" if recovery_time.told(e.get("cause"), details) else "")
             line = f"{e.get('from_state') or '-'} → {e.get('to_state')}: {told}"
             progress.events.append(line)
             self.say(f"event: {line}")
@@ -735,7 +737,7 @@ class DemoRun:
                 spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running",
                                       workers=len(hosts.get(h["name"]) or [0])))
         alerts = [p.get("text", "") for p in self.slack.payloads]
-        recovered = [e["details"] for e in transitions if e["cause"] == "recovered"]
+        recovered = [e["details"] for e in transitions if recovery_time.told(e["cause"], e["details"])]
         rec = RunRecord(job_id=job_id, total_steps=self.total_steps, wall_seconds=wall, state=status.state.value,
                         restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts,
                         noticed=self.noticed, recovered=recovered)
