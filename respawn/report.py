@@ -104,6 +104,8 @@ class Recovery:
     training_at: datetime | None  # every rank stepping again
     seconds: float | None = None  # the recovery time, as every renderer shows it
     steps_lost: int | None = None
+    resumed_from: int | None = None  # the step the resumed run restored (the figure's)
+    took: list[Life] = field(default_factory=list)  # the lives it replaced
 
 
 @dataclass
@@ -192,14 +194,15 @@ def recoveries(all_lives: list[Life], events: Iterable[JobEvent]) -> list[Recove
         fig = recovery_time.read(ev.details)
         if fig is not None:
             out.append(Recovery(first.slot if first else 0, first.node if first else "", fig.cause or "", fig.notice_at,
-                                fig.stepping_at, fig.seconds, fig.steps_lost))
+                                fig.stepping_at, fig.seconds, fig.steps_lost, fig.resumed_from, took))
         elif first is not None:
             assert first.ended_at is not None
             out.append(Recovery(first.slot, first.node, first.end_cause, first.ended_at, ev.at,
-                                round((ev.at - first.ended_at).total_seconds(), 1), ev.details.get("steps_lost")))
+                                round((ev.at - first.ended_at).total_seconds(), 1), ev.details.get("steps_lost"),
+                                took=took))
     for life in pending:
         assert life.ended_at is not None
-        out.append(Recovery(life.slot, life.node, life.end_cause, life.ended_at, None))
+        out.append(Recovery(life.slot, life.node, life.end_cause, life.ended_at, None, took=[life]))
     return out
 
 
@@ -328,6 +331,9 @@ def timeline(r: Report, zones: list[str]) -> Timeline:
     def s(at: datetime) -> float:
         return (at - t0).total_seconds()
 
+    # The step a lost life's replacement restored: its last save, the notice's emergency save when it kept every step
+    # the life reached (committed after its last heartbeat, maybe: the figure's, not the heartbeat's).
+    restored = {id(life): x.resumed_from for x in r.recoveries if x.resumed_from is not None for life in x.took}
     spans, marks, progress = [], [], []
     for life in r.lives:
         start = life.running_at or life.created_at
@@ -338,12 +344,12 @@ def timeline(r: Report, zones: list[str]) -> Timeline:
             assert life.first_step_at is not None
             stop = s(_training_end(life, end))
             progress.append([(s(life.first_step_at), life.first_step or 0), (stop, life.step or 0)])
-            if life.committed_step is not None:
-                # Its last step committed as it was lost: the notice's emergency save.
-                saved = life.ended_at is not None and life.end_cause not in _ENDS and life.committed_step == life.step
-                marks.append(Mark(stop, "emergency" if saved else "checkpoint",
-                                  f"{life.node} committed step {life.committed_step}", life.zone,
-                                  step=life.committed_step))
+            saved = restored.get(id(life), life.committed_step)
+            lost = life.ended_at is not None and life.end_cause not in _ENDS
+            if saved is not None and lost and saved >= (life.step or 0):
+                marks.append(Mark(s(end), "emergency", f"{life.node} committed step {saved}", life.zone, step=saved))
+            elif saved is not None:
+                marks.append(Mark(stop, "checkpoint", f"{life.node} committed step {saved}", life.zone))
     recovered = []
     for x in r.recoveries:
         marks.append(Mark(s(x.at), "notice", f"{x.cause} {x.lost}"))
@@ -364,7 +370,7 @@ def timeline(r: Report, zones: list[str]) -> Timeline:
 
 
 def event_words(ev: JobEvent) -> str:
-    """What an event says, in words: 'demo-1 preempted in us-central1-a at step 93 (committed 93)'."""
+    """What an event says, in words: 'demo-1 preempted in us-central1-a (last heard at step 93, committed 90)'."""
     d = ev.details
     node, zone = d.get("node") or "", d.get("zone") or ""
     where = f" in {zone}" if zone else ""
@@ -373,12 +379,12 @@ def event_words(ev: JobEvent) -> str:
         fig = recovery_time.read(d)
         resumed = f"; resumed from step {fig.resumed_from}" if fig is not None and fig.resumed_from is not None else ""
         return f"{node}: {recovery_time.line(d)}{resumed}"
-    if isinstance(lost, dict):
-        at = f" at step {lost.get('step')}" if lost.get("step") is not None else ""
-        committed = f" (committed {lost.get('committed_step')})" if lost.get("committed_step") is not None else ""
+    if isinstance(lost, dict):  # its last heartbeat's steps: an emergency save may commit more (the recovery's)
+        committed = f", committed {lost.get('committed_step')}" if lost.get("committed_step") is not None else ""
+        at = f" (last heard at step {lost.get('step')}{committed})" if lost.get("step") is not None else ""
         signal = f", told by {d['signal']}" if d.get("signal") else ""
         then = f"; restarting it in place" if d.get("in_place") else ""
-        return f"{lost.get('node') or node} {ev.cause.replace('_', ' ')}{where}{at}{committed}{signal}{then}"
+        return f"{lost.get('node') or node} {ev.cause.replace('_', ' ')}{where}{at}{signal}{then}"
     if ev.cause.startswith("zone_refused_"):
         why = ev.cause.removeprefix("zone_refused_").replace("_", " ")
         code = f" ({d['code']})" if d.get("code") else ""

@@ -124,7 +124,8 @@ def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]
                        f'stroke="#ffffff"><title>{tip}</title></path>')
             if m.step not in labelled:
                 labelled.add(m.step)
-                svg.append(f'<text x="{cx + 10:.1f}" y="{cy - 6:.1f}" fill="{colour}" font-weight="bold">emergency '
+                svg.append(f'<text x="{cx + 10:.1f}" y="{cy - 6:.1f}" fill="{colour}" font-weight="bold" '
+                           f'stroke="#ffffff" stroke-width="3" paint-order="stroke">emergency '
                            f'save{"" if m.step is None else f" {m.step}"}</text>')
         elif m.kind == "checkpoint":
             svg.append(f'<circle class="mark checkpoint" cx="{x(m.t):.1f}" cy="{py0 + _PROGRESS + 8}" r="4" '
@@ -167,7 +168,7 @@ def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(tl.title)}</title>"
         "<style>body{font-family:sans-serif;margin:20px}th{text-align:left;padding-right:12px}"
-        "td{padding-right:12px;vertical-align:top}td:first-child{white-space:nowrap}.headline{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0 4px}"
+        "td{padding-right:12px;vertical-align:top}td:not(:last-child){white-space:nowrap}.headline{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0 4px}"
         ".figure{border:1px solid #dddddd;border-radius:4px;padding:6px 10px;min-width:120px;max-width:300px}"
         ".figure .value{font-size:20px;font-weight:bold}.figure .label{font-size:12px;color:#555555}"
         "</style></head><body>"

@@ -169,8 +169,8 @@ def test_the_page_answers_the_user_in_chromium(browser, tmp_path):
     assert goodput == [report.BUCKET_WORDS[k][0] for k in report.BUCKETS]
     events = [row.locator("td").all_inner_texts() for row in page.locator("table.events tr").all()[1:]]
     assert len(events) == len(EVENTS)
-    assert events[3] == ["100.0 s", "RUNNING → PROVISIONING", "j-1 preempted in z-a at step 58 (committed 50); "
-                                                               "restarting it in place"]
+    assert events[3] == ["100.0 s", "RUNNING → PROVISIONING", "j-1 preempted in z-a (last heard at step 58, "
+                                                               "committed 50); restarting it in place"]
     assert events[4][2] == "z-a refused j-1: no capacity (STOCKOUT)"
     assert events[7][2] == ("j-2: recovered in 90.0 s (notice → every rank stepping), 8 steps lost (preempted); "
                             "resumed from step 50")
@@ -178,10 +178,12 @@ def test_the_page_answers_the_user_in_chromium(browser, tmp_path):
 
 
 def test_an_emergency_save_is_drawn_on_the_step_line():
-    # j-1's last step committed as it was lost: the notice's emergency save, over the rest, labelled.
-    events = [e.model_copy(update={"details": {**e.details, "lost": {**e.details["lost"], "committed_step": 58}}})
-              if e.details.get("lost") else e for e in EVENTS]
+    # j-1 last heard at step 58, committed 50; the notice's emergency save committed 58 after that heartbeat, and the
+    # recovery resumed from it: nothing lost. Drawn at the loss, over the rest, labelled with the step it kept.
+    events = [e.model_copy(update={"details": {**e.details, "resumed_from": 58, "steps_lost": 0}})
+              if e.cause == "recovered" else e for e in EVENTS]
     page = report.render(report.of_record("j", DOC, events, BEATS, at(400)), ["z-a", "z-b"], events)
     assert page.count('class="mark emergency"') == 1 and ">emergency save 58</text>" in page
+    assert "emergency at 100.0 s j-1 committed step 58" in page
     assert page.index('class="mark checkpoint"') < page.index('class="mark emergency"')  # drawn last, on top
     assert "emergency save" in page[page.index("class='legend'"):]
