@@ -179,14 +179,15 @@ def lives(events: Iterable[JobEvent], heartbeats: dict[str, Heartbeat]) -> tuple
 
 
 def recoveries(all_lives: list[Life], events: Iterable[JobEvent]) -> list[Recovery]:
-    """Each `recovered` event's recovery (its figure: recovery_time), naming the losses (lives that ran and were
-    ended by another's create) since the previous one; then the losses not recovered yet. An event of an older
+    """Each recovery an event tells (its figure: recovery_time; a `recovered` event, or the job's end when its last run
+    finished before a reconcile saw it step), naming the losses (lives that ran and were ended by another's create)
+    since the previous one; then the losses not recovered yet. An event of an older
     controller, without the figure, counts from the loss to the event."""
     pending = sorted((life for life in all_lives if life.ended_at is not None and life.end_cause not in _ENDS
                       and life.running_at is not None), key=lambda life: life.ended_at)  # type: ignore[arg-type,return-value]
     out = []
     for ev in events:
-        if ev.cause != "recovered":
+        if not recovery_time.told(ev.cause, ev.details):
             continue
         took = [life for life in pending if life.ended_at <= ev.at]  # type: ignore[operator]
         pending = pending[len(took):]
@@ -375,10 +376,11 @@ def event_words(ev: JobEvent) -> str:
     node, zone = d.get("node") or "", d.get("zone") or ""
     where = f" in {zone}" if zone else ""
     lost = d.get("lost")
-    if ev.cause == "recovered":
+    if recovery_time.told(ev.cause, d):  # `recovered`, or the job's end that tells the recovery of its last run
         fig = recovery_time.read(d)
         resumed = f"; resumed from step {fig.resumed_from}" if fig is not None and fig.resumed_from is not None else ""
-        return f"{node}: {recovery_time.line(d)}{resumed}"
+        ended = "" if ev.cause == "recovered" else f" {ev.cause.replace('_', ' ')}{where};"
+        return f"{node}:{ended} {recovery_time.line(d)}{resumed}"
     if isinstance(lost, dict):  # its last heartbeat's steps: an emergency save may commit more (the recovery's)
         committed = f", committed {lost.get('committed_step')}" if lost.get("committed_step") is not None else ""
         at = f" (last heard at step {lost.get('step')}{committed})" if lost.get("step") is not None else ""

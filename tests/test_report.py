@@ -66,6 +66,14 @@ def test_lives_recoveries_and_buckets_follow_the_events_and_the_heartbeats():
     older = [e if e.cause != "recovered" else e.model_copy(update={"details": {"node": "j-2"}}) for e in EVENTS]
     assert [(x.lost, x.seconds) for x in report.build("j", "SUCCEEDED", T0, at(300), older, BEATS).recoveries] == [
         ("j-1", 92.0)]
+    # A last run that finished before a reconcile saw it step: the job's end tells its recovery (recovery_time.told).
+    [told] = [e for e in EVENTS if e.cause == "recovered"]
+    quick = [e for e in EVENTS if e is not told]
+    quick[-1] = quick[-1].model_copy(update={"details": {**quick[-1].details, **told.details}})
+    [fast] = report.build("j", "SUCCEEDED", T0, at(300), quick, BEATS).recoveries
+    assert (fast.lost, fast.seconds, fast.steps_lost, fast.training_at) == ("j-1", 90.0, 8, at(190))
+    assert report.event_words(quick[-1]) == ("j-2: trainer succeeded in z-b; recovered in 90.0 s (notice → every rank "
+                                             "stepping), 8 steps lost (preempted); resumed from step 50")
     assert r.goodput == {
         # j-1 stepped 41..99 s over steps 0..58, kept 0..50; j-2 stepped 190..298 s, all kept.
         "productive_training": pytest.approx(58 * 50 / 58 + 108),
