@@ -257,9 +257,15 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         a, left = _delete_any(o, members, seen)
         st = _upd(s, now, members=left, state=State.SUCCEEDED, message="every member's trainer exited 0",
                   exit_code=0, last_committed_step=committed, recovering=False)
+        # A generation that stepped and finished before a reconcile told its recovery: the end tells it.
+        by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
+        ranks = [by_node.get(n) for n in g.members] if g is not None else []
+        back = (recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, ranks)  # type: ignore[arg-type]
+                if s.recovering and ranks and None not in ranks else None)
+        told = back.fields() if back is not None else {}
         alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0 on every node; nodes deleted", zone=s.zone,
-                            restarts=s.restarts, attempt=s.attempt, committed_step=committed)
-        return Decision(a, st, "trainer_succeeded", alert)
+                            restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told)
+        return Decision(a, st, "trainer_succeeded", alert, told)
 
     if s.moving:
         return _move(o, members, seen)
