@@ -160,6 +160,8 @@ class Observation:
     # The share of its budget the job has spent (functions/job.py, from its ledger); None without a budget. A tier
     # with while_budget_below is passed over past it (recovery.Strategy.tier).
     budget_used: float | None = None
+    # The API's view of status.leaving (the node the slot replaced during its notice); None: not looked at.
+    leaving: NodeObs | None = None
 
 
 class Act(str, enum.Enum):
@@ -277,12 +279,14 @@ def _delete(o: Observation) -> Action:
 def decide(o: Observation) -> Decision:
     """A member slot's decision. Its job is live: one that ended, is cancelled or has an invalid spec is decided
     for the whole job, before any slot (functions/job.py). A node replaced during its notice (status.leaving) is
-    deleted once its notice is over, when the slot has nothing else to do."""
+    deleted, when the slot has nothing else to do, once its notice is over or the API shows it off (its save is
+    over then, and a preempted TPU node holds quota until deleted): by this pass, never left to the orphan scan."""
     if o.spec is None or o.status.state.terminal or o.cancel_requested:
         raise ValueError(f"job {o.job_id} is {o.status.state.value}, cancelled or invalid: functions/job.py decides it")
     d = _decide(o)
     gone = o.status.leaving
-    if gone is None or o.now < gone.until or d.action.kind not in (Act.NONE, Act.WAIT, Act.POLL):
+    off = o.leaving is not None and o.leaving.phase in (Phase.DEAD, Phase.ABSENT)
+    if gone is None or (o.now < gone.until and not off) or d.action.kind not in (Act.NONE, Act.WAIT, Act.POLL):
         return d
     base = d.status if d.status is not None else o.status
     return Decision(Action(Act.DELETE, zone=gone.zone, node=gone.node, attempt=gone.attempt),

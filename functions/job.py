@@ -45,7 +45,10 @@ _SOLO_SUMMARY = ("state", "message", "node", "zone", "provisioning", "tried_zone
 
 
 class JobAct(str, enum.Enum):
-    SET_GENERATION = "set_generation"  # the job's own action (the slots' are decide.Act's)
+    """The job's own actions (the slots' are decide.Act's)."""
+
+    SET_GENERATION = "set_generation"
+    DELETE_NODES = "delete_nodes"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,15 @@ class SetGeneration:
 
 
 @dataclass(frozen=True)
+class DeleteNodes:
+    """Delete every node of `targets` (slot, zone, node) at once: the nodes a job leaves in one pass (it ended, it
+    stopped at its budget, it moves), so that none waits for another's soft-off, nor for the sweep's orphan scan."""
+
+    targets: tuple[tuple[int, str, str], ...]
+    kind: JobAct = JobAct.DELETE_NODES
+
+
+@dataclass(frozen=True)
 class MemberObs:
     """What reconcile observed of one member slot's node."""
 
@@ -65,6 +77,7 @@ class MemberObs:
     heartbeat: Heartbeat | None = None  # nodes/{node}
     address: str | None = None  # the API's internal IP of a running node
     hint: str | None = None  # the cause an event gave for this node
+    leaving: NodeObs | None = None  # the node the slot replaced during its notice (None: the slot has none)
 
 
 def needs_address(spec: JobSpec | None, m: MemberStatus, node: NodeObs) -> bool:
@@ -175,25 +188,28 @@ def _slot_observation(o: Observation, spec: JobSpec, members: Sequence[MemberSta
     s = o.status
     used = costs.spent(s, o.now)[0] / spec.budget.max_usd if spec.budget is not None else None
     return replace(o, spec=_slot_spec(spec, s, members, i), status=project(s, i, len(members)), node=seen.node,
-                   heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1, budget_used=used)
+                   heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1, budget_used=used,
+                   leaving=seen.leaving)
 
 
 def _delete_any(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]
-                ) -> tuple[Action, list[MemberStatus]]:
-    """The delete of the first member still there (one per pass), POLL while one is being deleted, else NONE; and
-    the members to commit with it. A node a member replaced during its notice (`leaving`) goes first, unobserved (a
-    delete of a node gone answers 404: done); the members committed with its delete no longer name it."""
-    for i, m in enumerate(members):
-        if m.leaving is not None:
-            left = [*members[:i], m.model_copy(update={"leaving": None}), *members[i + 1:]]
-            return Action(Act.DELETE, zone=m.leaving.zone, node=m.leaving.node, attempt=m.leaving.attempt, slot=i), left
-    deleting = False
-    for i, (m, ob) in enumerate(zip(members, seen)):
-        if ob.node.phase is Phase.DELETING:
-            deleting = True
-        elif ob.node.present and m.node and m.zone:
-            return Action(Act.DELETE, zone=m.zone, node=m.node, attempt=m.attempt, slot=i), members
-    return (POLL if deleting else NONE), members
+                ) -> tuple[Action | DeleteNodes, list[MemberStatus]]:
+    """The delete of every node the job leaves, all in this pass (DeleteNodes; one node: the slot's delete), POLL
+    while one is being deleted and none is left to ask, else NONE; and the members to commit with it. A node a
+    member replaced during its notice (`leaving`) goes too, unobserved (a delete of a node gone answers 404: done);
+    the members committed with its delete no longer name it."""
+    gone = [(i, m.leaving) for i, m in enumerate(members) if m.leaving is not None]
+    there = [(i, m) for i, (m, ob) in enumerate(zip(members, seen))
+             if ob.node.present and ob.node.phase is not Phase.DELETING and m.node and m.zone]
+    left = [m.model_copy(update={"leaving": None}) if m.leaving is not None else m for m in members]
+    nodes = [(i, x.zone, x.node, x.attempt) for i, x in [*gone, *there]]
+    if len(nodes) == 1:
+        [(i, zone, node, attempt)] = nodes
+        return Action(Act.DELETE, zone=zone, node=node, attempt=attempt, slot=i), left
+    if nodes:
+        return DeleteNodes(tuple((i, zone, node) for i, zone, node, _ in nodes)), left  # type: ignore[misc]
+    deleting = any(ob.node.phase is Phase.DELETING for ob in seen)
+    return (POLL if deleting else NONE), left
 
 
 def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
@@ -288,8 +304,9 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
 
 
 def _exhausted(o: Observation, cap: float, members: list[MemberStatus], seen: Sequence[MemberObs]) -> Decision:
-    """The job's cost reaches its budget before the next look: every node is deleted as a cancel deletes it (the
-    delete is the guest's soft-off: its agent's notice path saves the emergency checkpoint), BUDGET_EXHAUSTED."""
+    """The job's cost reaches its budget before the next look: every node is deleted in this pass, as a cancel deletes
+    them (the delete is the guest's soft-off: its agent's notice path saves the emergency checkpoint),
+    BUDGET_EXHAUSTED."""
     s, now = o.status, o.now
     a, left = _delete_any(o, members, seen)
     usd = costs.spent(s, now)[0]
@@ -632,7 +649,8 @@ def _move(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]
     return Decision(NONE, st, "move")
 
 
-def followup(spec: JobSpec | None, a: Action | SetGeneration, out: Outcome, now: datetime) -> core.Followup:
+def followup(spec: JobSpec | None, a: Action | SetGeneration | DeleteNodes, out: Outcome, now: datetime
+             ) -> core.Followup:
     """decide.followup for a slot's action. A generation written is recorded on its members; a member gone
     meanwhile (404) records nothing (the next pass observes it absent); any other failure is retried by
     redelivery."""
@@ -640,6 +658,8 @@ def followup(spec: JobSpec | None, a: Action | SetGeneration, out: Outcome, now:
         k = out.kind
         return core.Followup(propagate=k not in (core.OutcomeKind.DONE, core.OutcomeKind.NOT_FOUND),
                              record=k is core.OutcomeKind.DONE)
+    if isinstance(a, DeleteNodes):  # as a slot's delete: 404 is done, any other failure is retried by redelivery
+        return core.Followup(propagate=out.kind not in (core.OutcomeKind.DONE, core.OutcomeKind.NOT_FOUND))
     return core.followup(spec, a, out, now)
 
 

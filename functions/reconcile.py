@@ -1,14 +1,15 @@
 """reconcile(job_id): observe → decide → record → act, repeated until there is nothing left to do right now.
 
 Observe: the job document, each member slot's node as the Compute Engine or Cloud TPU API shows it and its
-heartbeat (job.MemberObs; a one-node job is one slot), the zones under a capacity cooldown (only when decide may
-place a node: decide.needs_capacity), the tail of a node's serial console (only when decide may call it a boot
-failure: decide.needs_console), a member's address (only when the job forms generations: job.needs_address).
+heartbeat (job.MemberObs; a one-node job is one slot) and the node it replaced during its notice (while recorded),
+the zones under a capacity cooldown (only when decide may place a node: decide.needs_capacity), the tail of a node's
+serial console (only when decide may call it a boot failure: decide.needs_console), a member's address (only when
+the job forms generations: job.needs_address).
 Decide: functions/job.py, the one entry of the pure core (each slot through functions/decide.py). Record: the new
 status (and its lifecycle event) is committed atomically, conditional on the job document being unchanged since it
 was observed (an optimistic transaction, see adapters/firestore_store.py), *before* the side effect; if it changed
 (a concurrent delivery got there first, the user cancelled) nothing is written and the loop observes again. Act:
-create (409 → adopt), start, delete (404 → done): all idempotent.
+create (409 → adopt), start, delete (404 → done; every node a job leaves at once: job.DeleteNodes): all idempotent.
 
 Outcomes: _act performs the call and classifies how it ended (decide.Outcome, from placement.classify); what that
 means is pure policy: job.followup() (re-raise, cool the zone down) and job.after_act() (what to commit on the
@@ -225,6 +226,10 @@ def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, members: lis
             continue
         raw = provider.get(m.zone, m.node)
         node = NodeObs(core.phase_of(kind, raw), raw)
+        leaving = None
+        if m.leaving is not None:  # whether it is off yet: then decide deletes it at once (decide.decide)
+            gone = provider.get(m.leaving.zone, m.leaving.node)
+            leaving = NodeObs(core.phase_of(kind, gone), gone)
         address = m.address
         if job.needs_address(spec, m, node):
             address = provider.address(m.zone, m.node)
@@ -232,7 +237,8 @@ def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, members: lis
                                           for w in range(_workers(spec))])
         if core.needs_console(m, node, heartbeat, deps.config.settings, now):
             consoles[m.node] = _console(deps, job_id, kind, m.zone, m.node)
-        seen.append(job.MemberObs(node, heartbeat, address, hint.about(m.node, m.node_started_at) if hint else None))
+        seen.append(job.MemberObs(node, heartbeat, address, hint.about(m.node, m.node_started_at) if hint else None,
+                                  leaving))
     return seen
 
 
@@ -336,7 +342,7 @@ def reconcile_once(job_id: str, hint: Hint | None, deps: Deps) -> Result:
                 logs.info(f"job {job_id}: {o.status.state.value} → {d.status.state.value} ({d.cause})", job_id=job_id,
                           node=d.status.node, zone=d.status.zone, attempt=d.status.attempt, action=d.action.kind.value)
         a = d.action
-        if a.kind in (Act.CREATE, Act.START, Act.DELETE, job.JobAct.SET_GENERATION):
+        if a.kind in (Act.CREATE, Act.START, Act.DELETE, job.JobAct.SET_GENERATION, job.JobAct.DELETE_NODES):
             hint = None  # the event described the node before this action; from here on only observation counts
             _act(deps, o, spec, d)
         if d.alert is not None:
@@ -416,12 +422,17 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         provider.delete(after.action.zone, after.action.node)
 
 
-def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action | job.SetGeneration,
+def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action | job.SetGeneration | job.DeleteNodes,
              provider: NodeProvider) -> core.Outcome:
     """The provider call of a create, start or delete; raises what the provider raised."""
     if a.kind is Act.DELETE:
         provider.delete(a.zone, a.node)
         logs.info(f"deleted {a.node} in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
+        return core.DONE
+    if isinstance(a, job.DeleteNodes):  # every node the job leaves at once (a failure re-raises after the others ended)
+        with ThreadPoolExecutor(len(a.targets)) as pool:
+            list(pool.map(lambda t: provider.delete(t[1], t[2]), a.targets))
+        logs.info(f"deleted {', '.join(t[2] for t in a.targets)}", job_id=o.job_id, nodes=[t[2] for t in a.targets])
         return core.DONE
     if isinstance(a, job.SetGeneration):  # every member behind at once (a failure re-raises after the others ended)
         with ThreadPoolExecutor(len(a.targets)) as pool:

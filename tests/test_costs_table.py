@@ -11,8 +11,8 @@ from respawn.control import alerts, costs, job
 from respawn.control.decide import ABSENT, Act, NodeObs, Observation, Outcome, OutcomeKind, Phase
 from respawn.control.job import MemberObs
 from respawn.prices import Quote, Rate
-from respawn.schema import (BilledLife, CostLedger, Heartbeat, JobStatus, MemberStatus, NodeState, SpecError, State,
-                            parse_spec)
+from respawn.schema import (BilledLife, CostLedger, Heartbeat, JobStatus, Leaving, MemberStatus, NodeState, SpecError,
+                            State, parse_spec)
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 ZONES = ["us-central1-a", "us-central1-b"]
@@ -144,6 +144,30 @@ def test_at_the_cap_every_node_is_deleted_and_the_job_stops_budget_exhausted():
     # Terminal: the node still there is deleted at every pass, and nothing is created.
     again = job.decide(observe(d.status, spec(budget=1.01)), [MemberObs(RUNNING, beat(1))])
     assert again.action.kind is Act.DELETE and again.status is None
+
+
+def test_at_the_cap_a_job_of_several_nodes_deletes_every_node_in_the_pass_that_stops_it():
+    """Issue #34: a 3-node hybrid job stopped at its budget deleted one node a pass, each after the previous one's
+    soft-off, and the sweep's orphan scan found the last one first (the job was already BUDGET_EXHAUSTED). The
+    pass that stops the job deletes every node it leaves, the node a slot replaced during its notice included."""
+    s = running(billing=life(1, 2.5))
+    leaving = Leaving(node="job-9", zone=ZONES[0], attempt=9, until=NOW + timedelta(seconds=20))
+    members = [s.members[0].model_copy(update={"provisioning": "standard"}),
+               *(s.members[0].model_copy(update={"node": f"job-{i}", "attempt": i, "billing": None}) for i in (2, 3))]
+    members[2] = members[2].model_copy(update={"leaving": leaving})
+    s = s.model_copy(update={"members": members, "attempt": 9})
+    three = spec(budget=1.01, nodes=3, on_demand_nodes=1)
+    seen = [MemberObs(RUNNING, beat(i)) for i in (1, 2, 3)]
+    d = job.decide(observe(s, three), seen)
+    assert d.status.state is State.BUDGET_EXHAUSTED and d.cause == "budget_exhausted"
+    assert d.action == job.DeleteNodes(((2, ZONES[0], "job-9"), (0, ZONES[0], "job-1"), (1, ZONES[0], "job-2"),
+                                        (2, ZONES[0], "job-3")))
+    assert [m.leaving for m in d.status.members] == [None, None, None]
+    # A node already being deleted is not asked again; with nothing else left the pass polls it.
+    deleting = [MemberObs(NodeObs(Phase.DELETING, "DELETING")), MemberObs(RUNNING), MemberObs(ABSENT)]
+    again = job.decide(observe(d.status, three), deleting)
+    assert again.action.kind is Act.DELETE and (again.action.node, again.action.slot) == ("job-2", 1)
+    assert job.decide(observe(d.status, three), deleting[:1] + [MemberObs(ABSENT)] * 2).action.kind is Act.POLL
 
 
 def test_no_new_node_for_a_job_whose_closed_lives_reached_the_cap():

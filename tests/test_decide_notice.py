@@ -110,6 +110,28 @@ def test_the_leaving_node_is_deleted_once_its_notice_is_over_and_not_before():
     assert d.status.leaving is None and d.status.node == "job-4"
 
 
+def test_a_leaving_node_the_api_shows_off_is_deleted_by_the_pass_that_sees_it():
+    """Issue #34: a one-node TPU job's node replaced during its notice stayed PREEMPTED (holding its quota) until the
+    orphan scan deleted it. Once the API shows the leaving node off (its save is over, whatever its window says),
+    the pass that sees it deletes it; while it runs it is left to save."""
+    leaving = Leaving(node="job-3", zone=ZONES[0], attempt=3, until=NOW + timedelta(seconds=20))
+    booting = obs("PROVISIONING", raw="CREATING", spec=TPU, heartbeat="none", attempt=4, node="job-4", zone=ZONES[1],
+                  leaving=leaving, create_state="created")
+    saving = core.decide(replace(booting, leaving=core.NodeObs(core.Phase.RUNNING, "READY")))
+    assert saving.action.kind is Act.POLL and (saving.status is None or saving.status.leaving == leaving)
+    for raw in ("PREEMPTED", None):
+        d = core.decide(replace(booting, leaving=core.NodeObs(core.phase_of("tpu", raw), raw)))
+        assert d.action == Action(Act.DELETE, zone=ZONES[0], node="job-3", attempt=3), raw
+        assert d.status.leaving is None and d.status.node == "job-4"
+    # Through the job: the slot's MemberObs carries what reconcile saw of its leaving node.
+    status = JobStatus(state=State.PROVISIONING, attempt=4, node="job-4", zone=ZONES[1], members=[MemberStatus(**{k: getattr(booting.status, k) for k in MemberStatus.model_fields})])
+    o = replace(booting, status=status)
+    seen = job.MemberObs(booting.node, None, leaving=core.NodeObs(core.Phase.DEAD, "PREEMPTED"))
+    d = job.decide(o, [seen])
+    assert d.action == Action(Act.DELETE, zone=ZONES[0], node="job-3", attempt=3, slot=0)
+    assert d.status.members[0].leaving is None
+
+
 def test_an_early_create_refused_for_quota_waits_for_the_leaving_node_without_cooling_the_zone():
     d = core.decide(_notice())
     refused = Outcome(OutcomeKind.QUOTA, "QUOTA_EXCEEDED", "Quota 'PREEMPTIBLE_NVIDIA_L4_GPUS' exceeded")

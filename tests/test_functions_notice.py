@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from functions_fixtures import ZONES, controller, gpu_spec  # noqa: F401
+from functions_fixtures import ZONES, controller, gpu_spec, tpu_spec  # noqa: F401
 from sim_fixtures import sim_factory  # noqa: F401
 
 
@@ -59,6 +59,27 @@ def test_a_notice_creates_the_replacement_before_the_audit_event_which_then_chan
     # The orphan scan leaves the saving node alone.
     assert controller.sweep() == 200
     assert st.node in {n["name"] for n in controller.live(job)}
+
+
+def test_a_tpu_node_replaced_during_its_notice_is_deleted_by_the_pass_that_sees_it_preempted(controller):
+    """Issue #34: the preempted TPU node (it holds quota until deleted) stayed until the orphan scan deleted it. The
+    job's next reconcile after the API shows it PREEMPTED deletes it, well within its notice window."""
+    job, st = _running(controller, tpu_spec("tpunote"))
+    controller.heartbeat(st.node, step=100, committed_step=96)
+    controller.sim.preempt(st.zone, st.node)
+    assert controller.notice(job, st.node) == 200
+    [event] = [e for e in controller.events(job) if e.get("details", {}).get("during_notice")]
+    assert event["details"]["leaving"] == st.node and controller.status(job).node == "tpunote-2"
+    until = datetime.fromisoformat(json.loads(controller.live(job)[-1]["attributes"]["respawn-handover"])["until"])
+    # The notice's reconcile polls the replacement while it boots: it may see the preemption itself (the sim's
+    # notice is 1 s); else the job's next reconcile does.
+    controller.sim.wait_for(lambda: controller.sim.status_of(st.zone, st.node) in ("PREEMPTED", None), timeout=20,
+                            what=f"{st.node} preempted")
+    assert controller.sweep(job) == 200  # the job's own reconcile: no tick, no orphan scan
+    assert datetime.now(timezone.utc) < until  # well within its window, which is when it used to go
+    assert controller.sim.status_of(st.zone, st.node) is None
+    assert controller.status(job).members[0].leaving is None
+    assert [n["name"] for n in controller.live(job)] == ["tpunote-2"]
 
 
 def test_a_notice_and_its_audit_event_delivered_together_and_twice_create_one_replacement(controller):

@@ -101,7 +101,7 @@ def test_a_refused_slot_with_too_few_survivors_moves_the_job_then_deletes_every_
     assert d.status.recovering and d.status.preempted_at == NOW and d.status.preempted_zone == ZONES[0]
     moving = d.status
     d = job.decide(observe(moving, seen), seen)
-    assert (d.action.kind, d.action.node) == (Act.DELETE, "job-1")
+    assert d.action == job.DeleteNodes(((0, ZONES[0], "job-1"), (1, ZONES[0], "job-2")))  # every member, this pass
     gone = [MemberObs()] * 3
     d = job.decide(observe(moving, gone), gone)
     assert not d.status.moving and d.status.zone is None and d.status.members[0].tried_zones == [ZONES[0]]
@@ -120,11 +120,14 @@ def test_min_nodes_lets_the_survivors_continue_while_the_slot_is_refused():
     assert d.status.generation["number"] == 2 and not d.status.moving
 
 
-def test_a_finished_job_deletes_its_members_one_by_one():
+def test_a_finished_job_deletes_every_member_in_one_pass():
     status, seen = running_job(GEN1, sent=1)
     done = status.model_copy(update={"state": State.SUCCEEDED})
-    assert job.decide(observe(done, seen), seen).action == Action(Act.DELETE, zone=ZONES[0], node="job-1",
-                                                                        attempt=1, slot=0)
+    assert job.decide(observe(done, seen), seen).action == job.DeleteNodes(
+        ((0, ZONES[0], "job-1"), (1, ZONES[0], "job-2"), (2, ZONES[0], "job-3")))
+    one = [MemberObs(), MemberObs(), seen[2]]  # the last one left: the slot's own delete
+    assert job.decide(observe(done, one), one).action == Action(Act.DELETE, zone=ZONES[0], node="job-3", attempt=3,
+                                                                slot=2)
     assert job.decide(observe(done, [MemberObs()] * 3), [MemberObs()] * 3).action.kind is Act.NONE
 
 
