@@ -6,7 +6,7 @@ the CSVs these commands write (any project with the Compute Engine API enabled; 
         --format="csv[separator=';'](NAME,CPUS,isSharedCpu,MEMORY_GB,DEPRECATED,ZONE)" > machinetypezone.csv
     gcloud compute accelerator-types list --filter="ZONE:-" --format="csv[separator=';'](NAME,ZONE)" > acceleratortypezone.csv
 
-    python respawn/data/refresh.py --zones zones.csv --machine-types machinetypezone.csv \\
+    python deploy/refresh_catalog.py --zones zones.csv --machine-types machinetypezone.csv \\
         --accelerator-types acceleratortypezone.csv --date YYYY-MM-DD --source "what ran them"
 
 A file may list regions instead of zones (ZONE holding a region name): availability is kept per region either way.
@@ -23,7 +23,7 @@ import json
 import re
 from pathlib import Path
 
-CATALOG = Path(__file__).with_name("catalog.json")
+CATALOG = Path(__file__).resolve().parent.parent / "respawn" / "data" / "catalog.json"
 _ZONE = re.compile(r"^(?P<region>[a-z]+(?:-[a-z]+)*[0-9]+)-[a-z]$")
 
 
