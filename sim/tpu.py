@@ -154,8 +154,9 @@ class TpuService:
             self.sim.cond.notify_all()
 
     def _set_state(self, node: Node, state: str) -> None:
-        # Deleting a node that holds no hardware (PREEMPTED, STOPPED…) does not take any back.
-        live = state in LIVE and (state != "DELETING" or node.body.get("state") in LIVE)
+        # Deleting holds what the node held: nothing after PREEMPTED or STOPPED, and a second delete changes nothing.
+        held = bool(node.record.live) and node.record.live[-1][1] is None
+        live = held if state == "DELETING" else state in LIVE
         node.body["state"] = state
         node.gen += 1
         node.record.transition(self.sim.now(), state, live)

@@ -85,9 +85,13 @@ def test_preempted_node_keeps_holding_quota_until_deleted(sim_server):
     with pytest.raises(exceptions.ResourceExhausted) as info:
         create(client, "job-t-2")
     assert "Quota" in info.value.message
+    # Deleted twice at once (the orphan scan beside the job's own pass, as in a demo run of 2026-11-28).
+    sim_server.op_delay = 1.0  # the first delete still running when the second comes
+    first_delete = client.delete_node(name=f"{PARENT}/nodes/job-t-1")
     client.delete_node(name=f"{PARENT}/nodes/job-t-1").result(timeout=30)
+    first_delete.result(timeout=30)
     assert create(client, "job-t-2").state == tpu_v2.Node.State.READY
-    # A preempted node held no hardware from its preemption on: its delete is not a second live period.
+    # A preempted node held no hardware from its preemption on: no delete of it is a second live period.
     [first] = [h for h in sim_server.history() if h["name"] == "job-t-1"]
     assert len(first["live"]) == 1 and first["live"][0][1] is not None
 
