@@ -50,7 +50,7 @@ def demo(
         help="the same for the Pub/Sub emulator: the project's topics and subscriptions are deleted at the end"),
     project: Optional[str] = typer.Option(
         None, "--project", help=f"the project the demo's documents, topics and subscriptions belong to; default: "
-                                f"{PROJECT} on the demo's own emulators, a new respawn-demo-XXXXXXXX per run on "
+                                f"{PROJECT} on the demo's own emulators, a new respawn-demo-<8 hex digits> per run on "
                                 "emulators given above, so that runs sharing them never meet"),
     as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON object: the summary"),
     live: bool = typer.Option(True, "--live/--no-live", help="the live terminal view (plain lines when not a terminal)"),
