@@ -249,20 +249,21 @@ def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
     for hb in hbs:
         if hb.state is NodeState.EXITED and hb.exit_code not in (None, 0) and not noticed(hb):
             return hb
+    # The slice steps once every worker that reports steps has (a worker sharing its host's status file reports
+    # none): its last such worker's first step (recovery_time), also when every worker has finished.
+    reporting = [hb for hb in hbs if hb.step is not None]
+    stepped = bool(reporting) and all(hb.first_step_at is not None and hb.first_step is not None for hb in reporting)
+    first = {"first_step": min(hb.first_step for hb in reporting) if stepped else None,  # type: ignore[type-var]
+             "first_step_at": max(hb.first_step_at for hb in reporting) if stepped else None}  # type: ignore[type-var]
     if all(hb.state is NodeState.EXITED and hb.exit_code == 0 for hb in hbs):
-        return hbs[0]
+        return hbs[0].model_copy(update=first)
     base = next((hb for hb in hbs if hb.state is not NodeState.EXITED), hbs[0])
     committed = [hb.committed_step for hb in hbs if hb.committed_step is not None]
     seen = next((hb for hb in hbs if noticed(hb)), None)
-    # The slice steps once every worker that reports steps has (a worker sharing its host's status file reports
-    # none): its last such worker's first step (recovery_time).
-    reporting = [hb for hb in hbs if hb.step is not None]
-    stepped = bool(reporting) and all(hb.first_step_at is not None and hb.first_step is not None for hb in reporting)
     return base.model_copy(update={
+        **first,
         "heartbeat_at": min(hb.heartbeat_at for hb in hbs),
         "committed_step": max(committed) if committed else None,
-        "first_step": min(hb.first_step for hb in reporting) if stepped else None,  # type: ignore[type-var]
-        "first_step_at": max(hb.first_step_at for hb in reporting) if stepped else None,  # type: ignore[type-var]
         "notice": seen.notice if seen is not None else base.notice,
         "state": NodeState.PREEMPTING if seen is not None and seen.state is NodeState.PREEMPTING else base.state,
     })

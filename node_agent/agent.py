@@ -53,7 +53,7 @@ from .envcache import EnvCache
 from .firestore_rest import FirestoreError, FirestoreWriter
 from .heartbeat import Heartbeater, compose_heartbeat
 from .logship import LogShipper
-from .reach import MasterProbe, StepClock
+from .reach import MasterProbe, StepClock, own_first_step
 from .metadata import TRANSPORT_ERRORS, MetadataClient, TokenError
 from .nudge import PUBLISH_TIMEOUT_S, Nudger
 from .peers import listen_port, peers_env, serve as serve_peers
@@ -263,7 +263,8 @@ class Agent:
         before = self.step_clock.first_step
         idle = self.step_clock.idle(training, (self.started_at, self.trainer_generation),
                                     step if isinstance(step, int) else None,
-                                    committed if isinstance(committed, int) else None)
+                                    committed if isinstance(committed, int) else None,
+                                    own_first_step(status, self.started_at))
         if before is None and self.step_clock.first_step is not None:
             # The trainer's first step: a recovery ends here (respawn.control.recovery_time), told now rather
             # than at the next sweep, before the job may end or lose this node again.

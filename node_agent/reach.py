@@ -31,23 +31,38 @@ class StepClock:
         self.first_step: int | None = None
         self.first_step_at: datetime | None = None
 
-    def idle(self, running: bool, trainer: Hashable, step: int | None, committed: int | None = None
-             ) -> float | None:
+    def idle(self, running: bool, trainer: Hashable, step: int | None, committed: int | None = None,
+             own: tuple[int, datetime] | None = None) -> float | None:
         """`trainer` names the trainer's life (a new one restarts the clock); None while no trainer runs.
         `committed`: the status file's committed step. A step at or below it is no step trained: the status's
-        first write (step 0) and a restore (step = committed step) are not the first step."""
+        first write (step 0) and a restore (step = committed step) are not the first step. `own`: the first step
+        this life's trainer recorded itself, with its time (the status file's first_step/first_step_at): exact,
+        so it wins over a beat's sighting, and it still counts when the trainer has ended by the beat that reads it
+        (a resumed run short enough to fit between two beats stepped all the same)."""
         now = time.monotonic()
+        if running and trainer != self._key:  # the status file's step from before this trainer is no step of it
+            self._key, self._start_step, self._step, self._since = trainer, step, step, now
+            self.first_step = self.first_step_at = None
+        if own is not None:
+            self.first_step, self.first_step_at = own
         if not running:
             self._key = None
             return None
-        if trainer != self._key:  # the step the status file still shows from before this trainer is no step of it
-            self._key, self._start_step, self._step, self._since = trainer, step, step, now
-            self.first_step = self.first_step_at = None
         if step != self._step:
             self._step, self._since = step, now
             if self.first_step is None and step is not None and step > (committed if committed is not None else 0):
                 self.first_step, self.first_step_at = step, datetime.now(timezone.utc)
         return None if self._step == self._start_step else now - self._since
+
+
+def own_first_step(status: dict | None, started_at: datetime) -> tuple[int, datetime] | None:
+    """The first step the trainer started at `started_at` recorded in its status file (TrainerStatus.first_step,
+    first_step_at), or None: not recorded (yet, or by a trainer that does not), or left there by an earlier life."""
+    step, at = (status or {}).get("first_step"), (status or {}).get("first_step_at")
+    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(at, (int, float)):
+        return None
+    when = datetime.fromtimestamp(at, timezone.utc)
+    return (step, when) if when >= started_at else None
 
 
 def answers(address: str, port: int = MASTER_PROBE_PORT, timeout: float = 3.0) -> bool:

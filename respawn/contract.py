@@ -632,6 +632,11 @@ class TrainerStatus(TypedDict):
     pid: int
     generation: Optional[int]  # a member's trainer that can rejoin: the generation of its process group
     rejoin: Optional[str]  # one of REJOIN_STATES; None: it cannot rejoin (restarted for every generation)
+    # This process's first step past the step it restored (or past 0), and when it was done (unix time): where its
+    # training began, by its own clock: a recovery's end (respawn.control.recovery_time), exact even when the whole
+    # resumed run fits between two of the agent's beats. None before it (and from trainers that do not write it).
+    first_step: Optional[int]
+    first_step_at: Optional[float]
 
 
 def idle_emergency() -> EmergencyStatus:
@@ -641,7 +646,7 @@ def idle_emergency() -> EmergencyStatus:
 def new_status(total_steps: Optional[int], pid: int, now: float) -> TrainerStatus:
     return {"step": 0, "committed_step": None, "committed_kind": None, "committed_durable": None,
             "emergency": idle_emergency(), "total_steps": total_steps, "updated_at": now, "pid": pid,
-            "generation": None, "rejoin": None}
+            "generation": None, "rejoin": None, "first_step": None, "first_step_at": None}
 
 
 def read_status(path: str) -> Optional[Dict[str, Any]]:
@@ -714,8 +719,9 @@ class Heartbeat(TypedDict):
     notice: Optional[str]  # what told the agent: preempted, maintenance-event, run-ending (a flex-start run), sigterm
     emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
     started_at: Optional[datetime]  # when the trainer started
-    # The running trainer's first step other than the one its status showed at its start, and when the agent saw it
-    # (at a beat: as fine as heartbeat_seconds): where this life's training began (respawn/report.py).
+    # The running trainer's first step past its restore, and when: the trainer's own record in its status file
+    # (TrainerStatus.first_step_at), else when the agent saw it at a beat (as fine as heartbeat_seconds): where this
+    # life's training began (respawn/report.py, respawn.control.recovery_time).
     first_step: Optional[int]
     first_step_at: Optional[datetime]
     generation: Optional[int]  # a multi-node member: the generation its trainer runs (or last ran); else None

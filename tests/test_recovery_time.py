@@ -76,6 +76,32 @@ def test_the_agents_first_step_is_the_first_step_trained():
     assert fresh.first_step == 1
 
 
+def test_a_resumed_run_that_ends_between_two_beats_has_stepped_by_its_own_record():
+    from respawn.agent.reach import StepClock, own_first_step
+
+    started = at(5)
+    mine = {"step": 120, "committed_step": 120, "first_step": 91, "first_step_at": at(12).timestamp()}
+    assert own_first_step(mine, started) == (91, at(12))
+    assert own_first_step({**mine, "first_step_at": at(4).timestamp()}, started) is None  # an earlier life's
+    assert own_first_step({"step": 3}, started) is None  # a trainer that does not record it
+    clock = StepClock()
+    clock.idle(True, "life-2", 90, 90)  # the one beat of the run: its restore
+    clock.idle(False, "life-2", 120, 120, own_first_step(mine, started))  # the next beat: it has exited 0
+    assert (clock.first_step, clock.first_step_at) == (91, at(12))
+    late = StepClock()  # a beat that saw step 97 first: the trainer's own record is exact, and wins
+    late.idle(True, "life-2", 90, 90)
+    late.idle(True, "life-2", 97, 90)
+    late.idle(True, "life-2", 99, 90, own_first_step(mine, started))
+    assert (late.first_step, late.first_step_at) == (91, at(12))
+
+
+def test_a_slice_whose_workers_all_finished_steps_at_its_last_workers_first_step():
+    done = [rank(20, 120, 120, first=61).model_copy(update={"state": NodeState.EXITED, "exit_code": 0}),
+            rank(24, 120, 120, first=61, worker=1).model_copy(update={"state": NodeState.EXITED, "exit_code": 0})]
+    hb = slice_heartbeat(done)
+    assert hb is not None and hb.state is NodeState.EXITED and hb.first_step_at == at(24)
+
+
 def test_no_recovery_until_every_rank_has_stepped():
     assert recovery_time.measure("preempted", NOTICE, 58, [rank(12, 62, 60), rank(None, 60, 60)]) is None
     assert recovery_time.measure("preempted", NOTICE, 58, [slice_heartbeat([rank(20, 62, 60),

@@ -219,7 +219,7 @@ def test_status_file_and_read_status(tmp_path):
     m.report_step(1)
     st = read_status(path)
     assert set(st) == {"step", "committed_step", "committed_kind", "committed_durable", "emergency", "total_steps",
-                       "updated_at", "pid", "rejoin", "generation"}
+                       "updated_at", "pid", "rejoin", "generation", "first_step", "first_step_at"}
     assert st["total_steps"] == 100 and st["pid"] == os.getpid() and st["emergency"]["state"] == "idle"
     m.save(3, make_state(3, 0.1), blocking=True)
     assert read_status(path)["committed_step"] == 3
@@ -227,6 +227,22 @@ def test_status_file_and_read_status(tmp_path):
     assert read_status(str(tmp_path / "half.json")) is None  # half-written
     (tmp_path / "empty.json").write_text("")
     assert read_status(str(tmp_path / "empty.json")) is None
+
+
+def test_the_first_step_past_the_restore_is_recorded_at_once_with_its_time(tmp_path):
+    # The agent may read the status file only after the resumed run ended (a short run between two beats): the
+    # trainer's own record of its first step is what ends its recovery (respawn.control.recovery_time).
+    path = str(tmp_path / "status.json")
+    manager(tmp_path).save(60, make_state(1), blocking=True)
+    m = manager(tmp_path, total_steps=100)
+    step, _ = m.restore()
+    m.report_step(step)  # an integration reports its restored step: no step trained
+    assert read_status(path)["first_step"] is None
+    before = time.time()
+    m.report_step(61)
+    m.report_step(62)
+    st = read_status(path)  # written at once, although step reports are rate-limited
+    assert st["first_step"] == 61 and before <= st["first_step_at"] <= time.time()
 
 
 def test_import_trainer_without_torch_or_jax():

@@ -193,8 +193,14 @@ class CheckpointManager:
     # ---- progress ---------------------------------------------------------------------------------------------
 
     def report_step(self, step: int) -> None:
-        """Call once per step; the status file is rewritten at most a few times per second."""
+        """Call once per step (a restore may report its step too); the status file is rewritten at most a few times
+        per second, and at once for the first step past the restored one, which it records with its time
+        (TrainerStatus.first_step_at: a recovery ends there)."""
         self._step = step
+        state = self.status.state
+        if state["first_step"] is None and step > (state["committed_step"] or 0):
+            self.status.update(step=step, first_step=step, first_step_at=time.time())
+            return
         self.status.update(force=False, step=step)
 
     def _committed(self, step: int, kind: str, durable: str) -> None:
