@@ -1,4 +1,4 @@
-"""A job's goodput (respawn/report.py) as Cloud Monitoring time series, in the metric types Google's own
+"""A job's goodput (goodput.py) as Cloud Monitoring time series, in the metric types Google's own
 ml-goodput-measurement writes from a workload (docs/gcp-facts.md §25), so that what reads those (Metrics Explorer's
 Workload resource, the build's dashboard: deploy/monitoring/goodput-dashboard.json) reads Respawn's figures without
 code in the trainer. Pure: the adapter (adapters/monitoring.py) posts what this builds.
@@ -17,7 +17,7 @@ BADPUT_TIME = "compute.googleapis.com/workload/badput_time"  # label badput_sour
 ELAPSED_TIME = "compute.googleapis.com/workload/total_elapsed_time"
 DISRUPTIONS = "compute.googleapis.com/workload/disruptions"
 RESOURCE = "compute.googleapis.com/Workload"
-# respawn.report.BUCKETS (productive_training aside) → ml-goodput-measurement's BadputType names.
+# goodput.BUCKETS (productive_training aside) → ml-goodput-measurement's BadputType names.
 BADPUT_SOURCES = {
     "wasted_progress_from_disruption": "WASTED_PROGRESS_FROM_DISRUPTION",
     "infrastructure_recovery_from_disruption": "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",

@@ -169,7 +169,7 @@ def expire_logs(deps: Deps, c: Any, jobs: dict[str, dict] | None = None) -> None
 def delete_orphans(deps: Deps) -> dict[str, dict]:
     """List the labelled nodes in every zone any job uses, then read the jobs, then delete what no placement owns.
     Returns every job's document as first read (the log retention goes through them next)."""
-    from respawn.control import queued
+    from respawn.control.models import queued
     from respawn.control.orphans import Seen, orphans
 
     before = deps.store.all_jobs()

@@ -33,7 +33,8 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from respawn.control import decide as core
-from respawn.control import costs, identities, job, placement, queued, stats
+from respawn.control import costs, identities, job, placement, stats
+from respawn.control.models import queued
 from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, NodeProvider, PriceSource

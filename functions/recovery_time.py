@@ -39,7 +39,7 @@ FAILURES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # the job's ow
 def loss_cause(signal: str, noticed: bool = False) -> str:
     """The cause a loss is told by, from the signal it came by (decide._lose), as decide.loss_kind counts it: a
     failure's signal after the agent saw a notice (`noticed`) is the platform's doing. A request that failed
-    (queued_resource_failed: functions/queued.py) is no node taken, and keeps its own name."""
+    (queued_resource_failed: functions/models/queued.py) is no node taken, and keeps its own name."""
     if signal in (RUN_ENDED, NO_HEARTBEAT) or signal.startswith("queued_resource_"):
         return signal
     if signal in FAILURES and not noticed:

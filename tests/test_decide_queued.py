@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from respawn.control import decide as core
-from respawn.control import queued
+from respawn.control.models import queued
 from respawn.control.decide import Act, Phase, phase_of
 from respawn.schema import State
 from test_decide_table import NOW, TPU, TPU_QUEUED, ZONES, make_spec, obs

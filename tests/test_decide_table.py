@@ -478,7 +478,7 @@ def test_outcomes_of_other_actions_are_refused():
 RAW_STATES = {"gpu": [None, "PENDING", "PROVISIONING", "STAGING", "RUNNING", "PENDING_STOP", "STOPPING", "STOPPED",
                       "SUSPENDING", "SUSPENDED", "TERMINATED", "DEPROVISIONING", "REPAIRING", "WEIRD"],
               "tpu": [None, "CREATING", "READY", "DELETING", "PREEMPTED", "TERMINATED", "STOPPED", "REPAIRING", "UNKNOWN"]}
-# A queued resource's states before it is ACTIVE (functions/queued.py), then its node's.
+# A queued resource's states before it is ACTIVE (functions/models/queued.py), then its node's.
 RAW_STATES["tpu_queued"] = [*(f"queued:{s}" for s in ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING",
                                                       "ACTIVE", "FAILED", "SUSPENDING", "SUSPENDED", "DELETING")),
                             *RAW_STATES["tpu"]]

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from browser_fixtures import browser, open_page  # noqa: F401 - fixture
-from respawn import report
+from respawn.control.goodput import BUCKETS
 from respawn.agent.supervisor import processes_with
 from sim.demo.scenario import default_scenario, parse_scenario
 from test_demo_summary import assert_each_line_rises
@@ -122,7 +122,7 @@ def test_default_scenario(tmp_path, browser):
     # The page `respawn jobs report` writes, from what the control plane recorded, in a real browser; its
     # screenshot is kept (test-artifacts/). Its buckets cover the job's time: registration to its end.
     buckets = out["goodput_buckets"]
-    assert set(buckets) == set(report.BUCKETS) and buckets["productive_training"] > 0
+    assert set(buckets) == set(BUCKETS) and buckets["productive_training"] > 0
     assert abs(sum(buckets.values()) - out["wall_seconds"]) < 1.0
     page, errors = open_page(browser, Path(out["report"]), screenshot="report-default-demo.png")
     assert errors == []

@@ -111,24 +111,11 @@ def cycle(component: set[str], edges: dict[str, set[str]]) -> list[str]:
     return [*paths[next(v for v in frontier if start in edges[v])], start]
 
 
-# Cycles not broken yet, each with why and where it is to be broken (issue #34 item 3). The test fails on any other
-# cycle, and on an entry here that is gone (delete it then).
-KNOWN = {
-    frozenset({"respawn.control.models", "respawn.control.queued", *(f"respawn.control.models.{m}" for m in (
-        "flex_start", "preemptible", "reservation", "spot", "standard"))}):
-        "the models' registry: models/__init__ imports each model to register it, each model imports Model and "
-        "register from models/__init__: the base is to move to a module of its own",
-}
-
-
 def test_the_product_has_no_import_cycle():
     edges = graph()
-    found = {frozenset(c): cycle(c, edges) for c in components(edges)}
-    new = [" -> ".join(path) for members, path in found.items() if members not in KNOWN]
-    assert not new, "import cycles (module-level and inside functions alike); move the shared piece down into a " \
-                    "module both can import, or pass the value in:\n" + "\n".join(new)
-    gone = [sorted(members) for members in KNOWN if members not in found]
-    assert not gone, f"these cycles are broken (or changed): update KNOWN in {Path(__file__).name}: {gone}"
+    found = [" -> ".join(cycle(c, edges)) for c in components(edges)]
+    assert not found, "import cycles (module-level and inside functions alike); move the shared piece down into a " \
+                      "module both can import, or pass the value in:\n" + "\n".join(found)
 
 
 def test_an_import_inside_a_function_and_a_name_from_a_package_are_edges(tmp_path):

@@ -14,6 +14,7 @@ import yaml
 
 from browser_fixtures import browser, open_page  # noqa: F401 - fixture
 from respawn import report, schema
+from respawn.control.goodput import BUCKETS
 from respawn.schema import Heartbeat, JobEvent, State
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
@@ -174,7 +175,7 @@ def test_the_page_answers_the_user_in_chromium(browser, tmp_path):
     assert not any(w in legend for w in ("emergency", "downtime", "standard", "preemptible"))
     # The buckets in words, adding up to the wall time; every event in words at its time on the chart's axis.
     goodput = page.locator("table.goodput td:first-child").all_inner_texts()
-    assert goodput == [report.BUCKET_WORDS[k][0] for k in report.BUCKETS]
+    assert goodput == [report.BUCKET_WORDS[k][0] for k in BUCKETS]
     events = [row.locator("td").all_inner_texts() for row in page.locator("table.events tr").all()[1:]]
     assert len(events) == len(EVENTS)
     assert events[3] == ["100.0 s", "RUNNING → PROVISIONING", "j-1 preempted in z-a (last heard at step 58, "

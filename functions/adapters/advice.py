@@ -6,15 +6,17 @@ respawn.advice's body (an unknown field raises) and its answer read back by resp
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from google.cloud import compute_v1
 
 from respawn import advice
-from respawn.control.clients import Clients
 
 
 class AdviceReader:
-    def __init__(self, clients: Clients):
+    def __init__(self, clients: Any):
+        """`clients`: the client factory (respawn.control.clients.Clients), which builds this adapter's peers and so is
+        not imported here (as in every adapter)."""
         self.clients = clients
 
     def capacity(self, zone: str, shape: advice.Shape, size: int) -> advice.ZoneAdvice | None:

@@ -24,7 +24,7 @@ from google.cloud.firestore_v1.base_query import FieldFilter
 
 from respawn.control.placement import pool_key
 from respawn.schema import (ADVICE, CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, NODES_DATABASE, AdviceRecord,
-                            STATS, CapacityRecord, JobEvent, State, capacity_doc_id)
+                            STATS, CapacityRecord, Heartbeat, JobEvent, State, capacity_doc_id)
 
 ACTIVE_STATES = [s.value for s in State if not s.terminal]
 
@@ -57,6 +57,17 @@ class Store:
         snap = self.nodes_db(database).collection(NODES).document(node).get()
         self.reads += 1
         return snap.to_dict() if snap.exists else None
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        """Every lifecycle event of the job still kept (schema.EVENT_RETENTION), oldest first."""
+        query = self.db.collection(JOBS).document(job_id).collection(EVENTS).order_by("at")
+        return self._counted([JobEvent.model_validate(snap.to_dict()) for snap in query.stream()])
+
+    def heartbeats(self, job_id: str, database: str) -> dict[str, Heartbeat]:
+        """node → the last heartbeat of each of the job's nodes in `database` (a multi-host slice: its worker 0's)."""
+        query = self.nodes_db(database).collection(NODES).where(filter=FieldFilter("job_id", "==", job_id))
+        docs = self._counted([(snap.id, snap.to_dict() or {}) for snap in query.stream()])
+        return {node: Heartbeat.model_validate(doc) for node, doc in docs if int(doc.get("worker") or 0) == 0}
 
     def blocked(self, zones: Iterable[str], accelerator: str) -> dict[str, datetime]:
         """The capacity/quota cooldowns for this accelerator (one batched read): placement.pool_key(zone, pool) →

@@ -1,6 +1,7 @@
 """The job's goodput in Cloud Monitoring (functions/goodput_metrics.py): timeSeries.create over the REST API (an
 authorized session from respawn.control.clients; local runs: sim/ at RESPAWN_MONITORING_ENDPOINT). Written when a
-job recovers and when it ends (reconcile), best effort: a failure is one WARNING and changes nothing else.
+job recovers and when it ends (reconcile), best effort: a failure is one WARNING and changes nothing else. The job's
+events and heartbeats are read through the controller's own store (adapters/firestore_store.py).
 """
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from respawn import report
-from respawn.control import goodput_metrics, placement
+from respawn.control import goodput, goodput_metrics, placement
+from respawn.control.adapters.firestore_store import Store
 from respawn.control.adapters.jsonapi import checked
-from respawn.jobstore import JobStore
+from respawn.deployment import heartbeat_database
 from respawn.schema import JobSpec
 
 PRODUCTION = "https://monitoring.googleapis.com"
@@ -33,13 +34,22 @@ class MonitoringApi:
 
 def write_goodput(clients: Any, project: str, job_id: str, spec: JobSpec, endpoint: str | None = None
                   ) -> list[dict[str, Any]]:
-    """Read the job's report (its events and heartbeats, respawn/report.py) and post its goodput; the series
+    """Read the job (its document, events and heartbeats), reckon its goodput (goodput.py) and post it; the series
     posted."""
-    r, doc, _ = report.load(JobStore(clients.firestore()), job_id)
-    status = doc.get("status") or {}
-    location = status.get("zone") or (spec.zones[0] if spec.zones else "global")
-    series = goodput_metrics.time_series(job_id, location, placement.accelerator_key(spec), r.goodput,
-                                         r.wall_seconds, len(r.recoveries), datetime.now(timezone.utc))
+    store = Store(clients.firestore(), clients.nodes_firestore)
+    found = store.job(job_id)
+    if found is None:
+        return []
+    doc, _ = found
+    events = store.events(job_id)
+    beats = store.heartbeats(job_id, heartbeat_database(store.identity_of(job_id)))
+    now = datetime.now(timezone.utc)
+    status, started, ended = goodput.window(doc, events, now)
+    lives, _ = goodput.lives(events, beats)
+    location = status.zone or (spec.zones[0] if spec.zones else "global")
+    series = goodput_metrics.time_series(job_id, location, placement.accelerator_key(spec),
+                                         goodput.buckets(started, ended, lives), (ended - started).total_seconds(),
+                                         len(goodput.recoveries(lives, events)), now)
     clients.monitoring(endpoint).create_time_series(project, series)
     return series
 

@@ -14,7 +14,8 @@ from google.cloud import tpu_v2
 from google.protobuf import duration_pb2, field_mask_pb2
 
 from respawn.contract import LABEL_JOB, Handover
-from respawn.control import models, nodespec, queued
+from respawn.control import models, nodespec
+from respawn.control.models import queued
 from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
 
@@ -120,7 +121,7 @@ class TpuProvider:
 
 
 class QueuedTpuProvider(TpuProvider):
-    """Cloud TPU VMs obtained through queued resources (tpu_v2, REST; gcp-facts §19; functions/queued.py): the
+    """Cloud TPU VMs obtained through queued resources (tpu_v2, REST; gcp-facts §19; functions/models/queued.py): the
     node `{job}-{attempt}` is asked for by a request of the same id, with the node's spec inside. The request's tier
     is the slot's model (spot → spot; standard → no tier, an on-demand request) and its queueing_policy.valid_until_duration the job's
     accelerator.queue_wait_minutes. `get` reports the request's state (queued.raw) until it is ACTIVE, then the

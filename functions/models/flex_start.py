@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from respawn.contract import NOTICE_RUN_ENDING
-from respawn.control.models import RUN_ENDED, ComputeFields, Model, register
+from respawn.control.models.base import RUN_ENDED, ComputeFields, Model, register
 from respawn.schema import Heartbeat, JobSpec, MemberStatus, Tier
 
 # A loss within this long of the run's end (its agent's notice aside) is the run's end: the deletion comes at the

@@ -3,7 +3,7 @@ same spare capacity and quota, at most 24 h. A Cloud TPU queued resource has no 
 
 from __future__ import annotations
 
-from respawn.control.models import ComputeFields, Model, register
+from respawn.control.models.base import ComputeFields, Model, register
 from respawn.schema import JobSpec, Tier
 
 

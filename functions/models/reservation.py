@@ -14,7 +14,7 @@ discount aside); the ledger prices a reservation VM at the on-demand rate, an up
 
 from __future__ import annotations
 
-from respawn.control.models import ComputeFields, Model, register
+from respawn.control.models.base import ComputeFields, Model, register
 from respawn.schema import JobSpec, Tier
 
 AFFINITY_KEY = "compute.googleapis.com/reservation-name"

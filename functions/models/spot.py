@@ -4,7 +4,7 @@ a 30 s notice (or the longer preemptionNoticeDuration, gcp-facts §17). A preemp
 
 from __future__ import annotations
 
-from respawn.control.models import ComputeFields, Model, register
+from respawn.control.models.base import ComputeFields, Model, register
 from respawn.schema import JobSpec, Tier
 
 

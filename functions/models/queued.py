@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from respawn.control import models
+from respawn.control.models import base
 from respawn.schema import JobSpec, MemberStatus
 from respawn.topology import tpu_hosts
 
@@ -40,7 +40,7 @@ def enabled(spec: JobSpec | None) -> bool:
         return False
     if spec.accelerator.queued_resource is not None:
         return spec.accelerator.queued_resource
-    if any(not models.of(t.model).queued for t in spec.provisioning_tiers):
+    if any(not base.of(t.model).queued for t in spec.provisioning_tiers):
         return False
     try:
         return tpu_hosts(spec.accelerator.accelerator_type) > 1
@@ -81,8 +81,8 @@ def refusal(spec: JobSpec, s: MemberStatus, raw_state: str | None, now: datetime
     return None
 
 
-class Queued(models.Obtaining):
-    """The Cloud TPU queued resource as the way a TPU node is obtained (models.Obtaining)."""
+class Queued(base.Obtaining):
+    """The Cloud TPU queued resource as the way a TPU node is obtained (base.Obtaining)."""
 
     refused_cause = "zone_refused_queued"
 
@@ -110,4 +110,4 @@ class Queued(models.Obtaining):
         return {"node_started_at": now}  # its request may have waited long: the boot grace counts from now
 
 
-QUEUED = models.register_way(Queued())
+QUEUED = base.register_way(Queued())
