@@ -24,6 +24,7 @@ from respawn.logs import log, set_labels
 from .config import ConfigError, load_config
 from .firestore_rest import FirestoreWriter
 from .logship import AGENT_LOG
+from .membership import join
 from .metadata import MetadataClient
 
 
@@ -70,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         log("ERROR", str(exc), attribute=exc.attribute, metadata=md.host,
             hint="the control plane sets respawn-* attributes when it creates the node; recreate the node")
         return EXIT_CONFIG_ERROR
+    membership = join(cfg, md)
     # Every line from here on carries the job, attempt, node and rank as Cloud Logging labels (respawn.logs).
-    set_labels(**log_labels(cfg.job_id, cfg.attempt, heartbeat_id(cfg.node, cfg.worker),
-                            None if cfg.generation is not None else cfg.worker))
+    set_labels(**log_labels(cfg.job_id, cfg.attempt, heartbeat_id(cfg.node, cfg.worker), membership.rank))
     agent = Agent(cfg, md, FirestoreWriter(cfg.project, md,
-                                           database=cfg.settings.heartbeat_database or NODES_DATABASE))
+                                           database=cfg.settings.heartbeat_database or NODES_DATABASE), membership)
     install_signal_handlers(agent)
     if early:
         agent.on_notice(early[0])

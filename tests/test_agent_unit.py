@@ -240,12 +240,12 @@ def test_trainer_env_names_the_hosts_single_host_by_default(tmp_path):
     settings = parse_settings(json.dumps({**GOOD, "env": {contract.ENV_NODE_RANK: "7"}}))
     base = dict(job_id="j", attempt=2, project="p", node="j-2", zone=None, settings=settings, node_dir=str(tmp_path))
     md = MetadataClient("127.0.0.1:9")  # never asked: nothing is started
-    single = Agent(AgentConfig(**base), md, writer=None)._trainer_env()  # type: ignore[arg-type]
+    single = Agent(AgentConfig(**base), md, writer=None).preparation.trainer_env()  # type: ignore[arg-type]
     # The agent's values win over the job's env; a single host is rank 0 of 1 with master 127.0.0.1.
     assert (single[contract.ENV_NODE_RANK], single[contract.ENV_NUM_NODES], single[contract.ENV_MASTER_ADDR]) == (
         "0", "1", "127.0.0.1")
     agent = Agent(AgentConfig(**base, hosts=Hosts(3, 4, "10.0.0.5")), md, writer=None)  # type: ignore[arg-type]
-    env = agent._trainer_env()
+    env = agent.preparation.trainer_env()
     assert (env[contract.ENV_NODE_RANK], env[contract.ENV_NUM_NODES], env[contract.ENV_MASTER_ADDR]) == (
         "3", "4", "10.0.0.5")
     assert agent.heartbeater.node == "j-2-w3" and agent.snapshot()["worker"] == 3
