@@ -5,7 +5,8 @@ provisioning model in its region). A life opens when a committed status first sh
 billed from its start: gcp-facts §24) at the node's price an hour, kept on the slot (MemberStatus.billing); it
 closes, and its hours × price go into the job's ledger (JobStatus.cost), when a committed status shows the slot with
 another node or another life of it (a restart in place), or no longer live, or the job over. So the cost so far is
-the closed lives plus each open life's hours to now: a few fields of the status, never a scan of the events.
+the closed lives plus each open life's hours to now: a few fields of the status, never a scan of the events
+(respawn/ledger.py reads it, below the control plane: the CLI and the demo show it).
 
 A lost node's life runs until its replacement is committed (it is deleted before, or during its notice, beside
 it): a few seconds to a minute more than the VM ran, never less, so the budget errs on the safe side.
@@ -17,27 +18,13 @@ from datetime import datetime
 from typing import Any
 
 from respawn.control import models
+from respawn.ledger import hours, spent
 from respawn.prices import Quote
 from respawn.schema import BilledLife, JobStatus, MemberStatus, State
 
 LIVE = (State.PROVISIONING, State.RUNNING, State.PREEMPTED)
 # Budget alerts below the cap, in percent, each sent once per cap; at 100 % the job stops (BUDGET_EXHAUSTED).
 ALERT_PERCENTS = (50, 80)
-
-
-def _hours(since: datetime, now: datetime) -> float:
-    return max((now - since).total_seconds(), 0.0) / 3600
-
-
-def spent(s: JobStatus, now: datetime) -> tuple[float, float]:
-    """(USD so far, the same lives priced on demand): the closed lives and each open life to `now`."""
-    usd, on_demand = s.cost.closed_usd, s.cost.closed_on_demand_usd
-    for m in s.members:
-        if m.billing is not None:
-            h = _hours(m.billing.since, now)
-            usd += h * m.billing.usd_per_hour
-            on_demand += h * m.billing.on_demand_usd_per_hour
-    return usd, on_demand
 
 
 def burn(s: JobStatus) -> float:
@@ -74,7 +61,7 @@ def account(before: JobStatus, after: JobStatus, now: datetime, quote: Quote | N
         # A life the decision dropped with its slot (a fresh member: the whole job moves) closes from `before`.
         life = a.billing if a is not None and a.billing is not None else (b.billing if b is not None else None)
         if life is not None and (a is None or not _goes_on(a, life, after)):
-            h = _hours(life.since, now)
+            h = hours(life.since, now)
             closed += h * life.usd_per_hour
             closed_on_demand += h * life.on_demand_usd_per_hour
             life = None
@@ -109,19 +96,3 @@ def alert_due(s: JobStatus, cap: float, now: datetime) -> int | None:
     usd = spent(s, now)[0]
     reached = [p for p in ALERT_PERCENTS if usd >= cap * p / 100 and p > s.cost.alerted_percent]
     return max(reached) if reached else None
-
-
-def summary(s: JobStatus, now: datetime, cap: float | None = None) -> dict[str, Any]:
-    """The cost so far as `respawn jobs describe` and the demo show it: against the same lives on demand, which
-    prices were used (or why a life is unpriced), and the budget's share."""
-    usd, on_demand = spent(s, now)
-    ran = s.cost.closed_usd > 0 or any(m.running_at is not None or m.billing is not None for m in s.members)
-    prices = s.cost.note or ("no prices" if s.cost.unpriced else "not priced yet" if ran else
-                             "none yet (no node has run)")
-    out: dict[str, Any] = {"so_far_usd": round(usd, 4), "on_demand_usd": round(on_demand, 4), "prices": prices}
-    if s.cost.unpriced:
-        out["unpriced"] = s.cost.unpriced
-    if cap is not None:
-        out["budget_usd"] = cap
-        out["budget_used"] = f"{usd / cap:.0%}"
-    return out

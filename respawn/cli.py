@@ -404,14 +404,13 @@ def list_jobs(
         if not rows:
             out.print("no jobs registered")
             return
-        from respawn import prices
-        from respawn.control import costs
+        from respawn import ledger, prices
 
         now = datetime.now(timezone.utc)
         table = Table("id", "state", "zone", "node", "restarts", "failures", "preemptions", "committed step",
                       "cost (on demand)", "updated")
         for job_id, st in rows:
-            usd, on_demand = costs.spent(st, now)
+            usd, on_demand = ledger.spent(st, now)
             table.add_row(
                 job_id, st.state.value, st.zone or "-", st.node or "-", str(st.restarts), str(st.failures),
                 str(st.preemptions),
@@ -428,8 +427,7 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
     """The job's spec and status, where its time went (goodput) and what it cost so far."""
 
     def go() -> None:
-        from respawn import report
-        from respawn.control import costs
+        from respawn import ledger, report
         from respawn.control.recovery import strategy_for
         from respawn.jobstore import NoSuchJob
 
@@ -449,7 +447,7 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
             "created_at": _fmt_time(doc.get("created_at")),
             "recovery": recovery,
             "goodput": report.describe(r),  # where the time went (respawn/report.py, docs/watching.md)
-            "cost": costs.summary(status, datetime.now(timezone.utc), budget),  # functions/costs.py
+            "cost": ledger.summary(status, datetime.now(timezone.utc), budget),
             "status": status.model_dump(mode="json", exclude_none=True),
             "spec": doc.get("spec"),
         }
@@ -616,8 +614,7 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
     checkpoint; a running job gets the new cap."""
 
     def go() -> None:
-        from respawn import prices
-        from respawn.control import costs
+        from respawn import ledger, prices
         from respawn.jobstore import JobFinished, NoSuchJob
 
         store = _store(project)
@@ -625,7 +622,7 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
             status = schema.JobStatus.model_validate(store.job_document(job_id).get("status") or {})
         except NoSuchJob:
             raise _no_such_job(job_id) from None
-        spent = costs.spent(status, datetime.now(timezone.utc))[0]
+        spent = ledger.spent(status, datetime.now(timezone.utc))[0]
         if budget <= spent:
             raise CliError(f"job {job_id!r} has cost {prices.usd(spent)} so far; a budget of {prices.usd(budget)} would stop it "
                            "again at once: give more than that")

@@ -7,7 +7,7 @@ The lives, the recoveries and the goodput buckets (what each holds) are the cont
 (respawn.control.goodput), which the controller's Cloud Monitoring series read too; this module renders them.
 
 What the job cost is the controller's own ledger in its status (respawn.control.costs: every node life priced as it
-goes), shown beside it. The page opens with a headline (`headline`): the state, the steps, the preemptions, each
+goes; read by respawn.ledger), shown beside it. The page opens with a headline (`headline`): the state, the steps, the preemptions, each
 recovery's time and steps lost (the controller's figure: respawn.control.recovery_time), the cost against on demand
 and what each preemption cost, and the goodput; its events are told in words, at their time on the chart's axis.
 """
@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from respawn.control import costs, goodput, recovery_time
+from respawn import ledger
+from respawn.control import goodput, recovery_time
 from respawn.control.goodput import Life, Recovery
 from respawn.schema import Heartbeat, JobEvent
 from respawn.prices import usd
@@ -46,7 +47,7 @@ class Report:
     recoveries: list[Recovery] = field(default_factory=list)
     refused: int = 0  # creates refused (capacity, quota): no node
     goodput: dict[str, float] = field(default_factory=dict)  # bucket → seconds
-    cost: dict[str, Any] | None = None  # the controller's ledger (respawn.control.costs.summary), when read
+    cost: dict[str, Any] | None = None  # the controller's ledger (respawn.ledger.summary), when read
     # From the job's status, when read (load): the newest step, committed step, the total, the preemptions.
     step: int | None = None
     committed_step: int | None = None
@@ -223,7 +224,7 @@ def of_record(job_id: str, doc: dict[str, Any], events: list[JobEvent], heartbea
     status, started, ended = goodput.window(doc, events, now)
     r = build(job_id, status.state.value, started, ended, events, heartbeats)
     budget = ((doc.get("spec") or {}).get("budget") or {}).get("max_usd")
-    r.cost = costs.summary(status, ended, budget)
+    r.cost = ledger.summary(status, ended, budget)
     r.step, r.committed_step = status.last_step, status.last_committed_step
     r.total_steps, r.preemptions = status.total_steps, status.preemptions
     return r

@@ -966,7 +966,7 @@ class BilledLife(_Record):
 
 class CostLedger(_Record):
     """jobs/{job}.status.cost: what the job's node lives cost so far, kept as it goes so that no reconcile reads the
-    events: the closed lives' cost, plus (functions/costs.spent) each open life's hours × its rate."""
+    events: the closed lives' cost, plus (respawn.ledger.spent) each open life's hours × its rate."""
 
     closed_usd: float = 0.0
     closed_on_demand_usd: float = 0.0  # the same lives priced on demand

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from respawn import ledger
 from respawn.control import alerts, costs, job
 from respawn.control.decide import ABSENT, Act, NodeObs, Observation, Outcome, OutcomeKind, Phase
 from respawn.control.job import MemberObs
@@ -72,9 +73,9 @@ def test_a_node_without_a_price_runs_unpriced_and_says_why():
                    [MemberObs(RUNNING, beat(1, "preparing"))])
     assert d.status.members[0].billing is None and d.status.cost.unpriced == why
     # Its node ran: the summary says it is unpriced and why, never that no node has run.
-    summary = costs.summary(d.status, NOW)
+    summary = ledger.summary(d.status, NOW)
     assert summary["prices"] == "no prices" and summary["unpriced"] == why
-    assert costs.summary(JobStatus(), NOW)["prices"] == "none yet (no node has run)"
+    assert ledger.summary(JobStatus(), NOW)["prices"] == "none yet (no node has run)"
 
 
 def test_the_cost_so_far_is_the_closed_lives_plus_each_open_life_to_now():

@@ -210,10 +210,9 @@ def _cost(status: schema.JobStatus, cap: float | None) -> str:
     """What the job's nodes cost, as the controller's ledger priced them (functions/costs.py): the demo's zones are
     us-central1's, so its g2-standard-8 nodes are priced as they would be there (the sim serves no SKUs: the dated
     offline table, which the figure names)."""
-    from respawn import prices
-    from respawn.control import costs
+    from respawn import ledger, prices
 
-    c = costs.summary(status, datetime.now(timezone.utc), cap)
+    c = ledger.summary(status, datetime.now(timezone.utc), cap)
     text = f"{prices.usd(c['so_far_usd'])} (on demand {prices.usd(c['on_demand_usd'])}; {c['prices']})"
     if cap is not None:
         text += f"; budget {prices.usd(cap)}, {c['budget_used']} used"
