@@ -188,6 +188,19 @@ def test_default_scenario_file_matches_the_built_in_default():
     assert parse_scenario(yaml.safe_load((SCENARIOS / "default.yaml").read_text())) == default_scenario()
 
 
+def test_every_example_scenario_reads_and_fits_its_job():
+    # Those not run end to end here too (their decisions are tested against the functions): `respawn demo
+    # --scenario` must still take every one.
+    from sim.demo.jobfile import read_job, with_job_file
+    from sim.demo.scenario import load_scenario
+
+    for path in sorted(SCENARIOS.glob("*.yaml")):
+        sc = load_scenario(path)
+        assert sc.name == path.stem, path
+        if sc.job_file:
+            with_job_file(sc, read_job(Path(sc.job_file)))
+
+
 def uninterrupted_slice_state(tmp_path: Path, sc, processes: int) -> Path:
     """The final step directory of the scenario's JAX trainer run without interruption, as `processes` hosts of a
     slice (the node agent's variables, no flags) with one directory: what a run that was never preempted commits."""
@@ -319,7 +332,8 @@ def check_members(tmp_path: Path, sc, out: dict) -> None:
     generation started from it; only the preempted node was replaced (one new VM name per preemption, the others
     lived through the run)."""
     nodes = sc.job["nodes"]
-    assert len(out["workers"]) == nodes + len(sc.preemptions), out["workers"]
+    lost = sum(len(p.slots) or 1 for p in sc.preemptions)  # one node each, or each of its slots
+    assert len(out["workers"]) == nodes + lost, out["workers"]
     text = "".join(p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log"))
     stops = re.findall(r"torch_ddp\[rank (\d+)\]: preempted at step (\d+)", text)
     by_step: dict[str, set[str]] = {}
@@ -333,33 +347,26 @@ def check_members(tmp_path: Path, sc, out: dict) -> None:
         assert starts >= min(len(by_step[step]), world_after), (step, starts)
 
 
-@pytest.mark.parametrize("name", ["multi-node", "master-lost", "elastic"])
-def test_multi_node_scenario(tmp_path, name):
-    sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
-    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
+def test_multi_node_scenario(tmp_path):
+    """A member, then the master, then two members at once (multi-node.yaml): each loss replaced alone in the job's
+    zone, every rank stopped at one step and restarted from it, one true alert per recovery, and the final state
+    bit-identical to an uninterrupted run."""
+    sc = parse_scenario(yaml.safe_load((SCENARIOS / "multi-node.yaml").read_text()))
+    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "multi-node.yaml"))
     nodes = sc.job["nodes"]
     check_common(r, out, tmp_path, nodes=nodes)
     assert out["max_live_per_slot"] == 1  # never two nodes for one slot
-    assert out["lost_steps"] == 0 and out["restarts"] == len(sc.preemptions)
+    assert out["lost_steps"] == 0
     assert out["zones"] == [sc.zones[0].name]  # every node in the job's zone; none moved
-    # Every recovery has its figure, once every member of the new generation steps, with nothing lost.
+    # Every recovery has its figure, once every member of the new generation steps, with nothing lost, and Slack
+    # hears one true alert per recovery: one for the two members lost at once.
     told = check_recoveries(out)
-    assert told and all(d["steps_lost"] == 0 for d in told), told
+    assert len(told) == len(sc.preemptions) and all(d["steps_lost"] == 0 for d in told), told
+    recovered = [a for a in out["alerts"] if a.startswith(f"Job {out['job_id']} recovered")]
+    assert len(recovered) == len(sc.preemptions) and all("training again" in a for a in recovered), recovered
     check_members(tmp_path, sc, out)
-    causes = [t["cause"] for t in out["transitions"]]
-    if name == "elastic":
-        # The refused replacement left 2 of 3 nodes: a generation of 2, then of 3 once capacity returned.
-        sizes = [len(t["details"]["members"]) for t in out["transitions"] if t["cause"] == "generation"]
-        assert sizes[0] == nodes and 2 in sizes and sizes[-1] == nodes, sizes
-        assert "zone_refused_capacity" in causes
-        # The replacement joins while the survivors train, not once they are done.
-        share = grown_back_share("".join(p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log")),
-                                 nodes, sc)
-        print(f"\nelastic: the grown-back world of {nodes} trained {share:.0%} of the steps left after the loss")
-        assert share > 0.5
-    else:
-        final = tmp_path / "out" / "checkpoints" / f"step_{sc.trainer.steps:012d}"
-        assert trained_state(final) == trained_state(uninterrupted_ddp_state(tmp_path, sc, nodes * sc.trainer.ranks))
+    final = tmp_path / "out" / "checkpoints" / f"step_{sc.trainer.steps:012d}"
+    assert trained_state(final) == trained_state(uninterrupted_ddp_state(tmp_path, sc, nodes * sc.trainer.ranks))
 
 
 @pytest.mark.parametrize("name", ["hf-multi-node"])
@@ -380,9 +387,13 @@ def test_multi_node_job_file_scenario(tmp_path, name):
                                                      for ranks in stops.values()), stops
 
 
-@pytest.mark.parametrize("name", ["duplicate-events", "dropped-event", "all-zones-stocked-out", "tpu", "jax",
-                                  "invalid-spec", "large-state", "flaky-apis", "setup-fails", "ddp-8", "tpu-slice",
-                                  "tpu-slice-triples", "tpu-queued", "reservation", "hf", "lightning"])
+# Decisions without processes are tested against the functions, the emulators and the sim, not here: every zone
+# refusing (all-zones-stocked-out.yaml: test_functions_placement), Slack's 5xx and a create's 503
+# (flaky-apis.yaml: test_functions_alerts, test_functions_multinode), a smaller elastic world (elastic.yaml:
+# test_membership, test_job_table, test_functions_multinode; elastic-two-lost runs it end to end below).
+@pytest.mark.parametrize("name", ["duplicate-events", "tpu", "jax", "invalid-spec", "large-state", "setup-fails",
+                                  "ddp-8", "tpu-slice", "tpu-slice-triples", "tpu-queued", "reservation", "hf",
+                                  "lightning"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
@@ -445,25 +456,11 @@ def test_scenario(tmp_path, name):
         assert steps[-1][2] == "reservation" and "preemptions: 1" in recovered
         assert out["provisioning"] == ["spot", "reservation"] and out["zones"] == ["us-central1-a"]
         assert "WAITING_FOR_CAPACITY" not in states
-    if name == "all-zones-stocked-out":
-        assert "WAITING_FOR_CAPACITY" in states
-    if name == "dropped-event":
-        # No audit event arrived, and none was needed: the agent's notice message or the sweep told the controller
-        # (which one first depends on timing: the sweep's own path is test_functions_guarantees'), and the job
-        # recovered once.
-        assert out["restarts"] == 1 and "recovered" in [t["cause"] for t in out["transitions"]]
-
-
-def test_single_host_tpu_scenario_in_the_triple_format(tmp_path):
-    # tpu.yaml's worker metadata lists its worker by hostname; in the older format, name:uid:IP, it boots and trains
-    # as well (tpu-slice and tpu-slice-triples do the same for a slice).
-    data = {**yaml.safe_load((SCENARIOS / "tpu.yaml").read_text()), "tpu_endpoints": "triples"}
-    sc = parse_scenario(data)
-    (tmp_path / "tpu-triples.yaml").write_text(yaml.safe_dump(data))
-    r, out = run_demo(tmp_path, "--scenario", str(tmp_path / "tpu-triples.yaml"))
-    check_common(r, out, tmp_path)
-    assert out["lost_steps"] == 0 and out["restarts"] == len(sc.preemptions) == 1
-    check_worker_endpoints(tmp_path, sc)
+    if name == "duplicate-events":
+        # The first preemption's audit event never arrived, and none was needed: the agent's notice message or the
+        # sweep told the controller (which one first depends on timing: the sweep's own path is
+        # test_functions_guarantees'); the second's came three times. One recovery each, one node at a time.
+        assert [t["cause"] for t in out["transitions"]].count("recovered") == len(sc.preemptions) == 2
 
 
 def rank_groups(text: str, what: str) -> dict[int, set[int]]:
@@ -481,11 +478,11 @@ def grown_back_share(text: str, nodes: int, sc) -> float:
     return (sc.trainer.steps - regrown) / (sc.trainer.steps - first_loss)
 
 
-@pytest.mark.parametrize("name", ["two-members", "rejoin-preempted", "elastic-two-lost", "move-master-lost"])
+@pytest.mark.parametrize("name", ["rejoin-preempted", "elastic-two-lost", "move-master-lost"])
 def test_harder_multi_node_scenario(tmp_path, name):
-    """Losses the plain scenarios do not reach: two members at one moment, a replacement lost as it joins (again and
-    again), two members lost while the zone is dry (an elastic world of one), a move to the next zone whose new
-    master is lost as it joins. The multi-node invariants hold, and Slack hears one true alert per recovery."""
+    """Losses the plain scenario does not reach: a replacement lost as it joins (again and again), two members lost
+    while the zone is dry (an elastic world of one, grown back), a move to the next zone whose new master is lost as
+    it joins. The multi-node invariants hold, and Slack hears one true alert per recovery."""
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
     nodes = sc.job["nodes"]
@@ -649,7 +646,7 @@ def test_own_job_kept_for_the_cli(tmp_path):
     import shlex
     import signal
 
-    from respawn.workdir import pack
+    from respawn.app.workdir import pack
 
     job = SCENARIOS.parent / "jobs" / "gpu-spot-small.yaml"
     token = uuid.uuid4().hex
@@ -694,7 +691,7 @@ def test_own_job_kept_for_the_cli(tmp_path):
 def test_a_scenario_names_a_job_file_of_its_own(tmp_path):
     """A scenario's job_file (relative to the scenario) is read as `respawn jobs register` reads it; what names real
     Google Cloud or the image is pointed at the stand-ins, the rest runs as written; injections must fit the job."""
-    from respawn.cli import CliError
+    from respawn.app.cli import CliError
     from sim.demo.jobfile import read_job, with_job_file
     from sim.demo.runner import job_spec
     from sim.demo.scenario import ScenarioError, load_scenario
