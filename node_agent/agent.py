@@ -56,7 +56,7 @@ from .notice import Notice
 from .nudge import PUBLISH_TIMEOUT_S, Nudger
 from .preparation import Preparation
 from .prepare import PrepareFailed
-from .reach import StepClock, own_first_step
+from .reach import Progress
 from .storage import Uploader
 from .supervisor import TrainerRecord, boot_id
 from .watcher import NOTICE_SIGTERM
@@ -85,8 +85,8 @@ LOG_EXIT_FLUSH_S = 30.0
 class Agent:
     """Orchestrates the node's parts: the notice (notice.py), the generation it trains in (membership.py), the
     handovers before a trainer starts (handover.py), the preparation (preparation.py), the trainer's lifecycle
-    (lifecycle.py), the heartbeat (heartbeat.py), the log shipping (logship.py) and the controller's wake-up
-    (nudge.py). What it owns itself is the node's `state`, which every heartbeat says."""
+    (lifecycle.py), the heartbeat (heartbeat.py; its progress fields, reach.py), the log shipping (logship.py) and
+    the controller's wake-up (nudge.py). What it owns itself is the node's `state`, which every heartbeat says."""
 
     def __init__(self, cfg: AgentConfig, md: MetadataClient, writer: FirestoreWriter,
                  membership: Membership | None = None, *,
@@ -116,7 +116,9 @@ class Agent:
         self.preparation = Preparation(cfg, md, self.notice, upload_timeout_seconds=upload_timeout_seconds,
                                        on_change=self.heartbeater.nudge)
         self.life = TrainerLife(cfg.node_dir, self.notice, job_id=cfg.job_id, attempt=cfg.attempt)
-        self.step_clock = StepClock()  # the heartbeat's step_idle_seconds and first step
+        # The trainer's first step ends a recovery (respawn.control.recovery_time): told now rather than at the next
+        # sweep, before the job may end or lose this node again.
+        self.progress = Progress(lambda: self._wake_controller("the trainer's first step", time.monotonic()))
 
     # --- inputs -------------------------------------------------------------------------------------------
 
@@ -132,7 +134,7 @@ class Agent:
     def snapshot(self) -> Heartbeat:
         # A failed setup stays the node's outcome when a notice follows (the node being deleted for it): the
         # controller must not read the notice as a preemption and replace the node to fail the same way again.
-        failed = self.state is NodeState.SETUP_FAILED
+        failed, training = self.state is NodeState.SETUP_FAILED, self.state is NodeState.TRAINING
         failure, life, cache = self.preparation.failure, self.life, self.preparation.env_cache
         status = contract.read_status(self.status_path)
         return compose_heartbeat(
@@ -141,25 +143,11 @@ class Agent:
             exit_code=failure.exit_code if failure is not None else life.exit_code,
             output_tail=failure.output_tail if failure is not None else life.output_tail,
             failed_command=failure.command if failure is not None else None, worker=self.cfg.worker,
-            env_cache=cache.status if cache is not None else None, **self._progress(status),
+            env_cache=cache.status if cache is not None else None,
+            # step_idle_seconds and the first step (reach.py); the generation and master_reachable (membership.py).
+            **self.progress.beat(training, (life.started_at, self.membership.running), status, life.started_at),
+            **self.membership.beat(training),
         )
-
-    def _progress(self, status: dict | None) -> dict:
-        """step_idle_seconds, the trainer's first step (reach.py), its generation and master_reachable
-        (membership.py) for this beat."""
-        training = self.state is NodeState.TRAINING
-        step, committed = (status or {}).get("step"), (status or {}).get("committed_step")
-        before = self.step_clock.first_step
-        idle = self.step_clock.idle(training, (self.life.started_at, self.membership.running),
-                                    step if isinstance(step, int) else None,
-                                    committed if isinstance(committed, int) else None,
-                                    own_first_step(status, self.life.started_at))
-        if before is None and self.step_clock.first_step is not None:
-            # The trainer's first step: a recovery ends here (respawn.control.recovery_time), told now rather
-            # than at the next sweep, before the job may end or lose this node again.
-            self._wake_controller("the trainer's first step", time.monotonic())
-        return {"step_idle_seconds": idle, "first_step": self.step_clock.first_step,
-                "first_step_at": self.step_clock.first_step_at, **self.membership.beat(training)}
 
     # --- the life ------------------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""What a multi-node member's heartbeat says about progress and the network, for the control plane's stall rule
-(functions/job.py): how long the trainer's step has not changed, and whether the generation's master answers.
+"""What a heartbeat says about progress and the network: how long the trainer's step has not changed and its first
+step (every node: a recovery's end), and whether the generation's master answers (a multi-node member), for the
+control plane's stall rule (functions/job.py).
 
 A partitioned member still beats (it reaches Firestore) while its collective hangs; the controller sees the step
 stop everywhere, and tells which member is cut off by who can no longer reach the master.
@@ -11,7 +12,7 @@ import socket
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Hashable
+from typing import Callable, Hashable
 
 from respawn.contract import MASTER_PROBE_PORT
 
@@ -53,6 +54,27 @@ class StepClock:
             if self.first_step is None and step is not None and step > (committed if committed is not None else 0):
                 self.first_step, self.first_step_at = step, datetime.now(timezone.utc)
         return None if self._step == self._start_step else now - self._since
+
+
+class Progress:
+    """The heartbeat's progress fields for any trainer: `step_idle_seconds` and its first step with its time.
+    `on_first_step` is called once a trainer's first step is seen: a recovery ends there
+    (respawn.control.recovery_time)."""
+
+    def __init__(self, on_first_step: Callable[[], object]) -> None:
+        self._clock = StepClock()
+        self._on_first_step = on_first_step
+
+    def beat(self, running: bool, trainer: Hashable, status: dict | None, started_at: datetime) -> dict:
+        """This beat's fields; `trainer` names the trainer's life (StepClock.idle), `started_at` its start."""
+        step, committed = (status or {}).get("step"), (status or {}).get("committed_step")
+        before = self._clock.first_step
+        idle = self._clock.idle(running, trainer, step if isinstance(step, int) else None,
+                                committed if isinstance(committed, int) else None, own_first_step(status, started_at))
+        if before is None and self._clock.first_step is not None:
+            self._on_first_step()
+        return {"step_idle_seconds": idle, "first_step": self._clock.first_step,
+                "first_step_at": self._clock.first_step_at}
 
 
 def own_first_step(status: dict | None, started_at: datetime) -> tuple[int, datetime] | None:
