@@ -444,8 +444,9 @@ class Bench:
     # --- setup ----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from respawn import codestore, contract, deployment
-        from respawn.workdir import pack
+        from respawn import contract, deployment
+        from respawn.app import codestore
+        from respawn.app.workdir import pack
         from sim import emulators, node_image
 
         _progress("starting the storage emulator" + ("" if self.firestore_host else " and the Firestore emulator"))

@@ -51,7 +51,7 @@ from google.cloud import pubsub_v1
 from respawn.control import clients
 from respawn.control.adapters.compute import ComputeProvider
 from respawn.control.settings import ControlSettings
-from respawn.jobstore import JobStore
+from respawn.app.jobstore import JobStore
 from respawn import audit
 from respawn.schema import JOBS, NODES_DATABASE, node_name, parse_spec
 from sim import emulators

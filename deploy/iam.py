@@ -10,7 +10,7 @@ from typing import Callable
 import yaml
 
 from respawn import deployment
-from respawn.workdir import GCS_PREFIX as WORKDIRS_PREFIX
+from respawn.app.workdir import GCS_PREFIX as WORKDIRS_PREFIX
 
 PERMISSIONS_FILE = Path(__file__).resolve().parent / "iam" / "permissions.yaml"
 # Where a role may be bound (the build knows how to bind on each of these).

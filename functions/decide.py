@@ -626,7 +626,7 @@ def _backoff(spec: JobSpec, o: Observation, n: int) -> float:
 def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str, leaving: Leaving | None = None
           ) -> Decision:
     """_count_loss, its event naming the life that ended (`lost`: what the node's last heartbeat said of its trainer),
-    so that a later report (respawn/report.py) knows every life, not only the last one a node's heartbeat keeps.
+    so that a later report (respawn/app/report.py) knows every life, not only the last one a node's heartbeat keeps.
     The cause is first read by the node's model (a loss at the planned end of its run is that end, however it was
     observed), then told in the one vocabulary of causes (recovery_time.loss_cause: the same fault, the same cause;
     the signal it came by, when another word, in the event's `signal`)."""

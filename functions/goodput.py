@@ -1,6 +1,6 @@
 """Where a job's time went, from what Respawn records without user code: its lifecycle events and the last heartbeat
 of each of its nodes. Pure: the controller's Cloud Monitoring series (goodput_metrics.py, adapters/monitoring.py) and
-the CLI's report page (respawn/report.py) both read it.
+the CLI's report page (respawn/app/report.py) both read it.
 
 A life is one node of one member slot, from the create the controller decided (an event whose details name the node
 and its provisioning model) to the next create in that slot (the controller learned the node was lost, or its notice
@@ -8,7 +8,7 @@ came), or the job's end. A refused create is no life. The node's heartbeat says 
 step (and when the agent saw it), its last step and committed step.
 
 Goodput buckets, named after ml-goodput-measurement's badput types (docs/watching.md; the report page says them in
-a user's words: respawn.report.BUCKET_WORDS), partition the job's wall time, registration to its end (or now), along
+a user's words: respawn.app.report.BUCKET_WORDS), partition the job's wall time, registration to its end (or now), along
 the lives of slot 0 (the job's master: any member's loss stops every rank, and the master's lives follow every
 recovery of the world):
 - productive_training: stepping, for the steps that were kept;

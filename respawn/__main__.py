@@ -1,3 +1,3 @@
-from respawn.cli import main
+from respawn.app.cli import main
 
 main()

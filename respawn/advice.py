@@ -2,8 +2,8 @@
 `advice.capacityHistory` and `regions.get` as the installed compute_v1 types spell them (camelCase JSON), what their
 answers mean, the quota metric of an accelerator, and the quota verdict `respawn jobs register` gives. Standard
 library only: the controller's adapter (respawn.control.adapters.advice) builds the real compute_v1 types from these
-bodies, the CLI (respawn.quotacheck, `respawn zones`) posts them through respawn.compute_read, and the sim answers
-them (sim/advice.py).
+bodies, the CLI (respawn.app.quotacheck, `respawn zones`) posts them through respawn.app.compute_read, and the
+sim answers them (sim/advice.py).
 """
 
 from __future__ import annotations

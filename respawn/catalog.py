@@ -4,7 +4,7 @@
 `problems(spec)` is every way a valid-looking spec names something that does not exist: a zone, a machine type, a GPU,
 a GPU on a machine family that does not take it, a machine or GPU in a region without it, a TPU type or runtime where
 there is none. Each is one line naming the field, the value and the fix ("did you mean g2-standard-8?"). A `Live`
-answer (the APIs, with credentials: respawn.catalogcheck) is preferred to the catalog's where it has one.
+answer (the APIs, with credentials: respawn.app.catalogcheck) is preferred to the catalog's where it has one.
 
 Pure: the standard library only (the spec is read by its attributes), so the CLI, sim/ and tests share it.
 """

@@ -295,7 +295,7 @@ DEFAULT_INTERPRETER = "python3"  # the image's own, found on PATH
 DEFAULT_SETUP_TIMEOUT_SECONDS = 3600.0
 CHECKPOINT_SCHEMES = ("gs://", "file:///")
 WORKDIR_SCHEMES = ("gs://", "file:///")
-# A workdir archive is named by its content: .../sha256-<64 hex>.tar.gz (respawn.workdir packs it).
+# A workdir archive is named by its content: .../sha256-<64 hex>.tar.gz (respawn.app.workdir packs it).
 WORKDIR_SUFFIX = ".tar.gz"
 
 
@@ -721,7 +721,7 @@ class Heartbeat(TypedDict):
     started_at: Optional[datetime]  # when the trainer started
     # The running trainer's first step past its restore, and when: the trainer's own record in its status file
     # (TrainerStatus.first_step_at), else when the agent saw it at a beat (as fine as heartbeat_seconds): where this
-    # life's training began (respawn/report.py, respawn.control.recovery_time).
+    # life's training began (respawn/app/report.py, respawn.control.recovery_time).
     first_step: Optional[int]
     first_step_at: Optional[datetime]
     generation: Optional[int]  # a multi-node member: the generation its trainer runs (or last ran); else None

@@ -1,7 +1,7 @@
 """A GPU job's boot image: the path a create names, what a look at it found, and how to find one that exists.
 
 Pure. The look itself is an adapter's: the controller's (respawn.control.adapters.compute, when it first handles a
-job) and the CLI's (respawn.imagecheck, before `respawn jobs register` writes the job). A missing image is a wrong
+job) and the CLI's (respawn.app.imagecheck, before `respawn jobs register` writes the job). A missing image is a wrong
 spec, known before any node exists; a look that could not be made (no permission on the image's project, a
 transient error, no credentials) blocks nothing, and the create's own 404 then fails the job once with the same help.
 """

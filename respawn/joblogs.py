@@ -1,6 +1,6 @@
 """`respawn jobs logs`, the pure part: which shipped log chunks (respawn.contract.LogChunk, under
 contract.logs_uri(checkpoint_uri)) to show and in what order, and the lines they make. The CLI lists and reads them
-through respawn.codestore; the agent writes them (node_agent/logship.py).
+through respawn.app.codestore; the agent writes them (node_agent/logship.py).
 
 Each (host, stream) is a sequence of chunks by offset. Several are merged by when each chunk was written (its
 object's update time), never reordering one sequence, and each line gets the prefix `[node]` (`[node wI]` for worker

@@ -95,7 +95,7 @@ def test_the_cli_asks_for_a_scope_the_advice_methods_accept(monkeypatch):
     import google.auth
     from google.auth.credentials import AnonymousCredentials
 
-    from respawn import compute_read
+    from respawn.app import compute_read
     monkeypatch.delenv(compute_read.ENV_COMPUTE_ENDPOINT, raising=False)
     monkeypatch.delenv("FIRESTORE_EMULATOR_HOST", raising=False)
     asked = []

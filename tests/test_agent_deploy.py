@@ -23,7 +23,7 @@ from deploy import agent_zipapp
 from respawn.agent.agent import FINAL_WRITE_GRACE_S
 from respawn.contract import (ATTR_AGENT, DEFAULT_NOTICE_BUDGET_SECONDS, EXIT_AGENT_DETACH, EXIT_CONFIG_ERROR,
                               split_artifact)
-from respawn.workdir import pack
+from respawn.app.workdir import pack
 from sim import node_image, node_systemctl
 from sim.metadata import MetadataServer
 from sim.nodes import NodeRuntime

@@ -1,7 +1,7 @@
 """The node's preparation before the first trainer start (node_agent/prepare.py, workdir.py, storage.py): the user's
 code fetched from Cloud Storage (gcp-storage-emulator) and unpacked safely, the library installed into the chosen
 interpreter, setup run in the workdir; and a failing setup reported by a real agent process as `setup-failed` in
-the Firestore emulator. Archives are built here with tarfile, as respawn.workdir packs them."""
+the Firestore emulator. Archives are built here with tarfile, as respawn.app.workdir packs them."""
 
 from __future__ import annotations
 

@@ -131,7 +131,7 @@ def test_jobs_validate_refuses_each_fault_offline_naming_the_value(workspace):
 
 def test_the_sim_answers_what_exists_from_the_catalog_and_register_prefers_it(sim_server, tmp_path,  # noqa: F811
                                                                                 monkeypatch):
-    from respawn.catalogcheck import live
+    from respawn.app.catalogcheck import live
 
     monkeypatch.setenv("RESPAWN_COMPUTE_ENDPOINT", sim_server.endpoint)
     monkeypatch.delenv("RESPAWN_TPU_ENDPOINT", raising=False)

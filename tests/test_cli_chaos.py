@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from functions_fixtures import controller, gpu_spec  # noqa: F401
-from respawn.cli import chaos_command
+from respawn.app.cli import chaos_command
 from sim_fixtures import sim_factory, sim_server  # noqa: F401
 
 

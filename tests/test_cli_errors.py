@@ -145,7 +145,7 @@ def test_bad_input_is_named_in_a_line_with_exit_2(offline_runs, case):
 def test_every_subcommand_is_driven_with_bad_input():
     from typer.main import get_command
 
-    from respawn.cli import app
+    from respawn.app.cli import app
 
     root = get_command(app)
     commands = {f"jobs {n}" for n in root.commands["jobs"].commands} | {n for n in root.commands if n != "jobs"}
@@ -162,7 +162,7 @@ def test_help_is_readable_at_80_columns(workspace, tmp_path):
     env = {**offline_env(tmp_path), "COLUMNS": "80"}
     from typer.main import get_command
 
-    from respawn.cli import app
+    from respawn.app.cli import app
 
     root = get_command(app)
     argvs = [["plan"], ["zones"], ["chaos"], *(["jobs", n] for n in root.commands["jobs"].commands)]

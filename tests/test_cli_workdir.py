@@ -1,5 +1,5 @@
 """`respawn jobs register --workdir` and `respawn jobs pack`, run as real processes against the Firestore and Cloud
-Storage emulators; respawn.codestore's refusals through the real google-cloud-storage client against a local
+Storage emulators; respawn.app.codestore's refusals through the real google-cloud-storage client against a local
 stand-in (tests/gcs_standin.py) that answers as Cloud Storage does."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from respawn import codestore, schema
-from respawn.workdir import pack
+from respawn import schema
+from respawn.app import codestore
+from respawn.app.workdir import pack
 from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import pytest
 from sim.demo.scenario import ScenarioError, default_scenario, parse_scenario
 from sim.demo.summary import HeartbeatSample as S
 from sim.demo.summary import Lifetime, RunRecord, lives, lost_steps, max_live, progress_series, summarize, zones_in_order
-from respawn.timeline import Mark, NodeSpan, Timeline, render_html
+from respawn.app.timeline import Mark, NodeSpan, Timeline, render_html
 
 
 def run(samples, lifetimes, wall=100.0):

@@ -13,7 +13,7 @@ from pathlib import Path
 from deploy import iam
 from respawn import deployment
 from respawn.contract import NODES_DATABASE
-from respawn.workdir import GCS_PREFIX as WORKDIRS_PREFIX
+from respawn.app.workdir import GCS_PREFIX as WORKDIRS_PREFIX
 from tests.deploy_fixtures import ROOT
 
 CALLS = iam.load()["calls"]

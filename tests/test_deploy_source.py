@@ -59,7 +59,7 @@ def test_staged_layout(staged):
         assert (staged / rel).is_file(), rel
     assert not list(staged.rglob("__pycache__"))
     # The node side and the CLI are not part of the control plane's upload.
-    assert not (staged / "respawn" / "agent").exists() and not (staged / "respawn" / "cli.py").exists()
+    assert not (staged / "respawn" / "agent").exists() and not (staged / "respawn" / "app").exists()
     tree = ast.parse((staged / "main.py").read_text())
     exported = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
     assert exported == {f.entry_point for f in deployment.FUNCTIONS}

@@ -35,9 +35,9 @@ from respawn.agent.heartbeat import compose_heartbeat
 from respawn.agent.metadata import MetadataClient
 from respawn.agent.nudge import Nudger
 from respawn.agent.storage import Fetcher, Uploader
-from respawn import (advice, catalogcheck, contract, deployment, firewallcheck, imagecheck, prices, quotacheck,
-                     zonereport)
-from respawn.compute_read import Reader
+from respawn import advice, contract, deployment, prices
+from respawn.app import catalogcheck, firewallcheck, imagecheck, quotacheck, zonereport
+from respawn.app.compute_read import Reader
 from respawn.control import clients as factory
 from respawn.control import goodput_metrics
 from respawn.control.adapters.advice import AdviceReader
@@ -92,9 +92,10 @@ CONTROL_PREFIX = "/sim/"
 # Every product file that talks to a Google API by hand (FOUND: it names an endpoint, or sends through the CLI's
 # Compute reader, the controller's JSON-API session or the agent's HTTP helper) → the drive here that sends its calls.
 HAND_CALLERS = {
-    "respawn/compute_read.py": "drive_cli", "respawn/catalogcheck.py": "drive_cli",
-    "respawn/firewallcheck.py": "drive_cli", "respawn/imagecheck.py": "drive_cli", "respawn/quotacheck.py": "drive_cli",
-    "respawn/zonereport.py": "drive_cli",
+    "respawn/app/compute_read.py": "drive_cli", "respawn/app/catalogcheck.py": "drive_cli",
+    "respawn/app/firewallcheck.py": "drive_cli", "respawn/app/imagecheck.py": "drive_cli",
+    "respawn/app/quotacheck.py": "drive_cli",
+    "respawn/app/zonereport.py": "drive_cli",
     "functions/adapters/managed_folders.py": "drive_controller_rest",
     "functions/adapters/monitoring.py": "drive_controller_rest",
     "functions/adapters/prices.py": "drive_controller_rest",
@@ -106,7 +107,7 @@ HAND_CALLERS = {
 }
 NOT_CALLERS = {
     "functions/settings.py": "names the adapters' default endpoints in comments only",
-    "respawn/cli.py": "hands the Compute reader to respawn.zonereport, which makes the calls",
+    "respawn/app/cli.py": "hands the Compute reader to respawn.app.zonereport, which makes the calls",
     "node_agent/metadata.py": "the metadata server, which has no discovery document",
 }
 FOUND = re.compile(r"https://[a-z0-9-]+\.googleapis\.com(?!/auth)|/storage/v1/|compute_read import|StorageJsonApi"
@@ -201,7 +202,7 @@ def drive_tpu(sim: SimServer, made: factory.Clients) -> None:
 
 
 def drive_cli(sim: SimServer, endpoint: str) -> None:
-    """The CLI's reads (respawn.compute_read), anonymous against the endpoint as in local runs."""
+    """The CLI's reads (respawn.app.compute_read), anonymous against the endpoint as in local runs."""
     look = Reader(requests.Session(), endpoint, PROJECT)
     quotas, problem = quotacheck.region_quotas(look, [REGION])
     assert quotas[REGION] is not None, problem

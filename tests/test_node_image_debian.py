@@ -19,7 +19,7 @@ from agent_fixtures import TINY_TRAINER, attributes, settings, wait_for
 from deploy import agent_zipapp
 from node_image_fixtures import BUILD_TIMEOUT_S, booted_image, bullseye_image  # noqa: F401  (fixture)
 from respawn.contract import ATTR_AGENT
-from respawn.workdir import pack, workdir_uri
+from respawn.app.workdir import pack, workdir_uri
 from sim import node_systemctl
 from sim.nodes import NodeRuntime
 from test_agent_deploy import STARTUP, UNIT, UNIT_NAME, _upload

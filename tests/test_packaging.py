@@ -109,7 +109,7 @@ def test_the_import_contracts_hold_and_a_violation_fails_them(tmp_path):
     plant = {
         "functions/decide.py": "from respawn.control.adapters import compute  # planted\n",
         "node_agent/heartbeat.py": "import numpy  # planted\n",
-        "respawn/cli.py": "import sim.core  # planted\n",
+        "respawn/app/cli.py": "import sim.core  # planted\n",
         "respawn/schema.py": "from google.cloud import firestore  # planted\n",
     }
     for rel, line in plant.items():

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from respawn.plan import PlanInputs, plan, with_bench
-from respawn.plan_model import max_emergency_state_gb
+from respawn.app.plan import PlanInputs, plan, with_bench
+from respawn.app.plan_model import max_emergency_state_gb
 
 FAST = dict(job_hours=12.0, runs=150, seed=7)
 
@@ -174,7 +174,7 @@ def test_elastic_with_min_nodes_equal_to_nodes_is_the_hybrid_model():
     # The two simulations are separate code; where their layouts coincide they must agree draw for draw.
     import random
 
-    from respawn.plan import _simulate_elastic, _simulate_run
+    from respawn.app.plan import _simulate_elastic, _simulate_run
 
     p = PlanInputs(nodes=3, on_demand_nodes=1, **MULTI)
     rng_a, rng_b = random.Random(5), random.Random(5)
@@ -274,7 +274,7 @@ def test_spares_shorten_each_recovery_they_take_and_cost_k_spot_nodes_over_the_w
 def test_a_ready_spare_costs_only_the_join_the_handover_and_the_restore():
     import random
 
-    from respawn.plan import recovery_s, _simulate_run, _spare_recovery_s
+    from respawn.app.plan import recovery_s, _simulate_run, _spare_recovery_s
 
     p = PlanInputs(nodes=2, spare_nodes=1, **MULTI)
     rng = random.Random(1)
@@ -302,7 +302,7 @@ def test_no_spares_is_todays_model_draw_for_draw_and_spares_leave_the_other_rows
     import random
     from dataclasses import replace as with_
 
-    from respawn.plan import _simulate_run
+    from respawn.app.plan import _simulate_run
 
     for layout, against in ((dict(nodes=3), "respawn"), (dict(nodes=3, on_demand_nodes=1), "hybrid")):
         p = PlanInputs(**layout, **MULTI)
@@ -337,7 +337,7 @@ def test_plan_command_shows_what_spares_cost_and_save():
 
 
 def test_the_provisioning_comparison_without_droughts_is_the_same_run_for_every_spot_policy():
-    from respawn.plan_tiers import POLICIES
+    from respawn.app.plan_tiers import POLICIES
 
     rows = {t.policy: t for t in plan(PlanInputs(runs=60, spot_dry_probability=0.0)).provisioning}
     assert list(rows) == list(POLICIES)

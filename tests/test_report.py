@@ -1,5 +1,6 @@
-"""respawn/report.py: a job's lives, recoveries and goodput buckets from its events and its nodes' heartbeats (pure),
-`respawn jobs report` against the Firestore emulator, and the page in a real headless Chromium."""
+"""respawn/app/report.py (and respawn.control.goodput): a job's lives, recoveries and goodput buckets from its events
+and its nodes' heartbeats (pure), `respawn jobs report` against the Firestore emulator, and the page in a real headless
+Chromium."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 import yaml
 
 from browser_fixtures import browser, open_page  # noqa: F401 - fixture
-from respawn import report, schema
+from respawn import schema
+from respawn.app import report
 from respawn.control.goodput import BUCKETS
 from respawn.schema import Heartbeat, JobEvent, State
 

@@ -1,4 +1,4 @@
-"""respawn.workdir: what is packed (git's ignore rules, .respawnignore, .git), and that the archive is
+"""respawn.app.workdir: what is packed (git's ignore rules, .respawnignore, .git), and that the archive is
 byte-reproducible and holds only what the node's unpacker accepts."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from respawn import contract, schema
-from respawn.workdir import (LARGE_ARCHIVE_BYTES, MEMBER_MTIME, WorkdirError, pack, parse_rule, scan,
+from respawn.app.workdir import (LARGE_ARCHIVE_BYTES, MEMBER_MTIME, WorkdirError, pack, parse_rule, scan,
                              workdir_uri)
 
 GIT = shutil.which("git")

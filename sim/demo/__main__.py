@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from respawn.cli import CliError, err, run_reporting_errors
+from respawn.app.cli import CliError, err, run_reporting_errors
 from sim.demo.jobfile import read_job, with_job_file
 from sim.demo.live import LiveView
 from sim.demo.runner import PROJECT, DemoError, DemoRun

@@ -1,7 +1,8 @@
 """`respawn demo --job JOB.yaml` (or a scenario's `job_file`): a user's own job spec on the stand-ins.
 
 The file is read and checked as `respawn jobs register` reads it: its trainer.workdir is a directory relative to the
-file, which the runner packs and uploads to the storage emulator as register does (respawn.workdir, respawn.codestore).
+file, which the runner packs and uploads to the storage emulator as register does (respawn.app.workdir,
+respawn.app.codestore).
 Its setup and command run as written. The scenario gives the zones (the job's own when the scenario names none) and
 what to inject; what names real Google Cloud resources is pointed at the stand-ins (runner.job_spec says what).
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from respawn.cli import CliError, _local_workdir, _parse_spec, _read_spec_data, _trainer_workdir
+from respawn.app.cli import CliError, _local_workdir, _parse_spec, _read_spec_data, _trainer_workdir
 from sim.demo.scenario import Scenario, ScenarioError, Zone
 
 

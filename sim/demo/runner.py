@@ -31,10 +31,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from respawn import codestore, contract, deployment, report, schema
+from respawn import contract, deployment, schema
+from respawn.app import codestore, report
 from respawn.control import recovery_time
-from respawn.timeline import Mark, NodeSpan, Timeline, render_html
-from respawn.workdir import WorkdirError, human_bytes, pack
+from respawn.app.timeline import Mark, NodeSpan, Timeline, render_html
+from respawn.app.workdir import WorkdirError, human_bytes, pack
 from sim import emulators, netns, node_image
 from sim.demo.jobfile import JobFile
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
@@ -470,7 +471,7 @@ class DemoRun:
         from google.cloud import firestore
         from google.cloud.firestore_v1.base_query import FieldFilter
 
-        from respawn.jobstore import JobStore
+        from respawn.app.jobstore import JobStore
 
         sc = self.sc
         self._emulators()

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from respawn.cli import yaml_problem
+from respawn.app.cli import yaml_problem
 from respawn.schema import State, error_lines
 from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES
 

@@ -1,8 +1,8 @@
 """The timeline picture of a job: one self-contained HTML file with an inline SVG, no network needed to view it.
-Drawn for the demo (sim/demo: from the heartbeats it sampled) and for a real job (respawn/report.py: from its
+Drawn for the demo (sim/demo: from the heartbeats it sampled) and for a real job (respawn/app/report.py: from its
 events and its nodes' heartbeats, `respawn jobs report`).
 
-Above the chart, a headline of the figures a user asks first (a report's: respawn.report.headline). Rows are
+Above the chart, a headline of the figures a user asks first (a report's: respawn.app.report.headline). Rows are
 zones; bars are node lifetimes; red marks are preemption notices, purple ones the moment the job steps again after
 each, with the recovery time between them over the chart; the bottom panel is training progress (steps over time,
 one line per trainer life) with its checkpoints (green dots) and emergency saves (orange diamonds on the step line,

@@ -1,6 +1,6 @@
 """The CLI's live look at what exists, before `respawn jobs register` writes a job (respawn.catalog says what the
 answers mean): per zone of the job, Compute Engine's zones.get, machineTypes.get and acceleratorTypes.get through
-respawn.compute_read (the user's credentials), and the Cloud TPU API's acceleratorTypes.get. 200 is "exists", 404
+respawn.app.compute_read (the user's credentials), and the Cloud TPU API's acceleratorTypes.get. 200 is "exists", 404
 "does not"; anything else (no permission, no network) is no answer, and the offline catalog decides.
 """
 
@@ -10,7 +10,7 @@ import os
 from typing import Optional
 
 from respawn.catalog import Live
-from respawn.compute_read import TIMEOUT_S, Reader, reader
+from respawn.app.compute_read import TIMEOUT_S, Reader, reader
 from respawn.deployment import ENV_COMPUTE_ENDPOINT
 
 TPU_PRODUCTION = "https://tpu.googleapis.com"

@@ -1,5 +1,5 @@
 """The CLI's look at a GPU job's regional quotas before `respawn jobs register` writes it (docs/gcp-facts.md §21):
-one regions.get per region of the job's zones through respawn.compute_read (the user's credentials), judged by
+one regions.get per region of the job's zones through respawn.app.compute_read (the user's credentials), judged by
 respawn.advice.quota_verdict. A look that cannot be made (no credentials, no permission, no network) says at most
 one line; TPU quotas are not in regions.get, so TPU jobs are not looked at.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from respawn import advice
-from respawn.compute_read import Reader, reader
+from respawn.app.compute_read import Reader, reader
 
 
 def region_quotas(look: Reader, regions: list[str]) -> tuple[dict[str, dict[str, advice.Quota] | None], str]:

@@ -1,7 +1,7 @@
 """What happened to a job and where its time went, from what Respawn records without user code: the job's lifecycle
 events (jobs/{job}/events) and the last heartbeat of each of its nodes (nodes/{node}), read through the job store it
 is handed (`write`: `respawn jobs report` and the demo); the rest is pure: the headline, the events in words and the
-page (respawn/timeline.py, the demo's renderer).
+page (respawn/app/timeline.py, the demo's renderer).
 
 The lives, the recoveries and the goodput buckets (what each holds) are the control plane's pure core's
 (respawn.control.goodput), which the controller's Cloud Monitoring series read too; this module renders them.
@@ -24,7 +24,7 @@ from respawn.control import goodput, recovery_time
 from respawn.control.goodput import Life, Recovery
 from respawn.schema import Heartbeat, JobEvent
 from respawn.prices import usd
-from respawn.timeline import Mark, NodeSpan, Timeline, render_html
+from respawn.app.timeline import Mark, NodeSpan, Timeline, render_html
 
 # The buckets in a user's words: (label, what it holds). The keys stay ml-goodput-measurement's (describe, metrics).
 BUCKET_WORDS = {
@@ -231,7 +231,7 @@ def of_record(job_id: str, doc: dict[str, Any], events: list[JobEvent], heartbea
 
 
 def load(store: Any, job_id: str, database: str | None = None) -> tuple[Report, dict[str, Any], list[JobEvent]]:
-    """(the report, the job document, its events) read through a respawn.jobstore.JobStore: the document, every
+    """(the report, the job document, its events) read through a respawn.app.jobstore.JobStore: the document, every
     event, the nodes' heartbeats from `database` (by default where they beat). Raises NoSuchJob."""
     doc = store.job_document(job_id)
     events = store.all_events(job_id)

@@ -55,8 +55,8 @@ import random
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-from respawn import plan_tiers
-from respawn.plan_model import PlanInputs, emergency_fits, recovery_s, save_s, sync_save_s
+from respawn.app import plan_tiers
+from respawn.app.plan_model import PlanInputs, emergency_fits, recovery_s, save_s, sync_save_s
 
 ALL_SPOT = ("poll-and-restart", "polling", "respawn")
 STRATEGIES = (*ALL_SPOT, "hybrid", "elastic", "spares")

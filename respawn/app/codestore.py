@@ -1,7 +1,7 @@
-"""The CLI's Cloud Storage adapter: puts a packed workdir (respawn.workdir) where the job's nodes fetch it, with
+"""The CLI's Cloud Storage adapter: puts a packed workdir (respawn.app.workdir) where the job's nodes fetch it, with
 the user's own credentials.
 
-The archive is content-addressed (respawn.workdir.workdir_uri): gs://BUCKET/respawn/workdirs/sha256-HEX.tar.gz in
+The archive is content-addressed (respawn.app.workdir.workdir_uri): gs://BUCKET/respawn/workdirs/sha256-HEX.tar.gz in
 the bucket of the job's checkpoint_uri, or, for a file:///PATH checkpoint_uri (local runs), the directory
 respawn-workdirs beside PATH. The same name always holds the same bytes, so an archive already there is not sent
 again, and the write is create-only (if_generation_match=0; a hard link for a local directory): two
@@ -26,7 +26,7 @@ from google.auth.exceptions import DefaultCredentialsError, RefreshError, Transp
 from google.cloud import storage
 
 from respawn.joblogs import Listed, list_local
-from respawn.workdir import PackedWorkdir, human_bytes, workdir_uri
+from respawn.app.workdir import PackedWorkdir, human_bytes, workdir_uri
 
 # Above this the upload goes in resumable chunks of this size (a multiple of 256 KiB), so progress can be shown.
 CHUNK_BYTES = 8 * 1024 * 1024

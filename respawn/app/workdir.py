@@ -15,7 +15,7 @@ repository's .git/info/exclude, core.excludesFile and .gitignore files above DIR
 Symlinks are kept as links if they are relative and stay inside DIR; any other is refused, naming it. Only
 regular files, directories and such symlinks are packed (what the node's unpacker accepts).
 
-Standard library only (and respawn.contract): the upload is respawn.codestore's.
+Standard library only (and respawn.contract): the upload is respawn.app.codestore's.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from respawn import deployment, schema
-from respawn.workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
+from respawn.app.workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
 
 # Plain help (click's): Rich's option tables cut long option names at 80 columns (--checkpoint-interval-m…).
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -52,7 +52,7 @@ class CliError(Exception):
 
 def _store(project: str | None):
     """The job store (imported here: `respawn --help` and `jobs validate` load no Google client)."""
-    from respawn.jobstore import JobStore, StoreError
+    from respawn.app.jobstore import JobStore, StoreError
 
     try:
         return JobStore.open(project)
@@ -107,9 +107,9 @@ def _parse_spec(path: Path, data: Any, live: Any = None) -> schema.JobSpec:
 
 
 def _live_catalog(project: str | None) -> Any:
-    """The APIs' answers to what exists (respawn.catalogcheck), or None where none can be asked (then the offline
+    """The APIs' answers to what exists (respawn.app.catalogcheck), or None where none can be asked (then the offline
     catalog alone decides, and a note says why)."""
-    from respawn.catalogcheck import live
+    from respawn.app.catalogcheck import live
 
     answer, why = live(project)
     if why:
@@ -130,7 +130,7 @@ def run_reporting_errors(fn, *args) -> None:
         say("error", str(exc))
         raise typer.Exit(exc.code) from None
     except Exception as exc:  # a cloud error: name it, without a traceback
-        from respawn.jobstore import NoSuchJob, is_api_error
+        from respawn.app.jobstore import NoSuchJob, is_api_error
 
         if isinstance(exc, NoSuchJob):
             say("error", str(_no_such_job(str(exc))))
@@ -188,7 +188,7 @@ def register(
             out.print(Text.assemble(f"would upload {uri} and register ", (spec.id, "bold"),
                                     " with trainer.workdir set to it (dry run: nothing written)"), highlight=False)
             return
-        from respawn.codestore import CodeStoreError, upload
+        from respawn.app.codestore import CodeStoreError, upload
 
         with closing(_Meter(f"uploading {uri}")) as meter:
             try:
@@ -207,7 +207,7 @@ def _check_image(spec: schema.JobSpec, project: str | None) -> None:
     (the controller looks again when it first handles the job, and the create's 404 says the same)."""
     if spec.accelerator.kind != "gpu":
         return
-    from respawn.imagecheck import check
+    from respawn.app.imagecheck import check
     from respawn.images import ImageVerdict, missing_error
 
     found = check(spec.accelerator.boot_image, project)
@@ -230,7 +230,7 @@ def _check_network(spec: schema.JobSpec, project: str | None) -> None:
     hosts = tpu_hosts(spec.accelerator.accelerator_type) if spec.accelerator.kind == "tpu" else spec.nodes
     if hosts < 2:
         return
-    from respawn.firewallcheck import missing_rule
+    from respawn.app.firewallcheck import missing_rule
 
     problem = missing_rule(project)
     if problem:
@@ -240,7 +240,7 @@ def _check_network(spec: schema.JobSpec, project: str | None) -> None:
 def _check_quota(spec: schema.JobSpec, project: str | None) -> None:
     """Refuse a GPU job that no listed zone's region has quota for on any tier it may use; warn about the rest
     (respawn.advice.quota_verdict). A look that cannot be made says one line and blocks nothing."""
-    from respawn.quotacheck import check
+    from respawn.app.quotacheck import check
 
     verdict = check(spec, project)
     if verdict is None or not verdict.lines:
@@ -269,7 +269,7 @@ def _local_workdir(file: Path, written: Any) -> Path | None:
 
 
 def _register(store, spec: schema.JobSpec, file: Path) -> None:
-    from respawn.jobstore import JobExists
+    from respawn.app.jobstore import JobExists
 
     try:
         store.register(spec.id, spec.to_doc(), source=str(file))
@@ -285,7 +285,7 @@ def _exists(job_id: str) -> CliError:
 
 def _refuse_existing(store, job_id: str) -> None:
     """Refuse a taken job id before packing and uploading (register itself refuses it again, atomically)."""
-    from respawn.jobstore import NoSuchJob
+    from respawn.app.jobstore import NoSuchJob
 
     try:
         store.job_document(job_id)
@@ -427,9 +427,10 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
     """The job's spec and status, where its time went (goodput) and what it cost so far."""
 
     def go() -> None:
-        from respawn import ledger, report
+        from respawn import ledger
+        from respawn.app import report
         from respawn.control.recovery import strategy_for
-        from respawn.jobstore import NoSuchJob
+        from respawn.app.jobstore import NoSuchJob
 
         try:
             r, doc, _ = report.load(_store(project), job_id)
@@ -446,7 +447,7 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
             "cancel_requested": bool(doc.get("cancel_requested")),
             "created_at": _fmt_time(doc.get("created_at")),
             "recovery": recovery,
-            "goodput": report.describe(r),  # where the time went (respawn/report.py, docs/watching.md)
+            "goodput": report.describe(r),  # where the time went (respawn/app/report.py, docs/watching.md)
             "cost": ledger.summary(status, datetime.now(timezone.utc), budget),
             "status": status.model_dump(mode="json", exclude_none=True),
             "spec": doc.get("spec"),
@@ -470,8 +471,8 @@ def report_cmd(
     recoveries, the goodput buckets and every event (docs/watching.md)."""
 
     def go() -> None:
-        from respawn import report
-        from respawn.jobstore import NoSuchJob
+        from respawn.app import report
+        from respawn.app.jobstore import NoSuchJob
 
         try:
             page, r = report.write(_store(project), job_id, output, heartbeats_database)
@@ -524,7 +525,8 @@ def logs(
     def go() -> None:
         import time
 
-        from respawn import codestore, contract, joblogs
+        from respawn import contract, joblogs
+        from respawn.app import codestore
 
         uri = (_store(project).job_document(job_id).get("spec") or {}).get("checkpoint_uri")
         if not isinstance(uri, str) or not uri.startswith(contract.CHECKPOINT_SCHEMES):
@@ -593,7 +595,7 @@ def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = 
     """Ask the controller to delete the job's node and mark it CANCELLED."""
 
     def go() -> None:
-        from respawn.jobstore import JobFinished
+        from respawn.app.jobstore import JobFinished
 
         store = _store(project)
         try:
@@ -615,7 +617,7 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
 
     def go() -> None:
         from respawn import ledger, prices
-        from respawn.jobstore import JobFinished, NoSuchJob
+        from respawn.app.jobstore import JobFinished, NoSuchJob
 
         store = _store(project)
         try:
@@ -643,7 +645,7 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
 
 def _wake_controller(project: str, topic: str, job_id: str) -> bool:
     """Nudge the controller's sweep for one job; without it the scheduled sweep acts within its period."""
-    from respawn.jobstore import nudge_sweep
+    from respawn.app.jobstore import nudge_sweep
 
     try:
         nudge_sweep(project, topic, job_id)
@@ -693,7 +695,7 @@ def _observed_mtbp_hours(accelerator: str, project: str | None) -> float:
 def _parse_settings(pairs: list[str]) -> dict[str, float]:
     from dataclasses import fields
 
-    from respawn.plan import PlanInputs
+    from respawn.app.plan import PlanInputs
 
     known = {f.name: f.type for f in fields(PlanInputs)}
     settings: dict[str, float] = {}
@@ -747,8 +749,8 @@ def plan_cmd(
     flex-start, Spot then on-demand, all on-demand), by Monte Carlo simulation."""
 
     def go() -> None:
-        from respawn.plan import PlanInputs, plan, svg_chart, with_bench
-        from respawn.plan_model import max_emergency_state_gb
+        from respawn.app.plan import PlanInputs, plan, svg_chart, with_bench
+        from respawn.app.plan_model import max_emergency_state_gb
 
         if on_demand_nodes > nodes:
             raise CliError(f"--on-demand-nodes {on_demand_nodes} is more than --nodes ({nodes}): the on-demand nodes "
@@ -873,7 +875,7 @@ def chaos(
         import subprocess
         import time
 
-        from respawn.jobstore import NoSuchJob
+        from respawn.app.jobstore import NoSuchJob
 
         store = _store(project)
         try:
@@ -945,8 +947,8 @@ def zones_cmd(
 
     def go() -> None:
         from respawn import advice
-        from respawn.compute_read import Reader, reader
-        from respawn.zonereport import Report, ZoneRow, add_seen, region_zones, report
+        from respawn.app.compute_read import Reader, reader
+        from respawn.app.zonereport import Report, ZoneRow, add_seen, region_zones, report
 
         built_in = advice.Shape(machine_type).gpu
         if built_in is not None and built_in != accelerator:
@@ -999,7 +1001,7 @@ def _not_asked(look: Any) -> str:
 def _say_offline_prices(shape: Any, regions: list[str]) -> None:
     """Offline, the dated offline table's price of the VM in each region (what Compute Engine's Spot price column
     would say), or that the table has none."""
-    from respawn.zonereport import offline_price
+    from respawn.app.zonereport import offline_price
 
     for region in regions:
         found = offline_price(shape, region)

@@ -1,6 +1,6 @@
-"""What `respawn plan` models a job with, shared by its strategy comparison (respawn.plan) and its provisioning
-comparison (respawn.plan_tiers): the inputs, how long a checkpoint save takes and whether the emergency save fits the
-notice, and how long one preemption's recovery takes under each strategy (respawn.plan's docstring says how each
+"""What `respawn plan` models a job with, shared by its strategy comparison (respawn.app.plan) and its provisioning
+comparison (respawn.app.plan_tiers): the inputs, how long a checkpoint save takes and whether the emergency save fits
+the notice, and how long one preemption's recovery takes under each strategy (respawn.app.plan's docstring says how each
 recovers). Pure Python, no cloud.
 """
 

@@ -1,11 +1,11 @@
 """The CLI's look at a GPU job's boot image before `respawn jobs register` writes the job (respawn.images says
 what the answer means). One Compute Engine REST GET — images.getFromFamily for projects/P/global/images/family/F,
-images.get for projects/P/global/images/NAME — through respawn.compute_read.
+images.get for projects/P/global/images/NAME — through respawn.app.compute_read.
 """
 
 from __future__ import annotations
 
-from respawn.compute_read import Reader, reader
+from respawn.app.compute_read import Reader, reader
 from respawn.images import IMAGE_PATH, ImageCheck, ImageVerdict, found, image_path
 
 

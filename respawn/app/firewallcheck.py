@@ -1,12 +1,12 @@
 """The CLI's look, before it registers a multi-node job, for the ingress rules that let a job's members reach each
 other (respawn.deployment.node_firewall_rule, one per node identity, created by the build): one firewalls.get of
-the first identity's rule (the build makes them all or none) through respawn.compute_read. Only what it can see is said: a rule that is missing or disabled. A look that cannot be made
+the first identity's rule (the build makes them all or none) through respawn.app.compute_read. Only what it can see is said: a rule that is missing or disabled. A look that cannot be made
 (no credentials, no permission, no network) says nothing; the rule may well be there.
 """
 
 from __future__ import annotations
 
-from respawn.compute_read import Reader, reader
+from respawn.app.compute_read import Reader, reader
 from respawn.deployment import node_firewall_rule, node_identity, service_account_email
 
 

@@ -1,6 +1,6 @@
 """`respawn zones`: what is known of one machine shape in some zones, each from where it lives (the CLI's adapter;
 docs/gcp-facts.md §20, §21): the regional quotas (regions.get), the capacity advice (advice.capacity) and its history
-(advice.capacityHistory) through respawn.compute_read with the user's credentials, and what Respawn's controller saw
+(advice.capacityHistory) through respawn.app.compute_read with the user's credentials, and what Respawn's controller saw
 there (capacity/{zone}~{accelerator} in Firestore, read by the caller). A source that cannot be read leaves its
 columns empty and says why once.
 """
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from respawn import advice, prices
-from respawn.compute_read import Answer, Reader
+from respawn.app.compute_read import Answer, Reader
 from respawn.schema import STATS, ZoneStats
 
 
