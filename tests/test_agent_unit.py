@@ -251,6 +251,39 @@ def test_trainer_env_names_the_hosts_single_host_by_default(tmp_path):
     assert agent.heartbeater.node == "j-2-w3" and agent.snapshot()["worker"] == 3
 
 
+def test_a_one_node_job_is_a_one_member_generation_and_a_member_follows_the_newest_that_names_it(tmp_path):
+    """membership.join is the one place that tells the two apart: a one-node job's generation is due once, never
+    renumbered, and any end of its trainer ends the node's life; a member's is due when the newest generation names
+    it, and only exit 0 ends its life (any other waits for the next generation)."""
+    from respawn import contract
+    from respawn.agent.config import AgentConfig
+    from respawn.agent.membership import Generations, OneMember, join
+    from respawn.agent.metadata import MetadataClient
+
+    md = MetadataClient("127.0.0.1:9")  # never asked: nothing is started
+    base = dict(job_id="j", attempt=2, project="p", node="j-2", zone=None, settings=parse_settings(json.dumps(GOOD)),
+                node_dir=str(tmp_path))
+    one = join(AgentConfig(**base), md)
+    assert isinstance(one, OneMember) and one.rank == 0
+    generation = one.due()
+    assert generation is not None and one.trainer_env(generation) == {} and one.joining(generation) == {}
+    assert one.entered(generation) is False  # no number changed: no beat at once
+    assert one.due() is None and not one.newer() and one.beat(True) == {"generation": None, "master_reachable": None}
+    assert all(one.ends_life(code) for code in (0, 1, contract.EXIT_PREEMPTED, None))
+
+    member = join(AgentConfig(**base, generation=""), md)
+    assert isinstance(member, Generations) and member.rank is None and member.due() is None
+    member.on_generation(contract.Generation(3, ("j-1", "j-2"), "10.0.0.1").to_json())
+    first = member.due()
+    assert first is not None and first.number == 3 and member.trainer_env(first)[contract.ENV_NODE_RANK] == "1"
+    assert member.joining(first) == {"generation": 3, "members": ["j-1", "j-2"]} and member.rank == 1
+    assert member.entered(first) is True and member.due() is None and not member.newer()
+    member.on_generation(contract.Generation(2, ("j-2",), "10.0.0.2").to_json())  # older: ignored
+    member.on_generation(contract.Generation(4, ("j-1", "j-3"), "10.0.0.1").to_json())  # leaves this node out
+    assert member.newer() and member.due() is None
+    assert member.ends_life(0) and not member.ends_life(1) and not member.ends_life(contract.EXIT_PREEMPTED)
+
+
 def test_kill_reaches_a_worker_whose_launcher_exited_first(tmp_path):
     """A launcher that starts its worker in a session of its own and then exits leaves the worker reparented: out of
     the trainer's process group and no longer its descendant. kill() still finds it, by the run's marker."""
