@@ -71,8 +71,8 @@ class Progress:
         before = self._clock.first_step
         idle = self._clock.idle(running, trainer, step if isinstance(step, int) else None,
                                 committed if isinstance(committed, int) else None, own_first_step(status, started_at))
-        if before is None and self._clock.first_step is not None:
-            self._on_first_step()
+        if running and before is None and self._clock.first_step is not None:
+            self._on_first_step()  # not for a trainer seen stepped only once it ended: its end wakes the controller
         return {"step_idle_seconds": idle, "first_step": self._clock.first_step,
                 "first_step_at": self._clock.first_step_at}
 

@@ -252,7 +252,7 @@ def reset_firestore(host: str, project: str, databases: tuple[str, ...] = ()) ->
         req = urllib.request.Request(
             f"http://{host}/emulator/v1/projects/{project}/databases/{database}/documents", method="DELETE"
         )
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=60) as r:  # the Java emulator is slow on a loaded 2-core machine
             if r.status != 200:
                 raise EmulatorError(f"resetting database {database} of the Firestore emulator at {host} answered "
                                     f"HTTP {r.status}")

@@ -95,6 +95,20 @@ def test_a_resumed_run_that_ends_between_two_beats_has_stepped_by_its_own_record
     assert (late.first_step, late.first_step_at) == (91, at(12))
 
 
+def test_the_controller_is_woken_at_a_first_step_seen_while_the_trainer_runs_only():
+    # Seen only once the trainer ended, the first step wakes no one: the end itself wakes the controller, once.
+    from respawn.agent.reach import Progress
+
+    woken: list[str] = []
+    mine = {"step": 10, "committed_step": 10, "first_step": 1, "first_step_at": at(6).timestamp()}
+    ended = Progress(lambda: woken.append("ended"))
+    assert ended.beat(False, "life-1", mine, at(5))["first_step_at"] == at(6) and woken == []
+    running = Progress(lambda: woken.append("running"))
+    running.beat(True, "life-1", {**mine, "step": 3, "committed_step": None}, at(5))
+    running.beat(True, "life-1", {**mine, "step": 4, "committed_step": None}, at(5))
+    assert woken == ["running"]
+
+
 def test_a_slice_whose_workers_all_finished_steps_at_its_last_workers_first_step():
     done = [rank(20, 120, 120, first=61).model_copy(update={"state": NodeState.EXITED, "exit_code": 0}),
             rank(24, 120, 120, first=61, worker=1).model_copy(update={"state": NodeState.EXITED, "exit_code": 0})]
