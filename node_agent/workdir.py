@@ -1,4 +1,4 @@
-"""The user's code on the node: a content-addressed archive (…/sha256-HEX.tar.gz, packed by respawn.workdir) is
+"""The user's code on the node: a content-addressed archive (…/sha256-HEX.tar.gz, packed by respawn.app.workdir) is
 downloaded, checked against the digest its name promises, and unpacked into `<node_dir>/workdirs/sha256-HEX/`.
 
 Unpacked once per content: a directory of that name exists only complete (unpacked into a temporary directory,

@@ -1,9 +1,9 @@
 """Every relative link in the project's Markdown resolves to a file or folder inside the repository.
 
-Checked: README.md, docs/*.md and the READMEs of functions/, node_agent/, trainer/ and sim/. A link is
-`[text](target)` (images too) or a reference definition `[label]: target`. URLs (any scheme) and pure `#anchors`
-are skipped; a `#fragment` is stripped before the path is checked. Links inside code (fenced blocks and inline
-code spans) are not links and are ignored. No network.
+Checked: README.md, docs/*.md and the folder READMEs (functions/, node_agent/, trainer/, sim/, respawn/, deploy/,
+tests/). A link is `[text](target)` (images too) or a reference definition `[label]: target`. URLs (any scheme)
+and pure `#anchors` are skipped; a `#fragment` is stripped before the path is checked. Links inside code (fenced
+blocks and inline code spans) are not links and are ignored. No network.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted(
     [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
-    + [ROOT / d / "README.md" for d in ("functions", "node_agent", "trainer", "sim")]
+    + [ROOT / d / "README.md" for d in ("functions", "node_agent", "trainer", "sim", "respawn", "deploy", "tests")]
 )
 
 _FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.M | re.S)
