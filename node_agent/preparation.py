@@ -9,7 +9,6 @@ reports it again and never runs it again; a new boot prepares afresh.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Callable
@@ -21,7 +20,7 @@ from .config import AgentConfig
 from .envcache import EnvCache
 from .metadata import MetadataClient
 from .notice import Notice
-from .prepare import AGENT, PrepareFailed, Preparer, write_json
+from .prepare import AGENT, PrepareFailed, Preparer, read_json, write_json
 from .prefetch import Prefetch
 from .previous_life import upload_previous_life
 from .storage import Fetcher, Interrupted, Uploader
@@ -31,14 +30,6 @@ PREPARE_FAILED = "prepare.failed.json"  # this boot's failed preparation: report
 # How long a preparation step killed by a signal waits for the agent's own SIGTERM or the notice (they arrive
 # together on a power-off) before it counts as a failed setup.
 SHUTDOWN_SIGNAL_GRACE_S = 3.0
-
-
-def _read_json(path: str) -> object:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 class Preparation:
@@ -82,7 +73,7 @@ class Preparation:
         failed_key = {"job_id": self.cfg.job_id, "attempt": self.cfg.attempt, "boot_id": boot_id(),
                       "settings": self.settings.to_json(), "library": list(self.cfg.library or ())}
         failed_path = os.path.join(self.node_dir, PREPARE_FAILED)
-        earlier = _read_json(failed_path)
+        earlier = read_json(failed_path)
         if isinstance(earlier, dict) and earlier.get("key") == failed_key:
             log("WARNING", "preparation failed earlier in this boot; reporting it again without running it again",
                 failed_command=earlier.get("failed_command"), exit_code=earlier.get("exit_code"))

@@ -134,7 +134,7 @@ def storage_requirements(wheel: str) -> list[str]:
     return requirements
 
 
-def _read_json(path: str) -> Any:
+def read_json(path: str) -> Any:
     try:
         with open(path) as f:
             return json.load(f)
@@ -317,7 +317,7 @@ class Preparer:
         uri, digest = self.library
         command = [AGENT, "install-library", uri, "--interpreter", self.python]
         marker_path = os.path.join(self.node_dir, LIBRARY_MARKER)
-        marker = _read_json(marker_path)
+        marker = read_json(marker_path)
         marker = marker if isinstance(marker, dict) else {}
         if marker.get(self.python) == digest:
             log("INFO", "prepare stage", stage="library_install", skipped=True, reason="already installed",
@@ -411,7 +411,7 @@ class Preparer:
             return False
         marker = os.path.join(self.node_dir, SETUP_DONE)
         inputs = self.setup_inputs()
-        if _read_json(marker) == inputs and not self.fresh_workdir:
+        if read_json(marker) == inputs and not self.fresh_workdir:
             log("INFO", "prepare stage", stage="setup", skipped=True, reason="unchanged since it last succeeded",
                 commands=len(self.settings.setup), seconds=0.0)
             return False
