@@ -210,7 +210,7 @@ def needs_console(status: MemberStatus, node: NodeObs, heartbeat: Heartbeat | No
                   now: datetime) -> bool:
     """Whether decide() may declare the current node a boot failure (it serves, past its boot grace, and its agent
     never reported), and so read its console (Observation.consoles): observe() reads it only then."""
-    return (status.state is State.RUNNING and node.phase is Phase.RUNNING and _current(heartbeat, status) is None
+    return (status.state is State.RUNNING and node.phase is Phase.RUNNING and current_heartbeat(heartbeat, status) is None
             and (_age(now, status.node_started_at) or 0) > settings.boot_grace_seconds)
 
 
@@ -218,12 +218,9 @@ def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else (now - then).total_seconds()
 
 
-def relevant_heartbeat(o: Observation) -> Heartbeat | None:
-    """The heartbeat of the current node's current life: same attempt, not older than the node's (re)start."""
-    return _current(o.heartbeat, o.status)
-
-
-def _current(hb: Heartbeat | None, s: MemberStatus) -> Heartbeat | None:
+def current_heartbeat(hb: Heartbeat | None, s: MemberStatus) -> Heartbeat | None:
+    """`hb` when it is of the slot's current node's current life: same attempt, not older than the node's
+    (re)start; else None."""
     if hb is None or hb.attempt != s.attempt:
         return None
     if s.node_started_at is not None and hb.heartbeat_at < s.node_started_at:
@@ -298,12 +295,10 @@ def _decide(o: Observation) -> Decision:
     s, now, spec = o.status, o.now, o.spec
     assert spec is not None
     state = s.state
-    hb = relevant_heartbeat(o)
+    hb = current_heartbeat(o.heartbeat, o.status)
     if hb is not None and hb.state is NodeState.EXITED and hb.exit_code == 0:
         committed = hb.committed_step if hb.committed_step is not None else s.last_committed_step
-        st = _upd(s, now, state=State.SUCCEEDED, message="trainer exited 0", exit_code=0,
-                  last_committed_step=committed, last_step=hb.step if hb.step is not None else s.last_step,
-                  total_steps=hb.total_steps if hb.total_steps is not None else s.total_steps, recovering=False)
+        st = _upd(s, now, state=State.SUCCEEDED, message="trainer exited 0", exit_code=0, recovering=False)
         # A run that stepped and finished before a reconcile told its recovery: the end tells it (recovery_time.told).
         back = recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, [hb]) if s.recovering else None
         told = back.fields() if back is not None else {}
@@ -395,7 +390,7 @@ def _decide(o: Observation) -> Decision:
             return Decision(NONE)
         if (now - hb.heartbeat_at).total_seconds() > o.settings.stale_heartbeat_seconds:
             return _lose(o, spec, hb, "stale_heartbeat")
-        return _progress(o, s, hb)
+        return _healthy(o, s, hb)
     if phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING, Phase.DELETING) and run_ending(s, hb, now):
         return _lose(o, spec, hb, RUN_ENDED)
     if phase in (Phase.ABSENT, Phase.DEAD):
@@ -471,20 +466,14 @@ def _request_refused(o: Observation, s: SlotStatus, why: str, way: models.Obtain
                     details={"zone": s.zone, "node": s.node, "request_state": way.request_state(o.node.raw_state)})
 
 
-def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
-    """A healthy running node: record its progress when it changed (no event, no action). A replacement training
-    is the recovery, and Slack hears of it: never before, so a node that never reports, or whose setup then fails,
-    is never called recovered. Training that advances ends a streak of failures (their backoff)."""
+def _healthy(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
+    """A healthy running node (its progress is the job's to record: functions/job.py's `progress`). A replacement
+    training is the recovery, and Slack hears of it: never before, so a node that never reports, or whose setup
+    then fails, is never called recovered. Training that advances ends a streak of failures (their backoff)."""
     changes: dict[str, Any] = {}
-    if hb.committed_step is not None and hb.committed_step != s.last_committed_step:
-        changes["last_committed_step"] = hb.committed_step
-        if s.failure_streak and (s.last_committed_step is None or hb.committed_step > s.last_committed_step):
-            changes["failure_streak"] = 0
-    if hb.step is not None and hb.step != s.last_step and not recovery_time.resumed_run(hb, s.recovering,
-                                                                                         s.preempted_at):
-        changes["last_step"] = hb.step  # while recovering, the furthest step before it stays (its steps lost)
-    if hb.total_steps is not None and hb.total_steps != s.total_steps:
-        changes["total_steps"] = hb.total_steps
+    if (s.failure_streak and hb.committed_step is not None
+            and (s.last_committed_step is None or hb.committed_step > s.last_committed_step)):
+        changes["failure_streak"] = 0
     if s.boot_failures:
         changes["boot_failures"] = 0
     alert = None
@@ -508,7 +497,7 @@ def _progress(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
 
 def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
     """The API says the node serves: the job runs. After a loss the recovery is told once it trains again
-    (_progress), not here: the node may never get that far. How the node was obtained and its model may say more
+    (_healthy), not here: the node may never get that far. How the node was obtained and its model may say more
     (a life that counts from now, after a long wait for capacity; a run's planned end)."""
     message = (f"replacement {s.node} running in {s.zone}; waiting for its agent's first heartbeat" if s.recovering
                else f"running on {s.node} in {s.zone}")
@@ -674,8 +663,7 @@ def _count_loss(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str,
         delay = _backoff(spec, o, s.failure_streak + 1)
     if kind == "boot_failure":
         counts.update(boot_failures=s.boot_failures + 1, console_tail=_console(o, s.node))
-    lost = dict(last_cause=cause, last_committed_step=committed, last_step=last_step, steps_lost=steps_lost,
-                preempted_zone=s.zone, preempted_at=now, recovering=True, exit_code=exit_code, **counts)
+    lost = dict(last_cause=cause, steps_lost=steps_lost, preempted_zone=s.zone, preempted_at=now, recovering=True, exit_code=exit_code, **counts)
     tallies = dict(restarts=counts["restarts"], failures=counts.get("failures", s.failures),
                    preemptions=counts.get("preemptions", s.preemptions), attempt=s.attempt, cause=cause)
 

@@ -216,7 +216,7 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     """The job's decision; `seen`: one MemberObs per slot (as recorded in status.members). Its node lives booked in
     the cost ledger (functions/costs.py), a budget alert due sent when the decision sends none, and the cost so far
     on the alert."""
-    d = _decide(o, seen)
+    d = _progressed(o, seen, _decide(o, seen))
     s, now, spec = o.status, o.now, o.spec
     status = costs.account(s, d.status, now, o.quote) if d.status is not None else None
     alert = d.alert
@@ -237,11 +237,37 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     return replace(d, status=status, alert=alert)
 
 
+def _slot_count(o: Observation) -> int:
+    return o.spec.slots if o.spec is not None else max(len(o.status.members), 1)
+
+
+def _padded(seen: Sequence[MemberObs], nodes: int) -> list[MemberObs]:
+    return [*seen[:nodes], *(MemberObs() for _ in range(nodes - len(seen)))]
+
+
+def _beats(s: JobStatus, seen: Sequence[MemberObs], nodes: int) -> list[Heartbeat | None]:
+    """Each member slot's heartbeat of its current node's current life (decide.current_heartbeat), else None."""
+    return [core.current_heartbeat(ob.heartbeat, m) for m, ob in zip(slots(s, nodes), _padded(seen, nodes))]
+
+
+def _progressed(o: Observation, seen: Sequence[MemberObs], d: Decision) -> Decision:
+    """Decision `d` with the job's progress (`progress`, from its members' heartbeats as observed) written along,
+    or alone when `d` writes nothing: the one place the progress is written. Not once the job has ended."""
+    s = o.status
+    if s.state.terminal:
+        return d
+    after = d.status if d.status is not None else s
+    changes = progress(after, _beats(s, seen, _slot_count(o)))  # type: ignore[arg-type]
+    if not changes:
+        return d
+    return replace(d, status=after.model_copy(update=changes) if d.status is not None else _upd(s, o.now, **changes))
+
+
 def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     s, now, spec = o.status, o.now, o.spec
-    nodes = spec.slots if spec is not None else max(len(s.members), 1)
+    nodes = _slot_count(o)
     members = slots(s, nodes)
-    seen = [*seen[:nodes], *(MemberObs() for _ in range(nodes - len(seen)))]
+    seen = _padded(seen, nodes)
 
     if s.state is State.BUDGET_EXHAUSTED and spec is not None and not o.cancel_requested and (
             spec.budget is None or spec.budget.max_usd > (s.cost.stopped_at_budget_usd or 0)
@@ -266,13 +292,12 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
     if not membership.forms_generations(nodes):  # one node trains alone: its slot's decision is the job's
         return _lift(core.decide(views[0]), s, 0, nodes)
     g = generation(s)
-    beats = [core.relevant_heartbeat(v) for v in views]
+    beats = _beats(s, seen, nodes)
     if _finished(g, members, beats):
-        committed = max((hb.committed_step for hb in beats if hb is not None and hb.committed_step is not None),
-                        default=s.last_committed_step)
+        committed = progress(s, beats).get("last_committed_step", s.last_committed_step)
         a, left = _delete_any(o, members, seen)
         st = _upd(s, now, members=left, state=State.SUCCEEDED, message="every member's trainer exited 0",
-                  exit_code=0, last_committed_step=committed, recovering=False)
+                  exit_code=0, recovering=False)
         # A generation that stepped and finished before a reconcile told its recovery: the end tells it.
         by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
         ranks = [by_node.get(n) for n in g.members] if g is not None else []
@@ -293,10 +318,7 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         d = core.decide(views[i])
         if d.status is not None and d.status.state is State.SUCCEEDED:
             continue  # this member is done; the job is when every member of its generation is (above)
-        if (d.status is None or _progress_only(views[i].status, d.status)) and d.action.kind in (Act.NONE, Act.WAIT,
-                                                                                               Act.POLL):
-            # A slot's own progress record is the job's, and its members' steps differ by one now and then: each
-            # slot writing its own would undo the other's, pass after pass. The job's is written once, below.
+        if d.status is None and d.action.kind in (Act.NONE, Act.WAIT, Act.POLL):
             waits.append(d.action)
             continue
         return _lift(d, s, i, nodes)
@@ -338,15 +360,11 @@ def _resume(o: Observation, members: list[MemberStatus], seen: Sequence[MemberOb
 _PROGRESS = ("last_step", "last_committed_step", "total_steps")
 
 
-def _progress_only(before: SlotStatus, after: SlotStatus) -> bool:
-    """`after` differs from `before` in the training progress alone (decide._progress's record, no event)."""
-    ignore = {*_PROGRESS, "updated_at", "revision"}
-    return before.model_dump(exclude=ignore) == after.model_dump(exclude=ignore)
-
-
-def _progress(s: JobStatus, beats: Sequence[Heartbeat | None]) -> dict[str, Any]:
-    """The job's progress from its members' heartbeats: the furthest step, the newest committed step (the
-    commit is job-wide: every rank's files are remote), each as its furthest member reports it."""
+def progress(s: JobStatus, beats: Sequence[Heartbeat | None]) -> dict[str, Any]:
+    """The job's progress from its members' heartbeats, as changes to `s` (the status the decision leaves): the
+    furthest step, the newest committed step (the commit is job-wide: every rank's files are remote), the total,
+    each as its furthest member reports it. Written by every path of the decision, and only here (_progressed): a
+    slot writing its own would undo another member's a step apart, pass after pass."""
     out: dict[str, Any] = {}
     for field, reported in (("last_step", "step"), ("last_committed_step", "committed_step"),
                             ("total_steps", "total_steps")):
@@ -420,15 +438,14 @@ def _membership(o: Observation, spec: JobSpec, members: list[MemberStatus], seen
         st = _upd(s, now, members=members, moving=True, state=State.PREEMPTED, message=p.reason,
                   tried_zones=[*s.tried_zones, *([s.zone] if s.zone else [])], recovering=True,
                   preempted_zone=s.preempted_zone if s.recovering else s.zone,
-                  preempted_at=s.preempted_at if s.recovering else now,
-                  **_progress(s, beats))  # the survivors' last word on it: their nodes are about to go
+                  preempted_at=s.preempted_at if s.recovering else now)
         return Decision(NONE, st, "move", None, {"zone": s.zone})
     if p.step is membership.Step.RUN and p.generation is not None:
         g = p.generation
         if previous is None or g.number != previous.number:
             lost = {}
             if s.recovering:  # what the new generation loses: it resumes from the newest committed step
-                reached = {**s.model_dump(include=set(_PROGRESS)), **_progress(s, beats)}
+                reached = {**s.model_dump(include=set(_PROGRESS)), **progress(s, beats)}
                 step, committed = reached["last_step"] or 0, reached["last_committed_step"] or 0  # None: nothing yet
                 lost = {"steps_lost": max(step - committed, 0)}
             g = replace(g, handover=_handover(o, spec, members, seen, beats, previous, g))
@@ -453,7 +470,7 @@ def _membership(o: Observation, spec: JobSpec, members: list[MemberStatus], seen
                 return _recovered(o, spec, members, g, back)
     full = p.step is membership.Step.RUN and p.generation is not None and p.generation.world_size == spec.nodes
     message = p.reason if p.step is not membership.Step.RUN else _running_message(p.generation, s.zone)
-    return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones, **_progress(s, beats))
+    return _settle(o, members, waits, message, tried_zones=[] if full else s.tried_zones)
 
 
 def _handover(o: Observation, spec: JobSpec, members: Sequence[MemberStatus], seen: Sequence[MemberObs],
@@ -477,11 +494,10 @@ def _handover(o: Observation, spec: JobSpec, members: Sequence[MemberStatus], se
 
 def _settle(o: Observation, members: list[MemberStatus], waits: Sequence[Action], message: str | None = None,
             **changes: Any) -> Decision:
-    """Nothing to act on: commit the job's aggregate state (or its progress) when it changed, else wait as the
-    slots do."""
+    """Nothing to act on: commit the job's aggregate state when it changed, else wait as the slots do."""
     s = o.status
     target = _aggregate(s.model_copy(update={"members": members, **changes}))
-    keys = ("state", "node", "members", "tried_zones", *_PROGRESS)
+    keys = ("state", "node", "members", "tried_zones")
     if any(getattr(target, k) != getattr(s, k) for k in keys):
         return Decision(NONE, _upd(target, o.now, message=(message or target.message)[:1000]), "membership")
     untils = [a.until for a in waits if a.kind is Act.WAIT and a.until is not None]

@@ -10,7 +10,7 @@ it lost; and the one vocabulary of loss causes. Pure: no I/O, no clock.
 - Steps lost: the furthest step reached before the resume minus the step the resumed run restored (its committed
   step when it first stepped): taken after the notice's emergency commit, so a step it kept is not lost.
 
-The decision core measures it (`measure`) when the job steps again (decide._progress for one node, job._recovered
+The decision core measures it (`measure`) when the job steps again (decide._healthy for one node, job._recovered
 for several; the agent wakes the controller at a trainer's first step), and the `recovered` alert and event carry
 it (`Recovery.fields`; the `succeeded` ones when the run finished before a reconcile saw it step: `told`); Slack, `respawn jobs
 describe/events/report`, `respawn chaos` and the demo's summary and live view read it from there (`read`, `text`).

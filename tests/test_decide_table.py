@@ -93,6 +93,13 @@ def decide(o):
     return core.decide(o)
 
 
+def decide_job(o):
+    """The row decided as production decides it, for the whole job (here of one node; the job's progress is
+    functions/job.py's to write), read back as its one slot."""
+    d = job.decide(*_job_of(o, 1))
+    return replace(d, status=job.project(d.status, 0)) if d.status is not None else d
+
+
 def new_state(d, o):
     return (d.status.state if d.status else o.status.state).value
 
@@ -638,9 +645,9 @@ def test_a_console_that_was_not_read_says_so():
 
 
 def test_a_heartbeat_ends_the_boot_failures_in_a_row_and_advancing_training_ends_the_backoff_streak():
-    d = decide(obs("RUNNING", boot_failures=1, failure_streak=2, last_committed_step=90))
+    d = decide_job(obs("RUNNING", boot_failures=1, failure_streak=2, last_committed_step=90))
     assert (d.status.boot_failures, d.status.failure_streak, d.status.last_committed_step) == (0, 0, 100)
-    same = decide(obs("RUNNING", heartbeat="fresh", failure_streak=2, last_committed_step=100, last_step=120))
+    same = decide_job(obs("RUNNING", heartbeat="fresh", failure_streak=2, last_committed_step=100, last_step=120))
     assert same.status is None  # nothing advanced: the streak stands
 
 
@@ -685,18 +692,18 @@ def test_the_recovered_alert_comes_when_the_replacement_trains_and_says_what_it_
     # The lost node reached step 107 (the notice found no later commit than the replacement's restored step 100).
     st = dict(recovering=True, preempted_zone=ZONES[0], zone=ZONES[1], preempted_at=NOW - timedelta(seconds=90),
               last_step=107, steps_lost=20, failures=1, preemptions=2, restarts=3, last_cause="preempted")
-    up = decide(obs("PROVISIONING", raw="RUNNING", heartbeat="none", **st))
+    up = decide_job(obs("PROVISIONING", raw="RUNNING", heartbeat="none", **st))
     assert up.alert is None and up.status.recovering and "waiting for its agent" in up.status.message
-    restoring = decide(replace(obs("RUNNING", heartbeat="restored", **st), status=up.status))
+    restoring = decide_job(replace(obs("RUNNING", heartbeat="restored", **st), status=up.status))
     assert restoring.alert is None and restoring.status.last_step == 107  # the furthest step stays while recovering
-    d = decide(replace(obs("RUNNING", **st), status=restoring.status))
+    d = decide_job(replace(obs("RUNNING", **st), status=restoring.status))
     a = d.alert
     # From the notice (90 s ago) to its first step (30 s ago); lost: 107 reached, resumed from 100 (recovery_time).
     assert (a["type"], a["old_zone"], a["new_zone"], a["recovery_seconds"], a["steps_lost"], a["resumed_from"]) == (
         "recovered", ZONES[0], ZONES[1], 60.0, 7, 100)
     assert d.status.steps_lost == 7 and d.details["recovery_seconds"] == 60.0 and d.cause == "recovered"
     assert (a["failures"], a["preemptions"], a["restarts"]) == (1, 2, 3) and not d.status.recovering
-    assert decide(replace(obs("RUNNING", **st), status=d.status)).alert is None  # once
+    assert decide_job(replace(obs("RUNNING", **st), status=d.status)).alert is None  # once
 
 
 # ---- a multi-host TPU slice: one heartbeat from its workers' -----------------------------------------------------
@@ -758,9 +765,9 @@ def _job_of(o, nodes):
     row = MemberStatus(**{k: getattr(s, k) for k in MemberStatus.model_fields})
     counters = {k: getattr(s, k) for k in JobCounters.model_fields}
     seen_row = MemberObs(o.node, o.heartbeat, None, o.hint)
-    if nodes == 1:
-        job = JobStatus(**counters, state=s.state, attempt=s.attempt, node=s.node, zone=s.zone,
-                        members=[row] if s.node else [])
+    if nodes == 1:  # the top level of a one-node job's status is its slot's summary
+        summary = {k: getattr(s, k) for k in JobStatus.model_fields if k in MemberStatus.model_fields}
+        job = JobStatus(**counters, **summary, members=[row] if s.node else [])
         return replace(o, status=job), [seen_row]
     others = [MemberStatus(state=State.RUNNING, attempt=a, node=f"job-{a}", zone=s.zone, provisioning="spot",
                            create_state="created", node_started_at=NOW - timedelta(hours=1), address=f"10.0.0.{a}",
