@@ -1,5 +1,7 @@
 """The decision core: a pure function from what reconcile observed of one member slot (a one-node job has one;
-functions/job.py calls it for each) to at most one action plus the slot's status to record.
+functions/job.py calls it for each, with the user's spec and the slot as membership.slot_of makes it) to at most
+one action plus the slot's status to record. The job's progress (last_step, last_committed_step, total_steps) is
+read here, written by functions/job.py alone.
 
 All recovery policy lives here (and in placement.py and recovery.py, which it calls), including what an action's outcome means
 (followup, after_act: reconcile._act only performs the call, classifies how it ended and carries out the answer).
@@ -29,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
 from respawn.contract import SOFT_OFF_SECONDS, Handover
-from respawn.control import alerts, models, placement, recovery, recovery_time
+from respawn.control import alerts, membership, models, placement, recovery, recovery_time
 from respawn.advice import ZoneAdvice
 from respawn.prices import Quote
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, ImageCheck, ImageVerdict, image_help, missing_error
@@ -135,7 +137,7 @@ class Settings:
 @dataclass(frozen=True)
 class Observation:
     job_id: str
-    spec: JobSpec | None
+    spec: JobSpec | None  # the user's, as the job document holds it
     spec_errors: tuple[str, ...]
     status: SlotStatus | JobStatus  # a member slot's (decide), the job's (functions/job.py)
     cancel_requested: bool
@@ -162,6 +164,9 @@ class Observation:
     budget_used: float | None = None
     # The API's view of status.leaving (the node the slot replaced during its notice); None: not looked at.
     leaving: NodeObs | None = None
+    # The member slot decided: its zones and tiers (functions/job.py: membership.slot_of). None: a one-node job's
+    # one slot, walking the job's zones.
+    slot: membership.Slot | None = None
 
 
 class Act(str, enum.Enum):
@@ -270,6 +275,11 @@ def _upd(s: SlotStatus, now: datetime, **changes: Any) -> SlotStatus:
     return s.model_copy(update={**changes, "updated_at": now, "revision": s.revision + 1})
 
 
+def _slot(o: Observation) -> membership.Slot:
+    assert o.spec is not None
+    return o.slot if o.slot is not None else membership.slot_of(o.spec, 0)
+
+
 def _delete(o: Observation) -> Action:
     return Action(Act.DELETE, zone=o.status.zone, node=o.status.node, attempt=o.status.attempt)
 
@@ -360,7 +370,7 @@ def _decide(o: Observation) -> Decision:
                     # one goes first (decide() deletes it on NONE), then the create is asked again.
                     return Decision(NONE)
                 return _provision(o, spec, s, cause="zone_refused")
-            why = models.of(s.provisioning).unanswered(s, models.tier_of(spec, s.provisioning))
+            why = models.of(s.provisioning).unanswered(s, _slot(o).tier(s.provisioning))
             if why is not None:
                 return _unanswered(o, spec, why)
             return _lose(o, spec, hb, o.hint or "node_gone")
@@ -502,7 +512,7 @@ def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
     message = (f"replacement {s.node} running in {s.zone}; waiting for its agent's first heartbeat" if s.recovering
                else f"running on {s.node} in {s.zone}")
     own = {**models.obtaining(o.spec).on_running(o.now),
-           **models.of(s.provisioning).on_running(models.tier_of(o.spec, s.provisioning), o.now)}
+           **models.of(s.provisioning).on_running(_slot(o).tier(s.provisioning), o.now)}
     st = _upd(s, o.now, state=State.RUNNING, create_state="created", consecutive_failures=0, tried_zones=[],
               next_attempt_at=None, message=message, running_at=o.now, **own)
     return Decision(NONE, st, "node_running")
@@ -758,19 +768,19 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
 
 def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Decision:
     """Choose a zone and commit the next attempt's node name before creating it; or wait when every zone refused."""
-    now = o.now
-    choice = recovery.strategy_for(spec).choose(spec, s, o.blocked, now, o.advice, o.budget_used)
+    now, slot = o.now, _slot(o)
+    choice = recovery.strategy_for(spec, slot.tiers).choose(slot.zones, s, o.blocked, now, o.advice, o.budget_used)
     if choice.zone is None:
         failures = s.consecutive_failures + (1 if s.state is State.WAITING_FOR_CAPACITY else 0)
         waiting = s.model_copy(update={"consecutive_failures": failures})
         until = placement.backoff(spec, waiting, placement.cooldowns(o.blocked, choice.provisioning), now,
-                                  o.settings.backoff_base_seconds)
-        msg = f"every zone refused ({', '.join(spec.zones)}); next try at {until.isoformat()}"
+                                  o.settings.backoff_base_seconds, slot.zones)
+        msg = f"every zone refused ({', '.join(slot.zones)}); next try at {until.isoformat()}"
         st = _upd(s, now, state=State.WAITING_FOR_CAPACITY, message=msg, next_attempt_at=until,
                   consecutive_failures=failures, tried_zones=[], create_state=None)
         alert = None
         if s.state is not State.WAITING_FOR_CAPACITY:  # alert on entering the wait, not on every retry
-            alert = alerts.make("waiting_for_capacity", o.job_id, now, msg, next_attempt_at=until, zones=list(spec.zones),
+            alert = alerts.make("waiting_for_capacity", o.job_id, now, msg, next_attempt_at=until, zones=list(slot.zones),
                                 restarts=s.restarts, attempt=s.attempt, cause=cause)
         return Decision(Action(Act.WAIT, until=until), st, "no_capacity", alert, {"skipped": list(choice.skipped)})
     attempt = o.next_attempt if o.next_attempt is not None else s.attempt + 1

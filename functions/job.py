@@ -4,13 +4,14 @@ library, no I/O, no clock.
 
 The job document's status (respawn.schema.JobStatus) holds the job (its zone, its state summed up, the job-wide
 counters: JobCounters) and `members`: one MemberStatus per slot, the life of its current node. A one-node job is
-one slot. A slot is decided by decide.decide on a SlotStatus (project): the slot's own node, the job's counters, a
-spec whose zone list is the job's zone once the job has one, and whose provisioning is the slot's (on-demand for
-the first on_demand_nodes slots); merge puts each part of the decided SlotStatus back where its type says. So a
-lost member is deleted and replaced, restarted in place, refused, fallen back to on-demand, exactly as every other
-node; its replacement takes the job-wide attempt counter's next number (a new deterministic name). Slot 0 places
-the job: while no other slot holds a node it walks the whole zone list; every other slot waits for it and then
-stays in its zone.
+one slot. A slot is decided by decide.decide with the user's spec, the slot itself (membership.slot_of: the zones
+it may use, the job's zone once the job has one; its tiers, standard alone for the first on_demand_nodes slots) and
+a SlotStatus (project): the slot's own node, the job's counters; merge puts each part of the decided SlotStatus
+back where its type says. So a lost member is deleted and replaced, restarted in place, refused, fallen back to
+on-demand, exactly as every other node; its replacement takes the job-wide attempt counter's next number (a new
+deterministic name). Slot 0 places the job: while no other slot holds a node it walks the whole zone list; every
+other slot waits for it and then stays in its zone. The job's progress is written here alone (progress), from its
+members' heartbeats, whatever the decision.
 
 A job of one node and no spares forms no generation (membership.forms_generations): its slot's decision is the
 job's, and the top level of its status repeats its slot. For several slots, when no slot has anything to do,
@@ -169,27 +170,16 @@ def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:
     return s.model_copy(update={**changes, "updated_at": now, "revision": s.revision + 1})
 
 
-def _slot_spec(spec: JobSpec, s: JobStatus, members: Sequence[MemberStatus], i: int) -> JobSpec:
-    """The spec slot `i` is decided with: one node, the slot's provisioning model, and the job's zone alone once
-    the job has one (slot 0 placing the job alone walks the whole list)."""
-    placing = i == 0 and not any(_holds(m) for m in members[1:])
-    model = membership.slot_provisioning(spec, i)
-    update: dict[str, Any] = {"nodes": 1, "min_nodes": 1, "on_demand_nodes": 0, "spare_nodes": 0,
-                              "provisioning": model}
-    if model != spec.provisioning:  # an on-demand slot: standard, whatever tiers the others walk
-        update["tiers"] = None
-    if not placing and s.zone is not None:
-        update["zones"] = [s.zone]
-    return spec.model_copy(update=update)
-
-
 def _slot_observation(o: Observation, spec: JobSpec, members: Sequence[MemberStatus], i: int, seen: MemberObs
                       ) -> Observation:
+    """Slot `i` as decide.decide sees it: the job's spec, the slot (membership.slot_of: the job's zone alone once
+    the job has one; slot 0 placing the job alone walks the whole list), its node's life and the job's counters."""
     s = o.status
+    placing = i == 0 and not any(_holds(m) for m in members[1:])
     used = costs.spent(s, o.now)[0] / spec.budget.max_usd if spec.budget is not None else None
-    return replace(o, spec=_slot_spec(spec, s, members, i), status=project(s, i, len(members)), node=seen.node,
-                   heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1, budget_used=used,
-                   leaving=seen.leaving)
+    return replace(o, slot=membership.slot_of(spec, i, None if placing else s.zone), status=project(s, i, len(members)),
+                   node=seen.node, heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1,
+                   budget_used=used, leaving=seen.leaving)
 
 
 def _delete_any(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]

@@ -34,7 +34,7 @@ from typing import Sequence
 
 from respawn.contract import Generation
 from respawn.control import models
-from respawn.schema import JobSpec
+from respawn.schema import JobSpec, Tier
 
 
 def forms_generations(slots: int) -> bool:
@@ -52,6 +52,32 @@ def slot_provisioning(spec: JobSpec, slot: int) -> str:
     if slot < spec.on_demand_nodes:
         return "standard"
     return spec.provisioning
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What member slot `index` of a job is, as decide.decide reads it (slot_of): the zones its next node may go to
+    and the provisioning tiers it walks, its model being the first one's."""
+
+    index: int
+    zones: tuple[str, ...]
+    tiers: tuple[Tier, ...]
+
+    @property
+    def provisioning(self) -> str:
+        return self.tiers[0].model
+
+    def tier(self, model: str | None) -> Tier | None:
+        """The slot's tier of model `model` (None: it has none, e.g. a node of an older spec)."""
+        return next((t for t in self.tiers if t.model == (model or "spot")), None)
+
+
+def slot_of(spec: JobSpec, index: int, zone: str | None = None) -> Slot:
+    """Slot `index` of the job: the job's tiers, or standard alone for an on-demand slot (slot_provisioning); the
+    job's zone alone once the slot is to stay in it (`zone`), else the job's zone list."""
+    model = slot_provisioning(spec, index)
+    tiers = tuple(spec.provisioning_tiers) if model == spec.provisioning else (Tier(model=model),)
+    return Slot(index, (zone,) if zone is not None else tuple(spec.zones), tiers)
 
 
 @dataclass(frozen=True)

@@ -140,12 +140,15 @@ def cooldowns(blocked: Mapping[str, datetime], model: str) -> dict[str, datetime
     return out
 
 
-def backoff(spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime, base_seconds: float) -> datetime:
+def backoff(spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime, base_seconds: float,
+            zones: Sequence[str] | None = None) -> datetime:
     """When to try again after every zone refused: exponential in the consecutive failures, capped by the spec;
-    when zones are under a cooldown, not before the first one ends (nothing could succeed earlier), within the cap."""
+    when zones (`zones`: the slot's, by default the job's) are under a cooldown, not before the first one ends
+    (nothing could succeed earlier), within the cap."""
     cap = spec.placement.max_backoff_seconds
     exp = min(cap, base_seconds * (2 ** min(max(status.consecutive_failures - 1, 0), 20)))
-    ends = [until for zone, until in blocked.items() if zone in spec.zones and until > now]
+    walked = spec.zones if zones is None else zones
+    ends = [until for zone, until in blocked.items() if zone in walked and until > now]
     if ends:
         exp = max(exp, min(cap, (min(ends) - now).total_seconds()))
     return now + timedelta(seconds=exp)

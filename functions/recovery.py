@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from respawn.advice import ZoneAdvice
 from respawn.control import models, placement
@@ -101,17 +101,19 @@ class Strategy:
         until = cooldowns(blocked, status.provisioning or "spot").get(status.zone or "")
         return (until is None or until <= now) and status.in_place_restarts < max_restarts
 
-    def choose(self, spec: JobSpec, status: SlotStatus, blocked: Mapping[str, datetime], now: datetime,
+    def choose(self, zones: Sequence[str], status: SlotStatus, blocked: Mapping[str, datetime], now: datetime,
                advice: Mapping[str, ZoneAdvice] | None = None, budget_used: float | None = None) -> Choice:
-        """The next node's zone and model; zone None when every zone is cooling down or refused this round.
-        `advice`: zone → capacity advice, which orders a Spot node's zones when the spec asks (placement.rank)."""
+        """The next node's zone (of `zones`: the slot's, membership.Slot) and model; zone None when every zone is
+        cooling down or refused this round. `advice`: zone → capacity advice, which orders a Spot node's zones
+        when the spec asks (placement.rank)."""
         tier, why = self.tier(status, now, budget_used)
         model = tier.model
         blocked = cooldowns(blocked, model)  # a Spot stockout leaves the other pools free to try
         # Zones that refused this round refused the model tried then: moving to another tier starts a new round.
         tried = status.tried_zones if status.provisioning in (None, model) else []
         skipped, eligible = [], []
-        zones = models.of(model).zones(tier, list(spec.zones))
+        listed = list(zones)
+        zones = models.of(model).zones(tier, listed)
         if self.by_advice and models.of(model).advised and advice:
             zones = placement.rank_zones(zones, advice)
         for zone in zones:
@@ -123,14 +125,16 @@ class Strategy:
             eligible.remove(lost_in)
             eligible.insert(0 if self.order == "same_zone" else len(eligible), lost_in)
         return Choice(eligible[0] if eligible else None, model, tuple(skipped), why,
-                      tuple(zones) if self.by_advice and zones != list(spec.zones) else ())
+                      tuple(zones) if self.by_advice and zones != listed else ())
 
 
-def strategy_for(spec: JobSpec) -> Strategy:
+def strategy_for(spec: JobSpec, tiers: Sequence[Tier] | None = None) -> Strategy:
     """The job's strategy, from its spec: placement.strategy (the older avoid_preempting_zone: false reads as
-    in_order), a restart in place for GPU Spot VMs that a preemption stops, the provisioning tiers (the older
-    on-demand fallback is two of them: JobSpec.provisioning_tiers), the zones by capacity advice (placement.rank)."""
+    in_order), a restart in place for GPU Spot VMs that a preemption stops, the provisioning tiers (`tiers`: a
+    slot's, membership.Slot; by default the job's: the older on-demand fallback is two of them,
+    JobSpec.provisioning_tiers), the zones by capacity advice (placement.rank)."""
     p = spec.placement
     order: ZoneOrder = p.strategy or ("next_zone" if p.avoid_preempting_zone else "in_order")
     stop_spot = spec.accelerator.kind == "gpu" and spec.termination_action == "STOP"
-    return Strategy(order, stop_spot, tuple(spec.provisioning_tiers), spec.placement.rank == "advice")
+    walked = tuple(spec.provisioning_tiers if tiers is None else tiers)
+    return Strategy(order, stop_spot, walked, spec.placement.rank == "advice")

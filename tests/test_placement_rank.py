@@ -50,15 +50,15 @@ BEST_C = {A: Z(0.1), B: Z(0.4), C: Z(0.9)}
 ])
 def test_the_strategy_walks_the_ranked_zones_for_spot_only(over, status, blocked, zone, ranked):
     s = spec(**over)
-    choice = strategy_for(s).choose(s, SlotStatus(**status), blocked, NOW, BEST_C)
+    choice = strategy_for(s).choose(s.zones, SlotStatus(**status), blocked, NOW, BEST_C)
     assert (choice.zone, choice.ranked) == (zone, ranked)
     assert choice.zone in s.zones
 
 
 def test_a_job_without_advice_places_as_listed():
     s = spec()
-    assert strategy_for(s).choose(s, SlotStatus(), {}, NOW).zone == A
-    assert strategy_for(s).choose(s, SlotStatus(), {}, NOW, {A: Z(0.1), B: Z(0.9)}).zone == A  # C unscored
+    assert strategy_for(s).choose(s.zones, SlotStatus(), {}, NOW).zone == A
+    assert strategy_for(s).choose(s.zones, SlotStatus(), {}, NOW, {A: Z(0.1), B: Z(0.9)}).zone == A  # C unscored
 
 
 def test_rank_takes_advice_alone():

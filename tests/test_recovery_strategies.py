@@ -55,7 +55,7 @@ LOST_IN_A = dict(preempted_zone=A)
     ("next_zone", dict(preempted_zone=C, tried_zones=[A, B]), {}, C),  # the only zone left: a job still recovers
 ])
 def test_zone_orders(order, status, blocked, zone):
-    choice = Strategy(order, False).choose(spec(), SlotStatus(**status), blocked, NOW)
+    choice = Strategy(order, False).choose(spec().zones, SlotStatus(**status), blocked, NOW)
     assert (choice.zone, choice.provisioning) == (zone, "spot")
     assert set(choice.skipped) == {z for z in (A, B, C) if z in status.get("tried_zones", []) or
                                    (z in blocked and blocked[z] > NOW)}
@@ -69,7 +69,7 @@ def test_zone_orders(order, status, blocked, zone):
 ])
 def test_on_demand_fallback_after_refusals_in_a_row(failures, provisioning, tried, expect):
     status = SlotStatus(consecutive_failures=failures, provisioning=provisioning, tried_zones=tried)
-    choice = strategy_for(spec(placement=FALLBACK)).choose(spec(placement=FALLBACK), status, {}, NOW)
+    choice = strategy_for(spec(placement=FALLBACK)).choose(spec(placement=FALLBACK).zones, status, {}, NOW)
     assert (choice.zone, choice.provisioning) == expect
     assert strategy_for(spec()).model(status, NOW) == "spot"  # without the fallback: never
 
@@ -112,7 +112,7 @@ def ago(*hours):
 def test_provisioning_tiers_move_on_after_refusals_or_preemptions(failures, preempted, expect, why):
     s = spec(provisioning=TIERS, termination_action="DELETE")
     status = SlotStatus(consecutive_failures=failures, preempted_times=preempted)
-    choice = strategy_for(s).choose(s, status, {}, NOW)
+    choice = strategy_for(s).choose(s.zones, status, {}, NOW)
     assert (choice.zone, choice.provisioning, choice.why) == (A, expect, why)
 
 
@@ -128,12 +128,12 @@ def test_a_spot_cooldown_does_not_keep_the_next_tier_out_of_the_zone():
 
     s = spec(provisioning=[{"model": "spot", "after_refusals": 2}, {"model": "flex-start"}, "standard"])
     cooling = {pool_key(z, "spot"): SOON for z in (A, B, C)}
-    spot = strategy_for(s).choose(s, SlotStatus(provisioning="spot", consecutive_failures=1), cooling, NOW)
+    spot = strategy_for(s).choose(s.zones, SlotStatus(provisioning="spot", consecutive_failures=1), cooling, NOW)
     assert (spot.zone, spot.provisioning) == (None, "spot")
-    flex = strategy_for(s).choose(s, SlotStatus(provisioning="spot", consecutive_failures=2), cooling, NOW)
+    flex = strategy_for(s).choose(s.zones, SlotStatus(provisioning="spot", consecutive_failures=2), cooling, NOW)
     assert (flex.zone, flex.provisioning, flex.skipped) == (A, "flex-start", ())
     quota = {**cooling, **{pool_key(z, "flex-start"): SOON for z in (A, B)}}
-    assert strategy_for(s).choose(s, SlotStatus(provisioning="spot", consecutive_failures=2), quota, NOW).zone == C
+    assert strategy_for(s).choose(s.zones, SlotStatus(provisioning="spot", consecutive_failures=2), quota, NOW).zone == C
 
 
 def test_a_tier_is_taken_only_while_the_budget_allows():
