@@ -40,9 +40,10 @@ from respawn.schema import (Heartbeat, JobCounters, JobEvent, JobSpec, JobStatus
 
 _COUNTERS = tuple(JobCounters.model_fields)  # the job's, whichever slot's decision changed them
 _MEMBER = tuple(MemberStatus.model_fields)
-# What the top level of a one-node job's status repeats of its slot (JobStatus: the job summed up).
-_SOLO_SUMMARY = ("state", "message", "node", "zone", "provisioning", "tried_zones", "recovering", "last_cause",
-                 "preempted_zone", "preempted_at", "steps_lost", "exit_code")
+# The job's summary a member has too (JobStatus's top level: state, message, node, zone, provisioning, tried_zones
+# and the recovery's fields; attempt is the newest of any slot's). A job that forms no generation is summed up by its
+# one member: it trains, recovers and ends as that member does.
+_SUMMARY = tuple(k for k in JobStatus.model_fields if k in MemberStatus.model_fields and k != "attempt")
 
 
 class JobAct(str, enum.Enum):
@@ -149,7 +150,7 @@ def merge(s: JobStatus, i: int, slot: SlotStatus, nodes: int) -> JobStatus:
     job = s.model_copy(update={**{k: getattr(slot, k) for k in _COUNTERS}, "members": members,
                                "attempt": max(s.attempt, member.attempt)})
     if not membership.forms_generations(nodes):
-        return job.model_copy(update={k: getattr(member, k) for k in _SOLO_SUMMARY})
+        return job.model_copy(update={k: getattr(member, k) for k in _SUMMARY})
     if i == 0 and not any(_holds(m) for m in members[1:]):
         job = job.model_copy(update={"zone": member.zone, "provisioning": member.provisioning,
                                      "tried_zones": list(member.tried_zones)})

@@ -528,6 +528,9 @@ def test_every_compute_instance_status_has_a_phase():
     assert statuses <= set(RAW_STATES["gpu"])  # and the exhaustive sweep below covers each of them
 
 
+PROGRESS = ("last_step", "last_committed_step", "total_steps")
+
+
 @pytest.mark.parametrize("state", list(State), ids=[s.value for s in State])
 def test_invariants_over_every_observation(state):
     for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
@@ -573,6 +576,9 @@ def test_invariants_over_every_observation(state):
         # Every recorded change bumps the revision exactly once (the optimistic-concurrency check).
         if d.status is not None:
             assert d.status.revision == o.status.revision + 1 and d.status.updated_at == NOW, where
+        # A slot's decision never writes the job's progress: functions/job.py's `progress` alone does, once.
+        if d.status is not None and SPECS[spec_name] is not None and not cancel and not state.terminal:
+            assert [getattr(d.status, k) for k in PROGRESS] == [getattr(o.status, k) for k in PROGRESS], where
         # A state change always names its cause; a wait always says until when.
         if after is not state:
             assert d.cause, where
