@@ -266,11 +266,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="how long a-slow's operation hangs in each pass (default 60; the adapters wait up to 480)")
     p.add_argument("--concurrency", type=int, default=80,
                    help="deliveries in flight: the deployed max instances x concurrency (default 10 x 8 = 80)")
-    p.add_argument("--quick", action="store_true", help="CI smoke size: 30 jobs, a 5 s hang, 8 in flight")
+    p.add_argument("--quick", action="store_true", help="CI smoke size: 30 jobs, a 20 s hang, 8 in flight")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
     if args.quick:
-        args.jobs, args.slow_seconds, args.concurrency = 30, 5.0, 8
+        # The hang outlasts 30 reconciles on a loaded 2-core machine (5 s did not, at load 8): the test asserts
+        # every other job ended before it.
+        args.jobs, args.slow_seconds, args.concurrency = 30, 20.0, 8
     if args.jobs < 3 or args.concurrency < 1 or args.slow_seconds <= 0:
         p.error("--jobs must be at least 3, --concurrency at least 1, --slow-seconds above 0")
     started = time.monotonic()
