@@ -533,11 +533,22 @@ PROGRESS = ("last_step", "last_committed_step", "total_steps")
 
 @pytest.mark.parametrize("state", list(State), ids=[s.value for s in State])
 def test_invariants_over_every_observation(state):
+    """One pass over the grid (each observation built and decided once): the decision's invariants, and the reads
+    observe() skips. It reads the zone cooldowns only when needs_capacity() says so, and a node's serial console only
+    when needs_console() says so: everywhere else the decision must be the same whether every zone is blocked or none
+    is, and whatever the console says."""
+    skipped = 0
     for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
-        o = obs(state.value, raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
-                create_state=create_state if state is not State.PENDING else None, **SLOT.get(spec_name, {}))
+        kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
+                  create_state=create_state if state is not State.PENDING else None, **SLOT.get(spec_name, {}))
+        o = obs(state.value, **kw)
         d = decide(o)
         where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
+        if not needs_capacity(o.status, o.node, o.hint):
+            skipped += 1
+            assert d == decide(obs(state.value, blocked=BLOCK_ALL, **kw)), where
+        if not needs_console(o.status, o.node, o.heartbeat, SETTINGS, NOW):
+            assert d == decide(replace(o, consoles={"job-3": "kernel panic"})), where
         after = d.status.state if d.status else state
         # Never a second live node: a create only when the API says the current node does not exist, or during its
         # notice, with that node recorded as leaving (it saves its emergency checkpoint and goes) and named to
@@ -584,38 +595,8 @@ def test_invariants_over_every_observation(state):
             assert d.cause, where
         if d.action.kind is Act.WAIT:
             assert d.action.until is not None and d.action.until > NOW or after is State.WAITING_FOR_CAPACITY, where
-
-
-@pytest.mark.parametrize("state", list(State), ids=[s.value for s in State])
-def test_capacity_reads_are_skipped_only_where_decide_ignores_them(state):
-    # observe() reads the zone cooldowns only when needs_capacity() says so: everywhere else the decision must be the
-    # same whether every zone is blocked or none is.
-    skipped = 0
-    for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
-        kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
-                  create_state=create_state if state is not State.PENDING else None, **SLOT.get(spec_name, {}))
-        o = obs(state.value, **kw)
-        if needs_capacity(o.status, o.node, o.hint):
-            continue
-        skipped += 1
-        where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
-        assert decide(o) == decide(obs(state.value, blocked=BLOCK_ALL, **kw)), where
     # The reads are skipped on the polls of a healthy or booting node, the passes that dominate a recovery.
     assert skipped > 0 or state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
-
-
-@pytest.mark.parametrize("state", list(State), ids=[s.value for s in State])
-def test_console_reads_are_skipped_only_where_decide_ignores_them(state):
-    # observe() reads a node's serial console only when needs_console() says so: everywhere else the decision must
-    # be the same whatever the console says.
-    for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
-        kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
-                  create_state=create_state if state is not State.PENDING else None, **SLOT.get(spec_name, {}))
-        o = obs(state.value, **kw)
-        if needs_console(o.status, o.node, o.heartbeat, SETTINGS, NOW):
-            continue
-        where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
-        assert decide(o) == decide(replace(o, consoles={"job-3": "kernel panic"})), where
 
 
 CONSOLE = "startup-script: {\"severity\": \"ERROR\", \"message\": \"could not download gs://b/agent.pyz\"}\n"
