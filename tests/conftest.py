@@ -21,36 +21,6 @@ def pytest_sessionstart(session) -> None:
         system_packages.install_missing()
 
 
-# Modules whose tests each run whole jobs (demos, framework integrations, benchmarks at CI size, built images) for a
-# minute or more. Each worker starts with its share of them, whole modules (their module-scoped fixtures built once):
-# xdist's worksteal gives each worker a contiguous slice of the collection and an idle worker steals from the end of
-# another's, so the suite ends on quick tests instead of one worker running a long one alone while the other idles.
-LONG_RUNNING = {
-    "test_demo_scenarios", "test_integration_transformers", "test_integration_accelerate", "test_integration_lightning",
-    "test_integration_orbax", "test_bench_recovery", "test_bench_boot", "test_trainer_exit", "test_node_image_debian",
-    "test_deploy_build", "test_trainer_sharded",
-}
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    workers = getattr(config.option, "numprocesses", None)
-    if not isinstance(workers, int) or workers < 2:
-        return
-    modules: dict[str, list] = {}
-    for item in items:
-        if item.module.__name__ in LONG_RUNNING:
-            modules.setdefault(item.module.__name__, []).append(item)
-    short = [item for item in items if item.module.__name__ not in LONG_RUNNING]
-    ordered = []
-    for w in range(workers):  # slice w: its long modules first, then short tests up to the slice's size
-        size = len(items) // workers + (len(items) % workers if w == workers - 1 else 0)
-        mine = [item for tests in list(modules.values())[w::workers] for item in tests]
-        take = max(size - len(mine), 0)
-        ordered += mine + short[:take]
-        short = short[take:]
-    items[:] = ordered + short
-
-
 def _start(kind: str):
     start = {"firestore": emulators.start_firestore, "pubsub": emulators.start_pubsub}[kind]
     try:

@@ -11,7 +11,7 @@ from datetime import timedelta
 from respawn.control import decide as core
 from respawn.control.decide import Act, NodeObs, Phase
 from respawn.schema import State
-from test_decide_table import NOW, ZONES, hb, make_spec, obs
+from test_decide_table import NOW, ZONES, decide_job, hb, make_spec, obs
 
 TIERED = make_spec(termination_action="DELETE",
                    provisioning=[{"model": "spot", "after_refusals": 2},
@@ -108,7 +108,7 @@ def test_a_run_end_the_agent_handled_is_a_planned_stop_however_late_the_controll
     run's end, as the first one was: not `stale_heartbeat`, and no preemption counted."""
     final = hb("exited", age=600, exit_code=143, notice="run-ending", step=400, committed_step=400)
     o = obs("RUNNING", raw="RUNNING", run_ends_at=NOW + timedelta(hours=5), preemptions=4, **FLEX)
-    d = core.decide(replace(o, heartbeat=final))
+    d = decide_job(replace(o, heartbeat=final))  # the job's progress (its committed step) is the job's to write
     assert d.cause == core.RUN_ENDED and d.status.last_cause == core.RUN_ENDED
     assert (d.status.preemptions, d.status.failures) == (4, 0) and d.details["counted_as"] == "planned"
     assert d.status.last_committed_step == 400 and d.action.kind is Act.DELETE
