@@ -215,7 +215,8 @@ def needs_console(status: MemberStatus, node: NodeObs, heartbeat: Heartbeat | No
                   now: datetime) -> bool:
     """Whether decide() may declare the current node a boot failure (it serves, past its boot grace, and its agent
     never reported), and so read its console (Observation.consoles): observe() reads it only then."""
-    return (status.state is State.RUNNING and node.phase is Phase.RUNNING and current_heartbeat(heartbeat, status) is None
+    return (status.state is State.RUNNING and node.phase is Phase.RUNNING
+            and current_heartbeat(heartbeat, status) is None
             and (_age(now, status.node_started_at) or 0) > settings.boot_grace_seconds)
 
 
@@ -673,7 +674,8 @@ def _count_loss(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str,
         delay = _backoff(spec, o, s.failure_streak + 1)
     if kind == "boot_failure":
         counts.update(boot_failures=s.boot_failures + 1, console_tail=_console(o, s.node))
-    lost = dict(last_cause=cause, steps_lost=steps_lost, preempted_zone=s.zone, preempted_at=now, recovering=True, exit_code=exit_code, **counts)
+    lost = dict(last_cause=cause, steps_lost=steps_lost, preempted_zone=s.zone, preempted_at=now, recovering=True,
+                exit_code=exit_code, **counts)
     tallies = dict(restarts=counts["restarts"], failures=counts.get("failures", s.failures),
                    preemptions=counts.get("preemptions", s.preemptions), attempt=s.attempt, cause=cause)
 
@@ -780,8 +782,8 @@ def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Deci
                   consecutive_failures=failures, tried_zones=[], create_state=None)
         alert = None
         if s.state is not State.WAITING_FOR_CAPACITY:  # alert on entering the wait, not on every retry
-            alert = alerts.make("waiting_for_capacity", o.job_id, now, msg, next_attempt_at=until, zones=list(slot.zones),
-                                restarts=s.restarts, attempt=s.attempt, cause=cause)
+            alert = alerts.make("waiting_for_capacity", o.job_id, now, msg, next_attempt_at=until,
+                                zones=list(slot.zones), restarts=s.restarts, attempt=s.attempt, cause=cause)
         return Decision(Action(Act.WAIT, until=until), st, "no_capacity", alert, {"skipped": list(choice.skipped)})
     attempt = o.next_attempt if o.next_attempt is not None else s.attempt + 1
     node = node_name(o.job_id, attempt)
