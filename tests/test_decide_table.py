@@ -20,7 +20,7 @@ from respawn.control.decide import (
     after_create_refused, after_created, after_start_refused, followup, loss_kind, needs_capacity,
     needs_console, phase_of,
 )
-from respawn.schema import Heartbeat, SlotStatus, NodeState, State, node_name, parse_spec
+from respawn.schema import Heartbeat, JobCounters, JobStatus, MemberStatus, NodeState, SlotStatus, State, node_name, parse_spec
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
@@ -744,27 +744,30 @@ def test_an_events_hint_counts_only_for_the_node_it_names_in_the_life_it_describ
 # With nodes: 1 the job's decision is the row's; with nodes: 3 the same row, as slot 1 of a job whose other members
 # train in its generation, acts on slot 1 alone, the same way.
 
-def _job_of(o, nodes):
-    from respawn.control.job import MemberObs
-    from respawn.schema import JobCounters, JobStatus, MemberStatus
+# The field names, read once: the sweep builds a job for every point of the grid.
+_MEMBER_FIELDS = tuple(MemberStatus.model_fields)
+_COUNTER_FIELDS = tuple(JobCounters.model_fields)
+_SUMMARY_FIELDS = tuple(k for k in JobStatus.model_fields if k in MemberStatus.model_fields)
 
+
+def _job_of(o, nodes):
     s = o.status
-    row = MemberStatus(**{k: getattr(s, k) for k in MemberStatus.model_fields})
-    counters = {k: getattr(s, k) for k in JobCounters.model_fields}
-    seen_row = MemberObs(o.node, o.heartbeat, None, o.hint)
+    row = MemberStatus(**{k: getattr(s, k) for k in _MEMBER_FIELDS})
+    counters = {k: getattr(s, k) for k in _COUNTER_FIELDS}
+    seen_row = job.MemberObs(o.node, o.heartbeat, None, o.hint)
     if nodes == 1:  # the top level of a one-node job's status is its slot's summary
-        summary = {k: getattr(s, k) for k in JobStatus.model_fields if k in MemberStatus.model_fields}
-        job = JobStatus(**counters, **summary, members=[row] if s.node else [])
-        return replace(o, status=job), [seen_row]
+        summary = {k: getattr(s, k) for k in _SUMMARY_FIELDS}
+        whole = JobStatus(**counters, **summary, members=[row] if s.node else [])
+        return replace(o, status=whole), [seen_row]
     others = [MemberStatus(state=State.RUNNING, attempt=a, node=f"job-{a}", zone=s.zone, provisioning="spot",
                            create_state="created", node_started_at=NOW - timedelta(hours=1), address=f"10.0.0.{a}",
                            generation_sent=1) for a in (1, 2)]
     gen = {"number": 1, "members": ["job-1", "job-3", "job-2"], "master_addr": "10.0.0.1"}
-    job = JobStatus(**counters, state=State.RUNNING, attempt=s.attempt, node="job-1", zone=s.zone,
+    whole = JobStatus(**counters, state=State.RUNNING, attempt=s.attempt, node="job-1", zone=s.zone,
                     members=[others[0], row.model_copy(update={"generation_sent": 1, "address": "10.0.0.3"}),
                              others[1]], generation=gen)
-    trains = [MemberObs(NodeObs(Phase.RUNNING, "RUNNING"), hb(attempt=a, generation=1), f"10.0.0.{a}") for a in (1, 2)]
-    return replace(o, status=job, spec=o.spec.model_copy(update={"nodes": 3, "min_nodes": 3})), [trains[0], seen_row,
+    trains = [job.MemberObs(NodeObs(Phase.RUNNING, "RUNNING"), hb(attempt=a, generation=1), f"10.0.0.{a}") for a in (1, 2)]
+    return replace(o, status=whole, spec=o.spec.model_copy(update={"nodes": 3, "min_nodes": 3})), [trains[0], seen_row,
                                                                                                 trains[1]]
 
 
