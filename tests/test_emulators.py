@@ -35,12 +35,16 @@ def test_emulator_that_dies_at_start_reports_its_log(monkeypatch, tmp_path):
     assert "exited with code 3" in str(info.value) and "OutOfMemoryError" in str(info.value)
 
 
-def test_two_firestore_emulators_run_side_by_side_and_stop_completely(project):
+def test_two_firestore_emulators_run_side_by_side_and_stop_completely(project, monkeypatch):
     from google.cloud import firestore
 
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Drespawn.caller=kept")
     first, second = emulators.start_firestore(), emulators.start_firestore()
     try:
         assert first.host != second.host
+        # Each JVM runs with the harness's JIT options after the caller's own (the JVM says what it picked up).
+        for emu in (first, second):
+            assert f"Picked up JAVA_TOOL_OPTIONS: -Drespawn.caller=kept {emulators.JVM_OPTIONS}" in emu.log_tail(50)
         saved = os.environ.get("FIRESTORE_EMULATOR_HOST")
         try:
             os.environ["FIRESTORE_EMULATOR_HOST"] = first.host
