@@ -11,12 +11,12 @@ groups it made and lets go of them, and the group's destructor joins its threads
 
 - Real processes, 2 ranks (gloo, CPU, FSDP2, the README's loop): after the loop and the script's own
   destroy_process_group, no gloo worker thread of the loop's groups is left (before the fix: those of two groups).
-- The stress: the same run repeated under CPU load; every rank of every run must exit 0 with the last step
-  committed. How many: the issue saw the abort in 1 of 6 runs on a loaded machine; 8 runs would all have passed
-  with probability (5/6)^8 = 23 %, so the abort shows in them with probability 77 % (the cause itself, a thread left,
-  is asserted every time by the test above). They run 4 at a time (8 ranks on the CI machine's 2 cores: more load
-  than a busy loop per core), so each exit happens on a machine busier than the issue's; more runs do not fit the
-  suite's half hour.
+- The stress: that run repeated under CPU load (one set of runs serves both tests: the threads are counted in each);
+  every rank of every run must exit 0 with the last step committed. How many: the issue saw the abort in 1 of 6
+  runs on a loaded machine; 8 runs would all have passed with probability (5/6)^8 = 23 %, so the abort shows in
+  them with probability 77 % (the cause itself, a thread left, is asserted after every one of these runs). They run
+  4 at a time (8 ranks on the CI machine's 2 cores: more load than a busy loop per core), so each exit happens on a
+  machine busier than the issue's; more runs do not fit the suite's half hour.
 - The node agent (node_agent/supervisor.py): a trainer whose status file says it committed total_steps and then
   exited with an error is reported as finished (exit 0) with one WARNING line; one that had not is reported as
   it exited.
@@ -116,39 +116,38 @@ def finish_job(tmp_path, name: str, procs: list[subprocess.Popen]) -> list[dict]
     return reports
 
 
-@pytest.fixture
-def trainer(tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[dict]:
+    """Every rank's report of RUNS runs of the loop, AT_ONCE runs at a time; each rank exited 0 (finish_job)."""
+    tmp_path = tmp_path_factory.mktemp("exit")
     (tmp_path / "trainer.py").write_text(TRAINER)
-
-
-def test_a_finished_loop_leaves_no_thread_of_its_groups(tmp_path, trainer):
-    procs = start_job(tmp_path, "once")
-    try:
-        reports = finish_job(tmp_path, "once", procs)
-    finally:
-        for proc in (p for p in procs if p.poll() is None):
-            proc.kill()
-            proc.wait()
-    for report in reports:
-        assert report["committed"], report
-        # The default group's own threads stay (the model's mesh holds it); the loop's groups' are gone.
-        assert report["after"] <= report["before"], report
-
-
-@pytest.mark.timeout(1200)  # two waves of 8 processes: past the suite's 600 s on a machine busy with the other worker
-def test_finished_runs_under_load_all_exit_0(tmp_path, trainer):
-    done = 0
+    reports, done = [], 0
     while done < RUNS:
         wave = [f"run{done + i}" for i in range(min(AT_ONCE, RUNS - done))]
         jobs = {name: start_job(tmp_path, name) for name in wave}
         try:
             for name, procs in jobs.items():
-                assert all(r["committed"] for r in finish_job(tmp_path, name, procs))
+                reports += finish_job(tmp_path, name, procs)
         finally:
             for proc in (p for procs in jobs.values() for p in procs if p.poll() is None):
                 proc.kill()
                 proc.wait()
         done += len(wave)
+    return reports
+
+
+# Two waves of 8 processes (the fixture's, run in the first test that asks for it): past the suite's 600 s on a
+# machine busy with the other worker.
+@pytest.mark.timeout(1200)
+def test_a_finished_loop_leaves_no_thread_of_its_groups(runs):
+    for report in runs:
+        # The default group's own threads stay (the model's mesh holds it); the loop's groups' are gone.
+        assert report["after"] <= report["before"], report
+
+
+@pytest.mark.timeout(1200)
+def test_finished_runs_under_load_all_exit_0(runs):
+    assert len(runs) == 2 * RUNS and all(r["committed"] for r in runs), runs
 
 
 # ---- the node agent's reading of such an exit ------------------------------------------------------------------
