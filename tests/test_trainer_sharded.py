@@ -6,9 +6,8 @@ every rank writes its shards through DCP and rank 0 commits the step after every
   two-phase commit rank 0 would commit the step and the next run would start there: the test fails.
 - SIGTERM to the job's process group: every rank stops after one step, that step commits (and rank 0 uploads it to
   the file:// store), the launch wrapper exits 75; the checkpoint written by 4 ranks restores on 2 ranks (from the
-  remote store alone) and on 4 (DCP resharding), and the first losses after the restore are the ones the
-  uninterrupted run had at those steps (exactly at 4 ranks; at 2 within float rounding: the global batch's loss is
-  reduced over another split).
+  remote store alone, DCP resharding), and the first losses after the restore are the ones the uninterrupted run
+  had at those steps within float rounding (the global batch's loss is reduced over another split).
 - A notice deadline too short for the state: every rank abandons the step by itself and exits 75; only the
   previous step is committed.
 """
@@ -128,7 +127,7 @@ def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_one
     assert again == {s: reference[s] for s in range(EVERY + 1, 2 * EVERY + 1)}  # same world size: bit-exact
 
 
-def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_and_4_ranks(tmp_path, killed):
+def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_ranks(tmp_path, killed):
     reference = losses(killed[2])
     proc = start(tmp_path / "first", 4, tmp_path / "ckpt", "--steps", str(STEPS), "--step-seconds", "0.05")
     at = random.randint(EVERY + 2, 2 * EVERY - 10)  # room for the notice's latency: the reference ends at 2 * EVERY
@@ -141,23 +140,19 @@ def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_and_4_ranks(tmp
     assert status["emergency"]["state"] == "committed" and status["committed_step"] == step
     assert committed(tmp_path / "ckpt" / "local")[-1] == committed(tmp_path / "ckpt" / "remote")[-1] == step
 
-    for ranks in (2, 4):
-        ckpt = tmp_path / f"ckpt-{ranks}"
-        # At 2 ranks from the remote store alone (a new node: rank 0 copies the step in); at 4 from the local copy.
-        shutil.copytree(tmp_path / "ckpt" / "remote", ckpt / "remote")
-        if ranks == 4:
-            shutil.copytree(tmp_path / "ckpt" / "local", ckpt / "local")
-        proc = start(tmp_path / f"at-{ranks}", ranks, ckpt, "--steps", str(step + 2))
-        code, text = finish(proc, tmp_path / f"at-{ranks}")
-        assert code == 0, text[-3000:]
-        assert f"torch_fsdp[rank {ranks - 1}]: starting at step {step} of {step + 2}" in text
-        resumed = losses(text)
-        assert sorted(resumed) == [step + 1, step + 2], text[-3000:]
-        for s in resumed:
-            if ranks == 4:
-                assert resumed[s] == reference[s], (s, resumed, reference)
-            else:
-                assert float(resumed[s]) == pytest.approx(float(reference[s]), abs=2e-6), (s, resumed, reference)
+    # At 2 ranks from the remote store alone (a new node: rank 0 copies the step in), DCP resharding 4 ranks'
+    # shards. An emergency step restored at the same 4 ranks, bit-exact, is the two-host test's resume below; a
+    # local copy restored at 4 ranks, bit-exact, is the killed run's resume above.
+    ckpt = tmp_path / "ckpt-2"
+    shutil.copytree(tmp_path / "ckpt" / "remote", ckpt / "remote")
+    proc = start(tmp_path / "at-2", 2, ckpt, "--steps", str(step + 2))
+    code, text = finish(proc, tmp_path / "at-2")
+    assert code == 0, text[-3000:]
+    assert f"torch_fsdp[rank 1]: starting at step {step} of {step + 2}" in text
+    resumed = losses(text)
+    assert sorted(resumed) == [step + 1, step + 2], text[-3000:]
+    for s in resumed:  # within float rounding: the global batch's loss is reduced over another split
+        assert float(resumed[s]) == pytest.approx(float(reference[s]), abs=2e-6), (s, resumed, reference)
 
 
 def test_a_notice_deadline_too_short_abandons_the_step_on_every_rank(tmp_path):
