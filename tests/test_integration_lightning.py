@@ -1,10 +1,10 @@
 """respawn.ckpt.lightning with the real Lightning: examples/workdir-lightning/train.py (a small MLP, synthetic data,
 shuffled StatefulDataLoader batches) as real processes, by hand (no RESPAWN_* variables). Under
 `python -m respawn.ckpt.launch torchrun --nproc-per-node 2` (Lightning's DDP strategy on torchrun's ranks, gloo on
-CPU) a run stopped by SIGTERM to the launcher at two random steps and resumed twice ends with the weights, and every
-step's loss, bit-identical to an uninterrupted run's; a rank killed before its vote leaves no committed step. A
-committed step loads with plain `Trainer.fit(ckpt_path=...)`; alone, SIGTERM still saves into ./respawn-checkpoints;
-a train loader without state is named at start."""
+CPU) a rank killed before its vote on a periodic step leaves that step uncommitted; the run resumed from the step
+before, stopped by SIGTERM to the launcher at a random step and resumed again, ends with the weights, and every
+step's loss, bit-identical to an uninterrupted run's. A committed step loads with plain `Trainer.fit(ckpt_path=...)`;
+alone, SIGTERM still saves into ./respawn-checkpoints; a train loader without state is named at start."""
 
 from __future__ import annotations
 
@@ -99,43 +99,9 @@ def uninterrupted(tmp_path_factory):
     return losses(text), run / "weights.pt"
 
 
-def test_two_sigterms_to_the_launcher_resume_bit_identical(tmp_path, uninterrupted):
-    expected, weights = uninterrupted
-    ckpt = tmp_path / "respawn-checkpoints"
-    first = random.randint(3, EVERY + 2)
-    seen: dict[int, str] = {}
-    resumed_at = None
-    for life, at in enumerate([first, random.randint(first + 3, STEPS - 4)]):
-        proc = start(tmp_path, torchrun(TRAIN, "--step-seconds", "0.1"), f"life{life}.log")
-        wait_for_step(proc, r"train.py\[rank 0\]", max(at, (resumed_at or 0) + 1))
-        os.kill(proc.pid, signal.SIGTERM)  # `kill PID` of the launcher: the notice for every rank
-        assert finish(proc) == PREEMPTED_EXIT_CODE, output(proc)[-3000:]
-        text = output(proc)
-        if resumed_at is not None:
-            assert re.search(rf'"message": "resuming", .*"step": {resumed_at}, ', text), text[-3000:]
-        stops = {int(rank): int(step) for step, rank in re.findall(
-            r'"message": "stopped for the notice at the agreed step".*?"step": (\d+), "rank": (\d+), '
-            r'"emergency": "committed"', text)}
-        assert sorted(stops) == [0, 1] and len(set(stops.values())) == 1, (stops, text[-3000:])  # one agreed step
-        step = stops[0]
-        assert at <= step < STEPS and committed(ckpt)[-1] == step
-        manifest = fmt.read_manifest(LocalStore(str(ckpt)).step_dir(step))
-        assert manifest["kind"] == "emergency" and manifest["members"] == 2 and manifest["framework"] == "lightning"
-        assert "checkpoint.ckpt" in manifest["files"]
-        seen.update(losses(text))
-        resumed_at = step
-    proc = start(tmp_path, torchrun(TRAIN, "--weights-out", str(tmp_path / "weights.pt")), "last.log")
-    assert finish(proc) == 0, output(proc)[-3000:]
-    text = output(proc)
-    assert re.search(rf'"message": "resuming", .*"step": {resumed_at}, ', text), text[-3000:]
-    seen.update(losses(text))
-    assert seen == expected  # every step's loss, the data order included, as without the notices
-    same_weights(tmp_path / "weights.pt", weights)
-
-
-# A rank of train.py that dies when it would vote on step 10's commit, after writing its files (the fault goes in
-# through the manager's seam, as tests/fsdp_dies_before_vote.py does it).
-DIES_BEFORE_VOTE = """
+# A rank of train.py that dies when it would vote on the periodic step 2*EVERY's commit, after writing its files (the
+# fault goes in through the manager's seam, as tests/fsdp_dies_before_vote.py does it).
+DIES_BEFORE_VOTE = f"""
 import os, sys
 from respawn.ckpt import commit, lightning
 from respawn.ckpt.framework_files import FilesManager
@@ -144,8 +110,8 @@ import train
 
 class DiesBeforeVote(GroupSeam):
     def all_gather(self, key, data, control=None):
-        if self.rank == 1 and key == commit.votes_key(10):
-            print("rank 1 dies before its vote on step 10", flush=True)
+        if self.rank == 1 and key == commit.votes_key({2 * EVERY}):
+            print("rank 1 dies before its vote on step {2 * EVERY}", flush=True)
             os._exit(1)
         return super().all_gather(key, data, control)
 
@@ -158,14 +124,47 @@ sys.exit(train.main())
 """
 
 
-def test_a_rank_killed_before_its_vote_leaves_no_committed_step(tmp_path):
+def test_a_rank_killed_before_its_vote_then_a_sigterm_to_the_launcher_resume_bit_identical(tmp_path, uninterrupted):
+    expected, weights = uninterrupted
+    ckpt = tmp_path / "respawn-checkpoints"
+    # Rank 1 dies when it would vote on step 2*EVERY, after both ranks wrote its files: that step is left without a
+    # commit and EVERY stays the newest committed step.
     (tmp_path / "dies.py").write_text(DIES_BEFORE_VOTE)
-    proc = start(tmp_path, torchrun(tmp_path / "dies.py", "--step-seconds", "0.05"))
+    proc = start(tmp_path, torchrun(tmp_path / "dies.py", "--step-seconds", "0.05"), "dies.log")
     code = finish(proc)
     text = output(proc)
     assert code not in (0, PREEMPTED_EXIT_CODE), text[-3000:]
-    assert "rank 1 dies before its vote on step 10" in text, text[-3000:]
-    assert committed(tmp_path / "respawn-checkpoints") == [], LocalStore(str(tmp_path / "respawn-checkpoints")).steps()
+    assert f"rank 1 dies before its vote on step {2 * EVERY}" in text, text[-3000:]
+    assert committed(ckpt) == [EVERY], LocalStore(str(ckpt)).steps()
+    seen = {s: loss for s, loss in losses(text).items() if s <= EVERY}  # the steps the resumed run does not repeat
+
+    # The notice at a random step of the run resumed from the periodic step, to the launcher: every rank stops at one
+    # step, an emergency save after a resume; the last run resumes from it.
+    at = random.randint(EVERY + 2, STEPS - 4)
+    proc = start(tmp_path, torchrun(TRAIN, "--step-seconds", "0.1"), "notice.log")
+    wait_for_step(proc, r"train.py\[rank 0\]", at)
+    os.kill(proc.pid, signal.SIGTERM)  # `kill PID` of the launcher: the notice for every rank
+    assert finish(proc) == PREEMPTED_EXIT_CODE, output(proc)[-3000:]
+    text = output(proc)
+    assert re.search(rf'"message": "resuming", .*"step": {EVERY}, ', text), text[-3000:]
+    stops = {int(rank): int(step) for step, rank in re.findall(
+        r'"message": "stopped for the notice at the agreed step".*?"step": (\d+), "rank": (\d+), '
+        r'"emergency": "committed"', text)}
+    assert sorted(stops) == [0, 1] and len(set(stops.values())) == 1, (stops, text[-3000:])  # one agreed step
+    step = stops[0]
+    assert at <= step < STEPS and committed(ckpt)[-1] == step
+    manifest = fmt.read_manifest(LocalStore(str(ckpt)).step_dir(step))
+    assert manifest["kind"] == "emergency" and manifest["members"] == 2 and manifest["framework"] == "lightning"
+    assert "checkpoint.ckpt" in manifest["files"]
+    seen.update(losses(text))
+
+    proc = start(tmp_path, torchrun(TRAIN, "--weights-out", str(tmp_path / "weights.pt")), "last.log")
+    assert finish(proc) == 0, output(proc)[-3000:]
+    text = output(proc)
+    assert re.search(rf'"message": "resuming", .*"step": {step}, ', text), text[-3000:]
+    seen.update(losses(text))
+    assert seen == expected  # every step's loss, the data order included, as without the stops
+    same_weights(tmp_path / "weights.pt", weights)
 
 
 def test_outside_a_node_sigterm_saves_locally_and_plain_lightning_loads_it(tmp_path):
