@@ -1,8 +1,8 @@
 """JAX with Orbax under Respawn (respawn.ckpt.orbax_ckpt), with the real orbax-checkpoint: a 2-process jax.distributed
-job (CPU, 127.0.0.1) stopped by SIGTERM to its launcher at two random steps and resumed ends bit-identical to an
-uninterrupted run; a process killed before its vote leaves no committed step although Orbax's own commit finished;
-what Respawn committed restores with plain Orbax; outside a node (no RESPAWN_* variables) SIGTERM still saves into
-./respawn-checkpoints. The trainer is tests/orbax_worker.py."""
+job (CPU, 127.0.0.1) whose process killed before its vote leaves no committed step although Orbax's own commit
+finished, resumed, stopped by SIGTERM to its launcher at a random step and resumed again, ends bit-identical to an
+uninterrupted run; what Respawn committed restores with plain Orbax; outside a node (no RESPAWN_* variables) SIGTERM
+still saves into ./respawn-checkpoints. The trainer is tests/orbax_worker.py."""
 
 from __future__ import annotations
 
@@ -102,23 +102,44 @@ def reference(tmp_path_factory):
     return dict(np.load(f"{tmp}/final.npz"))
 
 
-def test_two_processes_stopped_by_sigterm_twice_resume_bit_identical_and_plain_orbax_reads_the_step(tmp_path,
-                                                                                                     reference):
-    step = 0
-    for life in ("first", "second"):
-        at = random.randint(step + 3, max(step + 3, min(step + 10, STEPS - 6)))
-        proc = start(tmp_path, life, "--step-seconds", STEP_S)
-        wait_until(proc, tmp_path, life, lambda: status_step(tmp_path, life) >= at, f"step {at}")
-        os.kill(proc.pid, signal.SIGTERM)  # the launcher's pid alone: it is the notice to every process
-        code = finish(proc, tmp_path, life)
-        text = output(tmp_path, life)
-        assert code == PREEMPTED_EXIT_CODE, text[-4000:]
-        assert f"orbax_worker[process 1]: starting at step {step}" in text
-        step, state = stopped(text)
-        assert state == "committed" and at <= step < STEPS, (at, text[-4000:])
-        status = read_status(str(tmp_path / life / "status.json"))
-        assert status["emergency"] == {"state": "committed", "step": step, "reason": None}
-        assert status["committed_step"] == step and status["committed_durable"] == "remote"
+def test_a_process_killed_before_its_vote_then_sigterm_resume_bit_identical_and_plain_orbax_reads_the_step(
+        tmp_path, reference):
+    # The notice once step EVERY is committed; process 1 is killed at the emergency save's vote, after Orbax renamed
+    # the step's state/ into place (Orbax alone would call it a finished checkpoint). Process 0 waits for the vote
+    # until the notice's deadline and commits nothing: step EVERY stays the newest.
+    proc = start(tmp_path, "dies", "--step-seconds", "0.15", "--dies-after", str(EVERY), launcher=False,
+                 RESPAWN_NOTICE_BUDGET_S="6")
+    wait_until(proc, tmp_path, "dies", lambda: (tmp_path / "remote" / f"step_{EVERY:012d}" / "COMMITTED").exists(),
+               f"a commit of step {EVERY}")
+    os.killpg(proc.pid, signal.SIGTERM)  # every process of the job, as the node agent signals it
+    code = finish(proc, tmp_path, "dies")
+    text = output(tmp_path, "dies")
+    assert code not in (0, PREEMPTED_EXIT_CODE), text[-4000:]  # the launcher passes on process 1's death
+    line = next((line for line in text.splitlines() if "[process 0]: preempted at step" in line), text[-4000:])
+    assert "; abandoned;" in line, line
+    step = int(line.split("preempted at step ")[1].split(";")[0])
+    assert EVERY < step < 2 * EVERY, line
+    node = tmp_path / "node"
+    assert (node / f"step_{step:012d}" / "state" / "commit_success.txt").exists(), text[-4000:]  # Orbax's commit
+    assert not (node / f"step_{step:012d}" / "COMMITTED").exists()
+    assert not (tmp_path / "remote" / f"step_{step:012d}").exists()
+    assert FilesManager(f"file://{tmp_path}/remote", str(node), framework="orbax").restore()[0] == EVERY
+
+    # The run resumed from step EVERY, stopped by SIGTERM to its launcher at a random step: an emergency save after
+    # a resume, which the last run resumes from.
+    at = random.randint(EVERY + 3, STEPS - 6)
+    proc = start(tmp_path, "notice", "--step-seconds", STEP_S)
+    wait_until(proc, tmp_path, "notice", lambda: status_step(tmp_path, "notice") >= at, f"step {at}")
+    os.kill(proc.pid, signal.SIGTERM)  # the launcher's pid alone: it is the notice to every process
+    code = finish(proc, tmp_path, "notice")
+    text = output(tmp_path, "notice")
+    assert code == PREEMPTED_EXIT_CODE, text[-4000:]
+    assert f"orbax_worker[process 1]: starting at step {EVERY}" in text
+    step, state = stopped(text)
+    assert state == "committed" and at <= step < STEPS, (at, text[-4000:])
+    status = read_status(str(tmp_path / "notice" / "status.json"))
+    assert status["emergency"] == {"state": "committed", "step": step, "reason": None}
+    assert status["committed_step"] == step and status["committed_durable"] == "remote"
 
     step_dir = tmp_path / "remote" / f"step_{step:012d}"
     manifest = json.loads((step_dir / "manifest.json").read_text())
@@ -160,29 +181,6 @@ def test_two_processes_stopped_by_sigterm_twice_resume_bit_identical_and_plain_o
         restored = orbax.restore(STEPS, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
     for key in reference:
         np.testing.assert_array_equal(np.asarray(restored[key]), reference[key], err_msg=key)
-
-
-def test_a_process_killed_before_its_vote_leaves_no_committed_step_though_orbax_finished(tmp_path):
-    # The notice once step 10 is committed; process 1 is killed at the emergency save's vote, after Orbax renamed the
-    # step's state/ into place (Orbax alone would call it a finished checkpoint). Process 0 waits for the vote until
-    # the notice's deadline and commits nothing: step 10 stays the newest.
-    proc = start(tmp_path, "dies", "--every", "10", "--step-seconds", "0.1", "--dies-after", "10", launcher=False,
-                 RESPAWN_NOTICE_BUDGET_S="6")
-    wait_until(proc, tmp_path, "dies", lambda: (tmp_path / "remote" / f"step_{10:012d}" / "COMMITTED").exists(),
-               "a commit of step 10")
-    os.killpg(proc.pid, signal.SIGTERM)  # every process of the job, as the node agent signals it
-    code = finish(proc, tmp_path, "dies")
-    text = output(tmp_path, "dies")
-    assert code not in (0, PREEMPTED_EXIT_CODE), text[-4000:]  # the launcher passes on process 1's death
-    line = next((line for line in text.splitlines() if "[process 0]: preempted at step" in line), text[-4000:])
-    assert "; abandoned;" in line, line
-    step = int(line.split("preempted at step ")[1].split(";")[0])
-    assert 10 < step < 20, line
-    node = tmp_path / "node"
-    assert (node / f"step_{step:012d}" / "state" / "commit_success.txt").exists(), text[-4000:]  # Orbax's commit
-    assert not (node / f"step_{step:012d}" / "COMMITTED").exists()
-    assert not (tmp_path / "remote" / f"step_{step:012d}").exists()
-    assert FilesManager(f"file://{tmp_path}/remote", str(node), framework="orbax").restore()[0] == 10
 
 
 def test_outside_a_node_sigterm_saves_into_the_working_directory_and_plain_orbax_reads_it(tmp_path):
