@@ -1,15 +1,16 @@
 """What every node is created with, besides its hardware: the metadata attributes the node agent reads
-(respawn.contract) and the labels. Pure. The composition from the spec is respawn.schema's (node_metadata,
-node_labels), where validation holds it within Compute Engine's limits at registration; this module passes in the
+(respawn.contract) and the labels. Pure. The composition from the spec is composition's (node_metadata, node_labels),
+whose admission check holds it within Compute Engine's limits at registration; this module passes in the
 deployment's values (settings.NodeOptions: the agent's heartbeat period and notice budget, what the startup script
 installs)."""
 
 from __future__ import annotations
 
 from respawn.contract import ATTR_HANDOVER, ATTR_RUN_SECONDS, Handover
+from respawn.control.composition import node_labels, node_metadata, node_settings
 from respawn.control.settings import NodeOptions
 from respawn.deployment import heartbeat_database
-from respawn.schema import JobSpec, node_labels, node_metadata, node_settings
+from respawn.schema import JobSpec
 
 DEFAULTS = NodeOptions()
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from respawn.control import decide as core
-from respawn.control import costs, identities, job, placement, stats
+from respawn.control import composition, costs, identities, job, placement, stats
 from respawn.control.models import queued
 from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
@@ -41,8 +41,8 @@ from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, Node
 from respawn.control.settings import ControlSettings
 from respawn import advice, contract, deployment, logs, prices, topology
 from respawn.advice import ZoneAdvice
-from respawn.schema import (CONSOLE_TAIL_CHARS, AdviceRecord, Heartbeat, JobEvent, JobSpec, JobStatus, MemberStatus, SpecError, State,
-                            parse_spec)
+from respawn.schema import (CONSOLE_TAIL_CHARS, AdviceRecord, Heartbeat, JobEvent, JobSpec, JobStatus, MemberStatus,
+                            SpecError, State)
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
         status = JobStatus()
     spec, errors = None, ()
     try:
-        spec = parse_spec(doc.get("spec"))
+        spec = composition.admit(doc.get("spec"))
         if spec.id != job_id:
             raise SpecError([f"id: {spec.id!r} does not match the document id {job_id!r}"])
     except SpecError as exc:

@@ -14,9 +14,7 @@ Layout:
 from __future__ import annotations
 
 import enum
-import json
 import re
-import sys
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, Literal, Sequence
 
@@ -27,10 +25,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 # The node side of the layout (the heartbeat collection, node names and states) is the node contract's: the agent
 # runs without pydantic, so it is defined there, in the standard library, and used here.
 from respawn.contract import LABEL_ATTEMPT, LABEL_JOB, MAX_ATTEMPT, NodeState, node_name  # noqa: F401 - re-exported
-from respawn.contract import (ATTR_AGENT, ATTR_ATTEMPT, ATTR_GENERATION, ATTR_INSTALL_NVIDIA_DRIVER, ATTR_JOB_ID,
-                              ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS, ATTR_STARTUP, DEFAULT_HEARTBEAT_SECONDS,
-                              DEFAULT_INTERPRETER, DEFAULT_NOTICE_BUDGET_SECONDS, DEFAULT_SETUP_TIMEOUT_SECONDS,
-                              LABEL_SLOT, MAX_NODE_LABELS, RESPAWN_LABELS, WORKDIR_SCHEMES, NodeSettings,
+from respawn.contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS, RESPAWN_LABELS, WORKDIR_SCHEMES,
                               SettingsError, check_cache_paths, workdir_digest)
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
 from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
@@ -58,20 +53,6 @@ _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9-]*$")
 _IMAGE = re.compile(r"^(projects/[a-z][a-z0-9-]*/global/images/(family/)?[a-z][a-z0-9-]*|[a-z][a-z0-9-]*)$")
-# Compute Engine's limits on a node's metadata (gcp-facts §9; a TPU VM's is a Compute Engine VM's): one value at most
-# 256 KiB; all keys and values together less than 512 KB, read as 512,000 bytes, the stricter of its two meanings.
-METADATA_VALUE_LIMIT = 256 * 1024
-METADATA_TOTAL_LIMIT = 512_000
-# What the registration check (JobSpec._node_fits) assumes of the values a job's spec does not give, which the CLI
-# cannot know (the deployment's) or read (the startup script is not in the wheel): each at least as long as the
-# real one; tests/test_schema.py holds deploy/vm/startup.sh and a deployment's release URIs within them.
-STARTUP_SCRIPT_ALLOWANCE = 32 * 1024
-_DEPLOYMENT_STAND_INS: dict[str, Any] = dict(
-    project="p" * 30,  # project ids have at most 30 characters
-    agent="a" * 1024, library="l" * 1024,  # gs://BUCKET/respawn/releases/BUILD/NAME#sha256=HEX
-    heartbeat_seconds=sys.float_info.min, notice_budget_seconds=sys.float_info.min,  # the longest float repr
-    sweep_topic="t" * 512,  # a topic name or projects/P/topics/T
-)
 # The most GPU VMs one job may have (spec field `nodes`).
 MAX_NODES = 64
 
@@ -722,17 +703,10 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _node_fits(self) -> "JobSpec":
-        """A node of this job, as the control plane would create it, must be within the platform's limits: refused
-        here, with the field named, instead of by an HTTP 400 at every create."""
+    def _fields_agree(self) -> "JobSpec":
+        """What one field allows that another rules out. (Whether the job's nodes, as the control plane composes
+        them, fit the platform's limits is respawn.control.composition's check, at registration.)"""
         errors = []
-        labels = node_labels(self, MAX_ATTEMPT, slot=self.slots - 1)
-        if len(labels) > MAX_NODE_LABELS:
-            own = sorted(set(labels) - set(self.labels))
-            errors.append((("labels",), f"{len(self.labels)} labels: a node carries at most {MAX_NODE_LABELS}, and "
-                                        f"Respawn writes {len(own)} of its own on this job's nodes ({', '.join(own)}); "
-                                        f"keep at most {MAX_NODE_LABELS - len(own)}"))
-        errors += _metadata_errors(self)
         if self.budget is not None and shape_of(self.accelerator) is None:
             # A cap the ledger cannot count (a type whose vCPUs, memory or chips respawn/prices.py does not know)
             # would never stop the job.
@@ -756,91 +730,6 @@ class JobSpec(_Strict):
         doc = self.model_dump(mode="json")
         doc["trainer"]["setup"] = [{"argv": argv} for argv in doc["trainer"]["setup"]]
         return doc
-
-
-# ---- what a node of a job is created with, besides its hardware -----------------------------------------------
-# Composed here, from the spec, so that validation holds it within the platform's limits; the control plane
-# (respawn.control.nodespec) passes in the deployment's values.
-
-def node_labels(spec: JobSpec, attempt: int, slot: int = 0) -> dict[str, str]:
-    out = {**spec.labels, LABEL_JOB: spec.id, LABEL_ATTEMPT: str(attempt)}
-    if spec.slots > 1:
-        out[LABEL_SLOT] = str(slot)
-    return out
-
-
-def node_settings(spec: JobSpec, *, heartbeat_seconds: float, notice_budget_seconds: float,
-                  sweep_topic: str | None, heartbeat_database: str | None = None) -> NodeSettings:
-    return NodeSettings(
-        command=tuple(spec.trainer.command),
-        env=dict(spec.trainer.env),
-        checkpoint_uri=spec.checkpoint_uri,
-        workdir=spec.trainer.workdir,
-        setup=tuple(tuple(c) for c in spec.trainer.setup),
-        interpreter=spec.trainer.interpreter,
-        setup_timeout_seconds=spec.trainer.setup_timeout_seconds,
-        cache=tuple(spec.trainer.cache),
-        heartbeat_seconds=heartbeat_seconds,
-        notice_budget_seconds=notice_budget_seconds + spec.notice_seconds,
-        notice_seconds=spec.notice_seconds,
-        sweep_topic=sweep_topic,
-        heartbeat_database=heartbeat_database,
-        cloud_logging=spec.logs.cloud_logging,
-    )
-
-
-def node_metadata(spec: JobSpec, attempt: int, project: str, startup_script: str, *, agent: str | None,
-                  library: str | None, heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
-                  notice_budget_seconds: float = DEFAULT_NOTICE_BUDGET_SECONDS,
-                  sweep_topic: str | None = None, heartbeat_database: str | None = None) -> dict[str, str]:
-    items = {
-        ATTR_STARTUP: startup_script,
-        ATTR_JOB_ID: spec.id,
-        ATTR_ATTEMPT: str(attempt),
-        ATTR_PROJECT: project,
-        ATTR_SETTINGS: node_settings(spec, heartbeat_seconds=heartbeat_seconds,
-                                     notice_budget_seconds=notice_budget_seconds, sweep_topic=sweep_topic,
-                                     heartbeat_database=heartbeat_database).to_json(),
-    }
-    # Always set by deploy/; local runs (sim/) may start the agent without the startup script.
-    for attribute, artifact in ((ATTR_AGENT, agent), (ATTR_LIBRARY, library)):
-        if artifact:
-            items[attribute] = artifact
-    if spec.accelerator.kind == "gpu":
-        # Deep Learning VM images whose family names a driver (*-nvidia-580, the default) ship it; older ones
-        # installed it on first boot only when asked. Harmless where the driver is there or the image ignores the
-        # key (gcp-facts §9). TPU VMs have no NVIDIA GPU and never get it.
-        items[ATTR_INSTALL_NVIDIA_DRIVER] = "True"
-    if spec.slots > 1:
-        # Present but empty: the agent is a member and waits until the controller writes a generation naming it.
-        items[ATTR_GENERATION] = ""
-    return items
-
-
-def _kib(size: int) -> str:
-    return f"{size / 1024:.1f} KiB"
-
-
-def _metadata_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
-    """Whether the metadata a node of `spec` would be created with exceeds Compute Engine's limits; if so, one error
-    on the field of the spec that holds the most of it (only the spec's own fields vary, all of them inside
-    respawn-settings)."""
-    items = node_metadata(spec, MAX_ATTEMPT, startup_script="#" * STARTUP_SCRIPT_ALLOWANCE, **_DEPLOYMENT_STAND_INS)
-    sizes = {key: len(value.encode()) for key, value in items.items()}
-    over = [f"the node's metadata value {key} would be {size:,} bytes, over the {METADATA_VALUE_LIMIT:,} (256 KiB) "
-            "Compute Engine allows per value" for key, size in sizes.items() if size > METADATA_VALUE_LIMIT]
-    total = sum(len(key.encode()) + size for key, size in sizes.items())
-    if total >= METADATA_TOTAL_LIMIT:
-        over.append(f"the node's metadata would be {total:,} bytes in all, over the 512 KB Compute Engine allows")
-    if not over:
-        return []
-    fields = {("trainer", "command"): spec.trainer.command, ("trainer", "env"): spec.trainer.env,
-              ("trainer", "setup"): spec.trainer.setup, ("trainer", "workdir"): spec.trainer.workdir,
-              ("trainer", "interpreter"): spec.trainer.interpreter, ("checkpoint_uri",): spec.checkpoint_uri}
-    field_sizes = {loc: len(json.dumps(value).encode()) for loc, value in fields.items()}
-    loc = max(field_sizes, key=field_sizes.__getitem__)
-    return [(loc, f"{_kib(field_sizes[loc])} here: {'; '.join(over)}. Keep large data out of the job spec: in the "
-                  "workdir (`respawn jobs register --workdir DIR`), or in a file the trainer reads")]
 
 
 class SpecError(ValueError):

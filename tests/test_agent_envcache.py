@@ -25,7 +25,8 @@ from respawn.agent.prepare import Preparer
 from respawn.agent.storage import Fetcher, Uploader
 from respawn.agent.workdir import UnsafeArchive
 from respawn.contract import NodeSettings, SettingsError, check_cache_paths
-from respawn.schema import Heartbeat, SpecError, node_settings, parse_spec
+from respawn.control.composition import node_settings
+from respawn.schema import Heartbeat, SpecError, parse_spec
 from respawn.app.workdir import pack
 from sim.metadata import MetadataServer
 from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401  (fixtures)

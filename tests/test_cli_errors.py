@@ -49,6 +49,8 @@ OFFLINE = [
         ("not a mapping", "list.yaml", ["list.yaml: invalid job spec"]),
         ("binary file", "binary.yaml", ["binary.yaml is not UTF-8 text (byte 0): give a YAML or JSON job spec"]),
         ("empty file", "empty.yaml", ["empty.yaml is empty: a job spec is a mapping of fields"]),
+        ("nodes over the platform's limits", "labels.yaml", [
+            "labels.yaml: invalid job spec", "labels: 63 labels: a node carries at most 64, and Respawn writes 2"]),
     )],
     ("pack missing directory", ["jobs", "pack", "missing"], ["workdir missing does not exist"]),
     ("pack a file", ["jobs", "pack", "afile"], ["workdir afile is not a directory"]),
@@ -118,6 +120,7 @@ def workspace(tmp_path_factory) -> Path:
     (where / "binary.yaml").write_bytes(b"\xff\xfe\x00not text")
     (where / "empty.yaml").write_text("# nothing yet\n")
     (where / "scenario.yaml").write_text("name: s\nzones: [3]\n")
+    (where / "labels.yaml").write_text(yaml.safe_dump({**SPEC, "labels": {f"k{i}": "v" for i in range(63)}}))
     return where
 
 

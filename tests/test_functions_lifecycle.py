@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from functions_fixtures import T4, ZONES, controller, gpu_spec, tpu_spec  # noqa: F401
 from sim_fixtures import sim_factory, sim_server  # noqa: F401
 
@@ -165,13 +167,18 @@ def test_cancel_deletes_the_node(controller):
     assert controller.live(job) == []
 
 
-def test_invalid_spec_is_recorded_with_the_field_and_alerted(controller):
-    job = controller.register({**gpu_spec("broken"), "zones": []})
+@pytest.mark.parametrize("field, broken", [
+    ("zones", {"zones": []}),
+    # Valid as a spec, but its nodes could not be created (composition.admit): 63 labels and Respawn's own two.
+    ("labels", {"labels": {f"k{i}": "v" for i in range(63)}}),
+])
+def test_invalid_spec_is_recorded_with_the_field_and_alerted(controller, field, broken):
+    job = controller.register({**gpu_spec("broken"), **broken})
     assert controller.job_created(job) == 200
     st = controller.wait_state(job, "INVALID")
-    assert "zones" in st.message
+    assert f"invalid job spec: {field}: " in st.message
     [alert] = controller.alerts(want=1)
-    assert alert["type"] == "invalid_spec" and any("zones" in e for e in alert["errors"])
+    assert alert["type"] == "invalid_spec" and any(e.startswith(f"{field}: ") for e in alert["errors"])
     assert controller.sim.history() == []
 
 

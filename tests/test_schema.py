@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from respawn import contract, deployment, schema
-from respawn.control import nodespec
+from respawn.control import composition, nodespec
 from respawn.control.settings import NodeOptions
 from respawn.schema import SpecError, parse_spec
 
@@ -53,6 +53,15 @@ def with_(base: dict, path: str, value) -> dict:
 def errors_of(doc) -> list[str]:
     with pytest.raises(SpecError) as info:
         parse_spec(doc)
+    return info.value.errors
+
+
+def admission_errors(doc) -> list[str]:
+    """What the control plane's admission check (a valid spec whose nodes fit the platform's limits) says of doc,
+    which schema.parse_spec accepts."""
+    parse_spec(doc)
+    with pytest.raises(SpecError) as info:
+        composition.admit(doc)
     return info.value.errors
 
 
@@ -268,13 +277,13 @@ def _labels(n: int) -> dict[str, str]:
 def test_labels_leave_room_for_those_respawn_writes_on_each_node():
     """A node carries at most 64 labels: one node gets respawn-job and respawn-attempt besides the job's own, each
     node of a multi-node job respawn-slot too. Whatever is accepted fits on every node the controller would make."""
-    one, several = parse_spec({**GPU, "labels": _labels(62)}), parse_spec({**GPU, "nodes": 8, "labels": _labels(61)})
+    one, several = composition.admit({**GPU, "labels": _labels(62)}), composition.admit({**GPU, "nodes": 8, "labels": _labels(61)})
     assert len(nodespec.labels(one, contract.MAX_ATTEMPT)) == contract.MAX_NODE_LABELS
     assert len(nodespec.labels(several, contract.MAX_ATTEMPT, slot=7)) == contract.MAX_NODE_LABELS
-    assert errors_of({**GPU, "labels": _labels(63)}) == [
+    assert admission_errors({**GPU, "labels": _labels(63)}) == [
         "labels: 63 labels: a node carries at most 64, and Respawn writes 2 of its own on this job's nodes "
         "(respawn-attempt, respawn-job); keep at most 62"]
-    assert errors_of({**GPU, "nodes": 2, "labels": _labels(62)}) == [
+    assert admission_errors({**GPU, "nodes": 2, "labels": _labels(62)}) == [
         "labels: 62 labels: a node carries at most 64, and Respawn writes 3 of its own on this job's nodes "
         "(respawn-attempt, respawn-job, respawn-slot); keep at most 61"]
 
@@ -295,10 +304,10 @@ def _node_metadata_bytes(spec) -> tuple[int, int]:
 
 
 def test_the_stand_ins_of_the_check_are_at_least_the_real_values():
-    assert len(deployment.startup_script().encode()) <= schema.STARTUP_SCRIPT_ALLOWANCE
+    assert len(deployment.startup_script().encode()) <= composition.STARTUP_SCRIPT_ALLOWANCE
     for name in ("agent", "library", "sweep_topic"):
-        assert len(getattr(LONG_OPTIONS, name)) <= len(schema._DEPLOYMENT_STAND_INS[name]), name
-    assert len(repr(LONG_OPTIONS.heartbeat_seconds)) <= len(repr(schema._DEPLOYMENT_STAND_INS["heartbeat_seconds"]))
+        assert len(getattr(LONG_OPTIONS, name)) <= len(composition._DEPLOYMENT_STAND_INS[name]), name
+    assert len(repr(LONG_OPTIONS.heartbeat_seconds)) <= len(repr(composition._DEPLOYMENT_STAND_INS["heartbeat_seconds"]))
 
 
 @pytest.mark.parametrize("path, big", [
@@ -309,37 +318,37 @@ def test_the_stand_ins_of_the_check_are_at_least_the_real_values():
 def test_a_spec_whose_node_metadata_would_exceed_256_kib_per_value_is_refused_naming_the_field(path, big):
     # The largest the field may be: accepted, and the controller's own metadata for it (the real startup script,
     # the longest deployment values) is within Compute Engine's limits.
-    lo, hi = 0, schema.METADATA_VALUE_LIMIT
+    lo, hi = 0, composition.METADATA_VALUE_LIMIT
     while lo < hi:  # the largest n accepted
         mid = (lo + hi + 1) // 2
         try:
-            parse_spec(with_(GPU, path, big(mid)))
+            composition.admit(with_(GPU, path, big(mid)))
             lo = mid
         except SpecError:
             hi = mid - 1
-    largest, total = _node_metadata_bytes(parse_spec(with_(GPU, path, big(lo))))
-    assert largest <= schema.METADATA_VALUE_LIMIT and total < schema.METADATA_TOTAL_LIMIT
-    assert largest > schema.METADATA_VALUE_LIMIT - 4096  # the check is not far stricter than it must be
-    (error,) = errors_of(with_(GPU, path, big(lo + 1)))
+    largest, total = _node_metadata_bytes(composition.admit(with_(GPU, path, big(lo))))
+    assert largest <= composition.METADATA_VALUE_LIMIT and total < composition.METADATA_TOTAL_LIMIT
+    assert largest > composition.METADATA_VALUE_LIMIT - 4096  # the check is not far stricter than it must be
+    (error,) = admission_errors(with_(GPU, path, big(lo + 1)))
     assert re.match(rf"{path}: 25\d\.\d KiB here: the node's metadata value respawn-settings would be 262,145 bytes, "
                     r"over the 262,144 \(256 KiB\) Compute Engine allows per value\. Keep large data out of the job "
                     r"spec: in the workdir", error), error
-    (error,) = errors_of(with_(GPU, path, big(300 * 1024)))
+    (error,) = admission_errors(with_(GPU, path, big(300 * 1024)))
     assert error.startswith(f"{path}: 300.0 KiB here: the node's metadata value respawn-settings would be "), error
 
 
 def test_a_metadata_error_names_the_field_that_holds_the_most():
     doc = with_(with_(GPU, "trainer.env", {"A": "x" * 200_000}), "trainer.command", ["python", "y" * 70_000])
-    (error,) = errors_of(doc)
+    (error,) = admission_errors(doc)
     assert error.startswith("trainer.env: 195.3 KiB here: the node's metadata value respawn-settings would be"), error
 
 
 def test_the_total_metadata_limit_is_checked_with_every_value_within_its_own(monkeypatch):
     # Every value Respawn writes from a spec is inside respawn-settings today, so the 256 KiB per value is met first;
     # the total (keys and values, under 512 KB) is still checked, for what the composition may add later.
-    monkeypatch.setattr(schema, "STARTUP_SCRIPT_ALLOWANCE", 255 * 1024)
-    assert parse_spec(with_(GPU, "trainer.env", {"A": "x" * 200_000}))
-    (error,) = errors_of(with_(GPU, "trainer.env", {"A": "x" * 250_000}))
+    monkeypatch.setattr(composition, "STARTUP_SCRIPT_ALLOWANCE", 255 * 1024)
+    assert composition.admit(with_(GPU, "trainer.env", {"A": "x" * 200_000}))
+    (error,) = admission_errors(with_(GPU, "trainer.env", {"A": "x" * 250_000}))
     assert re.match(r"trainer\.env: 244\.1 KiB here: the node's metadata would be 5\d\d,\d\d\d bytes in all, over the "
                     r"512 KB Compute Engine allows\. Keep large data", error), error
 

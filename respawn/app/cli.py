@@ -90,12 +90,13 @@ def yaml_problem(exc: yaml.YAMLError, path: Path) -> str:
 
 
 def _parse_spec(path: Path, data: Any, live: Any = None) -> schema.JobSpec:
-    """The spec, valid and naming only what exists (respawn.catalog: the offline catalog, or `live`'s answers from
-    the APIs where it has them)."""
+    """The spec, valid, its nodes within the platform's limits (the control plane's admission check) and naming only
+    what exists (respawn.catalog: the offline catalog, or `live`'s answers from the APIs where it has them)."""
     from respawn import catalog
+    from respawn.control import composition
 
     try:
-        spec = schema.parse_spec(data)
+        spec = composition.admit(data)
         missing = catalog.problems(spec, live)
         if missing:
             raise schema.SpecError(missing)
