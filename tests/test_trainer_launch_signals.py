@@ -28,11 +28,12 @@ from trainer_helpers import free_port
 
 STEPS, EVERY = 80, 30
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = [  # (trainer, ranks, how the signal is sent)
+# (trainer, ranks, how the signal is sent). SIGTERM and SIGINT reach one handler (launch.NOTICE_SIGNALS) whatever
+# runs under the wrapper, and the wrapper is alone in its group (its launcher has a session of its own), so "Ctrl-C
+# twice" is SIGINT to the pid, twice: one case per child (a trainer, torchrun) and one for SIGINT and its repeat.
+CASES = [
     ("torch_mlp", 1, "SIGTERM to the pid"),
-    ("torch_mlp", 1, "SIGINT to the pid"),
     ("torch_ddp", 2, "SIGTERM to the pid"),
-    ("torch_ddp", 2, "SIGINT to the pid"),
     ("torch_ddp", 2, "Ctrl-C twice"),  # SIGINT to the foreground group, then again
 ]
 
@@ -93,8 +94,6 @@ def test_a_signal_to_the_wrapper_is_the_notice_for_every_rank(tmp_path, trainer,
     wait_for_step(proc, run, trainer, at)
     if how == "SIGTERM to the pid":
         os.kill(proc.pid, signal.SIGTERM)  # `kill PID`, docker stop, systemd: the main pid only
-    elif how == "SIGINT to the pid":
-        os.kill(proc.pid, signal.SIGINT)
     else:
         os.killpg(proc.pid, signal.SIGINT)
         os.killpg(proc.pid, signal.SIGINT)
