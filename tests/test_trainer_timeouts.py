@@ -96,35 +96,43 @@ BEATING = r'''
 import sys, time, torch, torch.distributed as dist
 from datetime import timedelta
 from respawn.ckpt.distributed import collective_timeout, run_beating
-rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+rank, port = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                         timeout=collective_timeout())
-def slow():  # three timeouts long: a download or a full checksum read of a big step
-    time.sleep(3 * collective_timeout().total_seconds())
-    if mode == "fail":
-        raise OSError("the store went away")
-    return 42
-try:
-    got = run_beating(slow if rank == 0 else None, None)
-    print(f"rank {rank}: got {got}", flush=True)
-except Exception as exc:
-    print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
+for mode in ("ok", "fail"):  # one pair of processes for both: the failing work last
+    def slow():  # three timeouts long: a download or a full checksum read of a big step
+        time.sleep(3 * collective_timeout().total_seconds())
+        if mode == "fail":
+            raise OSError("the store went away")
+        return 42
+    try:
+        got = run_beating(slow if rank == 0 else None, None)
+        print(f"{mode}: rank {rank}: got {got}", flush=True)
+    except Exception as exc:
+        print(f"{mode}: rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
 '''
+
+
+@pytest.fixture(scope="module")
+def beating():
+    """Both ranks' output: rank 0 works for three collective timeouts while rank 1 waits, once returning, once
+    raising."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", **{contract.ENV_COLLECTIVE_TIMEOUT: "2"})
+    procs = [subprocess.Popen([sys.executable, "-c", BEATING, str(r), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    return [p.communicate(100)[0] for p in procs]
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["ok", "fail"])
-def test_work_longer_than_the_timeout_does_not_time_out_the_waiting_ranks(tmp_path, mode):
+def test_work_longer_than_the_timeout_does_not_time_out_the_waiting_ranks(beating, mode):
     # Rank 0 works for three collective timeouts while rank 1 waits: with a plain broadcast rank 1 would time out
     # (and the restore of any large checkpoint would fail); beating, both finish, and an error in the work reaches
     # the waiting rank as an exception rather than a hang or a timeout.
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", **{contract.ENV_COLLECTIVE_TIMEOUT: "2"})
-    procs = [subprocess.Popen([sys.executable, "-c", BEATING, str(r), str(port), mode], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    out = [p.communicate(100)[0] for p in procs]
+    out = beating
     if mode == "ok":
-        assert "rank 0: got 42" in out[0] and "rank 1: got None" in out[1], out
+        assert "ok: rank 0: got 42" in out[0] and "ok: rank 1: got None" in out[1], out
     else:
-        assert "rank 0: raised OSError: the store went away" in out[0], out
-        assert "rank 1: raised RuntimeError: another rank failed" in out[1], out
+        assert "fail: rank 0: raised OSError: the store went away" in out[0], out
+        assert "fail: rank 1: raised RuntimeError: another rank failed" in out[1], out
