@@ -7,8 +7,8 @@ torchrun`, gloo on CPU, real processes), and restores that cannot happen fail lo
   DTensor`) and the sharded checkpoint was skipped (`KeyError: 'arrays'`), training silently started at step 0.
 - The one-rank run, launched without RESPAWN_STATUS_FILE (by hand, outside the node agent), takes periodic saves,
   is preempted with SIGTERM: the wrapper exits 75 (it used to pass torchrun's 1 through) and the emergency step is
-  committed; resumed on one rank it reaches the end with the 2-rank run's full tensors (compared through DCP), and
-  its checkpoint resumes on 2 ranks again.
+  committed; that one-rank checkpoint resumes on 2 ranks again, with the 2-rank run's losses, and its state at
+  step 30 is the 2-rank run's full tensors (compared through DCP).
 - A sharded checkpoint restored by a job without DTensor state, and committed steps that are all unusable, raise
   NotRestorable naming the step and why.
 """
@@ -124,23 +124,20 @@ def test_fsdp2_moves_from_two_ranks_to_one_and_back(tmp_path, two_ranks):
     for s in mine:
         assert float(mine[s]) == pytest.approx(float(reference[s]), abs=2e-6), (s, mine, reference)
 
-    # 1 -> 1: resumes at the emergency step, ends at 30 with the 2-rank run's state at step 30.
-    text = run_to_end(tmp_path / "one-again", 1, ckpt, "--steps", "30", "--checkpoint-every", "10")
-    assert f"torch_fsdp[rank 0]: starting at step {step} of 30" in text, text[-3000:]
+    # 1 -> 2: the one-rank emergency step resumes on two ranks, which end with the 2-rank run's losses and its state
+    # at step 30 (the one-rank restore itself is the run above's, from the 2-rank step FROM).
+    text = run_to_end(tmp_path / "two-again", 2, ckpt, "--steps", str(REF_STEPS), "--checkpoint-every", "10")
+    assert f"torch_fsdp[rank 1]: starting at step {step} of {REF_STEPS}" in text, text[-3000:]
+    mine = losses(text)
+    assert sorted(mine) == list(range(step + 1, REF_STEPS + 1)), text[-3000:]
+    for s in mine:
+        assert float(mine[s]) == pytest.approx(float(reference[s]), abs=2e-6), (s, mine, reference)
     mine, theirs = (full_state(c / "remote" / f"step_{30:012d}", tmp_path / f"{name}.pt")
                     for c, name in ((ckpt, "mine"), (ref_dir / "ckpt", "theirs")))
     assert sorted(mine) == sorted(theirs) and any(k.startswith("model.") for k in mine), (sorted(mine), sorted(theirs))
     for key in theirs:
         assert mine[key].shape == theirs[key].shape, key
         assert mine[key].double().sub(theirs[key].double()).abs().max().item() <= 1e-5, key
-
-    # 1 -> 2: the one-rank checkpoint of step 30 resumes on two ranks.
-    text = run_to_end(tmp_path / "two-again", 2, ckpt, "--steps", str(REF_STEPS), "--checkpoint-every", "10")
-    assert f"torch_fsdp[rank 1]: starting at step 30 of {REF_STEPS}" in text, text[-3000:]
-    mine = losses(text)
-    assert sorted(mine) == list(range(31, REF_STEPS + 1)), text[-3000:]
-    for s in mine:
-        assert float(mine[s]) == pytest.approx(float(reference[s]), abs=2e-6), (s, mine, reference)
 
 
 def test_a_sharded_checkpoint_is_never_skipped_by_an_unsharded_job(tmp_path, two_ranks):
