@@ -106,6 +106,18 @@ def main_pid(unit: str) -> int | None:
     return int(pid) if _start_time(int(pid)) == started else None
 
 
+def _default_signals() -> None:
+    """What systemd starts a service with: every signal at its default but SIGPIPE, ignored (IgnoreSIGPIPE=yes).
+    An ignored signal survives exec, so without this a caller's (nohup's SIGHUP) would reach the unit's process."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_IGN if sig == signal.SIGPIPE else signal.SIG_DFL)
+        except (OSError, ValueError):  # the C library's own real-time signals
+            pass
+
+
 def start(unit: str) -> int:
     """exec the unit's ExecStart; returns only if the unit is already active or cannot start."""
     if main_pid(unit) is not None:
@@ -126,6 +138,7 @@ def start(unit: str) -> int:
     # exec keeps the pid and the start time: is-active and kill find the agent by them.
     _state_file(unit).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
     _say("INFO", f"starting {unit}", argv=argv, cwd=workdir)
+    _default_signals()
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -365,8 +366,9 @@ def test_sim_systemctl_runs_the_units_execstart_in_place_and_answers_the_other_v
     r = _systemctl(env, "is-active", "probe.service")
     assert (r.returncode, r.stdout.strip()) == (node_systemctl.INACTIVE, "inactive")
 
+    # Started as under nohup, SIGHUP ignored: systemd gives a service default signals, and so must the stand-in.
     proc = subprocess.Popen([*node_systemctl.command().split(), "enable", "--now", "probe.service"], env=env,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
         wait_for(lambda: (node_dir / "seen").exists(), 30, "the unit's ExecStart to run")
         # The caller's RESPAWN_NODE_DIR wins over the unit's, the unit adds the rest; /opt/respawn and

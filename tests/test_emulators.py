@@ -44,7 +44,8 @@ def test_two_firestore_emulators_run_side_by_side_and_stop_completely(project, m
         assert first.host != second.host
         # Each JVM runs with the harness's JIT options after the caller's own (the JVM says what it picked up).
         for emu in (first, second):
-            assert f"Picked up JAVA_TOOL_OPTIONS: -Drespawn.caller=kept {emulators.JVM_OPTIONS}" in emu.log_tail(50)
+            said = emu.log_path.read_text()
+            assert f"Picked up JAVA_TOOL_OPTIONS: -Drespawn.caller=kept {emulators.JVM_OPTIONS}" in said
         saved = os.environ.get("FIRESTORE_EMULATOR_HOST")
         try:
             os.environ["FIRESTORE_EMULATOR_HOST"] = first.host
