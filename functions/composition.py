@@ -114,8 +114,6 @@ def _metadata_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
                   "workdir (`respawn jobs register --workdir DIR`), or in a file the trainer reads")]
 
 
-
-
 def _label_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     labels = node_labels(spec, MAX_ATTEMPT, slot=spec.slots - 1)
     if len(labels) <= MAX_NODE_LABELS:
