@@ -40,6 +40,8 @@ def node_labels(spec: JobSpec, attempt: int, slot: int = 0) -> dict[str, str]:
     if spec.slots > 1:
         out[LABEL_SLOT] = str(slot)
     return out
+
+
 def node_settings(spec: JobSpec, *, heartbeat_seconds: float, notice_budget_seconds: float,
                   sweep_topic: str | None, heartbeat_database: str | None = None) -> NodeSettings:
     return NodeSettings(

@@ -764,8 +764,8 @@ def _job_of(o, nodes):
                            generation_sent=1) for a in (1, 2)]
     gen = {"number": 1, "members": ["job-1", "job-3", "job-2"], "master_addr": "10.0.0.1"}
     whole = JobStatus(**counters, state=State.RUNNING, attempt=s.attempt, node="job-1", zone=s.zone,
-                    members=[others[0], row.model_copy(update={"generation_sent": 1, "address": "10.0.0.3"}),
-                             others[1]], generation=gen)
+                      members=[others[0], row.model_copy(update={"generation_sent": 1, "address": "10.0.0.3"}),
+                               others[1]], generation=gen)
     trains = [job.MemberObs(NodeObs(Phase.RUNNING, "RUNNING"), hb(attempt=a, generation=1), f"10.0.0.{a}") for a in (1, 2)]
     return replace(o, status=whole, spec=o.spec.model_copy(update={"nodes": 3, "min_nodes": 3})), [trains[0], seen_row,
                                                                                                 trains[1]]
