@@ -82,6 +82,9 @@ OFFLINE = [
                                                                     "zones[0]: Input should be"]),
     ("demo --out under a file", ["demo", "--out", "afile/out"],
      ["afile/out: cannot make that folder (Not a directory)"]),
+    ("demo --out of an earlier run", ["demo", "--out", "earlier-run"],
+     ["earlier-run: an earlier run's output is there (checkpoints, summary.json), and this run would resume its "
+      "checkpoints: give a new folder, or remove that one"]),
     ("demo bad project", ["demo", "--project", "Not_A_Project"], ["--project 'Not_A_Project' is not a project ID"]),
 ]
 
@@ -112,6 +115,8 @@ def workspace(tmp_path_factory) -> Path:
     (where / "folder").mkdir()
     (where / "folder" / "train.py").write_text("print('hi')\n")
     (where / "afile").write_text("a regular file\n")
+    (where / "earlier-run" / "checkpoints").mkdir(parents=True)
+    (where / "earlier-run" / "summary.json").write_text("{}")
     (where / "syntax.yaml").write_text("id: err-job\nzones: [us-central1-a, us-central1-b\n  x: y\n")
     (where / "schema.yaml").write_text(yaml.safe_dump({**SPEC, "zones": ["US-CENTRAL1-A"], "max_restart": 3}))
     shell = yaml.safe_dump({**SPEC, "trainer": {"command": "python train.py --lr [0.1]"}})

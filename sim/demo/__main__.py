@@ -84,6 +84,11 @@ def demo(
         except OSError as exc:  # a regular file on the way, no permission
             raise CliError(f"--out {base}: cannot make that folder ({exc.strerror}): give a folder that exists or "
                            "can be made", code=2) from None
+        # The run's checkpoints go to OUT/checkpoints: an earlier run's there would be resumed, not trained.
+        earlier = [name for name in ("checkpoints", "summary.json") if (base / name).exists()]
+        if earlier:
+            raise CliError(f"--out {base}: an earlier run's output is there ({', '.join(earlier)}), and this run would "
+                           "resume its checkpoints: give a new folder, or remove that one", code=2)
         view = LiveView(enabled=live and not as_json)
 
         def on_term(signum, frame):
