@@ -104,6 +104,32 @@ def test_gloo_runs_across_two_nodes_with_a_real_master_address(net):
     assert all("sum 3" in out for out in outs), outs
 
 
+# Inside a node: a resolver on the namespace's own 127.0.0.1:53 that answers one query "no such name" and prints the
+# name asked, then the reverse lookup of a peer's address, as c10d makes of each peer that connects to its store.
+LOOKUP_AT_LOOPBACK = textwrap.dedent("""
+    import socket, sys, threading
+    dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); dns.bind(("127.0.0.1", 53))
+    def answer():
+        query, peer = dns.recvfrom(512)
+        labels, i = [], 12
+        while query[i]:
+            labels.append(query[i + 1:i + 1 + query[i]].decode()); i += 1 + query[i]
+        print("asked", ".".join(labels), flush=True)
+        dns.sendto(query[:2] + b"\\x81\\x83" + query[4:6] + bytes(6) + query[12:i + 5], peer)  # NXDOMAIN
+    threading.Thread(target=answer, daemon=True).start()
+    print("answer", socket.getnameinfo((sys.argv[1], 80), 0)[0], flush=True)
+""")
+
+
+def test_a_nodes_lookup_of_a_name_its_hosts_file_lacks_is_answered_in_its_namespace(net):
+    """A VPC's resolver answers at once; this machine's, reached from a namespace, never did: c10d's lookup of each
+    peer that connected to its store waited out the resolver's 10 s, twice per generation (#34 item 7)."""
+    a, b = net.add_host("job-1"), net.add_host("job-2")
+    got = a.run([sys.executable, "-c", LOOKUP_AT_LOOPBACK, b.address], capture_output=True, text=True, timeout=60)
+    reverse = ".".join(reversed(b.address.split("."))) + ".in-addr.arpa"
+    assert got.stdout.splitlines() == [f"asked {reverse}", f"answer {b.address}"], got.stderr
+
+
 def test_the_gateway_keeps_its_mac_as_nodes_come_and_go(net):
     """Nodes cache the gateway's MAC: were it to change (a bridge takes its lowest port's MAC unless given one), a
     node would lose the sim's services for the seconds ARP takes to notice."""

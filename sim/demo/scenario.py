@@ -70,8 +70,8 @@ class Zone(_Strict):
 
 class Preemption(_Strict):
     """Preempt (or host-error) the node running the job at a training step or a time: once every member of the
-    current generation trains (`when: training`), or once the slot holds a node not hit before whose agent beats
-    (`when: joined`: a replacement hit as it joins, before or while it trains)."""
+    current generation trains and the last recovery has been told (`when: training`), or once the slot holds a node
+    not hit before whose agent beats (`when: joined`: a replacement hit as it joins, before or while it trains)."""
 
     at_step: int | None = Field(default=None, ge=1)
     at_seconds: float | None = Field(default=None, ge=0)
