@@ -136,8 +136,8 @@ class Generations:
         return generation.handover
 
     def trainer_env(self, generation: contract.Generation) -> dict[str, str]:
-        """What a trainer of this node gets in `generation`: its ranks and master for torchrun (PET_*), for one
-        process per node (torch's env://, on the generation's port) and for anyone (RESPAWN_*)."""
+        """What a trainer of this node gets in `generation`: its ranks and master for torchrun (PET_*) and for one
+        process per node (torch's env://), both on the generation's port, and for anyone (RESPAWN_*)."""
         node, settings = self.cfg.node, self.cfg.settings
         rank, world, master = generation.node_rank(node), generation.world_size, generation.master_addr
         base = settings.env.get("MASTER_PORT", "")
@@ -146,7 +146,7 @@ class Generations:
         return {contract.ENV_NODE_RANK: str(rank), contract.ENV_NUM_NODES: str(world),
                 contract.ENV_MASTER_ADDR: master, contract.ENV_GENERATION: str(generation.number),
                 contract.ENV_REJOIN_FILE: os.path.join(self.cfg.node_dir, contract.REJOIN_FILE),
-                **contract.torchrun_env(rank, world, master), **contract.torch_env(rank, world, master, port),
+                **contract.torchrun_env(rank, world, master, port), **contract.torch_env(rank, world, master, port),
                 **peers_env(generation, node, listen_port())}
 
     def joining(self, generation: contract.Generation) -> dict[str, Any]:

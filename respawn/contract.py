@@ -87,23 +87,24 @@ ENV_GENERATION = "RESPAWN_GENERATION"  # a multi-node member: the generation's n
 # torchrun reads each of its options from PET_<OPTION> when its command line does not give it
 # (torch/distributed/argparse_util.py, the `env` action; --rdzv-backend defaults to static), so a member's command
 # stays `torchrun --nproc-per-node 8 train.py` in every generation.
-TORCHRUN_MASTER_PORT = 29500  # torchrun's own default --master-port
+TORCHRUN_MASTER_PORT = 29500  # torchrun's own default --master-port: the generations' ports start there
 # What a member's agent connects to on its generation's master to tell it reachable (an answer, even a refusal, is
-# one; silence or no route is none): torchrun's default port, open whenever the master's trainer runs with it.
+# one; silence or no route is none).
 MASTER_PROBE_PORT = TORCHRUN_MASTER_PORT
 
 
-def torchrun_env(node_rank: int, nnodes: int, master_addr: str, port: int = TORCHRUN_MASTER_PORT) -> Dict[str, str]:
-    """The PET_* variables that give torchrun one generation's static ranks."""
+def torchrun_env(node_rank: int, nnodes: int, master_addr: str, port: int) -> Dict[str, str]:
+    """The PET_* variables that give torchrun one generation's static ranks and its port (generation_port)."""
     return {"PET_NNODES": str(nnodes), "PET_NODE_RANK": str(node_rank), "PET_MASTER_ADDR": master_addr,
             "PET_MASTER_PORT": str(port)}
 
 
 # A trainer started without torchrun (one process per node) joins its generation with torch's own variables
-# (init_process_group's env://). Each generation has a port of its own: a process that rejoins a new generation
-# (REJOIN_FILE) still holds the previous one's rendezvous server until the objects built on that process group are
-# freed, and a second server on the same port would share its connections. MASTER_PORT in the job's env moves the
-# ports' base (GENERATION_PORTS of them from there).
+# (init_process_group's env://). Each generation has a port of its own, torchrun's and env://'s: the previous one's
+# rendezvous server may still run as the next generation meets (a master's torchrun given its notice budget to stop,
+# a process that rejoins (REJOIN_FILE) until the objects built on that process group are freed), and a member that
+# met it there waited out the store's 300 s. MASTER_PORT in the job's env moves the ports' base (GENERATION_PORTS of
+# them from there); a torchrun command that gives --master-port keeps that one port in every generation.
 GENERATION_PORTS = 100
 
 

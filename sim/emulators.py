@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -53,10 +54,30 @@ class PortTaken(EmulatorError):
     """The port was taken between free_port() and the emulator's bind (another process got there first)."""
 
 
+# The ports free_port picks from: the 12,000 below the kernel's ephemeral range (ip_local_port_range; Linux's default
+# starts at 32768), from which every bind to port 0 and every outgoing connection takes its port.
+_EPHEMERAL_LOW = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PICKED_SPAN = 12_000
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now, for a server that a process started next will bind. Outside the ephemeral range:
+    a port from there was taken meanwhile by another server's bind to port 0 or a connection's source port (a demo's
+    function host then lost its port, and its Pub/Sub pushes went to whatever held it); only another free_port call
+    can pick this one, one chance in thousands."""
+    try:
+        low = int(_EPHEMERAL_LOW.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(max(1024, low - _PICKED_SPAN), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise EmulatorError(f"no free port on 127.0.0.1 in {max(1024, low - _PICKED_SPAN)}..{low - 1}: stop what holds them")
 
 
 def _find(relative: str, env_var: str, name: str) -> str:

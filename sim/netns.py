@@ -17,7 +17,8 @@ a short random id for the same reason (Linux allows 15 characters). Needs root (
 A node's host name resolves to its own address inside its namespace (/etc/netns/NS/hosts, which `ip netns exec`
 mounts over /etc/hosts), as a VM's does: gloo and torchrun pick the interface they advertise by it. The VMs of one
 node (a TPU slice's workers) resolve each other's names too (`resolve_each_other`), as a VPC's internal DNS resolves
-VM names: a worker reaches worker 0 by the hostname its metadata lists.
+VM names: a worker reaches worker 0 by the hostname its metadata lists. Any other lookup is refused at once (the
+namespace's resolver is its own loopback), as a VPC's resolver answers at once.
 A partition is a pair of `unreachable` routes between the partitioned node and every other node (a connect fails
 with EHOSTUNREACH, an open connection's packets go nowhere: a collective hangs), none towards the gateway.
 """

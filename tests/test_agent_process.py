@@ -314,14 +314,16 @@ def test_a_multi_node_member_trains_in_each_generation_that_names_it(agent_env, 
     assert json.loads(wait_for(lambda: (node_dir / "gen-1.json").exists() and (node_dir / "gen-1.json").read_text(),
                                30, "generation 1's trainer")) == {
         "RESPAWN_NODE_RANK": "1", "RESPAWN_NUM_NODES": "2", "RESPAWN_MASTER_ADDR": "10.0.0.5", "RESPAWN_GENERATION": "1",
-        "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "10.0.0.5", "PET_MASTER_PORT": "29500"}
+        "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "10.0.0.5", "PET_MASTER_PORT": "29501"}
 
     wait_for(lambda: (agent_env.heartbeat("mn-2") or {}).get("step"), 30, "generation 1's trainer stepping")
     md.set_attribute("respawn-generation", Generation(2, ("mn-2", "mn-3"), "10.0.0.9").to_json())  # mn-1 lost
     beat(state="training", generation=2)
     gen2 = json.loads(wait_for(lambda: (node_dir / "gen-2.json").exists() and (node_dir / "gen-2.json").read_text(),
                                30, "generation 2's trainer"))
-    assert (gen2["RESPAWN_NODE_RANK"], gen2["PET_MASTER_ADDR"], gen2["PET_NNODES"]) == ("0", "10.0.0.9", "2")
+    # A port of its own (contract.generation_port): generation 1's store, still up while its master stops, is not it.
+    assert (gen2["RESPAWN_NODE_RANK"], gen2["PET_MASTER_ADDR"], gen2["PET_NNODES"], gen2["PET_MASTER_PORT"]) == (
+        "0", "10.0.0.9", "2", "29502")
     assert agent.has("new generation: stopping the trainer to restart it with the new membership")
     assert "emergency checkpoint committed at step" in (node_dir / "trainer.log").read_text()  # stopped, not killed
 

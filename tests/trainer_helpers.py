@@ -12,13 +12,9 @@ import time
 
 import pytest
 
+from sim.emulators import free_port  # noqa: F401 - the one way a test picks a port for a server it starts
+
 BUCKET = "respawn-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _emulator_cmd(port: int) -> list[str]:

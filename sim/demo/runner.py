@@ -144,11 +144,13 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None,
                str(t.state_mb), "--checkpoint-every", str(t.checkpoint_every), "--step-seconds", str(t.step_seconds),
                "--seed", str(t.seed), "--log-every", "25"]
     nodes = int(sc.job.get("nodes") or 1)
-    if nodes > 1:  # torchrun on every node; the agent gives it the generation's ranks and master (PET_* variables).
-        # A port of the run's own: the sim's VMs share this machine, where two demos' masters would meet on 29500.
+    env = {"PYTHONUNBUFFERED": "1"}
+    if nodes > 1:  # torchrun on every node; the agent gives it the generation's ranks, master and port (PET_*).
         command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nproc-per-node", str(t.ranks),
-                   "--master-port", str(emulators.free_port()),
                    *command[1:2], "--ranks", str(nodes * t.ranks), *command[2:]]
+        # The generations' ports from a base of the run's own: on loopback the sim's VMs share this machine, where
+        # two demos' masters would meet from 29500.
+        env["MASTER_PORT"] = str(emulators.free_port())
     elif t.ranks > 1:  # torchrun on the node (rendezvous on loopback, a free port), exit 75 through the wrapper
         command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nnodes", "1", "--nproc-per-node",
                    str(t.ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr",
@@ -162,7 +164,7 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None,
         "accelerator": accelerator,
         "provisioning": "spot",
         "zones": [z.name for z in sc.zones],
-        "trainer": {"command": command, "env": {"PYTHONUNBUFFERED": "1"}, "workdir": workdir,
+        "trainer": {"command": command, "env": env, "workdir": workdir,
                     "setup": [["python", "prepare.py", "--framework", t.framework]], "interpreter": sys.executable},
         "checkpoint_uri": checkpoint_dir.resolve().as_uri(),
         "max_failures": 10,
