@@ -226,8 +226,8 @@ def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int,
              known: set[str]) -> list[tuple[str, str]] | None:
     """(zone, node) of each node `p` hits, once they are ready for it; None before. `when: training`: every member
     of the current generation (a one-node job: its node) trains, and the controller has told the job's last
-    recovery (a loss before that would fold two recoveries into one figure). `when: joined`: the slot holds a node that did not
-    exist at the previous injection (`known`) and whose agent beats."""
+    recovery (a loss before that would fold two recoveries into one figure). `when: joined`: the slot holds a node
+    that did not exist at the previous injection (`known`) and whose agent beats."""
     def state(node: str | None) -> str | None:
         return (beats.get(node or "") or {}).get(0, {}).get("state")
 
@@ -238,7 +238,9 @@ def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int,
     if p.when == "joined":
         return None if targets[0].node in known or state(targets[0].node) is None else [(targets[0].zone, targets[0].node)]
     world = (status.generation or {}).get("members") or [status.node]
-    if status.recovering or not all(state(n) == "training" for n in world) or any(t.node not in world for t in targets):
+    if status.recovering or any(state(n) != "training" for n in world):
+        return None
+    if any(t.node not in world for t in targets):
         return None
     return [(t.zone, t.node) for t in targets]  # type: ignore[misc]
 
