@@ -60,24 +60,36 @@ _EPHEMERAL_LOW = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _PICKED_SPAN = 12_000
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 now, for a server that a process started next will bind. Outside the ephemeral range:
-    a port from there was taken meanwhile by another server's bind to port 0 or a connection's source port (a demo's
-    function host then lost its port, and its Pub/Sub pushes went to whatever held it); only another free_port call
-    can pick this one, one chance in thousands."""
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1 now, for servers that processes started next will
+    bind (a job's generation ports: contract.generation_port). Outside the ephemeral range: a port from there was
+    taken meanwhile by another server's bind to port 0 or a connection's source port (a demo's function host then
+    lost its port, and its Pub/Sub pushes went to whatever held it); only another caller here can pick these, one
+    chance in thousands."""
     try:
         low = int(_EPHEMERAL_LOW.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    first_low = max(1024, low - _PICKED_SPAN)
     for _ in range(200):
-        port = random.randrange(max(1024, low - _PICKED_SPAN), low)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise EmulatorError(f"no free port on 127.0.0.1 in {max(1024, low - _PICKED_SPAN)}..{low - 1}: stop what holds them")
+        first = random.randrange(first_low, low - count + 1)
+        if all(_bindable(port) for port in range(first, first + count)):
+            return first
+    raise EmulatorError(f"no {count} free port(s) in a row on 127.0.0.1 in {first_low}..{low - 1}: stop what holds "
+                        "them")
+
+
+def free_port() -> int:
+    return free_ports(1)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _find(relative: str, env_var: str, name: str) -> str:

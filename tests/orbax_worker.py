@@ -3,7 +3,7 @@ bench/framework_orbax.py: a two-layer MLP (a dict of arrays: the first layer's w
 processes, the rest replicated), a hand-written SGD step, synthetic data drawn from the step's own seed (the data
 position is the step).
 
-    python tests/orbax_worker.py --steps 40 --every 10 [--processes 2] [--final-params OUT.npz]
+    PYTHONPATH=. python tests/orbax_worker.py --steps 40 --every 10 [--processes 2] [--final-params OUT.npz]
 
 --processes N starts N processes of a jax.distributed job on 127.0.0.1 (this process is their launcher, as torchrun
 is: it passes the notice's SIGTERM to nobody, its process group gets it, and it exits 75 when every process did).
@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+from sim.emulators import free_port
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
@@ -30,9 +31,7 @@ D_IN, HIDDEN, BATCH, LR = 8, 16, 8, 0.05
 
 def launch(args, argv) -> int:
     """Run the processes (one group with this one); 75 when all stopped on the notice, else the first failure."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # the coordinator's, bound by process 0 once it starts
     signal.signal(signal.SIGTERM, lambda *_: None)  # the processes got it too: they decide, this one waits
     procs = [subprocess.Popen([sys.executable, __file__, *argv, "--coordinator", f"127.0.0.1:{port}",
                                "--process-id", str(p)]) for p in range(args.processes)]

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 
@@ -21,6 +19,7 @@ from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F4
 from respawn import contract
 from respawn.agent.supervisor import TrainerProcess, TrainerRecord
 from respawn.contract import Generation, Rejoin
+from sim.emulators import free_port, free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, EVERY = 60, 25
@@ -87,7 +86,7 @@ def _trainer_argv(script, final, step_seconds: float = 0.0) -> list[str]:
 
 def _reference(tmp_path, script) -> list[subprocess.Popen]:
     """The uninterrupted run: two processes, one world, the same seed and steps."""
-    port, procs = _port_base() + 1, []
+    port, procs = free_port(), []
     for rank in (0, 1):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "PET_"))}
         env.update(PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", RESPAWN_CHECKPOINT_URI=f"file://{tmp_path}/ref/store",
@@ -97,20 +96,6 @@ def _reference(tmp_path, script) -> list[subprocess.Popen]:
         procs.append(subprocess.Popen(_trainer_argv(script, tmp_path / "ref.npz"), env=env, cwd=tmp_path,
                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     return procs
-
-
-def _port_base() -> int:
-    """A base whose generations 1 and 2 (contract.generation_port) have free ports, below the ephemeral range: a
-    port that is free now but ephemeral may be taken by any connection on a busy machine before the master binds it."""
-    while True:
-        base = random.randrange(20000, 28000)
-        try:
-            for port in (base + 1, base + 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
 
 
 def _status(node_dir) -> dict:
@@ -127,7 +112,7 @@ def test_a_survivor_rejoins_the_next_generation_in_its_process_bit_identical(age
     reference = _reference(tmp_path, script)
     # The generations' ports: base + number (contract.generation_port), away from 29500 and other tests.
     s = settings(_trainer_argv(script, tmp_path / "got.npz", step_seconds=0.1), f"file://{tmp_path}/store",
-                 env={"GLOO_SOCKET_IFNAME": "lo", "MASTER_PORT": str(_port_base())})
+                 env={"GLOO_SOCKET_IFNAME": "lo", "MASTER_PORT": str(free_ports(3))})  # generations 1, 2 free
     nodes = {}
     for name in ("rj-1", "rj-2", "rj-3"):  # A survives, B is preempted, C replaces it
         md = agent_env.metadata(name, {**attributes("rj", int(name[-1]), agent_env.project, s),

@@ -148,9 +148,9 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None,
     if nodes > 1:  # torchrun on every node; the agent gives it the generation's ranks, master and port (PET_*).
         command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nproc-per-node", str(t.ranks),
                    *command[1:2], "--ranks", str(nodes * t.ranks), *command[2:]]
-        # The generations' ports from a base of the run's own: on loopback the sim's VMs share this machine, where
-        # two demos' masters would meet from 29500.
-        env["MASTER_PORT"] = str(emulators.free_port())
+        # The generations' ports from a base of the run's own, every one of them free: on loopback the sim's VMs
+        # share this machine, where two demos' masters would meet from 29500.
+        env["MASTER_PORT"] = str(emulators.free_ports(contract.GENERATION_PORTS))
     elif t.ranks > 1:  # torchrun on the node (rendezvous on loopback, a free port), exit 75 through the wrapper
         command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nnodes", "1", "--nproc-per-node",
                    str(t.ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr",
