@@ -340,7 +340,8 @@ class DemoRun:
             self.sim.set_api_faults(rate=sc.faults.api_error_rate, methods=("insert", "create"))
 
     def _functions(self) -> dict[str, str]:
-        """Serve each entry point with the Functions Framework; returns target → URL."""
+        """Serve the entry points with the Functions Framework, in one process (sim/functions_host.py); returns target
+        → URL."""
         from google.cloud import pubsub_v1
 
         sc = self.sc
@@ -370,40 +371,29 @@ class DemoRun:
             "RESPAWN_OP_TIMEOUT_SECONDS": "60",
             "PYTHONUNBUFFERED": "1",
         }
-        ff = Path(sys.executable).with_name("functions-framework")
-        if not ff.exists():
-            raise DemoError(f"{ff} is missing: install the functions extra (pip install -e '.[dev]')")
-        urls: dict[str, str] = {}
-        procs, handles = [], []
+        port = emulators.free_port()
+        log = self.out / "functions.log"
+        handle = open(log, "wb")
 
         def stop() -> None:
-            # All four at once, killed: the run is over and its alerts delivered, and the functions keep no state (their
-            # logs are written line by line). A graceful SIGTERM, or gunicorn's quick SIGINT, waits for a request in
-            # flight (a sweep's pass): 3 to 6.5 s of each demo's teardown.
-            emulators.stop_groups([proc for _, _, proc, _ in procs], first=signal.SIGKILL)
-            for handle in handles:
-                handle.close()
+            # Killed: the run is over and its alerts delivered, and the functions keep no state (their logs are
+            # written line by line). A graceful stop waits for a request in flight (a sweep's pass): seconds of
+            # each demo's teardown.
+            emulators.stop_groups([proc], first=signal.SIGKILL)
+            handle.close()
 
-        self.stack.push("the functions", stop)
         self.say("starting the four functions with the Functions Framework")
-        for fn in deployment.FUNCTIONS:
-            port = emulators.free_port()
-            log = self.out / f"function-{fn.entry_point}.log"
-            home = self.out / "functions-home" / fn.entry_point  # gunicorn keeps a control socket under $HOME
-            home.mkdir(parents=True, exist_ok=True)
-            handle = open(log, "wb")
-            handles.append(handle)
-            proc = subprocess.Popen(
-                [str(ff), "--target", fn.entry_point, "--source", str(REPO / "functions" / "main.py"),
-                 "--signature-type", "cloudevent", "--host", "127.0.0.1", "--port", str(port)],
-                stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**env, "HOME": str(home)}, cwd=REPO,
-                start_new_session=True,
-            )
-            self.stack.pids.append(proc.pid)
-            procs.append((fn, port, proc, log))
-            urls[fn.entry_point] = f"http://127.0.0.1:{port}/"
-        for fn, port, proc, log in procs:
-            _wait_port(port, proc, f"function {fn.entry_point}", log)
+        targets = [fn.entry_point for fn in deployment.FUNCTIONS]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sim.functions_host", "--source", str(REPO / "functions" / "main.py"),
+             "--port", str(port), *targets],
+            stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO,
+            start_new_session=True,
+        )
+        self.stack.push("the functions", stop)
+        self.stack.pids.append(proc.pid)
+        urls = {target: f"http://127.0.0.1:{port}/{target}" for target in targets}
+        _wait_port(port, proc, "the functions", log)
         if self.pubsub_host:  # before the functions stop: no push of the run's may reach another's on a reused port
             self.stack.push("the project's Pub/Sub subscriptions",
                             lambda: emulators.delete_pubsub(self.pubsub_host, self.project, "subscriptions"))
