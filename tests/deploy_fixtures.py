@@ -219,14 +219,23 @@ class Standin:
     """A workspace (a copy of the uploaded source) plus the stand-in's bin dir, state and logs."""
 
     def __init__(self, tmp: Path, state: dict | None = None):
-        self.tmp = Path(tmp)
-        self.bin = self.tmp / "bin"
+        self._at(tmp)
         self.bin.mkdir(parents=True, exist_ok=True)
-        self.state_path = self.tmp / "gcloud-state.json"
         self.state_path.write_text(json.dumps(state if state is not None else seeded_state()))
         wrapper = self.bin / "gcloud"
         wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
         wrapper.chmod(0o755)
+
+    def _at(self, tmp: Path) -> None:
+        self.tmp = Path(tmp)
+        self.bin, self.state_path = self.tmp / "bin", self.tmp / "gcloud-state.json"
+
+    @classmethod
+    def left_in(cls, tmp: Path) -> "Standin":
+        """The stand-in an earlier one left in `tmp`, its state as the calls made to it left it."""
+        standin = cls.__new__(cls)
+        standin._at(tmp)
+        return standin
 
     def state(self) -> dict:
         return json.loads(self.state_path.read_text())

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+import fcntl
 import hashlib
 import json
+import os
+import shutil
 
 import pytest
 import yaml
@@ -24,21 +27,28 @@ NODES = [deployment.service_account_email(a, PROJECT)
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
-    """The build run twice on one stand-in state: (workspace, standin, calls of run 1, calls of run 2)."""
-    tmp = tmp_path_factory.mktemp("build")
-    workspace = copy_source(tmp / "workspace")
-    standin = Standin(tmp)
-    build = load_build()
-    subs = substitutions(build, PROJECT, BUCKET, BUILD_ID)
-    runs = []
-    for n in (1, 2):
-        log = tmp / f"run{n}.jsonl"
-        results = run_steps(build, workspace, standin, subs, log)
-        failed = [r for r in results if r.rc != 0]
-        assert not failed, f"run {n}: step {failed[0].id} failed:\n{failed[0].stdout}\n{failed[0].stderr}"
-        assert [r.id for r in results] == [s["id"] for s in build["steps"]]
-        runs.append(calls(log))
-    return workspace, standin, runs[0], runs[1]
+    """The build run twice on one stand-in state: (workspace, standin, calls of run 1, calls of run 2). Made once a
+    session by whichever xdist worker asks first, in the session's shared temporary folder; the others wait for it
+    and read the same (each worker that ran one of these tests built it anew: 70-90 s apiece under load)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # popen-gwN's parent: this session's, every worker's
+    tmp = shared / "deploy-build"
+    logs = [tmp / f"run{n}.jsonl" for n in (1, 2)]
+    with open(shared / "deploy-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held by the builder until both runs are recorded
+        if not (tmp / "built").exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # a builder that failed part-way
+            build = load_build()
+            subs = substitutions(build, PROJECT, BUCKET, BUILD_ID)
+            workspace, standin = copy_source(tmp / "workspace"), Standin(tmp)
+            for n, log in enumerate(logs, 1):
+                results = run_steps(build, workspace, standin, subs, log)
+                failed = [r for r in results if r.rc != 0]
+                assert not failed, f"run {n}: step {failed[0].id} failed:\n{failed[0].stdout}\n{failed[0].stderr}"
+                assert [r.id for r in results] == [s["id"] for s in build["steps"]]
+            (tmp / "built").touch()
+    return tmp / "workspace", Standin.left_in(tmp), calls(logs[0]), calls(logs[1])
 
 
 def _mutations(run):
@@ -312,7 +322,7 @@ def test_second_run_only_creates_or_updates(deployed):
 
 
 def _run_only(deployed, tmp_path, state, steps):
-    workspace, _, _, _ = deployed
+    workspace = shutil.copytree(deployed[0], tmp_path / "workspace", symlinks=True)  # the shared one stays as built
     standin = Standin(tmp_path, state)
     build = load_build()
     return run_steps(build, workspace, standin, substitutions(build, PROJECT, BUCKET, BUILD_ID),
