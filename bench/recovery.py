@@ -548,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env-gb", type=float, default=4.0,
                    help="what setup installs: torch's CUDA wheel with its nvidia-* wheels (default 4 GB)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
-    p.add_argument("--quick", action="store_true", help="CI size: N = 2 (one member lost of two: the variants' VM counts differ), scale 0.02")
+    p.add_argument("--quick", action="store_true",
+                   help="CI size: N = 2 (one member lost of two: the variants' VM counts differ), scale 0.02")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     try:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_fixtures import wait_for
 from respawn.ckpt import PREEMPTED_EXIT_CODE
 from respawn.ckpt import format as fmt
 from respawn.ckpt.storage import LocalStore
@@ -121,16 +122,6 @@ def test_a_signal_to_the_wrapper_is_the_notice_for_every_rank(tmp_path, trainer,
         assert re.search(rf"{name}: starting at step {step} of {STEPS}\n", text), text[-3000:]
 
 
-def environment_set(pid: int, timeout: float = 10) -> None:
-    """Until /proc/PID/environ shows the new program's environment. Popen returns once exec has closed the
-    close-on-exec pipe it waits on, which the kernel does before it lays out the new image's environment: read in
-    between, the file is empty (the process would have no marker yet)."""
-    deadline = time.monotonic() + timeout
-    while not Path(f"/proc/{pid}/environ").read_bytes():
-        assert time.monotonic() < deadline, f"process {pid} has no environment after {timeout} s"
-        time.sleep(0.01)
-
-
 def test_the_agent_owns_the_runs_processes_in_a_session_of_their_own(tmp_path):
     """Under the wrapper the trainer has a session of its own: the agent still finds it (its hand-over signal goes to
     the status file's pid) by the run's marker, and never a process of another run."""
@@ -141,8 +132,11 @@ def test_the_agent_owns_the_runs_processes_in_a_session_of_their_own(tmp_path):
     other = subprocess.Popen(["sleep", "30"], start_new_session=True,
                              env={**os.environ, RUN_MARKER: "2026-01-02T00:00:00+00:00"})
     try:
+        # Popen returns once exec has closed the close-on-exec pipe it waits on, which the kernel does before it lays
+        # out the new image's environment: /proc/PID/environ read in between is empty (no marker yet).
         for proc in (ours, other):
-            environment_set(proc.pid)
+            wait_for(lambda: Path(f"/proc/{proc.pid}/environ").read_bytes(), 10, f"process {proc.pid}'s environment",
+                     interval=0.01)
         record = TrainerRecord(pid=os.getpid(), start_time=None, boot_id="b", job_id="j", attempt=1, log_offset=0,
                                started_at=started)  # the wrapper's group: not theirs
         trainer = TrainerProcess(str(tmp_path), record, child=None)
