@@ -64,6 +64,7 @@ from .watcher import NOTICE_SIGTERM
 # After the notice budget, this long is left to write the final heartbeat (a Spot VM gets 30 s in all).
 FINAL_WRITE_GRACE_S = 3.0
 PREEMPTING_WRITE_S = 3.0
+DETACH_LOG_SEND_S = 10.0  # SIGHUP: how long a log send in flight may take to finish before the agent exits
 SETUP_FAILED_WRITE_S = 30.0  # the first setup-failed write; the periodic heartbeat keeps writing it afterwards
 # A generation of the same members restarts the world because a member's trainer crashed. A trainer blocked in a
 # collective with the crashed one cannot run its SIGTERM handler (the signal is only noted until the collective
@@ -433,7 +434,7 @@ class Agent:
         log("INFO", "SIGHUP: agent exiting, trainer left running for the next agent to adopt",
             trainer_pid=self.life.process.pid if self.life.process else None)
         self.heartbeater.stop_periodic()
-        self.logs.stop()  # logship.json says how far: the next agent goes on from there
+        self.logs.stop(wait=DETACH_LOG_SEND_S)  # logship.json says how far: the next agent goes on from there
         self.life.stop_forwarding()
         return contract.EXIT_AGENT_DETACH
 

@@ -58,9 +58,12 @@ class LogShipper:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """No more periodic sends (a notice: the save comes first; SIGHUP: the next agent goes on)."""
+    def stop(self, wait: float = 0.0) -> None:
+        """No more periodic sends (a notice: the save comes first). With `wait`, a send in flight is given that long
+        to finish and be recorded in logship.json (SIGHUP: the next agent goes on from there)."""
         self._halt.set()
+        if wait > 0 and self._lock.acquire(timeout=wait):
+            self._lock.release()
 
     def final_flush(self, seconds: float) -> bool:
         """Send what is left, partial last lines included, for at most `seconds`; True when all of it went."""
@@ -119,6 +122,8 @@ class LogShipper:
             while True:
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
+                if not final and self._halt.is_set():
+                    return True  # stopped: the rest goes with the final flush, or with the next agent
                 offset = self.offsets.get(stream, 0)
                 data = self._read(os.path.join(self.node_dir, file), offset)
                 if not final and len(data) < self.chunk_bytes:

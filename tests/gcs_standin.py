@@ -8,7 +8,8 @@ Binds 127.0.0.1 on a free port and prints the port on its first line; logs "METH
 the Content-Range of a resumable upload's piece). With --upload 200, a resumable upload (uploadType=resumable) gets
 a session, and each piece sent to it is answered after --piece-seconds: 308 while the total is unknown (bytes
 A-B/*), 200 for the last piece — a slow Cloud Storage for uploads a notice must stop half-way. --media-seconds S
-delays the answer to each one-request upload (uploadType=media: the agent's log chunks) the same way.
+delays the answer to each one-request upload (uploadType=media: the agent's log chunks) the same way; such an upload
+is logged as it arrives, the others as they are answered.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def main() -> None:
         def log_message(self, *a) -> None:  # the request log goes to --log, not stderr
             pass
 
-        def _answer(self, status: int, name: str) -> None:
-            self._log_line()
+        def _answer(self, status: int, name: str, logged: bool = False) -> None:
+            if not logged:
+                self._log_line()
             if status == 200:
                 body = {"kind": "storage#object", "name": name, "bucket": "b", "size": str(args.size),
                         "generation": "1", "metageneration": "1"}
@@ -78,9 +80,11 @@ def main() -> None:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            if "uploadType=media" in self.path:
+            media = "uploadType=media" in self.path
+            if media:  # logged as it arrives: a test can act while the send is in flight
+                self._log_line()
                 time.sleep(args.media_seconds)
-            self._answer(args.upload, "")
+            self._answer(args.upload, "", logged=media)
 
         def do_PUT(self) -> None:
             self._drain()

@@ -14,11 +14,13 @@ import threading
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
 from agent_fixtures import agent_env, attributes, gcs_standin, settings, wait_for  # noqa: F401
 from respawn import contract, joblogs, schema
+from respawn.contract import LogChunk
 from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
 from trainer_helpers import BUCKET, gcs_emulator  # noqa: F401  (fixture)
 
@@ -302,6 +304,33 @@ def test_a_restarted_agent_goes_on_where_the_last_one_stopped(agent_env):
     md.set("instance/preempted", "TRUE")
     assert second.wait(30) == 0
     assert chunks(store)[(1, "hup-1", "trainer")] == (node / "trainer.log").read_bytes()
+
+
+def test_sighup_during_a_log_send_records_it_before_the_agent_exits(agent_env, slow_log_store):
+    """SIGHUP while a chunk is on its way (every send takes 4 s): the agent lets the send finish and records it in
+    logship.json before it exits, so the next agent goes on after it rather than sending it again. (It once exited
+    at once, and a restarted agent found no record at all.)"""
+    host, requests = slow_log_store
+    talk = agent_env.tmp / "talk.py"
+    talk.write_text(TALKING_TRAINER)
+    s = settings([sys.executable, str(talk)], "gs://b/runs/hup-slow", interpreter=sys.executable)
+    md = agent_env.metadata("hupslow-1", attributes("hupslow", 1, agent_env.project, s))
+    node = agent_env.tmp / "hupslow-1"
+    first = agent_env.agent(md, node, STORAGE_EMULATOR_HOST=host)
+    wait_for(lambda: "uploadType=media" in requests.read_text() if requests.exists() else False, 60,
+             "a log chunk on its way to the slow store")
+    first.proc.send_signal(signal.SIGHUP)
+    assert first.wait(30) == contract.EXIT_AGENT_DETACH, first.output()[-3000:]
+    # Every chunk whose send had begun (the store's request log names each by stream and offset) is recorded as sent.
+    begun = [LogChunk.parse(unquote(line.split("name=", 1)[1].split("&")[0]).split("/.respawn-logs/", 1)[1])
+             for line in requests.read_text().splitlines() if "uploadType=media" in line]
+    record = json.loads((node / "logship.json").read_text())["offsets"]
+    assert begun and all(record[c.stream] > c.offset for c in begun), (begun, record)
+    # The next agent adopts the trainer and goes on; preempted, it stops it.
+    second = agent_env.agent(md, node, STORAGE_EMULATOR_HOST=host)
+    wait_for(lambda: any(e["message"].startswith("adopting the trainer") for e in second.events()), 30, "the trainer adopted")
+    md.set("instance/preempted", "TRUE")
+    assert second.wait(30) == 0, second.output()[-3000:]
 
 
 def test_a_store_that_refuses_is_one_warning_naming_the_permission(agent_env, tmp_path):
