@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import system_packages
+
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 # As the machine's own probe starts it: no sandbox as root, and nothing that reaches for Google's hosts.
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -16,6 +18,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 
 
 def chromium_path() -> str:
+    system_packages.wait_installed()
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         raise RuntimeError("no chromium on PATH: `apt-get install chromium` (.ci/run installs it)")

@@ -26,6 +26,8 @@ from typing import Iterator
 
 import pytest
 
+import system_packages
+
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "node-images"  # .gitignore'd
 MIRROR = os.environ.get("RESPAWN_DEBIAN_MIRROR") or "http://deb.debian.org/debian"
@@ -76,6 +78,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def _build(recipe: tuple[str, ...], dest: Path) -> None:
+    system_packages.wait_installed()
     debootstrap = shutil.which("debootstrap") or next(
         (p for p in ("/usr/sbin/debootstrap", "/sbin/debootstrap") if os.path.exists(p)), None)
     if debootstrap is None:

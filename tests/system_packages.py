@@ -1,7 +1,10 @@
 """The Debian packages some tests drive for real (debootstrap builds a node image, Chromium renders the report page,
 systemd-analyze checks the node units, Java runs the emulators), installed once per test session when missing, so
 that the README's test command alone prepares a fresh Debian machine. Needs root and apt-get; otherwise nothing is
-installed and the tests that need a package fail with its install hint."""
+installed and the tests that need a package fail with its install hint.
+
+The install runs in the background (start_installing, from the session's controller) while the tests that need no
+package run; one that needs a package calls wait_installed() first."""
 
 from __future__ import annotations
 
@@ -9,6 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+DONE = "RESPAWN_TESTS_PACKAGES_DONE"  # the file the background install writes when it has finished, success or not
 
 # package: the programs that show it is installed (any one)
 NEEDED = {
@@ -41,3 +48,27 @@ def install_missing() -> None:
         if done.returncode != 0:
             print(f"tests: apt-get could not install {' '.join(wanted)}: {done.stderr.strip()[-300:]}",
                   file=sys.stderr, flush=True)
+
+
+def start_installing(done: Path) -> subprocess.Popen | None:
+    """install_missing() in a process of its own; `done` is written when it ends, and the tests (this process's
+    children, xdist's workers among them) find its path in the environment. None when nothing is to be installed."""
+    if not missing() or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return None
+    os.environ[DONE] = str(done)
+    return subprocess.Popen([sys.executable, __file__, str(done)], start_new_session=True)
+
+
+def wait_installed(timeout: float = 900) -> None:
+    """Return once the session's background install (if any) has ended."""
+    done = os.environ.get(DONE)
+    deadline = time.monotonic() + timeout
+    while done and not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    try:
+        install_missing()
+    finally:
+        Path(sys.argv[1]).touch()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import system_packages
 from agent_fixtures import attributes, find_python, node_image_python, settings, wait_for
 from deploy import agent_zipapp
 from respawn.agent.agent import FINAL_WRITE_GRACE_S
@@ -76,6 +77,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     # verify checks that ExecStart's program exists: point it at this interpreter, keep everything else as shipped.
     unit = tmp_path / UNIT_NAME
     unit.write_text(UNIT.read_text().replace("/opt/respawn/python ", f"{sys.executable} "))
+    system_packages.wait_installed()
     tool = shutil.which("systemd-analyze")
     assert tool, "systemd-analyze is needed for this test (apt-get install systemd)"
     r = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=60)
