@@ -1,7 +1,9 @@
 """Shared test harness: the official Firestore and Pub/Sub emulators, started once per test session (per xdist
 worker, on free ports) only when a test asks for them, and stopped with their whole process group at the end.
 
-A missing emulator fails the run with an install hint; it is never a silent skip.
+A missing emulator fails the run with an install hint; it is never a silent skip. What takes minutes of network on a
+fresh machine starts in the background at the session's start: the Debian packages the tests drive, and the node
+image's build once a test that boots it is collected.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import node_image_fixtures
 import system_packages
 from sim import emulators
 
@@ -36,7 +39,18 @@ def pytest_sessionstart(session) -> None:
             os.environ.update(JAX_CACHE, JAX_COMPILATION_CACHE_DIR=os.path.join(session.config.scratch, "jax-cache"))
 
 
+def pytest_collection_finish(session) -> None:
+    # One process of the session (xdist's first worker: every worker collects the same tests) starts the node
+    # image's build if a test will need it.
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0" and not session.config.option.collectonly and any(
+            "bullseye_image" in getattr(item, "fixturenames", ()) for item in session.items):
+        session.config.building = node_image_fixtures.start_building(session.config)
+
+
 def pytest_sessionfinish(session) -> None:
+    building = getattr(session.config, "building", None)
+    if building is not None and building.poll() is None:  # the run stopped before the test that needs it
+        emulators.stop_groups([building])
     if getattr(session.config, "scratch", None):
         if session.config.installing is not None:
             session.config.installing.wait()

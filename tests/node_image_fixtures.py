@@ -6,8 +6,9 @@ The rootfs shares this machine's network and PID namespace: the sim's metadata s
 127.0.0.1 are reachable from inside, and the sim's power-off (NodeRuntime) finds the guest's processes by their
 RESPAWN_BOOT_ID as for any sim node. Building needs root, debootstrap (`apt-get install debootstrap`; .ci/run
 installs it) and the Debian mirror (http://deb.debian.org/debian, or $RESPAWN_DEBIAN_MIRROR); a missing one fails
-the run with that hint, never a skip. The first build takes a few minutes; its output goes to a log file beside
-the cache, named in the line that announces the build and in any failure.
+the run with that hint, never a skip. The first build takes a few minutes (started in the background as soon as
+the session has collected a test that boots the image: start_building); its output goes to a log file beside the
+cache, named in the line that announces the build and in any failure.
 """
 
 from __future__ import annotations
@@ -129,6 +130,17 @@ def node_image(recipe: tuple[str, ...] = BULLSEYE) -> Path:
     return dest
 
 
+def start_building(config) -> subprocess.Popen | None:
+    """node_image(BULLSEYE) in a process of its own, started once the session has collected a test that uses it: the
+    download (most of a build's minutes) overlaps the tests before it, which then waits on the build's lock. None
+    when the image is cached or cannot be built here (that test then says why)."""
+    if image_dir(BULLSEYE).is_dir() or os.geteuid() != 0:
+        return None
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():  # its progress lines reach the terminal
+        return subprocess.Popen([sys.executable, __file__], start_new_session=True, stdin=subprocess.DEVNULL)
+
+
 @pytest.fixture(scope="session")
 def bullseye_image(pytestconfig) -> Path:
     global _capture
@@ -183,3 +195,11 @@ def booted_image(image: Path, where: Path) -> Iterator[Path]:
         leaked = _mounts_under(where)
         if leaked:
             print(f"node image: still mounted after the test: {leaked}", file=sys.stderr)
+
+
+if __name__ == "__main__":  # start_building's process; a failed build is reported by the test's own try
+    system_packages.wait_installed()
+    try:
+        node_image(BULLSEYE)
+    except BaseException:
+        sys.exit(1)

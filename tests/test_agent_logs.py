@@ -200,18 +200,25 @@ def slow_log_store(tmp_path):
         yield standin
 
 
-def test_the_final_flush_never_delays_the_emergency_save_or_the_final_heartbeat(agent_env, slow_log_store):
-    """Every log send takes 4 s: the emergency save still commits at the trainer's next step after the notice, the
-    final heartbeat lands right after it, and the final flush gives up within its bound."""
+def sending_to_the_slow_store(agent_env, slow_log_store, job: str):
+    """An agent (job `job`, attempt 1) whose talking trainer's logs go to the slow store, once its first log chunk
+    is on its way there: (the agent, its metadata, its node folder)."""
     host, requests = slow_log_store
     talk = agent_env.tmp / "talk.py"
     talk.write_text(TALKING_TRAINER)
-    s = settings([sys.executable, str(talk)], "gs://b/runs/slowlogs", interpreter=sys.executable)
-    md = agent_env.metadata("slowlogs-1", attributes("slowlogs", 1, agent_env.project, s))
-    node = agent_env.tmp / "slowlogs-1"
+    s = settings([sys.executable, str(talk)], f"gs://b/runs/{job}", interpreter=sys.executable)
+    md = agent_env.metadata(f"{job}-1", attributes(job, 1, agent_env.project, s))
+    node = agent_env.tmp / f"{job}-1"
     agent = agent_env.agent(md, node, STORAGE_EMULATOR_HOST=host)
     wait_for(lambda: "uploadType=media" in requests.read_text() if requests.exists() else False, 60,
              "a log chunk on its way to the slow store")
+    return agent, md, node
+
+
+def test_the_final_flush_never_delays_the_emergency_save_or_the_final_heartbeat(agent_env, slow_log_store):
+    """Every log send takes 4 s: the emergency save still commits at the trainer's next step after the notice, the
+    final heartbeat lands right after it, and the final flush gives up within its bound."""
+    agent, md, node = sending_to_the_slow_store(agent_env, slow_log_store, "slowlogs")
     noticed = time.time()
     md.set("instance/preempted", "TRUE")
     assert agent.wait(30) == 0, agent.output()[-3000:]
@@ -311,14 +318,7 @@ def test_sighup_during_a_log_send_records_it_before_the_agent_exits(agent_env, s
     logship.json before it exits, so the next agent goes on after it rather than sending it again. (It once exited
     at once, and a restarted agent found no record at all.)"""
     host, requests = slow_log_store
-    talk = agent_env.tmp / "talk.py"
-    talk.write_text(TALKING_TRAINER)
-    s = settings([sys.executable, str(talk)], "gs://b/runs/hup-slow", interpreter=sys.executable)
-    md = agent_env.metadata("hupslow-1", attributes("hupslow", 1, agent_env.project, s))
-    node = agent_env.tmp / "hupslow-1"
-    first = agent_env.agent(md, node, STORAGE_EMULATOR_HOST=host)
-    wait_for(lambda: "uploadType=media" in requests.read_text() if requests.exists() else False, 60,
-             "a log chunk on its way to the slow store")
+    first, md, node = sending_to_the_slow_store(agent_env, slow_log_store, "hupslow")
     first.proc.send_signal(signal.SIGHUP)
     assert first.wait(30) == contract.EXIT_AGENT_DETACH, first.output()[-3000:]
     # Every chunk whose send had begun (the store's request log names each by stream and offset) is recorded as sent.
