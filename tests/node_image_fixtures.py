@@ -198,7 +198,6 @@ def booted_image(image: Path, where: Path) -> Iterator[Path]:
 
 
 if __name__ == "__main__":  # start_building's process; a failed build is reported by the test's own try
-    system_packages.wait_installed()
     try:
         node_image(BULLSEYE)
     except BaseException:
