@@ -14,7 +14,7 @@ import threading
 import sys
 import time
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -322,13 +322,15 @@ def test_sighup_during_a_log_send_records_it_before_the_agent_exits(agent_env, s
     first.proc.send_signal(signal.SIGHUP)
     assert first.wait(30) == contract.EXIT_AGENT_DETACH, first.output()[-3000:]
     # Every chunk whose send had begun (the store's request log names each by stream and offset) is recorded as sent.
-    begun = [LogChunk.parse(unquote(line.split("name=", 1)[1].split("&")[0]).split("/.respawn-logs/", 1)[1])
-             for line in requests.read_text().splitlines() if "uploadType=media" in line]
+    names = [parse_qs(urlsplit(line.split()[1]).query)["name"][0] for line in requests.read_text().splitlines()
+             if "uploadType=media" in line]
+    begun = [LogChunk.parse(name.split(f"/{contract.LOGS_DIR}/", 1)[1]) for name in names]
     record = json.loads((node / "logship.json").read_text())["offsets"]
     assert begun and all(record[c.stream] > c.offset for c in begun), (begun, record)
     # The next agent adopts the trainer and goes on; preempted, it stops it.
     second = agent_env.agent(md, node, STORAGE_EMULATOR_HOST=host)
-    wait_for(lambda: any(e["message"].startswith("adopting the trainer") for e in second.events()), 30, "the trainer adopted")
+    wait_for(lambda: any(e["message"].startswith("adopting the trainer") for e in second.events()), 30,
+             "the trainer adopted")
     md.set("instance/preempted", "TRUE")
     assert second.wait(30) == 0, second.output()[-3000:]
 
