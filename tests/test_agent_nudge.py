@@ -1,8 +1,8 @@
 """The agent wakes the controller when its node fails on its own: real agents against the metadata sim, the Firestore
 emulator and the Pub/Sub emulator (its sweep topic read through a pull subscription, as on_sweep's would be fed).
 
-A trainer's error exit or a failed setup → exactly one {"task": "sweep", "job_id": JOB} on the sweep topic, after
-the heartbeat that reports it; a trainer that stops on a notice (exit 75) → nothing; a topic the node may not publish
+A trainer's error exit, its end or its first step, a failed setup → exactly one {"task": "sweep", "job_id": JOB} on
+the sweep topic, after the heartbeat that reports it; a trainer that stops on a notice (exit 75) → nothing; a topic the node may not publish
 to → one WARNING naming the topic and the grant to check, and the node carries on."""
 
 from __future__ import annotations
@@ -118,15 +118,16 @@ def test_a_notice_is_told_at_once_and_the_trainer_stopping_on_it_sends_nothing_m
 
 def test_a_sigterm_alone_tells_nothing_and_a_sigterm_after_the_notice_is_the_soft_off(agent_env, sweep):
     topic, pull = sweep
-    # A user's stop (SIGTERM alone) is no preemption: nothing is published.
-    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic)
+    # A user's stop (SIGTERM alone) is no preemption: nothing is published. Beats 30 s apart: none sees the trainer
+    # stepping, whose first step would wake the controller (test_the_trainers_first_step_…).
+    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic, heartbeat_seconds=30)
     _, agent = _boot(agent_env, "st", 1, s)
     wait_for(lambda: _stepping(agent), 60, "the trainer stepping")
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(60) == 0 and pull() == []
     # A 25 s notice (notice_seconds) in a 30 s budget: the soft-off 1 s after the notice leaves the save 5 s, not 29.
     s = settings(_tiny(agent_env, "--ignore-notice"), f"file://{agent_env.tmp}/store", sweep_topic=topic,
-                 notice_budget_seconds=30, notice_seconds=25)
+                 notice_budget_seconds=30, notice_seconds=25, heartbeat_seconds=30)
     md, agent = _boot(agent_env, "so", 1, s)
     wait_for(lambda: _stepping(agent), 60, "the trainer stepping")
     md.set("instance/preempted", "TRUE")
@@ -142,7 +143,9 @@ def test_a_sigterm_alone_tells_nothing_and_a_sigterm_after_the_notice_is_the_sof
 def test_a_single_nodes_trainer_error_a_failed_setup_and_the_end_each_wake_it(agent_env, sweep):
     topic, pull = sweep
     # A single node's trainer fails: the agent exits after its report, and the message is out before it does.
-    s = settings(_tiny(agent_env, "--crash-at", "5"), f"file://{agent_env.tmp}/store", sweep_topic=topic)
+    # Beats 30 s apart, for both short trainers: no beat sees one stepping (its first step wakes the controller too).
+    s = settings(_tiny(agent_env, "--crash-at", "5"), f"file://{agent_env.tmp}/store", sweep_topic=topic,
+                 heartbeat_seconds=30)
     _, agent = _boot(agent_env, "one", 1, s)
     assert agent.wait(60) == 0
     assert agent_env.heartbeat("one-1")["exit_code"] == 3
@@ -155,11 +158,27 @@ def test_a_single_nodes_trainer_error_a_failed_setup_and_the_end_each_wake_it(ag
     assert agent_env.heartbeat("bad-1")["state"] == "setup-failed"
     assert pull() == [{"task": "sweep", "job_id": "bad"}]
     # A trainer that finished: its nodes should go now, not at the next sweep.
-    s = settings(_tiny(agent_env, "--steps", "10"), f"file://{agent_env.tmp}/store", sweep_topic=topic)
+    s = settings(_tiny(agent_env, "--steps", "10"), f"file://{agent_env.tmp}/store", sweep_topic=topic,
+                 heartbeat_seconds=30)
     _, agent = _boot(agent_env, "done", 1, s)
     assert agent.wait(60) == 0
     assert agent_env.heartbeat("done-1")["exit_code"] == 0
     assert pull() == [{"task": "sweep", "job_id": "done"}]
+
+
+def test_the_trainers_first_step_wakes_the_controller_once(agent_env, sweep):
+    # A recovery ends at the replacement's first step: the controller hears it now, not at its next sweep, and only
+    # once however many beats see the trainer stepping after it.
+    topic, pull = sweep
+    s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store", sweep_topic=topic)  # beats 0.5 s apart
+    _, agent = _boot(agent_env, "fs", 2, s)
+    [woken] = wait_for(lambda: _woken(agent), 60, "the controller woken by the first step")
+    assert woken["why"] == "the trainer's first step"
+    hb = agent_env.heartbeat("fs-2")
+    assert hb["state"] == "training" and isinstance(hb["first_step"], int) and hb["first_step_at"]
+    assert wait_for(pull, 10, "the first step's wake-up") == [{"task": "sweep", "job_id": "fs"}]
+    time.sleep(2.0)  # four beats more, each seeing the trainer stepping
+    assert pull() == [] and len(_woken(agent)) == 1 and agent.proc.poll() is None
 
 
 def test_a_topic_the_node_cannot_publish_to_is_named_and_the_node_carries_on(agent_env, sweep):
