@@ -53,6 +53,7 @@ from .logship import LogShipper
 from .membership import Membership, join
 from .metadata import MetadataClient
 from .notice import Notice
+from .signal_safe import SignalSafeEvent
 from .nudge import PUBLISH_TIMEOUT_S, Nudger
 from .preparation import Preparation
 from .prepare import PrepareFailed
@@ -95,7 +96,7 @@ class Agent:
         self.cfg, self.md, self.settings = cfg, md, cfg.settings
         self.final_report_seconds = final_report_seconds
         self.status_path = os.path.join(cfg.node_dir, contract.STATUS_FILE)
-        self.wake = threading.Event()  # the main loop's: set by every input (a notice, SIGHUP, a generation)
+        self.wake = SignalSafeEvent()  # the main loop's: set by every input (a notice, SIGHUP, a generation)
         self.state = NodeState.STARTING
         # Each worker of a multi-host slice beats to a document of its own; worker 0's is nodes/{node}, as before.
         self.heartbeater = Heartbeater(writer, contract.heartbeat_id(cfg.node, cfg.worker), self.snapshot,

@@ -26,6 +26,7 @@ from .config import AgentConfig
 from .metadata import MetadataClient
 from .peers import PeerServer, listen_port, peers_env, serve as serve_peers
 from .reach import MasterProbe
+from .signal_safe import SignalSafeEvent
 from .supervisor import TrainerRecord
 from .watcher import ValueWatcher
 
@@ -41,7 +42,7 @@ class OneMember:
         self.running: int | None = None  # the generation the trainer runs: none is numbered
         self._started = False
 
-    def start(self, wake: threading.Event) -> None:
+    def start(self, wake: SignalSafeEvent) -> None:
         pass
 
     def due(self) -> "OneMember | None":
@@ -84,7 +85,7 @@ class Generations:
 
     def __init__(self, cfg: AgentConfig, md: MetadataClient):
         self.cfg = cfg
-        self.wake = threading.Event()  # set on each new generation: the agent's main loop's, from start()
+        self.wake = SignalSafeEvent()  # set on each new generation: the agent's main loop's, from start()
         self.rank: int | None = None  # until a generation gives this member one
         self.newest: contract.Generation | None = None
         self.running: int | None = None
@@ -95,7 +96,7 @@ class Generations:
         self._probe = MasterProbe(cfg.settings.heartbeat_seconds)
         self.peers: PeerServer | None = None
 
-    def start(self, wake: threading.Event) -> None:
+    def start(self, wake: SignalSafeEvent) -> None:
         self.wake = wake
         self._watch.start()
         self._probe.start()

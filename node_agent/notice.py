@@ -24,6 +24,7 @@ from .config import AgentConfig
 from .metadata import MetadataClient
 from .nudge import Nudger
 from .run_end import RunEnd, RunEndTimer
+from .signal_safe import SignalSafeEvent
 from .watcher import NOTICE_SIGTERM, Watcher, maintenance_watch, preempted_watch
 
 FIRST_READ_WAIT_S = 10.0  # how long a node waits for the watchers' first reads before it starts anything
@@ -32,16 +33,17 @@ FIRST_READ_WAIT_S = 10.0  # how long a node waits for the watchers' first reads 
 class Notice:
     """`kind` (None until the first notice) and `at` (monotonic) of the node's notice, `soft_off_at`, `detached`.
     `on_notice` and `on_detach` are called from the watchers' threads, the run-end timer and the signal handlers;
-    each sets `wake`, the agent's main loop's event."""
+    each sets `wake`, the agent's main loop's event. What they lock is re-entrant, for the handlers (SignalSafeEvent):
+    one may run while the main thread holds it (in on_notice itself, for a SIGTERM that came before the agent)."""
 
-    def __init__(self, cfg: AgentConfig, md: MetadataClient, nudger: Nudger | None, wake: threading.Event):
+    def __init__(self, cfg: AgentConfig, md: MetadataClient, nudger: Nudger | None, wake: SignalSafeEvent):
         self.cfg, self.settings = cfg, cfg.settings
         self.kind: str | None = None
         self.at = 0.0
         self.soft_off_at: float | None = None  # a SIGTERM after a metadata notice (monotonic)
         self.detached = False
         self._nudger, self._wake = nudger, wake
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._told = False  # the controller was sent this node's notice
         self._telling: threading.Thread | None = None  # that message's publish
         self._watchers = [Watcher(md, w, self.on_notice, wait_seconds=self.settings.metadata_wait_seconds)
