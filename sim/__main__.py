@@ -9,7 +9,7 @@ import argparse
 import shlex
 import signal
 import sys
-import threading
+import time
 from pathlib import Path
 
 LOOPBACK = ("127.0.0.1", "localhost")
@@ -43,13 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     sim = SimServer(args.project, notice_seconds=args.notice_seconds, op_delay=args.op_delay,
                     boot_command=shlex.split(args.boot_command) if args.boot_command else None,
                     nodes_root=args.nodes_root, audit_sink=sink, port=args.port)
-    done = threading.Event()
+    # The handlers take no lock: Python runs them in the main thread, also where it holds one (threading.Event's
+    # inside its wait()), and a handler asking for it there would block the stop for good.
+    stop: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
+        signal.signal(sig, lambda signum, _frame: stop.append(signum))
     sim.start()
     print(f"sim: serving project {args.project} at {sim.endpoint} (control API at {sim.endpoint}/sim/)", flush=True)
     try:
-        done.wait()
+        while not stop:
+            time.sleep(0.1)
     finally:
         sim.stop()
         if sink is not None:
