@@ -53,11 +53,11 @@ from .logship import LogShipper
 from .membership import Membership, join
 from .metadata import MetadataClient
 from .notice import Notice
-from .signal_safe import SignalSafeEvent
 from .nudge import PUBLISH_TIMEOUT_S, Nudger
 from .preparation import Preparation
 from .prepare import PrepareFailed
 from .reach import Progress
+from .signal_safe import SignalSafeEvent
 from .storage import Uploader
 from .supervisor import TrainerRecord, boot_id
 from .watcher import NOTICE_SIGTERM

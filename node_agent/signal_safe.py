@@ -31,4 +31,3 @@ class SignalSafeEvent:
     def wait(self, timeout: float | None = None) -> bool:
         with self._cond:
             return self._flag or self._cond.wait(timeout)
-

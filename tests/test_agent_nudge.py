@@ -2,8 +2,8 @@
 emulator and the Pub/Sub emulator (its sweep topic read through a pull subscription, as on_sweep's would be fed).
 
 A trainer's error exit, its end or its first step, a failed setup → exactly one {"task": "sweep", "job_id": JOB} on
-the sweep topic, after the heartbeat that reports it; a trainer that stops on a notice (exit 75) → nothing; a topic the node may not publish
-to → one WARNING naming the topic and the grant to check, and the node carries on."""
+the sweep topic, after the heartbeat that reports it; a trainer that stops on a notice (exit 75) → nothing; a topic
+the node may not publish to → one WARNING naming the topic and the grant to check, and the node carries on."""
 
 from __future__ import annotations
 
