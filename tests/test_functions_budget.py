@@ -22,6 +22,7 @@ from respawn.control.adapters.prices import PRICES
 from respawn import prices
 from respawn.control import costs
 from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
+from test_sim_nodes import GUEST
 
 # n1-standard-8 (8 vCPUs, 30 GiB) with one T4 and a 100 GB boot disk, Spot: 8 × 0.01 + 30 × 0.002 + 0.5 + 100 ×
 # 0.073 / 730 = $0.65 an hour; on demand 8 × 0.04 + 30 × 0.005 + 1.0 + 0.01 = $1.48 an hour.
@@ -88,9 +89,10 @@ def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(
 def test_a_hybrid_job_stopped_at_its_budget_deletes_every_node_in_the_pass_that_stops_it(controller):
     """Issue #34: a 3-node hybrid job stopped at its budget deleted one node a pass, each after the previous one's
     soft-off; the tick's orphan scan got to the last one first. Every node's delete is asked for in the pass that
-    commits BUDGET_EXHAUSTED, and none is left when that reconcile ends, with no tick (no orphan scan) in between.
-    (The sim's nodes here run no guest, so a soft-off ends at once: when a delete is asked says which pass asked
-    it, when a node is gone does not.)"""
+    commits BUDGET_EXHAUSTED, before any of the nodes is gone, and none is left when that reconcile ends, with no
+    tick (no orphan scan) in between. Each node's guest ignores SIGTERM, so each delete's soft-off takes the whole
+    grace: deletes asked one pass after another would be that far apart."""
+    controller.sim.boot_command, controller.sim.delete_grace = [*GUEST, "--ignore-sigterm"], 5.0
     controller.sim.set_catalog(prices.COMPUTE_SERVICE, prices.catalog_skus(RATES, "us-central1"))
     spec = {**_spec("hybcap", 0.12), "nodes": 3, "on_demand_nodes": 1, "placement": {"cooldown_seconds": 1}}
     job = controller.register(spec)
@@ -110,7 +112,9 @@ def test_a_hybrid_job_stopped_at_its_budget_deletes_every_node_in_the_pass_that_
     lives = [r for r in controller.sim.history() if r["labels"].get("respawn-job") == job]
     assert sorted(r["name"] for r in lives) == ["hybcap-1", "hybcap-2", "hybcap-3"]
     asked = [min(t for t, state in r["states"] if state in ("PENDING_STOP", "STOPPING")) for r in lives]
-    assert all(began <= t <= ended for t in asked), (began, ended, lives)
+    gone = [t for r in lives for t, state in r["states"] if state == "DELETED"]
+    assert all(began <= t <= ended for t in asked) and len(gone) == 3 and max(asked) < min(gone), (began, ended,
+                                                                                                   lives)
 
 
 RECORDED = os.path.join(os.path.dirname(__file__), "fixtures", "billing_catalog_a2_recorded.json")
