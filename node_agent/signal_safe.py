@@ -8,16 +8,13 @@ import threading
 
 
 class SignalSafeEvent:
-    """threading.Event on a re-entrant lock: the agent's main loop waits on it, and the signal handlers set it.
-    threading.Event's lock is not re-entrant, and its wait() and clear() hold it: a SIGTERM handled there would
-    block the agent."""
+    """threading.Event's set, clear and wait on a re-entrant lock: the agent's main loop waits on it, and the signal
+    handlers set it. threading.Event's lock is not re-entrant, and its wait() and clear() hold it: a SIGTERM
+    handled there would block the agent."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.RLock())
         self._flag = False
-
-    def is_set(self) -> bool:
-        return self._flag
 
     def set(self) -> None:
         with self._cond:
