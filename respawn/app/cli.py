@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+import typer.core
 import yaml
 from rich.console import Console
 from rich.table import Table
@@ -19,8 +20,21 @@ from rich.text import Text
 from respawn import deployment, schema
 from respawn.app.workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
 
+class _Commands(typer.core.TyperGroup):
+    """The top-level commands; a `jobs` subcommand given at the top (`respawn validate`) is pointed at."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else None
+        if name and self.get_command(ctx, name) is None:
+            jobs = self.get_command(ctx, "jobs")
+            if jobs is not None and jobs.get_command(ctx, name) is not None:
+                say("error", f"no command {name!r} at the top: it is `{command()} jobs {name}`")
+                raise typer.Exit(2)
+        return super().resolve_command(ctx, args)
+
+
 # Plain help (click's): Rich's option tables cut long option names at 80 columns (--checkpoint-interval-m…).
-app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="Respawn: hands-off training on Spot GPUs and TPUs.")
 jobs_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Register and inspect jobs.")
 app.add_typer(jobs_app, name="jobs")
@@ -35,6 +49,38 @@ ProjectOpt = typer.Option(None, "--project", envvar="GOOGLE_CLOUD_PROJECT", help
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 FOLLOW_POLL_S = 2.0  # `jobs logs --follow`: how often the job's log chunks are listed again
 SweepTopicOpt = typer.Option(deployment.SWEEP_TOPIC, "--sweep-topic", help="Pub/Sub topic the controller's sweep listens on")
+
+
+def command() -> str:
+    """`respawn` as the user can run it again from here: the name alone where PATH finds this same program, else its
+    path (`.venv/bin/respawn`, as the README's first command leaves it), or `python -m respawn`. The demo, which runs
+    as `python -m sim.demo`, is told how respawn was started (RESPAWN_COMMAND)."""
+    import shlex
+    import shutil
+
+    given = os.environ.get("RESPAWN_COMMAND")
+    if given:
+        return given
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "respawn"
+    if os.path.basename(argv0) == "__main__.py":  # python -m respawn
+        return f"{shlex.quote(_short(sys.executable))} -m respawn"
+    found = shutil.which(os.path.basename(argv0))
+    try:
+        if found and os.path.samefile(found, argv0 if os.sep in argv0 else found):
+            return os.path.basename(argv0)
+    except OSError:
+        pass
+    return shlex.quote(_short(argv0))
+
+
+def _short(path: str) -> str:
+    """A path relative to the working directory when it lies under it (with ./ where it would read as a bare
+    name), else absolute."""
+    full = os.path.abspath(path)
+    rel = os.path.relpath(full)
+    if rel.startswith(os.pardir):
+        return full
+    return rel if os.sep in rel else f".{os.sep}{rel}"
 
 
 def say(label: str, text: str) -> None:
@@ -61,7 +107,7 @@ def _store(project: str | None):
 
 
 def _no_such_job(job_id: str) -> CliError:
-    return CliError(f"no job {job_id!r}; `respawn jobs list` shows the registered jobs")
+    return CliError(f"no job {job_id!r}; `{command()} jobs list` shows the registered jobs")
 
 
 def _read_spec_data(path: Path) -> Any:
@@ -131,15 +177,25 @@ def run_reporting_errors(fn, *args) -> None:
         say("error", str(exc))
         raise typer.Exit(exc.code) from None
     except Exception as exc:  # a cloud error: name it, without a traceback
-        from respawn.app.jobstore import NoSuchJob, is_api_error
+        from respawn.app.jobstore import NoSuchJob, is_api_error, is_unanswered
 
         if isinstance(exc, NoSuchJob):
             say("error", str(_no_such_job(str(exc))))
             raise typer.Exit(1) from None
+        if is_unanswered(exc):
+            from respawn.app.endpoints import FIRESTORE, where
+
+            say("error", f"{where(FIRESTORE, os.environ.get('GOOGLE_CLOUD_PROJECT'))} did not answer in time "
+                         f"({_one_line(exc)}); retry, or check the endpoint and this machine's network")
+            raise typer.Exit(1) from None
         if is_api_error(exc):
-            say("error", f"Firestore call failed: {exc}")
+            say("error", f"Firestore call failed: {_one_line(exc)}")
             raise typer.Exit(1) from None
         raise
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500]
 
 
 @jobs_app.command("register")
@@ -484,13 +540,13 @@ def report_cmd(
                            "exists", code=2) from None
         figures = report.describe(r)
         if as_json:
-            print(json.dumps({"id": job_id, "state": r.state, "report": str(output), **figures}))
+            print(json.dumps({"id": job_id, "state": r.state, "report": str(output.resolve()), **figures}))
             return
         out.print(f"job {job_id} {r.state}: {len(r.lives)} node lives, {len(r.recoveries)} recoveries, goodput "
                   f"{r.goodput_ratio:.1%} of {r.wall_seconds:.0f} s")
         for bucket, seconds in r.goodput.items():
             out.print(f"  {bucket.replace('_', ' ')}: {seconds:.1f} s")
-        out.print(f"report written to {output}")
+        out.print(f"report written to {output.resolve()}", highlight=False)
 
     run_reporting_errors(go)
 
@@ -652,7 +708,10 @@ def _wake_controller(project: str, topic: str, job_id: str) -> bool:
         nudge_sweep(project, topic, job_id)
         return True
     except Exception as exc:  # noqa: BLE001 - the cancel itself is recorded; only the nudge failed
-        say("note", f"could not publish to topic {topic!r} ({exc.__class__.__name__})")
+        from respawn.app.endpoints import Unreachable
+
+        said = str(exc) if isinstance(exc, Unreachable) else exc.__class__.__name__
+        say("note", f"could not publish to topic {topic!r} ({said})")
         return False
 
 
@@ -673,7 +732,7 @@ def validate(file: Path = typer.Argument(..., help="job spec, YAML or JSON")) ->
                 trainer.pop("workdir")  # no URI without a valid checkpoint_uri, which the check below names
         spec = _parse_spec(file, data)
         if directory is not None:
-            out.print(f"trainer.workdir: {directory} → {spec.trainer.workdir} (`respawn jobs register` uploads it)",
+            out.print(f"trainer.workdir: {directory} → {spec.trainer.workdir} (`{command()} jobs register` uploads it)",
                       highlight=False)
         out.print(Text.assemble(f"{file}: valid job spec for ", (spec.id, "bold")))
 
@@ -928,7 +987,7 @@ def chaos(
                 if ev.to_state.terminal:
                     raise CliError(f"job {job_id} ended {ev.to_state.value} instead of recovering")
             time.sleep(2.0)
-        raise CliError(f"job {job_id} did not train again within {timeout:g} s; `respawn jobs events {job_id}` "
+        raise CliError(f"job {job_id} did not train again within {timeout:g} s; `{command()} jobs events {job_id}` "
                        "shows where it is")
 
     run_reporting_errors(go)
@@ -1012,6 +1071,7 @@ def _say_offline_prices(shape: Any, regions: list[str]) -> None:
 
 def _zones_table(rep: Any, shape: Any) -> Table:
     from respawn import advice
+    from respawn.app.zonereport import offline_spot
 
     spot, standard = (advice.quota_metric(shape.gpu, m) for m in ("spot", "standard"))
     table = Table("zone", f"{spot or 'Spot quota'} used/limit", f"{standard or 'on-demand quota'} used/limit",
@@ -1029,7 +1089,7 @@ def _zones_table(rep: Any, shape: Any) -> Table:
                       f"{scores.obtainability:.2f}" if scores else "—",
                       _duration(scores.uptime_seconds) if scores and scores.uptime_seconds is not None else "—",
                       f"{rate:.0%}" if rate is not None else "—",
-                      f"{price[0]:.3f} {price[1]}/h" if price else "—")
+                      f"{price[0]:.3f} {price[1]}/h" if price else offline_spot(shape, row.zone) or "—")
     return table
 
 
@@ -1067,7 +1127,8 @@ def demo(ctx: typer.Context) -> None:
         err.print("respawn demo runs from a source checkout of Respawn (its local stand-ins for Google Cloud are not "
                   "installed): in the checkout, run `pip install -e '.[dev]' && respawn demo`", highlight=False)
         raise typer.Exit(2)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])),
+           "RESPAWN_COMMAND": command()}  # the demo's hints name respawn as it was started here
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, "-m", "sim.demo", *ctx.args], env)
 

@@ -25,6 +25,7 @@ from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 from google.cloud import storage
 
+from respawn.app import endpoints
 from respawn.joblogs import Listed, list_local
 from respawn.app.workdir import PackedWorkdir, human_bytes, workdir_uri
 
@@ -94,13 +95,19 @@ def _put_local(uri: str, packed: PackedWorkdir, progress: Progress | None) -> Up
 # ---- Cloud Storage -------------------------------------------------------------------------------------------
 
 def client(project: str | None) -> storage.Client:
-    """A storage client with Application Default Credentials, or anonymous ones for STORAGE_EMULATOR_HOST."""
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        from google.auth.credentials import AnonymousCredentials
-
-        return storage.Client(project=project or EMULATOR_PROJECT, credentials=AnonymousCredentials())
+    """A storage client with Application Default Credentials, or anonymous ones for STORAGE_EMULATOR_HOST, once its
+    endpoint answers (respawn.app.endpoints.check: seconds, not the library's minutes of retries)."""
     try:
-        return storage.Client(project=project)
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            from google.auth.credentials import AnonymousCredentials
+
+            endpoints.check(endpoints.STORAGE)
+            return storage.Client(project=project or EMULATOR_PROJECT, credentials=AnonymousCredentials())
+        found = storage.Client(project=project)  # credentials first: without them, that is what to say
+        endpoints.check(endpoints.STORAGE, found.project)
+        return found
+    except endpoints.Unreachable as exc:
+        raise CodeStoreError(str(exc)) from None
     except DefaultCredentialsError:
         raise CodeStoreError(f"no Google Cloud credentials to upload the workdir: {LOGIN_HINT}") from None
 

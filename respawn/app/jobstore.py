@@ -4,18 +4,21 @@ respawn.control.adapters.firestore_store is the controller's (each runs as its o
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from datetime import datetime, timezone
 from typing import Any
 
 from google.api_core import exceptions as gexc
+from google.api_core import retry as retries
 from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from respawn.contract import sweep_nudge
 from respawn import deployment
+from respawn.app import endpoints
 from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, STATS, Heartbeat, JobEvent, JobStatus, State,
                             capacity_doc_id)
 
@@ -23,6 +26,12 @@ from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, STATS, He
 READ_TIMEOUT_S = 15
 # With the emulator any project id works; this one is the demo's.
 EMULATOR_PROJECT = "respawn-local"
+# Each call's own deadline, retries included (the library's default retries UNAVAILABLE for 300 s): an endpoint that
+# answered the probe (respawn.app.endpoints) but stops answering still ends the command, naming it.
+RPC_DEADLINE_S = 30.0
+RPC = {"retry": retries.Retry(predicate=retries.if_transient_error, initial=0.25, maximum=4.0,
+                              timeout=RPC_DEADLINE_S),
+       "timeout": RPC_DEADLINE_S}
 
 
 class StoreError(Exception):
@@ -48,18 +57,39 @@ def is_api_error(exc: BaseException) -> bool:
     return isinstance(exc, gexc.GoogleAPIError)
 
 
+def is_unanswered(exc: BaseException) -> bool:
+    """True for a call that got no answer in time (a deadline, retries given up, the endpoint unavailable)."""
+    return isinstance(exc, (gexc.RetryError, gexc.DeadlineExceeded, gexc.ServiceUnavailable))
+
+
+def _told(method):
+    """A JobStore call, with a progress line on stderr while it is slow (respawn.app.endpoints.waiting)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with endpoints.waiting(self.where):
+            return method(self, *args, **kwargs)
+    return call
+
+
 class JobStore:
     def __init__(self, db: firestore.Client):
         self.db = db
+        self.where = endpoints.where(endpoints.FIRESTORE, db.project)
 
     @classmethod
     def open(cls, project: str | None) -> "JobStore":
         """The store of `project` with Application Default Credentials, or the emulator's when
-        FIRESTORE_EMULATOR_HOST is set. Raises StoreError saying what to do."""
-        if os.environ.get("FIRESTORE_EMULATOR_HOST"):
-            return cls(firestore.Client(project=project or EMULATOR_PROJECT))
+        FIRESTORE_EMULATOR_HOST is set, once its endpoint answers (respawn.app.endpoints.check). Raises StoreError
+        saying what to do."""
         try:
-            return cls(firestore.Client(project=project))
+            if os.environ.get("FIRESTORE_EMULATOR_HOST"):
+                endpoints.check(endpoints.FIRESTORE)
+                return cls(firestore.Client(project=project or EMULATOR_PROJECT))
+            db = firestore.Client(project=project)
+            endpoints.check(endpoints.FIRESTORE, db.project)
+            return cls(db)
+        except endpoints.Unreachable as exc:
+            raise StoreError(str(exc)) from None
         except DefaultCredentialsError:
             raise StoreError("no Google Cloud credentials: run `gcloud auth application-default login`, "
                              "or set FIRESTORE_EMULATOR_HOST for a local emulator") from None
@@ -70,6 +100,7 @@ class JobStore:
     def project(self) -> str:
         return self.db.project
 
+    @_told
     def register(self, job_id: str, spec: dict[str, Any], source: str = "") -> None:
         """Create jobs/{job_id} with `spec` as given (a spec that fails validation too, as a hand-written document
         may: the controller then marks the job INVALID naming the field), a PENDING status and a first event.
@@ -81,63 +112,72 @@ class JobStore:
                 "status": JobStatus(updated_at=datetime.now(timezone.utc)).model_dump(),
                 "cancel_requested": False,
                 "created_at": firestore.SERVER_TIMESTAMP,
-            })
+            }, **RPC)
         except (gexc.AlreadyExists, gexc.Conflict):
             raise JobExists(job_id) from None
         details = {"source": source} if source else {}
-        ref.collection(EVENTS).add(JobEvent.new(None, State.PENDING, "registered", **details).model_dump())
+        ref.collection(EVENTS).add(JobEvent.new(None, State.PENDING, "registered", **details).model_dump(), **RPC)
 
+    @_told
     def job_document(self, job_id: str) -> dict[str, Any]:
         """Raises NoSuchJob."""
-        snap = self.db.collection(JOBS).document(job_id).get()
+        snap = self.db.collection(JOBS).document(job_id).get(**RPC)
         if not snap.exists:
             raise NoSuchJob(job_id)
         return snap.to_dict() or {}
 
+    @_told
     def job_statuses(self) -> list[tuple[str, JobStatus]]:
         return [(snap.id, JobStatus.model_validate((snap.to_dict() or {}).get("status") or {}))
-                for snap in self.db.collection(JOBS).stream()]
+                for snap in self.db.collection(JOBS).stream(**RPC)]
 
+    @_told
     def job_events(self, job_id: str, limit: int) -> list[JobEvent]:
         """The newest `limit` lifecycle events, oldest first. Raises NoSuchJob."""
         self.job_document(job_id)
         query = self.db.collection(JOBS).document(job_id).collection(EVENTS).order_by("at").limit_to_last(limit)
-        return [JobEvent.model_validate(snap.to_dict()) for snap in query.get()]
+        return [JobEvent.model_validate(snap.to_dict()) for snap in query.get(**RPC)]
 
+    @_told
     def all_events(self, job_id: str) -> list[JobEvent]:
         """Every lifecycle event still kept (schema.EVENT_RETENTION), oldest first. Raises NoSuchJob."""
         self.job_document(job_id)
         query = self.db.collection(JOBS).document(job_id).collection(EVENTS).order_by("at")
-        return [JobEvent.model_validate(snap.to_dict()) for snap in query.stream()]
+        return [JobEvent.model_validate(snap.to_dict()) for snap in query.stream(**RPC)]
 
+    @_told
     def heartbeat_database(self, job_id: str) -> str:
         """Where the job's nodes beat: its node identity's database while it holds one, else the deployment's
         default (docs/architecture.md, isolation between jobs)."""
-        leases = self.db.collection(IDENTITIES).where(filter=FieldFilter("job_id", "==", job_id)).limit(1).stream()
+        leases = self.db.collection(IDENTITIES).where(filter=FieldFilter("job_id", "==", job_id)).limit(1).stream(**RPC)
         lease = next(iter(leases), None)
         return deployment.heartbeat_database(lease.id if lease is not None else None)
 
+    @_told
     def heartbeats(self, job_id: str, database: str) -> dict[str, Heartbeat]:
         """node → its last heartbeat (a multi-host slice: its worker 0's), from `database`."""
         db = firestore.Client(project=self.db.project, database=database)
         try:
             query = db.collection(NODES).where(filter=FieldFilter("job_id", "==", job_id))
-            beats = [(snap.id, snap.to_dict() or {}) for snap in query.stream()]
+            beats = [(snap.id, snap.to_dict() or {}) for snap in query.stream(**RPC)]
         finally:
             db.close()
         return {node: Heartbeat.model_validate(doc) for node, doc in beats if int(doc.get("worker") or 0) == 0}
 
+    @_told
     def capacity_records(self, zones: list[str], accelerator: str) -> dict[str, dict[str, Any]]:
         """zone → its capacity/{zone}~{accelerator} document (the cooldown, and the statistics by model)."""
         refs = [self.db.collection(CAPACITY).document(capacity_doc_id(z, accelerator)) for z in zones]
         got = self.db.get_all(refs, retry=None, timeout=READ_TIMEOUT_S)
         return {(s.to_dict().get("zone") or s.id.split("~")[0]): s.to_dict() for s in got if s.exists}
 
+    @_told
     def stats_of(self, accelerator: str) -> list[dict[str, Any]]:
         """Every zone's statistics of `accelerator`, by provisioning model (capacity/*.stats; one indexed query)."""
         query = self.db.collection(CAPACITY).where(filter=FieldFilter("accelerator_type", "==", accelerator))
-        return [doc[STATS] for doc in (s.to_dict() for s in query.stream()) if doc.get(STATS)]
+        return [doc[STATS] for doc in (s.to_dict() for s in query.stream(**RPC)) if doc.get(STATS)]
 
+    @_told
     def request_cancel(self, job_id: str) -> State:
         """Set cancel_requested (the controller deletes the node and marks the job CANCELLED) and record the
         request as an event. Returns the state it was in; raises NoSuchJob or JobFinished."""
@@ -152,7 +192,7 @@ class JobStore:
 
         @firestore.transactional
         def update(txn) -> JobStatus:
-            snap = ref.get(transaction=txn)
+            snap = ref.get(transaction=txn, **RPC)
             if not snap.exists:
                 raise NoSuchJob(job_id)
             status = JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
@@ -164,9 +204,10 @@ class JobStore:
         return update(self.db.transaction())
 
     def _event(self, job_id: str, event: JobEvent) -> None:
-        self.db.collection(JOBS).document(job_id).collection(EVENTS).add(event.model_dump())
+        self.db.collection(JOBS).document(job_id).collection(EVENTS).add(event.model_dump(), **RPC)
 
 
+    @_told
     def set_budget(self, job_id: str, max_usd: float) -> JobStatus:
         """Set the job's spec.budget.max_usd (the controller resumes a BUDGET_EXHAUSTED job whose cost is below
         it) and record it as an event. Returns the status it had; raises NoSuchJob, or JobFinished for a job ended
@@ -180,6 +221,7 @@ def nudge_sweep(project: str, topic: str, job_id: str, timeout: float = 10.0) ->
     """Publish {"task": "sweep", "job_id": …} to the sweep topic, so that the controller acts on the job now."""
     from google.cloud import pubsub_v1
 
+    endpoints.check(endpoints.PUBSUB, project)  # raises Unreachable in seconds, not after `timeout` of retries
     publisher = pubsub_v1.PublisherClient()
     data = json.dumps(sweep_nudge(job_id)).encode()
     publisher.publish(publisher.topic_path(project, topic), data).result(timeout=timeout)

@@ -79,18 +79,29 @@ def report(look: Reader, shape: advice.Shape, zones: list[str], size: int = 1) -
     return Report(rows, list(notes.values()))
 
 
-def offline_price(shape: advice.Shape, region: str) -> str | None:
-    """The VM's Spot and on-demand price an hour in `region` from respawn/prices.py's dated offline table (without
-    a boot disk, as Compute Engine's Spot price is), or None where the table cannot price it."""
+def _offline_rate(shape: advice.Shape, region: str) -> Any:
+    """The VM's Spot rate in `region` from respawn/prices.py's dated offline table (without a boot disk, as Compute
+    Engine's Spot price is), or None where the table cannot price it."""
     book = prices.offline(region)
     node = prices.shape_of(SimpleNamespace(kind="gpu", machine_type=shape.machine_type, boot_disk_gb=0,
                                            accelerator_type=shape.accelerator_type,
                                            accelerator_count=shape.accelerator_count))
-    found = prices.rate(node, "spot", book) if book and node else None
+    return prices.rate(node, "spot", book) if book and node else None
+
+
+def offline_price(shape: advice.Shape, region: str) -> str | None:
+    """The VM's Spot and on-demand price an hour in `region` from the dated offline table, or None."""
+    found = _offline_rate(shape, region)
     if found is None:
         return None
     return (f"Spot {prices.usd(found.usd_per_hour)}/h, on demand {prices.usd(found.on_demand_usd_per_hour)}/h "
             f"({found.note})")
+
+
+def offline_spot(shape: advice.Shape, zone: str) -> str | None:
+    """The Spot price column's cell where Compute Engine gave none: the offline table's, marked as such."""
+    found = _offline_rate(shape, advice.region_of(zone))
+    return None if found is None else f"{prices.usd(found.usd_per_hour)}/h (offline table)"
 
 
 def add_seen(rows: list[ZoneRow], records: dict[str, dict[str, Any]]) -> None:
