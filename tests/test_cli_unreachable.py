@@ -1,0 +1,134 @@
+"""The CLI against endpoints that do not answer (issue 46 item 4), as real processes: a stopped emulator (nothing
+listens on its port any more: a demo's `--keep` that ended, its `export` lines still set) and a hung one (it accepts
+connections and never answers). Every command that talks to Firestore, Cloud Storage or Pub/Sub ends within 10 s with
+one line naming the endpoint and what to do, never a traceback; the other stores still work."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from respawn.app import endpoints
+
+# The issue's bound, with none of it to spare for the interpreter's start (measured from the process's start).
+BOUND_S = 10.0
+SPEC = {
+    "id": "far-job",
+    "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"},
+    "zones": ["us-central1-a"],
+    "trainer": {"command": ["python", "train.py"]},
+    "checkpoint_uri": "gs://far-bucket/far-job",
+}
+FIRESTORE_COMMANDS = [["jobs", "list"], ["jobs", "describe", "far-job"], ["jobs", "events", "far-job"],
+                      ["jobs", "report", "far-job", "-o", "r.html"], ["jobs", "logs", "far-job"],
+                      ["jobs", "cancel", "far-job"], ["jobs", "resume", "far-job", "--budget", "5"],
+                      ["jobs", "register", "job.yaml"], ["chaos", "far-job", "--yes"],
+                      ["plan", "--from-stats", "nvidia-l4"]]
+
+
+def dead_port() -> int:
+    """A port nothing listens on: bound, then closed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def hung_port():
+    """A listener that takes connections into its backlog and never answers (a stopped, not exited, server)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    yield s.getsockname()[1]
+    s.close()
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "respawn", *argv], capture_output=True, text=True, cwd=cwd, env=env,
+                       timeout=120)
+    return r, time.monotonic() - started
+
+
+def each(argvs: list[list[str]], cwd: Path, env: dict[str, str]) -> list[tuple[subprocess.CompletedProcess, float]]:
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return list(pool.map(lambda argv: timed(argv, cwd, env), argvs))
+
+
+def assert_one_line(r: subprocess.CompletedProcess, took: float, *said: str) -> None:
+    assert "Traceback" not in r.stdout + r.stderr, r.stderr
+    assert r.returncode == 1, (r.args, r.stdout, r.stderr)
+    assert took < BOUND_S, (r.args, took)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for words in said:
+        assert words in lines[0], (r.args, lines[0])
+
+
+def kept_env(firestore: str, **more: str) -> dict[str, str]:
+    """The environment a demo's `--keep` leaves in a shell: its export lines (no other emulator of this session's)."""
+    env = {k: v for k, v in os.environ.items() if k not in endpoints.DEMO_EXPORTS and k != "PUBSUB_EMULATOR_HOST"}
+    return {**env, "FIRESTORE_EMULATOR_HOST": firestore, "GOOGLE_CLOUD_PROJECT": "respawn-local", "COLUMNS": "200",
+            **more}
+
+
+def test_every_firestore_command_fails_fast_on_a_stopped_emulator(tmp_path):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(SPEC))
+    port = dead_port()
+    env = kept_env(f"127.0.0.1:{port}", STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{port}")
+    for r, took in each(FIRESTORE_COMMANDS, tmp_path, env):
+        assert_one_line(r, took, f"the Firestore emulator at 127.0.0.1:{port} (FIRESTORE_EMULATOR_HOST) does not "
+                                 "answer (connection refused", "a demo's `--keep`",
+                        "unset FIRESTORE_EMULATOR_HOST STORAGE_EMULATOR_HOST GOOGLE_CLOUD_PROJECT")
+
+
+def test_describe_and_list_fail_fast_on_a_hung_emulator(tmp_path, hung_port):
+    env = kept_env(f"127.0.0.1:{hung_port}")
+    for r, took in each([["jobs", "list"], ["jobs", "describe", "far-job"]], tmp_path, env):
+        assert_one_line(r, took, f"the Firestore emulator at 127.0.0.1:{hung_port}",
+                        f"no answer within {endpoints.PROBE_TIMEOUT_S:g} s")
+
+
+def test_logs_name_a_stopped_storage_emulator_and_cancel_a_stopped_pubsub(firestore_db, project, tmp_path):
+    """Firestore answers; the job's logs are on a Cloud Storage emulator that stopped, and the cancel's nudge goes to
+    a Pub/Sub emulator that stopped: the logs fail in a line naming the storage emulator, the cancel is recorded and
+    says in a note that the controller could not be woken, and why."""
+    from sim import emulators
+
+    gcs = emulators.start_storage("far-bucket", log_dir=tmp_path)
+    url = gcs.url
+    gcs.stop()  # as a demo's --keep does once it ends
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(SPEC))
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": url, "PUBSUB_EMULATOR_HOST": f"127.0.0.1:{dead_port()}",
+           "COLUMNS": "200"}
+    r, _ = timed(["jobs", "register", "job.yaml", "--project", project], tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    (logs, took), (cancel, cancel_took) = each([["jobs", "logs", "far-job", "--project", project],
+                                                ["jobs", "cancel", "far-job", "--project", project]], tmp_path, env)
+    host = url.removeprefix("http://")
+    assert_one_line(logs, took, f"the Cloud Storage emulator at {host} (STORAGE_EMULATOR_HOST) does not answer")
+    assert cancel.returncode == 0 and cancel_took < BOUND_S, cancel.stderr
+    assert "cancel requested for far-job" in cancel.stdout
+    assert "could not publish to topic" in cancel.stderr and "the Pub/Sub emulator at 127.0.0.1:" in cancel.stderr
+
+
+def test_a_slow_call_shows_progress_until_it_returns(capsys, monkeypatch):
+    monkeypatch.setattr(endpoints, "PROGRESS_AFTER_S", 0.05)
+    monkeypatch.setattr(endpoints, "PROGRESS_EVERY_S", 0.05)
+    with endpoints.waiting("the Firestore emulator at 127.0.0.1:1"):
+        deadline = time.monotonic() + BOUND_S
+        said = ""
+        while "still waiting" not in said and time.monotonic() < deadline:
+            time.sleep(0.05)
+            said += capsys.readouterr().err
+    assert "still waiting for the Firestore emulator at 127.0.0.1:1: " in said
+    time.sleep(0.2)
+    assert capsys.readouterr().err == "", "the progress line went on after the call returned"
