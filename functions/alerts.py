@@ -18,6 +18,11 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
      # preemption_rate (more than spec.preemption_rate.max in its window): "max", "window_hours", "action"
      # failed with cause setup_failed: "failed_command" (argv), "exit_code", "output_tail"
      # failed with cause no_heartbeat (the second boot in a row without a heartbeat): "console_tail"
+     # a failure's (crashed, failed, boot_failed, a recovered after one): "last_error", the last line of the trainer's
+     #   (or setup command's) error (respawn.losswords.last_error), shown on a line of its own
+     # a noticed node's loss (recovered, succeeded that tells a recovery, preemption_rate, failed): "emergency", how its
+     #   emergency save ended ({state, step, reason}), said once in words (respawn.losswords.emergency_sentence)
+     # succeeded after a loss whose survivors finished without resuming: "steps_lost" 0 without a recovery time
      # budget (50 %, 80 % of spec.budget.max_usd), budget_exhausted (100 %: stopped BUDGET_EXHAUSTED): "percent",
      #   "budget_usd"
      # every alert of a job whose cost is known (functions/costs.py): "cost_usd", "on_demand_usd", "cost_note"}
@@ -28,7 +33,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from respawn import prices
+from respawn import losswords, prices
 from respawn.control import recovery_time
 
 TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed", "boot_failed",
@@ -97,6 +102,8 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
         if "recovery_seconds" in alert:  # its last run stepped and finished before a `recovered` was sent
             facts += [("Recovery time", recovery_time.text(alert["recovery_seconds"])),
                       ("Steps lost", "unknown" if alert.get("steps_lost") is None else str(alert["steps_lost"]))]
+        elif alert.get("steps_lost") is not None:  # it finished without resuming after its last loss
+            facts.append(("Steps lost", str(alert["steps_lost"])))
     elif kind == "crashed":
         facts += [("Exit code", str(alert.get("exit_code"))), ("Restarts", str(alert.get("restarts", "?"))),
                   *_losses(alert)]
@@ -126,6 +133,17 @@ def cost_text(usd: float, on_demand_usd: float | None) -> str:
                               else "")
 
 
+def _said(alert: dict[str, Any]) -> list[str]:
+    """The loss's own lines: the trainer's last error, and how the emergency save ended (in words, once)."""
+    lines = []
+    if alert.get("last_error"):
+        lines.append(f"last error: {alert['last_error']}")
+    saved = losswords.emergency_sentence(alert.get("emergency"), alert.get("resumed_from"), alert.get("steps_lost"))
+    if saved:
+        lines.append(saved)
+    return lines
+
+
 def to_slack(alert: Any) -> dict[str, Any]:
     """Alert JSON → Slack webhook payload {"text": fallback, "blocks": [...]}; BadAlert if it is not an alert."""
     if not isinstance(alert, dict) or not isinstance(alert.get("type"), str) or not isinstance(alert.get("job_id"), str):
@@ -135,7 +153,9 @@ def to_slack(alert: Any) -> dict[str, Any]:
     title = f"Job *{alert['job_id']}* {_TITLE.get(kind, kind)}"
     message = str(alert.get("message") or "")
     facts = _facts(alert)
+    said = _said(alert)
     text = title.replace("*", "") + (f": {message}" if message else "")
+    text += "".join(f"; {line}" for line in said)
     if facts:
         text += " (" + "; ".join(f"{k.lower()}: {v}" for k, v in facts) + ")"
     blocks: list[dict[str, Any]] = [
@@ -143,6 +163,8 @@ def to_slack(alert: Any) -> dict[str, Any]:
     ]
     if message:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": message[:2900]}})
+    for line in said:  # each its own line, under the message
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": line[:2900]}})
     if facts:
         blocks.append({"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in facts[:10]]})
     for key, label in (("output_tail", ""), ("console_tail", "Serial console (end):\n")):

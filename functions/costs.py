@@ -22,7 +22,7 @@ from respawn.ledger import hours, spent
 from respawn.prices import Quote
 from respawn.schema import BilledLife, JobStatus, MemberStatus, State
 
-LIVE = (State.PROVISIONING, State.RUNNING, State.PREEMPTED)
+LIVE = (State.PROVISIONING, State.RUNNING, State.PREEMPTED, State.RESTARTING)
 # Budget alerts below the cap, in percent, each sent once per cap; at 100 % the job stops (BUDGET_EXHAUSTED).
 ALERT_PERCENTS = (50, 80)
 

@@ -9,9 +9,10 @@ No cloud library, no I/O, no clock: `now` is part of the observation. reconcile.
 conditional write *before* it performs `Decision.action`, and every action is idempotent, so a crash or a duplicate
 delivery repeats nothing harmful.
 
-Lifecycle (docs/architecture.md): PENDING → PROVISIONING → RUNNING → SUCCEEDED; a lost node (preempted,
-terminated, stopped, gone, stale heartbeat, crashed trainer) → PREEMPTED while the dead node is deleted → PROVISIONING
-(a STOP-terminated node whose model restarts in place may instead be started: → PROVISIONING directly); every zone
+Lifecycle (docs/architecture.md): PENDING → PROVISIONING → RUNNING → SUCCEEDED; a node the platform took (preempted,
+terminated, stopped, gone) → PREEMPTED while the dead node is deleted → PROVISIONING (a STOP-terminated node whose
+model restarts in place may instead be started: → PROVISIONING directly); a failure of the job's own (crashed trainer,
+stale heartbeat, a boot that never reported) → RESTARTING while its node is deleted and its backoff runs; every zone
 refused → WAITING_FOR_CAPACITY → PROVISIONING after a backoff; FAILED past max_failures (or max_preemptions, or a preemption
 rate whose action is fail), after two boots in a row whose agent never reported, or on a non-retryable error;
 CANCELLED on request; INVALID when the spec does not validate (those two, and deleting a terminal job's nodes, are
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
+from respawn import losswords
 from respawn.contract import SOFT_OFF_SECONDS, Handover
 from respawn.control import alerts, membership, models, placement, recovery, recovery_time
 from respawn.advice import ZoneAdvice
@@ -164,6 +166,8 @@ class Observation:
     budget_used: float | None = None
     # The API's view of status.leaving (the node the slot replaced during its notice); None: not looked at.
     leaving: NodeObs | None = None
+    # status.leaving's heartbeat (its final one tells how its emergency save ended); None: none, or not looked at.
+    leaving_heartbeat: Heartbeat | None = None
     # The member slot decided: its zones and tiers (functions/job.py: membership.slot_of). None: a one-node job's
     # one slot, walking the job's zones.
     slot: membership.Slot | None = None
@@ -207,7 +211,7 @@ def needs_capacity(status: MemberStatus, node: NodeObs, hint: str | None = None)
     """Whether decide() may consult the zone cooldowns (Observation.blocked) for a job in `status` whose node is
     `node` (`hint`: what an event said of it): only when it may place a node or weigh a restart in place. observe()
     skips those reads otherwise."""
-    return (status.state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
+    return (status.state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED, State.RESTARTING)
             or node.phase in (Phase.ABSENT, Phase.DEAD, Phase.STOPPING, Phase.DELETING) or hint in NOTICES)
 
 
@@ -292,7 +296,12 @@ def decide(o: Observation) -> Decision:
     over then, and a preempted TPU node holds quota until deleted): by this pass, never left to the orphan scan."""
     if o.spec is None or o.status.state.terminal or o.cancel_requested:
         raise ValueError(f"job {o.job_id} is {o.status.state.value}, cancelled or invalid: functions/job.py decides it")
+    told = _saved(o)
+    if told is not None:  # how the leaving node's save ended, on the loss record before anything reads it
+        o = replace(o, status=o.status.model_copy(update={"emergency": told}))
     d = _decide(o)
+    if told is not None and d.status is None:
+        d = Decision(d.action, _upd(o.status, o.now), d.cause, d.alert, d.details)
     gone = o.status.leaving
     off = o.leaving is not None and o.leaving.phase in (Phase.DEAD, Phase.ABSENT)
     if gone is None or (o.now < gone.until and not off) or d.action.kind not in (Act.NONE, Act.WAIT, Act.POLL):
@@ -302,6 +311,17 @@ def decide(o: Observation) -> Decision:
                     _upd(base, o.now, leaving=None), d.cause, d.alert, d.details)
 
 
+def _saved(o: Observation) -> dict[str, Any] | None:
+    """The emergency save's outcome a node replaced during its notice told in its final heartbeat, when the loss
+    record does not hold it yet (the loss was committed at the notice, before the save ended); else None."""
+    hb, gone = o.leaving_heartbeat, o.status.leaving
+    if hb is None or gone is None or hb.attempt != gone.attempt or not isinstance(hb.emergency, dict):
+        return None
+    if hb.emergency.get("state") not in losswords.FINAL or hb.emergency == o.status.emergency:
+        return None
+    return dict(hb.emergency)
+
+
 def _decide(o: Observation) -> Decision:
     s, now, spec = o.status, o.now, o.spec
     assert spec is not None
@@ -309,12 +329,12 @@ def _decide(o: Observation) -> Decision:
     hb = current_heartbeat(o.heartbeat, o.status)
     if hb is not None and hb.state is NodeState.EXITED and hb.exit_code == 0:
         committed = hb.committed_step if hb.committed_step is not None else s.last_committed_step
-        st = _upd(s, now, state=State.SUCCEEDED, message="trainer exited 0", exit_code=0, recovering=False)
-        # A run that stepped and finished before a reconcile told its recovery: the end tells it (recovery_time.told).
-        back = recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, [hb]) if s.recovering else None
-        told = back.fields() if back is not None else {}
-        alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0; node deleted", zone=s.zone,
-                            restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told)
+        told, words = ended_recovery(s, [hb])
+        st = _upd(s, now, state=State.SUCCEEDED, message="trainer exited 0" + words, exit_code=0, recovering=False,
+                  **({"steps_lost": told["steps_lost"]} if "steps_lost" in told else {}))
+        alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0; node deleted" + words, zone=s.zone,
+                            restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told,
+                            **loss_words(s, "emergency"))
         return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert, told)
     if hb is not None and hb.state is NodeState.SETUP_FAILED and not noticed(hb):
         return _setup_failed(o, s, hb)
@@ -338,7 +358,7 @@ def _decide(o: Observation) -> Decision:
             return Decision(Action(Act.WAIT, until=s.next_attempt_at))
         return _provision(o, spec, s, cause="capacity_retry")
 
-    if state is State.PREEMPTED:
+    if state in (State.PREEMPTED, State.RESTARTING):
         # The lost node is being removed; the replacement is created only once the API says it is gone (and, after
         # a failure, once its backoff is over).
         if o.node.phase is Phase.ABSENT:
@@ -411,6 +431,28 @@ def _decide(o: Observation) -> Decision:
     return Decision(POLL)  # BOOTING (restarting), STOPPING before a restart in place, DELETING, UNKNOWN
 
 
+def ended_recovery(s: MemberStatus, ranks: Sequence[Heartbeat | None]) -> tuple[dict[str, Any], str]:
+    """What a job's end says of the recovery under way at it (its details and alert fields, and words for its
+    message): a run that resumed after the loss, stepped and finished before a reconcile told its recovery is told
+    now (recovery_time.told); a job whose every rank finished the run it was in when the loss came (survivors that
+    never restarted) resumed nothing and lost nothing, and says so. ({}, "") when there is nothing to tell."""
+    if not s.recovering or not ranks or any(hb is None or hb.started_at is None for hb in ranks):
+        back = (recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, ranks)  # type: ignore[arg-type]
+                if s.recovering and ranks and None not in ranks else None)
+        return (back.fields() if back is not None else {}), ""
+    resumed = [recovery_time.resumed_run(hb, True, s.preempted_at) for hb in ranks]  # type: ignore[arg-type]
+    if not any(resumed):
+        return ({"steps_lost": 0},
+                f"; the last loss ({s.last_cause or 'unknown'}) cost no steps: the run finished without resuming")
+    back = recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, ranks) if all(resumed) else None  # type: ignore[arg-type]
+    return (back.fields() if back is not None else {}), ""
+
+
+def loss_words(s: MemberStatus, *keys: str) -> dict[str, Any]:
+    """The loss record's words an alert carries (last_error, emergency), those it holds."""
+    return {k: getattr(s, k) for k in keys if getattr(s, k) is not None}
+
+
 def _on_notice(o: Observation, spec: JobSpec, hb: Heartbeat | None, planned: bool) -> Decision | None:
     """The node's agent saw a preemption (or terminating maintenance) notice: its VM goes at the end of the notice
     window. Create the replacement now, while the node saves its emergency checkpoint, unless restarting it in place
@@ -437,14 +479,20 @@ def _on_notice(o: Observation, spec: JobSpec, hb: Heartbeat | None, planned: boo
 
 def _setup_failed(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
     """A trainer.setup command failed on the node: the job's environment is wrong, and another node (or zone) runs
-    the same command. Not a preemption and not a crash to restart: the job ends FAILED, naming the command."""
+    the same command. Not a preemption and not a crash to restart: the job ends FAILED, naming the command and its
+    last error; one failure (no restart)."""
     command = " ".join(hb.failed_command or ["?"])
     how = f"failed with exit code {hb.exit_code}" if hb.exit_code is not None else "failed"  # an agent step has none
-    msg = f"setup command {how} on {s.node}: {command}"
-    st = _upd(s, o.now, state=State.FAILED, message=msg, exit_code=hb.exit_code, recovering=False)
+    error = losswords.last_error(hb.output_tail)
+    msg = f"setup command {how} on {s.node}: {command}" + (f" ({error})" if error else "")
+    failures = s.failures + 1
+    st = _upd(s, o.now, state=State.FAILED, message=msg[:2000], exit_code=hb.exit_code, recovering=False,
+              failures=failures, last_cause="setup_failed", last_error=error, emergency=None)
     alert = alerts.make("failed", o.job_id, o.now, msg, restarts=s.restarts, attempt=s.attempt, cause="setup_failed",
-                        exit_code=hb.exit_code, output_tail=hb.output_tail, failed_command=hb.failed_command)
-    details = {"failed_command": hb.failed_command, "exit_code": hb.exit_code, "output_tail": hb.output_tail}
+                        failures=failures, preemptions=s.preemptions, exit_code=hb.exit_code,
+                        output_tail=hb.output_tail, failed_command=hb.failed_command, last_error=error)
+    details = {"failed_command": hb.failed_command, "exit_code": hb.exit_code, "output_tail": hb.output_tail,
+               "last_error": error}
     return Decision(_delete(o) if o.node.present else NONE, st, "setup_failed", alert, details)
 
 
@@ -498,12 +546,12 @@ def _healthy(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
             + (f"; {alerts.breakdown_text(s.last_cause, stages, back.seconds)}" if stages else ""), stages=stages,
             old_zone=s.preempted_zone, new_zone=s.zone, committed_step=back.resumed_from, restarts=s.restarts,
             failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields(),
-            in_place=s.in_place_restarts > 0 and s.preempted_zone == s.zone,
+            in_place=s.in_place_restarts > 0 and s.preempted_zone == s.zone, **loss_words(s, "last_error", "emergency"),
         )
     if not changes:
         return Decision(NONE)
     return Decision(NONE, _upd(s, o.now, **changes), "recovered" if alert else None, alert,
-                    back.fields() if back is not None else {})
+                    {**back.fields(), **loss_words(s, "emergency")} if back is not None else {})
 
 
 def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
@@ -632,8 +680,10 @@ def _lose(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str, leavi
     the signal it came by, when another word, in the event's `signal`)."""
     signal = models.of(o.status.provisioning).loss_cause(cause, o.status, hb, o.now)
     d = _count_loss(o, spec, hb, recovery_time.loss_cause(signal, hb is not None and noticed(hb)), leaving)
+    after = d.status if d.status is not None else o.status
     return replace(d, details={**d.details, "lost": lost_life(o.status, hb),
-                               **({"signal": signal} if signal != d.cause else {})})
+                               **({"signal": signal} if signal != d.cause else {}),
+                               **loss_words(after, "last_error", "emergency")})
 
 
 def lost_life(s: MemberStatus, hb: Heartbeat | None) -> dict[str, Any]:
@@ -665,6 +715,8 @@ def _count_loss(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str,
     steps_lost = last_step - committed if last_step is not None and committed is not None else None
     if steps_lost is not None and steps_lost < 0:
         steps_lost = 0
+    failed = kind in ("failure", "boot_failure")  # the job's own doing: RESTARTING, never PREEMPTED
+    error = losswords.last_error(hb.output_tail) if failed and hb is not None else None
     counts: dict[str, Any] = {"restarts": s.restarts + 1}
     delay = 0.0
     if kind == "preemption":
@@ -675,13 +727,15 @@ def _count_loss(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str,
     if kind == "boot_failure":
         counts.update(boot_failures=s.boot_failures + 1, console_tail=_console(o, s.node))
     lost = dict(last_cause=cause, steps_lost=steps_lost, preempted_zone=s.zone, preempted_at=now, recovering=True,
-                exit_code=exit_code, **counts)
+                exit_code=exit_code, last_error=error, emergency=_emergency(hb, leaving), **counts)
     tallies = dict(restarts=counts["restarts"], failures=counts.get("failures", s.failures),
-                   preemptions=counts.get("preemptions", s.preemptions), attempt=s.attempt, cause=cause)
+                   preemptions=counts.get("preemptions", s.preemptions), attempt=s.attempt, cause=cause,
+                   **{k: v for k, v in (("last_error", error), ("emergency", lost["emergency"])) if v is not None})
 
     end = _give_up(o, spec, kind, cause, counts)
     if end is not None:
         msg, details = end
+        msg += f"; last error: {error}" if error else ""
         st = _upd(s, now, state=State.FAILED, message=msg[:2000],
                   **{**lost, "restarts": s.restarts, "recovering": False})
         alert = alerts.make("failed", o.job_id, now, msg, **{**tallies, "restarts": s.restarts},
@@ -723,21 +777,40 @@ def _count_loss(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str,
                         {"in_place": True})
 
     wait = f"; the next node after {until.isoformat()}" if until is not None else ""
+    state = State.RESTARTING if failed else State.PREEMPTED
+    what = _lost_words(s, cause, exit_code, error) if failed else f"{s.node} lost ({cause})"
     if leaving is not None and until is None:
         lost["leaving"] = leaving
     elif o.node.present:
-        st = _upd(s, now, state=State.PREEMPTED,
-                  message=f"{s.node} lost ({cause}); deleting it before the replacement{wait}", **lost)
+        st = _upd(s, now, state=state, message=f"{what}; deleting it before the replacement{wait}"[:2000], **lost)
         return Decision(_delete(o), st, cause, alert, {"node_state": o.node.raw_state, "counted_as": kind})
 
     if until is not None:
-        st = _upd(s, now, state=State.PREEMPTED, message=f"{s.node} lost ({cause}){wait}", **lost)
+        st = _upd(s, now, state=state, message=f"{what}{wait}"[:2000], **lost)
         return Decision(Action(Act.WAIT, until=until), st, cause, alert, {"counted_as": kind})
     base = s.model_copy(update=lost)
     d = _provision(o, spec, base, cause=cause)
     if alert is not None and d.alert is None:
         d = Decision(d.action, d.status, d.cause, alert, d.details)
     return d
+
+
+def _lost_words(s: MemberStatus, cause: str, exit_code: int | None, error: str | None) -> str:
+    """A failure as its status message says it: 'trainer exited 1 on job-3 (ValueError: bad learning rate)'."""
+    if cause == "trainer_crashed":
+        return f"trainer exited {exit_code} on {s.node}" + (f" ({error})" if error else "")
+    return f"{s.node} failed ({cause}" + (f": {error})" if error else ")")
+
+
+def _emergency(hb: Heartbeat | None, leaving: Leaving | None) -> dict[str, Any] | None:
+    """A noticed node's emergency save as the loss records it: its heartbeat's word, once it is the last one (the
+    node is gone, so nothing more will come) or the save is over. A node still in its notice (`leaving`) and still
+    saving says it later, in its final heartbeat (decide._saved)."""
+    if hb is None or not noticed(hb) or not isinstance(hb.emergency, dict):
+        return None
+    if leaving is not None and hb.emergency.get("state") not in losswords.FINAL:
+        return None
+    return dict(hb.emergency)
 
 
 def _tail_fields(kind: LossKind, hb: Heartbeat | None, counts: Mapping[str, Any]) -> dict[str, Any]:
@@ -756,8 +829,9 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
         return (boot_help(spec, s.node, o.settings.boot_grace_seconds),
                 {"boot_failures": counts["boot_failures"], "console_tail": counts["console_tail"]})
     if kind in ("failure", "boot_failure") and counts["failures"] > spec.max_failures:
-        return (f"gave up after {spec.max_failures} failures (last cause: {cause}); preemptions are not counted",
-                {"max_failures": spec.max_failures})
+        # The count the status records (this failure included), so the message and `failures` say one number.
+        return (f"gave up after {counts['failures']} failures, more than max_failures ({spec.max_failures}) "
+                f"(last cause: {cause}); preemptions are not counted", {"max_failures": spec.max_failures})
     if kind == "preemption" and spec.max_preemptions is not None and counts["preemptions"] > spec.max_preemptions:
         return (f"gave up after {spec.max_preemptions} preemptions (max_preemptions; last cause: {cause})",
                 {"max_preemptions": spec.max_preemptions})

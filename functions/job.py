@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
-from respawn import prices
-from respawn.contract import EXIT_PREEMPTED, SOFT_OFF_SECONDS, Generation, Handover
+from respawn import losswords, prices
+from respawn.contract import EXITS_ON_NOTICE, SOFT_OFF_SECONDS, Generation, Handover
 from respawn.control import alerts, costs, decide as core, membership, recovery_time
 from respawn.control.decide import ABSENT, NONE, POLL, Act, Action, Decision, NodeObs, Observation, Outcome, Phase
 from respawn.schema import (Heartbeat, JobCounters, JobEvent, JobSpec, JobStatus, MemberStatus, NodeState, SlotStatus,
@@ -80,6 +80,7 @@ class MemberObs:
     address: str | None = None  # the API's internal IP of a running node
     hint: str | None = None  # the cause an event gave for this node
     leaving: NodeObs | None = None  # the node the slot replaced during its notice (None: the slot has none)
+    leaving_heartbeat: Heartbeat | None = None  # that node's heartbeat: its final one tells how its save ended
 
 
 def needs_address(spec: JobSpec | None, m: MemberStatus, node: NodeObs) -> bool:
@@ -116,7 +117,8 @@ def _as_data(g: Generation) -> dict[str, Any]:
 
 def _aggregate(s: JobStatus) -> JobStatus:
     """The job's state and node from its members: RUNNING while every member of the generation runs; PREEMPTED
-    while a lost member is being deleted; WAITING_FOR_CAPACITY when every slot waits for capacity; else
+    while a member the platform took is being deleted (or the job moves), RESTARTING while a member that failed is
+    (or waits out its backoff); WAITING_FOR_CAPACITY when every slot waits for capacity; else
     PROVISIONING (PENDING before anything was placed). `node`: the master's, else slot 0's."""
     if s.state.terminal:
         return s
@@ -127,6 +129,8 @@ def _aggregate(s: JobStatus) -> JobStatus:
         state = State.RUNNING
     elif s.moving or State.PREEMPTED in states:
         state = State.PREEMPTED
+    elif State.RESTARTING in states:
+        state = State.RESTARTING
     elif State.WAITING_FOR_CAPACITY in states and all(x in (State.WAITING_FOR_CAPACITY, State.PENDING) for x in states):
         state = State.WAITING_FOR_CAPACITY  # nothing placed: the placing slot waits for capacity
     elif all(x is State.PENDING for x in states):
@@ -164,7 +168,7 @@ def _holds(m: MemberStatus) -> bool:
     """The slot holds a node in the job's zone (being created, running, or lost and being deleted), as opposed to a
     slot never filled, or whose last create was refused (it still names that node, which never came to be)."""
     return (m.node is not None and m.create_state in ("pending", "starting", "created")
-            and m.state in (State.PROVISIONING, State.RUNNING, State.PREEMPTED))
+            and m.state in (State.PROVISIONING, State.RUNNING, State.PREEMPTED, State.RESTARTING))
 
 
 def _upd(s: JobStatus, now: datetime, **changes: Any) -> JobStatus:
@@ -180,7 +184,7 @@ def _slot_observation(o: Observation, spec: JobSpec, members: Sequence[MemberSta
     used = costs.spent(s, o.now)[0] / spec.budget.max_usd if spec.budget is not None else None
     return replace(o, slot=membership.slot_of(spec, i, None if placing else s.zone), status=project(s, i, len(members)),
                    node=seen.node, heartbeat=seen.heartbeat, hint=seen.hint, next_attempt=s.attempt + 1,
-                   budget_used=used, leaving=seen.leaving)
+                   budget_used=used, leaving=seen.leaving, leaving_heartbeat=seen.leaving_heartbeat)
 
 
 def _delete_any(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]
@@ -289,14 +293,16 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         a, left = _delete_any(o, members, seen)
         st = _upd(s, now, members=left, state=State.SUCCEEDED, message="every member's trainer exited 0",
                   exit_code=0, recovering=False)
-        # A generation that stepped and finished before a reconcile told its recovery: the end tells it.
+        # A generation that stepped and finished before a reconcile told its recovery: the end tells it. Survivors
+        # that finished the run the loss found them in resumed nothing: the end says nothing was lost.
         by_node = {m.node: hb for m, hb in zip(members, beats) if m.node}
         ranks = [by_node.get(n) for n in g.members] if g is not None else []
-        back = (recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, ranks)  # type: ignore[arg-type]
-                if s.recovering and ranks and None not in ranks else None)
-        told = back.fields() if back is not None else {}
-        alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0 on every node; nodes deleted", zone=s.zone,
-                            restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told)
+        told, words = core.ended_recovery(s, ranks)
+        if "steps_lost" in told:
+            st = st.model_copy(update={"steps_lost": told["steps_lost"], "message": st.message + words})
+        alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0 on every node; nodes deleted" + words,
+                            zone=s.zone, restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told,
+                            **core.loss_words(s, "emergency"))
         return Decision(a, st, "trainer_succeeded", alert, told)
 
     if s.moving:
@@ -382,7 +388,10 @@ def _lift(d: Decision, s: JobStatus, i: int, nodes: int) -> Decision:
     if status is not None and d.status is not None and d.status.recovering and d.status.preempted_at != old.preempted_at:
         status = status.model_copy(update={
             "recovering": True, "last_cause": d.cause, "preempted_at": s.preempted_at if s.recovering else d.status.preempted_at,
-            "preempted_zone": s.preempted_zone if s.recovering else s.zone})
+            "preempted_zone": s.preempted_zone if s.recovering else s.zone, "last_error": d.status.last_error,
+            "emergency": d.status.emergency if d.status.emergency is not None or not s.recovering else s.emergency})
+    elif status is not None and d.status is not None and d.status.emergency != old.emergency and d.status.emergency:
+        status = status.model_copy(update={"emergency": d.status.emergency})  # the leaving member's save, told late
     alert = d.alert
     placing = i == 0 and not any(_holds(m) for m in slots(s, nodes)[1:])
     if alert is not None and (alert["type"] == "recovered" or (alert["type"] == "waiting_for_capacity" and not placing)):
@@ -518,9 +527,10 @@ def _recovered(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Ge
     alert = alerts.make("recovered", o.job_id, now, f"training again on {on} in {s.zone} (generation {g.number}); "
                         + alerts.breakdown_text(back.cause, {}, back.seconds), old_zone=s.preempted_zone, new_zone=s.zone,
                         committed_step=back.resumed_from, restarts=s.restarts, failures=s.failures,
-                        preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields())
+                        preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields(),
+                        **core.loss_words(s, "last_error", "emergency"))
     return Decision(NONE, _upd(s, now, members=members, recovering=False, steps_lost=back.steps_lost), "recovered",
-                    alert, {"generation": g.number, **back.fields()})
+                    alert, {"generation": g.number, **back.fields(), **core.loss_words(s, "emergency")})
 
 
 def _new_generation(o: Observation, members: list[MemberStatus], g: Generation, reason: str, cause: str,
@@ -541,8 +551,8 @@ def _ended(g: Generation, members: Sequence[MemberStatus], beats: Sequence[Heart
 
 
 def _crashed(hb: Heartbeat) -> bool:
-    """The member's trainer exited with an error of its own: not 0, not the notice's exit (75), no notice seen."""
-    return hb.exit_code not in (0, EXIT_PREEMPTED, None) and hb.notice is None
+    """The member's trainer exited with an error of its own: not 0, not a stop on the notice (75, 76), no notice seen."""
+    return hb.exit_code not in (0, *EXITS_ON_NOTICE, None) and hb.notice is None
 
 
 def _restart_generation(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Generation,
@@ -568,19 +578,24 @@ def _restart_failed(o: Observation, spec: JobSpec, members: list[MemberStatus], 
     max_failures bounds a trainer that fails at every start."""
     s, now = o.status, o.now
     counts = dict(restarts=s.restarts + 1, failures=s.failures + 1, failure_streak=s.failure_streak + 1)
+    error = losswords.last_error(output_tail)
     tallies = dict(failures=counts["failures"], preemptions=s.preemptions, attempt=s.attempt, cause=cause,
-                   exit_code=exit_code, output_tail=output_tail)
+                   exit_code=exit_code, output_tail=output_tail, **({"last_error": error} if error else {}))
+    words = {"last_error": error} if error else {}
     if counts["failures"] > spec.max_failures:
-        msg = f"gave up after {spec.max_failures} failures (last cause: {cause}: {why}); preemptions are not counted"
+        # The count the status records (this failure included): the message and `failures` say one number.
+        msg = (f"gave up after {counts['failures']} failures, more than max_failures ({spec.max_failures}) (last "
+               f"cause: {cause}: {why}{'; last error: ' + error if error else ''}); preemptions are not counted")
         st = _upd(s, now, members=members, state=State.FAILED, message=msg[:1000], exit_code=exit_code,
-                  recovering=False, failures=counts["failures"], last_cause=cause)
+                  recovering=False, failures=counts["failures"], last_cause=cause, last_error=error, emergency=None)
         alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, **tallies)
-        return Decision(NONE, st, cause, alert, {"max_failures": spec.max_failures})
+        return Decision(NONE, st, cause, alert, {"max_failures": spec.max_failures, **words})
     alert = alerts.make("crashed", o.job_id, now, f"{why} in generation {g.number}; restarting it on every node",
                         restarts=counts["restarts"], **tallies)
     again = Generation(g.number + 1, g.members, g.master_addr)
-    d = _new_generation(o, members, again, why, cause=cause, exit_code=exit_code, last_cause=cause, **counts)
-    return Decision(d.action, d.status, d.cause, alert, d.details)
+    d = _new_generation(o, members, again, why + (f": {error}" if error else ""), cause=cause, exit_code=exit_code,
+                        last_cause=cause, last_error=error, emergency=None, **counts)
+    return Decision(d.action, d.status, d.cause, alert, {**d.details, **words})
 
 
 # The stall rule: a generation whose step stopped while every member trains in it and beats (a network partition:

@@ -227,10 +227,13 @@ def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, members: lis
             continue
         raw = provider.get(m.zone, m.node)
         node = NodeObs(core.phase_of(kind, raw), raw)
-        leaving = None
+        leaving = leaving_hb = None
         if m.leaving is not None:  # whether it is off yet: then decide deletes it at once (decide.decide)
             gone = provider.get(m.leaving.zone, m.leaving.node)
             leaving = NodeObs(core.phase_of(kind, gone), gone)
+            # Its final heartbeat says how its emergency save ended, after the loss was recorded at the notice.
+            leaving_hb = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(m.leaving.node, w),
+                                                          database) for w in range(_workers(spec))])
         address = m.address
         if job.needs_address(spec, m, node):
             address = provider.address(m.zone, m.node)
@@ -239,7 +242,7 @@ def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, members: lis
         if core.needs_console(m, node, heartbeat, deps.config.settings, now):
             consoles[m.node] = _console(deps, job_id, kind, m.zone, m.node)
         seen.append(job.MemberObs(node, heartbeat, address, hint.about(m.node, m.node_started_at) if hint else None,
-                                  leaving))
+                                  leaving, leaving_hb))
     return seen
 
 

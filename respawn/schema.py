@@ -62,6 +62,9 @@ class State(str, enum.Enum):
     PROVISIONING = "PROVISIONING"
     RUNNING = "RUNNING"
     PREEMPTED = "PREEMPTED"
+    # A failure of the job's own (its trainer crashed, its agent went silent, its boot never reported): the node is
+    # deleted and the next one waits out its backoff. Never PREEMPTED: the platform took nothing.
+    RESTARTING = "RESTARTING"
     WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
@@ -833,6 +836,12 @@ class _Loss(_Record):
     preempted_at: datetime | None = None
     steps_lost: int | None = None  # at the last loss: last step seen minus the newest committed step
     exit_code: int | None = None
+    # A failure's: the last line of its trainer's (or setup command's) error, e.g. "ValueError: bad learning rate"
+    # (respawn.losswords.last_error of the heartbeat's output_tail).
+    last_error: str | None = None
+    # A noticed node's emergency save, as its final heartbeat told it: {"state": committed | failed | abandoned |
+    # not-started | saving | idle, "step": int | None, "reason": str | None} (respawn.losswords.emergency_sentence).
+    emergency: dict[str, Any] | None = None
 
 
 class Leaving(_Record):

@@ -157,7 +157,7 @@ ROWS = [
     ("running, heartbeat from an older attempt ignored: no heartbeat yet",
      obs("RUNNING", heartbeat="old_attempt", node_started_at=NOW - timedelta(seconds=60)), Act.NONE, "RUNNING", None),
     ("running, only an older attempt's heartbeat past boot grace: a boot failure, replace",
-     obs("RUNNING", heartbeat="old_attempt"), Act.DELETE, "PREEMPTED", "boot_failed"),
+     obs("RUNNING", heartbeat="old_attempt"), Act.DELETE, "RESTARTING", "boot_failed"),
     ("running, no heartbeat within boot grace", obs("RUNNING", heartbeat="none", node_started_at=NOW - timedelta(seconds=60)),
      Act.NONE, "RUNNING", None),
     # Running, node lost.
@@ -194,14 +194,15 @@ ROWS = [
     ("running, TPU TERMINATED: delete", obs("RUNNING", raw="TERMINATED", spec=TPU), Act.DELETE, "PREEMPTED", None),
     ("running, TPU DELETING: poll", obs("RUNNING", raw="DELETING", spec=TPU), Act.POLL, "RUNNING", None),
     ("running, API RUNNING but audit hint: poll for the transition", obs("RUNNING", hint="preempted"), Act.POLL, "RUNNING", None),
-    ("running, stale heartbeat: replace the node", obs("RUNNING", heartbeat="stale"), Act.DELETE, "PREEMPTED", None),
+    # A failure of the job's own is RESTARTING, never PREEMPTED: the platform took nothing (issue 46).
+    ("running, stale heartbeat: replace the node", obs("RUNNING", heartbeat="stale"), Act.DELETE, "RESTARTING", None),
     ("running, no heartbeat past boot grace: a boot failure, replace", obs("RUNNING", heartbeat="none"), Act.DELETE,
-     "PREEMPTED", "boot_failed"),
+     "RESTARTING", "boot_failed"),
     ("running, no heartbeat past boot grace, the boot before failed too: failed",
      obs("RUNNING", heartbeat="none", boot_failures=1), Act.DELETE, "FAILED", "failed"),
     ("running, no heartbeat past boot grace after a recovered boot: a first boot failure",
-     obs("RUNNING", heartbeat="none", boot_failures=0, failures=1), Act.DELETE, "PREEMPTED", "boot_failed"),
-    ("running, trainer crashed: restart with an alert", obs("RUNNING", heartbeat="crash"), Act.DELETE, "PREEMPTED", "crashed"),
+     obs("RUNNING", heartbeat="none", boot_failures=0, failures=1), Act.DELETE, "RESTARTING", "boot_failed"),
+    ("running, trainer crashed: restart with an alert", obs("RUNNING", heartbeat="crash"), Act.DELETE, "RESTARTING", "crashed"),
     ("running, setup failed: failed, delete, no restart", obs("RUNNING", heartbeat="setup_failed"), Act.DELETE, "FAILED",
      "failed"),
     ("provisioning, setup failed on the node's first boot: failed, delete",
@@ -249,10 +250,12 @@ ROWS = [
     ("preempted, deleting: poll", obs("PREEMPTED", raw="DELETING", spec=TPU), Act.POLL, "PREEMPTED", None),
     ("preempted, node gone: create the next attempt", obs("PREEMPTED", raw=None, preempted_zone=ZONES[0]), Act.CREATE,
      "PROVISIONING", None),
-    ("preempted after a failure, node gone, backoff not over: wait",
-     obs("PREEMPTED", raw=None, next_attempt_at=NOW + timedelta(seconds=30)), Act.WAIT, "PREEMPTED", None),
-    ("preempted after a failure, node gone, backoff over: create",
-     obs("PREEMPTED", raw=None, next_attempt_at=NOW - timedelta(seconds=1)), Act.CREATE, "PROVISIONING", None),
+    ("restarting after a failure, failed node still there: delete", obs("RESTARTING", raw="RUNNING"), Act.DELETE,
+     "RESTARTING", None),
+    ("restarting after a failure, node gone, backoff not over: wait",
+     obs("RESTARTING", raw=None, next_attempt_at=NOW + timedelta(seconds=30)), Act.WAIT, "RESTARTING", None),
+    ("restarting after a failure, node gone, backoff over: create",
+     obs("RESTARTING", raw=None, next_attempt_at=NOW - timedelta(seconds=1)), Act.CREATE, "PROVISIONING", None),
     # Waiting for capacity.
     ("waiting, before next try: wait", obs("WAITING_FOR_CAPACITY", raw=None, next_attempt_at=NOW + timedelta(seconds=30)),
      Act.WAIT, "WAITING_FOR_CAPACITY", None),
@@ -278,6 +281,9 @@ def test_policy_table(name, o, action, state, alert):
 def test_a_failed_setup_names_the_command_in_status_event_and_alert():
     d = decide(obs("RUNNING", heartbeat="setup_failed"))
     assert d.cause == "setup_failed" and d.status.restarts == 1  # not counted as a restart
+    assert (d.status.failures, d.alert["failures"]) == (1, 1)  # but a failure, in the record and the alert alike
+    error = "ERROR: No matching distribution found for torch==9"
+    assert (d.status.last_error, d.details["last_error"], d.alert["last_error"]) == (error, error, error)
     assert "pip install -r requirements.txt" in d.status.message and "exit code 1" in d.status.message
     assert d.details["failed_command"] == ["pip", "install", "-r", "requirements.txt"]
     assert "No matching distribution" in d.details["output_tail"]
@@ -290,7 +296,8 @@ def test_a_failed_setup_names_the_command_in_status_event_and_alert():
 def test_a_failed_agent_step_is_named_without_an_exit_code_it_does_not_have():
     d = decide(obs("RUNNING", heartbeat="fetch_failed"))
     assert d.status.state is State.FAILED and "exit code" not in d.status.message
-    assert d.status.message.endswith("respawn-agent fetch-workdir gs://b/w.tar.gz")
+    assert d.status.message.endswith("respawn-agent fetch-workdir gs://b/w.tar.gz "
+                                     "(403 Forbidden: the node's service account cannot read gs://b/w.tar.gz)")
 
 
 def test_create_commits_the_next_attempt_and_its_node_name():
@@ -596,7 +603,7 @@ def test_invariants_over_every_observation(state):
         if d.action.kind is Act.WAIT:
             assert d.action.until is not None and d.action.until > NOW or after is State.WAITING_FOR_CAPACITY, where
     # The reads are skipped on the polls of a healthy or booting node, the passes that dominate a recovery.
-    assert skipped > 0 or state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED)
+    assert skipped > 0 or state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED, State.RESTARTING)
 
 
 CONSOLE = "startup-script: {\"severity\": \"ERROR\", \"message\": \"could not download gs://b/agent.pyz\"}\n"
@@ -606,7 +613,7 @@ def test_a_boot_failure_records_the_console_tail_and_counts_a_failure_not_a_pree
     o = replace(obs("RUNNING", heartbeat="none", failures=0, preemptions=4), consoles={"job-3": "x" * 9000 + CONSOLE})
     d = decide(o)
     st = d.status
-    assert (d.cause, d.action.kind, st.state) == ("no_heartbeat", Act.DELETE, State.PREEMPTED)
+    assert (d.cause, d.action.kind, st.state) == ("no_heartbeat", Act.DELETE, State.RESTARTING)
     assert (st.failures, st.preemptions, st.boot_failures, st.failure_streak, st.restarts) == (1, 4, 1, 1, 2)
     assert st.console_tail.endswith(CONSOLE) and len(st.console_tail) == 4000  # bounded: the end of it
     assert st.next_attempt_at == NOW + timedelta(seconds=30)  # the backoff before the next node
@@ -643,7 +650,7 @@ def test_failures_back_off_exponentially_up_to_the_cap_and_preemptions_do_not(st
     crash = decide(obs("RUNNING", heartbeat="crash", failure_streak=streak, failures=0))
     assert crash.status.next_attempt_at == NOW + timedelta(seconds=wait)  # base 30 s, cap max_backoff_seconds 900
     assert (crash.status.failures, crash.status.failure_streak) == (1, streak + 1)
-    gone = decide(obs("PREEMPTED", raw=None, next_attempt_at=crash.status.next_attempt_at))
+    gone = decide(obs("RESTARTING", raw=None, next_attempt_at=crash.status.next_attempt_at))
     assert gone.action == Action(Act.WAIT, until=crash.status.next_attempt_at)
     preempted = decide(obs("RUNNING", raw=None, spec=GPU_DELETE, hint="preempted", failure_streak=streak))
     assert preempted.action.kind is Act.CREATE and preempted.status.next_attempt_at is None
@@ -787,7 +794,7 @@ JOB_WIDE = {"running, cancel requested: cancelled, delete", "running, trainer ex
             "running, exited 0 and node already stopped", "provisioning, zone refused: next attempt"}
 ACTING = [r for r in ROWS if r[2] in (Act.CREATE, Act.START, Act.DELETE) and r[1].spec is not None
           and r[1].spec.accelerator.kind == "gpu" and not r[1].blocked and r[0] not in JOB_WIDE
-          and r[1].status.state in (State.RUNNING, State.PROVISIONING, State.PREEMPTED)]
+          and r[1].status.state in (State.RUNNING, State.PROVISIONING, State.PREEMPTED, State.RESTARTING)]
 
 
 @pytest.mark.parametrize("name,o,action,state,alert", ACTING, ids=[r[0] for r in ACTING])

@@ -573,7 +573,7 @@ def test_partition_scenario(tmp_path):
     print(f"\npartition of {cut['node']} at step {cut['step']}: every rank stepping again after "
           f"{cut['recovery_seconds']} s")
     assert cut["recovery_seconds"] is not None, out["partitions"]
-    losses = [t for t in out["transitions"] if t["cause"] == "unreachable" and t["to"] == "PREEMPTED"]
+    losses = [t for t in out["transitions"] if t["cause"] == "unreachable" and t["to"] == "RESTARTING"]
     assert len(losses) == 1 and losses[0]["details"]["cut_off"] == [cut["node"]], losses
     assert out["restarts"] == 1 and len(out["workers"]) == nodes + 1, out["workers"]
     text = "".join(p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log"))

@@ -177,16 +177,29 @@ def test_a_crash_reported_in_an_older_generation_restarts_nothing():
     assert d.alert is None and (d.status is None or d.status.generation == gen2)
 
 
+TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
+             '    raise ValueError("bad learning rate")\nValueError: bad learning rate\n')
+
+
 def test_a_crash_past_max_failures_fails_the_job_and_preemptions_do_not_count():
     status, _ = running_job(GEN1, sent=1)
-    seen = [training(0), training(1), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1), "10.0.0.3")]
+    seen = [training(0), training(1), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1,
+                                                              output_tail=TRACEBACK), "10.0.0.3")]
     preempted = status.model_copy(update={"restarts": 40, "preemptions": 40})
     d = job.decide(observe(preempted, seen), seen)
     assert d.status.state is State.RUNNING and d.alert["type"] == "crashed" and d.status.failures == 1
+    # The trainer's error, in one line, on the record, the event's details and the alert.
+    said = (d.status.last_error, d.details["last_error"], d.alert["last_error"])
+    assert said == ("ValueError: bad learning rate",) * 3
+    assert job.event(observe(preempted, seen), d).details["last_error"] == "ValueError: bad learning rate"
     spent = status.model_copy(update={"failures": SPEC.max_failures, "restarts": SPEC.max_failures})
     d = job.decide(observe(spent, seen), seen)
     assert d.status.state is State.FAILED and d.alert["type"] == "failed" and d.status.exit_code == 1
-    assert f"gave up after {SPEC.max_failures} failures" in d.status.message and "job-3" in d.status.message
+    # One number: the message counts the failures the record counts (this one included), past max_failures.
+    assert d.status.failures == d.alert["failures"] == SPEC.max_failures + 1
+    assert (f"gave up after {SPEC.max_failures + 1} failures, more than max_failures ({SPEC.max_failures})"
+            in d.status.message and "job-3" in d.status.message)
+    assert "ValueError: bad learning rate" in d.status.message and d.status.last_error == "ValueError: bad learning rate"
 
 
 def test_members_a_step_apart_record_the_jobs_progress_once_and_settle():
@@ -354,3 +367,30 @@ def test_a_member_whose_heartbeat_says_notice_is_left_out_for_the_spare_with_a_h
     formed, _ = settle(status, noticed, spec=SPARED)
     assert formed.generation["members"] == ["job-1", "job-3", "job-4"]
     assert formed.generation["handover"] == [{"node": "job-2", "until": (NOW + timedelta(seconds=30)).isoformat()}]
+
+
+def _finished_beat(i: int, started: datetime, first_step: int) -> MemberObs:
+    """Member i's trainer exited 0 at step 100 of 100, in a run started at `started` that first stepped `first_step`."""
+    return MemberObs(RUNNING, beat(i + 1, "exited", exit_code=0, generation=1, step=100, committed_step=100,
+                                   total_steps=100, started_at=started, first_step=first_step,
+                                   first_step_at=started + timedelta(seconds=5)), f"10.0.0.{i + 1}")
+
+
+def test_survivors_that_finish_after_a_loss_without_resuming_lost_nothing_and_say_so():
+    # The last preemption came at step 98 of 100; the survivors' run (resumed at 74, long before it) finished.
+    loss = NOW - timedelta(seconds=30)
+    status, _ = running_job(GEN1, sent=1)
+    lost = status.model_copy(update={"recovering": True, "preempted_at": loss, "last_cause": "preempted",
+                                     "last_step": 98, "last_committed_step": 90, "preemptions": 2, "restarts": 2})
+    seen = [_finished_beat(i, loss - timedelta(minutes=3), 75) for i in range(3)]
+    d = job.decide(observe(lost, seen), seen)
+    assert d.status.state is State.SUCCEEDED and d.alert["type"] == "succeeded"
+    assert (d.status.steps_lost, d.alert["steps_lost"], d.details["steps_lost"]) == (0, 0, 0)
+    assert "recovery_seconds" not in d.alert and "recovery_seconds" not in d.details  # no recovery to tell
+    assert "cost no steps: the run finished without resuming" in d.alert["message"]
+    text = job.alerts.to_slack(d.alert)["text"]
+    assert "steps lost: 0" in text and "recovery time" not in text
+    # A generation that did resume after the loss tells its recovery at the end, as before.
+    resumed = [_finished_beat(i, loss + timedelta(seconds=10), 91) for i in range(3)]
+    d = job.decide(observe(lost, resumed), resumed)
+    assert (d.alert["recovery_seconds"], d.alert["resumed_from"], d.alert["steps_lost"]) == (15.0, 90, 8)

@@ -46,7 +46,7 @@ def test_the_member_that_cannot_reach_the_master_while_the_other_can_is_replaced
     d = decide(status, seen)
     assert d.cause == job.UNREACHABLE and d.details["cut_off"] == ["job-3"]
     assert (d.action.kind, d.action.node, d.action.slot) == (Act.DELETE, "job-3", 2)
-    assert d.status.members[2].state is State.PREEMPTED and d.status.members[:2] == status.members[:2]
+    assert d.status.members[2].state is State.RESTARTING and d.status.members[:2] == status.members[:2]  # a failure
     assert d.status.restarts == status.restarts + 1  # against the job's budget
     # The next pass: the generation no longer serves in full, so the stall is not read again while job-3 goes: its
     # slot is refilled (after the failure's backoff, where the job has one), nobody else is touched.

@@ -1,0 +1,62 @@
+"""A loss in words, one way for every page (pure): the last line of a failed trainer's error, and the sentence that
+says how a noticed node's emergency save ended. The control plane records `last_error` and `emergency` on the loss
+(respawn.schema._Loss, the loss event's details) and Slack's alerts say them (respawn.control.alerts); the summary,
+`jobs describe`, the events and the report call the same two functions, so a user reads one wording everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+LAST_ERROR_CHARS = 500  # one line, as Slack and a table cell show it
+
+# "ValueError: bad learning rate", "torch.OutOfMemoryError: CUDA out of memory…", a bare "AssertionError": an
+# exception's type (dotted, named as Python's built-in ones are) and its message. Not "Traceback (most recent…)".
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault)(?::\s.*|:)?$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+# The emergency save's states (respawn.contract.EMERGENCY_STATES, and "not-started": noticed, no save begun).
+FINAL = ("committed", "failed", "abandoned", "not-started")  # the save is over: nothing more will be said of it
+_RANK = re.compile(r"^rank (\d+):\s*(.*)$", re.S)
+
+
+def last_error(output_tail: str | None) -> str | None:
+    """The trainer's error in one line, from the end of its output: the last line that looks like an exception
+    (`SomeError: message`), else the last non-empty line; None without output."""
+    if not output_tail:
+        return None
+    lines = [line.strip() for line in _ANSI.sub("", output_tail).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return None
+    line = next((x for x in reversed(lines) if _EXCEPTION.match(x)), lines[-1])
+    return line[:LAST_ERROR_CHARS]
+
+
+def emergency_sentence(emergency: Mapping[str, Any] | None, resumed_from: int | None = None,
+                       steps_lost: int | None = None) -> str | None:
+    """'emergency save failed on rank 1: RuntimeError: DataLoader worker (pid 7883) is killed by signal:
+    Terminated — resumed from step 216, 19 steps lost': how a noticed node's emergency save ended (`emergency`,
+    the loss record's), then what the recovery resumed from and lost when known. None without a save to tell of
+    (no notice, or a record without one)."""
+    if not isinstance(emergency, Mapping):
+        return None
+    state, step = emergency.get("state"), emergency.get("step")
+    reason = str(emergency.get("reason") or "").strip().rstrip(".")
+    rank = _RANK.match(reason)
+    where, why = (f" on rank {rank.group(1)}", rank.group(2).strip()) if rank else ("", reason)
+    if state == "committed":
+        head = "emergency save committed" + (f" step {step}" if step is not None else "")
+    elif state in ("failed", "abandoned"):
+        head = f"emergency save {state}{where}" + (f": {why}" if why else "")
+    elif state in ("not-started", "idle"):  # idle in a final word: the trainer never began one
+        head = f"emergency save not started{where}: {why}" if why else "emergency save not started"
+    elif state == "saving":  # the node's last word: still saving when it went
+        head = f"emergency save did not finish{where}" + (f": {why}" if why else " before the node went")
+    else:
+        return None
+    said = [f"resumed from step {resumed_from}"] if resumed_from is not None else []
+    if steps_lost is not None:
+        said.append(f"{steps_lost} step{'' if steps_lost == 1 else 's'} lost")
+    return head + (" — " + ", ".join(said) if said else "")
