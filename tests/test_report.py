@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
-import yaml
 
 from browser_fixtures import browser, open_page  # noqa: F401 - fixture
 from respawn import schema
@@ -117,19 +117,38 @@ def test_the_cli_writes_the_page_and_its_figures_match_the_events(firestore_db, 
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout)
     assert (figures["lives"], figures["refused_creates"], figures["wall_seconds"]) == (2, 1, 300.0)
-    # The recovery's figure as its `recovered` event carries it, in the report and in `jobs describe`.
-    recoveries = [{"node": "j-1", "cause": "preempted", "at": at(100).isoformat(), "seconds": 90.0, "steps_lost": 8}]
-    assert figures["recoveries"] == recoveries
+    # The recovery's figure as its `recovered` event carries it, in the report and in `jobs describe`; where its time
+    # went (the replacement's create at 102 s, running at 130 s, trainer at 160 s) adds up to it.
+    [told] = figures["recoveries"]
+    assert {k: told[k] for k in ("node", "cause", "at", "at_seconds", "seconds", "steps_lost", "zone", "new_zone",
+                                 "outcome")} == {
+        "node": "j-1", "cause": "preempted", "at": at(100).isoformat(), "at_seconds": 100.0, "seconds": 90.0,
+        "steps_lost": 8, "zone": "z-a", "new_zone": "z-b", "outcome": "recovered"}
+    assert told["stages"] == {"waiting_for_capacity": 2.0, "vm_create_and_boot": 28.0, "setup": 30.0,
+                              "restore_and_first_step": 30.0}
+    assert (figures["steps_lost"], figures["recovery_seconds"]) == (8, [90.0])
     assert figures["buckets_seconds"]["infrastructure_recovery_from_disruption"] == 30.0
     html = page.read_text()
     assert 'data-node="j-1"' in html and 'data-node="j-2"' in html and "j-2 trainer succeeded in z-b" in html
     assert "data-figure='steps'><div class='value'>- of 100</div>" in html  # the status holds no step
-    described = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "j", "--project", project],
-                               capture_output=True, text=True, timeout=60)
+    described = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "j", "--project", project,
+                                "--json"], capture_output=True, text=True, timeout=60)
     assert described.returncode == 0, described.stderr
-    goodput = yaml.safe_load(described.stdout)["goodput"]
-    assert goodput["goodput"] == round(158 / 300, 4) and goodput["lives"] == 2
-    assert goodput["recoveries"] == recoveries
+    record = json.loads(described.stdout)
+    assert record["figures"] == {k: v for k, v in figures.items() if k not in ("id", "report")}
+    assert record["figures"]["goodput"] == round(158 / 300, 4) and record["status"]["state"] == "SUCCEEDED"
+    # For a person: a table, the same figures in words.
+    said = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "j", "--project", project],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
+    assert said.returncode == 0, said.stderr
+    row = next(line for line in said.stdout.splitlines() if "preempted j-1" in line)
+    assert [c.strip() for c in row.strip("│ ").split("│")] == [
+        "100.0 s", "preempted j-1", "z-a → z-b", "90.0 s", "8", "-", "-", "$0.0000"]
+    assert ("100.0 s preempted j-1: 90.0 s = 2.0 s waiting for capacity, 28.0 s VM create and boot, 30.0 s agent and "
+            "setup, 30.0 s trainer start, restore and first step") in said.stdout
+    assert "goodput 52.7% of 300.0 s" in said.stdout
+    assert re.search(r"│ waiting for a new VM +│ 30\.0 s +│ 10% +│", said.stdout)
+    assert re.search(r"^steps lost +8 *$", said.stdout, re.M) and re.search(r"^goodput +52\.7% *$", said.stdout, re.M)
     missing = subprocess.run([sys.executable, "-m", "respawn", "jobs", "report", "nope", "--project", project],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
@@ -161,7 +180,7 @@ def test_the_page_answers_the_user_in_chromium(browser, tmp_path):
         "steps_lost": str(told["steps_lost"]),
         "cost": f"${status.cost.closed_usd:.4f} (on demand ${status.cost.closed_on_demand_usd:.4f})",
         "saved": f"{1 - status.cost.closed_usd / status.cost.closed_on_demand_usd:.0%}",
-        "cost_per_preemption": f"${told['recovery_seconds'] * status.cost.closed_usd / ran:.4f}",
+        "cost_per_recovery": f"${told['recovery_seconds'] * status.cost.closed_usd / ran:.4f}",
         "goodput": f"{158 / 300:.1%}",
     }
     assert page.locator("rect.life").count() == 2
@@ -198,3 +217,74 @@ def test_an_emergency_save_is_drawn_on_the_step_line():
     assert "emergency at 100.0 s j-1 committed step 58" in page
     assert page.index('class="mark checkpoint"') < page.index('class="mark emergency"')  # drawn last, on top
     assert "emergency save" in page[page.index("class='legend'"):]
+
+
+# A job whose trainer raises at once on every node (as `respawn demo --job` records it): four crashes, no step, FAILED.
+def crash_events() -> list[JobEvent]:
+    out = [ev(0, None, "PENDING", "registered")]
+    for i, t in enumerate((1, 11, 21, 31)):
+        node, zone = f"c-{i + 1}", ("z-a", "z-b")[i % 2]
+        out.append(ev(t, "PENDING" if i == 0 else "RESTARTING", "PROVISIONING", "job_created" if i == 0 else
+                      "replacement", node=node, attempt=i + 1, zone=zone, provisioning="spot"))
+        out.append(ev(t + 5, "PROVISIONING", "RUNNING", "node_running", node=node, attempt=i + 1, zone=zone))
+        gone = {"node": node, "started_at": at(t + 6).isoformat(), "first_step": None, "first_step_at": None,
+                "step": None, "committed_step": None, "heartbeat_at": at(t + 7).isoformat()}
+        out.append(ev(t + 8, "RUNNING", "FAILED" if i == 3 else "RESTARTING", "trainer_crashed", node=node,
+                      attempt=i + 1, zone=zone, last_error="ValueError: bad lr", lost=gone))
+    return out
+
+
+CRASH_DOC = {"spec": {"zones": ["z-a", "z-b"]}, "created_at": T0, "status": schema.JobStatus(
+    state=State.FAILED, failures=4, preemptions=0, last_cause="trainer_crashed",
+    cost=schema.CostLedger(closed_usd=0.0011, closed_on_demand_usd=0.0020, note="offline table (z)")).model_dump()}
+
+
+def test_a_crashing_job_reads_as_crashes_not_preemptions(browser, tmp_path):
+    """A trainer that raises at once: no notice came, nothing recovered, no step was kept, so nothing was saved; the
+    trainer's error is on the page."""
+    events = crash_events()
+    r = report.of_record("c", CRASH_DOC, events, {}, at(60))
+    f = report.figures(r)
+    assert [x["outcome"] for x in f["recoveries"]] == ["never"] * 4
+    assert (f["steps_lost"], f["recovery_seconds"], f["cost"]["saved"]) == (0, [], None)
+    path = tmp_path / "report.html"
+    path.write_text(report.render(r, ["z-a", "z-b"], events))
+    page, errors = open_page(browser, path, screenshot="report-failed-page.png")
+    assert errors == []
+    headline = {f.get_attribute("data-figure"): f.locator(".value").inner_text()
+                for f in page.locator(".headline .figure").all()}
+    assert headline == {
+        "state": "failed", "preemptions": "0", "failures": "4", "last_error": "ValueError: bad lr",
+        "recoveries": "4 losses never stepped again", "steps_lost": "0", "cost": "$0.0011 (on demand $0.0020)",
+        "saved": "none (no step was kept)", "goodput": "0.0%"}
+    # Drawn as crashes (no notice came), with no recovery bar and no emergency save.
+    assert page.locator("line.mark.notice").count() == 0 and page.locator(".recovery").count() == 0
+    assert page.locator("line.mark.crash title").all_text_contents() == [
+        f"crash at {t:.1f} s trainer crashed c-{i + 1}: ValueError: bad lr" for i, t in enumerate((9, 19, 29, 39))]
+    legend = page.locator("p.legend").inner_text()
+    assert "crash (the job's own failure: no notice)" in legend and "■ notice" not in legend
+    rows = [row.locator("td").all_inner_texts() for row in page.locator("table.recoveries tr").all()[1:]]
+    assert rows[0] == ["9.0 s", "trainer crashed c-1", "z-a", "never stepped again", "-", "-", "ValueError: bad lr"]
+    assert len(rows) == 4
+
+
+def test_the_emergency_saves_outcome_and_the_error_are_told_where_the_record_has_them():
+    # The recovery tells how the noticed node's save ended (its final heartbeat came after the loss event).
+    failed = {"state": "failed", "step": None, "reason": "rank 1: RuntimeError: disk full"}
+    events = [e.model_copy(update={"details": {**e.details, "emergency": failed}}) if e.cause == "recovered" else e
+              for e in EVENTS]
+    r = report.of_record("j", DOC, events, BEATS, at(400))
+    [x] = report.figures(r)["recoveries"]
+    assert x["emergency"] == failed and x["last_error"] is None
+    [row] = report.recovery_rows(report.figures(r))
+    assert row[5] == "emergency save failed on rank 1: RuntimeError: disk full"
+    [told] = [e for e in events if e.cause == "recovered"]
+    assert report.event_words(told).endswith("; resumed from step 50; emergency save failed on rank 1: RuntimeError: "
+                                             "disk full")
+    # A failed save is drawn as none, though the step resumed from is the last one reached (a periodic checkpoint).
+    kept = [e.model_copy(update={"details": {**e.details, "resumed_from": 58, "steps_lost": 0}})
+            if e.cause == "recovered" else e for e in events]
+    page = report.render(report.of_record("j", DOC, kept, BEATS, at(400)), ["z-a", "z-b"], kept)
+    assert 'class="mark emergency"' not in page and "emergency at" not in page
+    crash = crash_events()[3]
+    assert report.event_words(crash) == "c-1 trainer crashed in z-a: ValueError: bad lr"

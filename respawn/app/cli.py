@@ -480,11 +480,13 @@ def list_jobs(
 
 
 @jobs_app.command("describe")
-def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
-    """The job's spec and status, where its time went (goodput) and what it cost so far."""
+def describe(job_id: str, project: Optional[str] = ProjectOpt,
+             as_json: bool = typer.Option(False, "--json", help="the raw record (spec, status) and the figures as one "
+                                                                "JSON object, for a program")) -> None:
+    """The job for a person: its state, each loss and recovery (time, steps lost, emergency save, zone), its cost and
+    what it saved against on demand, and where its time went (goodput); --json: the record behind them."""
 
     def go() -> None:
-        from respawn import ledger
         from respawn.app import report
         from respawn.control.recovery import strategy_for
         from respawn.app.jobstore import NoSuchJob
@@ -495,23 +497,61 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt) -> None:
             raise _no_such_job(job_id) from None
         status = schema.JobStatus.model_validate(doc.get("status") or {})
         try:
-            spec = schema.parse_spec(doc.get("spec"))
-            recovery, budget = strategy_for(spec).name, spec.budget.max_usd if spec.budget else None
+            recovery = strategy_for(schema.parse_spec(doc.get("spec"))).name
         except schema.SpecError:
-            recovery = budget = None  # the status says why the spec is invalid
-        body = {
-            "id": job_id,
-            "cancel_requested": bool(doc.get("cancel_requested")),
-            "created_at": _fmt_time(doc.get("created_at")),
-            "recovery": recovery,
-            "goodput": report.describe(r),  # where the time went (respawn/app/report.py, docs/watching.md)
-            "cost": ledger.summary(status, datetime.now(timezone.utc), budget),
-            "status": status.model_dump(mode="json", exclude_none=True),
-            "spec": doc.get("spec"),
-        }
-        out.print(yaml.safe_dump(body, sort_keys=False, allow_unicode=True), highlight=False, end="")
+            recovery = None  # the status says why the spec is invalid
+        # Every figure is the report's (report.figures: computed once from the record), the page's too.
+        f = report.figures(r)
+        if as_json:
+            print(json.dumps({"id": job_id, "cancel_requested": bool(doc.get("cancel_requested")),
+                              "created_at": _fmt_time(doc.get("created_at")), "recovery": recovery, "figures": f,
+                              "status": status.model_dump(mode="json", exclude_none=True), "spec": doc.get("spec")}))
+            return
+        _describe_for_a_person(job_id, status, recovery, f)
 
     run_reporting_errors(go)
+
+
+def _describe_for_a_person(job_id: str, status: schema.JobStatus, recovery: str | None, f: dict[str, Any]) -> None:
+    from respawn.app import report
+    from respawn.control.recovery_time import text as recovery_time_text
+    from respawn.prices import usd
+
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    for key, label, value in report.headline(f):
+        if key not in ("recoveries", "cost_per_recovery"):  # the table below says them, loss by loss
+            facts.add_row(label if key != "goodput" else "goodput", Text(value))
+    if status.message:
+        facts.add_row("message", Text(status.message))
+    if recovery:
+        facts.add_row("recovery strategy", Text(recovery))
+    if "cost" in f:
+        c = f["cost"]
+        facts.add_row("prices", Text(str(c["prices"])))
+        if "budget_usd" in c:
+            facts.add_row("budget", Text(f"{usd(c['budget_usd'])}, {c['budget_used']} used"))
+        if c.get("unpriced"):
+            facts.add_row("unpriced", Text("; ".join(map(str, c["unpriced"]))))
+    out.print(Text.assemble("job ", (job_id, "bold")))
+    out.print(facts)
+    if f["recoveries"]:
+        header = [("recovery time" if h.startswith("recovery time") else h) for h in report.RECOVERY_HEADER]
+        losses = Table(*header, "cost", title="losses and recoveries (times since registration)", title_justify="left")
+        for x, row in zip(f["recoveries"], report.recovery_rows(f, parts=False)):
+            losses.add_row(*row, "-" if x["cost_usd"] is None else usd(x["cost_usd"]))
+        out.print(losses)
+        for x in f["recoveries"]:  # a line each: a table cell would wrap the parts
+            if report.parts_text(x):
+                out.print(f"  {x['at_seconds']:.1f} s {x['cause'].replace('_', ' ')} {x['node']}: "
+                          f"{recovery_time_text(x['seconds'])} = {report.parts_text(x)}", highlight=False)
+    buckets = Table("where the time went", "time", "share", "what it holds",
+                    title=f"goodput {f['goodput']:.1%} of {f['wall_seconds']:.1f} s", title_justify="left")
+    for row in report.goodput_rows_of(f):
+        buckets.add_row(*row)
+    out.print(buckets)
+    out.print("--json: the spec, the status and these figures as one JSON object", highlight=False)
 
 
 @jobs_app.command("report")

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from respawn import ledger
+from respawn import ledger, losswords
 from respawn.control import goodput, recovery_time
 from respawn.control.goodput import Life, Recovery
 from respawn.schema import Heartbeat, JobEvent
@@ -53,10 +53,19 @@ class Report:
     committed_step: int | None = None
     total_steps: int | None = None
     preemptions: int | None = None
+    failures: int | None = None
+    # Each loss event's details by (the node lost, when): its emergency save's outcome and the trainer's last error.
+    losses: dict[tuple[str, datetime], dict[str, Any]] = field(default_factory=dict)
+    events: list[JobEvent] = field(default_factory=list)  # every event kept, oldest first: the record read
 
     @property
     def wall_seconds(self) -> float:
         return (self.ended_at - self.started_at).total_seconds()
+
+    @property
+    def ended(self) -> bool:
+        """The job is over (a terminal state): a loss it did not recover from never will be."""
+        return self.state.upper() in {e.upper() for e in goodput.ENDS}
 
     @property
     def goodput_ratio(self) -> float:
@@ -67,23 +76,110 @@ class Report:
 def build(job_id: str, state: str, started_at: datetime, ended_at: datetime, events: list[JobEvent],
           heartbeats: dict[str, Heartbeat]) -> Report:
     all_lives, refused = goodput.lives(events, heartbeats)
+    losses = {(d["lost"].get("node"), ev.at): d for ev in events
+              for d in [ev.details] if isinstance(d.get("lost"), dict)}
     return Report(job_id, state, started_at, ended_at, all_lives, goodput.recoveries(all_lives, events), refused,
-                  goodput.buckets(started_at, ended_at, all_lives))
+                  goodput.buckets(started_at, ended_at, all_lives), losses=losses, events=events)
+
+
+def noticed(cause: str) -> bool:
+    """The loss came from the platform (a preemption, a planned stop): it had a notice. Any other cause is the job's
+    own fault (a crash, a setup that failed, a node that never reported): drawn and told as a failure, never as a
+    notice."""
+    return cause in (recovery_time.PREEMPTED, recovery_time.RUN_ENDED)
+
+
+def _loss_detail(r: Report, x: Recovery, key: str) -> Any:
+    """What the loss event of `x`'s first life says under `key` (its details, or the `lost` record in them): read
+    with .get, so a record written before the field existed reads as None."""
+    life = x.took[0] if x.took else None
+    d = r.losses.get((life.node, life.ended_at), {}) if life is not None else {}
+    lost = d.get("lost") if isinstance(d.get("lost"), dict) else {}
+    value = d.get(key)
+    return value if value is not None else lost.get(key)
+
+
+def _replacement(r: Report, x: Recovery) -> Life | None:
+    """The life that took over from `x`'s last lost life in its slot (None: none began)."""
+    if not x.took:
+        return None
+    last = x.took[-1]
+    later = [life for life in r.lives if life.slot == last.slot and life.created_at >= (last.ended_at or last.created_at)
+             and life is not last]
+    return later[0] if later else None
+
+
+def _stages(r: Report, x: Recovery, details: dict[str, Any]) -> dict[str, float]:
+    """Where the recovery's time went: as its `recovered` event carries it, else from the same record's moments (the
+    replacement's create, running, trainer start) through the same function (recovery_time.stages)."""
+    told = details.get("stages")
+    if isinstance(told, dict) and told:
+        return {k: float(v) for k, v in told.items()}
+    if x.training_at is None:
+        return {}
+    new = _replacement(r, x)
+    ends = [("waiting_for_capacity", new.created_at if new else None),
+            ("vm_create_and_boot", new.running_at if new else None),
+            ("setup", new.trainer_started_at if new else None)]
+    return recovery_time.stages(x.at, ends, x.training_at)
+
+
+def figures(r: Report) -> dict[str, Any]:
+    """Every figure a user reads of the job, computed once from its record: the report page's headline, `respawn jobs
+    describe` (its table and --json), `respawn jobs report --json` and the demo's summary render these, never their
+    own. Times are seconds since the job's registration (the chart's 0) as well as RFC 3339."""
+    told = {ev.at: ev.details for ev in r.events if recovery_time.told(ev.cause, ev.details)}
+    each = preemption_costs(r)
+    losses = []
+    for x, usd_each in zip(r.recoveries, each):
+        details = next((d for at, d in told.items() if x.training_at is not None and recovery_time.read(d) is not None
+                        and recovery_time.read(d).stepping_at == x.training_at), {})  # type: ignore[union-attr]
+        new = _replacement(r, x)
+        back = x.training_at is not None
+        losses.append({
+            "node": x.lost, "cause": x.cause, "noticed": noticed(x.cause),
+            "at": x.at.isoformat(), "at_seconds": round((x.at - r.started_at).total_seconds(), 1),
+            "zone": x.took[0].zone if x.took else None, "new_zone": new.zone if new and back else None,
+            # recovered: every rank stepped again; never: the job ended first; recovering: not yet.
+            "outcome": "recovered" if back else "never" if r.ended else "recovering",
+            "seconds": x.seconds if back else None,
+            "stepping_at_seconds": round((x.training_at - r.started_at).total_seconds(), 1) if back else None,
+            "steps_lost": x.steps_lost if back else None, "resumed_from": x.resumed_from if back else None,
+            "stages": _stages(r, x, details),
+            # The save's outcome as the recovery tells it (its save ended after the loss event was written), else
+            # as the loss event does.
+            "emergency": details.get("emergency") or _loss_detail(r, x, "emergency"),
+            "last_error": details.get("last_error") or _loss_detail(r, x, "last_error"),
+            "cost_usd": round(usd_each, 4) if back and usd_each is not None else None,
+        })
+    recovered = [x for x in losses if x["outcome"] == "recovered"]
+    lost = [x["steps_lost"] for x in recovered]
+    out: dict[str, Any] = {
+        "job": r.job_id, "state": r.state,
+        "steps": {"done": r.step, "committed": r.committed_step, "total": r.total_steps},
+        "preemptions": r.preemptions, "failures": r.failures,
+        "wall_seconds": round(r.wall_seconds, 1),
+        "goodput": round(r.goodput_ratio, 4),
+        "buckets_seconds": {k: round(v, 1) for k, v in r.goodput.items()},
+        "lives": len(r.lives), "refused_creates": r.refused,
+        "recoveries": losses,
+        "recovery_seconds": [x["seconds"] for x in recovered],
+        "steps_lost": None if None in lost else sum(lost),  # type: ignore[arg-type]
+        "last_error": next((x["last_error"] for x in reversed(losses) if x["last_error"]), None),
+    }
+    if r.cost is not None:
+        paid, on_demand = r.cost["so_far_usd"], r.cost["on_demand_usd"]
+        kept = r.goodput.get("productive_training", 0.0) > 0
+        # Saved against on demand: 1 − what the job paid ÷ the same node time on demand (the one meaning, `respawn
+        # plan`'s too); a job that kept no step saved nothing, whatever its nodes cost.
+        out["cost"] = {**r.cost, "saved": round(1 - paid / on_demand, 4) if kept and on_demand > 0 else None,
+                       **({} if kept else {"saved_why": "no step was kept"})}
+    return out
 
 
 def describe(r: Report) -> dict[str, Any]:
-    """The report's figures as plain values: `respawn jobs describe`, `--json`, the page's summary."""
-    wall = r.wall_seconds
-    return {
-        "wall_seconds": round(wall, 1),
-        "goodput": round(r.goodput_ratio, 4),
-        "buckets_seconds": {k: round(v, 1) for k, v in r.goodput.items()},
-        "lives": len(r.lives),
-        "refused_creates": r.refused,
-        "recoveries": [{"node": x.lost, "cause": x.cause, "at": x.at.isoformat(), "seconds": x.seconds,
-                        "steps_lost": x.steps_lost} for x in r.recoveries],
-        **({"cost": r.cost} if r.cost is not None else {}),
-    }
+    """The report's figures as plain values (figures): `respawn jobs describe --json`, `jobs report --json`."""
+    return figures(r)
 
 
 def _running_seconds(r: Report) -> float:
@@ -107,41 +203,79 @@ def preemption_costs(r: Report) -> list[float | None]:
     return [None if rate is None or x.seconds is None else x.seconds * rate for x in r.recoveries]
 
 
-def headline(r: Report) -> list[tuple[str, str, str]]:
-    """(key, label, value) of the figures a user asks first: the page's headline, in this order."""
-    out = [("state", "state", r.state.lower())]
-    if r.step is not None or r.total_steps:
-        done = "-" if r.step is None else str(r.step)
-        committed = f" (committed {r.committed_step})" if r.committed_step not in (None, r.step) else ""
-        out.append(("steps", "steps", f"{done} of {r.total_steps}{committed}" if r.total_steps else done + committed))
-    if r.preemptions is not None:
-        out.append(("preemptions", "preemptions", str(r.preemptions)))
-    out.append(("recoveries", "recovery time, each (notice → every rank stepping)",
-                ", ".join(recovery_time.text(x.seconds) if x.training_at is not None else "still recovering"
-                          for x in r.recoveries) or "none"))
-    lost = [x.steps_lost for x in r.recoveries if x.training_at is not None]
-    out.append(("steps_lost", "steps lost", "unknown" if None in lost else str(sum(lost))))  # type: ignore[arg-type]
-    if r.cost is not None:
-        paid, on_demand = r.cost["so_far_usd"], r.cost["on_demand_usd"]
-        out.append(("cost", "cost", f"{usd(paid)} (on demand {usd(on_demand)})"))
-        if on_demand > 0:
-            out.append(("saved", "saved against on demand", f"{1 - paid / on_demand:.0%}"))
-        each = preemption_costs(r)
+def _share(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def saved_text(cost: dict[str, Any]) -> str:
+    """The share saved against on demand as every page says it: '42%', or 'none (no step was kept)'."""
+    return _share(cost["saved"]) if cost.get("saved") is not None else f"none ({cost.get('saved_why') or 'no cost'})"
+
+
+def outcome_text(x: dict[str, Any]) -> str:
+    """A loss's recovery in words: '9.8 s', 'never stepped again' (the job ended first), 'recovering'."""
+    if x["outcome"] == "recovered":
+        return recovery_time.text(x["seconds"])
+    return "never stepped again" if x["outcome"] == "never" else "recovering"
+
+
+def emergency_text(e: Any) -> str | None:
+    """The noticed node's emergency save in words (respawn.losswords: Slack's wording); None: none recorded."""
+    return losswords.emergency_sentence(e if isinstance(e, dict) else None)
+
+
+def headline(f: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, label, value) of the figures a user asks first (figures): the page's headline, in this order."""
+    out = [("state", "state", f["state"].lower())]
+    steps = f["steps"]
+    if steps["done"] is not None or steps["total"]:
+        done = "-" if steps["done"] is None else str(steps["done"])
+        committed = f" (committed {steps['committed']})" if steps["committed"] not in (None, steps["done"]) else ""
+        out.append(("steps", "steps", f"{done} of {steps['total']}{committed}" if steps["total"] else done + committed))
+    if f["preemptions"] is not None:
+        out.append(("preemptions", "preemptions", str(f["preemptions"])))
+    crashes = [x for x in f["recoveries"] if not x["noticed"]]
+    if f["failures"] or crashes:
+        out.append(("failures", "failures (the job's own: crashes, setup, no heartbeat)",
+                    str(f["failures"] if f["failures"] is not None else len(crashes))))
+    if f["last_error"]:
+        out.append(("last_error", "the trainer's last error", f["last_error"]))
+    back = [outcome_text(x) for x in f["recoveries"] if x["outcome"] == "recovered"]
+    never = sum(x["outcome"] == "never" for x in f["recoveries"])
+    # Losses that never recovered counted once, not listed (a failed job's four crashes are one fact).
+    rest = [f"{never} {'loss' if never == 1 else 'losses'} never stepped again"] if never else []
+    rest += ["recovering"] * sum(x["outcome"] == "recovering" for x in f["recoveries"])
+    out.append(("recoveries", "recovery time, each (loss → every rank stepping again)",
+                ", ".join(back + rest) or "none"))
+    out.append(("steps_lost", "steps lost", "unknown" if f["steps_lost"] is None else str(f["steps_lost"])))
+    if "cost" in f:
+        c = f["cost"]
+        out.append(("cost", "cost", f"{usd(c['so_far_usd'])} (on demand {usd(c['on_demand_usd'])})"))
+        if c["on_demand_usd"] > 0:
+            out.append(("saved", "saved against on demand (1 − cost ÷ the same node time on demand)", saved_text(c)))
+        each = [x["cost_usd"] for x in f["recoveries"] if x["outcome"] == "recovered"]
         if each:
-            out.append(("cost_per_preemption", "cost of each preemption (its recovery time at the job's rate)",
+            out.append(("cost_per_recovery", "cost of each recovery (its recovery time at the job's rate)",
                         ", ".join("unknown" if c is None else usd(c) for c in each)))
-    out.append(("goodput", "goodput: time training, for steps kept (the rest: below)", f"{r.goodput_ratio:.1%}"))
+    out.append(("goodput", "goodput: time training, for steps kept (the rest: below)", f"{f['goodput']:.1%}"))
     return out
 
 
 def goodput_rows(r: Report) -> list[list[str]]:
     """The goodput table: each bucket in words, its seconds and share of the wall time, what it holds."""
-    wall = r.wall_seconds or 1.0
-    return [[BUCKET_WORDS[k][0], f"{v:.1f} s", f"{v / wall:.0%}", BUCKET_WORDS[k][1]] for k, v in r.goodput.items()]
+    return goodput_rows_of(figures(r))
 
 
-def timeline(r: Report, zones: list[str]) -> Timeline:
-    """The page: the headline, a bar per life, its step line, the losses and recoveries, the figures behind them."""
+def goodput_rows_of(f: dict[str, Any]) -> list[list[str]]:
+    """goodput_rows from the figures (`respawn jobs describe`'s table is the page's)."""
+    wall = f["wall_seconds"] or 1.0
+    return [[BUCKET_WORDS[k][0], f"{v:.1f} s", f"{v / wall:.0%}", BUCKET_WORDS[k][1]]
+            for k, v in f["buckets_seconds"].items()]
+
+
+def timeline(r: Report, zones: list[str], f: dict[str, Any]) -> Timeline:
+    """The page: the headline, a bar per life, its step line, the losses and recoveries, the figures behind them
+    (`f`: figures, so the chart and the headline say one thing)."""
     t0 = r.started_at
 
     def s(at: datetime) -> float:
@@ -150,39 +284,74 @@ def timeline(r: Report, zones: list[str]) -> Timeline:
     # The step a lost life's replacement restored: its last save, the notice's emergency save when it kept every step
     # the life reached (committed after its last heartbeat, maybe: the figure's, not the heartbeat's).
     restored = {id(life): x.resumed_from for x in r.recoveries if x.resumed_from is not None for life in x.took}
+    # An emergency save recorded as not committed is drawn as no save, whatever the steps say.
+    failed_save = {id(life) for x, told in zip(r.recoveries, f["recoveries"]) for life in x.took
+                   if isinstance(told["emergency"], dict) and told["emergency"].get("state") not in (None, "committed")}
     spans, marks, progress = [], [], []
     for life in r.lives:
         start = life.running_at or life.created_at
         end = life.ended_at or r.ended_at
-        spans.append(NodeSpan(life.node, life.zone, s(start), s(end), life.end_cause or "running", model=life.model,
-                              slot=life.slot))
+        spans.append(NodeSpan(life.node, life.zone, s(start), s(end), (life.end_cause or "running").replace("_", " "),
+                              model=life.model, slot=life.slot))
         if life.stepped:
             assert life.first_step_at is not None
             stop = s(goodput.training_end(life, end))
             progress.append([(s(life.first_step_at), life.first_step or 0), (stop, life.step or 0)])
             saved = restored.get(id(life), life.committed_step)
             lost = life.ended_at is not None and life.end_cause not in goodput.ENDS
-            if saved is not None and lost and saved >= (life.step or 0):
+            if (saved is not None and lost and noticed(life.end_cause) and saved >= (life.step or 0)
+                    and id(life) not in failed_save):
                 marks.append(Mark(s(end), "emergency", f"{life.node} committed step {saved}", life.zone, step=saved))
             elif saved is not None:
                 marks.append(Mark(stop, "checkpoint", f"{life.node} committed step {saved}", life.zone))
     recovered = []
-    for x in r.recoveries:
-        marks.append(Mark(s(x.at), "notice", f"{x.cause} {x.lost}"))
+    for x, told in zip(r.recoveries, f["recoveries"]):
+        what = x.cause.replace("_", " ")
+        error = f": {told['last_error']}" if told["last_error"] else ""
+        # A crash is drawn as a crash (no notice came); only a platform's loss has a notice.
+        marks.append(Mark(s(x.at), "notice" if told["noticed"] else "crash", f"{what} {x.lost}{error}"))
         if x.training_at is not None:
             marks.append(Mark(s(x.training_at), "training again",
-                              f"{recovery_time.text(x.seconds)} after the notice (recovery time)"))
+                              f"{recovery_time.text(x.seconds)} after the {'notice' if told['noticed'] else 'failure'}"
+                              " (recovery time)"))
             recovered.append((s(x.at), s(x.training_at), recovery_time.text(x.seconds)))
     summary = {"job": r.job_id, "state": r.state, "wall": f"{r.wall_seconds:.1f} s", "lives": len(r.lives),
                "refused creates": r.refused}
-    if r.cost is not None:
-        summary.update({"cost": f"{usd(r.cost['so_far_usd'])} (on demand {usd(r.cost['on_demand_usd'])})",
-                        "prices": r.cost["prices"]})
-        if "budget_usd" in r.cost:
-            summary["budget"] = f"{usd(r.cost['budget_usd'])}, {r.cost['budget_used']} used"
+    if "cost" in f:
+        c = f["cost"]
+        summary.update({"cost": f"{usd(c['so_far_usd'])} (on demand {usd(c['on_demand_usd'])})",
+                        "prices": c["prices"]})
+        if "budget_usd" in c:
+            summary["budget"] = f"{usd(c['budget_usd'])}, {c['budget_used']} used"
     return Timeline(title=f"respawn: job {r.job_id}", wall_seconds=r.wall_seconds, zones=zones, nodes=spans,
                     marks=marks, progress=progress, total_steps=r.total_steps or 0, summary=summary,
-                    headline=headline(r), recoveries=recovered)
+                    headline=headline(f), recoveries=recovered)
+
+
+def parts_text(x: dict[str, Any]) -> str:
+    """Where a recovery's time went, every part named, so they add up to it: '2.0 s waiting for capacity, …'."""
+    return ", ".join(f"{recovery_time.text(v)} {recovery_time.STAGES.get(k, k)}" for k, v in x["stages"].items()
+                     if v > 0)
+
+
+def recovery_rows(f: dict[str, Any], parts: bool = True) -> list[list[str]]:
+    """One row per loss, as `respawn jobs describe` shows them too: when, what, where, its recovery time (and where
+    it went, with `parts`), the steps lost, the emergency save, the error."""
+    rows = []
+    for x in f["recoveries"]:
+        where = x["zone"] or "-"
+        if x["new_zone"] and x["new_zone"] != x["zone"]:
+            where += f" → {x['new_zone']}"
+        went = parts_text(x) if parts else ""
+        rows.append([f"{x['at_seconds']:.1f} s", f"{x['cause'].replace('_', ' ')} {x['node']}", where,
+                     outcome_text(x) + (f" ({went})" if went else ""),
+                     "-" if x["steps_lost"] is None else str(x["steps_lost"]),
+                     emergency_text(x["emergency"]) or "-", x["last_error"] or "-"])
+    return rows
+
+
+RECOVERY_HEADER = ["time", "loss", "zone", "recovery time (where it went)", "steps lost", "emergency save",
+                   "last error"]
 
 
 def event_words(ev: JobEvent) -> str:
@@ -195,13 +364,16 @@ def event_words(ev: JobEvent) -> str:
         fig = recovery_time.read(d)
         resumed = f"; resumed from step {fig.resumed_from}" if fig is not None and fig.resumed_from is not None else ""
         ended = "" if ev.cause == "recovered" else f" {ev.cause.replace('_', ' ')}{where};"
-        return f"{node}:{ended} {recovery_time.line(d)}{resumed}"
+        saved = emergency_text(d.get("emergency"))
+        return f"{node}:{ended} {recovery_time.line(d)}{resumed}" + (f"; {saved}" if saved else "")
     if isinstance(lost, dict):  # its last heartbeat's steps: an emergency save may commit more (the recovery's)
         committed = f", committed {lost.get('committed_step')}" if lost.get("committed_step") is not None else ""
         at = f" (last heard at step {lost.get('step')}{committed})" if lost.get("step") is not None else ""
         signal = f", told by {d['signal']}" if d.get("signal") else ""
         then = f"; restarting it in place" if d.get("in_place") else ""
-        return f"{lost.get('node') or node} {ev.cause.replace('_', ' ')}{where}{at}{signal}{then}"
+        error = d.get("last_error") or lost.get("last_error")
+        return f"{lost.get('node') or node} {ev.cause.replace('_', ' ')}{where}{at}{signal}{then}" + (
+            f": {error}" if error else "")
     if ev.cause.startswith("zone_refused_"):
         why = ev.cause.removeprefix("zone_refused_").replace("_", " ")
         code = f" ({d['code']})" if d.get("code") else ""
@@ -226,7 +398,7 @@ def of_record(job_id: str, doc: dict[str, Any], events: list[JobEvent], heartbea
     budget = ((doc.get("spec") or {}).get("budget") or {}).get("max_usd")
     r.cost = ledger.summary(status, ended, budget)
     r.step, r.committed_step = status.last_step, status.last_committed_step
-    r.total_steps, r.preemptions = status.total_steps, status.preemptions
+    r.total_steps, r.preemptions, r.failures = status.total_steps, status.preemptions, status.failures
     return r
 
 
@@ -248,11 +420,14 @@ def write(store: Any, job_id: str, path: Path, database: str | None = None) -> t
 
 
 def render(r: Report, zones: list[str], events: list[JobEvent]) -> str:
-    """One self-contained HTML page: the headline, the timeline, the goodput buckets and every event, in words, at
-    its time on the chart's axis (seconds since the job's registration)."""
+    """One self-contained HTML page: the headline, the timeline, each loss and its recovery, the goodput buckets and
+    every event, in words, at its time on the chart's axis (seconds since the job's registration). Every figure is
+    figures'."""
+    f = figures(r)
     rows = [[f"{(ev.at - r.started_at).total_seconds():.1f} s",
              f"{ev.from_state.value} → {ev.to_state.value}" if ev.from_state else ev.to_state.value,
              event_words(ev)] for ev in events]
-    return render_html(timeline(r, zones), tables=[
-        ("goodput", ["where the time went", "time", "share", "what it holds"], goodput_rows(r)),
+    losses = [("recoveries", RECOVERY_HEADER, recovery_rows(f))] if f["recoveries"] else []
+    return render_html(timeline(r, zones, f), tables=[
+        *losses, ("goodput", ["where the time went", "time", "share", "what it holds"], goodput_rows_of(f)),
         ("events", ["time", "state", "what happened"], rows)])

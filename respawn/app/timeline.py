@@ -3,7 +3,7 @@ Drawn for the demo (sim/demo: from the heartbeats it sampled) and for a real job
 events and its nodes' heartbeats, `respawn jobs report`).
 
 Above the chart, a headline of the figures a user asks first (a report's: respawn.app.report.headline). Rows are
-zones; bars are node lifetimes; red marks are preemption notices, purple ones the moment the job steps again after
+zones; bars are node lifetimes; red marks are preemption notices, brown ones crashes (no notice came), purple ones the moment the job steps again after
 each, with the recovery time between them over the chart; the bottom panel is training progress (steps over time,
 one line per trainer life) with its checkpoints (green dots) and emergency saves (orange diamonds on the step line,
 labelled, drawn over the rest); grey bands are downtime, when no node was training. The legend names only what is
@@ -31,7 +31,7 @@ class NodeSpan:
 @dataclass
 class Mark:
     t: float
-    kind: str  # notice, checkpoint, emergency, restart, training again (the job steps again after a notice)
+    kind: str  # notice, crash, checkpoint, emergency, restart, training again (the job steps again after a loss)
     label: str = ""
     zone: str | None = None
     step: int | None = None  # a checkpoint's or an emergency save's step: drawn on the step line
@@ -56,10 +56,10 @@ _W, _LEFT, _ROW, _TOP, _PROGRESS = 1000, 130, 34, 50, 150
 # Bars by provisioning model (Spot, and unknown, the default blue).
 _MODEL_FILL = {"flex-start": ("#c7e9c0", "#31a354"), "standard": ("#d9d9d9", "#636363"),
                "preemptible": ("#dadaeb", "#756bb1")}
-_COLOURS = {"notice": "#d62728", "checkpoint": "#2ca02c", "emergency": "#ff7f0e", "restart": "#1f77b4",
-            "training again": "#9467bd"}
-_LEGEND = {"notice": "notice", "checkpoint": "checkpoint", "emergency": "emergency save", "restart": "restart",
-           "training again": "every rank stepping again"}
+_COLOURS = {"notice": "#d62728", "crash": "#8c564b", "checkpoint": "#2ca02c", "emergency": "#ff7f0e",
+            "restart": "#1f77b4", "training again": "#9467bd"}
+_LEGEND = {"notice": "notice", "crash": "crash (the job's own failure: no notice)", "checkpoint": "checkpoint",
+           "emergency": "emergency save", "restart": "restart", "training again": "every rank stepping again"}
 
 
 def _plain(value: object) -> str:
