@@ -104,6 +104,43 @@ def measure(cause: str | None, notice_at: datetime | None, furthest_step: int | 
     return Recovery(cause, notice_at, max(at, notice_at), furthest, resumed)
 
 
+# A recovery's stages in order, each ended by a moment the record keeps (the last by every rank stepping again), and
+# their words: the `recovered` alert's breakdown and the report's (decide.recovery_stages measures them).
+STAGES = {"waiting_for_capacity": "waiting for capacity", "vm_create_and_boot": "VM create and boot",
+          "setup": "agent and setup", "restore_and_first_step": "trainer start, restore and first step"}
+
+
+def stages(notice_at: datetime | None, ends: Sequence[tuple[str, datetime | None]],
+           stepping_at: datetime) -> dict[str, float]:
+    """Where a recovery's time went: stage → seconds, in order, adding up to its time (Recovery.seconds) exactly.
+    `ends`: each stage before the last and the moment it ended (None: unknown); the last, restore_and_first_step,
+    ends when every rank steps again. A stage whose end is unknown, or not after the previous end, is folded into the
+    next one rather than dropped, and the ends are rounded to the tenth on the clock from the notice before they are
+    subtracted: so the parts always sum to the rounded total (a breakdown that drops a part misleads)."""
+    if notice_at is None:
+        return {}
+    total = round(max((stepping_at - notice_at).total_seconds(), 0.0) * 10)  # tenths, as Recovery.seconds rounds
+    out: dict[str, float] = {}
+    before = 0
+    for stage, end in [*ends, ("restore_and_first_step", stepping_at)]:
+        if end is None:
+            continue
+        at = min(round((end - notice_at).total_seconds() * 10), total)
+        if at <= before and stage != "restore_and_first_step":
+            continue
+        out[stage] = max(at - before, 0) / 10
+        before = max(at, before)
+    return out
+
+
+def breakdown(cause: str | None, parts: Mapping[str, float], seconds: float) -> str:
+    """'this preemption cost 9.2 s: 1.2 s waiting for capacity, 0.4 s VM create and boot, …': the recovery's time
+    (the figure every renderer shows), then every stage that took any time, so the parts add up to it."""
+    what = {PREEMPTED: "preemption", RUN_ENDED: "planned stop"}.get(cause or "", "loss")
+    said = [f"{text(v)} {STAGES.get(k, k)}" for k, v in parts.items() if v > 0]
+    return f"this {what} cost {text(seconds)}" + (": " + ", ".join(said) if said else "")
+
+
 def told(cause: str, details: Mapping[str, Any]) -> bool:
     """An event (or alert) that tells a recovery: `recovered`, or the job's end when its last run stepped and
     finished before a reconcile said so (its `trainer_succeeded` then carries the figure)."""

@@ -167,3 +167,24 @@ def test_slack_shows_the_figure_itself():
     assert r is not None
     text = alerts.to_slack(alerts.make("recovered", "j", at(40), "training again", cause=r.cause, **r.fields()))["text"]
     assert "recovery time: 31.5 s" in text and "steps lost: 7" in text and "cause: preempted" in text
+
+
+def test_a_breakdown_names_every_part_so_it_adds_up_to_the_recovery_time():
+    # Slack said "this preemption cost 9.2 s: 1.0 s agent and setup, 7.0 s trainer start…" (8.0 s): parts under a
+    # second were dropped. Every part is kept, each end rounded on the clock from the notice before subtracting.
+    ends = [("waiting_for_capacity", at(0.44)), ("vm_create_and_boot", at(0.93)), ("setup", at(2.16))]
+    parts = recovery_time.stages(NOTICE, ends, at(9.21))
+    assert parts == {"waiting_for_capacity": 0.4, "vm_create_and_boot": 0.5, "setup": 1.3,
+                     "restore_and_first_step": 7.0}
+    seconds = recovery_time.Recovery("preempted", NOTICE, at(9.21), 10, 10).seconds
+    assert seconds == 9.2 and round(sum(parts.values()), 1) == seconds
+    assert recovery_time.breakdown("preempted", parts, seconds) == (
+        "this preemption cost 9.2 s: 0.4 s waiting for capacity, 0.5 s VM create and boot, 1.3 s agent and setup, "
+        "7.0 s trainer start, restore and first step")
+    # An end unknown, or before the notice (a node created long before it), folds its time into the next part.
+    parts = recovery_time.stages(NOTICE, [("waiting_for_capacity", at(-3600)), ("vm_create_and_boot", None),
+                                          ("setup", at(20))], at(30))
+    assert parts == {"setup": 20.0, "restore_and_first_step": 10.0}
+    assert recovery_time.stages(None, ends, at(9)) == {}
+    assert recovery_time.breakdown("run_ended", {"setup": 0.0, "restore_and_first_step": 0.4}, 0.4) == (
+        "this planned stop cost 0.4 s: 0.4 s trainer start, restore and first step")
