@@ -58,7 +58,9 @@ def test_a_job_whose_agent_never_starts_fails_after_two_boots_with_the_console_t
     assert [a["type"] for a in alerts] == ["boot_failed", "failed"]  # never "recovered"
     assert all("no python3 on this image" in a["console_tail"] for a in alerts)
     causes = [(e["to_state"], e["cause"]) for e in controller.events(job)]
-    assert causes.count(("PREEMPTED", "no_heartbeat")) == 1 and causes[-1] == ("FAILED", "no_heartbeat")
+    # A boot failure is the job's own: RESTARTING, never PREEMPTED.
+    assert causes.count(("RESTARTING", "no_heartbeat")) == 1 and causes[-1] == ("FAILED", "no_heartbeat")
+    assert not [c for c in causes if c[0] == "PREEMPTED"]
 
 
 def test_a_job_preempted_30_times_with_max_failures_3_still_succeeds(controller):
@@ -82,3 +84,43 @@ def test_a_job_preempted_30_times_with_max_failures_3_still_succeeds(controller)
     # One recovered per preemption, each once the replacement's agent reported; the 30th recovery's node never
     # reported before it exited 0, so 29; then the end.
     assert kinds.count("recovered") == 29 and kinds[-1] == "succeeded" and "failed" not in kinds
+
+
+TRACEBACK = ('Traceback (most recent call last):\n  File "/srv/train.py", line 12, in <module>\n'
+             '    raise ValueError("bad learning rate")\nValueError: bad learning rate\n')
+
+
+def test_a_trainer_that_crashes_at_every_start_is_a_failure_in_every_word(controller, monkeypatch):
+    """Issue 46: a trainer raising ValueError at once, max_failures 1. The events say RESTARTING, then FAILED, with
+    the crash's cause and never a preemption; the message's count is the counter's; the trainer's last error is on
+    the record, each event and each alert, and Slack shows it on a line of its own."""
+    from sim.slack import SlackReceiver
+
+    monkeypatch.setenv("RESPAWN_BACKOFF_BASE_SECONDS", "0.1")
+    job = controller.register({**_spec("crashy", termination_action="DELETE"), "max_failures": 1})
+    assert controller.job_created(job) == 200
+    first = controller.wait_state(job, "RUNNING")
+    controller.heartbeat(first.node, state="exited", exit_code=1, step=0, committed_step=None, output_tail=TRACEBACK)
+    deadline = time.monotonic() + 60
+    while (st := controller.status(job)).state.value != "RUNNING" or st.node == first.node:  # its replacement
+        assert controller.sweep(job) == 200 and time.monotonic() < deadline, st.message
+        time.sleep(0.2)
+    controller.heartbeat(st.node, state="exited", exit_code=1, step=0, committed_step=None, output_tail=TRACEBACK)
+    st = _sweep_until(controller, job, {"FAILED"})  # the second crash is past max_failures
+    assert (st.failures, st.preemptions, st.last_cause) == (2, 0, "trainer_crashed")
+    assert st.message.startswith("gave up after 2 failures, more than max_failures (1)"), st.message
+    assert st.last_error == "ValueError: bad learning rate" and "ValueError: bad learning rate" in st.message
+    events = controller.events(job)
+    crashes = [e for e in events if e["cause"] == "trainer_crashed"]
+    assert [(e["from_state"], e["to_state"]) for e in crashes] == [("RUNNING", "RESTARTING"), ("RUNNING", "FAILED")]
+    assert all(e["details"]["last_error"] == "ValueError: bad learning rate" for e in crashes)
+    assert "PREEMPTED" not in [e["to_state"] for e in events] and st.preemptions == 0
+    sent = controller.alerts(want=2)
+    assert [(a["type"], a["failures"]) for a in sent] == [("crashed", 1), ("failed", 2)]
+    assert [a["last_error"] for a in sent] == ["ValueError: bad learning rate"] * 2
+    with SlackReceiver() as slack:
+        monkeypatch.setenv("SLACK_WEBHOOK_URL", slack.url)
+        assert controller.alert(sent[-1]) == 200
+        [payload] = slack.wait_for(1)
+    lines = [b["text"]["text"] for b in payload["blocks"] if b["type"] == "section" and "text" in b]
+    assert "last error: ValueError: bad learning rate" in lines and "failures: 2" in payload["text"]
