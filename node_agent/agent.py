@@ -26,8 +26,8 @@ Life of one agent:
    it failed), exit 0 — what to do next is the controller's decision;
    or SIGHUP → leave the trainer running and exit EXIT_AGENT_DETACH so that systemd restarts the agent, which
    adopts it.
-A trainer that ends on its own — any exit but EXIT_PREEMPTED with no notice: an error, or 0 (done: the nodes go now) —
-or a failed setup wakes the controller once its heartbeat has landed (nudge.py: one message to the sweep topic), so that it acts now, not at
+A trainer that ends on its own — any exit but a stop on the notice (contract.EXITS_ON_NOTICE) with no notice: an
+error, or 0 (done: the nodes go now) — or a failed setup wakes the controller once its heartbeat has landed (nudge.py: one message to the sweep topic), so that it acts now, not at
 its next scheduled sweep; a multi-node member's peers wait for it in their collectives.
 """
 
@@ -145,7 +145,7 @@ class Agent:
             exit_code=failure.exit_code if failure is not None else life.exit_code,
             output_tail=failure.output_tail if failure is not None else life.output_tail,
             failed_command=failure.command if failure is not None else None, worker=self.cfg.worker,
-            env_cache=cache.status if cache is not None else None,
+            env_cache=cache.status if cache is not None else None, emergency=life.emergency(status),
             # step_idle_seconds and the first step (reach.py); the generation and master_reachable (membership.py).
             **self.progress.beat(training, (life.started_at, self.membership.running), status, life.started_at),
             **self.membership.beat(training),
@@ -281,7 +281,7 @@ class Agent:
         log("WARNING", "new generation: stopping the trainer to restart it with the new membership",
             running=self.membership.running, newer=generation.number, pid=trainer.pid,
             same_members=restart)
-        trainer.signal(signal.SIGTERM)
+        trainer.notify()
         if restart:
             code = self.life.wait(time.monotonic() + RESTART_STOP_GRACE_S, why=(
                 f"the trainer did not stop within {RESTART_STOP_GRACE_S:g} s of its generation's restart (a member's "
@@ -344,13 +344,13 @@ class Agent:
         a peer was lost and its collectives failed): the node waits for the next generation; the control plane
         decides what the exits mean, woken at once for an error exit (its members wait in their collectives)."""
         self.life.ended(code)
-        log("INFO" if code == contract.EXIT_PREEMPTED else "WARNING", "trainer ended; waiting for the next "
+        log("INFO" if code in contract.EXITS_ON_NOTICE else "WARNING", "trainer ended; waiting for the next "
             "generation", exit_code=code, generation=self.membership.running)
         self.life.release()
         self.state = NodeState.WAITING
         since = time.monotonic()
         self.heartbeater.nudge()
-        if on_its_own and code != contract.EXIT_PREEMPTED:
+        if on_its_own and code not in contract.EXITS_ON_NOTICE:
             self._wake_controller(f"trainer exited {code}", since)
 
     def _wake_controller(self, why: str, since: float):
@@ -414,7 +414,7 @@ class Agent:
             # Keep trainer.json: the next agent (systemd restarts a failed one) reports this exit again.
             return 1
         TrainerRecord.clear(self.cfg.node_dir)
-        if code != contract.EXIT_PREEMPTED:
+        if code not in contract.EXITS_ON_NOTICE:
             nudge = self._wake_controller(f"trainer exited {code}", since)
             if nudge is not None:
                 nudge.join(NUDGE_SEND_S)  # the agent exits next: the message must be out first

@@ -25,7 +25,8 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
                       failed_command: list[str] | None = None, now: datetime | None = None,
                       worker: int = 0, generation: int | None = None, step_idle_seconds: float | None = None,
                       master_reachable: bool | None = None, env_cache: dict[str, Any] | None = None,
-                      first_step: int | None = None, first_step_at: datetime | None = None) -> Heartbeat:
+                      first_step: int | None = None, first_step_at: datetime | None = None,
+                      emergency: dict[str, Any] | None = None) -> Heartbeat:
     """The nodes/{node} document (respawn.contract.Heartbeat) as a dict of Python values; datetimes stay datetimes
     for the Firestore encoder. `status` is the trainer's status file (respawn.contract.read_status), or None before
     it exists; values of the wrong type in it are left out (None), never passed on. `failed_command` (argv) goes
@@ -33,9 +34,10 @@ def compose_heartbeat(*, job_id: str, attempt: int, zone: str | None, state: Nod
     multi-host TPU slice (the document is nodes/{heartbeat_id(node, worker)}); `generation` the number of the
     generation a multi-node member's trainer runs or last ran; `step_idle_seconds` and `master_reachable` what
     node_agent/reach.py measured (respawn.contract.Heartbeat says what they mean); `env_cache` the environment
-    cache's state (envcache.EnvCache.status)."""
+    cache's state (envcache.EnvCache.status); `emergency` the save's outcome after a notice (save_outcome.py), else
+    the status file's."""
     status = status or {}
-    emergency = status.get("emergency")
+    emergency = emergency if emergency is not None else status.get("emergency")
     return {
         "job_id": str(job_id),
         "attempt": int(attempt),

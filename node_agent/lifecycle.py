@@ -6,7 +6,6 @@ heartbeat. The process itself, its record (trainer.json) and its wrapper are sup
 from __future__ import annotations
 
 import os
-import signal
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -15,6 +14,7 @@ from respawn import contract
 from respawn.logs import log
 
 from .notice import Notice
+from .save_outcome import node_outcome
 from .supervisor import LOG_FILE, OutputForwarder, TrainerProcess, TrainerRecord
 
 
@@ -38,10 +38,12 @@ class TrainerLife:
         self.exit_code: int | None = None
         self.output_tail: str | None = None
         self._forwarder: OutputForwarder | None = None
+        self._notified = self._killed = False  # this run was given the notice; killed at its deadline
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str | None, **record: Any) -> None:
         """A new trainer (`record`: its generation and members, for trainer.json)."""
         self.exit_code = self.output_tail = None
+        self._notified = self._killed = False
         self._attach(TrainerProcess.start(self.node_dir, argv, env, job_id=self.job_id, attempt=self.attempt,
                                           started_at=datetime.now(timezone.utc).isoformat(), cwd=cwd, **record))
 
@@ -79,14 +81,24 @@ class TrainerLife:
             self.output_tail = self.process.output_tail()
 
     def noticed(self, kind: str | None) -> None:
-        """Tell the trainer to save (SIGTERM to its group, if it still runs) and record the notice in trainer.json:
+        """Tell the trainer to save (TrainerProcess.notify, if it still runs) and record the notice in trainer.json:
         a restarted agent does not read its end as one nobody watched."""
         if self.process is None:
             return
         if not self.process.poll()[0]:
-            self.process.signal(signal.SIGTERM)
+            self.process.notify()
+            self._notified = True
         self.process.record.notice = kind
         self.process.record.save(self.node_dir)
+
+    def emergency(self, status: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The emergency save's outcome for the heartbeat once this run was given the notice (save_outcome.py: the
+        run's and each rank's); None before: the status file's says it."""
+        if not self._notified:
+            return None
+        ended = self.process is None or self.process.poll()[0]
+        return node_outcome(status, contract.read_savers(os.path.join(self.node_dir, contract.NOTICE_DIR)),
+                            ended=ended, exit_code=self.exit_code, killed=self._killed)
 
     def joined(self, generation: int, members: list[str]) -> None:
         """The trainer rejoined `generation` in its process: trainer.json says so."""
@@ -130,6 +142,7 @@ class TrainerLife:
         else:
             log("WARNING", why, pid=trainer.pid)
         trainer.kill()
+        self._killed = True
         trainer.wait(2.0)
         return trainer.poll()[1]
 

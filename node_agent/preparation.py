@@ -59,6 +59,7 @@ class Preparation:
             contract.ENV_CHECKPOINT_URI: self.settings.checkpoint_uri,
             contract.ENV_LOCAL_CHECKPOINT_DIR: self.local_ckpt_dir,
             contract.ENV_STATUS_FILE: os.path.join(self.node_dir, contract.STATUS_FILE),
+            contract.ENV_NOTICE_DIR: os.path.join(self.node_dir, contract.NOTICE_DIR),
             contract.ENV_NOTICE_BUDGET: f"{self.settings.notice_budget_seconds:g}",
             contract.ENV_NODE_RANK: str(self.cfg.hosts.worker),
             contract.ENV_NUM_NODES: str(self.cfg.hosts.count),

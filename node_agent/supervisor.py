@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,20 +46,6 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:
         return "unknown"
-
-
-def _proc_start_time(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), or None if the process is gone or a
-    zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
-    if fields[0] == "Z":
-        return None
-    return fields[19]
 
 
 # In the environment of every process of one trainer run (its value: the run's started_at), inherited by whatever the
@@ -148,14 +135,14 @@ class TrainerRecord:
             pass
 
     def alive(self) -> bool:
-        return self.boot_id == boot_id() and _proc_start_time(self.pid) == self.start_time
+        return self.boot_id == boot_id() and contract.process_start_time(self.pid) == self.start_time
 
 
 def finished_anyway(code: int | None, status: dict | None) -> int | None:
     """0 for a trainer whose status file says it committed its last step (committed_step == total_steps) but that
     then exited with another status (an abort in its interpreter's teardown, the launcher's status after it): the
     job is finished, not failed, and one WARNING line says so. Any other exit as it is."""
-    if code in (0, contract.EXIT_PREEMPTED) or not status:
+    if code in (0, *contract.EXITS_ON_NOTICE) or not status:
         return code
     total, committed = status.get("total_steps"), status.get("committed_step")
     if not isinstance(total, int) or isinstance(total, bool) or committed != total:
@@ -194,6 +181,7 @@ class TrainerProcess:
                 os.unlink(os.path.join(node_dir, stale))  # the previous run's outcome must not read as this one's
             except FileNotFoundError:
                 pass
+        shutil.rmtree(os.path.join(node_dir, contract.NOTICE_DIR), ignore_errors=True)  # its savers and its mark
         log_path = os.path.join(node_dir, LOG_FILE)
         with open(log_path, "ab") as out:
             offset = out.tell()
@@ -206,7 +194,7 @@ class TrainerProcess:
                 # does. (Not Popen's process_group=0: that is Python 3.11+, and nodes run 3.9 and 3.10 too.)
                 start_new_session=True,
             )
-        record = TrainerRecord(pid=child.pid, start_time=_proc_start_time(child.pid), boot_id=boot_id(),
+        record = TrainerRecord(pid=child.pid, start_time=contract.process_start_time(child.pid), boot_id=boot_id(),
                                job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at,
                                generation=generation, members=members)
         record.save(node_dir)
@@ -235,7 +223,7 @@ class TrainerProcess:
         """Whether `pid` is a live process of this trainer's run (e.g. its status file's writer): in its process
         group, or in a session of its own with the run's marker (under respawn.ckpt.launch); a signal meant for one
         of its processes must never reach a recycled pid."""
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or _proc_start_time(pid) is None:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or contract.process_start_time(pid) is None:
             return False
         try:
             if os.getpgid(pid) == self.pid:
@@ -243,6 +231,19 @@ class TrainerProcess:
         except OSError:
             return False
         return pid in processes_with(f"{RUN_MARKER}={self.record.started_at}".encode())
+
+    def notify(self) -> list[int]:
+        """The notice: SIGTERM to the run's savers (contract.deliver_notice), never to its loader workers, shells
+        or launchers; to its process group when no process of the run saves (nothing of it could be lost). The
+        savers signalled; none for the group."""
+        savers = contract.deliver_notice(os.path.join(self.node_dir, contract.NOTICE_DIR), self.owns)
+        if savers:
+            log("INFO", "notice: SIGTERM sent to the processes that save", pids=savers)
+        else:
+            log("INFO", "notice: no process of the run saves (none registered); SIGTERM to its process group",
+                pgid=self.pid)
+            self.signal(signal.SIGTERM)
+        return savers
 
     def signal(self, sig: int) -> None:
         try:

@@ -17,9 +17,11 @@ import json
 import math
 import os
 import re
+import signal
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Tuple, TypedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypedDict
 
 # ---- node metadata attributes (written by respawn.control.nodespec, read by respawn.agent.config) -------------
 
@@ -223,13 +225,23 @@ class Generation:
 # ---- exit codes --------------------------------------------------------------------------------------------
 
 # EX_TEMPFAIL for both: "not finished, run me again".
-EXIT_PREEMPTED = 75  # the trainer stopped on a notice after its emergency save
+EXIT_PREEMPTED = 75  # the trainer stopped on a notice, and its emergency checkpoint of the step it reached committed
+# The trainer stopped on a notice without that checkpoint (its save failed, was abandoned at the deadline, or a rank
+# never began it): not finished either, but the restart resumes from an older step (docs/checkpoint.md, exit codes).
+EXIT_NOTICE_UNSAVED = 76
+EXITS_ON_NOTICE = (EXIT_PREEMPTED, EXIT_NOTICE_UNSAVED)
+
+
+def exit_on_notice(committed: bool) -> int:
+    """A trainer's exit code after the notice: whether its emergency checkpoint of the step it reached committed."""
+    return EXIT_PREEMPTED if committed else EXIT_NOTICE_UNSAVED
 EXIT_AGENT_DETACH = 75  # the agent after SIGHUP: systemd (Restart=on-failure) starts a new agent, which adopts the trainer
 EXIT_CONFIG_ERROR = 2  # the agent cannot read its configuration (metadata attributes, node directory)
 
 # ---- files in the node directory (the agent's RESPAWN_NODE_DIR) ----------------------------------------------
 
 STATUS_FILE = "status.json"
+NOTICE_DIR = "notice"  # the run's savers (below); emptied for each trainer run
 LOCAL_CHECKPOINT_DIR = "checkpoints"
 WORKDIRS_DIR = "workdirs"  # workdirs/sha256-HEX/: the user's code, unpacked once per content digest
 
@@ -609,15 +621,21 @@ class Handover:
 
 # ---- the status file (written by respawn.ckpt.status.StatusWriter, read by the agent) --------------------------
 
-EMERGENCY_STATES = ("idle", "saving", "committed", "abandoned", "failed")
+EMERGENCY_STATES = ("idle", "saving", "committed", "abandoned", "failed", "not-started")
+EMERGENCY_ENDED = ("committed", "abandoned", "failed")  # what the trainer writes when its save ended
+# Written by the agent, never the trainer: the notice came, and a process that saves never began its save (it ended
+# first, or was killed at the deadline before its step boundary, or no process of the run handles the notice).
+NOT_STARTED = "not-started"
 COMMITTED_KINDS = ("periodic", "emergency")
 DURABILITY = ("local", "remote")  # remote: in ENV_CHECKPOINT_URI's store
 
 
-class EmergencyStatus(TypedDict):
+class EmergencyStatus(TypedDict, total=False):
     state: str  # one of EMERGENCY_STATES
     step: Optional[int]
     reason: Optional[str]
+    # In a heartbeat: each saver's own outcome (SaverOutcome), as the agent read them from the run's NOTICE_DIR.
+    ranks: List[Dict[str, Any]]
 
 
 class TrainerStatus(TypedDict):
@@ -659,6 +677,90 @@ def read_status(path: str) -> Optional[Dict[str, Any]]:
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+# ---- the run's savers (registered by respawn.ckpt; read by the agent and respawn.ckpt.launch) ------------------
+#
+# The notice goes to the processes that save, never to the trainer's whole process group: a DataLoader worker (torch's
+# worker handler re-raises a SIGTERM that is not its parent's), a forkserver, a shell that did not exec, torchrun
+# (which then signals each rank's group) all die of it or pass it on, and with a loader worker dead torch raises in
+# the rank's main thread, inside the step or the save. Each process that holds a notice handler registers in the
+# run's ENV_NOTICE_DIR (a file per pid: Saver). Whoever delivers the notice writes NOTICE_MARK first, then SIGTERMs
+# each live saver (deliver_notice); a saver that registers after the mark finds it and takes it as its notice. A run
+# with no saver (not started yet, or a trainer that does not use respawn.ckpt) gets the notice on its process group.
+ENV_NOTICE_DIR = "RESPAWN_NOTICE_DIR"
+NOTICE_MARK = "noticed"
+_SAVER_SUFFIX = ".saver.json"
+
+
+def process_start_time(pid: int) -> Optional[str]:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot): with the pid, one process for good; None
+    when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return None if fields[0] == "Z" else fields[19]
+
+
+@dataclass
+class Saver:
+    """One process that saves on the notice: `rank` (torch's RANK; None for one process), and its emergency save's
+    outcome once it ended (EmergencyStatus: state, step, reason)."""
+
+    pid: int
+    start_time: Optional[str]
+    rank: Optional[int]
+    outcome: Optional[Dict[str, Any]] = None
+
+    def alive(self) -> bool:
+        return self.start_time is not None and process_start_time(self.pid) == self.start_time
+
+    def write(self, directory: str) -> None:
+        path = os.path.join(directory, f"{self.pid}{_SAVER_SUFFIX}")
+        os.makedirs(directory, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(asdict(self), f)
+        os.replace(path + ".tmp", path)
+
+
+def read_savers(directory: str) -> List[Saver]:
+    """The savers registered in `directory`, by rank (unreadable entries skipped: a writer replaces by rename)."""
+    found = []
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(_SAVER_SUFFIX)]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(os.path.join(directory, name)) as f:
+                found.append(Saver(**json.load(f)))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(found, key=lambda s: (s.rank is None, s.rank or 0, s.pid))
+
+
+def notice_marked(directory: str) -> bool:
+    return os.path.exists(os.path.join(directory, NOTICE_MARK))
+
+
+def deliver_notice(directory: str, owns: Callable[[int], bool]) -> List[int]:
+    """Mark the run noticed, then SIGTERM each live saver that `owns` accepts; the pids signalled (none: the
+    caller signals the run's process group instead)."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, NOTICE_MARK), "w") as f:
+        f.write(str(time.time()))
+    sent = []
+    for saver in read_savers(directory):
+        if saver.alive() and owns(saver.pid):
+            try:
+                os.kill(saver.pid, signal.SIGTERM)
+                sent.append(saver.pid)
+            except OSError:  # gone meanwhile
+                continue
+    return sent
 
 
 # ---- the node's name and its heartbeat (written by the agent, read by the control plane as respawn.schema.Heartbeat)

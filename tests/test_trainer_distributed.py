@@ -154,14 +154,19 @@ def test_only_rank_0_gets_the_status_file(tmp_path, monkeypatch):
     assert (tmp_path / "status.json").exists()
 
 
-def test_the_launch_wrapper_reads_only_this_runs_status_file():
-    from respawn.ckpt.launch import stopped_on_notice
+def test_the_launch_wrapper_reads_only_this_runs_status_file_and_says_75_only_for_a_committed_save():
+    from respawn.ckpt.launch import notice_exit
 
     ended = {"emergency": {"state": "committed", "step": 7, "reason": None}, "updated_at": 100.0}
-    assert stopped_on_notice(ended, since=99.0)
-    assert not stopped_on_notice(ended, since=101.0)  # left by an earlier run
-    assert not stopped_on_notice({**ended, "emergency": {"state": "saving", "step": 7, "reason": None}}, since=99.0)
-    assert not stopped_on_notice(None, since=0.0)
+    assert notice_exit(ended, since=99.0, noticed=False) == 75
+    assert notice_exit(ended, since=101.0, noticed=False) is None  # left by an earlier run
+    assert notice_exit(ended, since=101.0, noticed=True) == 76  # this run's notice, and no save of its own
+    for unsaved in ("failed", "abandoned"):
+        assert notice_exit({**ended, "emergency": {"state": unsaved, "step": 7, "reason": "x"}}, 99.0, False) == 76
+    saving = {**ended, "emergency": {"state": "saving", "step": 7, "reason": None}}
+    assert notice_exit(saving, since=99.0, noticed=False) is None
+    assert notice_exit(saving, since=99.0, noticed=True) == 76
+    assert notice_exit(None, since=0.0, noticed=False) is None
 
 
 def test_sharded_parameters_make_every_rank_a_writer():

@@ -45,11 +45,12 @@ class CheckpointError(SystemExit):
 
 class Preempted(SystemExit):
     """Raised at the step boundary after the emergency save that a preemption notice asked for. A SystemExit
-    whose code is contract.EXIT_PREEMPTED (75): uncaught, the process exits with it. `outcome` is the emergency
-    save's; catch it to log or clean up, then re-raise (or exit with `code` yourself)."""
+    whose code is contract.EXIT_PREEMPTED (75) when that save committed, else contract.EXIT_NOTICE_UNSAVED (76):
+    uncaught, the process exits with it. `outcome` is the emergency save's; catch it to log or clean up, then
+    re-raise (or exit with `code` yourself)."""
 
-    def __init__(self, outcome: SaveOutcome) -> None:
-        super().__init__(contract.EXIT_PREEMPTED)
+    def __init__(self, outcome: SaveOutcome | None) -> None:
+        super().__init__(contract.exit_on_notice(outcome is not None and outcome.committed))
         self.outcome = outcome
 
 

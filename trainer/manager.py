@@ -113,6 +113,7 @@ class CheckpointManager:
         self._notice_at: float | None = None
         self._notice_reason: str | None = None
         self._notice_logged = False
+        self._notice_dir = os.environ.get(contract.ENV_NOTICE_DIR) or None
         self._step = 0
         self.last_error: str | None = None
         # Until one save reaches every store, a failed write or upload says the store cannot be written at all (no
@@ -149,17 +150,38 @@ class CheckpointManager:
     def install_notice_handler(self, signals=(signal.SIGTERM,)) -> dict | None:
         """SIGTERM only sets a flag; the loop acts on it at the next step boundary. Main thread only. Returns the
         previous handlers {signal: handler} (a None handler: one not installed from Python), or None when not in
-        the main thread (nothing installed: deliver the notice with request_preemption())."""
+        the main thread (nothing installed: deliver the notice with request_preemption()). Under the node agent or
+        respawn.ckpt.launch this process registers as one that saves (contract.Saver): the notice comes to it, not
+        to its loader workers; one delivered before it registered is taken now."""
         if threading.current_thread() is not threading.main_thread():
             _log.warning("not in the main thread: SIGTERM handler not installed; call request_preemption()")
             return None
-        return {sig: signal.signal(sig, self._on_signal) for sig in signals}
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
+        if self._notice_dir:
+            self._saver(None)
+            if contract.notice_marked(self._notice_dir):
+                self.request_preemption("notice delivered before this process listened")
+        return previous
+
+    def _saver(self, outcome: SaveOutcome | None) -> None:
+        """Register this process in the run's notice directory, with its emergency save's outcome once it ended."""
+        rank = os.environ.get("RANK", "")
+        record = contract.Saver(os.getpid(), contract.process_start_time(os.getpid()),
+                                int(rank) if rank.isdigit() else None,
+                                None if outcome is None else {"state": outcome.state.value, "step": outcome.step,
+                                                              "reason": outcome.reason})
+        try:
+            record.write(self._notice_dir)
+        except OSError as exc:
+            _log.warning("cannot register for the notice; it reaches this process on its process group instead",
+                         dir=self._notice_dir, error=str(exc))
 
     def _on_signal(self, signum, frame) -> None:
-        # Async-signal context: record, nothing else (no logging, no I/O).
+        # Python runs it in the main thread: record, and nothing that may block or fail (no logging, no I/O).
         if self._notice_at is None:
             self._notice_at = time.monotonic()
             self._notice_reason = f"signal {signal.Signals(signum).name}"
+        _ignore_children()
 
     def request_preemption(self, reason: str = "requested", notice_at: float | None = None) -> None:
         """The in-process way to deliver the notice (what the SIGTERM handler does). notice_at is a
@@ -345,6 +367,8 @@ class CheckpointManager:
         status file (`emergency`) and the log."""
         deadline = self.deadline()
         self._step = max(self._step, step)
+        if threading.current_thread() is threading.main_thread():
+            _ignore_children()  # for a notice given by request_preemption()
         self.status.update(step=step, emergency={"state": "saving", "step": step})
         _log.info("emergency checkpoint started", step=step, seconds_left=round(deadline - time.monotonic(), 3))
         started = time.monotonic()
@@ -377,6 +401,8 @@ class CheckpointManager:
                 outcome = self._write_and_ship(step, "emergency", payload, control, retention=False)
         outcome = replace(outcome, seconds=round(time.monotonic() - started, 3))
         self.status.update(emergency={"state": outcome.state.value, "step": step, "reason": outcome.reason})
+        if self._notice_dir:
+            self._saver(outcome)
         log = _log.info if outcome.committed else _log.error
         log(f"emergency checkpoint {outcome.state.value}", **asdict(outcome),
             newest_committed=self.status.snapshot()["committed_step"])
@@ -389,12 +415,15 @@ class CheckpointManager:
         if kind == "emergency":
             self.status.update(emergency={"state": outcome.state.value, "step": outcome.step,
                                           "reason": outcome.reason})
+            if self._notice_dir:
+                self._saver(outcome)
 
     def exit_preempted(self) -> None:
-        """Leave the process after an emergency save: SystemExit(PREEMPTED_EXIT_CODE) (not 0: not finished)."""
+        """Leave the process after an emergency save: SystemExit(PREEMPTED_EXIT_CODE) when it committed, else
+        SystemExit(contract.EXIT_NOTICE_UNSAVED) (neither is 0: not finished)."""
         self.status.flush()
         sys.stdout.flush()
-        sys.exit(PREEMPTED_EXIT_CODE)
+        sys.exit(contract.exit_on_notice(self.status.snapshot()["emergency"]["state"] == "committed"))
 
     def finish(self, step: int) -> None:
         """Record the final step and wait for pending saves and threads; call before a successful exit (code 0)."""
@@ -697,6 +726,15 @@ class ShardedManager(CheckpointManager):
             self._restored(s, manifest, members=self._seam.size, dir=offered["dir"],
                            seconds=round(time.monotonic() - started, 3))
             return s, state
+
+
+def _ignore_children() -> None:
+    """From the notice on, a child's death raises nothing in this process: torch's DataLoader installs a SIGCHLD
+    handler that raises RuntimeError in the main thread wherever it is when a loader worker dies (an OOM kill, a
+    user's bug), which would cost the emergency save of the state already in memory. A worker that is needed still
+    fails its fetch. Main thread only (signal.signal)."""
+    if callable(signal.getsignal(signal.SIGCHLD)):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def unrestorable(failed: dict[int, str], local: str, remote: str | None) -> fmt.NotRestorable:
