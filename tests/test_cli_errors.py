@@ -86,6 +86,10 @@ OFFLINE = [
      ["earlier-run: an earlier run's output is there (checkpoints, summary.json), and this run would resume its "
       "checkpoints: give a new folder, or remove that one"]),
     ("demo bad project", ["demo", "--project", "Not_A_Project"], ["--project 'Not_A_Project' is not a project ID"]),
+    ("demo --out at a file", ["demo", "--out", "afile"], ["afile is a file: give a folder (a new or empty one)"]),
+    # A `jobs` subcommand given at the top is pointed at, as it can be run (`python -m respawn` here).
+    *[(f"top-level {name}", [name, "x"], [f"no command {name!r} at the top: it is `{sys.executable} -m respawn jobs "
+                                          f"{name}`"]) for name in ("validate", "describe", "list")],
 ]
 
 
@@ -203,6 +207,10 @@ def test_zones_offline_says_what_to_do_and_the_offline_price(workspace, tmp_path
                  "us-central1-a"], workspace, offline_env(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "g2-standard-8 in us-central1: Spot $" in r.stderr
+    # The table's Spot price column shows the price the note gives, marked as the offline table's, not "—".
+    price = r.stderr.split("g2-standard-8 in us-central1: Spot ")[1].split("/h")[0]
+    row = next(line for line in r.stdout.splitlines() if "us-central1-a" in line)
+    assert f"{price}/h (offline table)" in row, r.stdout
 
 
 def test_unknown_jobs_and_an_unwritable_report_on_the_emulator(firestore_db, project, workspace):
@@ -211,11 +219,16 @@ def test_unknown_jobs_and_an_unwritable_report_on_the_emulator(firestore_db, pro
              ["jobs", "report", "nope"], ["jobs", "logs", "nope"], ["jobs", "resume", "nope", "--budget", "5"],
              ["chaos", "nope", "--yes"]]
     for r in respawn_each([[*argv, "--project", project] for argv in argvs], workspace, env):
-        assert_told(r, ["no job 'nope'; `respawn jobs list` shows the registered jobs"], code=1)
+        # The hint names respawn as this test started it, so that it can be run as printed.
+        assert_told(r, [f"no job 'nope'; `{sys.executable} -m respawn jobs list` shows the registered jobs"], code=1)
     (workspace / "job.yaml").write_text(yaml.safe_dump(SPEC))
     assert respawn(["jobs", "register", "job.yaml", "--project", project], workspace, env).returncode == 0
     assert_told(respawn(["jobs", "report", "err-job", "-o", "afile/report.html", "--project", project], workspace, env),
                 ["--output afile/report.html: cannot write it (Not a directory)"])
+    # The default ./report.html: where it went, said whole.
+    r = respawn(["jobs", "report", "err-job", "--project", project], workspace, env)
+    assert r.returncode == 0, r.stderr
+    assert f"report written to {workspace / 'report.html'}\n" in r.stdout and (workspace / "report.html").is_file()
     assert firestore_db.collection(schema.JOBS).document("err-job").get().exists
 
 

@@ -444,7 +444,7 @@ class DemoRun:
         kept = False
         try:
             result = self._run()
-            kept = keep
+            kept = keep and not result["interrupted"]  # Ctrl-C stops everything, --keep or not
             return result
         finally:
             if not kept:
@@ -511,102 +511,124 @@ class DemoRun:
         job_ref = db.collection(schema.JOBS).document(job_id)
         status = schema.JobStatus()
         last_poll_events = 0.0
+        stopped = None  # why the loop ended before the job did: Ctrl-C (SIGTERM), or the runner's own error
+        timed_out = False
         while True:
-            now = time.monotonic() - t0
-            if now > sc.timeout_seconds:
-                self.say(f"the job did not finish within the scenario's {sc.timeout_seconds:g} s")
-                break
-            snap = job_ref.get()
-            status = schema.JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
-            beats: dict[str, dict[int, dict]] = {}  # node → worker → its heartbeat
-            for doc in nodes_db.collection(schema.NODES).where(filter=FieldFilter("job_id", "==", job_id)).stream():
-                hb = doc.to_dict() or {}
-                worker = int(hb.get("worker") or 0)
-                # A slice's worker i beats to {node}-w{i} (contract.heartbeat_id): count it under its node.
-                node = doc.id.removesuffix(f"-w{worker}") if worker else doc.id
-                beats.setdefault(node, {})[worker] = hb
-                started = hb.get("started_at")
-                samples.append(HeartbeatSample(
-                    t=now, node=node, life=str(started.timestamp() if isinstance(started, datetime) else started),
-                    state=str(hb.get("state")), step=hb.get("step"), committed_step=hb.get("committed_step"),
-                    resumed_from=hb.get("resumed_from"), worker=worker, generation=hb.get("generation"),
-                ))
-                if isinstance(hb.get("total_steps"), int):  # the trainer's own total, as its status file says
-                    self.total_steps = hb["total_steps"]
-            self._run_ends(beats, status, now, marks)
-            hosts = beats.get(status.node or "") or {}
-            current = hosts.get(0) or {}
-            live = self.sim.live_nodes(job=job_id)
-            if now - last_poll_events > 1.0:
-                last_poll_events = now
-                transitions += self._new_events(job_ref, seen_events, progress, marks, now)
+            try:
+                now = time.monotonic() - t0
+                if now > sc.timeout_seconds:
+                    self.say(f"the job did not finish within the scenario's {sc.timeout_seconds:g} s")
+                    timed_out = True
+                    break
+                snap = job_ref.get()
+                status = schema.JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
+                beats: dict[str, dict[int, dict]] = {}  # node → worker → its heartbeat
+                for doc in nodes_db.collection(schema.NODES).where(filter=FieldFilter("job_id", "==", job_id)).stream():
+                    hb = doc.to_dict() or {}
+                    worker = int(hb.get("worker") or 0)
+                    # A slice's worker i beats to {node}-w{i} (contract.heartbeat_id): count it under its node.
+                    node = doc.id.removesuffix(f"-w{worker}") if worker else doc.id
+                    beats.setdefault(node, {})[worker] = hb
+                    started = hb.get("started_at")
+                    samples.append(HeartbeatSample(
+                        t=now, node=node, life=str(started.timestamp() if isinstance(started, datetime) else started),
+                        state=str(hb.get("state")), step=hb.get("step"), committed_step=hb.get("committed_step"),
+                        resumed_from=hb.get("resumed_from"), worker=worker, generation=hb.get("generation"),
+                    ))
+                    if isinstance(hb.get("total_steps"), int):  # the trainer's own total, as its status file says
+                        self.total_steps = hb["total_steps"]
+                self._run_ends(beats, status, now, marks)
+                hosts = beats.get(status.node or "") or {}
+                current = hosts.get(0) or {}
+                live = self.sim.live_nodes(job=job_id)
+                if now - last_poll_events > 1.0:
+                    last_poll_events = now
+                    transitions += self._new_events(job_ref, seen_events, progress, marks, now)
 
-            # Inject the next preemption when its moment has come and its targets are ready (see Preemption).
-            victims = _victims(pending[0], status, beats, known) if pending and status.node else None
-            if victims:
-                p = pending[0]
-                step = current.get("step") or 0
-                due = (p.at_step is not None and step >= p.at_step) or (p.at_seconds is not None and now >= p.at_seconds)
-                if due:
-                    pending.pop(0)
-                    injected += 1
-                    known.update(m.node for m in status.members if m.node)
-                    for zone, victim in victims:  # one moment: nothing is awaited in between
-                        self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
-                        try:
-                            (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
-                            marks.append(Mark(now, "notice", f"{p.kind} {victim} at step {step}", zone))
-                            self.noticed[victim] = now
-                        except Exception as exc:
-                            self.say(f"could not inject {p.kind} of {victim}: {exc}")
-                    for z in sc.zones:
-                        for change in z.capacity:
-                            if change.after_preemption == injected:
-                                self.sim.set_capacity(z.name, key, change.count, at=self.sim.now() + change.delay_seconds,
-                                                      provisioning_model=change.sim_model)
-                                when = f"in {change.delay_seconds:g} s" if change.delay_seconds else "now"
-                                self.say(f"capacity of {z.name} {when}: {change.count if change.count is not None else 'unlimited'}")
+                # Inject the next preemption when its moment has come and its targets are ready (see Preemption).
+                victims = _victims(pending[0], status, beats, known) if pending and status.node else None
+                if victims:
+                    p = pending[0]
+                    step = current.get("step") or 0
+                    due = (p.at_step is not None and step >= p.at_step) or (p.at_seconds is not None and now >= p.at_seconds)
+                    if due:
+                        pending.pop(0)
+                        injected += 1
+                        known.update(m.node for m in status.members if m.node)
+                        for zone, victim in victims:  # one moment: nothing is awaited in between
+                            self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
+                            try:
+                                (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
+                                marks.append(Mark(now, "notice", f"{p.kind} {victim} at step {step}", zone))
+                                self.noticed[victim] = now
+                            except Exception as exc:
+                                self.say(f"could not inject {p.kind} of {victim}: {exc}")
+                        for z in sc.zones:
+                            for change in z.capacity:
+                                if change.after_preemption == injected:
+                                    self.sim.set_capacity(z.name, key, change.count, at=self.sim.now() + change.delay_seconds,
+                                                          provisioning_model=change.sim_model)
+                                    when = f"in {change.delay_seconds:g} s" if change.delay_seconds else "now"
+                                    self.say(f"capacity of {z.name} {when}: {change.count if change.count is not None else 'unlimited'}")
 
-            self._partition(status, beats, now, marks)
-            progress.t, progress.state, progress.total_steps = now, status.state.value, self.total_steps
-            progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts
-            progress.step, progress.committed = current.get("step"), current.get("committed_step")
-            progress.live_nodes, progress.alerts = len(live), len(self.slack.payloads)
-            progress.workers = [(w, str(hb.get("state")), hb.get("step")) for w, hb in sorted(hosts.items())]
-            # Each slot's row when there are several (one node is the job's own line already).
-            progress.members = [(i, m.node or "-", str((beats.get(m.node or "") or {}).get(0, {}).get("state", m.state.value)),
-                                 (beats.get(m.node or "") or {}).get(0, {}).get("step"))
-                                for i, m in enumerate(status.members)] if len(status.members) > 1 else []
-            self.on_progress(progress)
-            if status.state.terminal:
+                self._partition(status, beats, now, marks)
+                progress.t, progress.state, progress.total_steps = now, status.state.value, self.total_steps
+                progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts
+                progress.step, progress.committed = current.get("step"), current.get("committed_step")
+                progress.live_nodes, progress.alerts = len(live), len(self.slack.payloads)
+                progress.workers = [(w, str(hb.get("state")), hb.get("step")) for w, hb in sorted(hosts.items())]
+                # Each slot's row when there are several (one node is the job's own line already).
+                progress.members = [(i, m.node or "-", str((beats.get(m.node or "") or {}).get(0, {}).get("state", m.state.value)),
+                                     (beats.get(m.node or "") or {}).get(0, {}).get("step"))
+                                    for i, m in enumerate(status.members)] if len(status.members) > 1 else []
+                self.on_progress(progress)
+                if status.state.terminal:
+                    break
+                time.sleep(0.25)
+            except KeyboardInterrupt:  # the record of what ran is still written (summary, report, logs)
+                stopped = "interrupted"
+                self.say("interrupted: writing the record of what ran, then stopping everything")
                 break
-            time.sleep(0.25)
+            except Exception as exc:  # noqa: BLE001 - the same, then the error is raised
+                stopped = f"{type(exc).__name__}: {exc}"
+                self.say(f"the run stopped ({stopped}): writing the record of what ran")
+                break
 
         wall = time.monotonic() - t0
-        if pending:
-            self.say(f"the job ended before {len(pending)} of the scenario's preemptions ("
-                     + ", ".join(f"at step {p.at_step}" if p.at_step is not None else f"at {p.at_seconds:g} s"
-                                 for p in pending) + ")")
+        missed = [f"at step {p.at_step}" if p.at_step is not None else f"at {p.at_seconds:g} s" for p in pending]
+        if missed and status.state.terminal:
+            self.say(f"the job ended before {len(pending)} of the scenario's preemptions ({', '.join(missed)})")
         if self.total_steps is None:
             self.total_steps = status.total_steps
         if self.total_steps is None and self.job is None:  # the demo's example: its command's --steps
             self.total_steps = sc.trainer.steps
-        self._drain_alerts(job_id, status.state)
+        if stopped is None:  # Ctrl-C asks to stop now: no waiting for the last alerts
+            self._drain_alerts(job_id, status.state)
         transitions += self._new_events(job_ref, seen_events, progress, marks, wall)
         result = self._finish(job_id, status, samples, marks, sim_t0, wall, transitions)
         result["transitions"] = transitions
         result["message"] = status.message  # the job's last status message: why it ended as it did
         result["partitions"] = self.partitions
+        result["preemptions_missed"] = missed if status.state.terminal else []
+        result["timed_out"] = timed_out
+        result["interrupted"] = stopped == "interrupted"
+        result["summary"] = str(self.out / "summary.json")
         # The page `respawn jobs report` writes for a real job, from what the control plane recorded (not from the
-        # demo's own samples): the same code on the emulator's documents.
-        page, r = report.write(JobStore(db), job_id, self.out / "report.html")
-        result["report"] = str(page)
-        result["goodput_buckets"] = report.describe(r)["buckets_seconds"]
+        # demo's own samples): the same code on the emulator's documents. A page that cannot be written leaves the
+        # rest of the record.
+        try:
+            page, r = report.write(JobStore(db), job_id, self.out / "report.html")
+            result["report"] = str(page)
+            result["goodput_buckets"] = report.describe(r)["buckets_seconds"]
+        except Exception as exc:  # noqa: BLE001 - named in the summary
+            result["report"] = f"not written: {type(exc).__name__}: {exc}"
         result["logs"] = self._logs(job_id)
         result["cost"] = _cost(status, (self.sc.job.get("budget") or {}).get("max_usd"))
         result["nodes_left"] = [h["name"] for h in self.sim.history() if (h.get("labels") or {}).get(
             contract.LABEL_JOB) == job_id and h["live"] and h["live"][-1][1] is None]
         (self.out / "summary.json").write_text(json.dumps(result, indent=2))
+        if stopped not in (None, "interrupted"):
+            raise DemoError(f"the run stopped: {stopped}")
         return result
 
     def _logs(self, job_id: str) -> list[str]:
