@@ -223,3 +223,29 @@ def test_a_node_in_its_notice_does_not_count_as_a_second_node_of_its_slot():
     assert (summarize(rec)["max_live_nodes"], summarize(rec)["max_live_per_slot"]) == (1, 1)
     rec.noticed = {"j-1": 35.0}  # a replacement up before the notice would still be two
     assert summarize(rec)["max_live_per_slot"] == 2
+
+
+def test_the_summarys_figures_are_the_records():
+    """summarize counts steps lost as the recoveries' events recorded them, and from_record puts the report's figures
+    (respawn.app.report.figures, computed once from the job's record) in place of those measured from samples."""
+    from respawn.app import report
+    from sim.demo.summary import from_record
+
+    # The samples see life 1 reach step 130 and life 2 start from 100: 30 steps redone. The record's two recoveries
+    # say 10 and 9 (an emergency save kept some): the summary says the record's 19.
+    samples = [S(1, "j-1", "a", "training", 10, 0, 0), S(20, "j-1", "a", "training", 130, 100),
+               S(30, "j-2", "b", "training", 101, 100, 100), S(60, "j-2", "b", "exited", 300, 300)]
+    recovered = [{"recovery_seconds": 9.8, "steps_lost": 10}, {"recovery_seconds": 6.4, "steps_lost": 9}]
+    rec = RunRecord("j", 300, 100, "SUCCEEDED", 2, samples, [], recovered=recovered)
+    assert lost_steps(lives(samples)) == 30 and summarize(rec)["lost_steps"] == 19
+    assert summarize(RunRecord("j", 300, 100, "SUCCEEDED", 2, samples, [], recovered=[{"steps_lost": None}]))[
+        "lost_steps"] is None
+    # The report's figures of a recorded job (tests/test_report.py's): they replace the summary's own.
+    from test_report import BEATS, DOC, EVENTS, at
+
+    figures = report.figures(report.of_record("j", DOC, EVENTS, BEATS, at(400)))
+    out = from_record({**summarize(rec), "cost": "$0.0259 (on demand $0.0777; offline table (z))"}, figures)
+    assert (out["goodput"], out["lost_steps"], out["recovery_seconds"], out["notice_seconds"]) == (
+        round(158 / 300, 4), 8, [90.0], [100.0])
+    assert out["goodput_buckets"] == figures["buckets_seconds"] and out["saved_vs_on_demand"] == 0.6667
+    assert out["cost"] == "$0.0259 (on demand $0.0777; offline table (z)); saved against on demand: 67%"

@@ -1,5 +1,10 @@
 """What a demo run measured, computed from what the runner recorded: heartbeats over time, node lifetimes from the
 sim, the job's final status and the Slack payloads. Pure functions, tested without any process.
+
+The figures a user compares across pages (goodput and its buckets, steps lost, each recovery's time and its notice,
+cost and the share saved) are not measured here: they are the job's record's, as respawn.app.report.figures computes
+them once for the report page, `respawn jobs describe` and this summary alike (`from_record`). What stays here is the
+demo's own checks: how many nodes served at once, the zones and models in order, each trainer life's step line.
 """
 
 from __future__ import annotations
@@ -180,6 +185,30 @@ def goodput(ordered: list[Life], final_step: int, wall_seconds: float) -> float:
     return min(1.0, final_step * (trained_time / trained_steps) / wall_seconds)
 
 
+def recorded_steps_lost(recovered: list[dict]) -> int | None:
+    """The steps the job's recoveries lost, as their events recorded them (None: one did not say)."""
+    lost = [d.get("steps_lost") for d in recovered]
+    return None if None in lost else sum(lost)  # type: ignore[arg-type]
+
+
+def from_record(result: dict, figures: dict) -> dict:
+    """The summary with the record's figures in place of any measured here (respawn.app.report.figures: the report
+    page's and `respawn jobs describe`'s): goodput and its buckets, steps lost, each recovery's time and notice (seconds
+    since the job's registration), the share saved against on demand, said after the `cost` row's words."""
+    from respawn.app.report import saved_text
+
+    cost = figures.get("cost")
+    result.update(goodput=figures["goodput"], goodput_buckets=figures["buckets_seconds"],
+                  lost_steps=figures["steps_lost"], recovery_seconds=figures["recovery_seconds"],
+                  notice_seconds=[x["at_seconds"] for x in figures["recoveries"] if x["noticed"]],
+                  saved_vs_on_demand=cost.get("saved") if cost else None)
+    if cost and isinstance(result.get("cost"), str) and cost["on_demand_usd"] > 0:
+        result["cost"] += f"; saved against on demand: {saved_text(cost)}"
+    if figures.get("last_error"):
+        result["last_error"] = figures["last_error"]
+    return result
+
+
 def summarize(rec: RunRecord) -> dict:
     ordered = lives(rec.samples)
     up = serving(rec.lifetimes, rec.noticed)
@@ -192,7 +221,9 @@ def summarize(rec: RunRecord) -> dict:
         "restarts": rec.restarts,
         "zones": zones_in_order(rec.lifetimes),
         "provisioning": models_in_order(rec.lifetimes),
-        "lost_steps": lost_steps(ordered),
+        # The record's figure (each `recovered` event's), not the samples' (which counted steps redone by a life
+        # that never resumed as lost): from_record replaces it with the report's, the same sum.
+        "lost_steps": recorded_steps_lost(rec.recovered),
         "max_live_nodes": max_live(up, rec.wall_seconds),
         # The most nodes one member slot had serving at once (a slot holds at most one node, besides one saving in its
         # notice; 0 for a one-node job).
