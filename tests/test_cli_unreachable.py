@@ -16,17 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+import test_cli_errors
 from respawn.app import endpoints
 
 # The bound, with none of it to spare for the interpreter's start (measured from the process's start).
 BOUND_S = 10.0
-SPEC = {
-    "id": "far-job",
-    "accelerator": {"kind": "gpu", "machine_type": "g2-standard-8"},
-    "zones": ["us-central1-a"],
-    "trainer": {"command": ["python", "train.py"]},
-    "checkpoint_uri": "gs://far-bucket/far-job",
-}
+SPEC = {**test_cli_errors.SPEC, "id": "far-job", "checkpoint_uri": "gs://far-bucket/far-job"}
 FIRESTORE_COMMANDS = [["jobs", "list"], ["jobs", "describe", "far-job"], ["jobs", "events", "far-job"],
                       ["jobs", "report", "far-job", "-o", "r.html"], ["jobs", "logs", "far-job"],
                       ["jobs", "cancel", "far-job"], ["jobs", "resume", "far-job", "--budget", "5"],
