@@ -334,7 +334,7 @@ def _decide(o: Observation) -> Decision:
                   **({"steps_lost": told["steps_lost"]} if "steps_lost" in told else {}))
         alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0; node deleted" + words, zone=s.zone,
                             restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told,
-                            **loss_words(s, "emergency"))
+                            **(loss_words(s, "emergency") if told else {}))  # the save of the loss it tells
         return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert, told)
     if hb is not None and hb.state is NodeState.SETUP_FAILED and not noticed(hb):
         return _setup_failed(o, s, hb)
@@ -444,7 +444,9 @@ def ended_recovery(s: MemberStatus, ranks: Sequence[Heartbeat | None]) -> tuple[
     if not any(resumed):
         return ({"steps_lost": 0},
                 f"; the last loss ({s.last_cause or 'unknown'}) cost no steps: the run finished without resuming")
-    back = recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, ranks) if all(resumed) else None  # type: ignore[arg-type]
+    if not all(resumed):
+        return {}, ""
+    back = recovery_time.measure(s.last_cause, s.preempted_at, s.last_step, ranks)  # type: ignore[arg-type]
     return (back.fields() if back is not None else {}), ""
 
 
@@ -833,8 +835,8 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
         return (f"gave up after {counts['failures']} failures, more than max_failures ({spec.max_failures}) "
                 f"(last cause: {cause}); preemptions are not counted", {"max_failures": spec.max_failures})
     if kind == "preemption" and spec.max_preemptions is not None and counts["preemptions"] > spec.max_preemptions:
-        return (f"gave up after {spec.max_preemptions} preemptions (max_preemptions; last cause: {cause})",
-                {"max_preemptions": spec.max_preemptions})
+        return (f"gave up after {counts['preemptions']} preemptions, more than max_preemptions "
+                f"({spec.max_preemptions}) (last cause: {cause})", {"max_preemptions": spec.max_preemptions})
     rate = spec.preemption_rate
     if kind == "preemption" and rate is not None and rate.action == "fail" and len(counts["preempted_times"]) > rate.max:
         return (f"{len(counts['preempted_times'])} preemptions within {rate.window_hours:g} h, more than "

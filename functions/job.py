@@ -302,7 +302,7 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
             st = st.model_copy(update={"steps_lost": told["steps_lost"], "message": st.message + words})
         alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0 on every node; nodes deleted" + words,
                             zone=s.zone, restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told,
-                            **core.loss_words(s, "emergency"))
+                            **(core.loss_words(s, "emergency") if told else {}))  # the save of the loss it tells
         return Decision(a, st, "trainer_succeeded", alert, told)
 
     if s.moving:

@@ -124,8 +124,8 @@ def test_a_preemption_carries_the_save_that_failed_to_the_record_the_event_and_t
     assert d.status.last_error is None and "last_error" not in ev.details
     # The replacement resumes from step 100 and steps: the recovered alert says how the save ended, once, in words.
     slot = job.project(d.status, 0)
-    back = hb(attempt=slot.attempt, step=102, committed_step=100, started_at=NOW + timedelta(seconds=20), first_step=101,
-              first_step_at=NOW + timedelta(seconds=40), age=-41)
+    back = hb(attempt=slot.attempt, step=102, committed_step=100, started_at=NOW + timedelta(seconds=20),
+              first_step=101, first_step_at=NOW + timedelta(seconds=40), age=-41)
     running = slot.model_copy(update={"state": State.RUNNING, "create_state": "created",
                                       "node_started_at": NOW + timedelta(seconds=1)})
     r = core.decide(replace(obs("RUNNING", spec=GPU_DELETE), status=running, heartbeat=back,
@@ -187,4 +187,7 @@ def test_a_preemption_limit_that_fails_the_job_says_how_the_save_ended():
     o = _preempted_after_save(FAILED_SAVE)
     d, ev = _job_decision(replace(o, spec=spec, status=o.status.model_copy(update={"preemptions": 1})))
     assert d.status.state is State.FAILED and d.alert["emergency"] == FAILED_SAVE == ev.details["emergency"]
+    # The count the message gives is the counter's.
+    assert d.status.preemptions == 2 and d.status.message.startswith("gave up after 2 preemptions, more than "
+                                                                     "max_preemptions (1)")
     assert any(line.startswith("emergency save failed on rank 1") for line in _slack_lines(d.alert))

@@ -199,7 +199,7 @@ def test_a_crash_past_max_failures_fails_the_job_and_preemptions_do_not_count():
     assert d.status.failures == d.alert["failures"] == SPEC.max_failures + 1
     assert (f"gave up after {SPEC.max_failures + 1} failures, more than max_failures ({SPEC.max_failures})"
             in d.status.message and "job-3" in d.status.message)
-    assert "ValueError: bad learning rate" in d.status.message and d.status.last_error == "ValueError: bad learning rate"
+    assert "ValueError: bad learning rate" in d.status.message and d.status.last_error == d.alert["last_error"]
 
 
 def test_members_a_step_apart_record_the_jobs_progress_once_and_settle():
