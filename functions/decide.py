@@ -815,6 +815,11 @@ def _emergency(hb: Heartbeat | None, leaving: Leaving | None) -> dict[str, Any] 
     return dict(hb.emergency)
 
 
+def counted(n: int, what: str) -> str:
+    """"1 failure", "4 failures": a count as the messages say it."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def _tail_fields(kind: LossKind, hb: Heartbeat | None, counts: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "boot_failure":
         return {"console_tail": counts["console_tail"]}
@@ -832,10 +837,11 @@ def _give_up(o: Observation, spec: JobSpec, kind: LossKind, cause: str, counts: 
                 {"boot_failures": counts["boot_failures"], "console_tail": counts["console_tail"]})
     if kind in ("failure", "boot_failure") and counts["failures"] > spec.max_failures:
         # The count the status records (this failure included), so the message and `failures` say one number.
-        return (f"gave up after {counts['failures']} failures, more than max_failures ({spec.max_failures}) "
-                f"(last cause: {cause}); preemptions are not counted", {"max_failures": spec.max_failures})
+        return (f"gave up after {counted(counts['failures'], 'failure')}, more than max_failures "
+                f"({spec.max_failures}) (last cause: {cause}); preemptions are not counted",
+                {"max_failures": spec.max_failures})
     if kind == "preemption" and spec.max_preemptions is not None and counts["preemptions"] > spec.max_preemptions:
-        return (f"gave up after {counts['preemptions']} preemptions, more than max_preemptions "
+        return (f"gave up after {counted(counts['preemptions'], 'preemption')}, more than max_preemptions "
                 f"({spec.max_preemptions}) (last cause: {cause})", {"max_preemptions": spec.max_preemptions})
     rate = spec.preemption_rate
     if kind == "preemption" and rate is not None and rate.action == "fail" and len(counts["preempted_times"]) > rate.max:

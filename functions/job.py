@@ -584,8 +584,9 @@ def _restart_failed(o: Observation, spec: JobSpec, members: list[MemberStatus], 
     words = {"last_error": error} if error else {}
     if counts["failures"] > spec.max_failures:
         # The count the status records (this failure included): the message and `failures` say one number.
-        msg = (f"gave up after {counts['failures']} failures, more than max_failures ({spec.max_failures}) (last "
-               f"cause: {cause}: {why}{'; last error: ' + error if error else ''}); preemptions are not counted")
+        msg = (f"gave up after {core.counted(counts['failures'], 'failure')}, more than max_failures "
+               f"({spec.max_failures}) (last cause: {cause}: {why}{'; last error: ' + error if error else ''}); "
+               "preemptions are not counted")
         st = _upd(s, now, members=members, state=State.FAILED, message=msg[:1000], exit_code=exit_code,
                   recovering=False, failures=counts["failures"], last_cause=cause, last_error=error, emergency=None)
         alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, **tallies)

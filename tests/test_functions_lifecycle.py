@@ -149,7 +149,7 @@ def test_trainer_crash_restarts_on_a_new_node_with_an_alert(controller):
     controller.heartbeat(st.node, state="exited", exit_code=3, step=70, committed_step=60, output_tail="ValueError: nan")
     assert controller.sweep() == 200
     waiting = controller.status(job)  # a failure: the next node waits out the backoff (1 s here)
-    assert waiting.state.value == "PREEMPTED" and waiting.members[0].next_attempt_at is not None
+    assert waiting.state.value == "RESTARTING" and waiting.members[0].next_attempt_at is not None  # never PREEMPTED
     after = _swept_until(controller, job, "RUNNING")
     assert (after.attempt, after.restarts, after.last_cause, after.exit_code) == (2, 1, "trainer_crashed", 3)
     assert (after.failures, after.preemptions, after.failure_streak) == (1, 0, 1)
@@ -192,7 +192,8 @@ def test_a_failure_past_max_failures_fails_the_job_and_deletes_the_node_and_a_pr
     controller.heartbeat(st.node, state="exited", exit_code=1, output_tail="RuntimeError: CUDA error")
     assert controller.sweep(job) == 200
     after = controller.wait_state(job, "FAILED")
-    assert "gave up after 0 failures (last cause: trainer_crashed)" in after.message
+    assert "gave up after 1 failure, more than max_failures (0) (last cause: trainer_crashed)" in after.message
+    assert after.failures == 1 and after.last_error == "RuntimeError: CUDA error"
     assert controller.sim.status_of(st.zone, st.node) is None
     [alert] = [a for a in controller.alerts(want=1) if a["type"] == "failed"]
     assert (alert["failures"], alert["preemptions"], alert["output_tail"]) == (1, 1, "RuntimeError: CUDA error")
