@@ -273,7 +273,17 @@ def slice_heartbeat(workers: Sequence[Heartbeat | None]) -> Heartbeat | None:
         "committed_step": max(committed) if committed else None,
         "notice": seen.notice if seen is not None else base.notice,
         "state": NodeState.PREEMPTING if seen is not None and seen.state is NodeState.PREEMPTING else base.state,
+        "emergency": _worst_save(hbs, base),
     })
+
+
+# A slice's emergency save is committed only when every worker's is: the worst worker's outcome speaks for it.
+_SAVE_WORST_FIRST = ("failed", "abandoned", "not-started", "saving")
+
+
+def _worst_save(hbs: Sequence[Heartbeat], base: Heartbeat) -> dict[str, Any] | None:
+    saves = [hb.emergency for hb in hbs if isinstance(hb.emergency, dict)]
+    return next((e for state in _SAVE_WORST_FIRST for e in saves if e.get("state") == state), base.emergency)
 
 
 def _upd(s: SlotStatus, now: datetime, **changes: Any) -> SlotStatus:
@@ -816,7 +826,7 @@ def _emergency(hb: Heartbeat | None, leaving: Leaving | None) -> dict[str, Any] 
 
 
 def counted(n: int, what: str) -> str:
-    """"1 failure", "4 failures": a count as the messages say it."""
+    """'1 failure', '4 failures': a count as the messages say it."""
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 

@@ -191,3 +191,11 @@ def test_a_preemption_limit_that_fails_the_job_says_how_the_save_ended():
     assert d.status.preemptions == 2 and d.status.message.startswith("gave up after 2 preemptions, more than "
                                                                      "max_preemptions (1)")
     assert any(line.startswith("emergency save failed on rank 1") for line in _slack_lines(d.alert))
+
+
+def test_a_slices_save_is_its_worst_workers():
+    committed = {"state": "committed", "step": 131, "reason": None}
+    workers = [hb("preempting", notice="preempted", step=131, emergency=committed),
+               hb("preempting", worker=1, notice="preempted", step=131, emergency=FAILED_SAVE)]
+    assert core.slice_heartbeat(workers).emergency == FAILED_SAVE
+    assert core.slice_heartbeat([workers[0], workers[0]]).emergency == committed
