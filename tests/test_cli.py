@@ -56,9 +56,9 @@ def test_register_list_describe_cancel_round_trip(firestore_db, project, spec_fi
     assert [(row["id"], row["state"], row["restarts"], row["failures"], row["preemptions"]) for row in rows] == [
         ("cli-job", "PENDING", 0, 0, 0)]
 
-    r = respawn("jobs", "describe", "cli-job", "--project", project)
+    r = respawn("jobs", "describe", "cli-job", "--project", project, "--json")
     assert r.returncode == 0, r.stderr
-    described = yaml.safe_load(r.stdout)
+    described = json.loads(r.stdout)
     assert described["status"]["state"] == "PENDING"
     assert (described["status"]["failures"], described["status"]["preemptions"]) == (0, 0)
     assert described["spec"]["max_failures"] == 3 and "max_restarts" not in described["spec"]

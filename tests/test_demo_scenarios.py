@@ -658,10 +658,10 @@ def test_default_scenario_on_an_own_job_kept_for_the_cli(tmp_path, browser):
         kept = out["kept"]["pids"]
         assert kept and not [pid for pid in kept if pid not in leftovers(token)], "--keep stopped the stand-ins"
         cli = {**os.environ, **exports, "COLUMNS": "200"}
-        described = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "gpu-spot-small"], env=cli,
-                                   capture_output=True, text=True, timeout=120)
+        described = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "gpu-spot-small", "--json"],
+                                   env=cli, capture_output=True, text=True, timeout=120)
         assert described.returncode == 0, described.stderr
-        doc = yaml.safe_load(described.stdout)
+        doc = json.loads(described.stdout)
         assert doc["status"]["state"] == "SUCCEEDED" and doc["status"]["restarts"] == 2
         # The directory, packed as `respawn jobs register` packs it and uploaded to the storage emulator.
         assert doc["spec"]["trainer"]["workdir"].endswith(f"/sha256-{pack(job.parent / '../workdir').sha256}.tar.gz")

@@ -70,7 +70,7 @@ def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(
     # Stopped, it stays stopped: the sweep leaves it (terminal) and a nudge changes nothing.
     assert controller.sweep(job) == 200 and controller.status(job).state.value == "BUDGET_EXHAUSTED"
     # describe and list show the cost; resume refuses a cap the job has spent already, then raises it.
-    described = _respawn("jobs", "describe", job, "--project", controller.project)
+    described = _respawn("jobs", "describe", job, "--project", controller.project, "--json")
     assert described.returncode == 0 and "so_far_usd" in described.stdout and "Cloud Billing Catalog" in described.stdout
     listed = _respawn("jobs", "list", "--project", controller.project)
     assert prices.usd(spent) in listed.stdout, listed.stdout

@@ -192,8 +192,8 @@ def test_the_page_answers_the_user_in_chromium(browser, tmp_path):
     assert page.locator(".recovery + text").text_content() == "recovery 90.0 s"
     assert page.locator(".mark.emergency").count() == 0 and page.locator(".mark.checkpoint").count() == 2
     legend = page.locator("p.legend").inner_text()
-    assert "notice" in legend and "flex-start" in legend
-    assert not any(w in legend for w in ("emergency", "downtime", "standard", "preemptible"))
+    assert "notice" in legend and "flex-start" in legend and "downtime" in legend
+    assert not any(w in legend for w in ("emergency", "crash", "standard", "preemptible"))
     # The buckets in words, adding up to the wall time; every event in words at its time on the chart's axis.
     goodput = page.locator("table.goodput td:first-child").all_inner_texts()
     assert goodput == [report.BUCKET_WORDS[k][0] for k in BUCKETS]
@@ -288,3 +288,11 @@ def test_the_emergency_saves_outcome_and_the_error_are_told_where_the_record_has
     assert 'class="mark emergency"' not in page and "emergency at" not in page
     crash = crash_events()[3]
     assert report.event_words(crash) == "c-1 trainer crashed in z-a: ValueError: bad lr"
+
+
+def test_downtime_is_drawn_where_no_trainer_stepped():
+    # j-1 stepped 41..99 s, j-2 190..298 s: no trainer stepped before 41 s nor from 99 to 190 s.
+    r = report.of_record("j", DOC, EVENTS, BEATS, at(400))
+    page = report.render(r, ["z-a", "z-b"], EVENTS)
+    assert re.findall(r"<title>downtime ([\d.]+) s</title>", page) == ["41.0", "91.0"]
+    assert report.downtime([], 10) == []

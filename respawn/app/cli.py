@@ -505,7 +505,8 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt,
         if as_json:
             print(json.dumps({"id": job_id, "cancel_requested": bool(doc.get("cancel_requested")),
                               "created_at": _fmt_time(doc.get("created_at")), "recovery": recovery, "figures": f,
-                              "status": status.model_dump(mode="json", exclude_none=True), "spec": doc.get("spec")}))
+                              "status": status.model_dump(mode="json", exclude_none=True), "spec": doc.get("spec")},
+                             ensure_ascii=False, default=str))  # a spec's values as Firestore keeps them
             return
         _describe_for_a_person(job_id, status, recovery, f)
 
@@ -582,10 +583,11 @@ def report_cmd(
         if as_json:
             print(json.dumps({"id": job_id, "state": r.state, "report": str(output.resolve()), **figures}))
             return
-        out.print(f"job {job_id} {r.state}: {len(r.lives)} node lives, {len(r.recoveries)} recoveries, goodput "
-                  f"{r.goodput_ratio:.1%} of {r.wall_seconds:.0f} s")
-        for bucket, seconds in r.goodput.items():
-            out.print(f"  {bucket.replace('_', ' ')}: {seconds:.1f} s")
+        back = len(figures["recovery_seconds"])  # the figures the page shows, in its words (report.BUCKET_WORDS)
+        out.print(f"job {job_id} {r.state}: {len(r.lives)} node lives, {len(r.recoveries)} losses ({back} recovered), "
+                  f"goodput {figures['goodput']:.1%} of {figures['wall_seconds']:.0f} s")
+        for words, took, share, _ in report.goodput_rows_of(figures):
+            out.print(f"  {words}: {took} ({share})")
         out.print(f"report written to {output.resolve()}", highlight=False)
 
     run_reporting_errors(go)
@@ -897,7 +899,7 @@ def plan_cmd(
             layout += f" ({'; '.join(variants)})"
         elastic = any(r.strategy == "elastic" for r in result.results)
         columns = ["strategy", "goodput", "wall h", "p90 wall h", "downtime h", *(["degraded h"] if elastic else []),
-                   "redone h", "checkpoint h", "preemptions", "emergency saved", "cost $", "vs on-demand"]
+                   "redone h", "checkpoint h", "preemptions", "emergency saved", "cost $", "saved vs on-demand"]
         table = Table(*columns,
                       title=f"{inputs.job_hours:g} h job{layout}, a preemption every {inputs.mtbp_hours:g} h per "
                             f"Spot node, {inputs.state_gb:g} GB state, {inputs.runs} runs each")
@@ -906,7 +908,8 @@ def plan_cmd(
                 r.strategy, f"{r.goodput:.1%}", f"{r.wall_hours:.2f}", f"{r.p90_wall_hours:.2f}", f"{r.downtime_hours:.2f}",
                 *([f"{r.degraded_hours:.2f}"] if elastic else []),
                 f"{r.redone_hours:.2f}", f"{r.checkpoint_hours:.2f}", f"{r.preemptions:.1f}", f"{r.emergency_saved:.0%}",
-                f"{r.cost:.2f}", f"{r.cost_vs_on_demand:.0%}",
+                # Saved against on demand: 1 − cost ÷ on demand, the report page's meaning (docs/watching.md).
+                f"{r.cost:.2f}", f"{1 - r.cost_vs_on_demand:.0%}",
             )
         out.print(table)
         per_node = f"{planned.nodes} nodes × " if planned.nodes > 1 else ""
@@ -918,15 +921,15 @@ def plan_cmd(
             f"{max_emergency_state_gb(inputs):.1f} GB at this disk speed"
         )
         if result.provisioning:
-            tiers = Table("provisioning", "wall h", "p90 wall h", "cost $", "vs on-demand", "Spot h", "flex-start h",
-                          "on-demand h",
+            tiers = Table("provisioning", "wall h", "p90 wall h", "cost $", "saved vs on-demand", "Spot h",
+                          "flex-start h", "on-demand h",
                           title=f"ways of getting capacity, with respawn's recovery: Spot dry in every zone after "
                                 f"{planned.spot_dry_probability:.0%} of preemptions, {planned.spot_dry_hours:g} h on "
                                 f"average; flex-start at ${planned.flex_price:g}/h, {planned.flex_run_hours:g} h runs "
                                 f"(node hours)")
             for t in result.provisioning:
                 tiers.add_row(t.policy, f"{t.wall_hours:.2f}", f"{t.p90_wall_hours:.2f}", f"{t.cost:.2f}",
-                              f"{t.cost_vs_on_demand:.0%}", f"{t.spot_hours:.1f}", f"{t.flex_start_hours:.1f}",
+                              f"{1 - t.cost_vs_on_demand:.0%}", f"{t.spot_hours:.1f}", f"{t.flex_start_hours:.1f}",
                               f"{t.on_demand_hours:.1f}")
             out.print(tiers)
             cheapest = min(result.provisioning, key=lambda t: t.cost)
@@ -1093,8 +1096,8 @@ def _not_asked(look: Any) -> str:
     if look is None:
         return (f"a local run (FIRESTORE_EMULATOR_HOST is set) with no Compute Engine stand-in at "
                 f"{deployment.ENV_COMPUTE_ENDPOINT}")
-    if isinstance(look, str):
-        return f"{look}: run `gcloud auth application-default login` and give --project"
+    if isinstance(look, str):  # no credentials, or an endpoint that does not answer (which says what to do)
+        return look if " does not answer " in look else f"{look}: run `gcloud auth application-default login` and give --project"
     return "no project: give --project or set GOOGLE_CLOUD_PROJECT"
 
 

@@ -104,8 +104,8 @@ def _replacement(r: Report, x: Recovery) -> Life | None:
     if not x.took:
         return None
     last = x.took[-1]
-    later = [life for life in r.lives if life.slot == last.slot and life.created_at >= (last.ended_at or last.created_at)
-             and life is not last]
+    since = last.ended_at or last.created_at
+    later = [life for life in r.lives if life.slot == last.slot and life.created_at >= since and life is not last]
     return later[0] if later else None
 
 
@@ -324,8 +324,20 @@ def timeline(r: Report, zones: list[str], f: dict[str, Any]) -> Timeline:
         if "budget_usd" in c:
             summary["budget"] = f"{usd(c['budget_usd'])}, {c['budget_used']} used"
     return Timeline(title=f"respawn: job {r.job_id}", wall_seconds=r.wall_seconds, zones=zones, nodes=spans,
-                    marks=marks, progress=progress, total_steps=r.total_steps or 0, summary=summary,
-                    headline=headline(f), recoveries=recovered)
+                    marks=marks, downtime=downtime(progress, r.wall_seconds), progress=progress,
+                    total_steps=r.total_steps or 0, summary=summary, headline=headline(f), recoveries=recovered)
+
+
+def downtime(progress: list[list[tuple[float, int]]], wall: float) -> list[tuple[float, float]]:
+    """When no trainer was stepping (seconds on the chart's axis): before the first step, and between one life's last
+    reported step and the next one's first (the demo's timeline drew the same bands)."""
+    spans = sorted((points[0][0], points[-1][0]) for points in progress if points)
+    out, reach = [], 0.0
+    for start, end in spans:
+        if start > reach:
+            out.append((reach, start))
+        reach = max(reach, end)
+    return out if spans else []
 
 
 def parts_text(x: dict[str, Any]) -> str:
