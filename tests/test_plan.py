@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -399,3 +400,27 @@ def test_the_plan_says_the_share_saved_against_on_demand_as_the_report_page_does
     [row] = [line for line in table.stdout.splitlines() if line.startswith("│ respawn ")]
     saved = 1 - body["strategies"]["respawn"]["cost"] / body["on_demand_cost"]
     assert row.split("│")[-2].strip() == f"{saved:.0%}" and saved > 0.5
+
+
+def test_plan_reads_a_job_spec_and_the_options_given_override_it():
+    # examples/jobs/hybrid-ddp.yaml: 3 g2-standard-24 nodes in us-central1 zones, 1 on demand, training on 2 or more.
+    from respawn import prices, schema
+
+    job = Path(__file__).resolve().parent.parent / "examples" / "jobs" / "hybrid-ddp.yaml"
+    r = subprocess.run([sys.executable, "-m", "respawn", "plan", str(job), "--runs", "5", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["inputs"]
+    acc = schema.GpuAccelerator(kind="gpu", machine_type="g2-standard-24")
+    rate = prices.quote(acc, prices.offline("us-central1")).rates["spot"]
+    assert (got["nodes"], got["on_demand_nodes"], got["min_nodes"]) == (3, 1, 2)
+    assert (got["spot_price"], got["on_demand_price"]) == (rate.usd_per_hour, rate.on_demand_usd_per_hour)
+    assert f"spot ${rate.usd_per_hour:.4g}/h, on demand ${rate.on_demand_usd_per_hour:.4g}/h a node (offline table" in (
+        r.stderr)
+    # An option given on the command line wins, and the plan says which.
+    r = subprocess.run([sys.executable, "-m", "respawn", "plan", str(job), "--runs", "5", "--json", "--nodes", "4",
+                        "--spot-price", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["inputs"]
+    assert (got["nodes"], got["on_demand_nodes"], got["spot_price"]) == (4, 1, 1.0)
+    assert "overridden by the options given: nodes, spot_price" in r.stderr

@@ -538,9 +538,10 @@ def _describe_for_a_person(job_id: str, status: schema.JobStatus, recovery: str 
     out.print(Text.assemble("job ", (job_id, "bold")))
     out.print(facts)
     if f["recoveries"]:
-        header = [("recovery time" if h.startswith("recovery time") else h) for h in report.RECOVERY_HEADER]
+        header, rows = report.told_columns(report.RECOVERY_HEADER, report.recovery_rows(f, parts=False))
+        header = [("recovery time" if h.startswith("recovery time") else h) for h in header]
         losses = Table(*header, "cost", title="losses and recoveries (times since registration)", title_justify="left")
-        for x, row in zip(f["recoveries"], report.recovery_rows(f, parts=False)):
+        for x, row in zip(f["recoveries"], rows):
             losses.add_row(*row, "-" if x["cost_usd"] is None else usd(x["cost_usd"]))
         out.print(losses)
         for x in f["recoveries"]:  # a line each: a table cell would wrap the parts
@@ -815,8 +816,34 @@ def _parse_settings(pairs: list[str]) -> dict[str, float]:
     return settings
 
 
+def _plan_inputs_of(ctx: typer.Context, file: Path) -> dict[str, Any]:
+    """What the job spec at `file` gives the plan (respawn.app.plan.from_spec), less what an option given on the
+    command line sets (it overrides); each source said on stderr."""
+    from respawn.app.plan import from_spec
+
+    data = _read_spec_data(file)
+    trainer, written = _trainer_workdir(data)
+    if trainer is not None and _local_workdir(file, written) is not None:
+        trainer.pop("workdir")  # a directory to pack: nothing the plan reads
+    got, said = from_spec(_parse_spec(file, data))
+    # By name: typer carries a click of its own, whose ParameterSource is not click's.
+    given = {name for name in ctx.params
+             if getattr(ctx.get_parameter_source(name), "name", "") in ("COMMANDLINE", "ENVIRONMENT")}
+    kept = {k: v for k, v in got.items() if k not in given}
+    for line in said:
+        err.print(f"{file}: {line}", markup=False, highlight=False)
+    if set(got) - set(kept):
+        err.print(f"{file}: overridden by the options given: {', '.join(sorted(set(got) - set(kept)))}",
+                  markup=False, highlight=False)
+    return kept
+
+
 @app.command("plan")
 def plan_cmd(
+    ctx: typer.Context,
+    job_file: Optional[Path] = typer.Argument(
+        None, metavar="[JOB.yaml]", help="a job spec: its nodes (on-demand, min, spare), notice and its node's prices "
+                                         "an hour in its first zone's region; the options below still override"),
     job_hours: float = typer.Option(24.0, help="compute hours the job needs with all its nodes healthy"),
     mtbp_hours: float = typer.Option(6.0, help="mean hours between preemptions of one Spot node"),
     nodes: int = typer.Option(1, min=1, help="GPU VMs of the job (a job of N Spot nodes is interrupted N times as "
@@ -868,6 +895,8 @@ def plan_cmd(
         )
         from dataclasses import replace
 
+        if job_file is not None:
+            inputs = replace(inputs, **_plan_inputs_of(ctx, job_file))
         inputs = replace(inputs, **_parse_settings(settings))
         if from_stats:
             inputs = replace(inputs, mtbp_hours=_observed_mtbp_hours(from_stats, project))

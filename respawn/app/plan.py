@@ -54,6 +54,7 @@ import math
 import random
 import statistics
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from respawn.app import plan_tiers
 from respawn.app.plan_model import PlanInputs, emergency_fits, recovery_s, save_s, sync_save_s
@@ -469,3 +470,36 @@ def svg_chart(result: Plan) -> str:
             parts.append(f'<text x="{96 + w}" y="{y + 19 + j * 24}">{value:.0%}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def from_spec(spec: Any) -> tuple[dict[str, Any], list[str]]:
+    """The plan's inputs a job spec (schema.JobSpec) gives: its layout (nodes, on-demand nodes, min and spare nodes,
+    the notice) and its node's prices an hour in its first zone's region (Spot, or preemptible, and on demand; the
+    offline table's, respawn/prices.py, named), with a line each saying where they came from. A spec keeps no
+    checkpoint interval (its trainer decides): that stays the plan's input."""
+    from respawn import prices
+
+    got: dict[str, Any] = {"nodes": spec.nodes, "on_demand_nodes": spec.on_demand_nodes,
+                           "spare_nodes": spec.spare_nodes, "notice_s": float(spec.notice_seconds)}
+    if spec.min_nodes is not None:
+        got["min_nodes"] = spec.min_nodes
+    acc = spec.accelerator
+    node = getattr(acc, "machine_type", None) or acc.accelerator_type
+    count = getattr(acc, "accelerator_count", 0) if getattr(acc, "accelerator_type", None) and acc.kind == "gpu" else 0
+    said = [f"{spec.nodes} × {node}" + (f" with {count} × {acc.accelerator_type}" if count else "")
+            + f" in {', '.join(spec.zones)}"]
+    region = prices.region_of(spec.zones[0])
+    book = prices.offline(region)
+    model = spec.provisioning if spec.provisioning in ("spot", "preemptible") else "spot"
+    quote = prices.quote(acc, book) if book is not None else None
+    spot, flex = (quote.rates.get(model), quote.rates.get("flex-start")) if quote is not None else (None, None)
+    if spot is None:
+        why = quote.why if quote is not None else f"the offline table has no prices for {region}"
+        said.append(f"prices: {why}; the plan's --spot-price and --on-demand-price are used")
+    else:
+        got.update(spot_price=spot.usd_per_hour, on_demand_price=spot.on_demand_usd_per_hour)
+        if flex is not None:
+            got["flex_price"] = flex.usd_per_hour
+        said.append(f"{model} ${spot.usd_per_hour:.4g}/h, on demand ${spot.on_demand_usd_per_hour:.4g}/h a node "
+                    f"({spot.note})")
+    return got, said
