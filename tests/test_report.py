@@ -143,7 +143,7 @@ def test_the_cli_writes_the_page_and_its_figures_match_the_events(firestore_db, 
     assert said.returncode == 0, said.stderr
     row = next(line for line in said.stdout.splitlines() if "preempted j-1" in line)
     assert [c.strip() for c in row.strip("│ ").split("│")] == [
-        "100.0 s", "preempted j-1", "z-a → z-b", "90.0 s", "8", "-", "-", "$0.0000"]
+        "100.0 s", "preempted j-1", "z-a → z-b", "90.0 s", "8", "$0.0000"]
     assert ("100.0 s preempted j-1: 90.0 s = 2.0 s waiting for capacity, 28.0 s VM create and boot, 30.0 s agent and "
             "setup, 30.0 s trainer start, restore and first step") in said.stdout
     assert "goodput 52.7% of 300.0 s" in said.stdout
@@ -263,8 +263,11 @@ def test_a_crashing_job_reads_as_crashes_not_preemptions(browser, tmp_path):
         f"crash at {t:.1f} s trainer crashed c-{i + 1}: ValueError: bad lr" for i, t in enumerate((9, 19, 29, 39))]
     legend = page.locator("p.legend").inner_text()
     assert "crash (the job's own failure: no notice)" in legend and "■ notice" not in legend
+    # No emergency save column: no notice came, so no save to tell of.
+    assert page.locator("table.recoveries th").all_inner_texts() == [
+        "time", "loss", "zone", "recovery time (where it went)", "steps lost", "last error"]
     rows = [row.locator("td").all_inner_texts() for row in page.locator("table.recoveries tr").all()[1:]]
-    assert rows[0] == ["9.0 s", "trainer crashed c-1", "z-a", "never stepped again", "-", "-", "ValueError: bad lr"]
+    assert rows[0] == ["9.0 s", "trainer crashed c-1", "z-a", "never stepped again", "-", "ValueError: bad lr"]
     assert len(rows) == 4
 
 

@@ -366,6 +366,13 @@ RECOVERY_HEADER = ["time", "loss", "zone", "recovery time (where it went)", "ste
                    "last error"]
 
 
+def told_columns(header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """The emergency save and last error columns only where some row has one (a column of dashes says nothing)."""
+    keep = [i for i, h in enumerate(header)
+            if h not in ("emergency save", "last error") or any(row[i] != "-" for row in rows)]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
 def event_words(ev: JobEvent) -> str:
     """What an event says, in words: 'demo-1 preempted in us-central1-a (last heard at step 93, committed 90)'."""
     d = ev.details
@@ -439,7 +446,7 @@ def render(r: Report, zones: list[str], events: list[JobEvent]) -> str:
     rows = [[f"{(ev.at - r.started_at).total_seconds():.1f} s",
              f"{ev.from_state.value} → {ev.to_state.value}" if ev.from_state else ev.to_state.value,
              event_words(ev)] for ev in events]
-    losses = [("recoveries", RECOVERY_HEADER, recovery_rows(f))] if f["recoveries"] else []
+    losses = [("recoveries", *told_columns(RECOVERY_HEADER, recovery_rows(f)))] if f["recoveries"] else []
     return render_html(timeline(r, zones, f), tables=[
         *losses, ("goodput", ["where the time went", "time", "share", "what it holds"], goodput_rows_of(f)),
         ("events", ["time", "state", "what happened"], rows)])
