@@ -63,8 +63,14 @@ class Reader:
 def reader(project: str | None) -> Reader | str | None:
     """Where to look: a Reader; a reason why no look can be made (no credentials); None where there is nothing to
     ask (a local run without the sim)."""
+    from respawn.app import endpoints
+
     endpoint = os.environ.get(ENV_COMPUTE_ENDPOINT)
     if endpoint:
+        try:  # the sim, stopped or hung: said in seconds, not after TIMEOUT_S a request (requests retries nothing)
+            endpoints.check(endpoints.COMPUTE)
+        except endpoints.Unreachable as exc:
+            return str(exc)
         return Reader(requests.Session(), endpoint.rstrip("/"), project)
     if os.environ.get("FIRESTORE_EMULATOR_HOST"):
         return None

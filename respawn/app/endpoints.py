@@ -41,6 +41,8 @@ class Service:
 FIRESTORE = Service("Firestore", "FIRESTORE_EMULATOR_HOST", "firestore.googleapis.com")
 PUBSUB = Service("Pub/Sub", "PUBSUB_EMULATOR_HOST", "pubsub.googleapis.com")
 STORAGE = Service("Cloud Storage", "STORAGE_EMULATOR_HOST", "storage.googleapis.com")
+# Local runs: the sim's Compute Engine and Cloud TPU (respawn.deployment.ENV_COMPUTE_ENDPOINT), a URL.
+COMPUTE = Service("Compute Engine", "RESPAWN_COMPUTE_ENDPOINT", "compute.googleapis.com")
 
 
 class Unreachable(Exception):
@@ -76,7 +78,7 @@ def check(service: Service, project: str | None = None) -> None:
     if found is not None:
         why = _http_answers(*found)
         if why:
-            kept = [v for v in DEMO_EXPORTS if os.environ.get(v)]
+            kept = [v for v in dict.fromkeys((*DEMO_EXPORTS, service.emulator_var)) if os.environ.get(v)]
             raise Unreachable(
                 f"{where(service)} ({service.emulator_var}) does not answer ({why}): if a demo's `--keep` started it "
                 f"and has ended, unset its `export` lines (unset {' '.join(kept)}); else start the emulator or "
