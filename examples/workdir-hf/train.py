@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, save_steps=args.save_steps, per_device_train_batch_size=4,
         learning_rate=1e-3, logging_steps=args.logging_steps, report_to="none", disable_tqdm=True, use_cpu=True, seed=7,
-        dataloader_num_workers=0)
+        dataloader_num_workers=2)  # loader worker processes, as most jobs read: the notice never reaches them
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(96, 16, config.vocab_size),
                       callbacks=[Progress(training.process_index, args.step_seconds)])
     trainer.train(resume_from_checkpoint=resume_path(trainer))  # Respawn, line 2 of 2

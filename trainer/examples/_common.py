@@ -58,6 +58,8 @@ def parse_args(name: str, argv=None) -> argparse.Namespace:
                    help="checkpoint directory when RESPAWN_CHECKPOINT_URI/RESPAWN_LOCAL_CHECKPOINT_DIR are unset")
     p.add_argument("--final-params", default=None, help="write the final parameters here (.npz) when done")
     p.add_argument("--threads", type=int, default=1, help="CPU threads for the framework (determinism, shared CPUs)")
+    p.add_argument("--loader-workers", type=int, default=2,
+                   help="the torch examples' DataLoader worker processes (default 2, as most jobs read)")
     # A fault to try recovery with (a demo scenario sets it through the job's trainer.env). Once: a marker file in
     # the working directory keeps the trainer restarted on the same node from failing again at the same step.
     p.add_argument("--fail-at-step", type=int, default=int(os.environ.get(FAIL_AT_STEP_ENV) or 0),

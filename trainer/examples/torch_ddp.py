@@ -20,8 +20,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from respawn.ckpt import CheckpointManager, TrainingLoop, collective_timeout
-from respawn.ckpt.examples._common import BATCH, N, next_batch, parse_args, progress
-from respawn.ckpt.examples.torch_mlp import MLP, regression_data
+from respawn.ckpt.data import forever
+from respawn.ckpt.examples._common import BATCH, parse_args, progress
+from respawn.ckpt.examples.torch_mlp import MLP, global_batches, regression_data
 
 
 def _rank_ordered_mean(_state, bucket):  # no return annotation: DDP checks it, and this module's are strings
@@ -59,23 +60,22 @@ def main(argv=None) -> int:
     part = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
 
     torch.manual_seed(args.seed)
-    x, y = (t.to(device) for t in regression_data(args.seed))
+    loader = global_batches(*regression_data(args.seed), args)  # the same global batches on every rank
+    batches = forever(loader)
 
     model = DistributedDataParallel(MLP(max(1, int(args.state_mb * (1 << 20)) // 4)).to(device))
     model.register_comm_hook(None, _rank_ordered_mean)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.9)
-    shuffle = torch.Generator().manual_seed(args.seed + 1)
-    data = {"epoch": 0, "pos": 0, "perm": torch.randperm(N, generator=shuffle)}  # the global data position
 
     def train_step(step: int) -> float:
-        idx = next_batch(data, lambda: torch.randperm(N, generator=shuffle)).to(device)
+        xb, yb = (t.to(device) for t in next(batches))
         model.train()
         # Every rank runs the whole global batch (so every rank draws the same dropout masks and its RNG stays rank
         # 0's, which is what a checkpoint keeps: the resume is exact on any world) and learns from its part: the
         # squared errors of the part, times the world size, make DDP's average of the ranks' gradients the whole
         # batch's mean-loss gradient, whatever the parts' sizes.
-        loss = ((model(x[idx])[part] - y[idx][part]) ** 2).sum() * (world / BATCH)
+        loss = ((model(xb)[part] - yb[part]) ** 2).sum() * (world / BATCH)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the gradients over the ranks
         opt.step()
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     # Under the node agent only rank 0 writes RESPAWN_STATUS_FILE (CheckpointManager.from_env reads RANK).
     mgr = CheckpointManager.from_env(default_dir=args.checkpoint_dir, total_steps=args.steps, keep=args.keep)
     with TrainingLoop(args.steps, every=args.checkpoint_every, manager=mgr, model=model, optimizer=opt,
-                      scheduler=sched, data=data, shuffle=shuffle) as loop, \
+                      scheduler=sched, data=loader) as loop, \
             progress(f"torch_ddp[rank {rank}]", args, loop) as report:
         for step in loop:
             report(step, train_step(step))

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from respawn.ckpt import CheckpointManager, TrainingLoop
-from respawn.ckpt.examples._common import N, next_batch, parse_args, progress
+from respawn.ckpt.data import ResumableSampler, forever
+from respawn.ckpt.examples._common import BATCH, N, parse_args, progress
 
 D_IN, HIDDEN = 32, 64
 
@@ -37,6 +38,14 @@ def regression_data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.sin(x @ teacher) + 0.1 * torch.randn(N, 1, generator=gen)
 
 
+def global_batches(x: torch.Tensor, y: torch.Tensor, args) -> torch.utils.data.DataLoader:
+    """The global batches, shuffled epoch after epoch, read by loader worker processes as most jobs read; pass it to
+    TrainingLoop (data=) and its position is restored exactly."""
+    rows = torch.utils.data.TensorDataset(x, y)
+    return torch.utils.data.DataLoader(rows, batch_size=BATCH, sampler=ResumableSampler(rows, seed=args.seed),
+                                       num_workers=args.loader_workers, drop_last=True)
+
+
 def main(argv=None) -> int:
     args = parse_args("torch_mlp", argv)
     torch.set_num_threads(args.threads)
@@ -46,13 +55,13 @@ def main(argv=None) -> int:
     model = MLP(max(1, int(args.state_mb * (1 << 20)) // 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.9)
-    shuffle = torch.Generator().manual_seed(args.seed + 1)
-    data = {"epoch": 0, "pos": 0, "perm": torch.randperm(N, generator=shuffle)}  # the data position
+    loader = global_batches(x, y, args)
+    batches = forever(loader)
 
     def train_step(step: int) -> float:
-        idx = next_batch(data, lambda: torch.randperm(N, generator=shuffle))
+        xb, yb = next(batches)
         model.train()
-        loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -65,7 +74,7 @@ def main(argv=None) -> int:
     # Restores model, optimizer, scheduler, data position, generator and global RNGs in place; saves every
     # --checkpoint-every steps; on SIGTERM saves at the step boundary and exits 75; final save after the last step.
     with TrainingLoop(args.steps, every=args.checkpoint_every, manager=mgr, model=model, optimizer=opt,
-                      scheduler=sched, data=data, shuffle=shuffle) as loop, \
+                      scheduler=sched, data=loader) as loop, \
             progress("torch_mlp", args, loop) as report:
         for step in loop:
             report(step, train_step(step))
