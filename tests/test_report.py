@@ -149,6 +149,11 @@ def test_the_cli_writes_the_page_and_its_figures_match_the_events(firestore_db, 
     assert "goodput 52.7% of 300.0 s" in said.stdout
     assert re.search(r"│ waiting for a new VM +│ 30\.0 s +│ 10% +│", said.stdout)
     assert re.search(r"^steps lost +8 *$", said.stdout, re.M) and re.search(r"^goodput +52\.7% *$", said.stdout, re.M)
+    # jobs report's lines: the figures, the buckets in the page's words (one vocabulary), not the metric keys.
+    lines = subprocess.run([sys.executable, "-m", "respawn", "jobs", "report", "j", "-o", str(page), "--project",
+                            project], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert lines[:3] == ["job j SUCCEEDED: 2 node lives, 1 loss (1 recovered), goodput 52.7% of 300 s",
+                         "  training: 158.0 s (53%)", "  redone after a loss: 8.0 s (3%)"]
     missing = subprocess.run([sys.executable, "-m", "respawn", "jobs", "report", "nope", "--project", project],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no job 'nope'" in missing.stderr

@@ -585,7 +585,8 @@ def report_cmd(
             print(json.dumps({"id": job_id, "state": r.state, "report": str(output.resolve()), **figures}))
             return
         back = len(figures["recovery_seconds"])  # the figures the page shows, in its words (report.BUCKET_WORDS)
-        out.print(f"job {job_id} {r.state}: {len(r.lives)} node lives, {len(r.recoveries)} losses ({back} recovered), "
+        losses = f"{len(r.recoveries)} loss{'' if len(r.recoveries) == 1 else 'es'}"
+        out.print(f"job {job_id} {r.state}: {len(r.lives)} node lives, {losses} ({back} recovered), "
                   f"goodput {figures['goodput']:.1%} of {figures['wall_seconds']:.0f} s")
         for words, took, share, _ in report.goodput_rows_of(figures):
             out.print(f"  {words}: {took} ({share})")
