@@ -169,7 +169,7 @@ def render_html(tl: Timeline, tables: list[tuple[str, list[str], list[list[str]]
         f"<title>{html.escape(tl.title)}</title>"
         "<style>body{font-family:sans-serif;margin:20px}th{text-align:left;padding-right:12px}"
         "td{padding-right:12px;vertical-align:top}td:not(:last-child){white-space:nowrap}"
-        "table.recoveries td{white-space:normal;max-width:420px}"
+        "table.recoveries td:nth-child(4),table.recoveries td:nth-child(n+6){white-space:normal;max-width:380px}"
         ".headline{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0 4px}"
         ".figure{border:1px solid #dddddd;border-radius:4px;padding:6px 10px;min-width:120px;max-width:300px}"
         ".figure .value{font-size:20px;font-weight:bold}.figure .label{font-size:12px;color:#555555}"
