@@ -7,9 +7,12 @@ The lives, the recoveries and the goodput buckets (what each holds) are the cont
 (respawn.control.goodput), which the controller's Cloud Monitoring series read too; this module renders them.
 
 What the job cost is the controller's own ledger in its status (respawn.control.costs: every node life priced as it
-goes; read by respawn.ledger), shown beside it. The page opens with a headline (`headline`): the state, the steps, the preemptions, each
-recovery's time and steps lost (the controller's figure: respawn.control.recovery_time), the cost against on demand
-and what each preemption cost, and the goodput; its events are told in words, at their time on the chart's axis.
+goes; read by respawn.ledger), shown beside it. Every figure a user reads is computed once, by `figures`, and
+rendered from there: the page's headline (`headline`: the state, the steps, the preemptions and failures, each
+recovery's time and steps lost as the controller measured them (respawn.control.recovery_time), the cost against on
+demand and the share saved, and the goodput), its table of losses, `respawn jobs describe` and `jobs report --json`,
+and the demo's summary (sim/demo/summary.from_record). Its events are told in words, at their time on the chart's
+axis.
 """
 
 from __future__ import annotations
@@ -124,16 +127,22 @@ def _stages(r: Report, x: Recovery, details: dict[str, Any]) -> dict[str, float]
     return recovery_time.stages(x.at, ends, x.training_at)
 
 
+def _told_by(r: Report, x: Recovery) -> dict[str, Any]:
+    """The details of the event that told `x`'s recovery (its `recovered` event, or the job's end); {}: none did."""
+    for ev in r.events:
+        fig = recovery_time.read(ev.details) if recovery_time.told(ev.cause, ev.details) else None
+        if fig is not None and x.training_at is not None and fig.stepping_at == x.training_at:
+            return ev.details
+    return {}
+
+
 def figures(r: Report) -> dict[str, Any]:
     """Every figure a user reads of the job, computed once from its record: the report page's headline, `respawn jobs
     describe` (its table and --json), `respawn jobs report --json` and the demo's summary render these, never their
     own. Times are seconds since the job's registration (the chart's 0) as well as RFC 3339."""
-    told = {ev.at: ev.details for ev in r.events if recovery_time.told(ev.cause, ev.details)}
-    each = preemption_costs(r)
     losses = []
-    for x, usd_each in zip(r.recoveries, each):
-        details = next((d for at, d in told.items() if x.training_at is not None and recovery_time.read(d) is not None
-                        and recovery_time.read(d).stepping_at == x.training_at), {})  # type: ignore[union-attr]
+    for x, usd_each in zip(r.recoveries, preemption_costs(r)):
+        details = _told_by(r, x)
         new = _replacement(r, x)
         back = x.training_at is not None
         losses.append({
