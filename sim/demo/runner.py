@@ -39,8 +39,8 @@ from respawn.app.workdir import WorkdirError, human_bytes, pack
 from sim import emulators, netns, node_image
 from sim.demo.jobfile import JobFile
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
-from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, lives, max_live, progress_series, recoveries,
-                              serving, summarize, workers_seen)
+from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, from_record, lives, max_live, progress_series,
+                              recoveries, serving, summarize, workers_seen)
 from sim.tpu import ENDPOINTS_HOSTNAMES
 
 # The CLI's emulator project: `respawn jobs …` with FIRESTORE_EMULATOR_HOST set and no --project sees the demo.
@@ -605,7 +605,16 @@ class DemoRun:
         if stopped is None:  # Ctrl-C asks to stop now: no waiting for the last alerts
             self._drain_alerts(job_id, status.state)
         transitions += self._new_events(job_ref, seen_events, progress, marks, wall)
-        result = self._finish(job_id, status, samples, marks, sim_t0, wall, transitions)
+        # The page `respawn jobs report` writes for a real job, from what the control plane recorded (not from the
+        # demo's own samples): the same code on the emulator's documents. Its figures (report.figures, computed once
+        # from the record) are the summary's and the timeline's too. A page that cannot be written leaves the rest of
+        # the record, with the demo's own measures.
+        try:
+            page, r = report.write(JobStore(db), job_id, self.out / "report.html")
+            figures, written = report.figures(r), str(page)
+        except Exception as exc:  # noqa: BLE001 - named in the summary
+            figures, written = None, f"not written: {type(exc).__name__}: {exc}"
+        result = self._finish(job_id, status, samples, marks, sim_t0, wall, transitions, figures)
         result["transitions"] = transitions
         result["message"] = status.message  # the job's last status message: why it ended as it did
         result["partitions"] = self.partitions
@@ -613,17 +622,8 @@ class DemoRun:
         result["timed_out"] = timed_out
         result["interrupted"] = stopped == "interrupted"
         result["summary"] = str(self.out / "summary.json")
-        # The page `respawn jobs report` writes for a real job, from what the control plane recorded (not from the
-        # demo's own samples): the same code on the emulator's documents. A page that cannot be written leaves the
-        # rest of the record.
-        try:
-            page, r = report.write(JobStore(db), job_id, self.out / "report.html")
-            result["report"] = str(page)
-            result["goodput_buckets"] = report.describe(r)["buckets_seconds"]
-        except Exception as exc:  # noqa: BLE001 - named in the summary
-            result["report"] = f"not written: {type(exc).__name__}: {exc}"
+        result["report"] = written
         result["logs"] = self._logs(job_id)
-        result["cost"] = _cost(status, (self.sc.job.get("budget") or {}).get("max_usd"))
         result["nodes_left"] = [h["name"] for h in self.sim.history() if (h.get("labels") or {}).get(
             contract.LABEL_JOB) == job_id and h["live"] and h["live"][-1][1] is None]
         (self.out / "summary.json").write_text(json.dumps(result, indent=2))
@@ -740,7 +740,8 @@ class DemoRun:
                 return
             time.sleep(0.2)
 
-    def _finish(self, job_id, status, samples, marks, sim_t0, wall, transitions) -> dict[str, Any]:
+    def _finish(self, job_id, status, samples, marks, sim_t0, wall, transitions,
+                figures: dict[str, Any] | None) -> dict[str, Any]:
         history = [h for h in self.sim.history() if (h.get("labels") or {}).get("respawn-job") == job_id]
         hosts = workers_seen(samples)
         lifetimes, spans = [], []
@@ -759,6 +760,9 @@ class DemoRun:
                         restarts=status.restarts, samples=samples, lifetimes=lifetimes, alerts=alerts,
                         noticed=self.noticed, recovered=recovered)
         result = summarize(rec)
+        result["cost"] = _cost(status, (self.sc.job.get("budget") or {}).get("max_usd"))
+        if figures is not None:  # the record's figures in place of the samples' (one set of numbers, every page)
+            result = from_record(result, figures)
         # TPU queued resources (issue #26 item 2): the most requests serving at once (one in its node's notice no
         # longer counts, as for nodes) and those left at the end.
         asked = [Lifetime(h["name"], h["zone"], start - sim_t0, None if end is None else end - sim_t0)
