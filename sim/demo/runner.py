@@ -7,7 +7,8 @@ workdir (examples/workdir, or the trainer.workdir directory of the user's own jo
 registers the scenario's job, as `respawn jobs register` does. Each node boots the real deploy/vm/startup.sh
 (sim/node_image.py), whose agent downloads the workdir, runs the setup commands and starts the trainer on the
 interpreter the spec names. The runner injects what the scenario says and ends with a summary and a timeline.
-Everything it started is stopped on the way out, also on Ctrl-C; with keep, not before close().
+Everything it started is stopped on the way out, also on Ctrl-C (once the record of what ran is written: summary,
+report, timeline, logs); with keep, not before close().
 
 Firestore and Pub/Sub emulators already running (a test session's) may be given instead: the run then keeps to a
 project of its own on them, deletes that project's documents, topics and subscriptions on the way out and leaves
@@ -439,8 +440,9 @@ class DemoRun:
     # --- the run ------------------------------------------------------------------------------------------------
 
     def run(self, keep: bool = False) -> dict[str, Any]:
-        """The job from registration to its end, and its summary. Everything started is stopped before this returns
-        or raises; with `keep`, after a run that ends, only by close()."""
+        """The job from registration to its end (or to Ctrl-C: `interrupted` in the result), and its summary.
+        Everything started is stopped before this returns or raises; with `keep`, after a run that ends, only by
+        close()."""
         kept = False
         try:
             result = self._run()
