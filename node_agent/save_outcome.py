@@ -18,20 +18,28 @@ def _unstarted_reason(exit_code: int | None, killed: bool) -> str:
                                                                   f" (the trainer exited {exit_code})")
 
 
-def rank_outcomes(savers: list[contract.Saver], *, ended: bool, exit_code: int | None,
-                  killed: bool) -> list[dict[str, Any]]:
-    """Each saver's outcome: its own record, or (the run over) not started, or (still running) saving."""
+def _cut_short(exit_code: int | None, killed: bool, step: Any) -> str:
+    how = "killed at the notice deadline" if killed else f"the trainer exited {exit_code}"
+    return f"{how} while saving step {step}"
+
+
+def rank_outcomes(savers: list[contract.Saver], run: dict[str, Any], writer: Any, *, ended: bool,
+                  exit_code: int | None, killed: bool) -> list[dict[str, Any]]:
+    """Each saver's outcome: its own record; or, the run over, cut short while saving (the status file's writer,
+    `writer`, said `saving`: `run`) or not started; or, still running, saving."""
     out = []
     for saver in savers:
-        own = saver.outcome or {}
+        own, step = saver.outcome or {}, None
         if own.get("state") in contract.EMERGENCY_ENDED:
-            state, reason = own["state"], own.get("reason")
+            state, reason, step = own["state"], own.get("reason"), own.get("step")
         elif ended or not saver.alive():
-            state, reason = contract.NOT_STARTED, _unstarted_reason(exit_code, killed)
+            if saver.pid == writer and run.get("state") == "saving":
+                state, reason, step = "failed", _cut_short(exit_code, killed, run.get("step")), run.get("step")
+            else:
+                state, reason = contract.NOT_STARTED, _unstarted_reason(exit_code, killed)
         else:
             state, reason = "saving", None
-        out.append({"rank": saver.rank, "pid": saver.pid, "state": state, "step": own.get("step"),
-                    "reason": reason})
+        out.append({"rank": saver.rank, "pid": saver.pid, "state": state, "step": step, "reason": reason})
     return out
 
 
@@ -40,13 +48,12 @@ def node_outcome(status: dict[str, Any] | None, savers: list[contract.Saver], *,
     """The node's `emergency` for its heartbeat once the notice was delivered: {state, step, reason, ranks}. The
     reason names the first rank whose save did not commit, in one line."""
     run = dict((status or {}).get("emergency") or contract.idle_emergency())
-    ranks = rank_outcomes(savers, ended=ended, exit_code=exit_code, killed=killed)
+    ranks = rank_outcomes(savers, run, (status or {}).get("pid"), ended=ended, exit_code=exit_code, killed=killed)
     unsaved = [r for r in ranks if r["state"] not in ("committed", "saving")]
     state, reason = run.get("state"), run.get("reason")
     if state not in contract.EMERGENCY_ENDED and ended:
         if state == "saving":
-            how = "killed at the notice deadline" if killed else f"the trainer exited {exit_code}"
-            state, reason = "failed", f"{how} while saving step {run.get('step')}"
+            state, reason = "failed", _cut_short(exit_code, killed, run.get("step"))
         elif not savers:
             state, reason = contract.NOT_STARTED, ("no process of the run handles the notice (it had not reached "
                                                    "respawn.ckpt's loop yet, or does not use respawn.ckpt)")
