@@ -60,3 +60,12 @@ def emergency_sentence(emergency: Mapping[str, Any] | None, resumed_from: int | 
     if steps_lost is not None:
         said.append(f"{steps_lost} step{'' if steps_lost == 1 else 's'} lost")
     return head + (" — " + ", ".join(said) if said else "")
+
+
+def event_words(details: Mapping[str, Any]) -> str | None:
+    """What a loss event's record says of a bad day, once, in words: an emergency save that did not commit, and the
+    trainer's last error (the live view's event lines and `jobs events`)."""
+    emergency = details.get("emergency")
+    said = [emergency_sentence(emergency) if isinstance(emergency, Mapping) and emergency.get("state") != "committed"
+            else None, details.get("last_error")]
+    return "; ".join(str(s) for s in said if s) or None

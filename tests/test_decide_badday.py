@@ -111,6 +111,19 @@ def test_the_emergency_sentence(emergency, resumed, lost, said):
     assert losswords.emergency_sentence(emergency, resumed, lost) == said
 
 
+@pytest.mark.parametrize("details, said", [
+    ({"emergency": {"state": "failed", "step": 9, "reason": "rank 1: OSError: disk full"}, "last_error": None},
+     "emergency save failed on rank 1: OSError: disk full"),
+    ({"emergency": {"state": "committed", "step": 9, "reason": None}}, None),  # a good day says nothing extra
+    ({"last_error": "ValueError: bad lr"}, "ValueError: bad lr"),
+    ({"emergency": {"state": "not-started", "step": None, "reason": "rank 0: killed"}, "last_error": "KeyError: 'x'"},
+     "emergency save not started on rank 0: killed; KeyError: 'x'"),
+    ({}, None),
+])
+def test_an_events_words_on_a_bad_day(details, said):
+    assert losswords.event_words(details) == said
+
+
 def _preempted_after_save(emergency):
     """job-3's node is gone; its last heartbeat said the notice came and how its save ended."""
     final = hb("exited", exit_code=75, notice="preempted", step=131, committed_step=100, emergency=emergency)

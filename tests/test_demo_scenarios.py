@@ -427,8 +427,12 @@ def test_scenario(tmp_path, name):
         assert "torch==9.9" in details["output_tail"]  # pip's own words: no version satisfies it
         assert [a for a in out["alerts"] if a.startswith(f"Job {out['job_id']} failed") and command in a]
     elif name == "large-state":
-        # The emergency save cannot fit the budget: the job resumes from a periodic checkpoint and redoes steps.
+        # The emergency save cannot fit the budget: the job resumes from a periodic checkpoint and redoes steps, and
+        # the save that did not commit is told, with its reason, where the user looks (issue 45 item 3).
         assert 0 < out["lost_steps"]
+        told = [a for a in out["alerts"] if re.search(r"emergency save (failed|abandoned) on rank 0: .+ — resumed "
+                                                     rf"from step 100, {out['lost_steps']} steps lost", a)]
+        assert len(told) == 1, out["alerts"]
     elif name.startswith("tpu-slice"):
         assert out["lost_steps"] == 0
         # Each preemption of the slice is one recovery, its figure once both workers step again, nothing lost.
@@ -634,26 +638,15 @@ def test_default_scenario_on_an_own_job_kept_for_the_cli(tmp_path, browser):
     stand-ins outlive the job: `respawn jobs describe` and `events`, pointed at them by the printed export lines, see
     it; Ctrl-C then stops every process the demo started. (The README's first command runs the built-in default
     scenario itself, and .ci/check-demo reads its output.)"""
-    import select
-    import shlex
     import signal
 
+    import kept_demo
     from respawn.app.workdir import pack
 
     job = SCENARIOS.parent / "jobs" / "gpu-spot-small.yaml"
     token = uuid.uuid4().hex
-    with open(tmp_path / "stderr", "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "respawn", "demo", "--job", str(job), "--keep", "--json",
-                                 "--no-live", "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=stderr,
-                                text=True, env={**os.environ, "RESPAWN_DEMO_TEST": token})
+    proc, out, exports = kept_demo.start(tmp_path, token, "--job", str(job))
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], 600)  # the summary, once the job has ended
-        line = proc.stdout.readline() if ready else ""
-        said = (tmp_path / "stderr").read_text()
-        assert line.strip(), f"no summary; stderr:\n{said[-4000:]}"
-        out = json.loads(line)
-        exports = dict(shlex.split(x.removeprefix("export "))[0].split("=", 1)
-                       for x in said.splitlines() if x.startswith("export "))
         assert exports == out["kept"]["env"] and exports["GOOGLE_CLOUD_PROJECT"] == "respawn-local"
         kept = out["kept"]["pids"]
         assert kept and not [pid for pid in kept if pid not in leftovers(token)], "--keep stopped the stand-ins"
@@ -675,7 +668,7 @@ def test_default_scenario_on_an_own_job_kept_for_the_cli(tmp_path, browser):
     said = (tmp_path / "stderr").read_text()
     assert "demo: stopped everything it started" in said.splitlines()[-1], said[-2000:]
     assert leftovers(token) == [] and not [pid for pid in kept if os.path.exists(f"/proc/{pid}")]
-    check_common(subprocess.CompletedProcess(proc.args, proc.returncode, line, said), out, tmp_path)
+    check_common(subprocess.CompletedProcess(proc.args, proc.returncode, json.dumps(out), said), out, tmp_path)
     assert out["job_id"] == "gpu-spot-small" and out["total_steps"] == 240  # the job's own, not the example's 300
     check_default_run(tmp_path, out, browser)
 

@@ -600,10 +600,13 @@ def events(job_id: str, project: Optional[str] = ProjectOpt, limit: int = typer.
     """The job's lifecycle transitions, oldest first."""
 
     def go() -> None:
-        table = Table("at", "from", "to", "cause", "details")
+        from respawn import losswords
+
+        table = Table("at", "from", "to", "cause", "says", "details")
         for ev in _store(project).job_events(job_id, limit):
             table.add_row(
                 _fmt_time(ev.at), ev.from_state.value if ev.from_state else "-", ev.to_state.value, ev.cause,
+                losswords.event_words(ev.details) or "",
                 json.dumps(ev.details, default=str, ensure_ascii=False) if ev.details else "",
             )
         out.print(table)

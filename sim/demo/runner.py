@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from respawn import contract, deployment, schema
+from respawn import contract, deployment, losswords, schema
 from respawn.app import codestore, report
 from respawn.control import recovery_time
 from respawn.app.timeline import Mark, NodeSpan, Timeline, render_html
@@ -719,10 +719,11 @@ class DemoRun:
             details = e.get("details") or {}
             told = recovery_time.line(details) if e.get("cause") == "recovered" else e.get("cause") + (
                 f"; {recovery_time.line(details)}" if recovery_time.told(e.get("cause"), details) else "")
+            told = "; ".join(filter(None, [told, losswords.event_words(details)]))
             line = f"{e.get('from_state') or '-'} → {e.get('to_state')}: {told}"
             progress.events.append(line)
             self.say(f"event: {line}")
-            if e.get("to_state") == "PROVISIONING" and e.get("from_state") in ("PREEMPTED", "RUNNING"):
+            if e.get("to_state") == "PROVISIONING" and e.get("from_state") in ("PREEMPTED", "RESTARTING", "RUNNING"):
                 marks.append(Mark(now, "restart", e.get("cause", "")))
             fresh.append({"from": e.get("from_state"), "to": e.get("to_state"), "cause": e.get("cause"),
                           "details": e.get("details") or {}})
