@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
-import shlex
 import signal
 import subprocess
 import sys
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import kept_demo
 from browser_fixtures import browser, open_page  # noqa: F401 - fixture
 from respawn.agent.supervisor import processes_with
 from respawn.control import recovery_time
@@ -40,18 +39,8 @@ class Pages:
 def pages(tmp_path_factory) -> Pages:
     tmp = tmp_path_factory.mktemp("pages")
     token = uuid.uuid4().hex
-    with open(tmp / "stderr", "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "respawn", "demo", "--keep", "--json", "--no-live", "--out",
-                                 str(tmp / "out")], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                env={**os.environ, "RESPAWN_DEMO_TEST": token})
+    proc, summary, exports = kept_demo.start(tmp, token)  # the default scenario
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], 600)  # the summary, once the job has ended
-        line = proc.stdout.readline() if ready else ""
-        said = (tmp / "stderr").read_text()
-        assert line.strip(), f"no summary; stderr:\n{said[-4000:]}"
-        summary = json.loads(line)
-        exports = dict(shlex.split(x.removeprefix("export "))[0].split("=", 1)
-                       for x in said.splitlines() if x.startswith("export "))
         cli = {**os.environ, **exports, "COLUMNS": "200"}
         job = summary["job_id"]
 
