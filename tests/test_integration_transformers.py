@@ -8,6 +8,7 @@ rank's RNG: each step's loss after a resume is the uninterrupted run's, and so a
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import re
@@ -28,6 +29,7 @@ STEPS, SAVE = 24, 8  # train.py's 96 samples, 4 per rank and step: 12 steps an e
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "workdir-hf", "train.py")
 DIES = os.path.join(ROOT, "tests", "hf_dies_before_vote.py")
+EXIT_THREADS = os.path.join(ROOT, "tests", "exit_threads.py")
 
 
 def env() -> dict:
@@ -192,3 +194,31 @@ def test_alone_without_a_node_it_saves_on_sigterm_locally_and_the_plain_trainer_
     trainer.train(resume_from_checkpoint=folder)
     assert loaded["step"] == step and trainer.state.global_step == step + 1
     assert all(torch.equal(loaded["weights"][k], v) for k, v in saved.items())
+
+
+def exit_threads(text: str) -> list[dict]:
+    """Each rank's gloo worker threads at exit, and one group's (tests/exit_threads.py)."""
+    return [json.loads(line)["exit_threads"] for line in text.splitlines() if line.startswith('{"exit_threads"')]
+
+
+def test_a_restart_at_max_steps_trains_nothing_and_a_finished_run_leaves_no_group_of_ours(tmp_path):
+    # 6 steps end inside the first epoch (12 steps an epoch under 2 ranks): the Trainer checks max_steps only after
+    # a step, so resumed at 6 it trained step 7 and committed it as the final step, past the total (#45). The restart
+    # restores the run's last step as it would an emergency step taken at the last step.
+    total, ckpt = 6, tmp_path / "respawn-checkpoints"
+    cmd = command(2, "--steps", str(total), "--save-steps", "4", script=EXIT_THREADS)
+    cmd.insert(cmd.index(EXIT_THREADS) + 1, TRAIN)
+    for name in ("first", "again"):
+        run = tmp_path / name
+        proc = start(run, cmd, tmp_path)
+        assert finish(proc, run) == 0, output(run)[-3000:]
+        text = output(run)
+        assert committed(ckpt) == [4, total] and max(LocalStore(str(ckpt)).steps()) == total, text[-3000:]
+        assert re.search(rf"train\.py\[rank 1\]: starting at step {0 if name == 'first' else total} of {total}\n",
+                         text), text[-3000:]
+        # Respawn's groups (the agreement's, the commit's) are gone by the exit: only the default group's worker
+        # threads, which the Trainer keeps, go into the interpreter's finalization.
+        threads = exit_threads(text)
+        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
+    assert "the run is already complete at step 6" in text and "train.py: done at step 6" in text, text[-3000:]
+    assert not re.search(rf"train\.py\[rank \d\]: step {total + 1}/", text), text[-3000:]

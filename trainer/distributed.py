@@ -203,6 +203,20 @@ class TorchJob:
         return SaveOutcome(state, step, durable, None if state is SaveState.COMMITTED else f"rank 0's save {state}")
 
 
+def end_job(job: Job | None, manager: Manager | None) -> None:
+    """At the end of a framework integration's run (its last save committed, manager.finish done): the process
+    groups it made, destroyed and let go (release_group): the notice agreement's (`job`) and the commit's (a
+    FilesManager's GroupSeam). The manager saves no more after it. Every rank calls it."""
+    close = getattr(job, "close", None)
+    if close is not None:
+        close()
+    seam = getattr(manager, "_seam", None)
+    group = getattr(seam, "group", None)
+    if group is not None:
+        seam.group = manager._group = None
+        release_group(group)
+
+
 def can_rejoin(job: Job | None) -> str | None:
     """Why this process cannot rejoin a new generation in place (TrainingLoop's on_rejoin), or None when it can: a
     torch job of replicated state, one process per node, under a node agent that hands generations over."""

@@ -31,8 +31,9 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 
 from . import _log
-from .distributed import current_job, stop_agreed
+from .distributed import current_job, end_job, stop_agreed
 from .framework_files import Files, FilesManager
+from .loop import CheckpointError
 from .serialize import SnapshotBuffers
 
 FRAMEWORK = "transformers"
@@ -48,6 +49,9 @@ class RespawnCallback(TrainerCallback):
         self.trainer: Trainer | None = None
         self.job = None
         self._buffers = SnapshotBuffers()  # the periodic save's copies, reused from save to save
+        self._complete = False  # the restored step is max_steps: train() trains nothing (on_train_begin)
+        self._own_manager = False  # the manager is the default one this callback built
+        self._ended = False  # a finished train() released the manager's group (end_job)
 
     # ---- before train() ---------------------------------------------------------------------------------------
 
@@ -63,12 +67,13 @@ class RespawnCallback(TrainerCallback):
     def attach(self, trainer: Trainer) -> str | None:
         """Collective (every rank, in the same order): the manager, the agreement's group, the notice handler and
         the restore. Returns the checkpoint folder to resume from, or None."""
-        self.trainer = trainer
+        self.trainer, self._complete = trainer, False
         args = trainer.args
-        if self.manager is None:
+        if self.manager is None or (self._ended and self._own_manager):
             self.manager = FilesManager.from_env(
                 framework=FRAMEWORK, total_steps=args.max_steps if args.max_steps > 0 else None,
                 **({"keep": args.save_total_limit} if args.save_total_limit else {}))
+            self._own_manager, self._ended = True, False
         self.job = current_job({})
         jit = [cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ == "JITCheckpointCallback"]
         for cb in jit:  # its SIGTERM handler saves after a fixed wait, on one rank's own step: ours replaces it
@@ -82,6 +87,15 @@ class RespawnCallback(TrainerCallback):
         if restored is None:
             return None
         step, step_dir = restored
+        where = self.manager.where()
+        if 0 < args.max_steps < step:
+            raise CheckpointError(f"respawn.ckpt: the checkpoint of step {step} in {where} is past max_steps="
+                                  f"{args.max_steps}: pass max_steps >= {step} to go on from it, or give this run "
+                                  "another checkpoint folder")
+        self._complete = step == args.max_steps
+        if self._complete and args.process_index == 0:
+            _log.warning(f"the run is already complete at step {step} in {where}: nothing to train; to train again "
+                         "from step 0, give this run another checkpoint folder")
         return os.path.join(step_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
 
     # ---- the Trainer's events -----------------------------------------------------------------------------------
@@ -98,6 +112,17 @@ class RespawnCallback(TrainerCallback):
             _log.warning("the training data is an IterableDataset: a resumed run skips the epoch's consumed batches "
                          "by reading them again, exact only if the dataset yields the same batches every pass; use a "
                          "map-style Dataset for an exact resume")
+        if self._complete:
+            # The Trainer checks its max_steps only after a step: resumed at max_steps inside an epoch, it would
+            # train step max_steps + 1 and save it as the final step (past the total). Its epoch loop calls
+            # _run_epoch on the instance: for this train() only, an epoch that trains nothing and stops the loop
+            # (the Trainer's own _finalize_training, on_train_end and the lines after train() still run).
+            trainer = self.trainer
+
+            def no_epoch(*_args, **_kwargs) -> None:
+                trainer.control.should_training_stop = True
+
+            trainer._run_epoch = no_epoch
 
     def on_step_end(self, args, state, control, **kwargs):
         step, mgr = state.global_step, self.manager
@@ -114,7 +139,12 @@ class RespawnCallback(TrainerCallback):
         self._take_save(args, state, control)
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self._complete:
+            self.trainer.__dict__.pop("_run_epoch", None)
+            self._complete = False
         self.manager.finish(state.global_step)  # the last save committed and uploaded before train() returns
+        end_job(self.job, self.manager)  # the gloo groups of the agreement and of the commit (why: end_job)
+        self.job, self._ended = None, True  # the manager saves no more: another train() builds another
 
     # ---- saves ------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""`python tests/exit_threads.py SCRIPT [ARGS...]`: runs a trainer script as its __main__ and, as the interpreter
+starts to exit (the last atexit hook), prints one JSON line: this rank, the gloo worker threads (pt_gloo_runloop)
+still alive and how many one gloo group runs. A process group still alive at exit keeps its worker threads into the
+interpreter's finalization, where one that lets go of a collective's tensor aborts the process
+(respawn.ckpt.collectives.release_group): a finished run must leave none but the default group's, which the
+trainer owns (the integrations leave it alone). For the exit tests of tests/test_integration_*.py."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+
+import torch.distributed as dist
+
+
+def gloo_threads() -> int:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that ended while listed
+            pass
+    return sum(name.startswith("pt_gloo") for name in names)
+
+
+def report() -> None:
+    print(json.dumps({"exit_threads": {"rank": int(os.environ.get("RANK", "0")), "at_exit": gloo_threads(),
+                                       "per_group": dist.ProcessGroupGloo._Options()._threads}}), flush=True)
+
+
+if __name__ == "__main__":
+    atexit.register(report)  # registered before the script runs: atexit runs it last
+    script, sys.argv = sys.argv[1], sys.argv[1:]
+    runpy.run_path(script, run_name="__main__")
