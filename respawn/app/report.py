@@ -399,9 +399,9 @@ def event_words(ev: JobEvent) -> str:
         at = f" (last heard at step {lost.get('step')}{committed})" if lost.get("step") is not None else ""
         signal = f", told by {d['signal']}" if d.get("signal") else ""
         then = f"; restarting it in place" if d.get("in_place") else ""
-        error = d.get("last_error") or lost.get("last_error")
+        said = losswords.event_words(d)  # a save that did not commit, the last error: as jobs events says them
         return f"{lost.get('node') or node} {ev.cause.replace('_', ' ')}{where}{at}{signal}{then}" + (
-            f": {error}" if error else "")
+            f": {said}" if said else "")
     if ev.cause.startswith("zone_refused_"):
         why = ev.cause.removeprefix("zone_refused_").replace("_", " ")
         code = f" ({d['code']})" if d.get("code") else ""
