@@ -521,9 +521,9 @@ def _describe_for_a_person(job_id: str, status: schema.JobStatus, recovery: str 
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
     facts.add_column()
-    for key, label, value in report.headline(f):
+    for key, _, value in report.headline(f):  # the page's figures, by short names (the page explains them)
         if key not in ("recoveries", "cost_per_recovery"):  # the table below says them, loss by loss
-            facts.add_row(label if key != "goodput" else "goodput", Text(value))
+            facts.add_row({"saved": "saved vs on demand"}.get(key, key.replace("_", " ")), Text(value))
     if status.message:
         facts.add_row("message", Text(status.message))
     if recovery:
