@@ -63,16 +63,13 @@ def make(kind: str, job_id: str, at: datetime, message: str, **fields: Any) -> d
 
 
 # A recovery's stages (decide.recovery_stages), as the recovered alert names them.
-STAGES = {"waiting_for_capacity": "waiting for capacity", "vm_create_and_boot": "VM create and boot",
-          "setup": "agent and setup", "restore_and_first_step": "trainer start, restore and first step"}
+STAGES = recovery_time.STAGES
 
 
 def breakdown_text(cause: str | None, stages: dict[str, float], seconds: float) -> str:
-    """'this preemption cost 250.3 s: 52.0 s waiting for capacity, …': the recovery's time (recovery_time: the
-    figure every renderer shows), then the stages that took a second or more."""
-    what = {"preempted": "preemption", "run_ended": "planned stop"}.get(cause or "", "loss")
-    parts = [f"{recovery_time.text(v)} {STAGES.get(k, k)}" for k, v in stages.items() if v >= 1]
-    return f"this {what} cost {recovery_time.text(seconds)}" + (": " + ", ".join(parts) if parts else "")
+    """'this preemption cost 250.3 s: 52.0 s waiting for capacity, …': the recovery's time and every part of it
+    (recovery_time.breakdown)."""
+    return recovery_time.breakdown(cause, stages, seconds)
 
 
 def _losses(alert: dict[str, Any]) -> list[tuple[str, str]]:

@@ -582,18 +582,11 @@ def _running(o: Observation, s: SlotStatus, hb: Heartbeat | None) -> Decision:
 def recovery_stages(s: SlotStatus, hb: Heartbeat, stepping_at: datetime) -> dict[str, float]:
     """Where a recovery's time went, in seconds, from its notice until every rank steps again (`stepping_at`:
     recovery_time.Recovery, so the stages add up to its time): stage → seconds, in order, for the stages whose ends
-    are known (alerts.STAGES). A restart in place has no create: its start is its 'VM create and boot'."""
-    points = [("waiting_for_capacity", s.node_started_at), ("vm_create_and_boot", s.running_at),
-              ("setup", hb.started_at), ("restore_and_first_step", stepping_at)]
-    out, t = {}, s.preempted_at
-    if t is None:
-        return {}
-    for stage, end in points:
-        if end is None or end < t:
-            continue
-        out[stage] = round((end - t).total_seconds(), 1)
-        t = end
-    return out
+    are known (recovery_time.stages: every part named, so they sum to the figure). A restart in place has no create:
+    its start is its 'VM create and boot'."""
+    return recovery_time.stages(s.preempted_at, [("waiting_for_capacity", s.node_started_at),
+                                                 ("vm_create_and_boot", s.running_at), ("setup", hb.started_at)],
+                                stepping_at)
 
 
 def run_ending(s: MemberStatus, hb: Heartbeat | None, now: datetime) -> bool:

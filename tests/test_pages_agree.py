@@ -2,8 +2,7 @@
 as a user reads it — the demo's summary (--json), `respawn jobs describe` (--json and the table), `respawn jobs
 report --json`, the report page in a real headless Chromium, and the Slack alerts the run sent. Each must show the
 figures the job's record gives (respawn.app.report.figures): the same goodput, steps lost, recovery times, notice
-times and cost. One demo run serves every assertion here; Slack's breakdown is a strict xfail until the control plane
-uses recovery_time.stages and breakdown."""
+times and cost, and Slack's breakdown of each recovery's time adds up to it. One demo run serves every assertion."""
 
 from __future__ import annotations
 
@@ -106,8 +105,6 @@ def test_the_summarys_goodput_and_notice_times_are_the_records(pages):
         f["goodput"], [x["at_seconds"] for x in f["recoveries"]])
 
 
-@pytest.mark.xfail(strict=True, reason="functions/decide.py and alerts.py do not use recovery_time.stages and "
-                                       "breakdown yet: Slack leaves out the parts under a second (issue 46 item 2)")
 def test_slacks_breakdown_names_every_part(pages):
     said = [re.search(r"this preemption cost ([\d.]+) s: ([^(;]*[^ (;])", a) for a in pages.summary["alerts"]
             if a.startswith(f"Job {pages.summary['job_id']} recovered")]

@@ -29,7 +29,7 @@ def test_the_recovered_alert_says_what_the_recovery_cost_stage_by_stage():
     assert "this preemption cost 190.0 s" in alerts.to_slack(d.alert)["text"]
 
 
-def test_stages_whose_ends_are_unknown_or_before_the_loss_are_left_out():
+def test_stages_whose_ends_are_unknown_or_before_the_loss_are_left_out_and_every_part_is_named():
     lost = NOW - timedelta(seconds=30)
     s = obs("RUNNING", recovering=True, preempted_at=lost, node_started_at=NOW - timedelta(hours=2),
             running_at=None).status
@@ -37,4 +37,4 @@ def test_stages_whose_ends_are_unknown_or_before_the_loss_are_left_out():
     assert core.recovery_stages(s, beat, NOW) == {"setup": 20.0, "restore_and_first_step": 10.0}
     assert core.recovery_stages(s.model_copy(update={"preempted_at": None}), beat, NOW) == {}
     assert alerts.breakdown_text("run_ended", {"setup": 20.0, "restore_and_first_step": 0.4}, 20.4) == (
-        "this planned stop cost 20.4 s: 20.0 s agent and setup")
+        "this planned stop cost 20.4 s: 20.0 s agent and setup, 0.4 s trainer start, restore and first step")
