@@ -820,7 +820,8 @@ class Heartbeat(TypedDict):
     output_tail: Optional[str]  # the end of a failed trainer's (or setup command's) output
     failed_command: Optional[List[str]]  # SETUP_FAILED: the setup step that failed, as argv
     notice: Optional[str]  # what told the agent: preempted, maintenance-event, run-ending (a flex-start run), sigterm
-    emergency: Optional[Dict[str, Any]]  # the trainer's emergency-save outcome (EmergencyStatus)
+    # The trainer's emergency-save outcome (EmergencyStatus); after a notice the agent's, with each rank's (`ranks`)
+    emergency: Optional[Dict[str, Any]]
     started_at: Optional[datetime]  # when the trainer started
     # The running trainer's first step past its restore, and when: the trainer's own record in its status file
     # (TrainerStatus.first_step_at), else when the agent saw it at a beat (as fine as heartbeat_seconds): where this
