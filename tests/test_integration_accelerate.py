@@ -13,6 +13,7 @@ Run as a script, this file is the trainer: `python tests/test_integration_accele
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -285,3 +286,25 @@ def test_in_process_a_step_at_an_epochs_end_resumes_bit_identically(tmp_path, mo
     weights(tmp_path / "resumed", 24)
     resumed, plain = weights(tmp_path / "resumed", 30), weights(tmp_path / "plain", 30)
     assert all(torch.equal(resumed[k], plain[k]) for k in plain), "resumed at the epoch's end, the weights differ"
+
+
+def test_a_finished_run_and_a_run_already_complete_exit_0_and_leave_no_group_of_ours(tmp_path):
+    # Both runs under tests/exit_threads.py: as the interpreter starts to exit, only the gloo worker threads of one
+    # group (Accelerate's default group) may be alive, not those of Respawn's agreement and commit (#45).
+    from respawn.ckpt.storage import LocalStore
+
+    helper = os.path.join(ROOT, "tests", "exit_threads.py")
+    ckpt = tmp_path / "respawn-checkpoints"
+    for name in ("first", "again"):
+        cmd = command("--steps", "6", "--every", "4")
+        cmd.insert(cmd.index(os.path.abspath(__file__)), helper)
+        log = tmp_path / f"{name}.log"
+        proc = start(tmp_path, log.name, cmd)
+        assert finish(proc, log) == 0, log.read_text()[-3000:]
+        text = log.read_text(errors="replace")
+        steps = LocalStore(str(ckpt)).steps()
+        assert sorted(s for s, done in steps.items() if done) == [4, 6] and max(steps) == 6, text[-3000:]
+        threads = [json.loads(line)["exit_threads"] for line in text.splitlines()
+                   if line.startswith('{"exit_threads"')]
+        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
+    assert "accel[rank 1]: starting at step 6 of 6" in text and "the run is already complete at step 6" in text

@@ -98,6 +98,9 @@ class RespawnAccelerate:
                 with open(path) as f:
                     self._position = json.load(f)
             self.start = self.step = step
+            if step == self.total_steps and self._first:
+                _log.warning(f"the run is already complete at step {step} in {self.manager.where()}: nothing to "
+                             f"train; to train again from step 0, run with {ENV_FRESH}=1 (deletes its checkpoints)")
         self.manager.report_step(self.step)
         _log.info("accelerate loop", start=self.start, total_steps=self.total_steps, every=self.every,
                   data_position=self._position)
@@ -153,6 +156,10 @@ class RespawnAccelerate:
             raise
         finally:
             self._restore_handlers()
+            # The process exits next (0, 75 after a notice, or a crash): the gloo groups of the agreement and of
+            # the commit go first, nothing of them in flight (why: distributed.end_job, collectives.release_group).
+            distributed.end_job(self._job, mgr)
+            self._job = None
 
     def _emergency(self, step: int) -> None:
         outcome = self.manager.emergency_save(step, self._files())
