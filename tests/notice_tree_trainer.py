@@ -1,4 +1,4 @@
-"""A user's ordinary trainer, for the process-tree tests (test_notice_process_trees.py): a tiny model trained with
+"""A user's ordinary trainer, for the process-tree tests (test_trainer_notice_trees.py): a tiny model trained with
 TrainingLoop on synthetic data read through a DataLoader with worker processes, one rank or several under torchrun
 (gloo). Prints `step N rank R` after each step (a step takes --step-seconds, so a notice lands mid-training) and,
 when it stops on a notice, how many of its loader workers were still alive then (the notice must not reach them).
