@@ -9,6 +9,7 @@ alone, SIGTERM still saves into ./respawn-checkpoints; a train loader without st
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import re
@@ -253,3 +254,22 @@ def test_in_process_a_loader_without_state_is_named_and_an_unfit_checkpoint_is_o
     assert signal.getsignal(signal.SIGTERM) is before
     monkeypatch.setenv("RESPAWN_FRESH", "1")  # and two batches per optimizer step: saves at optimizer steps only
     assert fit(16, accumulate_grad_batches=2).start == 0 and committed(tmp_path / "ckpt") == [2, 4]
+
+
+def test_a_finished_fit_and_a_fit_already_complete_exit_0_and_leave_no_group_of_ours(tmp_path):
+    # Both fits under tests/exit_threads.py: as the interpreter starts to exit, only the gloo worker threads of one
+    # group (Lightning's default group) may be alive. The second fit restores the last step and trains nothing; it
+    # has no on_train_end, and kept Respawn's groups alive into the exit until teardown released them (#45).
+    helper = ROOT / "tests" / "exit_threads.py"
+    ckpt = tmp_path / "respawn-checkpoints"
+    for name in ("first", "again"):
+        cmd = torchrun(helper, "--steps", "6", "--checkpoint-every", "4", "--samples", "64")
+        cmd.insert(cmd.index(str(helper)) + 1, str(TRAIN))
+        proc = start(tmp_path, cmd, log=f"{name}.log")
+        assert finish(proc) == 0, output(proc)[-3000:]
+        text = output(proc)
+        assert committed(ckpt) == [4, 6] and max(LocalStore(str(ckpt)).steps()) == 6, text[-3000:]
+        threads = [json.loads(line)["exit_threads"] for line in text.splitlines()
+                   if line.startswith('{"exit_threads"')]
+        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
+    assert "the run is already complete at step 6" in text, text[-3000:]

@@ -91,6 +91,8 @@ class Respawn(Checkpoint):
         self.final: SaveOutcome | None = None
         self.resumed_from: str | None = None
         self._job: Any = None
+        self._own_manager = False  # the manager is the default one this callback built
+        self._ended = False  # a finished fit released the manager's group (end_job)
         self._handlers: dict = {}
         self._last_step = 0  # the global step the batch-end hook last acted on (each fit's setup resets both)
         self._saved_step = -1  # the last step saved
@@ -108,8 +110,9 @@ class Respawn(Checkpoint):
         # ranks the signal reached (a collective in a signal handler: Lightning #20806). Ours sets a flag only; the
         # ranks agree at a step boundary. So Lightning registers none for this trainer's fits.
         trainer._signal_connector.register_signal_handlers = lambda: None
-        if self.manager is None:
+        if self.manager is None or (self._ended and self._own_manager):
             self.manager = self._default_manager(trainer)  # collective under torchrun: the commit's gloo group
+            self._own_manager, self._ended = True, False
         if self.signals:
             self._handlers = self.manager.install_notice_handler(self.signals) or {}
         self._job = distributed.current_job({})  # a TorchJob under torchrun (world size > 1): the agreement's group
@@ -266,15 +269,28 @@ class Respawn(Checkpoint):
         mgr.finish(step)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self.teardown(trainer, pl_module, "fit")  # Lightning calls no teardown hook after an exception
+        self._restore_handlers()  # Lightning calls no teardown hook after an exception
         if self.manager is None:
             return
         if isinstance(exception, Preempted):
             self.manager.status.flush()  # the emergency save dealt with the in-flight save
         else:
             self.manager.close()  # e.g. a crash in training_step: let an in-flight periodic save commit
+        self._end_job()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore_handlers()
+        if stage == "fit":  # also a fit that trained nothing (already complete), which has no on_train_end
+            self._end_job()
+
+    def _restore_handlers(self) -> None:
         for sig, handler in self._handlers.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         self._handlers = {}
+
+    def _end_job(self) -> None:
+        """The gloo groups of the agreement and of the commit destroyed and let go (why: distributed.end_job); the
+        manager saves no more: another fit builds another (or, a manager of yours, cannot save)."""
+        if self._job is not None or self.manager is not None:
+            distributed.end_job(self._job, self.manager)
+            self._job, self._ended = None, True
