@@ -85,10 +85,14 @@ def run_beating(work: Callable[[], Any] | None, group: Any) -> Any:
 def release_group(group: Any) -> None:
     """Destroy a process group this library made, at the end of a run. Destroying is not enough: its gloo threads
     run until the group object is freed, so the caller drops its own reference too (the last one goes when this
-    returns, and the group's destructor joins its threads). Why: a gloo thread that lets go of a finished
-    collective's tensors takes the GIL to free their Python objects; one still doing that while the interpreter
-    finalizes is ended by Python (pthread_exit) inside a C++ noexcept frame: "terminate called without an active
-    exception", SIGABRT, a finished run's exit -6. A group already destroyed (the whole world was) just goes."""
+    returns, and the group's destructor joins its threads). Why: after a collective has completed (wait() has
+    returned) its gloo worker thread still lets go of the collective's tensors, and for a tensor that has a Python
+    object (even one Python still holds) that takes the GIL (TensorImpl::decref_pyobject). A worker that gets there
+    while the interpreter finalizes is ended by Python (pthread_exit) inside runLoop, a noexcept frame: "terminate
+    called without an active exception", SIGABRT, a finished run's exit -6 (the aborting thread's stack, seen under
+    load: pt_gloo_runloop, ProcessGroupGloo::runLoop, decref_pyobject, PyEval_AcquireThread, pthread_exit,
+    _Unwind_ForcedUnwind, std::terminate). The last collectives of a run come just before the exit, so a busy
+    machine that runs the worker late makes it likely. A group already destroyed (the whole world was) just goes."""
     import torch.distributed as dist
 
     if group is not None and dist.is_initialized():

@@ -204,9 +204,10 @@ class TorchJob:
 
 
 def end_job(job: Job | None, manager: Manager | None) -> None:
-    """At the end of a framework integration's run (its last save committed, manager.finish done): the process
-    groups it made, destroyed and let go (release_group): the notice agreement's (`job`) and the commit's (a
-    FilesManager's GroupSeam). The manager saves no more after it. Every rank calls it."""
+    """At the end of a run (TrainingLoop's or an integration's: finished, stopped by the notice, or failed, once
+    nothing of it is in flight): the process groups it made, destroyed and let go (release_group): the notice
+    agreement's (`job`) and the commit's (a GroupSeam's, FilesManager or TorchShardedManager). The manager saves no
+    more after it. Safe to call again."""
     close = getattr(job, "close", None)
     if close is not None:
         close()

@@ -137,6 +137,9 @@ class TrainingLoop:
             self.manager.status.flush()  # the emergency save dealt with the in-flight save; no waiting past it
         else:
             self.manager.close()  # e.g. a crash in the step body: let an in-flight periodic save commit
+        # The process exits next, also after a notice or a crash: the groups this run made go first (a finished
+        # run's went at its end): why in respawn.ckpt.collectives.release_group.
+        distributed.end_job(self._job, self.manager)
 
     def _handle_rejoin_signals(self) -> None:
         """The agent's hand-over signal stops the world at a step boundary, as a notice does; the notice's own

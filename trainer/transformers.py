@@ -132,6 +132,7 @@ class RespawnCallback(TrainerCallback):
             outcome = mgr.emergency_save(step, Files(now=self._save_checkpoint))
             _log.info(f"preempted at step {step}; emergency checkpoint {outcome.state.value}", step=step,
                       rank=args.process_index)
+            end_job(self.job, mgr)  # the process exits next: the groups go first (why: end_job)
             mgr.exit_preempted()
         self._take_save(args, state, control)
 
