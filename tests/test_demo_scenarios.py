@@ -93,6 +93,8 @@ def check_common(r, out, tmp_path, nodes: int = 1):
     if out["final_step"]:
         assert_each_line_rises(page)
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["state"] == out["state"]
+    # One record, every page (issue 46 item 2): the report page shows the summary's goodput, from the same figures.
+    assert f"{out['goodput']:.1%}" in (tmp_path / "out" / "report.html").read_text(), out["goodput"]
     assert re.match(r"\$\d", out["cost"]), out["cost"]  # what its nodes cost, as the controller's ledger priced them
     check_recoveries(out)
     if out["state"] == "SUCCEEDED":
