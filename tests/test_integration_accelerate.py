@@ -1,5 +1,5 @@
 """respawn.ckpt.accelerate (trainer/accelerate.py) with the real Accelerate: a tiny model with dropout, shuffled
-synthetic data over several epochs, 2 ranks under `python -m respawn.ckpt.launch torchrun` (gloo, CPU; Accelerate
+synthetic data over several epochs read by 2 DataLoader workers per rank, 2 ranks under `python -m respawn.ckpt.launch torchrun` (gloo, CPU; Accelerate
 reads torchrun's environment, as on a GPU node). A rank killed before its vote leaves that step uncommitted; resumed
 from the periodic step before it, stopped by SIGTERM to the launcher's pid at a random step and resumed again, the
 final weights are bit-identical to a plain Accelerate loop's, run without Respawn, and the emergency step loads with
@@ -40,7 +40,7 @@ def build(seed: int, seedable: bool = True):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.9)
     gen = torch.Generator().manual_seed(1234)
     data = torch.utils.data.TensorDataset(torch.randn(96, 8, generator=gen), torch.randn(96, 1, generator=gen))
-    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, num_workers=2)  # as most jobs read
     return accelerator, *accelerator.prepare(model, optimizer, loader, scheduler)
 
 
