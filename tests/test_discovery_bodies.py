@@ -305,6 +305,8 @@ def test_every_request_and_answer_through_the_sim_matches_its_method(through_sim
         f"routes the drives here never had answered: {sorted(set(ROUTE_METHODS) - served)}; drive each")
     problems = []
     for e in through_sim:
+        if (e.method, urlsplit(e.url).path) == ("GET", "/"):  # the CLI's reachability probe (respawn.app.endpoints)
+            continue
         if e.route is None:
             problems.append(f"{e.method} {e.url}: no sim route serves it (answered {e.status})")
         elif e.route in ROUTE_METHODS:

@@ -26,6 +26,7 @@ import time
 import pytest
 
 from respawn.ckpt import PREEMPTED_EXIT_CODE, read_status
+from respawn.contract import EXIT_NOTICE_UNSAVED
 from trainer_helpers import free_port
 
 STEPS, EVERY = 60, 20
@@ -157,11 +158,12 @@ def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_ranks(tmp_path,
 
 def test_a_notice_deadline_too_short_abandons_the_step_on_every_rank(tmp_path):
     # A budget of 0: the deadline has passed before any rank writes. Every rank must give up on its own (no rank
-    # waits for a vote or an outcome past the deadline), exit 75, and leave the step uncommitted.
+    # waits for a vote or an outcome past the deadline), exit 76 (stopped on the notice, nothing saved: never 75), and
+    # leave the step uncommitted.
     proc = start(tmp_path / "run", 2, tmp_path / "ckpt", "--steps", str(STEPS), "--step-seconds", "0.05",
                  env={"RESPAWN_NOTICE_BUDGET_S": "0"})
     code, text, stopped = preempt(proc, tmp_path / "run", EVERY + 2)
-    assert code == PREEMPTED_EXIT_CODE, text[-3000:]
+    assert code == EXIT_NOTICE_UNSAVED, text[-3000:]
     assert sorted(stopped) == [0, 1] and {state for _, state in stopped.values()} == {"abandoned"}, text[-3000:]
     step = stopped[0][0]
     assert committed(tmp_path / "ckpt" / "local") == [s for s in (EVERY, 2 * EVERY) if s < step]
