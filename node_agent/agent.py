@@ -27,8 +27,9 @@ Life of one agent:
    or SIGHUP → leave the trainer running and exit EXIT_AGENT_DETACH so that systemd restarts the agent, which
    adopts it.
 A trainer that ends on its own — any exit but a stop on the notice (contract.EXITS_ON_NOTICE) with no notice: an
-error, or 0 (done: the nodes go now) — or a failed setup wakes the controller once its heartbeat has landed (nudge.py: one message to the sweep topic), so that it acts now, not at
-its next scheduled sweep; a multi-node member's peers wait for it in their collectives.
+error, or 0 (done: the nodes go now) — or a failed setup wakes the controller once its heartbeat has landed
+(nudge.py: one message to the sweep topic), so that it acts now, not at its next scheduled sweep; a multi-node
+member's peers wait for it in their collectives.
 """
 
 from __future__ import annotations
