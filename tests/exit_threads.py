@@ -10,10 +10,9 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import runpy
 import sys
-
-import torch.distributed as dist
 
 
 def gloo_threads() -> int:
@@ -27,7 +26,15 @@ def gloo_threads() -> int:
     return sum(name.startswith("pt_gloo") for name in names)
 
 
+def reports(text: str) -> list[dict]:
+    """Each rank's report in a run's output: found anywhere, not line by line (two ranks' unbuffered writes may share
+    one line)."""
+    return [json.loads(m)["exit_threads"] for m in re.findall(r'\{"exit_threads": \{[^{}]*\}\}', text)]
+
+
 def report() -> None:
+    import torch.distributed as dist
+
     print(json.dumps({"exit_threads": {"rank": int(os.environ.get("RANK", "0")), "at_exit": gloo_threads(),
                                        "per_group": dist.ProcessGroupGloo._Options()._threads}}), flush=True)
 

@@ -54,6 +54,8 @@ def main() -> int:
     p.add_argument("--stateful", action="store_true", help="torchdata's StatefulDataLoader")
     p.add_argument("--helper", action="store_true", help="start a helper process of our own (a sleep)")
     p.add_argument("--step-seconds", type=float, default=0.05)
+    p.add_argument("--kill-workers-on-notice", action="store_true",
+                   help="the loader workers die (SIGKILL: an OOM kill) once the notice has come, before the save")
     p.add_argument("--unsaveable-on-notice", action="store_true",
                    help="a user's bug: the state holds a lock from the notice on, so the emergency save fails")
     args = p.parse_args()
@@ -72,9 +74,12 @@ def main() -> int:
     try:
         with TrainingLoop(args.steps, every=50, model=model, optimizer=opt, data=data, extra=extra) as loop:
             batches = iter(data)
+            notice = signal.getsignal(signal.SIGTERM)
             if args.unsaveable_on_notice:  # a handler of the user's own, chained before the library's
-                notice = signal.getsignal(signal.SIGTERM)
                 signal.signal(signal.SIGTERM, lambda *a: (extra.update(lock=threading.Lock()), notice(*a)))
+            if args.kill_workers_on_notice:  # after the library's: the workers die during the notice
+                signal.signal(signal.SIGTERM, lambda *a: (notice(*a), [os.kill(w.pid, signal.SIGKILL)
+                                                                       for w in getattr(batches, "_workers", [])]))
             for step in loop:
                 train_step(args, model, opt, batches, step, rank, world)
     except Preempted:
@@ -97,8 +102,6 @@ def train_step(args, model, opt, batches, step, rank, world) -> None:
             dist.all_reduce(param.grad)
     opt.step()
     time.sleep(args.step_seconds)
-    if step == 0:  # what a test kills during the notice (an OOM kill, a user's bug)
-        print(f"loader workers: {' '.join(str(w.pid) for w in getattr(batches, '_workers', []))}", flush=True)
     print(f"step {step + 1} rank {rank}", flush=True)
 
 

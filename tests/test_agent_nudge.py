@@ -186,6 +186,10 @@ def test_a_topic_the_node_cannot_publish_to_is_named_and_the_node_carries_on(age
     _, agent = _boot(agent_env, "lost", 1, s)
     assert agent.wait(60) == 0  # the heartbeat, not the message, is the report
     assert agent_env.heartbeat("lost-1")["exit_code"] == 3
-    [warning] = [e for e in agent.events() if e["message"].startswith("could not wake the controller")]
-    assert warning["severity"] == "WARNING" and warning["topic"] == f"projects/{agent_env.project}/topics/no-such-topic"
-    assert "pubsub.topics.publish" in warning["message"] and "404" in warning["error"]
+    # One for the exit, and one for the first step when a beat saw the trainer stepping (a loaded machine's timing).
+    warnings = [e for e in agent.events() if e["message"].startswith("could not wake the controller")]
+    assert 1 <= len(warnings) <= 2, warnings
+    for warning in warnings:
+        assert warning["severity"] == "WARNING" and warning["topic"] == \
+            f"projects/{agent_env.project}/topics/no-such-topic"
+        assert "pubsub.topics.publish" in warning["message"] and "404" in warning["error"]

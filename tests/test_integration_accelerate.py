@@ -13,7 +13,6 @@ Run as a script, this file is the trainer: `python tests/test_integration_accele
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
@@ -138,6 +137,7 @@ if __name__ == "__main__":
 
 import pytest  # noqa: E402 - the trainer above runs without pytest
 
+import exit_threads  # noqa: E402
 from trainer_helpers import free_port  # noqa: E402
 
 
@@ -304,7 +304,6 @@ def test_a_finished_run_and_a_run_already_complete_exit_0_and_leave_no_group_of_
         text = log.read_text(errors="replace")
         steps = LocalStore(str(ckpt)).steps()
         assert sorted(s for s, done in steps.items() if done) == [4, 6] and max(steps) == 6, text[-3000:]
-        threads = [json.loads(line)["exit_threads"] for line in text.splitlines()
-                   if line.startswith('{"exit_threads"')]
+        threads = exit_threads.reports(text)
         assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
     assert "accel[rank 1]: starting at step 6 of 6" in text and "the run is already complete at step 6" in text

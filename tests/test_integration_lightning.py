@@ -9,7 +9,6 @@ alone, SIGTERM still saves into ./respawn-checkpoints; a train loader without st
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import random
 import re
@@ -24,6 +23,7 @@ import pytest
 from respawn.ckpt import PREEMPTED_EXIT_CODE
 from respawn.ckpt import format as fmt
 from respawn.ckpt.storage import LocalStore
+import exit_threads
 from trainer_helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,7 +269,6 @@ def test_a_finished_fit_and_a_fit_already_complete_exit_0_and_leave_no_group_of_
         assert finish(proc) == 0, output(proc)[-3000:]
         text = output(proc)
         assert committed(ckpt) == [4, 6] and max(LocalStore(str(ckpt)).steps()) == 6, text[-3000:]
-        threads = [json.loads(line)["exit_threads"] for line in text.splitlines()
-                   if line.startswith('{"exit_threads"')]
+        threads = exit_threads.reports(text)
         assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
     assert "the run is already complete at step 6" in text, text[-3000:]

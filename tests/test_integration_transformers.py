@@ -8,7 +8,6 @@ rank's RNG: each step's loss after a resume is the uninterrupted run's, and so a
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import random
 import re
@@ -23,6 +22,7 @@ import torch
 from respawn.ckpt import PREEMPTED_EXIT_CODE
 from respawn.ckpt import format as fmt
 from respawn.ckpt.storage import LocalStore
+from exit_threads import reports as exit_threads_reports
 from trainer_helpers import free_port
 
 STEPS, SAVE = 24, 8  # train.py's 96 samples, 4 per rank and step: 12 steps an epoch under 2 ranks
@@ -198,7 +198,7 @@ def test_alone_without_a_node_it_saves_on_sigterm_locally_and_the_plain_trainer_
 
 def exit_threads(text: str) -> list[dict]:
     """Each rank's gloo worker threads at exit, and one group's (tests/exit_threads.py)."""
-    return [json.loads(line)["exit_threads"] for line in text.splitlines() if line.startswith('{"exit_threads"')]
+    return exit_threads_reports(text)
 
 
 def test_a_restart_at_max_steps_trains_nothing_and_a_finished_run_leaves_no_group_of_ours(tmp_path):

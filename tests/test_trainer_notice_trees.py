@@ -68,9 +68,9 @@ def newest_committed(store: Path) -> tuple[int, str] | None:
 
 
 def steps_reached(output: str, ranks: int) -> set[int]:
-    """The last step each rank printed."""
+    """The last step each rank printed (not anchored to lines: two ranks' unbuffered writes may share one)."""
     last = {}
-    for step, rank in re.findall(r"^step (\d+) rank (\d+)$", output, re.M):
+    for step, rank in re.findall(r"step (\d+) rank (\d)", output):
         last[rank] = int(step)
     assert len(last) == ranks, output[-3000:]
     return set(last.values())
@@ -82,31 +82,27 @@ def assert_saved_where_it_stopped(output: str, store: Path, ranks: int) -> int:
     step = reached.pop()
     assert step >= SIGNAL_AT
     assert newest_committed(store) == (step, "emergency"), output[-3000:]
-    alive = re.findall(r"^loader workers alive at the notice: (\d+)/(\d+) rank \d+$", output, re.M)
+    alive = re.findall(r"loader workers alive at the notice: (\d+)/(\d+) rank \d", output)
     assert len(alive) == ranks and all(a == n != "0" for a, n in alive), alive  # the notice did not reach them
     return step
 
 
 # ---- under the launch wrapper, by hand ------------------------------------------------------------------------
 
-def run_wrapped(tmp_path: Path, name: str, *extra: str, second_signal: bool = False,
-                kill_workers: bool = False) -> tuple[int, str, Path]:
+def run_wrapped(tmp_path: Path, name: str, *extra: str, second_signal: bool = False) -> tuple[int, str, Path]:
     command, ranks = TREES[name]
     run = tmp_path / re.sub(r"\W+", "-", name)
     run.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}  # by hand: no node agent
     env.update(PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
     log = run / "out.log"
-    with open(log, "wb") as out:
+    with open(log, "ab") as out:  # O_APPEND: the processes' writes never overwrite one another
         proc = subprocess.Popen([sys.executable, "-m", "respawn.ckpt.launch", *command(run), *extra], cwd=run,
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: f"step {SIGNAL_AT} rank 0\n" in log.read_text(errors="replace") or proc.poll() is not None,
                  120, f"{name}: step {SIGNAL_AT}")
         proc.send_signal(signal.SIGTERM)  # `kill PID`, `docker stop`
-        if kill_workers:  # they die during the notice, before the step boundary's save
-            for pid in re.search(r"^loader workers: ([\d ]+)$", log.read_text(), re.M).group(1).split():
-                os.kill(int(pid), signal.SIGKILL)
         if second_signal:
             time.sleep(1)
             proc.send_signal(signal.SIGTERM)
@@ -132,7 +128,7 @@ def test_a_second_sigterm_a_second_later_changes_nothing(tmp_path):
 
 
 def test_loader_workers_that_die_during_the_notice_do_not_cost_the_save(tmp_path):
-    code, output, store = run_wrapped(tmp_path, "fork workers", kill_workers=True)
+    code, output, store = run_wrapped(tmp_path, "fork workers", "--kill-workers-on-notice")
     assert code == contract.EXIT_PREEMPTED, output[-3000:]
     step = steps_reached(output, 1).pop()
     assert newest_committed(store) == (step, "emergency")
