@@ -230,13 +230,13 @@ EXIT_PREEMPTED = 75  # the trainer stopped on a notice, and its emergency checkp
 # never began it): not finished either, but the restart resumes from an older step (docs/checkpoint.md, exit codes).
 EXIT_NOTICE_UNSAVED = 76
 EXITS_ON_NOTICE = (EXIT_PREEMPTED, EXIT_NOTICE_UNSAVED)
+EXIT_AGENT_DETACH = 75  # the agent after SIGHUP: systemd (Restart=on-failure) starts a new agent, which adopts the trainer
+EXIT_CONFIG_ERROR = 2  # the agent cannot read its configuration (metadata attributes, node directory)
 
 
 def exit_on_notice(committed: bool) -> int:
     """A trainer's exit code after the notice: whether its emergency checkpoint of the step it reached committed."""
     return EXIT_PREEMPTED if committed else EXIT_NOTICE_UNSAVED
-EXIT_AGENT_DETACH = 75  # the agent after SIGHUP: systemd (Restart=on-failure) starts a new agent, which adopts the trainer
-EXIT_CONFIG_ERROR = 2  # the agent cannot read its configuration (metadata attributes, node directory)
 
 # ---- files in the node directory (the agent's RESPAWN_NODE_DIR) ----------------------------------------------
 

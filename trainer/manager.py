@@ -157,14 +157,16 @@ class CheckpointManager:
             _log.warning("not in the main thread: SIGTERM handler not installed; call request_preemption()")
             return None
         previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
-        if self._notice_dir:
-            self._saver(None)
-            if contract.notice_marked(self._notice_dir):
-                self.request_preemption("notice delivered before this process listened")
+        self._saver(None)
+        if self._notice_dir and contract.notice_marked(self._notice_dir):
+            self.request_preemption("notice delivered before this process listened")
         return previous
 
     def _saver(self, outcome: SaveOutcome | None) -> None:
-        """Register this process in the run's notice directory, with its emergency save's outcome once it ended."""
+        """Register this process in the run's notice directory (when it has one), with its emergency save's outcome
+        once it ended."""
+        if not self._notice_dir:
+            return
         rank = os.environ.get("RANK", "")
         record = contract.Saver(os.getpid(), contract.process_start_time(os.getpid()),
                                 int(rank) if rank.isdigit() else None,
@@ -401,8 +403,7 @@ class CheckpointManager:
                 outcome = self._write_and_ship(step, "emergency", payload, control, retention=False)
         outcome = replace(outcome, seconds=round(time.monotonic() - started, 3))
         self.status.update(emergency={"state": outcome.state.value, "step": step, "reason": outcome.reason})
-        if self._notice_dir:
-            self._saver(outcome)
+        self._saver(outcome)
         log = _log.info if outcome.committed else _log.error
         log(f"emergency checkpoint {outcome.state.value}", **asdict(outcome),
             newest_committed=self.status.snapshot()["committed_step"])
@@ -415,8 +416,7 @@ class CheckpointManager:
         if kind == "emergency":
             self.status.update(emergency={"state": outcome.state.value, "step": outcome.step,
                                           "reason": outcome.reason})
-            if self._notice_dir:
-                self._saver(outcome)
+            self._saver(outcome)
 
     def exit_preempted(self) -> None:
         """Leave the process after an emergency save: SystemExit(PREEMPTED_EXIT_CODE) when it committed, else
