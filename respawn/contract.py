@@ -486,6 +486,12 @@ def _seconds(key: str, value: Any) -> float:
 _DATABASE_ID = re.compile(r"^[a-z][a-z0-9-]{2,61}[a-z0-9]$")  # Firestore's rule for a named database's id
 
 
+# An OCI image reference pinned by digest, as nodes receive it: REGISTRY/PATH[:TAG]@sha256:HEX (a tag, when kept,
+# is for people; the digest decides what runs).
+IMAGE_PINNED = re.compile(r"^[a-z0-9][a-z0-9.-]*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+"
+                          r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}$")
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     """What a node runs and how: metadata attribute ATTR_SETTINGS. The writer (to_json) and the validator
@@ -516,6 +522,9 @@ class NodeSettings:
     cache: Tuple[str, ...] = ()
     # The shipped log chunks also written to Cloud Logging as entries labelled with log_labels (JobSpec.logs).
     cloud_logging: bool = False
+    # The trainer's OCI image, pinned by digest (IMAGE_PINNED: `jobs register` resolves a tag): the agent runs
+    # command, setup and the trainer inside it. None: a bare process on the node's own interpreter.
+    image: Optional[str] = None
 
     def __post_init__(self) -> None:
         command = self.command
@@ -555,6 +564,9 @@ class NodeSettings:
             raise SettingsError(f"cloud_logging must be true or false, got {self.cloud_logging!r}")
         if self.heartbeat_database is not None and not _DATABASE_ID.match(str(self.heartbeat_database)):
             raise SettingsError(f"heartbeat_database must be a Firestore database id, got {self.heartbeat_database!r}")
+        if self.image is not None and not (isinstance(self.image, str) and IMAGE_PINNED.match(self.image)):
+            raise SettingsError(f"image must be an image reference pinned by digest (NAME@sha256:HEX), "
+                                f"got {self.image!r}")
 
     def to_json(self) -> str:
         body = asdict(self)
