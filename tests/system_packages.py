@@ -1,6 +1,6 @@
 """The Debian packages some tests drive for real (debootstrap builds a node image, Chromium renders the report page,
-systemd-analyze checks the node units, Java runs the emulators), installed once per test session when missing, so
-that the README's test command alone prepares a fresh Debian machine. Needs root and apt-get; otherwise nothing is
+podman runs a trainer image from a local registry, systemd-analyze checks the node units, Java runs the emulators),
+installed once per test session when missing, so that the README's test command alone prepares a fresh Debian machine. Needs root and apt-get; otherwise nothing is
 installed and the tests that need a package fail with its install hint.
 
 The install runs in the background (start_installing, from the session's controller) while the tests that need no
@@ -23,6 +23,11 @@ NEEDED = {
     "chromium": ("chromium", "chromium-browser"),
     "systemd": ("systemd-analyze",),
     "default-jre-headless": ("java",),
+    # The trainer in a user's image (issue #47): podman with runc (crun fails on this kind of machine, see
+    # local-testing.md), and Debian's registry standing in for Artifact Registry.
+    "podman": ("podman",),
+    "runc": ("runc", "/usr/sbin/runc"),
+    "docker-registry": ("docker-registry", "/usr/bin/docker-registry"),
 }
 
 
