@@ -17,6 +17,7 @@ import pytest
 
 import node_image_fixtures
 import system_packages
+from registry_fixtures import registry  # noqa: F401  (a session fixture every module may ask for)
 from sim import emulators
 
 PROJECT = "respawn-test"
