@@ -169,7 +169,10 @@ def _gpu_problems(cat: Catalog, acc: Any, zones: list[tuple[int, str]], live: Li
         machine_regions = cat.machine_regions(machine)
         if said["machine"] is None and machine_regions is not None and region not in machine_regions:
             out.append(f"zones[{i}]: {machine} is not offered in {region}{_where(machine_regions)}")
-        elif what and (said["gpu"] if gpu else said["machine"]) is None and region not in cat.gpu_regions(what):
+        # A built-in GPU the accelerator list does not name (A4X Max's GB300, on bare-metal machines only) goes
+        # where its machine type goes: checked above.
+        elif what and (said["gpu"] if gpu else said["machine"]) is None and cat.gpu_regions(what) \
+                and region not in cat.gpu_regions(what):
             out.append(f"zones[{i}]: {region} has no {what}{_where(cat.gpu_regions(what))}")
     return out
 

@@ -61,6 +61,15 @@ def test_what_exists_passes():
     assert catalog.problems(_spec({**TPU, "runtime_version": "tpu-vm-tf-2.16.0-pjrt"}, ["us-west4-a"])) == []
 
 
+def test_a4x_max_has_gb300_built_in_and_goes_where_its_machine_goes():
+    # Audit 4: the catalog said GB200; us-east5 offers a4x-maxgpu-4g-metal but no GB200, and was refused.
+    max_ = {"kind": "gpu", "machine_type": "a4x-maxgpu-4g-metal"}
+    assert catalog.load().built_in(max_["machine_type"]) == "nvidia-gb300"
+    assert catalog.problems(_spec(max_, ["us-east5-a", "us-central1-a"])) == []
+    [line] = catalog.problems(_spec(max_, ["us-east5-a", "europe-west4-a"]))
+    assert line.startswith("zones[1]: a4x-maxgpu-4g-metal is not offered in europe-west4"), line
+
+
 def test_a_tpu_runtime_of_another_generation_or_misspelt_is_named():
     assert catalog.problems(_spec({**TPU, "runtime_version": "tpu-ubuntu2204-base"}, ["us-west4-a"])) == [
         "accelerator.runtime_version: tpu-ubuntu2204-base is the runtime of v2, v3, v4; v5litepod runs "
