@@ -37,17 +37,18 @@ from respawn import losswords, prices
 from respawn.control import recovery_time
 
 TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed", "boot_failed",
-         "preemption_rate", "budget", "budget_exhausted")
+         "preemption_rate", "budget", "budget_exhausted", "save_outcome")
 _SEVERITY = {"recovered": "info", "succeeded": "info", "waiting_for_capacity": "warning", "crashed": "warning",
              "boot_failed": "warning", "preemption_rate": "warning", "failed": "error", "invalid_spec": "error",
-             "budget": "warning", "budget_exhausted": "warning"}
+             "budget": "warning", "budget_exhausted": "warning", "save_outcome": "info"}
 _ICON = {"info": ":white_check_mark:", "warning": ":warning:", "error": ":x:"}
 _TITLE = {"recovered": "recovered", "waiting_for_capacity": "waiting for capacity", "failed": "failed",
           "invalid_spec": "has an invalid spec", "succeeded": "succeeded", "crashed": "trainer crashed, restarting",
           "boot_failed": "had a node that never started its agent; replacing it",
           "preemption_rate": "is preempted more often than its preemption_rate allows",
           "budget": "has spent part of its budget",
-          "budget_exhausted": "reached its budget: checkpointed and stopped"}
+          "budget_exhausted": "reached its budget: checkpointed and stopped",
+          "save_outcome": "heard how an emergency save ended"}
 
 
 class BadAlert(ValueError):
@@ -115,6 +116,8 @@ def _facts(alert: dict[str, Any]) -> list[tuple[str, str]]:
             facts.append(("Cause", str(alert["cause"])))
         if alert.get("failed_command"):
             facts.append(("Command", " ".join(map(str, alert["failed_command"]))))
+    elif kind == "save_outcome":
+        facts.append(("Node", f"{alert.get('node') or '?'} in {alert.get('zone') or '?'}"))
     elif kind in ("budget", "budget_exhausted"):
         cap = alert.get("budget_usd")
         facts.append(("Budget", f"{alert.get('percent', '?')} % of "

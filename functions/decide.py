@@ -310,8 +310,8 @@ def decide(o: Observation) -> Decision:
     if told is not None:  # how the leaving node's save ended, on the loss record before anything reads it
         o = replace(o, status=o.status.model_copy(update={"emergency": told}))
     d = _decide(o)
-    if told is not None and d.status is None:
-        d = Decision(d.action, _upd(o.status, o.now), d.cause, d.alert, d.details)
+    if told is not None:
+        d = _told_late(o, d, told)
     gone = o.status.leaving
     off = o.leaving is not None and o.leaving.phase in (Phase.DEAD, Phase.ABSENT)
     if gone is None or (o.now < gone.until and not off) or d.action.kind not in (Act.NONE, Act.WAIT, Act.POLL):
@@ -330,6 +330,28 @@ def _saved(o: Observation) -> dict[str, Any] | None:
     if hb.emergency.get("state") not in losswords.FINAL or hb.emergency == o.status.emergency:
         return None
     return dict(hb.emergency)
+
+
+# The causes whose event is written whatever the state does (functions/job.event): a save outcome told late rides
+# on theirs.
+TOLD_CAUSES = ("generation", "trainer_crashed", "move", "recovered")
+SAVE_OUTCOME = "save_outcome"  # the event (and alert) of an emergency save's outcome told after its loss was recorded
+
+
+def _told_late(o: Observation, d: Decision, told: dict[str, Any]) -> Decision:
+    """A leaving node's save outcome, told after its loss was recorded (o.status holds it now): on the record, and
+    said once — in this decision's own event when it writes one (a state change, a recovery: its details carry it),
+    else in an event and a Slack alert of its own (`save_outcome`)."""
+    gone = o.status.leaving
+    node = gone.node if gone is not None else o.status.node
+    if d.status is not None and (d.status.state != o.status.state or d.cause in TOLD_CAUSES):
+        return replace(d, details={"emergency": told, **d.details})
+    where = {"node": node, "zone": gone.zone if gone is not None else o.status.zone,
+             "attempt": gone.attempt if gone is not None else o.status.attempt}
+    alert = d.alert or alerts.make(SAVE_OUTCOME, o.job_id, o.now, f"{node} said how its emergency save ended after "
+                                   "its loss was recorded", **where, emergency=told, restarts=o.status.restarts)
+    return Decision(d.action, d.status if d.status is not None else _upd(o.status, o.now), SAVE_OUTCOME, alert,
+                    {**d.details, **where, "emergency": told, "told_late": True})
 
 
 def _decide(o: Observation) -> Decision:

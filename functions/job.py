@@ -714,11 +714,13 @@ def event(o: Observation, d: Decision) -> JobEvent | None:
         before = o.status.members[slot].state if slot < len(o.status.members) else State.PENDING
         changed = before != d.status.members[slot].state or d.status.state != o.status.state
     else:
-        changed = d.status.state != o.status.state or d.cause in ("generation", "trainer_crashed", "move", "recovered")
-    if not changed and d.cause not in ("zone_refused", "zone_refused_queued"):
+        changed = d.status.state != o.status.state or d.cause in core.TOLD_CAUSES
+    if not changed and d.cause not in ("zone_refused", "zone_refused_queued", core.SAVE_OUTCOME):
         return None
     details = dict(d.details)
     member = d.status.members[slot] if slot is not None else d.status
-    details.update({k: v for k, v in (("node", member.node), ("zone", member.zone), ("attempt", member.attempt)) if v})
+    own = d.cause == core.SAVE_OUTCOME  # of the node that left, not of the slot's current one
+    details.update({k: v for k, v in (("node", member.node), ("zone", member.zone), ("attempt", member.attempt))
+                    if v and not (own and k in details)})
     return JobEvent.new(o.status.state, d.status.state, d.cause or "reconcile", **details)
 

@@ -64,8 +64,10 @@ def emergency_sentence(emergency: Mapping[str, Any] | None, resumed_from: int | 
 
 def event_words(details: Mapping[str, Any]) -> str | None:
     """What a loss event's record says of a bad day, once, in words: an emergency save that did not commit, and the
-    trainer's last error (the live view's event lines and `jobs events`)."""
-    emergency = details.get("emergency")
-    said = [emergency_sentence(emergency) if isinstance(emergency, Mapping) and emergency.get("state") != "committed"
-            else None, details.get("last_error")]
+    trainer's last error (the live view's event lines and `jobs events`). A save's outcome told after its loss was
+    recorded (a `save_outcome` event's `told_late`) is said however it ended, and says so."""
+    emergency, late = details.get("emergency"), details.get("told_late") is True
+    saved = emergency_sentence(emergency) if isinstance(emergency, Mapping) and (
+        late or emergency.get("state") != "committed") else None
+    said = [saved + " (told after its loss was recorded)" if saved and late else saved, details.get("last_error")]
     return "; ".join(str(s) for s in said if s) or None

@@ -1,7 +1,8 @@
 """A failed emergency save is never silent (issue 45 item 3) through the entry points: a node replaced during its
 notice is still saving when its loss is recorded; its final heartbeat (written here as its agent writes it) says the
-save failed on rank 1, the next reconcile puts that on the job's record, and the recovery's event, alert and Slack
-message say it in words, once. The VMs ask for a 120 s notice, so the noticed VM runs on through the test."""
+save failed on rank 1, the next reconcile puts that on the job's record and tells it in an event and an alert of its
+own (`save_outcome`: the loss's event was written before), and the recovery's event, alert and Slack message say it
+in words, once. The VMs ask for a 120 s notice, so the noticed VM runs on through the test."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from datetime import datetime, timezone
 import pytest
 
 from functions_fixtures import controller, gpu_spec  # noqa: F401
+from respawn import losswords
+from respawn.control import alerts
 from sim.slack import SlackReceiver
 from sim_fixtures import sim_factory  # noqa: F401
 
@@ -45,6 +48,15 @@ def test_a_save_that_failed_during_the_notice_reaches_the_record_the_recovery_an
     assert controller.sweep(job) == 200
     told = controller.status(job)
     assert told.emergency == told.members[0].emergency == FAILED_SAVE
+    # Told late, it is told once, in words: one event (`jobs events`' says column, the live view) and one alert.
+    [late] = [e for e in controller.events(job) if e["details"].get("emergency") == FAILED_SAVE]
+    assert (late["cause"], late["details"]["node"]) == ("save_outcome", old)
+    assert losswords.event_words(late["details"]) == ("emergency save failed on rank 1: RuntimeError: DataLoader "
+                                                      "worker (pid 7883) is killed by signal: Terminated (told after "
+                                                      "its loss was recorded)")
+    [heard] = controller.alerts(want=1)
+    assert (heard["type"], heard["node"], heard["emergency"]) == ("save_outcome", old, FAILED_SAVE)
+    assert alerts.to_slack(heard)["text"].count("emergency save failed on rank 1: RuntimeError") == 1
 
     # The replacement resumes from step 96 and steps: the recovery tells the save's outcome.
     new = controller.wait_state(job, "RUNNING").node

@@ -402,6 +402,8 @@ def event_words(ev: JobEvent) -> str:
         said = losswords.event_words(d)  # a save that did not commit, the last error: as jobs events says them
         return f"{lost.get('node') or node} {ev.cause.replace('_', ' ')}{where}{at}{signal}{then}" + (
             f": {said}" if said else "")
+    if d.get("told_late"):  # a save's outcome heard after its loss was recorded (decide.SAVE_OUTCOME)
+        return f"{node}: {losswords.event_words(d)}"
     if ev.cause.startswith("zone_refused_"):
         why = ev.cause.removeprefix("zone_refused_").replace("_", " ")
         code = f" ({d['code']})" if d.get("code") else ""
