@@ -6,7 +6,9 @@ installs)."""
 
 from __future__ import annotations
 
-from respawn.contract import ATTR_HANDOVER, ATTR_RUN_SECONDS, Handover
+from datetime import datetime, timezone
+
+from respawn.contract import ATTR_HANDOVER, ATTR_RUN_ENDS_AT, ATTR_RUN_SECONDS, Handover
 from respawn.control.composition import node_labels, node_metadata, node_settings
 from respawn.control.settings import NodeOptions
 from respawn.deployment import heartbeat_database
@@ -26,10 +28,11 @@ def settings_json(spec: JobSpec, options: NodeOptions = DEFAULTS) -> str:
 
 def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str,
              options: NodeOptions = DEFAULTS, service_account: str | None = None,
-             handover: Handover | None = None, run_seconds: int | None = None) -> dict[str, str]:
+             handover: Handover | None = None, run_seconds: int | None = None,
+             run_ends_at: datetime | None = None) -> dict[str, str]:
     """`service_account`: the node identity the node runs as; its heartbeats go to that identity's database.
     `handover`: the node this one replaces during its notice (decide._on_notice). `run_seconds`: a flex-start
-    node's run duration."""
+    node's run duration; `run_ends_at`: a reservation-bound node's end."""
     items = node_metadata(spec, attempt, project, startup_script, agent=options.agent, library=options.library,
                           heartbeat_database=heartbeat_database(service_account) if service_account else None,
                           **_deployment(options))
@@ -37,6 +40,8 @@ def metadata(spec: JobSpec, attempt: int, project: str, startup_script: str,
         items[ATTR_HANDOVER] = handover.to_json()
     if run_seconds is not None:
         items[ATTR_RUN_SECONDS] = str(run_seconds)
+    if run_ends_at is not None:
+        items[ATTR_RUN_ENDS_AT] = run_ends_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
     return items
 
 

@@ -77,7 +77,10 @@ class Strategy:
                      and budget_used >= t.while_budget_below]
         why += [f"{t.model}: {budget_used:.0%} of the budget spent (only below {t.while_budget_below:.0%})"
                 for t in spent_out]
-        tiers = [t for t in self.tiers if t not in spent_out] or list(self.tiers[:1])
+        # A reservation that ends (calendar mode) serves no node from near its end on: the next tier takes over.
+        ended = [t for t in self.tiers if t.ends_at is not None and now >= t.ends_at - models.RUN_END_SLACK]
+        why += [f"{t.model}: its reservation {t.reservation} ends at {t.ends_at.isoformat()}" for t in ended]
+        tiers = [t for t in self.tiers if t not in spent_out and t not in ended] or list(self.tiers[:1])
         for tier in tiers[:-1]:
             p = tier.after_preemptions
             if p is not None and p.exceeded(status.preempted_times, now):

@@ -9,8 +9,8 @@ On a TPU VM, Cloud TPU's own attributes say which host this is and where the oth
 slice's worker count and worker 0's address (an IP address or a hostname). Without them (a GPU VM), or with one
 worker, the node is a single host: worker 0 of 1, master 127.0.0.1.
 
-A flex-start node also carries its run duration (respawn.contract.ATTR_RUN_SECONDS), whose end the agent acts
-before (run_end.py).
+A flex-start node also carries its run duration (respawn.contract.ATTR_RUN_SECONDS), and a reservation-bound node
+its reservation's end (ATTR_RUN_ENDS_AT): the agent acts before that end (run_end.py).
 
 Missing or invalid attributes raise ConfigError naming the attribute; a metadata server that is not reachable
 yet (boot, maintenance) is retried for a while first.
@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from respawn.contract import (ATTR_ATTEMPT, ATTR_GENERATION, ATTR_HANDOVER, ATTR_JOB_ID, ATTR_LIBRARY, ATTR_PROJECT,
-                              ATTR_RUN_SECONDS, ATTR_SETTINGS, ATTR_WORKER_ENDPOINTS, ATTR_WORKER_NUMBER,
+                              ATTR_RUN_ENDS_AT, ATTR_RUN_SECONDS, ATTR_SETTINGS, ATTR_WORKER_ENDPOINTS, ATTR_WORKER_NUMBER,
                               SINGLE_HOST_MASTER_ADDR, Handover, NodeSettings, SettingsError, node_name,
                               parse_worker_endpoints, split_artifact)
 from respawn.logs import log
@@ -73,6 +74,8 @@ class AgentConfig:
     address: str | None = None
     # ATTR_RUN_SECONDS: a flex-start node's run duration, from the VM's start (run_end.py); None on any other node.
     run_seconds: int | None = None
+    # ATTR_RUN_ENDS_AT: a reservation-bound node's end, seconds since the epoch; None on any other node.
+    run_ends_at: float | None = None
 
     @property
     def worker(self) -> int:
@@ -139,6 +142,22 @@ def parse_run_seconds(text: str) -> int | None:
         raise ConfigError(ATTR_RUN_SECONDS, f"must be a positive whole number of seconds (the VM's run duration), "
                                             f"got {text!r}")
     return int(text)
+
+
+def parse_run_ends_at(text: str) -> float | None:
+    """The respawn-run-ends-at attribute ("" when not set): an RFC 3339 time with its offset, as seconds since the
+    epoch, or None."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise ConfigError(ATTR_RUN_ENDS_AT, f"must be an RFC 3339 time with its offset (the reservation's end), "
+                                            f"got {text!r}")
+    return at.timestamp()
 
 
 def zone_from_metadata(value: str) -> str | None:
@@ -216,9 +235,11 @@ def load_config(md: MetadataClient, *, node_dir: str | None = None, retry_second
         raise ConfigError(ATTR_HANDOVER, str(exc)) from None
     run_seconds = parse_run_seconds(_read(md, attr + ATTR_RUN_SECONDS, ATTR_RUN_SECONDS, retry_seconds,
                                           optional=True))
+    run_ends_at = parse_run_ends_at(_read(md, attr + ATTR_RUN_ENDS_AT, ATTR_RUN_ENDS_AT, retry_seconds,
+                                          optional=True))
     return AgentConfig(
         job_id=job_id, attempt=attempt, project=project, node=node, zone=zone, settings=settings,
         node_dir=os.path.abspath(node_dir or os.environ.get("RESPAWN_NODE_DIR") or DEFAULT_NODE_DIR),
         library=parse_library(library_text) if library_text else None, hosts=hosts, generation=generation,
-        handover=handover, address=address or None, run_seconds=run_seconds,
+        handover=handover, address=address or None, run_seconds=run_seconds, run_ends_at=run_ends_at,
     )

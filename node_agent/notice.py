@@ -46,6 +46,7 @@ class Notice:
         self._lock = threading.RLock()
         self._told = False  # the controller was sent this node's notice
         self._telling: threading.Thread | None = None  # that message's publish
+        self._run = "flex-start run"  # what a run with a known end is, in the agent's log lines (watch_run_end)
         self._watchers = [Watcher(md, w, self.on_notice, wait_seconds=self.settings.metadata_wait_seconds)
                           for w in (preempted_watch(), maintenance_watch())]
 
@@ -101,13 +102,14 @@ class Notice:
             self._telling.join(seconds)
 
     def watch_run_end(self, state: Callable[[], NodeState], done: Callable[[], bool]) -> None:
-        """A flex-start node (ATTR_RUN_SECONDS): act on its run's end in time (run_end.py); at once when that time
-        has passed already (an agent started late in the run), before anything is started. `done`: the trainer
-        ended the node's life; `state`: the node's."""
-        if self.cfg.run_seconds is None:
+        """A flex-start node (ATTR_RUN_SECONDS) or a reservation-bound one (ATTR_RUN_ENDS_AT): act on its run's end
+        in time (run_end.py); at once when that time has passed already (an agent started late in the run), before
+        anything is started. `done`: the trainer ended the node's life; `state`: the node's."""
+        if self.cfg.run_seconds is None and self.cfg.run_ends_at is None:
             return
-        plan = RunEnd.now(self.cfg.run_seconds, self.settings.notice_budget_seconds)
-        log("INFO", "flex-start run: its end is known; the trainer saves and stops before it", **plan.describe())
+        plan = RunEnd.now(self.cfg.run_seconds, self.settings.notice_budget_seconds, self.cfg.run_ends_at)
+        self._run = "flex-start run" if self.cfg.run_seconds is not None else "reservation-bound run"
+        log("INFO", f"{self._run}: its end is known; the trainer saves and stops before it", **plan.describe())
         if plan.act_in <= 0:
             self._on_run_end(plan, state, done)
         else:
@@ -119,10 +121,10 @@ class Notice:
         agent exits)."""
         finished = done()
         if self.kind is not None or finished or state() in (NodeState.SETUP_FAILED, NodeState.EXITED):
-            log("INFO", "flex-start run: its end is near; nothing to save", notice=self.kind,
+            log("INFO", f"{self._run}: its end is near; nothing to save", notice=self.kind,
                 state=state().value, seconds_to_end=round(plan.seconds_to_end(), 1))
             return
-        log("WARNING", "flex-start run: its end is near; acting as on a preemption notice",
+        log("WARNING", f"{self._run}: its end is near; acting as on a preemption notice",
             notice=contract.NOTICE_RUN_ENDING, seconds_to_end=round(plan.seconds_to_end(), 1),
             budget_s=self.settings.notice_budget_seconds)
         self.on_notice(contract.NOTICE_RUN_ENDING)

@@ -1,5 +1,5 @@
 """A flex-start node's end, known in advance (respawn.contract.ATTR_RUN_SECONDS: the VM's run duration in seconds,
-counted from the VM's start). At the end Compute Engine stops or deletes the VM without a preemption notice
+counted from the VM's start; a reservation-bound node's, ATTR_RUN_ENDS_AT, is a wall-clock time taken the same way). At the end Compute Engine stops or deletes the VM without a preemption notice
 (instance/preempted never turns TRUE; docs/gcp-facts.md §18), so the agent gives itself one: at the run's end −
 the notice budget − RUN_END_MARGIN_S it acts as on instance/preempted, with the notice kind NOTICE_RUN_ENDING.
 
@@ -60,9 +60,13 @@ class RunEnd:
     mono: float
 
     @classmethod
-    def now(cls, run_seconds: int, budget: float) -> "RunEnd":
+    def now(cls, run_seconds: int | None, budget: float, ends_at: float | None = None) -> "RunEnd":
+        """`run_seconds` from the VM's start (a flex-start run) and/or `ends_at`, a wall-clock end (a reservation-
+        bound VM's, whatever its boots since): the earlier."""
         uptime, source = seconds_since_boot()
-        return cls(run_seconds, budget, uptime, source, time.time(), time.monotonic())
+        wall = time.time()
+        ends = [s for s in (run_seconds, None if ends_at is None else round(ends_at - (wall - uptime))) if s is not None]
+        return cls(min(ends), budget, uptime, source, wall, time.monotonic())
 
     @property
     def act_in(self) -> float:

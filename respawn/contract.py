@@ -56,6 +56,9 @@ ATTR_HANDOVER = "respawn-handover"
 # treats the end as a notice it knows in advance: the trainer commits an emergency checkpoint and stops before it,
 # and the controller creates the next node (docs/gcp-facts.md §18).
 ATTR_RUN_SECONDS = "respawn-run-seconds"
+# A reservation-bound node (a calendar-mode reservation's VM, deleted at the reservation's end): that end, RFC 3339
+# in UTC. Its agent acts on it as on ATTR_RUN_SECONDS's end, whatever the VM's boots since (docs/gcp-facts.md §26).
+ATTR_RUN_ENDS_AT = "respawn-run-ends-at"
 NOTICE_RUN_ENDING = "run-ending"  # the heartbeat's and the notice message's kind for that end
 LABEL_JOB = "respawn-job"
 LABEL_ATTEMPT = "respawn-attempt"

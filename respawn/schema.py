@@ -364,6 +364,10 @@ class Tier(_Strict):
                     "projects/OWNER/reservations/NAME for one another project shares)")
     zone: str | None = Field(default=None, description="reservation only: the reservation's zone, one of the job's "
                                                        "zones (a reservation is zonal)")
+    ends_at: datetime | None = Field(
+        default=None, description="reservation only: the end of a calendar-mode or AI Hypercomputer reservation "
+        "(RFC 3339 with its offset): its nodes are reservation-bound and deleted then; the end is a planned stop and "
+        "the next tier takes over")
 
     @model_validator(mode="before")
     @classmethod
@@ -374,7 +378,7 @@ class Tier(_Strict):
     @model_validator(mode="after")
     def _model_fields(self) -> "Tier":
         for name, model in (("max_run_hours", "flex-start"), ("wait_minutes", "flex-start"),
-                            ("reservation", "reservation"), ("zone", "reservation")):
+                            ("reservation", "reservation"), ("zone", "reservation"), ("ends_at", "reservation")):
             if getattr(self, name) is not None and self.model != model:
                 raise ValueError(f"{name} applies to {model} tiers only, not {self.model}")
         if self.model == "reservation":
@@ -384,6 +388,9 @@ class Tier(_Strict):
             if not _RESERVATION.match(self.reservation):
                 raise ValueError(f"{self.reservation!r} is not a reservation: a name, or "
                                  "projects/OWNER/reservations/NAME for a shared one")
+            if self.ends_at is not None and self.ends_at.tzinfo is None:
+                raise ValueError(f"ends_at {self.ends_at.isoformat()} has no UTC offset: write it as "
+                                 "2026-12-20T00:00:00Z (the reservation's end, as Google Cloud shows it)")
         return self
 
     @property

@@ -20,7 +20,10 @@ accelerator (sim.set_capacity(..., provisioning_model="RESERVATION")): the sim h
 under the name (or the shared path, projects/OWNER/reservations/NAME) the insert gives. Such a VM is standard
 provisioning (never preempted; host maintenance still stops it) and is charged to no quota (the reservation holds
 it). A zone without such steps has no reservation: the insert is refused at once; a reservation whose VMs are all in
-use (in-use: live instances consuming it) refuses in the operation, as Compute Engine does.
+use (in-use: live instances consuming it) refuses in the operation, as Compute Engine does. A calendar-mode
+reservation (set_reservation_end: it ends at a wall-clock time) is consumed by RESERVATION_BOUND VMs only (a STANDARD
+one is refused, and RESERVATION_BOUND names a specific reservation); at its end each of its VMs gets its termination
+action, as Compute's own stop or delete (never a preemption), and from then on the reservation no longer exists.
 
 Images (global, any project): get and getFromFamily over a small table of Deep Learning VM families (IMAGE_FAMILIES,
 docs/gcp-facts.md §12) plus what add_image() registers; anything else is 404 `notFound`, and so is an insert whose
@@ -113,6 +116,7 @@ class Instance:
     shutdown: threading.Thread | None = None
     deleting: bool = False  # a delete was asked: a PENDING instance is no longer given capacity
     pending_op: "Operation | None" = None  # the insert a PENDING instance's request keeps open (flex_start_insert="wait")
+    ends_at: float | None = None  # a RESERVATION_BOUND VM's reservation's end (wall clock): its termination action
 
     @property
     def id(self) -> str:
@@ -232,6 +236,7 @@ class ComputeService:
         self.images: dict[tuple[str, str], Image] = {}  # (project, name) → Image
         self.firewalls: dict[tuple[str, str], dict] = {}  # (project, name) → the firewall resource
         self.queue: list[Instance] = []  # PENDING flex-start instances, first asked first served
+        self.reservation_ends: dict[tuple[str, str], float] = {}  # (zone, accelerator) → a calendar reservation's end
         self._serving = False  # a pass over the queue is scheduled
         for family, state in IMAGE_FAMILIES.items():
             self.add_image(DLVM_PROJECT, f"{family}-{SIM_IMAGE_VERSION}", family=family, deprecated=state)
@@ -391,10 +396,27 @@ class ComputeService:
                                 f"SPECIFIC_RESERVATION affinity names one reservation under key {RESERVATION_KEY}")
         name = values[0]
         _, specific = self.sim.capacity.limit(zone, accelerator, RESERVATION, self.sim.now())
-        if not specific:
+        if not specific or self.reservation_ends.get((zone, accelerator), float("inf")) <= time.time():
             raise compute_error(400, "invalid", f"Could not find the given reservation with the following name: "
                                                 f"{name} in zone {zone}")
         return name
+
+    def _bound(self, zone: str, accelerator: str, requested: str | None, scheduling: dict) -> float | None:
+        """A calendar-mode reservation's end (wall clock), for the RESERVATION_BOUND VM that consumes it; None for
+        an ordinary reservation. The 400s for the wrong pairing are the sim's words (gcp-facts §26: Compute Engine
+        refuses other provisioning models on these reservations; its message is unverified)."""
+        ends_at = self.reservation_ends.get((zone, accelerator))
+        if ends_at is not None and requested != "RESERVATION_BOUND":
+            raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.provisioningModel': "
+                                f"'{requested or 'STANDARD'}'. A calendar-mode reservation is consumed by "
+                                "RESERVATION_BOUND instances only")
+        if ends_at is None and requested == "RESERVATION_BOUND":
+            raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.provisioningModel': "
+                                "'RESERVATION_BOUND'. The reservation is not in calendar mode")
+        if ends_at is not None and scheduling.get("instanceTerminationAction") not in ("STOP", "DELETE"):
+            raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.instanceTerminationAction'"
+                                ": a RESERVATION_BOUND instance needs STOP or DELETE, done at the reservation's end")
+        return ends_at
 
     def _reservation_full(self, zone: str, accelerator: str, name: str, t: float) -> tuple[dict, tuple] | None:
         """The error of a reservation whose VMs are all in use, or None (gcp-facts §26: the message as clients match
@@ -439,13 +461,17 @@ class ComputeService:
             requested = scheduling.get("provisioningModel")
             model = ("FLEX_START" if requested == "FLEX_START" else
                      "SPOT" if requested == "SPOT" or scheduling.get("preemptible") else "STANDARD")
-            reservation = ""
+            reservation, ends_at = "", None
             consume = (body.get("reservationAffinity") or {}).get("consumeReservationType")
             if consume == "SPECIFIC_RESERVATION":
                 if model != "STANDARD":
                     raise compute_error(400, "invalid", "Invalid value for field 'resource.reservationAffinity': "
                                                         f"a {model} VM cannot consume a reservation")
                 reservation, model = self._reservation(zone, body, accelerator), RESERVATION
+                ends_at = self._bound(zone, accelerator, requested, scheduling)
+            elif requested == "RESERVATION_BOUND":
+                raise compute_error(400, "invalid", "Invalid value for field 'resource.scheduling.provisioningModel': "
+                                                    "'RESERVATION_BOUND'. It needs a SPECIFIC_RESERVATION affinity")
             _check_notice_duration(scheduling, model)
             _check_run_duration(body, scheduling, model)
             iid = self._new_id()
@@ -484,7 +510,7 @@ class ComputeService:
             record = NodeRecord("instance", zone, name, dict(resource["labels"]), accelerator, model, self.sim.now())
             runtime = self.sim.make_runtime("compute", zone, name, self._metadata_kwargs(zone, name, iid, machine_type, resource),
                                             host=host)
-            inst = Instance(zone, name, resource, "", record, runtime, accelerator, model)
+            inst = Instance(zone, name, resource, "", record, runtime, accelerator, model, ends_at=ends_at)
             self.instances[(zone, name)] = inst
             self.sim.records.append(record)
             if queued:
@@ -565,7 +591,8 @@ class ComputeService:
         return {ENV_BOOT_TIME: repr(time.time() - inst.run_seconds * (1 - self.sim.run_duration_scale))}
 
     def _run_ended(self, inst: Instance, gen: int) -> None:
-        """maxRunDuration is over: the termination action, as Compute's own stop or delete. Not a preemption:
+        """maxRunDuration is over (or the reservation of a reservation-bound VM ended): the termination action, as
+        Compute's own stop or delete. Not a preemption:
         instance/preempted stays FALSE and no compute.instances.preempted entry is written; no gracefulShutdown
         (refused at insert for a limited run time, gcp-facts §17)."""
         with self.sim.cond:
@@ -600,6 +627,8 @@ class ComputeService:
                 wall = inst.run_seconds * self.sim.run_duration_scale
                 inst.body["resourceStatus"] = {"scheduling": {"terminationTimestamp": rfc3339(time.time() + wall)}}
                 self.sim.scheduler.call_later(wall, self._run_ended, inst, inst.gen)
+            if inst.ends_at is not None:  # a reservation-bound VM ends with its reservation, at every start
+                self.sim.scheduler.call_later(inst.ends_at - time.time(), self._run_ended, inst, inst.gen)
             inst.record.boots += 1
             inst.runtime.boot(self._boot_env(inst))
         self._finish(op)

@@ -269,6 +269,12 @@ class SimServer:
         for at, count in steps:
             self.capacity.set(zone, accelerator_type, count, float(at), provisioning_model)
 
+    def set_reservation_end(self, zone: str, accelerator_type: str, ends_at: float) -> None:
+        """The zone's reservation of `accelerator_type` (set_capacity(..., provisioning_model="RESERVATION")) is in
+        calendar mode and ends at `ends_at` (wall clock, seconds since the epoch): sim/compute.py."""
+        with self.cond:
+            self.compute.reservation_ends[(zone, accelerator_type)] = float(ends_at)
+
     def set_quota(self, region: str, accelerator_type: str, limit: int | None = None, at: float | None = None,
                   provisioning_model: str | None = None) -> None:
         """At most `limit` nodes of `accelerator_type` in `region` (e.g. us-central1); None = unlimited. A

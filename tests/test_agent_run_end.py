@@ -1,5 +1,5 @@
 """A flex-start node knows its end (respawn-run-seconds: its run duration from the VM's start, taken as the guest's
-boot) and acts on it as on a preemption notice, before it: the trainer's emergency save, the controller told at once
+boot), a reservation-bound node its reservation's (respawn-run-ends-at), and each acts on it as on a preemption notice, before it: the trainer's emergency save, the controller told at once
 (kind run-ending), the final heartbeat saying run-ending. Real agents against the metadata sim, the Firestore
 emulator and the Pub/Sub emulator. The run seconds are chosen against this machine's own boot clock (uptime + N):
 the agent computes from the real clock, nothing is patched; RESPAWN_BOOT_TIME (the sim's nodes' boot) is used where
@@ -16,17 +16,20 @@ from datetime import datetime, timedelta, timezone
 from agent_fixtures import (NodePython, agent_env, agent_tree, attributes, node_image_python,  # noqa: F401  (fixtures)
                             settings, wait_for)
 from respawn.agent.run_end import RUN_END_MARGIN_S
-from respawn.contract import ATTR_RUN_SECONDS, EXIT_AGENT_DETACH, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, NOTICE_RUN_ENDING
+from respawn.contract import ATTR_RUN_ENDS_AT, ATTR_RUN_SECONDS, EXIT_AGENT_DETACH, EXIT_CONFIG_ERROR, EXIT_PREEMPTED, NOTICE_RUN_ENDING
 from test_agent_nudge import sweep  # noqa: F401  (a fixture: the sweep topic and a pull on it)
 
 BUDGET = 3  # notice_budget_seconds: the tiny trainer saves at its next step
 
 
-def _boot(env, node: str, s: dict, run_seconds: str | None, python: NodePython | None = None, **agent_env: str):
+def _boot(env, node: str, s: dict, run_seconds: str | None, python: NodePython | None = None,
+          ends_at: str | None = None, **agent_env: str):
     job, _, attempt = node.rpartition("-")
     attrs = attributes(job, int(attempt), env.project, s)
     if run_seconds is not None:
         attrs[ATTR_RUN_SECONDS] = run_seconds
+    if ends_at is not None:
+        attrs[ATTR_RUN_ENDS_AT] = ends_at
     return env.agent(env.metadata(node, attrs), env.tmp / node, python=python, **agent_env)
 
 
@@ -120,6 +123,29 @@ def test_an_agent_late_in_its_run_acts_at_once(agent_env, sweep):
     hb = agent_env.heartbeat("past-1")
     assert (hb["state"], hb["notice"], hb["exit_code"]) == ("exited", NOTICE_RUN_ENDING, None)
     assert [(m["notice"]["node"], m["notice"]["kind"]) for m in pull()] == [("past-1", NOTICE_RUN_ENDING)]
+
+
+def test_a_reservation_bound_node_saves_and_stops_before_its_reservations_end(agent_env, sweep):
+    # respawn-run-ends-at is a wall-clock end (a calendar reservation's), whatever the VM's boots: the agent acts a
+    # budget and a margin before it, as on a flex-start run's end.
+    topic, pull = sweep
+    s = settings([sys.executable, str(agent_env.tiny_trainer)], f"file://{agent_env.tmp}/store", sweep_topic=topic,
+                 notice_budget_seconds=BUDGET, heartbeat_seconds=30)
+    ends = datetime.now(timezone.utc) + timedelta(seconds=8 + BUDGET + RUN_END_MARGIN_S)
+    agent = _boot(agent_env, "rb-1", s, None, ends_at=ends.isoformat().replace("+00:00", "Z"))
+    known = wait_for(lambda: _said(agent, "reservation-bound run: its end is known"), 30, "the end logged")
+    assert abs(datetime.fromisoformat(known["run_ends_at"]) - ends) < timedelta(seconds=2)
+    [message] = wait_for(pull, 30, "the run-ending notice on the sweep topic")
+    assert (message["notice"]["node"], message["notice"]["kind"]) == ("rb-1", NOTICE_RUN_ENDING)
+    assert agent.wait(BUDGET + 15) == 0
+    hb = agent_env.heartbeat("rb-1")
+    assert (hb["state"], hb["notice"], hb["exit_code"]) == ("exited", NOTICE_RUN_ENDING, EXIT_PREEMPTED)
+    assert hb["emergency"]["state"] == "committed"
+    # A malformed end is the attribute's configuration error, in one line.
+    agent = _boot(agent_env, "rb-2", s, None, ends_at="2026-12-20 00:00")
+    assert agent.wait(30) == EXIT_CONFIG_ERROR
+    [error] = [e for e in agent.events() if e["severity"] == "ERROR"]
+    assert error["attribute"] == ATTR_RUN_ENDS_AT and "RFC 3339 time with its offset" in error["message"]
 
 
 def test_a_node_whose_setup_failed_has_nothing_to_save_at_its_end(agent_env, sweep):

@@ -5,7 +5,8 @@ between the reservation and Spot in either tier order. Real client against sim/,
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from google.api_core import exceptions as gexc
@@ -14,6 +15,7 @@ from respawn.control import clients as factory
 from respawn.control import decide as core
 from respawn.control import models, placement
 from respawn.control.adapters.compute import ComputeProvider
+from respawn.contract import ATTR_RUN_ENDS_AT
 from respawn.control.decide import Act
 from respawn.schema import SpecError, parse_spec
 from functions_fixtures import T4, gpu_spec, tpu_spec
@@ -70,6 +72,61 @@ def test_a_shared_reservation_is_named_by_its_path_and_a_missing_one_fails_the_c
         ComputeProvider(made).create(spec, ZONE, "res-1", 1, "reservation", "#!/bin/bash\n")
     assert placement.classify(missing.value).kind == "fatal"
     assert "Could not find the given reservation" in str(missing.value)
+
+
+def test_a_calendar_reservation_node_is_reservation_bound_and_deleted_at_the_reservations_end(made, sim_server):
+    """Audit 4: a calendar-mode reservation takes RESERVATION_BOUND VMs only (the old STANDARD body is refused);
+    its node carries the end for its agent and is deleted by Compute at the end, as its termination action says."""
+    ends = datetime.now(timezone.utc) + timedelta(seconds=4)
+    sim_server.set_capacity(ZONE, T4, 2, provisioning_model="RESERVATION")
+    sim_server.set_reservation_end(ZONE, T4, ends.timestamp())
+    gce = ComputeProvider(made)
+    with pytest.raises(gexc.BadRequest, match="RESERVATION_BOUND instances only") as old:
+        gce.create(reserved_spec(), ZONE, "cal-0", 1, "reservation", "#!/bin/bash\n")
+    assert placement.classify(old.value).kind == "fatal"
+    bound = reserved_spec([{**MINE, "ends_at": ends.isoformat()}, "spot"])
+    assert gce.create(bound, ZONE, "cal-1", 1, "reservation", "#!/bin/bash\n") is True
+    inst = made.instances().get(project=PROJECT, zone=ZONE, instance="cal-1")
+    sched = inst.scheduling
+    assert (sched.provisioning_model, sched.instance_termination_action, sched.on_host_maintenance,
+            sched.automatic_restart) == ("RESERVATION_BOUND", "DELETE", "TERMINATE", True)
+    assert inst.reservation_affinity.consume_reservation_type == "SPECIFIC_RESERVATION"
+    [end] = [i.value for i in inst.metadata.items if i.key == ATTR_RUN_ENDS_AT]
+    assert datetime.fromisoformat(end.replace("Z", "+00:00")) == ends
+    sim_server.wait_for(lambda: sim_server.status_of(ZONE, "cal-1") is None, timeout=15, what="the reservation's end")
+    assert not [e for e in sim_server.audit_log if "preempted" in str(e)]
+    with pytest.raises(gexc.BadRequest, match="Could not find the given reservation"):  # it no longer exists
+        gce.create(bound, ZONE, "cal-2", 2, "reservation", "#!/bin/bash\n")
+
+
+def test_every_other_node_names_no_reservation(made):
+    """Audit 4: left out, the affinity is ANY_RESERVATION, and an on-demand node could take an open reservation of
+    the project that the ledger prices on demand."""
+    spec = reserved_spec([{"model": "standard", "after_refusals": 1}, {"model": "preemptible", "after_refusals": 1},
+                          "spot"])
+    for model in ("standard", "preemptible", "spot"):
+        body = ComputeProvider(made).instance(spec, ZONE, "n-1", 1, model, "")
+        assert body.reservation_affinity.consume_reservation_type == "NO_RESERVATION", model
+
+
+def test_the_end_of_a_calendar_reservation_is_a_planned_stop_and_the_next_node_takes_the_next_tier():
+    ends = NOW + timedelta(hours=1)
+    spec = make_spec(provisioning=[{**MINE, "ends_at": ends.isoformat()}, "spot"], termination_action=None)
+    running = core.decide(obs("PROVISIONING", raw="RUNNING", heartbeat="none", spec=spec, provisioning="reservation"))
+    assert running.status.run_ends_at == ends
+    ended = core.decide(replace(obs("RUNNING", raw=None, spec=spec, provisioning="reservation", preemptions=2,
+                                    run_ends_at=ends), now=ends + timedelta(seconds=20)))
+    assert ended.cause == core.RUN_ENDED and ended.status.preemptions == 2 and ended.alert is None
+    assert (ended.action.kind, ended.action.provisioning) == (Act.CREATE, "spot")
+    assert ended.details["tier_why"] == f"reservation: its reservation my-res ends at {ends.isoformat()}"
+    # Long before its end, a lost reservation node is a loss like an on-demand one's, and the reservation serves on.
+    early = core.decide(obs("RUNNING", raw=None, spec=spec, provisioning="reservation", run_ends_at=ends,
+                            preemptions=2))
+    assert early.cause != core.RUN_ENDED and early.action.provisioning == "reservation"
+    with pytest.raises(SpecError, match="ends_at applies to reservation tiers only"):
+        make_spec(provisioning=[{"model": "spot", "ends_at": ends.isoformat()}, "standard"])
+    with pytest.raises(SpecError, match="has no UTC offset"):
+        make_spec(provisioning=[{**MINE, "ends_at": "2026-12-20T00:00:00"}, "spot"])
 
 
 def test_the_spec_names_the_reservation_and_its_zone():

@@ -7,25 +7,34 @@ imports them all, so that importing the package registers every model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterable
 
+from respawn.contract import NOTICE_RUN_ENDING
 from respawn.schema import Heartbeat, JobSpec, MemberStatus, Tier
 
-# A planned stop: the node's model ended it as it said it would (a flex-start run's end). The next node is made as
-# after a loss, but it counts as neither a preemption nor a failure, and its zone is not avoided.
+# A planned stop: the node's model ended it as it said it would (a flex-start run's end, a calendar reservation's).
+# The next node is made as after a loss, but it counts as neither a preemption nor a failure, and its zone is not
+# avoided.
 RUN_ENDED = "run_ended"
+# A loss within this long of a run's known end (its agent's notice aside) is that end: the deletion comes at the end
+# as the platform counts it, which the control plane knows to a poll or so.
+RUN_END_SLACK = timedelta(minutes=10)
+# Losses of the job's own doing, which the run's end does not explain unless the agent said the end had come.
+_OWN = ("trainer_crashed", "no_heartbeat")
 
 
 @dataclass(frozen=True)
 class ComputeFields:
     """A Compute Engine instance's fields a model sets, as plain values in compute_v1's field names (the adapter
     builds the messages): `scheduling` (compute_v1.Scheduling), `extra` (other Instance fields: params,
-    reservation_affinity), `run_seconds` (a run that ends on its own: its length, for the node's metadata)."""
+    reservation_affinity), `run_seconds` (a run that ends on its own: its length, for the node's metadata),
+    `run_ends_at` (a run that ends at a known time, for the node's metadata)."""
 
     scheduling: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
     run_seconds: int | None = None
+    run_ends_at: datetime | None = None  # a run that ends at a known time (a calendar reservation's end)
 
 
 class Model:
@@ -67,8 +76,13 @@ class Model:
         return list(zones)
 
     def loss_cause(self, cause: str, s: MemberStatus, hb: Heartbeat | None, now: datetime) -> str:
-        """What a loss of the slot's node was, given what was observed (`cause`): this model's own reading of it
-        (a run that ended as planned), or `cause` as it is."""
+        """What a loss of the slot's node was, given what was observed (`cause`): a run with a known end (its
+        status's run_ends_at, which on_running set) ended as planned, whatever was observed of it (a deleted VM, a
+        stale heartbeat after the agent's final one, a notice), unless the loss is the job's own and the agent did
+        not say the end had come; otherwise `cause` as it is."""
+        said = hb is not None and hb.notice == NOTICE_RUN_ENDING
+        if said or (cause not in _OWN and self.run_end_near(s, hb, now)):
+            return RUN_ENDED
         return cause
 
     def on_running(self, tier: Tier | None, now: datetime) -> dict[str, Any]:
@@ -81,8 +95,11 @@ class Model:
         return None
 
     def run_end_near(self, s: MemberStatus, hb: Heartbeat | None, now: datetime) -> bool:
-        """The node is at the planned end of its run (a model whose runs end on their own)."""
-        return False
+        """The node is at the planned end of its run: its agent said the end came (a notice it knows in advance), or
+        the end its status knows (run_ends_at) is within RUN_END_SLACK. Never, for a node whose run has no end."""
+        if hb is not None and hb.notice == NOTICE_RUN_ENDING:
+            return True
+        return s.run_ends_at is not None and now >= s.run_ends_at - RUN_END_SLACK
 
 
 _REGISTRY: dict[str, Model] = {}
