@@ -139,7 +139,8 @@ def bindings(project: str, bucket: str, slack_secret: str,
         else:
             out.append((*resource[r.scope], f"serviceAccount:{sa[r.member]}", role, condition))
     for p in iam.load()["predefined"]:
-        if p["scope"] in resource:  # each-function and log-events-topic are bound in their own build steps
+        # each-function and log-events-topic are bound in their own build steps, the Pub/Sub agent in bindings'
+        if p["scope"] in resource and p["member"] in sa:
             out.append((*resource[p["scope"]], f"serviceAccount:{sa[p['member']]}", p["role"], "None"))
     return out
 

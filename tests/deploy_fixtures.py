@@ -23,6 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CLOUDBUILD = ROOT / "cloudbuild.yaml"
 SINK_WRITER = "serviceAccount:service-123456789@gcp-sa-logging.iam.gserviceaccount.com"
+PROJECT_NUMBER = "123456789"  # the stand-in project's number (Cloud Build's $PROJECT_NUMBER too)
 
 # The verbs the stand-in understands. A verb that changes nothing is "read"; the rest are recorded as mutations.
 READ_VERBS = {"describe", "list"}
@@ -198,7 +199,7 @@ def load_build() -> dict:
 
 
 def substitutions(build: dict, project: str, bucket: str, build_id: str, **overrides: str) -> dict[str, str]:
-    subs = {"PROJECT_ID": project, "BUILD_ID": build_id, "LOCATION": "global", "PROJECT_NUMBER": "123456789"}
+    subs = {"PROJECT_ID": project, "BUILD_ID": build_id, "LOCATION": "global", "PROJECT_NUMBER": PROJECT_NUMBER}
     user = dict(build.get("substitutions") or {})
     user["_CHECKPOINT_BUCKET"] = bucket
     user.update(overrides)
@@ -250,9 +251,12 @@ class Standin:
         return env
 
 
-def seeded_state(bucket: str = "ckpt-bucket", secret: str = "respawn-slack-webhook") -> dict:
-    """What the user creates by hand before the build (docs/deploy.md): Firestore, the bucket, the Slack secret."""
-    return {"firestore databases": {"(default)": {"locationId": "nam5"}},
+def seeded_state(bucket: str = "ckpt-bucket", secret: str = "respawn-slack-webhook",
+                 project: str = "respawn-proj") -> dict:
+    """What the user creates by hand before the build (docs/deploy.md): the project, Firestore, the bucket, the Slack
+    secret."""
+    return {"projects": {project: {"projectNumber": PROJECT_NUMBER}},
+            "firestore databases": {"(default)": {"locationId": "nam5"}},
             "storage buckets": {f"gs://{bucket}": {"uniform_bucket_level_access": True}},
             "secrets": {secret: {}}}
 

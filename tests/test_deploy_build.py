@@ -15,9 +15,9 @@ import yaml
 from deploy import agent_zipapp, iam
 from respawn import audit, deployment, schema
 from respawn.contract import split_artifact
-from tests.deploy_fixtures import (CLOUDBUILD, ROOT, SINK_WRITER, Standin, SubstitutionError, calls, check_against_cli,
-                                   cli_tree, copy_source, load_build, referenced, run_steps, seeded_state, substitute,
-                                   substitutions)
+from tests.deploy_fixtures import (CLOUDBUILD, PROJECT_NUMBER, ROOT, SINK_WRITER, Standin, SubstitutionError, calls,
+                                   check_against_cli, cli_tree, copy_source, load_build, referenced, run_steps,
+                                   seeded_state, substitute, substitutions)
 
 PROJECT, BUCKET, BUILD_ID = "respawn-proj", "ckpt-bucket", "build-1"
 # The node identity pool the build makes by default: respawn-node-1 … respawn-node-8.
@@ -264,6 +264,9 @@ def test_roles_and_bindings(deployed):
         assert role.startswith(f"projects/{PROJECT}/roles/") or role in predefined, f"unexpected grant {role}"
     assert ["secrets", "respawn-slack-webhook", f"serviceAccount:respawn-notifier@{PROJECT}.iam.gserviceaccount.com",
             "roles/secretmanager.secretAccessor"] in state["bindings"]
+    # Audit 4: the Pub/Sub service agent may mint the push identity's tokens (projects older than 2021-04-08).
+    assert ["projects", PROJECT, f"serviceAccount:service-{PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com",
+            "roles/iam.serviceAccountTokenCreator"] in state["bindings"]
 
 
 def test_the_nodes_database_and_the_firewall_rule(deployed):
