@@ -1,9 +1,9 @@
 """respawn.ckpt.lightning with the real Lightning: examples/workdir-lightning/train.py (a small MLP, synthetic data,
-shuffled StatefulDataLoader batches) as real processes, by hand (no RESPAWN_* variables). Under
-`python -m respawn.ckpt.launch torchrun --nproc-per-node 2` (Lightning's DDP strategy on torchrun's ranks, gloo on
-CPU) a rank killed before its vote on a periodic step leaves that step uncommitted; the run resumed from the step
-before, stopped by SIGTERM to the launcher at a random step and resumed again, ends with the weights, and every
-step's loss, bit-identical to an uninterrupted run's. A committed step loads with plain `Trainer.fit(ckpt_path=...)`;
+shuffled StatefulDataLoader batches read by 2 loader worker processes) as real processes, by hand (no RESPAWN_*
+variables). Under `python -m respawn.ckpt.launch torchrun --nproc-per-node 2` (Lightning's DDP strategy on
+torchrun's ranks, gloo on CPU) a rank killed before its vote on a periodic step leaves that step uncommitted; the run
+resumed from the step before, stopped by SIGTERM to the launcher at a random step in the middle of the second epoch
+and resumed again, ends with the weights, and every step's loss, bit-identical to an uninterrupted run's. A committed step loads with plain `Trainer.fit(ckpt_path=...)`;
 alone, SIGTERM still saves into ./respawn-checkpoints; a train loader without state is named at start."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from trainer_helpers import free_port
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "workdir-lightning" / "train.py"
 STEPS, EVERY = 30, 10
+BATCHES = 256 // (2 * 8)  # each rank's batches per epoch: train.py's 256 samples, batches of 8, over 2 ranks
 FLAGS = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--log-every", "1", "--seed", "3"]
 
 
@@ -77,6 +78,12 @@ def losses(text: str, rank: int = 0) -> dict[int, str]:
 
 def committed(ckpt: Path) -> list[int]:
     return sorted(s for s, ok in LocalStore(str(ckpt)).steps().items() if ok) if ckpt.exists() else []
+
+
+def loader_states(path: Path) -> list[dict]:
+    import torch
+
+    return torch.load(path, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
 
 
 def same_weights(a: Path, b: Path) -> None:
@@ -139,9 +146,11 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_to_the_launcher_resume_bit
     assert committed(ckpt) == [EVERY], LocalStore(str(ckpt)).steps()
     seen = {s: loss for s, loss in losses(text).items() if s <= EVERY}  # the steps the resumed run does not repeat
 
-    # The notice at a random step of the run resumed from the periodic step, to the launcher: every rank stops at one
-    # step, an emergency save after a resume; the last run resumes from it.
-    at = random.randint(EVERY + 2, STEPS - 4)
+    # The notice at a random step of the second epoch of the run resumed from the periodic step, to the launcher:
+    # every rank stops at one step, an emergency save after a resume; the last run resumes from it, mid-epoch. (With
+    # loader workers the resumed loader draws its indices as Lightning creates its iterator, before it sets the
+    # sampler's epoch: without the epoch in StatefulSampler's state that epoch was read in epoch 0's order.)
+    at = random.randint(BATCHES + 2, STEPS - 4)
     proc = start(tmp_path, torchrun(TRAIN, "--step-seconds", "0.1"), "notice.log")
     wait_for_step(proc, r"train.py\[rank 0\]", at)
     os.kill(proc.pid, signal.SIGTERM)  # `kill PID` of the launcher: the notice for every rank
@@ -153,10 +162,14 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_to_the_launcher_resume_bit
         r'"emergency": "committed"', text)}
     assert sorted(stops) == [0, 1] and len(set(stops.values())) == 1, (stops, text[-3000:])  # one agreed step
     step = stops[0]
-    assert at <= step < STEPS and committed(ckpt)[-1] == step
+    assert at <= step < STEPS and step % BATCHES and committed(ckpt)[-1] == step  # mid-epoch, the second
     manifest = fmt.read_manifest(LocalStore(str(ckpt)).step_dir(step))
     assert manifest["kind"] == "emergency" and manifest["members"] == 2 and manifest["framework"] == "lightning"
     assert "checkpoint.ckpt" in manifest["files"]
+    [loader] = loader_states(Path(LocalStore(str(ckpt)).step_dir(step)) / "checkpoint.ckpt")
+    main = loader["_snapshot"]["_main_snapshot"]  # a multi-process loader's state: at the last batch handed out
+    assert main["_num_workers"] == 2 and loader["_snapshot"]["_snapshot_step"] == step - BATCHES, loader
+    assert main["_sampler_iter_state"]["sampler_state"] == {"yielded": 8 * (step - BATCHES), "epoch": 1}, loader
     seen.update(losses(text))
 
     proc = start(tmp_path, torchrun(TRAIN, "--weights-out", str(tmp_path / "weights.pt")), "last.log")
@@ -206,7 +219,7 @@ class Watch(L.Callback):
 t = L.Trainer(max_steps=30, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
               enable_checkpointing=False, callbacks=[Watch()])
 sampler = StatefulDistributedSampler(data, num_replicas=1, rank=0, seed=3)
-t.fit(model, StatefulDataLoader(data, batch_size=8, sampler=sampler), ckpt_path=path)
+t.fit(model, StatefulDataLoader(data, batch_size=8, sampler=sampler, num_workers=2), ckpt_path=path)
 assert seen[0] == step, seen[:3]
 print(f"resumed at step {seen[0]}, ran to {t.global_step}")
 """

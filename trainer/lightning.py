@@ -17,7 +17,8 @@
   callback: Lightning adds no default ModelCheckpoint beside it.
 - The data position: Lightning saves and restores a train loader that has state_dict()/load_state_dict() in its fit
   loop's state; torchdata's StatefulDataLoader with StatefulSampler resumes the shuffled order exactly, under DDP
-  too. A loader without state, or a sampler Lightning wrapped for DDP, is named once at train start.
+  and with loader workers too (the sampler's state carries its epoch). A loader without state, or a sampler
+  Lightning wrapped for DDP, is named once at train start.
 - Each rank's global RNGs are saved beside Lightning's file (which lacks them) and restored at train start.
 
 Importing this module imports lightning, torch and torchdata; `respawn.ckpt` itself does not.
@@ -60,7 +61,16 @@ class StatefulSampler(StatefulDistributedSampler):
     before Lightning starts the process group; a DistributedSampler, it is what Lightning's DDP leaves in place
     (it would wrap any other sampler in a DistributedSamplerWrapper, whose order does not resume); Lightning sets its
     epoch before the first batch is drawn. A position saved at an epoch's last batch resumes at the next epoch's
-    first, where torchdata's would resume an empty epoch."""
+    first, where torchdata's would resume an empty epoch.
+
+    Its state holds its epoch too. With loader workers the resumed loader's iterator draws indices at once, as it is
+    created: Lightning creates it (in its fit loop's setup_data, with the loader's restored state) before it sets
+    the sampler's epoch, and mid-epoch does not create it again, so without the epoch in the state the rest of a
+    resumed epoch after the first would be read in epoch 0's order. (The position itself is torchdata's: a
+    multi-process StatefulDataLoader's state is a snapshot taken at the last batch it handed out, not at what its
+    workers fetched ahead.)"""
+
+    _EPOCH = "epoch"
 
     def __init__(self, dataset: Any, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
         super().__init__(dataset, num_replicas=int(os.environ.get("WORLD_SIZE", "1")),
@@ -70,6 +80,16 @@ class StatefulSampler(StatefulDistributedSampler):
         if self.next_yielded is not None and self.next_yielded >= self.num_samples:
             self.next_yielded = None
         return super().__iter__()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), self._EPOCH: self.epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        epoch = state_dict.get(self._EPOCH)  # absent: a state written before the epoch was in it
+        if epoch is not None:
+            # Saved at an epoch's last batch: the resume reads the next epoch from its start (see __iter__).
+            self.set_epoch(epoch + 1 if self.next_yielded >= self.num_samples else epoch)
 
 
 class Respawn(Checkpoint):

