@@ -27,18 +27,43 @@ from respawn.agent.supervisor import processes_with
 from sim.emulators import group_alive
 from sim.metadata import MetadataServer
 from sim.netns import Host, Network
+from sim.node_containers import NodeContainers
 
 
-def guest_pids(boot_id: str) -> list[int]:
+def guest_pids(boot_id: str, node_dir: Path | None = None) -> list[int]:
     """Every process of one boot of a node: they all carry its RESPAWN_BOOT_ID, whatever process group or session
-    they moved to (the agent starts the trainer in a group of its own). A real power-off takes them all."""
-    return processes_with(f"RESPAWN_BOOT_ID={boot_id}".encode())
+    they moved to (the agent starts the trainer in a group of its own). A real power-off takes them all. With
+    `node_dir`, also the node's containers: podman's conmon (a daemon: its environment is its own, its parent
+    init) names the node's container storage on its command line, and everything below it is the container's."""
+    found = set(processes_with(f"RESPAWN_BOOT_ID={boot_id}".encode()))
+    if node_dir is not None:
+        storage = f"{node_dir}/containers/".encode()
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if storage in f.read():
+                        found.add(int(entry))
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:  # gone
+                continue
+            children.setdefault(int(stat[stat.rfind(")") + 2:].split()[1]), []).append(int(entry))
+        todo = list(found)
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return sorted(found)
 
 
 class NodeRuntime:
     def __init__(self, *, directory: Path, boot_command: list[str] | None, node_env: dict | None,
                  metadata_kwargs: dict, network: Network | None = None, host: Host | None = None,
-                 metadata_server: bool = True) -> None:
+                 metadata_server: bool = True, containers: NodeContainers | None = None) -> None:
         self.directory = directory
         self.metadata_server = metadata_server  # False: no guest at all (benchmarks of thousands of nodes)
         self.network, self.host = network, host  # netns mode: this node's namespace on the sim's bridge
@@ -46,6 +71,7 @@ class NodeRuntime:
         self.boot_command = boot_command
         self.node_env = dict(node_env or {})
         self.metadata_kwargs = metadata_kwargs
+        self.containers = containers  # its container runtime's configuration (sim/node_containers.py), if any
         self.metadata: MetadataServer | None = None
         self.proc: subprocess.Popen | None = None
         self.exit_codes: list[int | None] = []  # one per boot, in order
@@ -65,6 +91,10 @@ class NodeRuntime:
             for key, value in values.items():
                 self.metadata.set_attribute(key, value)
 
+    def _guest(self) -> list[int]:
+        """This boot's processes (its containers' too, when the node runs containers)."""
+        return guest_pids(self.boot_id or "", self.directory if self.containers is not None else None)
+
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
@@ -72,7 +102,7 @@ class NodeRuntime:
     def running(self) -> bool:
         if self.proc is None:
             return False
-        return self.proc.poll() is None or group_alive(self.proc.pid) or bool(guest_pids(self.boot_id or ""))
+        return self.proc.poll() is None or group_alive(self.proc.pid) or bool(self._guest())
 
     def boot(self, boot_env: dict[str, str] | None = None) -> None:
         """Power on: a fresh metadata server (preempted=FALSE) and the boot command, if any (`boot_env`: what this
@@ -94,6 +124,8 @@ class NodeRuntime:
             env["GCE_METADATA_HOST"] = self.metadata.host
             env["GCE_METADATA_IP"] = self.metadata.host  # google-auth pings this one
             env["RESPAWN_NODE_DIR"] = str(self.directory)
+            if self.containers is not None:
+                env.update(self.containers.prepare(self.directory))
             env.update(boot_env or {})
             # A fresh id per boot, as the kernel's boot_id: the agent tells a reboot from its own restart by it.
             self.boot_id = env["RESPAWN_BOOT_ID"] = uuid.uuid4().hex
@@ -122,7 +154,7 @@ class NodeRuntime:
         """Mechanical off: every process of this boot, in any process group."""
         self._cut()
         self._signal(proc, signal.SIGKILL)
-        for pid in guest_pids(self.boot_id or ""):
+        for pid in self._guest():
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -133,7 +165,7 @@ class NodeRuntime:
         deadline = time.monotonic() + timeout
         while True:
             proc.poll()  # reap the leader, or the group never looks empty
-            if proc.returncode is not None and not group_alive(proc.pid) and not guest_pids(self.boot_id or ""):
+            if proc.returncode is not None and not group_alive(proc.pid) and not self._guest():
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -29,6 +29,7 @@ from sim.metadata import MetadataServer
 from sim.cloud_logging import CloudLogging
 from sim.monitoring import Monitoring
 from sim.netns import Host, Network
+from sim.node_containers import NodeContainers
 from sim.nodes import NodeRuntime
 from sim.storage_folders import StorageFolders
 from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES, TpuService
@@ -66,6 +67,7 @@ class SimServer:
         tpu_endpoints: str = ENDPOINTS_HOSTNAMES,
         run_duration_scale: float = 1.0,
         flex_start_insert: str = "done",
+        node_containers: NodeContainers | None = None,
     ) -> None:
         """
         notice_seconds: the preemption notice window (SIGTERM .. SIGKILL); 30 s on Google Cloud.
@@ -93,6 +95,8 @@ class SimServer:
         flex_start_insert: when the insert of a flex-start VM that waits for capacity (PENDING) ends: "done" at
             once, or "wait" when the VM runs or its request expires (ZONE_RESOURCE_POOL_EXHAUSTED). Which one
             Compute does is unverified (docs/gcp-facts.md §18).
+        node_containers: every node gets a container runtime of its own (podman with runc, its storage on the
+            node's disk, these registries over plain http: sim/node_containers.py); None: no configuration.
         """
         if not metadata_servers and boot_command:
             raise ValueError("metadata_servers=False boots no guest: it takes no boot_command")
@@ -113,6 +117,7 @@ class SimServer:
         self.metadata_op_delay = self.op_delay if metadata_op_delay is None else float(metadata_op_delay)
         self.boot_command = list(boot_command) if boot_command else None
         self.node_env = dict(node_env or {})
+        self.node_containers = node_containers
         self._own_root = nodes_root is None
         self.nodes_root = Path(nodes_root).resolve() if nodes_root is not None else None  # nodes run in their own cwd
         self.audit_sink = audit_sink
@@ -219,7 +224,7 @@ class SimServer:
         env = {"RESPAWN_LOGGING_HOST": self.endpoint, **self.node_env}
         return NodeRuntime(directory=self.nodes_root / kind / zone / (directory_name or name), boot_command=self.boot_command,
                            node_env=env, metadata_kwargs=metadata_kwargs, network=self.network, host=host,
-                           metadata_server=self.metadata_servers)
+                           metadata_server=self.metadata_servers, containers=self.node_containers)
 
     def usage(self, what: str, scope: str, accelerator: str, model: str | None) -> int:
         by_region = what == "quota"

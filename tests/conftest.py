@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import node_image_fixtures
+import trainer_image_fixtures
 import system_packages
 from registry_fixtures import registry  # noqa: F401  (a session fixture every module may ask for)
 from sim import emulators
@@ -46,12 +47,18 @@ def pytest_collection_finish(session) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0" and not session.config.option.collectonly and any(
             "bullseye_image" in getattr(item, "fixturenames", ()) for item in session.items):
         session.config.building = node_image_fixtures.start_building(session.config)
+    # Likewise the trainer's OCI image (issue #47), for the tests that pull it and the container demo scenarios.
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0" and not session.config.option.collectonly and any(
+            "trainer_image_built" in getattr(item, "fixturenames", ()) or "container" in item.nodeid
+            for item in session.items):
+        session.config.building_trainer_image = trainer_image_fixtures.start_building(session.config)
 
 
 def pytest_sessionfinish(session) -> None:
-    building = getattr(session.config, "building", None)
-    if building is not None and building.poll() is None:  # the run stopped before the test that needs it
-        emulators.stop_groups([building])
+    for name in ("building", "building_trainer_image"):
+        building = getattr(session.config, name, None)
+        if building is not None and building.poll() is None:  # the run stopped before the test that needs it
+            emulators.stop_groups([building])
     if getattr(session.config, "scratch", None):
         if session.config.installing is not None:
             session.config.installing.wait()

@@ -1,0 +1,67 @@
+"""A sim node's container runtime (issue #47): rootful podman with runc, configured by files the node owns.
+
+This kind of machine runs podman with runc only (crun fails on cgroups in hybrid mode, and setrlimit without
+CAP_SYS_RESOURCE: ../shared/reference/local-testing.md), so each node gets, under `<node dir>/etc/containers/`:
+- containers.conf: runtime runc, the cgroupfs manager, default ulimits the machine's hard limits allow, podman's
+  temporary state in the node's /run;
+- storage.conf: the image layers and containers on the node's disk (`<node dir>/containers/storage`: a restart in
+  place keeps the pulled layers, a deleted VM loses them), the run state in the node's /run;
+- registries.conf: the sim's registries reached over plain http (the local stand-in for Artifact Registry).
+and the environment that points podman at them (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF,
+CONTAINERS_REGISTRIES_CONF), the agent's runtime (RESPAWN_CONTAINER_RUNTIME=podman) and the registries that get the
+node's token (RESPAWN_REGISTRY_TOKEN_HOSTS). A power-off takes the node's containers too (sim/nodes.py guest_pids:
+conmon names the node's storage). The machine's /etc/containers is never read for these nor changed.
+
+`<node dir>/run` is the node's /run, a tmpfs on a VM: emptied at every boot, so podman sees a reboot (its containers
+from before the power-off are stopped, not running) as it does on a VM.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+# The highest limits runc can set here (higher ones fail with "error setting rlimit type 7/6").
+ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
+
+
+def _toml_list(items) -> str:
+    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+
+@dataclass(frozen=True)
+class NodeContainers:
+    """What every node of a sim gets to run containers: `registries` (HOST:PORT) are reached over plain http."""
+
+    registries: tuple[str, ...] = ()
+
+    def prepare(self, node_dir: Path) -> dict[str, str]:
+        """At boot: the node's /run emptied, its configuration written; the environment that points podman at it."""
+        etc, run = node_dir / "etc" / "containers", node_dir / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        run.mkdir(parents=True)
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "containers.conf").write_text(
+            "[containers]\n"
+            f"default_ulimits = {_toml_list(ULIMITS)}\n"
+            "[engine]\n"
+            'runtime = "runc"\n'
+            'cgroup_manager = "cgroupfs"\n'
+            'events_logger = "file"\n'
+            f'events_logfile_path = "{run}/libpod/events.log"\n'
+            f'tmp_dir = "{run}/libpod"\n')
+        (etc / "storage.conf").write_text(
+            "[storage]\n"
+            'driver = "overlay"\n'
+            f'graphroot = "{node_dir}/containers/storage"\n'
+            f'runroot = "{run}/containers/storage"\n')
+        registries = "".join(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n' for host in self.registries)
+        (etc / "registries.conf").write_text(f"unqualified-search-registries = []\n{registries}")
+        return {"CONTAINERS_CONF": str(etc / "containers.conf"),
+                "CONTAINERS_STORAGE_CONF": str(etc / "storage.conf"),
+                "CONTAINERS_REGISTRIES_CONF": str(etc / "registries.conf"),
+                # The agent's runtime is podman here (a VM's Deep Learning image has Docker: node_agent/container.py),
+                # and it hands the node's metadata token to the local registry as it does to Artifact Registry.
+                "RESPAWN_CONTAINER_RUNTIME": "podman",
+                "RESPAWN_REGISTRY_TOKEN_HOSTS": ",".join(self.registries)}
