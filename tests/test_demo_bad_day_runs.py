@@ -61,14 +61,14 @@ def assert_record(out_dir: Path, summary: dict) -> None:
     assert summary["summary"] == str(out_dir / "summary.json")
     assert summary["report"] == str(out_dir / "report.html")
     assert (out_dir / "report.html").read_text().lstrip().lower().startswith("<!doctype html>")
-    assert (out_dir / "timeline.html").is_file()
+    assert not (out_dir / "timeline.html").exists()  # retired: the report page is the one page
     assert summary["logs"][-1] == f"in {out_dir / 'logs.txt'}"
     assert "step" in (out_dir / "logs.txt").read_text(), "the trainer's own lines are not in logs.txt"
 
 
 def test_ctrl_c_mid_run_keeps_the_record_and_says_where(tmp_path):
     """Ctrl-C while the job trains (a minute of steps): the demo stops everything it started, and the summary,
-    report, timeline and logs of what ran are written; its last line says where, and it exits 130."""
+    report and logs of what ran are written; its last line says where, and it exits 130."""
     sc = {"name": "interrupted", "trainer": {"steps": 600, "step_seconds": 0.1, "checkpoint_every": 50}}
     argv, env, token = demo_argv(tmp_path, sc, "--out", str(tmp_path / "out"))
     stderr = tmp_path / "stderr"

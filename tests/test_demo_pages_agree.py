@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import demo_pages
 import kept_demo
 from browser_fixtures import browser, open_page  # noqa: F401 - fixture
 from respawn.agent.supervisor import processes_with
@@ -97,6 +98,11 @@ def test_every_page_shows_the_records_figures(pages, browser):
             if a.startswith(f"Job {s['job_id']} recovered")]
     assert [(m.group(1), int(m.group(2))) for m in told if m] == [
         (recovery_time.text(x["seconds"]), x["steps_lost"]) for x in f["recoveries"]]
+
+
+def test_the_shared_checker_reads_the_same_figures(pages):
+    """What every scenario's test asserts (demo_pages, on the page's text), here with describe --json too."""
+    demo_pages.assert_pages_agree(pages.page.parent, pages.summary, pages.described["figures"])
 
 
 def test_the_summarys_goodput_and_notice_times_are_the_records(pages):

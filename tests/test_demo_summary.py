@@ -8,7 +8,7 @@ import pytest
 
 from sim.demo.scenario import ScenarioError, default_scenario, parse_scenario
 from sim.demo.summary import HeartbeatSample as S
-from sim.demo.summary import Lifetime, RunRecord, lives, lost_steps, max_live, progress_series, summarize, zones_in_order
+from sim.demo.summary import Lifetime, RunRecord, lives, lost_steps, max_live, summarize, zones_in_order
 from respawn.app.timeline import Mark, NodeSpan, Timeline, render_html
 
 
@@ -93,7 +93,6 @@ def test_a_slices_workers_make_one_life_per_slice():
     out = summarize(run(samples, [Lifetime("j-1", "us-a", 0, 45), Lifetime("j-2", "us-b", 46, 95)]))
     assert out["lost_steps"] == 0 and out["final_step"] == 300
     assert out["workers"] == {"j-1": [0, 1], "j-2": [0, 1]}
-    assert len(progress_series(samples)) == 2
     page = render_html(Timeline(title="t", wall_seconds=100, zones=["us-a"], nodes=[NodeSpan("j-1", "us-a", 0, 45, workers=2)]))
     assert "j-1 ×2 workers" in page and "(running, 2 workers)" in page
 
@@ -128,7 +127,8 @@ def test_timeline_is_self_contained_html():
 
 
 def drawn_progress(page: str) -> list[list[tuple[float, float]]]:
-    """The step lines timeline.html draws: one list of (x, y) per polyline (SVG y grows downwards)."""
+    """The step lines the report page draws (respawn.app.timeline): one list of (x, y) per polyline (SVG y grows
+    downwards)."""
     return [[tuple(map(float, pt.split(","))) for pt in m.group(1).split()]
             for m in re.finditer(r'<polyline class="progress"[^>]* points="([^"]*)"', page)]
 
@@ -139,21 +139,6 @@ def assert_each_line_rises(page: str) -> None:
     for line in lines:
         xs, ys = [x for x, _ in line], [y for _, y in line]
         assert xs == sorted(xs) and ys == sorted(ys, reverse=True), f"a step line goes back: {line}"
-
-
-def test_a_dead_nodes_stale_step_does_not_zigzag_the_line():
-    # The demo polls every node document of the job: j-1's keeps saying 80 while j-2 trains on from 80.
-    samples = [S(1, "j-1", "a", "training", 10, 0, 0), S(2, "j-1", "a", "training", 80, 50),
-               S(3, "j-1", "a", "exited", 80, 80)]
-    for i, t in enumerate(range(4, 12)):
-        samples += [S(t, "j-1", "a", "exited", 80, 80), S(t, "j-2", "b", "training", 80 + 10 * i, 80, 80)]
-    series = progress_series(samples)
-    assert [s[-1][1] for s in series] == [80, 150]
-    assert series[0][-1][0] == 2  # the first life ends at its last progress, not at the last poll of its document
-    page = render_html(Timeline(title="t", wall_seconds=12, zones=["z"], progress=series, total_steps=300))
-    assert_each_line_rises(page)
-    # The step axis is labelled from 0 to the run's total, not just its top.
-    assert all(f">{s}</text>" in page for s in (0, 75, 150, 225, 300))
 
 
 def test_the_live_view_shows_a_slices_workers():

@@ -10,7 +10,8 @@ import os
 from typing import Optional
 
 from respawn.catalog import Live
-from respawn.app.compute_read import TIMEOUT_S, Reader, reader
+from respawn.app import endpoints
+from respawn.app.compute_read import Reader, reader
 from respawn.deployment import ENV_COMPUTE_ENDPOINT
 
 TPU_PRODUCTION = "https://tpu.googleapis.com"
@@ -58,10 +59,11 @@ def _ask(look: Reader, kind: str, name: str, zone: str) -> Optional[bool]:
         answer = look.get(f"projects/{look.project}/{path}")
         return _verdict(answer.status, answer.message, path)
     path = f"locations/{zone}/acceleratorTypes/{name}"
-    try:
-        r = look.session.request("GET", f"{_tpu_base()}/v2/projects/{look.project}/{path}", timeout=TIMEOUT_S)
-        body = r.json() if r.content else {}
-    except Exception:  # noqa: BLE001 - no answer (network, credentials, a body that is not JSON): the catalog decides
-        return None
-    return _verdict(r.status_code, str(((body if isinstance(body, dict) else {}).get("error") or {}).get("message")),
-                    path)
+    base = _tpu_base()
+    if base == TPU_PRODUCTION:
+        try:  # the real API probed first, as Compute Engine's is (compute_read.reader)
+            endpoints.check(endpoints.TPU, look.project)
+        except endpoints.Unreachable:
+            return None  # no answer: the catalog decides
+    answer = look.ask("GET", base, f"v2/projects/{look.project}/{path}", None, endpoints.TPU)
+    return _verdict(answer.status, answer.message, path)

@@ -182,11 +182,11 @@ def run_reporting_errors(fn, *args) -> None:
         if isinstance(exc, NoSuchJob):
             say("error", str(_no_such_job(str(exc))))
             raise typer.Exit(1) from None
-        if is_unanswered(exc):
-            from respawn.app.endpoints import FIRESTORE, where
+        if is_unanswered(exc):  # it answered the probe, then a call ran past its deadline (or was refused)
+            from respawn.app.endpoints import FIRESTORE, late, unanswered
 
-            say("error", f"{where(FIRESTORE, os.environ.get('GOOGLE_CLOUD_PROJECT'))} did not answer in time "
-                         f"({_one_line(exc)}); retry, or check the endpoint and this machine's network")
+            said = f"{late()}: {_one_line(exc)[:200]}"
+            say("error", unanswered(FIRESTORE, said, os.environ.get("GOOGLE_CLOUD_PROJECT")))
             raise typer.Exit(1) from None
         if is_api_error(exc):
             say("error", f"Firestore call failed: {_one_line(exc)}")

@@ -24,6 +24,8 @@ from typing import Callable
 from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 from google.cloud import storage
+from google.cloud.storage.retry import DEFAULT_RETRY
+from requests import Timeout
 
 from respawn.app import endpoints
 from respawn.joblogs import Listed, list_local
@@ -35,6 +37,12 @@ EMULATOR_PROJECT = "respawn-local"
 LOGIN_HINT = "run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS to a key file)"
 
 Progress = Callable[[int, int], None]  # (bytes sent, bytes in all)
+# Each read's deadline, its retries included (the library's: 60 s a request, retried for 120 s): an endpoint that
+# answered the probe and then stops answering ends the command within 10 s, in one line (respawn.app.endpoints).
+CALL = {"timeout": endpoints.CALL_DEADLINE_S, "retry": DEFAULT_RETRY.with_timeout(endpoints.CALL_DEADLINE_S)}
+# An upload's: connected within the deadline, each of its reads as slow as a large chunk may be (its progress shows).
+UPLOAD_TIMEOUT = (endpoints.CALL_DEADLINE_S, 60.0)
+UNANSWERED = (gexc.RetryError, gexc.DeadlineExceeded, Timeout)  # a call past its deadline
 
 
 class CodeStoreError(Exception):
@@ -142,7 +150,7 @@ def _put_gcs(uri: str, packed: PackedWorkdir, project: str | None, progress: Pro
     blob = client(project).bucket(bucket_name).blob(name)
     try:
         try:
-            blob.reload()
+            blob.reload(**CALL)
         except gexc.NotFound:
             pass  # no such object (or no such bucket: the upload says which)
         except gexc.Forbidden:
@@ -154,7 +162,7 @@ def _put_gcs(uri: str, packed: PackedWorkdir, project: str | None, progress: Pro
             blob.chunk_size = CHUNK_BYTES
         try:
             blob.upload_from_file(_Reporting(packed.data, progress), size=packed.size,
-                                  content_type="application/gzip", if_generation_match=0)
+                                  content_type="application/gzip", if_generation_match=0, timeout=UPLOAD_TIMEOUT)
         except gexc.PreconditionFailed:
             return Uploaded(uri, False)  # written meanwhile by another registration: same name, same bytes
     except gexc.NotFound:
@@ -168,6 +176,8 @@ def _put_gcs(uri: str, packed: PackedWorkdir, project: str | None, progress: Pro
             f"{bucket_name!r} (e.g. roles/storage.objectCreator: gcloud storage buckets add-iam-policy-binding "
             f"gs://{bucket_name} --member=user:YOU --role=roles/storage.objectCreator); Cloud Storage said: "
             f"{_said(exc)}") from None
+    except UNANSWERED:
+        raise CodeStoreError(_unanswered()) from None
     except gexc.Unauthorized as exc:
         raise CodeStoreError(f"Cloud Storage refused the credentials uploading {uri} ({_said(exc)}): {LOGIN_HINT}") from None
     except (RefreshError, DefaultCredentialsError) as exc:
@@ -178,6 +188,11 @@ def _put_gcs(uri: str, packed: PackedWorkdir, project: str | None, progress: Pro
     except (TransportError, OSError) as exc:  # requests' connection errors are OSErrors
         raise CodeStoreError(f"cannot reach Cloud Storage to upload {uri}: {exc}; check the network and retry") from None
     return Uploaded(uri, True)
+
+
+def _unanswered() -> str:
+    """The one line for a call past its deadline: the endpoint, and the likely cause."""
+    return endpoints.unanswered(endpoints.STORAGE, endpoints.late())
 
 
 def _said(exc: gexc.GoogleAPIError) -> str:
@@ -207,7 +222,9 @@ def list_logs(base: str, prefix: str = "", project: str | None = None) -> list[L
     bucket, _, under = base[len("gs://"):].partition("/")
     try:
         return [Listed(b.name[len(under):], b.size or 0, b.updated.timestamp() if b.updated else 0.0)
-                for b in _log_client(project).list_blobs(bucket, prefix=under + prefix)]
+                for b in _log_client(project).list_blobs(bucket, prefix=under + prefix, **CALL)]
+    except UNANSWERED:
+        raise CodeStoreError(_unanswered()) from None
     except gexc.Forbidden as exc:
         raise CodeStoreError(f"permission denied listing {base}{prefix}: your account needs storage.objects.list on "
                              f"bucket {bucket!r} (e.g. roles/storage.objectViewer); Cloud Storage said: "
@@ -229,10 +246,12 @@ def log_attempts(base: str, project: str | None = None) -> list[int]:
     else:
         bucket, _, under = base[len("gs://"):].partition("/")
         try:
-            pages = _log_client(project).list_blobs(bucket, prefix=under, delimiter="/")
+            pages = _log_client(project).list_blobs(bucket, prefix=under, delimiter="/", **CALL)
             for _ in pages:
                 pass  # the prefixes are known once every page was read
             names = [p[len(under):].rstrip("/") for p in pages.prefixes]
+        except UNANSWERED:
+            raise CodeStoreError(_unanswered()) from None
         except (gexc.GoogleAPIError, RefreshError, DefaultCredentialsError, TransportError, OSError) as exc:
             raise CodeStoreError(f"listing {base} failed: {exc}") from None
     return sorted(int(n) for n in names if n.isdigit())
@@ -248,7 +267,9 @@ def read_log(base: str, name: str, project: str | None = None) -> bytes:
             raise CodeStoreError(f"cannot read {base}{name}: {exc.strerror}") from None
     bucket, _, under = base[len("gs://"):].partition("/")
     try:
-        return _log_client(project).bucket(bucket).blob(under + name).download_as_bytes()
+        return _log_client(project).bucket(bucket).blob(under + name).download_as_bytes(**CALL)
+    except UNANSWERED:
+        raise CodeStoreError(_unanswered()) from None
     except gexc.Forbidden as exc:
         raise CodeStoreError(f"permission denied reading {base}{name}: your account needs storage.objects.get on "
                              f"bucket {bucket!r} (e.g. roles/storage.objectViewer); Cloud Storage said: "

@@ -4,8 +4,9 @@ client is made, and a progress line while a call that does answer is slow.
 A client library retries an endpoint that does not answer for minutes (Firestore's default retry deadline is 300 s)
 and prints nothing meanwhile. One cheap probe first — an HTTP request to an emulator (FIRESTORE_EMULATOR_HOST and
 the like), a TCP connection to the Google API host otherwise — turns that into one line within seconds, naming the
-endpoint and the likely cause. The client libraries themselves are left as they are: each call still carries its
-own deadline (respawn.app.jobstore.RPC).
+endpoint and the likely cause. The client libraries themselves are left as they are: each call the CLI makes passes
+its own deadline, CALL_DEADLINE_S (respawn.app.jobstore.RPC, codestore, compute_read), so an endpoint that answers
+the probe and then stops answering still ends the command within 10 s, in the same line (`unanswered`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from urllib.parse import urlsplit
 
 # Connect and first answer: well inside the 10 s a command may take to say its endpoint is gone (issue 46).
 PROBE_TIMEOUT_S = 4.0
+# Each call's deadline, its retries included: the probe's answer, then a call that never answers, still ends the
+# command within the 10 s (the interpreter's start, the probe, the call).
+CALL_DEADLINE_S = 5.0
 # A call slower than this shows a line on stderr, and again every PROGRESS_EVERY_S, until it returns.
 PROGRESS_AFTER_S = 2.0
 PROGRESS_EVERY_S = 5.0
@@ -43,6 +47,7 @@ PUBSUB = Service("Pub/Sub", "PUBSUB_EMULATOR_HOST", "pubsub.googleapis.com")
 STORAGE = Service("Cloud Storage", "STORAGE_EMULATOR_HOST", "storage.googleapis.com")
 # Local runs: the sim's Compute Engine and Cloud TPU (respawn.deployment.ENV_COMPUTE_ENDPOINT), a URL.
 COMPUTE = Service("Compute Engine", "RESPAWN_COMPUTE_ENDPOINT", "compute.googleapis.com")
+TPU = Service("Cloud TPU", "RESPAWN_TPU_ENDPOINT", "tpu.googleapis.com")
 
 
 class Unreachable(Exception):
@@ -77,18 +82,30 @@ def check(service: Service, project: str | None = None) -> None:
         return
     if found is not None:
         why = _http_answers(*found)
-        if why:
-            kept = [v for v in dict.fromkeys((*DEMO_EXPORTS, service.emulator_var)) if os.environ.get(v)]
-            raise Unreachable(
-                f"{where(service)} ({service.emulator_var}) does not answer ({why}): if a demo's `--keep` started it "
-                f"and has ended, unset its `export` lines (unset {' '.join(kept)}); else start the emulator or "
-                f"point {service.emulator_var} at one that runs")
     elif not any(os.environ.get(v) for v in PROXY_VARS):  # behind a proxy only the client's own call can tell
         why = _tcp_answers(service.host, 443)
-        if why:
-            raise Unreachable(f"{where(service, project)} does not answer ({why}): check this machine's network "
-                              "(DNS, firewall, a proxy to set in HTTPS_PROXY) and retry")
+    else:
+        why = ""
+    if why:
+        raise Unreachable(unanswered(service, why, project))
     _answered.add(key)
+
+
+def unanswered(service: Service, why: str, project: str | None = None) -> str:
+    """The one line for an endpoint that does not answer (at the probe, or a call past its deadline): which, why, and
+    the likely cause — a demo's `--keep` that ended, for an emulator; this machine's network, for the Google API."""
+    if emulator(service) is not None:
+        kept = [v for v in dict.fromkeys((*DEMO_EXPORTS, service.emulator_var)) if os.environ.get(v)]
+        return (f"{where(service)} ({service.emulator_var}) does not answer ({why}): if a demo's `--keep` started it "
+                f"and has ended, unset its `export` lines (unset {' '.join(kept)}); else start the emulator or point "
+                f"{service.emulator_var} at one that runs")
+    return (f"{where(service, project)} does not answer ({why}): check this machine's network (DNS, firewall, a proxy "
+            "to set in HTTPS_PROXY) and retry")
+
+
+def late(seconds: float = CALL_DEADLINE_S) -> str:
+    """Why, for a call past its deadline."""
+    return f"no answer within {seconds:g} s"
 
 
 def _http_answers(host: str, port: int) -> str:

@@ -22,16 +22,18 @@ from respawn.app import endpoints
 from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, STATS, Heartbeat, JobEvent, JobStatus, State,
                             capacity_doc_id)
 
-# A read that only adds to what is shown (`respawn zones`) gives up after this long instead of retrying for minutes.
-READ_TIMEOUT_S = 15
 # With the emulator any project id works; this one is the demo's.
 EMULATOR_PROJECT = "respawn-local"
 # Each call's own deadline, retries included (the library's default retries UNAVAILABLE for 300 s): an endpoint that
-# answered the probe (respawn.app.endpoints) but stops answering still ends the command, naming it.
-RPC_DEADLINE_S = 30.0
-RPC = {"retry": retries.Retry(predicate=retries.if_transient_error, initial=0.25, maximum=4.0,
+# answered the probe (respawn.app.endpoints) but stops answering still ends the command within 10 s, naming it.
+RPC_DEADLINE_S = endpoints.CALL_DEADLINE_S
+RPC = {"retry": retries.Retry(predicate=retries.if_transient_error, initial=0.25, maximum=2.0,
                               timeout=RPC_DEADLINE_S),
        "timeout": RPC_DEADLINE_S}
+# Writes that must not land on a job that ended: read, then update on the condition that the document is still the
+# one read (its update_time), again if it changed meanwhile; each call with its deadline (a transaction's begin and
+# commit take none).
+WRITE_TRIES = 5
 
 
 class StoreError(Exception):
@@ -168,7 +170,7 @@ class JobStore:
     def capacity_records(self, zones: list[str], accelerator: str) -> dict[str, dict[str, Any]]:
         """zone → its capacity/{zone}~{accelerator} document (the cooldown, and the statistics by model)."""
         refs = [self.db.collection(CAPACITY).document(capacity_doc_id(z, accelerator)) for z in zones]
-        got = self.db.get_all(refs, retry=None, timeout=READ_TIMEOUT_S)
+        got = self.db.get_all(refs, retry=None, timeout=RPC_DEADLINE_S)  # only adds to what is shown: no retries
         return {(s.to_dict().get("zone") or s.id.split("~")[0]): s.to_dict() for s in got if s.exists}
 
     @_told
@@ -189,19 +191,19 @@ class JobStore:
         """Write `fields` into the job's document in one transaction unless it is terminal (but for the states in
         `also`); returns the status it had. Raises NoSuchJob or JobFinished."""
         ref = self.db.collection(JOBS).document(job_id)
-
-        @firestore.transactional
-        def update(txn) -> JobStatus:
-            snap = ref.get(transaction=txn, **RPC)
+        for _ in range(WRITE_TRIES):
+            snap = ref.get(**RPC)
             if not snap.exists:
                 raise NoSuchJob(job_id)
             status = JobStatus.model_validate((snap.to_dict() or {}).get("status") or {})
             if status.state.terminal and status.state not in also:
                 raise JobFinished(status.state)
-            txn.update(ref, fields)
-            return status
-
-        return update(self.db.transaction())
+            try:
+                ref.update(fields, option=self.db.write_option(last_update_time=snap.update_time), **RPC)
+                return status
+            except gexc.FailedPrecondition:
+                continue  # the controller wrote it meanwhile: read it again
+        raise StoreError(f"jobs/{job_id} changed {WRITE_TRIES} times while being written; retry")
 
     def _event(self, job_id: str, event: JobEvent) -> None:
         self.db.collection(JOBS).document(job_id).collection(EVENTS).add(event.model_dump(), **RPC)
@@ -217,7 +219,7 @@ class JobStore:
         return status
 
 
-def nudge_sweep(project: str, topic: str, job_id: str, timeout: float = 10.0) -> None:
+def nudge_sweep(project: str, topic: str, job_id: str, timeout: float = endpoints.CALL_DEADLINE_S) -> None:
     """Publish {"task": "sweep", "job_id": …} to the sweep topic, so that the controller acts on the job now."""
     from google.cloud import pubsub_v1
 

@@ -27,7 +27,8 @@ from sim.emulators import EmulatorError
 PROJECT_ID = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")  # Google Cloud's rule for a project ID
 SUMMARY_ROWS = ("job_id", "state", "expected_state", "message", "final_step", "total_steps", "restarts", "zones",
                 "provisioning", "lost_steps",
-                "max_live_nodes", "recovery_seconds", "wall_seconds", "goodput", "cost", "summary", "report", "timeline",
+                "max_live_nodes", "recovery_seconds", "wall_seconds", "goodput", "cost", "summary", "report",
+                "describe",
                 "logs")
 
 
@@ -42,7 +43,7 @@ def demo(
     keep: bool = typer.Option(False, "--keep", help="when the job ends, leave the emulators, functions and sim "
                               "running and print the `export` lines that point `respawn jobs describe/events/logs/"
                               "report` at them; Ctrl-C stops everything"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="where logs, summary.json and timeline.html go"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="where logs.txt, summary.json and report.html go"),
     firestore_emulator: Optional[str] = typer.Option(
         None, "--firestore-emulator", metavar="HOST:PORT",
         help="use the Firestore emulator already running there (e.g. \"$FIRESTORE_EMULATOR_HOST\") instead of "

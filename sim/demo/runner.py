@@ -6,9 +6,9 @@ Eventarc and Scheduler bridges and a Slack receiver; publishes the agent zipapp 
 workdir (examples/workdir, or the trainer.workdir directory of the user's own job file) and uploads it, and
 registers the scenario's job, as `respawn jobs register` does. Each node boots the real deploy/vm/startup.sh
 (sim/node_image.py), whose agent downloads the workdir, runs the setup commands and starts the trainer on the
-interpreter the spec names. The runner injects what the scenario says and ends with a summary and a timeline.
+interpreter the spec names. The runner injects what the scenario says and ends with a summary and the report page.
 Everything it started is stopped on the way out, also on Ctrl-C (once the record of what ran is written: summary,
-report, timeline, logs); with keep, not before close().
+report, logs); with keep, not before close().
 
 Firestore and Pub/Sub emulators already running (a test session's) may be given instead: the run then keeps to a
 project of its own on them, deletes that project's documents, topics and subscriptions on the way out and leaves
@@ -35,13 +35,11 @@ from typing import Any, Callable
 from respawn import contract, deployment, losswords, schema
 from respawn.app import codestore, report
 from respawn.control import recovery_time
-from respawn.app.timeline import Mark, NodeSpan, Timeline, render_html
 from respawn.app.workdir import WorkdirError, human_bytes, pack
 from sim import emulators, netns, node_image
 from sim.demo.jobfile import JobFile
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
-from sim.demo.summary import (HeartbeatSample, Lifetime, RunRecord, from_record, lives, max_live, progress_series,
-                              recoveries, serving, summarize, workers_seen)
+from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, from_record, max_live, serving, summarize
 from sim.tpu import ENDPOINTS_HOSTNAMES
 
 # The CLI's emulator project: `respawn jobs …` with FIRESTORE_EMULATOR_HOST set and no --project sees the demo.
@@ -504,7 +502,6 @@ class DemoRun:
 
         progress = Progress(scenario=sc.name, job_id=job_id)
         samples: list[HeartbeatSample] = []
-        marks: list[Mark] = []
         seen_events: set[str] = set()
         transitions: list[dict[str, str]] = []
         pending = list(sc.preemptions)
@@ -539,13 +536,13 @@ class DemoRun:
                     ))
                     if isinstance(hb.get("total_steps"), int):  # the trainer's own total, as its status file says
                         self.total_steps = hb["total_steps"]
-                self._run_ends(beats, status, now, marks)
+                self._run_ends(beats, status, now)
                 hosts = beats.get(status.node or "") or {}
                 current = hosts.get(0) or {}
                 live = self.sim.live_nodes(job=job_id)
                 if now - last_poll_events > 1.0:
                     last_poll_events = now
-                    transitions += self._new_events(job_ref, seen_events, progress, marks, now)
+                    transitions += self._new_events(job_ref, seen_events, progress)
 
                 # Inject the next preemption when its moment has come and its targets are ready (see Preemption).
                 victims = _victims(pending[0], status, beats, known) if pending and status.node else None
@@ -561,7 +558,6 @@ class DemoRun:
                             self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
                             try:
                                 (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
-                                marks.append(Mark(now, "notice", f"{p.kind} {victim} at step {step}", zone))
                                 self.noticed[victim] = now
                             except Exception as exc:
                                 self.say(f"could not inject {p.kind} of {victim}: {exc}")
@@ -573,7 +569,7 @@ class DemoRun:
                                     when = f"in {change.delay_seconds:g} s" if change.delay_seconds else "now"
                                     self.say(f"capacity of {z.name} {when}: {change.count if change.count is not None else 'unlimited'}")
 
-                self._partition(status, beats, now, marks)
+                self._partition(status, beats, now)
                 progress.t, progress.state, progress.total_steps = now, status.state.value, self.total_steps
                 progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts
                 progress.step, progress.committed = current.get("step"), current.get("committed_step")
@@ -606,17 +602,17 @@ class DemoRun:
             self.total_steps = sc.trainer.steps
         if stopped is None:  # Ctrl-C asks to stop now: no waiting for the last alerts
             self._drain_alerts(job_id, status.state)
-        transitions += self._new_events(job_ref, seen_events, progress, marks, wall)
+        transitions += self._new_events(job_ref, seen_events, progress)
         # The page `respawn jobs report` writes for a real job, from what the control plane recorded (not from the
         # demo's own samples): the same code on the emulator's documents. Its figures (report.figures, computed once
-        # from the record) are the summary's and the timeline's too. A page that cannot be written leaves the rest of
+        # from the record) are the summary's too. A page that cannot be written leaves the rest of
         # the record, with the demo's own measures.
         try:
             page, r = report.write(JobStore(db), job_id, self.out / "report.html")
             figures, written = report.figures(r), str(page)
         except Exception as exc:  # noqa: BLE001 - named in the summary
             figures, written = None, f"not written: {type(exc).__name__}: {exc}"
-        result = self._finish(job_id, status, samples, marks, sim_t0, wall, transitions, figures)
+        result = self._finish(job_id, status, samples, sim_t0, wall, transitions, figures)
         result["transitions"] = transitions
         result["message"] = status.message  # the job's last status message: why it ended as it did
         result["partitions"] = self.partitions
@@ -625,13 +621,39 @@ class DemoRun:
         result["interrupted"] = stopped == "interrupted"
         result["summary"] = str(self.out / "summary.json")
         result["report"] = written
+        described = self._describe(job_id)  # beside the logs' reading: both are CLI processes
         result["logs"] = self._logs(job_id)
+        result["describe"] = self._described(described)
         result["nodes_left"] = [h["name"] for h in self.sim.history() if (h.get("labels") or {}).get(
             contract.LABEL_JOB) == job_id and h["live"] and h["live"][-1][1] is None]
         (self.out / "summary.json").write_text(json.dumps(result, indent=2))
         if stopped not in (None, "interrupted"):
             raise DemoError(f"the run stopped: {stopped}")
         return result
+
+    def _describe(self, job_id: str) -> subprocess.Popen | str:
+        """`respawn jobs describe JOB`, started: what it prints goes to describe.txt (the job for a person, as a
+        user's shell shows it; every figure the report's), while the logs are read."""
+        try:
+            with open(self.out / "describe.txt", "w") as f:
+                return subprocess.Popen([sys.executable, "-m", "respawn", "jobs", "describe", job_id, "--project",
+                                         self.project], stdout=f, stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, "COLUMNS": "200"})
+        except OSError as exc:
+            return f"respawn jobs describe could not run: {exc}"
+
+    def _described(self, started: subprocess.Popen | str) -> str:
+        """Where describe's table is, or why it is not."""
+        if isinstance(started, str):
+            return started
+        try:
+            code = started.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            started.kill()
+            started.wait()
+            return "respawn jobs describe did not end within 120 s"
+        told = self.out / "describe.txt"
+        return str(told) if code == 0 else f"respawn jobs describe failed: see {told}"
 
     def _logs(self, job_id: str) -> list[str]:
         """Every node's logs, the lost ones' too, as `respawn jobs logs` shows them (docs/watching.md), into logs.txt;
@@ -652,22 +674,18 @@ class DemoRun:
             said = collections.Counter({nodes.pop() if len(nodes) == 1 else "its one node": len(lines)})
         return [f"{node}: {n} lines" for node, n in sorted(said.items())] + [f"in {self.out / 'logs.txt'}"]
 
-    def _run_ends(self, beats: dict[str, dict[int, dict]], status: schema.JobStatus, now: float,
-                  marks: list[Mark]) -> None:
+    def _run_ends(self, beats: dict[str, dict[int, dict]], status: schema.JobStatus, now: float) -> None:
         """A flex-start node's agent acting on its run's end is that node's notice (not injected: the sim's run ends
         on its own): from the first heartbeat that says so, the node only saves and goes."""
-        zones = {m.node: m.zone for m in status.members if m.node}
         for node, hosts in beats.items():
             hb = hosts.get(0) or {}
             if hb.get("notice") == contract.NOTICE_RUN_ENDING and node not in self.noticed:
                 # When the agent said so, not when this poll saw it: the controller may start the next node between.
                 said = hb.get("heartbeat_at")
                 self.noticed[node] = min(now, said.timestamp() - self._wall_t0) if isinstance(said, datetime) else now
-                marks.append(Mark(now, "notice", f"run ending {node} at step {hb.get('step')}", zones.get(node)))
                 self.say(f"{node}'s flex-start run is ending: it saves at step {hb.get('step')} and stops")
 
-    def _partition(self, status: schema.JobStatus, beats: dict[str, dict[int, dict]], now: float,
-                   marks: list[Mark]) -> None:
+    def _partition(self, status: schema.JobStatus, beats: dict[str, dict[int, dict]], now: float) -> None:
         """The scenario's partition fault: cut the slot's member off from its peers once the generation trains at
         the step; heal it when due; record when every rank of a newer generation has stepped past that step (the
         recovery, `recovery_seconds` after the partition)."""
@@ -690,7 +708,6 @@ class DemoRun:
                 return
             self.sim.partition(target.zone, target.node)
             self.say(f"partitioning {target.node} from its peers at step {step}")
-            marks.append(Mark(now, "notice", f"partition {target.node} at step {step}", target.zone))
             self.partitions.append({"node": target.node, "zone": target.zone, "at": round(now, 1), "step": step,
                                     "generation": g.get("number"), "healed_at": None, "recovery_seconds": None})
             return
@@ -708,7 +725,7 @@ class DemoRun:
             e["recovery_seconds"] = round(now - e["at"], 1)
             self.say(f"every rank steps past step {e['step']} again, {e['recovery_seconds']} s after the partition")
 
-    def _new_events(self, job_ref, seen: set[str], progress: Progress, marks: list[Mark], now: float) -> list[dict]:
+    def _new_events(self, job_ref, seen: set[str], progress: Progress) -> list[dict]:
         """The job's lifecycle events not seen before, oldest first; each is shown and kept for the summary."""
         fresh = []
         for ev in job_ref.collection(schema.EVENTS).order_by("at").stream():
@@ -723,8 +740,6 @@ class DemoRun:
             line = f"{e.get('from_state') or '-'} → {e.get('to_state')}: {told}"
             progress.events.append(line)
             self.say(f"event: {line}")
-            if e.get("to_state") == "PROVISIONING" and e.get("from_state") in ("PREEMPTED", "RESTARTING", "RUNNING"):
-                marks.append(Mark(now, "restart", e.get("cause", "")))
             fresh.append({"from": e.get("from_state"), "to": e.get("to_state"), "cause": e.get("cause"),
                           "details": e.get("details") or {}})
         return fresh
@@ -743,11 +758,10 @@ class DemoRun:
                 return
             time.sleep(0.2)
 
-    def _finish(self, job_id, status, samples, marks, sim_t0, wall, transitions,
+    def _finish(self, job_id, status, samples, sim_t0, wall, transitions,
                 figures: dict[str, Any] | None) -> dict[str, Any]:
         history = [h for h in self.sim.history() if (h.get("labels") or {}).get("respawn-job") == job_id]
-        hosts = workers_seen(samples)
-        lifetimes, spans = [], []
+        lifetimes = []
         for h in history:
             for start, end in h["live"]:
                 s, e = start - sim_t0, (None if end is None else end - sim_t0)
@@ -755,8 +769,6 @@ class DemoRun:
                 lifetimes.append(Lifetime(h["name"], h["zone"], s, e, final,
                                           (h.get("labels") or {}).get(contract.LABEL_SLOT),
                                           SPEC_MODELS.get(h.get("provisioningModel", ""), "")))
-                spans.append(NodeSpan(h["name"], h["zone"], s, wall if e is None else e, final if e is not None else "running",
-                                      workers=len(hosts.get(h["name"]) or [0])))
         alerts = [p.get("text", "") for p in self.slack.payloads]
         recovered = [e["details"] for e in transitions if recovery_time.told(e["cause"], e["details"])]
         rec = RunRecord(job_id=job_id, total_steps=self.total_steps, wall_seconds=wall, state=status.state.value,
@@ -773,32 +785,5 @@ class DemoRun:
                  for start, end in h["live"]]
         result.update(max_queued_resources=max_live(serving(asked, self.noticed), wall),
                       queued_resources_left=len(self.sim.queued_resources(job_id)))
-        told = []
-        for r in recoveries(recovered):  # the controller's figure, on the run's clock
-            notice, back = (datetime.fromisoformat(r[k]).timestamp() - self._wall_t0 for k in ("notice_at", "stepping_at"))
-            marks.append(Mark(back, "training again", f"{recovery_time.text(r['recovery_seconds'])} after the notice "
-                                                      f"at {notice:.1f} s (recovery time)"))
-            told.append((notice, back, recovery_time.text(r["recovery_seconds"])))
-        ordered = lives(samples)
-        for prev, nxt in zip(ordered, ordered[1:]):
-            downtime = (prev.last_t, nxt.first_t)
-            marks.append(Mark(prev.last_t, "emergency" if prev.last_committed == prev.last_step else "checkpoint",
-                              f"committed step {prev.last_committed}", step=prev.last_committed))
-            marks.append(Mark(nxt.first_t, "restart", f"{nxt.node} resumed"))
-            result.setdefault("_downtime", []).append(downtime)
-        committed_seen: set[int] = set()
-        for s in samples:
-            if s.committed_step and s.committed_step not in committed_seen:
-                committed_seen.add(s.committed_step)
-                marks.append(Mark(s.t, "checkpoint", f"step {s.committed_step}"))
-        downtime = result.pop("_downtime", [])
-        if ordered:
-            downtime.insert(0, (0.0, ordered[0].first_t))
-        timeline = Timeline(title=f"respawn demo: {self.sc.name}", wall_seconds=wall, zones=[z.name for z in self.sc.zones],
-                            nodes=spans, marks=marks, downtime=downtime, progress=progress_series(samples),
-                            total_steps=self.total_steps or 0,
-                            summary={k: v for k, v in result.items() if k != "alerts"}, recoveries=told)
-        (self.out / "timeline.html").write_text(render_html(timeline))
         result["expected_state"] = self.sc.expect.state.value
-        result["timeline"] = str(self.out / "timeline.html")
         return result

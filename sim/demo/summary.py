@@ -98,22 +98,6 @@ def recoveries(recovered: list[dict]) -> list[dict]:
     return [{k: d.get(k) for k in keys} for d in recovered]
 
 
-def progress_series(samples: list[HeartbeatSample]) -> list[list[tuple[float, int]]]:
-    """The step line of each trainer life, in order: (t, step) up to the life's last progress. A finished or dead
-    node's document keeps reporting its last step while the next life trains; drawn with the live one as a single
-    series, that stale value made the line jump back and forth. Each series is non-decreasing in t and step."""
-    series = []
-    for life in lives(samples):
-        points, top = [], -1
-        for s in sorted(samples, key=lambda s: s.t):
-            if (s.node, s.life) != (life.node, life.life) or s.step is None or s.t > life.last_t or s.step < top:
-                continue
-            top = s.step
-            points.append((s.t, s.step))
-        series.append(points)
-    return series
-
-
 def workers_seen(samples: list[HeartbeatSample]) -> dict[str, list[int]]:
     """Per node, the workers that beat (a single host: [0])."""
     seen: dict[str, set[int]] = {}
