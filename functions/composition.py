@@ -13,10 +13,11 @@ import json
 import sys
 from typing import Any
 
+from respawn import oci
 from respawn.contract import (ATTR_AGENT, ATTR_ATTEMPT, ATTR_GENERATION, ATTR_INSTALL_NVIDIA_DRIVER, ATTR_JOB_ID,
                               ATTR_LIBRARY, ATTR_PROJECT, ATTR_SETTINGS, ATTR_STARTUP, DEFAULT_HEARTBEAT_SECONDS,
-                              DEFAULT_NOTICE_BUDGET_SECONDS, LABEL_ATTEMPT, LABEL_JOB, LABEL_SLOT, MAX_ATTEMPT,
-                              MAX_NODE_LABELS, NodeSettings)
+                              DEFAULT_NOTICE_BUDGET_SECONDS, IMAGE_PINNED, LABEL_ATTEMPT, LABEL_JOB, LABEL_SLOT,
+                              MAX_ATTEMPT, MAX_NODE_LABELS, NodeSettings)
 from respawn.schema import JobSpec, SpecError, parse_spec
 
 # Compute Engine's limits on a node's metadata (gcp-facts §9; a TPU VM's is a Compute Engine VM's): one value at most
@@ -59,6 +60,7 @@ def node_settings(spec: JobSpec, *, heartbeat_seconds: float, notice_budget_seco
         sweep_topic=sweep_topic,
         heartbeat_database=heartbeat_database,
         cloud_logging=spec.logs.cloud_logging,
+        image=spec.trainer.image,
     )
 
 
@@ -98,6 +100,10 @@ def _metadata_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     """Whether the metadata a node of `spec` would be created with exceeds Compute Engine's limits; if so, one error
     on the field of the spec that holds the most of it (only the spec's own fields vary, all of them inside
     respawn-settings)."""
+    image = spec.trainer.image
+    if image is not None and not IMAGE_PINNED.match(image):  # as written; nodes get it pinned, a digest longer
+        pinned = oci.parse(image).pinned("sha256:" + "0" * 64)
+        spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"image": pinned})})
     items = node_metadata(spec, MAX_ATTEMPT, startup_script="#" * STARTUP_SCRIPT_ALLOWANCE, **_DEPLOYMENT_STAND_INS)
     sizes = {key: len(value.encode()) for key, value in items.items()}
     over = [f"the node's metadata value {key} would be {size:,} bytes, over the {METADATA_VALUE_LIMIT:,} (256 KiB) "
@@ -109,7 +115,8 @@ def _metadata_errors(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
         return []
     fields = {("trainer", "command"): spec.trainer.command, ("trainer", "env"): spec.trainer.env,
               ("trainer", "setup"): spec.trainer.setup, ("trainer", "workdir"): spec.trainer.workdir,
-              ("trainer", "interpreter"): spec.trainer.interpreter, ("checkpoint_uri",): spec.checkpoint_uri}
+              ("trainer", "interpreter"): spec.trainer.interpreter, ("trainer", "image"): spec.trainer.image,
+              ("checkpoint_uri",): spec.checkpoint_uri}
     field_sizes = {loc: len(json.dumps(value).encode()) for loc, value in fields.items()}
     loc = max(field_sizes, key=field_sizes.__getitem__)
     return [(loc, f"{_kib(field_sizes[loc])} here: {'; '.join(over)}. Keep large data out of the job spec: in the "
@@ -132,11 +139,16 @@ def fit_errors(spec: JobSpec) -> list[str]:
     return [f"{'.'.join(loc)}: {message}" for loc, message in _label_errors(spec) + _metadata_errors(spec)]
 
 
-def admit(data: Any) -> JobSpec:
+def admit(data: Any, stored: bool = False) -> JobSpec:
     """The spec a job is registered and run with: valid (schema.parse_spec) and its nodes within the platform's
-    limits; else SpecError naming every bad field."""
+    limits; else SpecError naming every bad field. `stored`: the job's document, which holds trainer.image pinned by
+    digest (`respawn jobs register` resolves a tag), so that every node runs the same bytes."""
     spec = parse_spec(data)
     errors = fit_errors(spec)
+    image = spec.trainer.image
+    if stored and image is not None and not IMAGE_PINNED.match(image):
+        errors.append(f"trainer.image: {image} is not pinned by digest: register the job with `respawn jobs "
+                      "register`, which resolves its tag, or write it as NAME:TAG@sha256:HEX")
     if errors:
         raise SpecError(errors)
     return spec

@@ -139,7 +139,7 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
         status = JobStatus()
     spec, errors = None, ()
     try:
-        spec = composition.admit(doc.get("spec"))
+        spec = composition.admit(doc.get("spec"), stored=True)
         if spec.id != job_id:
             raise SpecError([f"id: {spec.id!r} does not match the document id {job_id!r}"])
     except SpecError as exc:

@@ -81,6 +81,16 @@ class Catalog:
         return region in t["regions"] and not any(region_of(z) == region for z in t["zones"])
 
 
+def architecture(accelerator: Any) -> str:
+    """The CPU architecture of the job's VMs as OCI platforms name it, amd64 or arm64: a GPU VM's from its machine
+    series (the catalog's arm64_series: A4X, C4A, …), a TPU VM host's from tpu_host_architecture."""
+    data = load().data
+    if accelerator.kind == "tpu":
+        return data["tpu_host_architecture"]
+    series = accelerator.machine_type.split("-", 1)[0]
+    return "arm64" if series in data["arm64_series"] else "amd64"
+
+
 @lru_cache(maxsize=1)
 def load() -> Catalog:
     return Catalog(json.loads(PATH.read_text()))

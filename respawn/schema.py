@@ -30,6 +30,7 @@ from respawn.contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
 from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
 from respawn.contract import LOG_RETENTION_DAYS
+from respawn import oci
 from respawn.deployment import RESPAWN_PREFIX
 from respawn.prices import shape_of
 
@@ -196,6 +197,9 @@ class Trainer(_Strict):
     interpreter: str = Field(default=DEFAULT_INTERPRETER, min_length=1,
                              description="the trainer's Python: the image's python3, or a path such as "
                                          "/opt/conda/bin/python; Respawn's checkpoint library is installed into it")
+    image: str | None = Field(
+        default=None, description="the OCI image the trainer runs in (REGISTRY/PATH:TAG or @sha256:HEX; Docker Hub "
+                                  "without a registry host); `respawn jobs register` pins a tag to its digest")
     cache: list[str] = Field(default_factory=list,
                              description="what setup produces (.venv, ~/.cache/pip): archived once after setup ran, "
                                          "restored on a fresh node instead of running setup (same inputs only)")
@@ -251,7 +255,20 @@ class Trainer(_Strict):
             raise ValueError(str(exc).removeprefix("cache: ")) from None
         if paths and not info.data.get("setup"):
             raise ValueError("keeps what trainer.setup produces: add the setup commands, or leave cache out")
+        if paths and info.data.get("image"):
+            raise ValueError("not with trainer.image: build what setup makes into the image (a node keeps its pulled "
+                             "layers), or leave cache out")
         return paths
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                oci.parse(v)
+            except oci.BadReference as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("interpreter")
     @classmethod

@@ -77,7 +77,7 @@ def called_by_controller() -> set[str]:
 def called_by_node() -> set[str]:
     methods = set(CALLS["node"]["guest-logging-agent"])  # the node's journal shipped by the guest logging agent
     agent = "\n".join(p.read_text() for p in sorted((ROOT / "node_agent").glob("*.py")))
-    for rest in ("documents:commit", "?mask.fieldPaths=", ":publish"):
+    for rest in ("documents:commit", "?mask.fieldPaths=", ":publish", "oauth2accesstoken"):
         if rest in agent:
             methods.update(CALLS["node"][rest])
     storage = (ROOT / "trainer" / "storage.py").read_text()

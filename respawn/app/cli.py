@@ -220,6 +220,7 @@ def register(
             _check_image(spec, project)
             _check_network(spec, project)
             _check_quota(spec, project)
+            spec = _pin_trainer_image(spec, trainer)
             if dry_run:
                 out.print(Text.assemble(f"{file}: valid; would register ", (spec.id, "bold"),
                                         " (dry run: nothing written)"))
@@ -231,6 +232,7 @@ def register(
         _check_image(spec, project)
         _check_network(spec, project)
         _check_quota(spec, project)
+        _pin_trainer_image(spec, trainer)  # into `trainer`, which the parse below reads again
         store = None
         if not dry_run:
             store = _store(project)
@@ -277,6 +279,25 @@ def _check_image(spec: schema.JobSpec, project: str | None) -> None:
                     "handles the job")
     else:
         out.print(f"boot image: {found.image} → {found.detail}", highlight=False)
+
+
+def _pin_trainer_image(spec: schema.JobSpec, trainer: dict | None) -> schema.JobSpec:
+    """The spec with trainer.image pinned by digest (respawn.app.registry: the tag resolved, the image checked to
+    exist and to run on the VMs' architecture), written into `trainer` too; a failure refuses the job (exit 2)."""
+    image = spec.trainer.image
+    if image is None:
+        return spec
+    from respawn import catalog
+    from respawn.app.registry import RegistryError, resolve
+
+    try:
+        found = resolve(image, catalog.architecture(spec.accelerator))
+    except RegistryError as exc:
+        raise CliError(f"{spec.id}: {exc}", code=2) from None
+    out.print(f"trainer.image: {image} → {found.pinned} ({', '.join(found.platforms)})", highlight=False)
+    if trainer is not None:
+        trainer["image"] = found.pinned
+    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"image": found.pinned})})
 
 
 def _check_network(spec: schema.JobSpec, project: str | None) -> None:
