@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -126,6 +127,16 @@ def test_register_names_an_unreachable_registry(tmp_path):
     r = dry_run(tmp_path, f"{host}/team/trainer:v1")
     assert r.returncode == 2
     assert f"registry {host} unreachable" in one_error_line(r)
+
+
+def test_register_gives_up_on_a_silent_registry_at_the_deadline(tmp_path):
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        host = f"127.0.0.1:{silent.getsockname()[1]}"
+        r = dry_run(tmp_path, f"{host}/team/trainer:v1")
+    assert r.returncode == 2
+    assert f"registry {host} did not answer within 10 s" in one_error_line(r)
 
 
 class _TokenGate(http.server.BaseHTTPRequestHandler):
