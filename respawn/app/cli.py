@@ -284,20 +284,18 @@ def _check_image(spec: schema.JobSpec, project: str | None) -> None:
 def _pin_trainer_image(spec: schema.JobSpec, trainer: dict | None) -> schema.JobSpec:
     """The spec with trainer.image pinned by digest (respawn.app.registry: the tag resolved, the image checked to
     exist and to run on the VMs' architecture), written into `trainer` too; a failure refuses the job (exit 2)."""
-    image = spec.trainer.image
-    if image is None:
+    if spec.trainer.image is None:
         return spec
-    from respawn import catalog
-    from respawn.app.registry import RegistryError, resolve
+    from respawn.app.registry import RegistryError, pin
 
     try:
-        found = resolve(image, catalog.architecture(spec.accelerator))
+        pinned, found = pin(spec)
     except RegistryError as exc:
         raise CliError(f"{spec.id}: {exc}", code=2) from None
-    out.print(f"trainer.image: {image} → {found.pinned} ({', '.join(found.platforms)})", highlight=False)
+    out.print(f"trainer.image: {spec.trainer.image} → {found.pinned} ({', '.join(found.platforms)})", highlight=False)
     if trainer is not None:
         trainer["image"] = found.pinned
-    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"image": found.pinned})})
+    return pinned
 
 
 def _check_network(spec: schema.JobSpec, project: str | None) -> None:

@@ -231,3 +231,14 @@ def resolve(image: str, architecture: str, deadline_seconds: float = DEADLINE_SE
                             f"are linux/{architecture}: build it for linux/{architecture} (docker buildx build "
                             f"--platform linux/{architecture})")
     return Resolved(ref.pinned(digest), digest, names)
+
+
+def pin(spec: Any) -> tuple[Any, Optional[Resolved]]:
+    """A JobSpec with trainer.image pinned (resolve, against the architecture of the spec's VMs), and what was
+    found; the spec itself and None when it names no image. RegistryError as resolve."""
+    from respawn import catalog
+
+    if spec.trainer.image is None:
+        return spec, None
+    found = resolve(spec.trainer.image, catalog.architecture(spec.accelerator))
+    return spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"image": found.pinned})}), found
