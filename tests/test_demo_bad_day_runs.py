@@ -173,8 +173,9 @@ def test_one_out_folder_is_one_runs(tmp_path):
 
 def test_the_cli_fails_fast_once_a_kept_demo_has_ended(tmp_path):
     """The issue's case: `demo --keep` (its own emulators), its `export` lines copied, then Ctrl-C. The hints it
-    printed name respawn as it was started; with the exports still set, `jobs describe` and `jobs list` end within
-    10 s in one line naming the stopped emulator and the `unset` to run, not minutes of retries."""
+    printed name respawn as it was started; with the exports still set, `jobs describe` and `jobs list` end in one
+    line naming the stopped emulator and the `unset` to run (within 10 s: the probe's deadline; not asserted), not
+    minutes of retries."""
     import select
     import shlex
 
