@@ -6,7 +6,8 @@ CAP_SYS_RESOURCE: ../shared/reference/local-testing.md), so each node gets, unde
   temporary state in the node's /run;
 - storage.conf: the image layers and containers on the node's disk (`<node dir>/containers/storage`: a restart in
   place keeps the pulled layers, a deleted VM loses them), the run state in the node's /run;
-- registries.conf: the sim's registries reached over plain http (the local stand-in for Artifact Registry).
+- registries.conf: the sim's registries reached over plain http (the local stand-in for Artifact Registry), each
+  with its relay on the bridge as a mirror for a node in a network namespace of its own (its 127.0.0.1 is its own).
 and the environment that points podman at them (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF,
 CONTAINERS_REGISTRIES_CONF), the agent's runtime (RESPAWN_CONTAINER_RUNTIME=podman) and the registries that get the
 node's token (RESPAWN_REGISTRY_TOKEN_HOSTS). A power-off takes the node's containers too (sim/nodes.py guest_pids:
@@ -18,9 +19,37 @@ from before the power-off are stopped, not running) as it does on a VM.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, str]]:
+    """(file system type, options, mount point) of this machine's cgroup hierarchies (v1 and v2)."""
+    found = []
+    with open(mountinfo) as f:
+        for line in f:
+            mine, _, theirs = line.partition(" - ")
+            fstype, _, superopts = theirs.split()[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                options = ",".join(o for o in superopts.split(",") if o not in ("rw", "ro"))
+                found.append((fstype, options, mine.split()[4]))
+    return found
+
+
+def netns_prefix() -> list[str]:
+    """What a node in a network namespace of its own runs its boot command under (after `ip netns exec`, which
+    gives it a mount namespace of its own with a fresh /sys, and so no cgroup hierarchy: runc fails with "no cgroup
+    mount found in mountinfo"): the machine's cgroup hierarchies mounted again in that mount namespace alone (a
+    mount of an existing hierarchy attaches to it; nothing of the machine's mounts changes), then exec."""
+    steps = ["mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup"]
+    for fstype, options, point in cgroup_mounts():
+        if point.startswith("/sys/fs/cgroup/"):
+            opts = f" -o {shlex.quote(options)}" if options else ""
+            steps.append(f"mkdir -p {shlex.quote(point)} && mount -t {fstype}{opts} {fstype} {shlex.quote(point)}")
+    return ["sh", "-c", " && ".join(steps) + ' && exec "$@"', "node-cgroups"]
+
 
 # The highest limits runc can set here (higher ones fail with "error setting rlimit type 7/6").
 ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
@@ -36,8 +65,11 @@ class NodeContainers:
 
     registries: tuple[str, ...] = ()
 
-    def prepare(self, node_dir: Path) -> dict[str, str]:
-        """At boot: the node's /run emptied, its configuration written; the environment that points podman at it."""
+    def prepare(self, node_dir: Path, reach: Callable[[str], str] | None = None) -> dict[str, str]:
+        """At boot: the node's /run emptied, its configuration written; the environment that points podman at it.
+        `reach` maps a registry's HOST:PORT on this machine to where the node reaches it (the sim's netns mode: its
+        relay on the bridge), which registries.conf names as the registry's mirror: the image's reference (and the
+        token's host) stay the registry's own, as on Google Cloud, and a pull by digest goes to the mirror."""
         etc, run = node_dir / "etc" / "containers", node_dir / "run"
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
@@ -56,7 +88,13 @@ class NodeContainers:
             'driver = "overlay"\n'
             f'graphroot = "{node_dir}/containers/storage"\n'
             f'runroot = "{run}/containers/storage"\n')
-        registries = "".join(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n' for host in self.registries)
+        registries = ""
+        for host in self.registries:
+            registries += f'[[registry]]\nlocation = "{host}"\ninsecure = true\n'
+            mirror = reach(host) if reach is not None else host
+            if mirror != host:
+                registries += f'[[registry.mirror]]\nlocation = "{mirror}"\ninsecure = true\n'
+
         (etc / "registries.conf").write_text(f"unqualified-search-registries = []\n{registries}")
         return {"CONTAINERS_CONF": str(etc / "containers.conf"),
                 "CONTAINERS_STORAGE_CONF": str(etc / "storage.conf"),

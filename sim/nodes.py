@@ -27,7 +27,7 @@ from respawn.agent.supervisor import processes_with
 from sim.emulators import group_alive
 from sim.metadata import MetadataServer
 from sim.netns import Host, Network
-from sim.node_containers import NodeContainers
+from sim.node_containers import NodeContainers, netns_prefix
 
 
 def guest_pids(boot_id: str, node_dir: Path | None = None) -> list[int]:
@@ -125,13 +125,15 @@ class NodeRuntime:
             env["GCE_METADATA_IP"] = self.metadata.host  # google-auth pings this one
             env["RESPAWN_NODE_DIR"] = str(self.directory)
             if self.containers is not None:
-                env.update(self.containers.prepare(self.directory))
+                reach = (lambda host: self.network.node_env({"host": host})["host"]) if self.network else None
+                env.update(self.containers.prepare(self.directory, reach))
             env.update(boot_env or {})
             # A fresh id per boot, as the kernel's boot_id: the agent tells a reboot from its own restart by it.
             self.boot_id = env["RESPAWN_BOOT_ID"] = uuid.uuid4().hex
             argv = list(self.boot_command)
             if self.host is not None:
-                argv = ["ip", "netns", "exec", self.host.netns, *argv]  # execs argv: the same process
+                prefix = netns_prefix() if self.containers is not None else []  # runc needs the cgroups
+                argv = ["ip", "netns", "exec", self.host.netns, *prefix, *argv]  # execs argv: the same process
             with open(self.console_log, "ab") as log:
                 self.proc = subprocess.Popen(
                     argv, cwd=self.directory, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -6,7 +6,7 @@ only ever has that name: a half-built one is named `.partial-PID` and removed by
    import` of the root's tar would make (its /dev, apt's caches and the docs left out);
 2. the environment: torch and numpy as installed in this interpreter (torch 2.13.0 CPU, cp311: the ABI of Debian's
    3.11), with torch's declared requirements (sympy, networkx, jinja2, ...), copied by their RECORD files into
-   /usr/local/lib/python3.11/dist-packages, compiled to .pyc (unchecked hashes: valid whatever the files' mtimes);
+   /usr/local/lib/python3.11/dist-packages (their scripts, torchrun among them, into /usr/local/bin), compiled to .pyc (unchecked hashes: valid whatever the files' mtimes);
    torch's C++ headers, CMake files, test binaries and test libraries (nothing imports them) are left out;
 3. the trainer: the demo's example workdir (examples/workdir: train.py reads through a 2-worker DataLoader and uses
    Respawn's checkpoint library) in /opt/trainer, and `python` → python3 as in the images users start from.
@@ -77,17 +77,25 @@ def _closure(names: tuple[str, ...] = DISTRIBUTIONS) -> list[metadata.Distributi
     return [found[k] for k in sorted(found)]
 
 
+SCRIPTS = "../../../bin/"  # a RECORD's console scripts (torchrun, …), relative to the site folder
+
+
 def _environment_files() -> list[tuple[str, Path]]:
-    """(path under the site folder, file here) of every file of the environment layer."""
+    """(path in the image, file here) of every file of the environment layer: the packages under SITE, their console
+    scripts under usr/local/bin."""
     files = []
     for dist in _closure():
         for f in dist.files or []:
             rel = str(f)
-            if rel.startswith("..") or rel.startswith("/") or LEAVE_OUT.search(rel):
+            if rel.startswith(SCRIPTS) and "/" not in rel[len(SCRIPTS):]:
+                target = f"usr/local/bin/{rel[len(SCRIPTS):]}"
+            elif rel.startswith("..") or rel.startswith("/") or LEAVE_OUT.search(rel):
                 continue
+            else:
+                target = f"{SITE}/{rel}"
             path = Path(dist.locate_file(f))
             if path.is_file():
-                files.append((rel, path))
+                files.append((target, path))
     return sorted(set(files))
 
 
@@ -199,15 +207,18 @@ def _base_root(partial: Path, log: Path, say: Callable[[str], None]) -> Path:
 
 def _environment_tree(dest: Path, log: Path, say: Callable[[str], None]) -> None:
     files = _environment_files()
-    site = dest / SITE
     names = ", ".join(f"{d.metadata['Name']} {d.version}" for d in _closure())
     say(f"copying {names} from {sys.executable} ({len(files)} files)")
     for rel, path in files:
-        target = site / rel
+        target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
+        if rel.startswith("usr/local/bin/"):  # pip wrote this interpreter's path into the script: the image's python3
+            lines = target.read_bytes().split(b"\n", 1)
+            if lines[0].startswith(b"#!"):
+                target.write_bytes(b"#!/usr/bin/python3\n" + (lines[1] if len(lines) > 1 else b""))
     say("compiling them to .pyc (once, so a container's first import of torch compiles nothing)")
-    _run([sys.executable, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash", str(site)],
+    _run([sys.executable, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash", str(dest / SITE)],
          log, "compiling the environment's .pyc", ok=(0, 1))  # 1: a file it cannot compile (torch's py312 tests)
 
 

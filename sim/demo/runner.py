@@ -22,6 +22,8 @@ import copy
 import json
 import os
 import re
+import shlex
+import shutil
 import socket
 import signal
 import subprocess
@@ -36,7 +38,8 @@ from respawn import contract, deployment, losswords, schema
 from respawn.app import codestore, report
 from respawn.control import recovery_time
 from respawn.app.workdir import WorkdirError, human_bytes, pack
-from sim import emulators, netns, node_image
+from sim import emulators, netns, node_image, registry, trainer_image
+from sim.node_containers import NodeContainers
 from sim.demo.jobfile import JobFile
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
 from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, from_record, max_live, serving, summarize
@@ -133,9 +136,10 @@ DEMO_PLACEMENT = {"cooldown_seconds": 20, "max_backoff_seconds": 8}
 
 
 def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None,
-             job: JobFile | None = None) -> dict[str, Any]:
+             job: JobFile | None = None, image: str | None = None) -> dict[str, Any]:
     """The job document's spec: the demo's defaults for the scenario's trainer (examples/workdir's train.py after its
-    setup command, on this interpreter), or the user's job file, with `sc.job` laid over them."""
+    setup command, on this interpreter, or in `image` on its python3), or the user's job file, with `sc.job` laid
+    over them."""
     if job is not None:
         return _merge(stand_in_spec(job, sc, checkpoint_dir, workdir), sc.job)
     t = sc.trainer
@@ -154,6 +158,8 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None,
         command = ["python", "-m", "respawn.ckpt.launch", "torchrun", "--nnodes", "1", "--nproc-per-node",
                    str(t.ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr",
                    "127.0.0.1", *command[1:2], "--ranks", str(t.ranks), *command[2:]]
+    if t.shell:  # a shell without exec as the container's first process (its entrypoint, as many images have)
+        command = ["sh", "-c", shlex.join(command)]
     if sc.accelerator == "gpu":
         accelerator = {"kind": "gpu", "machine_type": GPU_MACHINE}
     else:
@@ -169,6 +175,8 @@ def job_spec(sc: Scenario, checkpoint_dir: Path, workdir: str | None = None,
         "max_failures": 10,
         "placement": dict(DEMO_PLACEMENT),
     }
+    if image is not None:  # its python3 runs setup and the trainer; the workdir is mounted in
+        base["trainer"].update(image=image, interpreter="python3")
     return _merge(base, sc.job)
 
 
@@ -262,6 +270,7 @@ class DemoRun:
         self.partitions: list[dict[str, Any]] = []  # the partition fault as injected, and its recovery
         self.noticed: dict[str, float] = {}  # node → when its preemption (or host error) was injected
         self.total_steps: int | None = None  # the job's steps: what its trainer reports (the summary's total_steps)
+        self.image: str | None = None  # the trainer's image in the local registry, pinned (a scenario's trainer.image)
 
     # --- start-up -----------------------------------------------------------------------------------------------
 
@@ -315,6 +324,7 @@ class DemoRun:
         self.stack.push("audit router", self.router.close)
         if sc.faults.drop_events:
             self.router.drop_next(sc.faults.drop_events)
+        containers = self._trainer_image() if sc.trainer.image and self.job is None else None
         self.say("publishing the agent zipapp to the storage emulator, as the build does")
         self.agent = node_image.publish_agent(self.out / "release", self.storage)
         # The node image's python3 is this interpreter; a node boots the real startup script.
@@ -333,10 +343,38 @@ class DemoRun:
         self.sim = SimServer(self.project, notice_seconds=sc.notice_seconds, op_delay=0.3,
                              boot_command=boot_command, node_env=node_env, network="loopback" if why_not else "netns",
                              nodes_root=self.out / "nodes", audit_sink=self.router,
-                             tpu_endpoints=sc.tpu_endpoints, run_duration_scale=sc.run_duration_scale).start()
+                             tpu_endpoints=sc.tpu_endpoints, run_duration_scale=sc.run_duration_scale,
+                             node_containers=containers).start()
         self.stack.push("sim", self.sim.stop)
         if sc.faults.api_error_rate:
             self.sim.set_api_faults(rate=sc.faults.api_error_rate, methods=("insert", "create"))
+
+    def _trainer_image(self) -> NodeContainers:
+        """The trainer's image in a local registry (Artifact Registry's stand-in), built first if not cached; the
+        nodes' podman configuration that pulls from it."""
+        missing = [p for p in ("podman", "runc") if shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}")]
+        if missing or os.geteuid() != 0:
+            raise DemoError(f"the scenario runs the trainer in an image, which needs root and podman with runc "
+                            f"(missing: {', '.join(missing) or 'root'}): apt-get install podman runc docker-registry")
+        try:
+            reg = registry.start(self.out / "registry")
+        except registry.RegistryError as exc:
+            raise DemoError(str(exc)) from None
+        def stop() -> None:  # its blobs are copies of the cached image's: not part of the run's record
+            reg.stop()
+            shutil.rmtree(reg.root / "storage", ignore_errors=True)
+
+        self.stack.push("registry", stop, reg.proc.pid)
+        self.say(f"Artifact Registry's stand-in on {reg.host}; the trainer image: "
+                 + ("cached" if trainer_image.cached() else "building it (a few minutes, once)"))
+        started = time.monotonic()
+        try:
+            image = trainer_image.build(lambda line: self.say(f"trainer image: {line}"))
+            self.image = trainer_image.push(image, reg.host, say=lambda line: self.say(f"trainer image: {line}"))
+        except trainer_image.ImageError as exc:
+            raise DemoError(str(exc)) from None
+        self.say(f"trainer image {self.image} ({image.size / 1e6:.0f} MB) ready in {time.monotonic() - started:.0f} s")
+        return NodeContainers(registries=(reg.host,))
 
     def _functions(self) -> dict[str, str]:
         """Serve the entry points with the Functions Framework, in one process (sim/functions_host.py); returns target
@@ -475,7 +513,8 @@ class DemoRun:
         self._bridges(urls)
 
         directory = self.job.workdir if self.job is not None else WORKDIR
-        spec = job_spec(sc, self.out / "checkpoints", directory and self._upload_workdir(directory), self.job)
+        spec = job_spec(sc, self.out / "checkpoints", directory and self._upload_workdir(directory), self.job,
+                        self.image)
         if self.job is not None:
             self.say(f"{self.job.path.name} on the stand-ins: checkpoint_uri {spec['checkpoint_uri']}, "
                      f"trainer.interpreter {sys.executable}, zones {', '.join(spec['zones'])}")

@@ -129,9 +129,18 @@ class TrainerSettings(_Strict):
     checkpoint_every: int = Field(default=50, ge=1)
     step_seconds: float = Field(default=0.05, ge=0, le=5)
     seed: int = 0
+    image: bool = Field(default=False, description="run in the demo's trainer image (sim/trainer_image.py: "
+                        "Debian's Python with torch, this trainer in /opt/trainer), pushed to a local registry and "
+                        "pulled by each node's podman (needs root, podman and runc, docker-registry)")
+    shell: bool = Field(default=False, description="with image: the command is `sh -c '…'` without exec, so the "
+                        "container's first process is the shell, not the trainer")
 
     @model_validator(mode="after")
     def _ranks_need_torch(self) -> TrainerSettings:
+        if self.image and self.framework != "torch":
+            raise ValueError("the demo's trainer image holds torch, not JAX: set framework: torch")
+        if self.shell and not self.image:
+            raise ValueError("shell applies to the trainer image's command: set image: true")
         if self.ranks > 1 and self.framework != "torch":
             raise ValueError("ranks above 1 run torch DDP under torchrun: set framework: torch")
         if 64 % self.ranks:  # the example's global batch is split evenly among the ranks
