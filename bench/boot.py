@@ -1,7 +1,10 @@
 """Boot-time benchmark (issue 14): what a node spends between power-on and its trainer's first step, stage by
 stage, for a fresh node and for a restart in place, beside the pip-install-at-boot path it replaced.
 
-    python -m bench.boot [--repeats 3] [--warmup 1] [--state-mb 8] [--quick] [--json] [--firestore HOST:PORT]
+    python -m bench.boot [--repeats 3] [--warmup 1] [--state-mb 8] [--quick] [--json] [--firestore HOST:PORT] [--image]
+
+With --image, also the pull stage of a trainer in an OCI image against the environment cache for the same
+environment (torch's wheels), in the same run: bench/image_pull.py.
 
 Users pay for boot time at every preemption. Per repeat the benchmark boots, on this machine, through the real
 deploy/vm/startup.sh (sim/node_image.py, sim/nodes.py):
@@ -803,6 +806,17 @@ def table(result: dict) -> str:
         f"{result['fresh_emergency_durable'] + result['in_place_emergency_durable']}; previous-life upload uploaded "
         f"{result['in_place_previous_life_uploaded_steps']}",
     ]
+    pull = result.get("image_pull")
+    if pull:
+        lines += [
+            "",
+            f"trainer image against the environment cache, the same environment (torch {pull['reference']}):",
+            f"  image pull, new VM       {_cell(pull['pull_fresh'], 2)} s   ({pull['image_bytes'] / 1e6:.0f} MB of "
+            f"gzipped layers; pushed once in {pull['push_s']:.1f} s)",
+            f"  image, restart in place  {_cell(pull['pull_in_place'], 2)} s   (the layers on the node's disk)",
+            f"  env cache restore        {_cell(pull['cache_restore'], 2)} s   ({pull['cache_bytes'] / 1e6:.0f} MB "
+            f"uncompressed tar: download {_cell(pull['cache_download'], 2)} s, unpack {_cell(pull['cache_unpack'], 2)} s)",
+        ]
     return "\n".join(lines)
 
 
@@ -813,6 +827,9 @@ def main(argv=None) -> int:
     p.add_argument("--state-mb", type=float, default=8.0, help="extra checkpoint state of the example trainer (MiB)")
     p.add_argument("--quick", action="store_true", help="one repeat, no warm-up, a small disk probe: for CI")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--image", action="store_true", help="also the pull stage of a trainer image against the "
+                   "environment cache of the same environment (bench/image_pull.py; needs podman, runc, "
+                   "docker-registry)")
     p.add_argument("--firestore", metavar="HOST:PORT", default=None,
                    help=f"use this running Firestore emulator (project {PROJECT} is emptied) instead of starting one")
     args = p.parse_args(argv)
@@ -826,6 +843,7 @@ def main(argv=None) -> int:
     for name in list(os.environ):  # the node image must not see this checkout, pip no index or configuration
         if name in ("PYTHONPATH", "PYTHONHOME") or name.startswith("PIP_"):
             os.environ.pop(name)
+    from bench.image_pull import PullBenchError as ImagePullError
     from sim.emulators import EmulatorError
 
     work = Path(tempfile.mkdtemp(prefix="respawn-boot-"))
@@ -835,8 +853,12 @@ def main(argv=None) -> int:
         bench.start()
         bench.start_legacy()
         runs = measure(bench, repeats, warmup, probe_bytes)
+        if args.image:
+            from bench import image_pull
+
+            pulled = image_pull.measure(work / "pull", bench.storage, repeats, _progress)
         keep = False
-    except (BenchError, EmulatorError, TimeoutError) as exc:
+    except (BenchError, EmulatorError, TimeoutError, ImagePullError) as exc:
         _progress(f"boot benchmark failed: {exc}")
         return 1
     except (KeyboardInterrupt, SystemExit) as exc:
@@ -850,6 +872,9 @@ def main(argv=None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     result = summarize(runs, bench, repeats, warmup, probe_bytes)
+    if args.image:
+        result["image_pull"] = {**{k: v for k, v in pulled.items() if k != "runs"},
+                                **{stage: _stats(values) for stage, values in pulled["runs"].items()}}
     print(json.dumps(result) if args.json else table(result))
     return 0
 
