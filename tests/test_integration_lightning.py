@@ -3,8 +3,9 @@ shuffled StatefulDataLoader batches read by 2 loader worker processes) as real p
 variables). Under `python -m respawn.ckpt.launch torchrun --nproc-per-node 2` (Lightning's DDP strategy on
 torchrun's ranks, gloo on CPU) a rank killed before its vote on a periodic step leaves that step uncommitted; the run
 resumed from the step before, stopped by SIGTERM to the launcher at a random step in the middle of the second epoch
-and resumed again, ends with the weights, and every step's loss, bit-identical to an uninterrupted run's. A committed step loads with plain `Trainer.fit(ckpt_path=...)`;
-alone, SIGTERM still saves into ./respawn-checkpoints; a train loader without state is named at start."""
+and resumed again, ends with the weights, and every step's loss, bit-identical to an uninterrupted run's. A committed
+step loads with plain `Trainer.fit(ckpt_path=...)`; alone, SIGTERM still saves into ./respawn-checkpoints; a train
+loader without state is named at start."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "workdir-hf", "train.py")
 DIES = os.path.join(ROOT, "tests", "hf_dies_before_vote.py")
 EXIT_THREADS = os.path.join(ROOT, "tests", "exit_threads.py")
+NOTICE_AT_LAST = os.path.join(ROOT, "tests", "hf_notice_at_last_step.py")
 
 
 def env() -> dict:
@@ -67,11 +68,16 @@ def finish(proc, run, timeout=180) -> int:
 
 
 def wait_for_step(proc, run, step: int) -> None:
+    wait_for_output(proc, run, lambda text: re.search(rf"train\.py(\[rank 0\])?: step {step}/{STEPS}\n", text),
+                    f"step {step}")
+
+
+def wait_for_output(proc, run, seen, what: str) -> None:
     deadline = time.monotonic() + 180
-    while not re.search(rf"train\.py(\[rank 0\])?: step {step}/{STEPS}\n", output(run)):
+    while not seen(output(run)):
         if proc.poll() is not None or time.monotonic() > deadline:
             finish(proc, run, timeout=1)
-            pytest.fail(f"{run.name} never reached step {step}:\n{output(run)[-3000:]}")
+            pytest.fail(f"{run.name} never reached {what}:\n{output(run)[-3000:]}")
         time.sleep(0.05)
 
 
@@ -222,3 +228,38 @@ def test_a_restart_at_max_steps_trains_nothing_and_a_finished_run_leaves_no_grou
         assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
     assert "the run is already complete at step 6" in text and "train.py: done at step 6" in text, text[-3000:]
     assert not re.search(rf"train\.py\[rank \d\]: step {total + 1}/", text), text[-3000:]
+
+
+def test_a_notice_at_the_last_step_commits_it_and_the_restart_ends_there_bit_identical(tmp_path):
+    # A real SIGTERM to the launch wrapper inside step max_steps of a 2-rank run (tests/hf_notice_at_last_step.py
+    # holds that step on every rank until its notice has come): the emergency step is max_steps itself, and the
+    # restart restores it and trains nothing. max_steps ends inside an epoch (12 steps an epoch under 2 ranks): the
+    # Trainer checks max_steps only after a step, so without the "already complete" check the restart trained step
+    # max_steps + 1 and committed it as the final step (#45).
+    last, ckpt = 18, tmp_path / "respawn-checkpoints"
+    run = tmp_path / "uninterrupted"
+    proc = start(run, command(2, "--steps", str(last), "--weights-out", str(run / "weights.pt")), run)
+    assert finish(proc, run) == 0, output(run)[-3000:]
+
+    run = tmp_path / "notice"
+    proc = start(run, command(2, "--steps", str(last), script=NOTICE_AT_LAST), tmp_path)
+    wait_for_output(proc, run, lambda text: all(f"train.py[rank {r}]: waiting for the notice at step {last}\n" in text
+                                                for r in (0, 1)), f"the last step, {last}, on both ranks")
+    os.kill(proc.pid, signal.SIGTERM)  # `kill PID` of the launcher: the notice for every rank
+    assert finish(proc, run) == PREEMPTED_EXIT_CODE, output(run)[-3000:]
+    text = output(run)
+    stopped = {int(rank): int(step) for step, rank in re.findall(
+        r'"message": "preempted at step (\d+); emergency checkpoint committed".*?"rank": (\d+)', text)}
+    assert stopped == {0: last, 1: last}, text[-3000:]
+    assert committed(ckpt)[-1] == last and max(LocalStore(str(ckpt)).steps()) == last, committed(ckpt)
+    assert fmt.read_manifest(LocalStore(str(ckpt)).step_dir(last))["kind"] == "emergency"
+
+    run = tmp_path / "again"
+    proc = start(run, command(2, "--steps", str(last), "--weights-out", str(tmp_path / "weights.pt")), tmp_path)
+    assert finish(proc, run) == 0, output(run)[-3000:]
+    text = output(run)
+    assert re.search(rf"train\.py\[rank 1\]: starting at step {last} of {last}\n", text), text[-3000:]
+    assert f"the run is already complete at step {last}" in text and f"train.py: done at step {last}" in text
+    assert not re.search(rf"train\.py\[rank \d\]: step {last + 1}/", text), text[-3000:]
+    assert committed(ckpt)[-1] == last and max(LocalStore(str(ckpt)).steps()) == last, committed(ckpt)
+    assert_same_weights(tmp_path / "weights.pt", tmp_path / "uninterrupted" / "weights.pt")
