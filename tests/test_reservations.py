@@ -5,6 +5,7 @@ between the reservation and Spot in either tier order. Real client against sim/,
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
@@ -17,8 +18,9 @@ from respawn.control import models, placement
 from respawn.control.adapters.compute import ComputeProvider
 from respawn.contract import ATTR_RUN_ENDS_AT
 from respawn.control.decide import Act
+from respawn.control.models import RUN_END_SLACK
 from respawn.schema import SpecError, parse_spec
-from functions_fixtures import T4, gpu_spec, tpu_spec
+from functions_fixtures import T4, controller, gpu_spec, tpu_spec  # noqa: F401
 from sim_fixtures import PROJECT, sim_factory, sim_server  # noqa: F401
 from test_decide_table import NOW, ZONES, make_spec, obs
 
@@ -187,3 +189,29 @@ def test_a_reservation_member_is_a_generations_master_as_an_on_demand_one_is():
     spot_only = form_generation(None, [SlotView(0, "job-1", True, "10.0.0.1", "spot"),
                                        SlotView(1, "job-2", True, "10.0.0.2", "spot")])
     assert spot_only is not None and spot_only.members[0] == "job-1"
+
+
+def test_a_calendar_reservation_job_runs_reservation_bound_until_the_end_then_on_spot(controller):
+    """Through the control plane's entry points: the job's node consumes the calendar reservation as a
+    RESERVATION_BOUND VM; Compute deletes it at the reservation's end (here a little before the spec's end, within
+    the slack), which is a planned stop, and the next node is Spot."""
+    ends = datetime.now(timezone.utc) + RUN_END_SLACK + timedelta(seconds=8)
+    controller.sim.set_capacity(ZONE, T4, 1, provisioning_model="RESERVATION")
+    controller.sim.set_reservation_end(ZONE, T4, (ends - RUN_END_SLACK + timedelta(seconds=2)).timestamp())
+    job = controller.register(gpu_spec("cal", termination_action=None,
+                                       provisioning=[{**MINE, "ends_at": ends.isoformat()}, "spot"]))
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "RUNNING")
+    assert (st.node, st.provisioning, st.members[0].run_ends_at) == ("cal-1", "reservation", ends)
+    [node] = controller.live(job)
+    assert node["attributes"][ATTR_RUN_ENDS_AT] == ends.isoformat().replace("+00:00", "Z")
+    controller.sim.wait_for(lambda: controller.sim.status_of(ZONE, "cal-1") is None, timeout=30,
+                            what="the reservation's end")
+    deadline = time.monotonic() + 30
+    while (st := controller.status(job)).node == "cal-1" or st.state.value != "RUNNING":
+        assert time.monotonic() < deadline, f"{st.state.value}: {st.message}"
+        assert controller.sweep(job) == 200
+        time.sleep(0.2)
+    assert (st.provisioning, st.preemptions, st.failures, st.last_cause) == ("spot", 0, 0, core.RUN_ENDED)
+    why = [e.get("details", {}).get("tier_why", "") for e in controller.events(job)]
+    assert any(f"its reservation my-res ends at {ends.isoformat()}" in w for w in why), why
