@@ -30,7 +30,7 @@ def test_job_created_places_a_spot_vm_in_the_first_zone_with_the_agent_contract(
                         "notice_seconds": 0,
                         "metadata_wait_seconds": 60, "workdir": None, "setup": [], "interpreter": "python3",
                         "setup_timeout_seconds": 3600, "sweep_topic": controller.sweep_topic,
-                        "heartbeat_database": None, "cache": [], "cloud_logging": True}  # no node identity pool here
+                        "heartbeat_database": None, "cache": [], "cloud_logging": True, "image": None}  # no node identity pool here
     events = [(e["from_state"], e["to_state"], e["cause"]) for e in controller.events(job)]
     assert events == [("PENDING", "PROVISIONING", "job_created"), ("PROVISIONING", "RUNNING", "node_running")]
 
