@@ -262,8 +262,8 @@ class Agent:
         if not self.handovers.wait(self.membership.handovers(generation)):
             return
         env = {**prepared.env, **self.membership.trainer_env(generation)}
-        self.life.start(prepared.argv(self.settings.command), env, prepared.cwd,
-                        **self.membership.joining(generation))
+        argv, in_container = prepared.launch(self.settings.command, env)  # the job's image: the runtime's `run`
+        self.life.start(argv, env, prepared.cwd, container=in_container, **self.membership.joining(generation))
         self.state = NodeState.TRAINING
         if self.membership.entered(generation):
             self.heartbeater.nudge()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from respawn.logs import log
 
@@ -20,14 +20,16 @@ from .prepare import stop_group
 
 
 class Prefetch:
-    def __init__(self, local_dir: str, checkpoint_uri: str, *, python: str, env: dict[str, str]):
+    def __init__(self, local_dir: str, checkpoint_uri: str, *, python: str, env: dict[str, str],
+                 prefix: Sequence[str] = ()):
+        """`prefix`: the container command line that runs `python` in the job's image (image_run.py), if any."""
         self.local_dir, self.uri = local_dir, checkpoint_uri
         self.started = time.monotonic()
         self.child: subprocess.Popen | None = None
         if not checkpoint_uri.startswith("gs://"):
             return
         try:
-            self.child = subprocess.Popen([python, "-m", "respawn.ckpt", "prefetch", local_dir, checkpoint_uri],
+            self.child = subprocess.Popen([*prefix, python, "-m", "respawn.ckpt", "prefetch", local_dir, checkpoint_uri],
                                           stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         except OSError as exc:
             log("WARNING", "checkpoint prefetch could not start; the trainer reads the store", interpreter=python,

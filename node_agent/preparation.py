@@ -16,13 +16,16 @@ from typing import Callable
 from respawn import contract
 from respawn.logs import log
 
+from . import container
 from .config import AgentConfig
 from .envcache import EnvCache
-from .metadata import MetadataClient
+from .image_run import ImageRun
+from .metadata import MetadataClient, ServiceAccountToken
 from .notice import Notice
 from .prepare import AGENT, PrepareFailed, Preparer, read_json, write_json
 from .prefetch import Prefetch
 from .previous_life import upload_previous_life
+from .pull import BackgroundPull, PullFailed
 from .storage import Fetcher, Interrupted, Uploader
 from .supervisor import boot_id
 
@@ -86,26 +89,59 @@ class Preparation:
         if self.settings.cache and self.settings.setup:
             self.env_cache = EnvCache(self.settings.checkpoint_uri, self.node_dir, fetcher, Uploader(self.md),
                                       interrupted=interrupted, on_change=self.on_change)
-        prep = Preparer(self.settings, self.node_dir, self.trainer_env(), fetcher=fetcher,
-                        library=self.cfg.library, interrupted=interrupted, cache=self.env_cache)
+        image: ImageRun | None = None
+        pull: BackgroundPull | None = None
         try:
+            if self.settings.image:
+                # The job's image (image_run.py): its pull starts first and overlaps the workdir's and the library's
+                # downloads; whatever runs the image waits for it (image_ready).
+                try:
+                    runtime = container.find_runtime()
+                except container.RuntimeMissing as exc:
+                    raise PrepareFailed([AGENT, "run-image", self.settings.image], str(exc)) from None
+                image = ImageRun(runtime, self.settings.image, self.node_dir, job_id=self.cfg.job_id,
+                                 attempt=self.cfg.attempt, worker=self.cfg.worker,
+                                 checkpoint_uri=self.settings.checkpoint_uri,
+                                 accelerator=container.find_accelerator(), base_env=os.environ)
+                pull = BackgroundPull(runtime, self.settings.image, self.node_dir, os.environ,
+                                      ServiceAccountToken(self.md).get, interrupted)
+                pull.start()
+
+            def image_ready() -> None:
+                if pull is not None:
+                    try:
+                        pull.result()
+                    except PullFailed as exc:
+                        raise PrepareFailed(exc.command, str(exc), exit_code=exc.exit_code,
+                                            output_tail=exc.output_tail) from None
+
+            prep = Preparer(self.settings, self.node_dir, self.trainer_env(), fetcher=fetcher,
+                            library=self.cfg.library, interrupted=interrupted, cache=self.env_cache, image=image,
+                            image_ready=image_ready)
             prep.fetch_workdir()
             prep.find_interpreter()
             prep.install_library()
+            image_ready()
             # The library is in the interpreter's environment now: a previous life's local-only checkpoints go up
             # before anything else runs (setup can take long; a checkpoint only on this disk is at risk).
-            upload_previous_life(self.local_ckpt_dir, self.settings.checkpoint_uri,
-                                 timeout=self.upload_timeout_seconds, interrupted=interrupted,
-                                 python=prep.python, env=prep.env)
+            uploaded = upload_previous_life(self.local_ckpt_dir, self.settings.checkpoint_uri,
+                                            timeout=self.upload_timeout_seconds, interrupted=interrupted,
+                                            python=prep.python, env=prep.env,
+                                            prefix=prep.helper(container.ROLE_HELPER))
+            if image is not None and not uploaded:
+                image.clear(container.ROLE_HELPER, prep.env)  # stopped early or failed: none of it may go on
             if interrupted():
                 raise Interrupted("previous-life upload")
-            prefetch = Prefetch(self.local_ckpt_dir, self.settings.checkpoint_uri, python=prep.python, env=prep.env)
+            prefetch = Prefetch(self.local_ckpt_dir, self.settings.checkpoint_uri, python=prep.python, env=prep.env,
+                                prefix=prep.helper(container.ROLE_HELPER))
             try:
                 if prep.run_setup() and prep.cache_plan is not None and self.env_cache is not None:
                     self.env_cache.upload_in_background(*prep.cache_plan, self.settings.cache)
                 prefetch.wait(self.upload_timeout_seconds, interrupted)
             finally:
                 prefetch.stop()
+                if image is not None and prefetch.child is not None and prefetch.child.returncode != 0:
+                    image.clear(container.ROLE_HELPER, prep.env)
         except Interrupted as exc:
             log("WARNING", "preparation stopped: the trainer is not started", during=str(exc),
                 reason="notice" if self.notice.kind is not None else "SIGHUP")

@@ -42,9 +42,11 @@ from respawn import contract
 from respawn.contract import NodeSettings
 from respawn.logs import log
 
+from .container import ROLE_SETUP, ROLE_TRAINER
 from .envcache import CacheError, EnvCache, cache_key, destinations, key_inputs, os_identity
 from .storage import Fetcher, FetchError, Interrupted
-from .supervisor import TAIL_BYTES, TAIL_LINES
+from .image_run import SITE, ImageRun, LibraryError, library_env, unpack_wheel
+from .supervisor import RUN_MARKER, TAIL_BYTES, TAIL_LINES
 from .workdir import WorkdirError, ensure_workdir
 
 SETUP_LOG = "setup.log"  # the setup commands' output, appended across lives (shipped by logship.py)
@@ -226,8 +228,11 @@ class Preparer:
 
     def __init__(self, settings: NodeSettings, node_dir: str, env: dict[str, str], *, fetcher: Fetcher,
                  library: tuple[str, str] | None = None, interrupted: Callable[[], bool] = lambda: False,
-                 cache: EnvCache | None = None):
+                 cache: EnvCache | None = None, image: ImageRun | None = None,
+                 image_ready: Callable[[], None] = lambda: None):
         self.settings, self.node_dir, self.fetcher, self.library = settings, node_dir, fetcher, library
+        # The job's image (image_run.py): the interpreter, the library, setup and the trainer are the image's.
+        self.image, self.image_ready = image, image_ready
         self.cache = cache if settings.cache and settings.setup else None
         os.makedirs(node_dir, exist_ok=True)
         self.interrupted = interrupted
@@ -246,10 +251,31 @@ class Preparer:
     def argv(self, command: list[str] | tuple[str, ...]) -> list[str]:
         return with_interpreter(command, self.python)
 
+    def launch(self, command: list[str] | tuple[str, ...], env: dict[str, str]) -> tuple[list[str], dict | None]:
+        """The trainer's command line with `env` (its final environment), and what trainer.json keeps of its
+        container (None for a bare trainer). In the image: the runtime's foreground `run`, after the removal of a
+        container of the same name an earlier life left."""
+        argv = self.argv(command)
+        if self.image is None:
+            return argv, None
+        self.image.clear(ROLE_TRAINER, env)
+        # The run's marker (supervisor.py sets it at the start) goes in too: the agent finds the run's savers by it.
+        return (self.image.wrap(argv, env, role=ROLE_TRAINER, workdir=self.cwd, also=[RUN_MARKER]),
+                self.image.record())
+
+    def helper(self, role: str) -> list[str]:
+        """What goes before `INTERP -m respawn.ckpt …` of a helper (the previous-life upload, the prefetch): the
+        image's container command line, nothing for a bare trainer."""
+        return [] if self.image is None else self.image.prefix(self.env, role=role, workdir=self.cwd)
+
     # --- the interpreter ---------------------------------------------------------------------------------------
 
     def find_interpreter(self) -> str:
         name = self.settings.interpreter
+        if self.image is not None:  # the image's, found in it when the library's probe runs
+            self.python = with_interpreter([name], name)[0]
+            log("INFO", "interpreter", interpreter=name, executable=self.python, image=self.image.image)
+            return self.python
         self.python = resolve_interpreter(name, self.env.get("PATH", os.defpath), self.cwd)
         if "/" in name:
             directory = os.path.dirname(self.python)
@@ -263,6 +289,8 @@ class Preparer:
         """The interpreter's version and whether its environment is externally managed (PEP 668)."""
         if self._probe is None:
             argv = [self.python, "-c", _PROBE]
+            if self.image is not None:
+                argv = self.image.wrap(argv, self.env, role=ROLE_SETUP, workdir=self.cwd)
             try:
                 out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=self.env)
                 info = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
@@ -290,7 +318,7 @@ class Preparer:
         job's alone, and pip run as root installs into /usr/local, never over the distribution's /usr/lib
         packages. A venv or conda interpreter is the cleaner choice; the trainer itself never gets the variable."""
         env = dict(self.env)
-        if self.probe().get("externally_managed"):
+        if self.image is None and self.probe().get("externally_managed"):
             env.setdefault("PIP_BREAK_SYSTEM_PACKAGES", "1")
         return env
 
@@ -314,6 +342,8 @@ class Preparer:
         extra for pip to complete). Once per interpreter and digest on this disk."""
         if self.library is None:
             return None
+        if self.image is not None:
+            return self._library_in_image()
         uri, digest = self.library
         command = [AGENT, "install-library", uri, "--interpreter", self.python]
         marker_path = os.path.join(self.node_dir, LIBRARY_MARKER)
@@ -354,6 +384,38 @@ class Preparer:
         self.library_digest = digest
         return digest
 
+    def _library_in_image(self) -> str:
+        """The image's trainer gets the library on its PYTHONPATH: the wheel unpacked in the node directory (once
+        per digest), checked importable by the image's python once per image and digest (image_run.py)."""
+        assert self.library is not None and self.image is not None
+        uri, digest = self.library
+        command = [AGENT, "install-library", uri, "--image", self.image.image]
+        started = time.monotonic()
+        wheel = self._fetch_wheel(uri, digest, command)
+        try:
+            site = unpack_wheel(wheel, os.path.join(self.node_dir, LIBRARY_DIR, digest, SITE))
+        except (OSError, ValueError, zipfile.BadZipFile, LibraryError) as exc:
+            raise PrepareFailed(command, f"{uri} is not a readable wheel ({exc}); redeploy the control plane "
+                                         "(respawn deploy) to publish the library again") from None
+        self.env["PYTHONPATH"] = library_env(site, self.settings.env)
+        self.image_ready()  # the probe runs the image: the pull must be done
+        marker_path = os.path.join(self.node_dir, LIBRARY_MARKER)
+        marker = read_json(marker_path)
+        marker = marker if isinstance(marker, dict) else {}
+        key = "image " + self.image.image
+        probed = marker.get(key) != digest
+        if probed:
+            try:
+                self.image.probe_library(self.python, self.env, self.cwd, self.interrupted)
+            except LibraryError as exc:
+                raise PrepareFailed(command, str(exc)) from None
+            marker[key] = digest
+            write_json(marker_path, marker)
+        log("INFO", "prepare stage", stage="library_install", image=self.image.image, sha256=digest, site=site,
+            probed=probed, seconds=round(time.monotonic() - started, 3))
+        self.library_digest = digest
+        return digest
+
     def _fetch_wheel(self, uri: str, digest: str, command: list[str]) -> str:
         name = uri.rstrip("/").rsplit("/", 1)[-1]
         if not name.endswith(".whl"):
@@ -388,7 +450,8 @@ class Preparer:
         workdir = self.settings.workdir
         return {"workdir": contract.workdir_digest(workdir) if workdir else None,
                 "setup": [list(c) for c in self.settings.setup],
-                "interpreter": [self.settings.interpreter, self.python], "library": self.library_digest}
+                "interpreter": [self.settings.interpreter, self.python], "library": self.library_digest,
+                **({"image": self.image.image} if self.image is not None else {})}
 
     def _cache_plan(self) -> tuple[str, list[str]] | None:
         """The environment cache's key and where each cache path lands; None (logged) when a path has no place."""
@@ -429,12 +492,18 @@ class Preparer:
         started = time.monotonic()
         for index, command in enumerate(self.settings.setup):
             argv = self.argv(command)
+            run = argv if self.image is None else self.image.wrap(argv, env, role=ROLE_SETUP, workdir=self.cwd)
             began = time.monotonic()
             log("INFO", "setup command starting", index=index, argv=argv, cwd=self.cwd)
             timeout = self.settings.setup_timeout_seconds
-            code, tail = run_logged(argv, cwd=self.cwd, env=env, interrupted=self.interrupted,
-                                    message="setup output", timeout=timeout, index=index,
-                                    copy_to=os.path.join(self.node_dir, SETUP_LOG))
+            code: int | None = None
+            try:
+                code, tail = run_logged(run, cwd=self.cwd, env=env, interrupted=self.interrupted,
+                                        message="setup output", timeout=timeout, index=index,
+                                        copy_to=os.path.join(self.node_dir, SETUP_LOG))
+            finally:
+                if self.image is not None and (self.interrupted() or code != 0):
+                    self.image.clear(ROLE_SETUP, env)  # stopped early: its container must not go on
             log("INFO" if code == 0 else "ERROR", "prepare stage", stage="setup_command", index=index, argv=argv,
                 exit_code=code, seconds=round(time.monotonic() - began, 3))
             if code != 0:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from respawn.logs import log
 
@@ -25,16 +25,18 @@ def has_local_checkpoints(local_dir: str) -> bool:
 
 
 def upload_previous_life(local_dir: str, checkpoint_uri: str, *, timeout: float, interrupted: Callable[[], bool],
-                         python: str = sys.executable, env: dict[str, str] | None = None) -> bool:
+                         python: str = sys.executable, env: dict[str, str] | None = None,
+                         prefix: Sequence[str] = ()) -> bool:
     """Run the upload in a child; stop early (the checkpoints stay on disk for the next life) if `interrupted()`
-    turns true, e.g. on a notice. True when the upload finished successfully or there was nothing to upload."""
+    turns true, e.g. on a notice. True when the upload finished successfully or there was nothing to upload.
+    `prefix`: the container command line that runs `python` in the job's image (image_run.py), if any."""
     if not has_local_checkpoints(local_dir):
         return True
     log("INFO", "uploading checkpoints left on this disk by a previous life", local_dir=local_dir,
         checkpoint_uri=checkpoint_uri, interpreter=python)
     started = time.monotonic()
     try:
-        child = subprocess.Popen([python, "-m", "respawn.ckpt", "upload-pending", local_dir, checkpoint_uri],
+        child = subprocess.Popen([*prefix, python, "-m", "respawn.ckpt", "upload-pending", local_dir, checkpoint_uri],
                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True)  # its own process group
     except OSError as exc:
         log("ERROR", "previous-life upload could not start; the trainer resumes from the newest checkpoint in the "

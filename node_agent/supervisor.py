@@ -23,6 +23,8 @@ from typing import Any
 from respawn import contract
 from respawn.logs import log
 
+from .container import Runtime, remove
+
 RECORD = "trainer.json"
 EXIT_FILE = "trainer.exit"
 LOG_FILE = "trainer.log"
@@ -107,6 +109,9 @@ class TrainerRecord:
     notice: str | None = None  # set when an agent handled a notice for this run
     generation: int | None = None  # a multi-node member: the generation this run trains in
     members: list[str] | None = None  # and that generation's members
+    # The job's image: the trainer's container ({"name", "runtime", "exe"}, image_run.ImageRun.record), removed by
+    # name after the deadline's kill; None for a bare trainer.
+    container: dict | None = None
 
     def save(self, node_dir: str) -> None:
         path = os.path.join(node_dir, RECORD)
@@ -175,7 +180,7 @@ class TrainerProcess:
     @classmethod
     def start(cls, node_dir: str, argv: list[str], env: dict[str, str], *, job_id: str, attempt: int,
               started_at: str, cwd: str | None = None, generation: int | None = None,
-              members: list[str] | None = None) -> TrainerProcess:
+              members: list[str] | None = None, container: dict | None = None) -> TrainerProcess:
         for stale in (EXIT_FILE, contract.STATUS_FILE):
             try:
                 os.unlink(os.path.join(node_dir, stale))  # the previous run's outcome must not read as this one's
@@ -196,10 +201,11 @@ class TrainerProcess:
             )
         record = TrainerRecord(pid=child.pid, start_time=contract.process_start_time(child.pid), boot_id=boot_id(),
                                job_id=job_id, attempt=attempt, log_offset=offset, started_at=started_at,
-                               generation=generation, members=members)
+                               generation=generation, members=members, container=container)
         record.save(node_dir)
         log("INFO", "trainer started", pid=child.pid, argv=argv, cwd=cwd or node_dir, log=log_path,
-            started_at=started_at, generation=generation)
+            started_at=started_at, generation=generation,
+            **({"container": container.get("name"), "runtime": container.get("runtime")} if container else {}))
         return cls(node_dir, record, child)
 
     def poll(self) -> tuple[bool, int | None]:
@@ -273,6 +279,16 @@ class TrainerProcess:
             others = set(processes_with(marker)) - others
             if not others:
                 break
+        self.remove_container()
+
+    def remove_container(self) -> None:
+        """The trainer's container, if it has one, removed by name (its processes were killed above; the runtime's
+        record of it, and its conmon or shim, go now), and checked gone."""
+        found = self.record.container
+        if not found:
+            return
+        if remove(Runtime(str(found.get("runtime")), str(found.get("exe"))), str(found.get("name"))):
+            log("INFO", "the trainer's container removed", container=found.get("name"))
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
