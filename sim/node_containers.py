@@ -13,12 +13,13 @@ CONTAINERS_REGISTRIES_CONF), the agent's runtime (RESPAWN_CONTAINER_RUNTIME=podm
 node's token (RESPAWN_REGISTRY_TOKEN_HOSTS). A power-off takes the node's containers too (sim/nodes.py guest_pids:
 conmon names the node's storage). The machine's /etc/containers is never read for these nor changed.
 
-`<node dir>/run` is the node's /run, a tmpfs on a VM: emptied at every boot, so podman sees a reboot (its containers
-from before the power-off are stopped, not running) as it does on a VM.
+The node's /run (run_dir: a short path under /run, as podman needs), a tmpfs on a VM, is emptied at every boot, so
+podman sees a reboot (its containers from before the power-off are stopped, not running) as it does on a VM.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -51,6 +52,21 @@ def netns_prefix() -> list[str]:
     return ["sh", "-c", " && ".join(steps) + ' && exec "$@"', "node-cgroups"]
 
 
+# A node's /run: podman refuses a runroot longer than 50 characters (its cleanup after a container's exit fails,
+# and `podman run` then waits for it for ever), so it is not in the node's directory, whose path can be long.
+RUN_ROOT = Path("/run/respawn-sim")
+
+
+def run_dir(node_dir: Path) -> Path:
+    """The node's /run: RUN_ROOT/<12 hex of the node directory's path>."""
+    return RUN_ROOT / hashlib.sha256(str(Path(node_dir).resolve()).encode()).hexdigest()[:12]
+
+
+def forget(node_dir: Path) -> None:
+    """A deleted node's /run goes with it."""
+    shutil.rmtree(run_dir(node_dir), ignore_errors=True)
+
+
 # The highest limits runc can set here (higher ones fail with "error setting rlimit type 7/6").
 ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
 
@@ -70,7 +86,7 @@ class NodeContainers:
         `reach` maps a registry's HOST:PORT on this machine to where the node reaches it (the sim's netns mode: its
         relay on the bridge), which registries.conf names as the registry's mirror: the image's reference (and the
         token's host) stay the registry's own, as on Google Cloud, and a pull by digest goes to the mirror."""
-        etc, run = node_dir / "etc" / "containers", node_dir / "run"
+        etc, run = node_dir / "etc" / "containers", run_dir(node_dir)
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
         etc.mkdir(parents=True, exist_ok=True)
@@ -87,7 +103,7 @@ class NodeContainers:
             "[storage]\n"
             'driver = "overlay"\n'
             f'graphroot = "{node_dir}/containers/storage"\n'
-            f'runroot = "{run}/containers/storage"\n')
+            f'runroot = "{run}/storage"\n')
         registries = ""
         for host in self.registries:
             registries += f'[[registry]]\nlocation = "{host}"\ninsecure = true\n'

@@ -27,6 +27,7 @@ from respawn.agent.supervisor import processes_with
 from sim.emulators import group_alive
 from sim.metadata import MetadataServer
 from sim.netns import Host, Network
+from sim import node_containers
 from sim.node_containers import NodeContainers, netns_prefix
 
 
@@ -218,3 +219,5 @@ class NodeRuntime:
         if self.network is not None and self.host is not None:
             self.network.remove_host(self.host)
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self.containers is not None:
+            node_containers.forget(self.directory)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trainer_image_fixtures import node_podman, podman_binary, trainer_image_built, trainer_image_ref  # noqa: F401
 
-from sim import trainer_image
+from sim import node_containers, trainer_image
 from sim.node_containers import NodeContainers
 from sim.nodes import NodeRuntime, guest_pids
 
@@ -50,10 +50,12 @@ def test_a_node_pulls_once_and_runs_torch_with_loader_workers(trainer_image_ref,
 
     # Restarted in place: the node's /run is empty again (a tmpfs), its disk keeps the image.
     again = node_podman(node, registry.host)
-    assert not (node / "run" / "containers").exists()
+    assert not (node_containers.run_dir(node) / "storage").exists()
     assert again("image", "exists", trainer_image_ref).returncode == 0
     # A new VM (another disk) has nothing until it pulls.
     assert node_podman(tmp_path / "other", registry.host)("image", "exists", trainer_image_ref).returncode == 1
+    for gone in (node, tmp_path / "other"):
+        node_containers.forget(gone)
 
 
 def _alive(pid: int) -> bool:
@@ -93,3 +95,4 @@ def test_a_power_off_takes_the_nodes_containers(trainer_image_ref, registry, tmp
         runtime.crash()
         subprocess.run(["podman", "rm", "-f", "-t", "0", "held"], capture_output=True,
                        env={**os.environ, **NodeContainers().prepare(tmp_path / "node")})
+        node_containers.forget(tmp_path / "node")

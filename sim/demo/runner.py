@@ -270,6 +270,7 @@ class DemoRun:
         self.partitions: list[dict[str, Any]] = []  # the partition fault as injected, and its recovery
         self.noticed: dict[str, float] = {}  # node → when its preemption (or host error) was injected
         self.total_steps: int | None = None  # the job's steps: what its trainer reports (the summary's total_steps)
+        self.library: str | None = None  # the respawn wheel's respawn-library value (a trainer in an image)
         self.image: str | None = None  # the trainer's image in the local registry, pinned (a scenario's trainer.image)
 
     # --- start-up -----------------------------------------------------------------------------------------------
@@ -327,6 +328,12 @@ class DemoRun:
         containers = self._trainer_image() if sc.trainer.image and self.job is None else None
         self.say("publishing the agent zipapp to the storage emulator, as the build does")
         self.agent = node_image.publish_agent(self.out / "release", self.storage)
+        if containers is not None:  # the image's python gets the checkpoint library from the node, as in production
+            self.say("publishing the respawn wheel to the storage emulator, as the build does")
+            try:
+                self.library = node_image.publish_library(self.out / "release", self.storage)
+            except RuntimeError as exc:
+                raise DemoError(str(exc)) from None
         # The node image's python3 is this interpreter; a node boots the real startup script.
         boot_command, boot_env = node_image.boot(sys.executable, self.storage)
         node_env = {**self.env, **boot_env, "PYTHONUNBUFFERED": "1"}
@@ -391,6 +398,7 @@ class DemoRun:
             "RESPAWN_BILLING_ENDPOINT": self.sim.endpoint,  # no SKUs set: the offline table prices the demo
             "RESPAWN_ALERTS_TOPIC": deployment.ALERTS_TOPIC,
             "RESPAWN_AGENT": self.agent,
+            **({deployment.ENV_LIBRARY: self.library} if self.library else {}),
             "SLACK_WEBHOOK_URL": self.slack.url,
             "RESPAWN_SLACK_BACKOFF_SECONDS": "0.5",
             "RESPAWN_HEARTBEAT_SECONDS": str(sc.heartbeat_seconds),
