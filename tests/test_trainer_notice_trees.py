@@ -160,8 +160,13 @@ def run_under_agent(env, node: str, name: str, *extra: str) -> tuple[dict, str, 
     md = env.metadata(node, attributes(job, int(attempt), env.project, s))
     agent = env.agent(md, env.tmp / node)
     log = env.tmp / node / "trainer.log"
-    wait_for(lambda: log.exists() and f"step {SIGNAL_AT} rank 0\n" in log.read_text(errors="replace"), 120,
-             f"{name}: step {SIGNAL_AT} under the agent")
+    try:  # a loaded machine (the suite beside it) can take long to start torchrun's ranks and their workers
+        wait_for(lambda: log.exists() and f"step {SIGNAL_AT} rank 0\n" in log.read_text(errors="replace"), 180,
+                 f"{name}: step {SIGNAL_AT} under the agent")
+    except AssertionError as exc:  # say where it stood
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no trainer.log)"
+        raise AssertionError(f"{exc}\ntrainer.log ends:\n{tail}\nthe agent's output ends:\n"
+                             f"{agent.output()[-3000:]}") from None
     md.set("instance/preempted", "TRUE")
     assert agent.wait(60) == 0
     return env.heartbeat(node), log.read_text(errors="replace"), env.tmp / node / "checkpoints"
