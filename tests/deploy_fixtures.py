@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -340,6 +341,34 @@ def check_against_cli(argv: list[str], tree: dict) -> list[str]:
         elif flags[key] != "bool" and not eq:
             problems.append(f"gcloud {' '.join(path)}: {key} takes a value; pass it as {key}=VALUE")
     return problems
+
+
+def gcloud_parse_errors(argvs: list[list[str]], config_dir: Path, cwd: Path | None = None) -> list[str]:
+    """Each invocation through the real gcloud's own argument parsing, offline: with no account and no metadata
+    server to ask, a command whose arguments parse stops at the missing credentials (exit 1) before any request;
+    one that does not parse exits 2 naming the argument (a -from-file flag's file is read while parsing). One line
+    per invocation that does not parse."""
+    gcloud = shutil.which("gcloud")
+    if not gcloud:
+        raise RuntimeError("gcloud is not on PATH: install the Google Cloud CLI (google-cloud-cli) to check the build")
+    env = {**os.environ, "CLOUDSDK_CONFIG": str(config_dir), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+           "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false", "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1",
+           "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1"}
+    for name in ("CLOUDSDK_CORE_ACCOUNT", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", "GOOGLE_APPLICATION_CREDENTIALS"):
+        env.pop(name, None)
+    config_dir.mkdir(parents=True, exist_ok=True)
+    work = cwd or config_dir  # where the calls' relative paths (--config-from-file, --source) are read
+
+    def parse(argv: list[str]) -> str | None:
+        p = subprocess.run([gcloud, *argv], cwd=work, env=env, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        if p.returncode != 2:
+            return None
+        error = next((ln for ln in p.stderr.splitlines() if ln.startswith("ERROR:")), p.stderr.strip()[-300:])
+        return f"gcloud {' '.join(argv)}: {error}"
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return [e for e in pool.map(parse, argvs) if e]
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -15,7 +16,7 @@ import yaml
 from deploy import agent_zipapp, iam
 from respawn import audit, deployment, schema
 from respawn.contract import split_artifact
-from tests.deploy_fixtures import (CLOUDBUILD, PROJECT_NUMBER, ROOT, SINK_WRITER, Standin, SubstitutionError, calls,
+from tests.deploy_fixtures import (CLOUDBUILD, gcloud_parse_errors, PROJECT_NUMBER, ROOT, SINK_WRITER, Standin, SubstitutionError, calls,
                                    check_against_cli, cli_tree, copy_source, load_build, referenced, run_steps,
                                    seeded_state, substitute, substitutions)
 
@@ -126,6 +127,26 @@ def test_cli_check_catches_a_wrong_flag():
     assert check_against_cli(["functions", "deploy", "f", "--region", "r"], tree)  # value flag without =
     assert check_against_cli(["pubsub", "topicz", "create", "t"], tree)
     assert not check_against_cli(["pubsub", "topics", "create", "t", "--project=p"], tree)
+
+
+def test_every_gcloud_call_parses_in_the_real_gcloud_values_included(deployed, tmp_path):
+    """Values, required flags and flags that exclude each other: gcloud's own parser, offline (issue #48 item 4)."""
+    workspace, _, run1, run2 = deployed
+    shapes: dict[str, list[str]] = {}  # one call per shape: the node identities' grants differ only in a number
+    for c in run1 + run2:
+        shapes.setdefault(re.sub(r"\d+", "N", " ".join(c["argv"])), c["argv"])
+    problems = gcloud_parse_errors(list(shapes.values()), tmp_path / "gcloud", cwd=workspace)  # its -from-file files
+    assert not problems, "\n".join(problems)
+
+
+def test_the_parse_check_catches_a_wrong_value_and_a_missing_flag(tmp_path):
+    problems = gcloud_parse_errors([["pubsub", "topics", "create", "t", "--project=p",
+                                     "--message-retention-duration=a-week"],
+                                    ["scheduler", "jobs", "create", "pubsub", "j", "--project=p", "--topic=t",
+                                     "--message-body=x"],  # --schedule is required
+                                    ["pubsub", "topics", "create", "t", "--project=p"]], tmp_path / "gcloud")
+    assert len(problems) == 2, problems
+    assert "message-retention-duration" in problems[0] and "--schedule" in problems[1]
 
 
 def test_topics_sink_and_writer_grant(deployed):
