@@ -75,7 +75,7 @@ class ImageRun:
                        labels=container.labels(self.job_id, self.attempt, role),
                        env_names=sorted(set(container.forwarded_names(env, self.base_env)) | set(also)),
                        mounts=container.same_path_mounts(self.node_dir, self.checkpoint_uri, workdir),
-                       workdir=workdir or self.node_dir,
+                       workdir=workdir,  # none: the image's own working directory
                        # setup and the helpers need no accelerator; the trainer gets it
                        accelerator=self.accelerator if role == container.ROLE_TRAINER else None)
         return container.run_argv(self.runtime, spec)

@@ -260,13 +260,13 @@ class Preparer:
             return argv, None
         self.image.clear(ROLE_TRAINER, env)
         # The run's marker (supervisor.py sets it at the start) goes in too: the agent finds the run's savers by it.
-        return (self.image.wrap(argv, env, role=ROLE_TRAINER, workdir=self.cwd, also=[RUN_MARKER]),
+        return (self.image.wrap(argv, env, role=ROLE_TRAINER, workdir=self.workdir, also=[RUN_MARKER]),
                 self.image.record())
 
     def helper(self, role: str) -> list[str]:
         """What goes before `INTERP -m respawn.ckpt …` of a helper (the previous-life upload, the prefetch): the
         image's container command line, nothing for a bare trainer."""
-        return [] if self.image is None else self.image.prefix(self.env, role=role, workdir=self.cwd)
+        return [] if self.image is None else self.image.prefix(self.env, role=role, workdir=self.workdir)
 
     # --- the interpreter ---------------------------------------------------------------------------------------
 
@@ -290,7 +290,7 @@ class Preparer:
         if self._probe is None:
             argv = [self.python, "-c", _PROBE]
             if self.image is not None:
-                argv = self.image.wrap(argv, self.env, role=ROLE_SETUP, workdir=self.cwd)
+                argv = self.image.wrap(argv, self.env, role=ROLE_SETUP, workdir=self.workdir)
             try:
                 out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=self.env)
                 info = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
@@ -406,7 +406,7 @@ class Preparer:
         probed = marker.get(key) != digest
         if probed:
             try:
-                self.image.probe_library(self.python, self.env, self.cwd, self.interrupted)
+                self.image.probe_library(self.python, self.env, self.workdir, self.interrupted)
             except LibraryError as exc:
                 raise PrepareFailed(command, str(exc)) from None
             marker[key] = digest
@@ -492,7 +492,7 @@ class Preparer:
         started = time.monotonic()
         for index, command in enumerate(self.settings.setup):
             argv = self.argv(command)
-            run = argv if self.image is None else self.image.wrap(argv, env, role=ROLE_SETUP, workdir=self.cwd)
+            run = argv if self.image is None else self.image.wrap(argv, env, role=ROLE_SETUP, workdir=self.workdir)
             began = time.monotonic()
             log("INFO", "setup command starting", index=index, argv=argv, cwd=self.cwd)
             timeout = self.settings.setup_timeout_seconds

@@ -34,6 +34,7 @@ from trainer_image_fixtures import podman_binary, trainer_image_built, trainer_i
 from respawn import contract
 from respawn.agent import container, pull
 from respawn.agent.container import GPU, TPU, Runtime, RunSpec
+from respawn.agent.image_run import ImageRun
 from respawn.agent.metadata import MetadataClient, ServiceAccountToken
 from sim.metadata import MetadataServer
 
@@ -89,6 +90,18 @@ def test_the_container_gets_what_the_agent_set_and_the_nodes_endpoints_not_the_n
     assert container.same_path_mounts("/var/lib/respawn", "file:///mnt/ckpt/job/", "/var/lib/respawn/workdirs/w") == [
         "/var/lib/respawn", "/mnt/ckpt/job"]
     assert container.same_path_mounts("/var/lib/respawn", "gs://b/j", None) == ["/var/lib/respawn"]
+
+
+def test_the_workdir_is_the_containers_working_directory_and_without_one_the_images_own():
+    run = ImageRun(PODMAN, "r.example/i@sha256:" + "b" * 64, "/var/lib/respawn", job_id="j", attempt=2, worker=0,
+                   checkpoint_uri="gs://b/j", accelerator=GPU, base_env={})
+    trainer = run.wrap(["python3", "t.py"], {}, role=container.ROLE_TRAINER, workdir="/var/lib/respawn/workdirs/w",
+                       also=["RESPAWN_TRAINER_RUN"])
+    assert trainer[trainer.index("--workdir") + 1] == "/var/lib/respawn/workdirs/w"
+    assert trainer[trainer.index("--name") + 1] == "respawn-trainer-j-2"
+    assert ["--env", "RESPAWN_TRAINER_RUN"] == trainer[trainer.index("--env"):trainer.index("--env") + 2]
+    setup = run.wrap(["python3", "prepare.py"], {}, role=container.ROLE_SETUP, workdir=None)
+    assert "--workdir" not in setup and "--device" not in setup  # the image's WORKDIR; no accelerator for setup
 
 
 def test_the_runtime_is_docker_with_its_daemon_podman_without_and_a_missing_one_says_what_to_do(tmp_path):
@@ -206,7 +219,7 @@ def test_a_containerized_trainer_is_adopted_saves_on_the_notice_and_leaves_no_co
     store = tmp_path / "store"
     wheel, digest = library_wheel(tmp_path / "wheel")
     # The user's entrypoint: a shell that does not exec the trainer (it prints the exit status after it).
-    command = ["sh", "-c", "python3 notice_tree_trainer.py --steps 100000 --workers 2 --step-seconds 0.05; "
+    command = ["sh", "-c", f"python3 {node_dir}/notice_tree_trainer.py --steps 100000 --workers 2 --step-seconds 0.05; "
                            "rc=$?; echo \"trainer exited $rc\"; exit $rc"]
     job = f"ctr{uuid.uuid4().hex[:6]}"
     s = settings(command, f"file://{store}", image=trainer_image_ref, notice_budget_seconds=20)
