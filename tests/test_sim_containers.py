@@ -58,6 +58,14 @@ def test_a_node_pulls_once_and_runs_torch_with_loader_workers(trainer_image_ref,
         node_containers.forget(gone)
 
 
+def _cmdline(pid: int) -> bytes:
+    """A guest's command line; empty for one that exited meanwhile (the pull's short-lived processes)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -79,7 +87,7 @@ def test_a_power_off_takes_the_nodes_containers(trainer_image_ref, registry, tmp
         deadline = time.monotonic() + 120
         sleepers: list[int] = []
         while not sleepers and time.monotonic() < deadline and runtime.running():
-            sleepers = [p for p in runtime._guest() if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep\0")]
+            sleepers = [p for p in runtime._guest() if _cmdline(p).startswith(b"sleep\0")]
             time.sleep(0.2)
         assert sleepers, runtime.console_log.read_text()[-2000:]
         marked = guest_pids(runtime.boot_id)
