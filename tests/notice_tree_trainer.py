@@ -102,7 +102,8 @@ def train_step(args, model, opt, batches, step, rank, world) -> None:
             dist.all_reduce(param.grad)
     opt.step()
     time.sleep(args.step_seconds)
-    print(f"step {step + 1} rank {rank}", flush=True)
+    sys.stdout.write(f"step {step + 1} rank {rank}\n")  # one write: print() sends the text and the newline apart
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
