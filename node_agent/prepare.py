@@ -45,7 +45,7 @@ from respawn.logs import log
 from .container import ROLE_SETUP, ROLE_TRAINER
 from .envcache import CacheError, EnvCache, cache_key, destinations, key_inputs, os_identity
 from .storage import Fetcher, FetchError, Interrupted
-from .image_run import SITE, ImageRun, LibraryError, library_env, unpack_wheel
+from .image_run import LIBRARY_PROBE_KEY, SITE, ImageRun, LibraryError, library_env, unpack_wheel
 from .supervisor import RUN_MARKER, TAIL_BYTES, TAIL_LINES
 from .workdir import WorkdirError, ensure_workdir
 
@@ -402,7 +402,7 @@ class Preparer:
         marker_path = os.path.join(self.node_dir, LIBRARY_MARKER)
         marker = read_json(marker_path)
         marker = marker if isinstance(marker, dict) else {}
-        key = "image " + self.image.image
+        key = LIBRARY_PROBE_KEY + self.image.image
         probed = marker.get(key) != digest
         if probed:
             try:
