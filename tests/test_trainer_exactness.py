@@ -1,9 +1,11 @@
-"""A run preempted by a real SIGTERM to its process group and resumed ends bit-identical to an uninterrupted
+"""A run preempted by the notice as the node agent delivers it (SIGTERM to the processes that save, never to the
+loader workers beside them) and resumed ends bit-identical to an uninterrupted
 run with the same seed (PyTorch and JAX examples, real processes)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from respawn import contract
 from respawn.ckpt import PREEMPTED_EXIT_CODE, read_status
 
 STEPS, EVERY = 200, 50
@@ -22,13 +25,21 @@ def start(module, tmp_path, name, *extra, env_extra=None):
     env = dict(os.environ, PYTHONPATH=ROOT, RESPAWN_JOB_ID=f"exact-{name}", RESPAWN_ATTEMPT="1",
                RESPAWN_CHECKPOINT_URI=f"file://{tmp_path}/{name}/remote",
                RESPAWN_LOCAL_CHECKPOINT_DIR=f"{tmp_path}/{name}/local",
-               RESPAWN_STATUS_FILE=f"{tmp_path}/{name}/status.json", RESPAWN_NOTICE_BUDGET_S="25")
+               RESPAWN_STATUS_FILE=f"{tmp_path}/{name}/status.json", RESPAWN_NOTICE_BUDGET_S="25",
+               **{contract.ENV_NOTICE_DIR: notice_dir(tmp_path, name)})
     env.update(env_extra or {})
     cmd = [sys.executable, "-m", f"respawn.ckpt.examples.{module}", "--steps", str(STEPS), "--checkpoint-every",
            str(EVERY), "--seed", "3", "--state-mb", "1", "--final-params", f"{tmp_path}/{name}.npz", *extra]
     os.makedirs(f"{tmp_path}/{name}", exist_ok=True)
     out = open(f"{tmp_path}/{name}/out.log", "ab")
     return subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=out, stderr=out, start_new_session=True)
+
+
+def notice_dir(tmp_path, name):
+    """Emptied for each trainer run, as the agent does (the mark of an earlier notice must not reach the next)."""
+    path = f"{tmp_path}/{name}/notice"
+    shutil.rmtree(path, ignore_errors=True)
+    return path
 
 
 def finish(proc, tmp_path, name, timeout=240):
@@ -59,7 +70,9 @@ def test_preempted_and_resumed_run_is_bit_identical(module, tmp_path):
             pytest.fail(f"victim run ended or stalled before step {EVERY + 10} (status {st}):\n"
                         f"{log_of(tmp_path, 'victim')[-3000:]}")
         time.sleep(0.05)
-    os.killpg(victim.pid, signal.SIGTERM)  # what the node agent does on a preemption notice
+    # What the node agent does on a preemption notice; torch_mlp reads with loader workers, which a SIGTERM to the
+    # whole group would kill under the save.
+    assert contract.deliver_notice(f"{tmp_path}/victim/notice", lambda pid: True) == [victim.pid]
     rc = finish(victim, tmp_path, "victim")
     assert rc == PREEMPTED_EXIT_CODE, f"expected exit {PREEMPTED_EXIT_CODE} after the notice, got {rc}:\n" \
                                       f"{log_of(tmp_path, 'victim')[-3000:]}"
