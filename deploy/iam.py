@@ -9,7 +9,7 @@ from typing import Callable
 
 import yaml
 
-from respawn import deployment
+from respawn import deployment, selftest
 from respawn.app.workdir import GCS_PREFIX as WORKDIRS_PREFIX
 
 PERMISSIONS_FILE = Path(__file__).resolve().parent / "iam" / "permissions.yaml"
@@ -93,9 +93,15 @@ def _release(project: str, bucket: str, identity: str | None) -> Condition:
                      lambda r: r.startswith(prefixes))
 
 
+def _selftest_database(project: str, bucket: str, identity: str | None) -> Condition:
+    name = f"projects/{project}/databases/{selftest.DATABASE}"
+    return Condition("respawn self-test", f"only the Firestore database {selftest.DATABASE}",
+                     f'resource.name == "{name}"', lambda r: r == name)
+
+
 # name → (project, bucket, the node identity the binding is for, if any) → Condition
 CONDITIONS: dict[str, Callable[[str, str, str | None], Condition]] = {
-    "nodes-database": _database, "release": _release}
+    "nodes-database": _database, "release": _release, "selftest-database": _selftest_database}
 
 
 # ---- who may do what on which resource, from the bindings the build makes and those the controller makes at run time

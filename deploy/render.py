@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from deploy import agent_zipapp, iam, stage
-from respawn import audit, deployment
+from respawn import audit, deployment, selftest
 
 ROOT = Path(__file__).resolve().parent.parent
 INDEXES_FILE = ROOT / "deploy" / "firestore" / "indexes.yaml"
@@ -86,6 +86,7 @@ def names(project: str, region: str, bucket: str, slack_secret: str, wheel: Path
         "NODE_EMAILS": " ".join(node_emails(project, identities)),
         "NODE_FIREWALL_RULES": " ".join(deployment.node_firewall_rule(i) for i in range(1, identities + 1)),
         "NODE_DATABASES": " ".join(deployment.heartbeat_database(e) for e in node_emails(project, identities)),
+        "SELFTEST_DATABASE": selftest.DATABASE,
         "TTL_COLLECTION_GROUP": deployment.TTL_COLLECTION_GROUP, "TTL_FIELD": deployment.TTL_FIELD,
         "JOB_DOCUMENT_PATTERN": deployment.JOB_DOCUMENT_PATTERN, "JOB_CREATED_EVENT": deployment.JOB_CREATED_EVENT,
         "WHEEL": str(wheel), "WHEEL_URI": wheel_uri, "AGENT": str(agent), "AGENT_URI": agent_uri,

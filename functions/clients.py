@@ -121,14 +121,14 @@ class Clients:
 
         return self._get("firestore", build)
 
-    def nodes_firestore(self, database: str):
-        """A heartbeats' database (respawn.deployment.heartbeat_database)."""
+    def firestore_database(self, database: str):
+        """Another Firestore database: a heartbeats' (respawn.deployment.heartbeat_database), the self-test's."""
         def build():
             from google.cloud import firestore
 
             return firestore.Client(project=self.project, database=database)
 
-        return self._get(f"nodes_firestore:{database}", build)
+        return self._get(f"firestore:{database}", build)
 
     def _storage_session(self, endpoint: str | None = None) -> Any:
         """An HTTP session for a JSON API (Cloud Storage's unless `endpoint` names another): anonymous on a loopback

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from respawn.contract import LABEL_JOB
 from respawn.deployment import ENV_SWEEP_TOPIC as SWEEP_TOPIC_VAR
 from respawn.control import events
-from respawn import contract, logs
+from respawn import contract, logs, selftest
 from respawn.schema import State
 
 if TYPE_CHECKING:
@@ -24,10 +24,16 @@ ACTIVE = {s.value for s in State if not s.terminal}
 def job_created(job_id: str) -> None:
     from respawn.control.reconcile import reconcile
 
+    if (probe := selftest.probe_of_job(job_id)) is not None:
+        _ack(probe, selftest.JOB_CREATED)  # the prober deletes the document
+        return
     reconcile(job_id)
 
 
 def log_event(entry: Any) -> None:
+    if (probe := selftest.probe_of_entry(entry)) is not None:
+        _ack(probe, selftest.LOG_EVENT)
+        return
     try:
         sig = events.decode(entry)
     except events.Undecodable as exc:
@@ -67,6 +73,11 @@ def sweep(message: Any) -> None:
         return
     job_id = message.get("job_id")
     if job_id is None:
+        try:
+            _ack(selftest.TICKS, selftest.SWEEP)
+        except Exception as exc:  # noqa: BLE001 - a tick's sweep must not wait on its self-test record
+            logs.error(f"sweep: the tick's self-test record was not written: {type(exc).__name__}: {exc}; "
+                       f"the controller needs write access to the Firestore database {selftest.DATABASE}")
         _fan_out()
         return
     if not isinstance(job_id, str) or not job_id:
@@ -199,6 +210,9 @@ def alert(message: Any) -> None:
     from respawn.control.adapters import slack
     from respawn.control.settings import ControlSettings
 
+    if (probe := selftest.probe_of_alert(message)) is not None:
+        _probe_alert(probe)
+        return
     try:
         payload = alerts.to_slack(message)
     except alerts.BadAlert as exc:
@@ -211,3 +225,30 @@ def alert(message: Any) -> None:
         return
     if slack.post(url, payload, attempts=settings.slack_attempts, backoff=settings.slack_backoff_seconds):
         logs.info(f"alert sent to Slack: {message.get('type')} for {message.get('job_id')}")
+
+
+def _ack(doc: str, link: selftest.Link, detail: str = "") -> None:
+    from respawn.control import clients
+    from respawn.control.adapters import selftest_acks
+    from respawn.control.settings import ControlSettings
+
+    selftest_acks.ack(clients.default(ControlSettings.from_env()), doc, link, detail)
+    logs.info(f"self-test: {link.function} answered probe {doc}", selftest=doc, link=link.key)
+
+
+def _probe_alert(probe: str) -> None:
+    """The self-test's alert: one "Respawn is deployed" message to Slack when it is configured, then the
+    acknowledgement, which says what Slack answered."""
+    from respawn.control.adapters import slack
+    from respawn.control.settings import ControlSettings
+
+    settings = ControlSettings.from_env()
+    detail = selftest.SLACK_UNSET
+    if settings.slack_webhook_url:
+        try:
+            sent = slack.post(settings.slack_webhook_url, {"text": selftest.SLACK_DEPLOYED},
+                              attempts=settings.slack_attempts, backoff=settings.slack_backoff_seconds)
+            detail = selftest.SLACK_SENT if sent else "Slack refused the message (check the webhook URL in the secret)"
+        except slack.SlackUnavailable as exc:
+            detail = f"Slack did not take the message: {exc}"
+    _ack(probe, selftest.ALERT, detail)

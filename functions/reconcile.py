@@ -100,7 +100,7 @@ class Deps:
         providers = {"gpu": ComputeProvider(c, op_timeout=s.compute_op_timeout_seconds, nodes=s.nodes),
                      "tpu": TpuProvider(c, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes),
                      queued.PROVIDER: QueuedTpuProvider(c, op_timeout=s.tpu_op_timeout_seconds, nodes=s.nodes)}
-        return cls(store=Store(c.firestore(), c.nodes_firestore), providers=providers,
+        return cls(store=Store(c.firestore(), c.firestore_database), providers=providers,
                    publish=lambda alert: pubsub.publish_alert(c, alert, topic=s.alerts_topic,
                                                               timeout=s.alert_publish_timeout_seconds),
                    project=c.project, startup_script=deployment.startup_script, config=Config.from_settings(s),

@@ -7,7 +7,7 @@
 Both come from one filter structure (`filter_spec`): `sink_filter` renders it, `matches` evaluates it, so the
 deployed sink and the local router cannot drift apart. Imports no cloud client library.
 
-The filter admits every routed method inside the `system_event` log, and Cloud TPU's `tpu.nodes.terminate` by its
+The filter admits the self-test's probe log (respawn.selftest.LOG_ID), and every routed method inside the `system_event` log, and Cloud TPU's `tpu.nodes.terminate` by its
 method and a `projects/P/` resource name whatever log carries it and whatever its serviceName: that is what the one
 public filter for these entries selects on; their log and serviceName have no public source (gcp-facts §2).
 """
@@ -15,6 +15,8 @@ public filter for these entries selects on; their log and serviceName have no pu
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from respawn import selftest
 
 SYSTEM_EVENT_LOG_ID = "cloudaudit.googleapis.com/system_event"
 
@@ -80,6 +82,8 @@ def filter_spec(project: str) -> Either:
         # Selected as the public example does (gcp-facts §2): by method and the project's resource names, in any log.
         All((Eq("protoPayload.methodName", TPU_NODE_TERMINATE),
              Has("protoPayload.resourceName", f"projects/{project}/"))),
+        # The deployment's self-test probe (respawn.selftest): proves the sink, its writer and on_log_event.
+        Eq("logName", selftest.log_name(project)),
     ))
 
 

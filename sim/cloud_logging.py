@@ -1,6 +1,7 @@
 """Cloud Logging's entries.write (REST v2), as much as the node agent writes (node_agent/cloudlog.py): a default
 logName (projects/P/logs/LOG_ID) and monitored resource, and entries each with one payload (textPayload or
 jsonPayload) and string labels; what breaks that is 400 INVALID_ARGUMENT naming the entry, as the API answers.
+Each entry then goes to the `sink` (an AuditRouter), as Logging passes every entry through the project's sinks.
 What was written stays in `entries` (each with its logName, resource and labels filled in from the request's
 defaults, as the API does), in order, for tests to read."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from sim.core import compute_error
 
@@ -17,7 +18,9 @@ PAYLOADS = ("textPayload", "jsonPayload", "protoPayload")
 
 
 class CloudLogging:
-    def __init__(self) -> None:
+    def __init__(self, sink: Callable[[dict], None] | None = None) -> None:
+        self.sink = sink
+        self.sink_errors: list[str] = []  # a routed entry the sink could not deliver (its topic gone)
         self.entries: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
@@ -40,4 +43,9 @@ class CloudLogging:
             filled.append({**entry, "logName": log_name, "resource": resource, "labels": labels})
         with self._lock:
             self.entries.extend(filled)
+        for entry in filled if self.sink is not None else ():
+            try:
+                self.sink(entry)
+            except Exception as exc:  # noqa: BLE001 - Logging tells the writer nothing of a sink's failure
+                self.sink_errors.append(f"{type(exc).__name__}: {exc}")
         return {}

@@ -143,7 +143,8 @@ class SimServer:
         self.storage_folders = StorageFolders(self)
         self.advice = AdviceService(self)
         self.monitoring = Monitoring()  # Cloud Monitoring's timeSeries.create: what the controller wrote
-        self.cloud_logging = CloudLogging()  # Cloud Logging's entries.write: what the node agents wrote
+        # Cloud Logging's entries.write: what the node agents (and the self-test) wrote, routed through the sink
+        self.cloud_logging = CloudLogging(sink=audit_sink)
         self.catalog: dict[str, list[dict]] = {}  # Cloud Billing Catalog: service id → its SKUs (set_catalog)
         self._t0 = time.monotonic()
         self._http: LoopbackHTTPServer | None = None

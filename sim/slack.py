@@ -46,6 +46,11 @@ class SlackReceiver:
         with self._lock:
             self._fail_status, self._fail_count, self._retry_after = status, count, retry_after
 
+    def forget(self) -> None:
+        """Drop what was received so far (the demo's record holds its job's alerts, not its self-test's message)."""
+        with self._lock:
+            self.requests.clear()
+
     def recover(self) -> None:
         with self._lock:
             self._fail_status, self._fail_count = None, 0

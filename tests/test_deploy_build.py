@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from deploy import agent_zipapp, iam
-from respawn import audit, deployment, schema
+from respawn import audit, deployment, schema, selftest
 from respawn.contract import split_artifact
-from tests.deploy_fixtures import (CLOUDBUILD, gcloud_parse_errors, PROJECT_NUMBER, ROOT, SINK_WRITER, Standin, SubstitutionError, calls,
+from tests.deploy_fixtures import (CLOUDBUILD, gcloud_parse_errors, PROJECT_NUMBER, ROOT, SELF_TEST_STEP, SINK_WRITER, Standin,
+                                   SubstitutionError, calls, standin_steps,
                                    check_against_cli, cli_tree, copy_source, load_build, referenced, run_steps,
                                    seeded_state, substitute, substitutions)
 
@@ -47,7 +48,7 @@ def deployed(tmp_path_factory):
                 results = run_steps(build, workspace, standin, subs, log)
                 failed = [r for r in results if r.rc != 0]
                 assert not failed, f"run {n}: step {failed[0].id} failed:\n{failed[0].stdout}\n{failed[0].stderr}"
-                assert [r.id for r in results] == [s["id"] for s in build["steps"]]
+                assert [r.id for r in results] == [s["id"] for s in standin_steps(build)]
             (tmp / "built").touch()
     return tmp / "workspace", Standin.left_in(tmp), calls(logs[0]), calls(logs[1])
 
@@ -222,6 +223,25 @@ def test_scheduler_sweep(deployed):
     assert _flag(argv, "topic") == [deployment.SWEEP_TOPIC]
     assert json.loads(_flag(argv, "message-body")[0]) == {"task": "sweep"}
     assert _flag(argv, "schedule") == [deployment.SWEEP_SCHEDULE]
+
+
+def test_the_last_step_proves_every_path_the_build_made_with_respawn_doctor(deployed):
+    _, standin, run1, _ = deployed
+    build = load_build()
+    step = build["steps"][-1]
+    assert step["id"] == SELF_TEST_STEP
+    makers = {"sink", "firestore", "scheduler", *(f"fn-{fn.entry_point.replace('_', '-')}" for fn in deployment.FUNCTIONS)}
+    assert set(step["waitFor"]) == makers and makers <= {s["id"] for s in build["steps"]}
+    script = substitute(step["args"][-1], substitutions(build, PROJECT, BUCKET, BUILD_ID))
+    # The build's own wheel, in an environment of its own; then the doctor, its probes waited for long enough.
+    assert re.search(r"pip install .*\.respawn-build/dist/\*\.whl", script)
+    assert re.search(rf"respawn doctor --project='{PROJECT}' --region='us-central1' --timeout=(\d+)", script)
+    assert "--no-probes" not in script
+    # Where the functions acknowledge: the self-test's database, which the notifier may write and nothing else.
+    _one(run1, "firestore databases", "create", selftest.DATABASE)
+    [binding] = [b for b in standin.state()["bindings"] if b[3].endswith("/respawnNotifierSelfTest")]
+    assert binding[2] == f"serviceAccount:{deployment.service_account_email(deployment.NOTIFIER_SA, PROJECT)}"
+    assert binding[4] == f'resource.name == "projects/{PROJECT}/databases/{selftest.DATABASE}"'
 
 
 def test_the_sweep_fans_out_to_as_many_invocations_as_the_event_path(deployed):

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from deploy import iam
-from respawn import deployment
+from respawn import deployment, selftest
 from respawn.contract import NODES_DATABASE
 from respawn.app.workdir import GCS_PREFIX as WORKDIRS_PREFIX
 from tests.deploy_fixtures import ROOT
@@ -120,8 +120,14 @@ def test_the_node_may_publish_to_the_sweep_topic_only():
     assert [(r.scope, r.permissions) for r in node_pubsub] == [("sweep-topic", ["pubsub.topics.publish"])]
 
 
-def test_notifier_and_trigger_hold_no_custom_permissions():
-    assert not iam.granted_methods("notifier") and not iam.granted_methods("trigger")
+def test_the_notifier_answers_the_self_test_only_and_the_trigger_holds_nothing():
+    assert not iam.granted_methods("trigger")
+    assert iam.granted_methods("notifier") == {"firestore.documents.commit.set"}
+    for permission in ("datastore.entities.create", "datastore.entities.update"):
+        assert POLICY.may("notifier", permission, f"{DATABASE}{selftest.DATABASE}")
+        assert not POLICY.may("notifier", permission, f"{DATABASE}(default)")  # no job state
+        assert not POLICY.may("notifier", permission, f"{DATABASE}{NODES_DATABASE}")
+        assert POLICY.may("controller", permission, f"{DATABASE}{selftest.DATABASE}")  # on_sweep's, on_log_event's
 
 
 def test_acting_as_the_node_is_granted_on_the_node_account_only():

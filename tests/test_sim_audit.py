@@ -8,7 +8,7 @@ import re
 
 from google.cloud import pubsub_v1, tpu_v2
 
-from respawn import audit
+from respawn import audit, selftest
 from sim import audit_entries
 from sim.audit_router import AuditRouter
 from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory, tpu_client  # noqa: F401
@@ -110,8 +110,12 @@ def test_sink_filter_text_and_matches_come_from_one_definition():
     assert text == (
         '(logName="projects/p/logs/cloudaudit.googleapis.com%2Fsystem_event" AND protoPayload.methodName=('
         + " OR ".join(f'"{m}"' for m in audit.METHODS) + ")) OR "
-        '(protoPayload.methodName="tpu.nodes.terminate" AND protoPayload.resourceName:"projects/p/")'
+        '(protoPayload.methodName="tpu.nodes.terminate" AND protoPayload.resourceName:"projects/p/") OR '
+        '(logName="projects/p/logs/respawn-selftest")'
     )
+    # the self-test's probe passes, in its own project only
+    assert audit.matches(selftest.probe_entry("p", "0123456789abcdef"), "p")
+    assert not audit.matches(selftest.probe_entry("other", "0123456789abcdef"), "p")
     assert "compute.instances.preempted" in audit.METHODS and "tpu.nodes.terminate" in audit.METHODS
     base = {"logName": audit.log_name("p"), "protoPayload": {"methodName": "compute.instances.preempted"}}
     assert audit.matches(base, "p")

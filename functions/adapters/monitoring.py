@@ -36,7 +36,7 @@ def write_goodput(clients: Any, project: str, job_id: str, spec: JobSpec, endpoi
                   ) -> list[dict[str, Any]]:
     """Read the job (its document, events and heartbeats), reckon its goodput (goodput.py) and post it; the series
     posted."""
-    store = Store(clients.firestore(), clients.nodes_firestore)
+    store = Store(clients.firestore(), clients.firestore_database)
     found = store.job(job_id)
     if found is None:
         return []

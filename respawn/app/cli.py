@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from respawn import deployment, schema
+from respawn.app.selftest_run import TIMEOUT_S as SELFTEST_TIMEOUT_S
 from respawn.app.workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
 
 class _Commands(typer.core.TyperGroup):
@@ -1210,6 +1211,52 @@ def _seen(row: Any) -> str:
     if row.cooling_until is not None and row.cooling_until > datetime.now(timezone.utc):
         parts.append(f"cooling down until {row.cooling_until:%H:%M} UTC")
     return "; ".join(parts) or "nothing yet"
+
+
+@app.command("doctor")
+def doctor_cmd(
+    project: Optional[str] = ProjectOpt,
+    region: Optional[str] = typer.Option(None, "--region", envvar="RESPAWN_REGION",
+                                         help="the functions' region: the self-test runs the scheduler job there "
+                                              "(without it, the next tick is waited for)"),
+    job: Optional[Path] = typer.Option(None, "--job", help="a job spec: its machines, zones and quotas are checked"),
+    timeout: float = typer.Option(SELFTEST_TIMEOUT_S, "--timeout", min=1,
+                                  help="seconds each probe's answer is waited for"),
+    probes: bool = typer.Option(True, "--probes/--no-probes", help="send the self-test's probes"),
+) -> None:
+    """Check a deployment (a project, or the demo's stand-ins) and prove every path it relies on, one line a check."""
+    from respawn.app import doctor, selftest_run
+
+    def go() -> None:
+        name = project or _store(None).project
+        checks = [doctor.firestore_check(name), *doctor.topic_checks(name)]
+        for check in checks:
+            out.print(check.line, highlight=False)
+        if job is not None:
+            checks.append(_doctor_job(job, name))
+            out.print(checks[-1].line, highlight=False)
+        if probes:
+            checks += doctor.probe_checks(name, selftest_run.senders(name, region), timeout,
+                                          lambda line: out.print(line, highlight=False))
+        failed = [c for c in checks if not c.ok]
+        if failed:
+            raise CliError(f"doctor: {len(failed)} of {len(checks)} checks failed; the first: {failed[0].line[2:]}")
+        out.print(f"doctor: all {len(checks)} checks passed", highlight=False)
+
+    run_reporting_errors(go)
+
+
+def _doctor_job(file: Path, project: str) -> Any:
+    """The checks `jobs register` makes of a spec (its catalog, boot image, network and quotas), as one line."""
+    from respawn.app.doctor import Check
+
+    try:
+        spec = _parse_spec(file, _read_spec_data(file), _live_catalog(project))
+        for check in (_check_image, _check_network, _check_quota):
+            check(spec, project)
+    except CliError as exc:
+        return Check(False, f"✗ {file}: {exc}")
+    return Check(True, f"✓ {file}: its machines, zones and quotas allow it")
 
 
 @app.command("demo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

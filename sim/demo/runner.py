@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import signal
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from respawn import contract, deployment, losswords, schema
 from respawn.app import codestore, report
 from respawn.control import recovery_time
 from respawn.app.workdir import WorkdirError, human_bytes, pack
-from sim import emulators, netns, node_image, registry, trainer_image
+from sim import emulators, functions_host, netns, node_image, registry, trainer_image
 from sim.node_containers import NodeContainers
 from sim.demo.jobfile import JobFile
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
@@ -52,6 +51,7 @@ GPU_MACHINE = "g2-standard-8"  # one L4 built in: the sim keys its capacity by t
 TPU_TYPE = "v5litepod-8"
 WORKDIR = REPO / "examples" / "workdir"  # the user's code the demo's job runs
 BUCKET = "respawn-demo"  # on the storage emulator: the agent's release and the job's code
+SELF_TEST_TIMEOUT_S = 60.0  # every function answers in seconds; a loaded machine starts the host slowly
 # How the Slack alert of each terminal state begins after "Job ID " (functions/alerts.py's titles).
 TERMINAL_ALERTS = {schema.State.SUCCEEDED: "succeeded", schema.State.FAILED: "failed",
                    schema.State.INVALID: "has an invalid spec", schema.State.BUDGET_EXHAUSTED: "reached its budget"}
@@ -103,19 +103,6 @@ class Stack:
             except Exception as exc:  # keep stopping the rest
                 self._say(f"stopping {name} failed: {exc}")
         self.pids.clear()
-
-
-def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DemoError(f"{what} exited with code {proc.returncode} while starting; see {log}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise DemoError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log}")
 
 
 SPEC_MODELS = {sim: spec for spec, sim in SIM_MODELS.items()}  # a node record's provisioningModel → the spec's name
@@ -318,8 +305,6 @@ class DemoRun:
         sc = self.sc
         self.slack = SlackReceiver().start()
         self.stack.push("Slack receiver", self.slack.stop)
-        if sc.faults.slack:
-            self.slack.fail(status=sc.faults.slack.status, count=sc.faults.slack.count, retry_after=1)
         self.router = AuditRouter(self.project, topic=deployment.LOG_EVENTS_TOPIC,
                                   duplicates=sc.faults.duplicate_events)
         self.stack.push("audit router", self.router.close)
@@ -353,6 +338,7 @@ class DemoRun:
                              tpu_endpoints=sc.tpu_endpoints, run_duration_scale=sc.run_duration_scale,
                              node_containers=containers).start()
         self.stack.push("sim", self.sim.stop)
+        self.cli_env[deployment.ENV_COMPUTE_ENDPOINT] = self.sim.endpoint  # `respawn doctor` writes its probe there
         if sc.faults.api_error_rate:
             self.sim.set_api_faults(rate=sc.faults.api_error_rate, methods=("insert", "create"))
 
@@ -386,8 +372,6 @@ class DemoRun:
     def _functions(self) -> dict[str, str]:
         """Serve the entry points with the Functions Framework, in one process (sim/functions_host.py); returns target
         → URL."""
-        from google.cloud import pubsub_v1
-
         sc = self.sc
         env = {
             **os.environ, **self.env,
@@ -428,35 +412,17 @@ class DemoRun:
             handle.close()
 
         self.say("starting the four functions with the Functions Framework")
-        targets = [fn.entry_point for fn in deployment.FUNCTIONS]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sim.functions_host", "--source", str(REPO / "functions" / "main.py"),
-             "--port", str(port), *targets],
-            stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO,
-            start_new_session=True,
-        )
+        try:
+            proc, urls = functions_host.start(env, port, handle, log)
+        except functions_host.HostError as exc:
+            handle.close()
+            raise DemoError(str(exc)) from None
         self.stack.push("the functions", stop)
         self.stack.pids.append(proc.pid)
-        urls = {target: f"http://127.0.0.1:{port}/{target}" for target in targets}
-        _wait_port(port, proc, "the functions", log)
         if self.pubsub_host:  # before the functions stop: no push of the run's may reach another's on a reused port
             self.stack.push("the project's Pub/Sub subscriptions",
                             lambda: emulators.delete_pubsub(self.pubsub_host, self.project, "subscriptions"))
-        # Pub/Sub push subscriptions deliver each topic to its function, as Eventarc's Pub/Sub triggers do.
-        publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-        for fn in deployment.FUNCTIONS:
-            if fn.trigger == "firestore":
-                continue
-            topic = publisher.topic_path(self.project, fn.trigger)
-            try:
-                publisher.create_topic(name=topic)
-            except Exception as exc:
-                if exc.__class__.__name__ != "AlreadyExists":
-                    raise
-            subscriber.create_subscription(
-                name=subscriber.subscription_path(self.project, f"{fn.name}-push"), topic=topic,
-                push_config={"push_endpoint": urls[fn.entry_point]}, ack_deadline_seconds=120,
-            )
+        functions_host.subscribe(self.project, urls)
         return urls
 
     def _bridges(self, urls: dict[str, str]) -> None:
@@ -466,6 +432,20 @@ class DemoRun:
         self.stack.push("Eventarc bridge", bridge.stop)
         sweep = SweepScheduler(self.project, topic=deployment.SWEEP_TOPIC, interval=self.sc.sweep_seconds).start()
         self.stack.push("sweep scheduler", sweep.stop)
+        self._self_test(sweep.fire)
+
+    def _self_test(self, tick) -> None:
+        """The deployment's self-test, as the build's last step runs it: a probe down every path, each answered."""
+        from respawn.app import selftest_run
+
+        send = selftest_run.Senders(selftest_run.senders(self.project, None, self.sim.endpoint).write_log, tick)
+        answers = selftest_run.run(self.project, send, timeout=SELF_TEST_TIMEOUT_S, say=self.say)
+        passed, failed = selftest_run.verdict(answers, SELF_TEST_TIMEOUT_S)
+        if not passed:
+            raise DemoError(f"the stand-ins' deployment failed its self-test: {failed[0][2:]}")
+        self.slack.forget()
+        if self.sc.faults.slack:  # armed now: the self-test's message is not one of the scenario's alerts
+            self.slack.fail(status=self.sc.faults.slack.status, count=self.sc.faults.slack.count, retry_after=1)
 
     def _upload_workdir(self, directory: Path) -> str:
         """Pack the directory and put it on the storage emulator, as `respawn jobs register` does."""

@@ -1,0 +1,89 @@
+"""`respawn doctor`: what a deployment (a project, or the local stand-ins) has, then the self-test's probes down every
+path it relies on (respawn/app/selftest_run.py). One line per check: ✓, or ✗ and what to do.
+
+The checks read what the caller's credentials may read: the Firestore database the jobs live in, the three topics, and
+a subscription (a function's trigger) on each. The probes prove the rest end to end: the sink and its writer's role,
+the scheduler job, Eventarc's trigger and its service agents, the functions, the Slack secret.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from respawn import deployment, selftest
+from respawn.app import endpoints, selftest_run
+
+# Each Pub/Sub-triggered function, by the topic its trigger subscribes to.
+TRIGGERED = {fn.trigger: fn for fn in deployment.FUNCTIONS if fn.trigger != "firestore"}
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    line: str
+
+
+def _mark(ok: bool, text: str) -> Check:
+    return Check(ok, f"{'✓' if ok else '✗'} {text}")
+
+
+def firestore_check(project: str) -> Check:
+    from google.cloud import firestore
+
+    try:
+        endpoints.check(endpoints.FIRESTORE, project)
+        firestore.Client(project=project).collection("jobs").limit(1).get(timeout=endpoints.CALL_DEADLINE_S)
+    except endpoints.Unreachable as exc:
+        return _mark(False, str(exc))
+    except Exception as exc:  # noqa: BLE001 - any refusal is the check's answer, in one line
+        return _mark(False, f"Firestore's (default) database cannot be read ({_said(exc)}): create it once with "
+                            "gcloud firestore databases create --location=nam5 (docs/deploy.md, step 2)")
+    return _mark(True, f"Firestore: the jobs' database answers ({endpoints.where(endpoints.FIRESTORE, project)})")
+
+
+def topic_checks(project: str) -> list[Check]:
+    """Each topic exists and has a subscription: a Pub/Sub-triggered function's trigger (Eventarc's, in a deployment;
+    the demo's push subscription locally)."""
+    from google.api_core import exceptions
+    from google.cloud import pubsub_v1
+
+    publisher = pubsub_v1.PublisherClient()
+    checks = []
+    try:
+        endpoints.check(endpoints.PUBSUB, project)
+    except endpoints.Unreachable as exc:
+        return [_mark(False, str(exc))]
+    for topic, fn in TRIGGERED.items():
+        path = publisher.topic_path(project, topic)
+        try:
+            publisher.get_topic(topic=path, timeout=endpoints.CALL_DEADLINE_S)
+            subscriptions = list(publisher.list_topic_subscriptions(request={"topic": path},
+                                                                    timeout=endpoints.CALL_DEADLINE_S))
+        except exceptions.NotFound:
+            checks.append(_mark(False, f"topic {topic} does not exist: redeploy (cloudbuild.yaml, step topics)"))
+            continue
+        except Exception as exc:  # noqa: BLE001
+            checks.append(_mark(False, f"topic {topic} cannot be read ({_said(exc)}): the caller needs "
+                                       "pubsub.topics.get and pubsub.topics.listSubscriptions"))
+            continue
+        if subscriptions:
+            checks.append(_mark(True, f"topic {topic} feeds {len(subscriptions)} subscription(s) ({fn.entry_point})"))
+        else:
+            checks.append(_mark(False, f"topic {topic} has no subscription: {fn.name} is not deployed with its "
+                                       f"trigger; redeploy (cloudbuild.yaml, step fn-{fn.entry_point.replace('_', '-')})"))
+    return checks
+
+
+def probe_checks(project: str, send: selftest_run.Senders, timeout: float,
+                 say: Callable[[str], None]) -> list[Check]:
+    answers = selftest_run.run(project, send, timeout=timeout, say=say)
+    checks = [Check(a.ok, a.line(timeout)) for a in answers]
+    alert = next(a for a in answers if a.link is selftest.ALERT)
+    if alert.ok:
+        checks.append(Check(*selftest_run.slack_line(alert)))
+    return checks
+
+
+def _said(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__

@@ -1,0 +1,130 @@
+"""The deployment's self-test and `respawn doctor` on a deployment to the local stand-ins: whole, every path answers;
+with one link broken at a time (a topic gone, a function's trigger gone, the scheduler stopped, Eventarc stopped,
+Slack refusing the webhook), that link and only that one is found and named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from respawn import deployment, selftest
+from respawn.app import doctor, selftest_run
+from sim import emulators, functions_host
+from sim.audit_router import AuditRouter
+from sim.bridges import EventarcBridge, SweepScheduler
+from sim.slack import SlackReceiver
+from tests.sim_fixtures import sim_factory  # noqa: F401 - a fixture
+
+PROJECT = "respawn-selftest-stand-ins"  # a project of its own on the session's emulators
+BROKEN_WAIT_S = 8.0  # how long a broken link is waited for: a whole one answers within a second here, 8 s on a
+# loaded machine
+
+
+@pytest.fixture
+def deployment_stand_ins(firestore_emulator, pubsub_emulator, sim_factory, tmp_path):  # noqa: F811
+    """The demo's deployment without its job: the four functions served and triggered, the sink, the scheduler
+    (a tick a second), Eventarc, Slack."""
+    slack = SlackReceiver().start()
+    router = AuditRouter(PROJECT, topic=deployment.LOG_EVENTS_TOPIC)
+    sim = sim_factory(project=PROJECT, audit_sink=router, boot_command=None)
+    env = {**os.environ, "RESPAWN_PROJECT": PROJECT, deployment.ENV_COMPUTE_ENDPOINT: sim.endpoint,
+           "RESPAWN_TPU_ENDPOINT": sim.endpoint, deployment.ENV_ALERTS_TOPIC: deployment.ALERTS_TOPIC,
+           deployment.ENV_SWEEP_TOPIC: deployment.SWEEP_TOPIC, deployment.ENV_SLACK_WEBHOOK_URL: slack.url,
+           "RESPAWN_SLACK_BACKOFF_SECONDS": "0.1", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "functions.log"
+    with open(log, "wb") as out:
+        proc, urls = functions_host.start(env, emulators.free_port(), out, log)
+    parts = {"slack": slack, "router": router, "sim": sim, "urls": urls, "log": log}
+    try:
+        functions_host.subscribe(PROJECT, urls)
+        parts["eventarc"] = EventarcBridge(PROJECT, urls["on_job_created"]).start()
+        parts["scheduler"] = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=1.0).start()
+        yield parts
+    finally:
+        for name in ("scheduler", "eventarc"):
+            if name in parts:
+                parts[name].stop()
+        emulators.delete_pubsub(pubsub_emulator, PROJECT, "subscriptions")
+        emulators.stop_groups([proc])
+        router.close()
+        slack.stop()
+
+
+def _doctor(sim, timeout: float = BROKEN_WAIT_S) -> list[doctor.Check]:
+    send = selftest_run.senders(PROJECT, None, sim.endpoint)  # the sim's Cloud Logging; the scheduler's own ticks
+    return [doctor.firestore_check(PROJECT), *doctor.topic_checks(PROJECT),
+            *doctor.probe_checks(PROJECT, send, timeout, lambda line: None)]
+
+
+def _failed(checks: list[doctor.Check]) -> list[str]:
+    return [c.line for c in checks if not c.ok]
+
+
+def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stand_ins, pubsub_emulator):
+    parts = deployment_stand_ins
+    sim, slack = parts["sim"], parts["slack"]
+
+    # Whole: `respawn doctor` itself, as a user runs it in a demo's --keep shell.
+    env = {**os.environ, "GOOGLE_CLOUD_PROJECT": PROJECT, deployment.ENV_COMPUTE_ENDPOINT: sim.endpoint}
+    done = subprocess.run([sys.executable, "-m", "respawn", "doctor", "--timeout", "30"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for link in selftest.LINKS:
+        assert f"✓ {link.function} answered in" in done.stdout, done.stdout
+    assert '✓ Slack took the message "Respawn is deployed"' in done.stdout
+    assert done.stdout.rstrip().endswith("checks passed"), done.stdout
+    assert [p["text"] for p in slack.payloads] == [selftest.SLACK_DEPLOYED]
+    assert "Traceback" not in done.stderr
+
+    def broken(expected: list[str]) -> None:
+        failed = _failed(_doctor(sim))
+        assert len(failed) == len(expected), failed
+        for line, words in zip(failed, expected):
+            assert words in line, (words, failed)
+
+    # The log-events topic gone: the sink cannot publish; the static check and the probe both say so.
+    from google.cloud import pubsub_v1
+
+    publisher = pubsub_v1.PublisherClient()
+    topic = publisher.topic_path(PROJECT, deployment.LOG_EVENTS_TOPIC)
+    publisher.delete_topic(topic=topic)
+    broken([f"topic {deployment.LOG_EVENTS_TOPIC} does not exist",
+            "on_log_event did not answer in 8 s (a log entry → the Logging sink"])
+    emulators.delete_pubsub(pubsub_emulator, PROJECT, "subscriptions")
+    functions_host.subscribe(PROJECT, parts["urls"])  # redeployed: the topic and every trigger again
+
+    # on_alert's trigger gone (the function not deployed): the alert path, and only it.
+    subscriber = pubsub_v1.SubscriberClient()
+    alert_fn = next(fn for fn in deployment.FUNCTIONS if fn.entry_point == "on_alert")
+    subscriber.delete_subscription(subscription=subscriber.subscription_path(PROJECT, f"{alert_fn.name}-push"))
+    broken([f"topic {deployment.ALERTS_TOPIC} has no subscription: {alert_fn.name} is not deployed",
+            "on_alert did not answer in 8 s"])
+    emulators.delete_pubsub(pubsub_emulator, PROJECT, "subscriptions")
+    functions_host.subscribe(PROJECT, parts["urls"])
+
+    # The scheduler stopped: no tick reaches on_sweep.
+    parts["scheduler"].stop()
+    broken(["on_sweep did not answer in 8 s (a Cloud Scheduler tick"])
+    parts["scheduler"] = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=1.0).start()
+
+    # Eventarc's Firestore trigger stopped: the job document reaches no one.
+    parts["eventarc"].stop()
+    broken(["on_job_created did not answer in 8 s (a job document → Eventarc"])
+    parts["eventarc"] = EventarcBridge(PROJECT, parts["urls"]["on_job_created"]).start()
+
+    # A wrong Slack secret: Slack refuses the webhook; on_alert answers and says so.
+    slack.fail(status=404, count=-1)
+    broken(["✗ Slack: Slack refused the message"])
+    slack.recover()
+
+    # Mended, it passes again; the probes left nothing behind (the job document, the probe's record).
+    assert not _failed(_doctor(sim, timeout=30))
+    from google.cloud import firestore
+
+    assert not [d.id for d in firestore.Client(project=PROJECT).collection("jobs").stream()]
+    left = [d.id for d in firestore.Client(project=PROJECT, database=selftest.DATABASE)
+            .collection(selftest.COLLECTION).stream()]
+    assert left == [selftest.TICKS], left
