@@ -307,3 +307,15 @@ def test_jax_state_roundtrip_bit_exact(tmp_path):
     for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(restored)):
         if hasattr(a, "dtype") and not jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
             assert a.dtype == b.dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_importing_a_leaf_of_the_library_loads_that_leaf_alone():
+    code = ("import sys, respawn.ckpt.checksum\n"
+            "print(sorted(m for m in sys.modules if m.startswith('respawn.ckpt')))\n"
+            "from respawn.ckpt import TrainingLoop, read_status\n"
+            "print('respawn.ckpt.manager' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded, after = out.stdout.split("\n")[:2]
+    assert loaded == "['respawn.ckpt', 'respawn.ckpt.checksum']"
+    assert after == "True"  # the package's exports are there when asked for

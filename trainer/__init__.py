@@ -6,29 +6,36 @@ underneath. Interface for the node agent: respawn.contract (read_status, EXIT_PR
 trainer/README.md.
 """
 
-from .collectives import collective_timeout
-from .loop import Preempted, TrainingLoop
-from .manager import (
-    DEFAULT_NOTICE_BUDGET_S,
-    PREEMPTED_EXIT_CODE,
-    CheckpointManager,
-    SaveOutcome,
-    SaveState,
-    plan_retention,
-    upload_pending,
-)
-from respawn.contract import read_status
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointManager",
-    "DEFAULT_NOTICE_BUDGET_S",
-    "PREEMPTED_EXIT_CODE",
-    "Preempted",
-    "SaveOutcome",
-    "SaveState",
-    "TrainingLoop",
-    "collective_timeout",
-    "plan_retention",
-    "read_status",
-    "upload_pending",
-]
+import importlib
+
+# What the package exports, by the module that defines it: each imported on first use, so that importing a leaf
+# (respawn.ckpt.checksum, as the agent's tools do) loads that leaf alone, not the manager and its stores.
+_EXPORTS = {
+    "CheckpointManager": ".manager",
+    "DEFAULT_NOTICE_BUDGET_S": ".manager",
+    "PREEMPTED_EXIT_CODE": ".manager",
+    "Preempted": ".loop",
+    "SaveOutcome": ".manager",
+    "SaveState": ".manager",
+    "TrainingLoop": ".loop",
+    "collective_timeout": ".collectives",
+    "plan_retention": ".manager",
+    "read_status": "respawn.contract",
+    "upload_pending": ".manager",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
