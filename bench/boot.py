@@ -118,6 +118,11 @@ class BenchError(RuntimeError):
     pass
 
 
+def _epoch(stamp: str) -> float:
+    """A log line's `time` (respawn.logs.now: RFC 3339, UTC) in seconds since the epoch."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -407,15 +412,15 @@ def timeline(lines: list[dict], t_boot: float) -> dict:
         s[stage] = seconds(stage)
     s["prepare_other"] = prep_s - sum(s[k] for k in ("workdir_download", "workdir_unpack", "library_download",
                                                        "library_install", "previous_life_upload", "setup"))
-    restore_end = float(restored["time"])
+    restore_end = _epoch(restored["time"])
     s["restore"] = float(restored["seconds"])
     s["interpreter_start"] = restore_end - s["restore"] - t_spawn
     first = by_message["first step done"]
-    s["first_step"] = float(first["time"]) - restore_end
+    s["first_step"] = _epoch(first["time"]) - restore_end
     result = {k: round(v, 4) for k, v in s.items()}
     result["respawn_s"] = round(sum(s[k] for k in RESPAWN_STAGES), 4)
     result["user_s"] = round(sum(s[k] for k in USER_STAGES), 4)
-    result["total_s"] = round(float(first["time"]) - t_boot, 4)
+    result["total_s"] = round(_epoch(first["time"]) - t_boot, 4)
     result["install_s"] = round(startup_s + s["library_download"] + s["library_install"], 4)
     downloaded = 0
     if startup["agent_fetch"].get("downloaded"):

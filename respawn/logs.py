@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 
@@ -31,14 +31,24 @@ def labels() -> dict[str, str]:
     return dict(_labels)
 
 
+def now() -> str:
+    """The `time` of a line: RFC 3339 in UTC, to the millisecond (what Cloud Logging reads as the entry's time)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def log(severity: str, message: str, *, stream: TextIO | None = None, **fields: Any) -> None:
-    entry = {"severity": severity, "message": message, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    """One line on `stream` (stdout by default). A closed stream (its reader went away) drops the line: logging must
+    never break the caller (a save, a recovery)."""
+    entry = {"severity": severity, "message": message, "time": now()}
     entry.update(fields)
     if _labels:
         entry[LABELS_FIELD] = dict(_labels)
     out = stream or sys.stdout
-    out.write(json.dumps(entry, default=str) + "\n")
-    out.flush()
+    try:
+        out.write(json.dumps(entry, default=str) + "\n")
+        out.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def info(message: str, **fields: Any) -> None:
