@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from respawn import logs
+from respawn.contract import StoreUri
 from respawn.control.ports import ControlStore, FolderGrants
 from respawn.schema import JobSpec, JobStatus, State
 
@@ -26,8 +27,8 @@ class NoIdentity(RuntimeError):
 def checkpoint_folder(spec: JobSpec) -> str | None:
     """The managed folder the job's identity is granted: its checkpoint_uri as gs://BUCKET/PREFIX/ (None for a
     local file:// run, which has no IAM)."""
-    uri = spec.checkpoint_uri
-    return uri.rstrip("/") + "/" if uri.startswith("gs://") else None
+    uri = StoreUri.parse(spec.checkpoint_uri)
+    return str(uri).rstrip("/") + "/" if uri.scheme == StoreUri.GS else None
 
 
 def identity_for(job_id: str, spec: JobSpec, pool: tuple[str, ...], store: ControlStore, grants: FolderGrants,

@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from respawn.contract import StoreUri
 from respawn.logs import log
 
 RUNTIMES = ("docker", "podman")
@@ -212,9 +213,8 @@ def labels(job_id: str, attempt: int, role: str) -> dict[str, str]:
 
 def checkpoint_mount(checkpoint_uri: str) -> str | None:
     """A file:/// checkpoint store's directory (mounted at the same path); None for gs://."""
-    if checkpoint_uri.startswith("file://"):
-        return checkpoint_uri[len("file://"):].rstrip("/") or "/"
-    return None
+    path = StoreUri.parse(checkpoint_uri).local_path
+    return None if path is None else path.rstrip("/") or "/"
 
 
 def registry_host(image: str) -> str:

@@ -23,6 +23,7 @@ import subprocess
 import zipfile
 from typing import Callable, Mapping, Sequence
 
+from respawn.contract import StoreUri
 from respawn.logs import log
 
 from . import container
@@ -96,7 +97,8 @@ class ImageRun:
                       interrupted: Callable[[], bool]) -> str:
         """Run the image's python on the library once: its version, the imports the trainer needs. Returns the
         version ("3.11"); LibraryError (one line: what the image lacks and what to do) otherwise."""
-        needs = ["respawn.ckpt"] + (["google.cloud.storage"] if self.checkpoint_uri.startswith("gs://") else [])
+        gs = StoreUri.parse(self.checkpoint_uri).scheme == StoreUri.GS
+        needs = ["respawn.ckpt"] + (["google.cloud.storage"] if gs else [])
         code = ("import importlib, sys\nmissing = []\n"
                 f"for m in {needs!r}:\n"
                 "    try:\n        importlib.import_module(m)\n"

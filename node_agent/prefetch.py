@@ -14,6 +14,7 @@ import subprocess
 import time
 from typing import Callable, Sequence
 
+from respawn.contract import StoreUri
 from respawn.logs import log
 
 from .prepare import stop_group
@@ -26,7 +27,7 @@ class Prefetch:
         self.local_dir, self.uri = local_dir, checkpoint_uri
         self.started = time.monotonic()
         self.child: subprocess.Popen | None = None
-        if not checkpoint_uri.startswith("gs://"):
+        if StoreUri.parse(checkpoint_uri).scheme != StoreUri.GS:
             return
         try:
             self.child = subprocess.Popen([*prefix, python, "-m", "respawn.ckpt", "prefetch", local_dir, checkpoint_uri],

@@ -27,6 +27,7 @@ import time
 from typing import BinaryIO, Callable
 from urllib.parse import quote, urlsplit
 
+from respawn.contract import StoreUri
 from respawn.logs import log
 
 from .metadata import TRANSPORT_ERRORS, MetadataClient, MetadataError, ServiceAccountToken, TokenError
@@ -57,16 +58,29 @@ def storage_host(environ: dict[str, str] | None = None) -> str:
     return host.rstrip("/")
 
 
-def split_gs(uri: str) -> tuple[str, str]:
-    bucket, _, name = uri[len("gs://"):].partition("/")
-    if not bucket or not name:
-        raise FetchError(f"{uri} is not gs://BUCKET/OBJECT")
-    return bucket, name
+def object_at(uri: str, error: type[Exception], verb: str) -> StoreUri:
+    """`uri` as one object's place: a file:/// path, or gs://BUCKET/OBJECT; `error` naming it otherwise (`verb`:
+    what cannot be done to it)."""
+    try:
+        where = StoreUri.parse(uri)
+    except ValueError:
+        raise error(f"{uri}: only gs:// and file:/// URIs can be {verb}") from None
+    if where.scheme == StoreUri.GS and not where.path:
+        raise error(f"{uri} is not gs://BUCKET/OBJECT")
+    return where
+
+
+def _bucket_of(uri: str) -> str:
+    """The bucket of a gs:// URI, for a message; "?" for anything else."""
+    try:
+        return StoreUri.parse(uri).bucket or "?"
+    except ValueError:
+        return "?"
 
 
 def http_failure(uri: str, status: int, body: str, *, missing_hint: str, account: str | None) -> FetchError:
     """What an HTTP error status means for `uri`, and what to do about it."""
-    bucket = uri[len("gs://"):].split("/", 1)[0] if uri.startswith("gs://") else "?"
+    bucket = _bucket_of(uri)
     detail = body.strip().replace("\n", " ")[:200]
     if status == 404:
         return FetchError(f"{uri} does not exist (HTTP 404): {missing_hint}", status)
@@ -97,11 +111,10 @@ class Fetcher:
     def fetch(self, uri: str, dest: str, *, missing_hint: str,
               interrupted: Callable[[], bool] = lambda: False) -> tuple[int, str]:
         """Write the object at `uri` to the file `dest` (replaced). Returns (bytes, sha256 hex)."""
-        if uri.startswith("file:///"):
-            return self._copy(uri, dest, missing_hint, interrupted)
-        if not uri.startswith("gs://"):
-            raise FetchError(f"{uri}: only gs:// and file:/// URIs can be downloaded")
-        bucket, name = split_gs(uri)
+        where = object_at(uri, FetchError, "downloaded")
+        if where.local_path is not None:
+            return self._copy(uri, where.local_path, dest, missing_hint, interrupted)
+        bucket, name = where.bucket, where.path
         url = f"{self.host}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?alt=media"
         deadline = time.monotonic() + self.retry_seconds
         delay, tries = 1.0, 0
@@ -163,8 +176,8 @@ class Fetcher:
         finally:
             conn.close()
 
-    def _copy(self, uri: str, dest: str, missing_hint: str, interrupted: Callable[[], bool]) -> tuple[int, str]:
-        path = uri[len("file://"):]
+    def _copy(self, uri: str, path: str, dest: str, missing_hint: str,
+              interrupted: Callable[[], bool]) -> tuple[int, str]:
         try:
             src = open(path, "rb")
         except FileNotFoundError:
@@ -236,36 +249,27 @@ class Uploader:
     def put(self, uri: str, data: bytes) -> None:
         """Write the small object `uri` in one request. Sent as application/octet-stream whatever it holds: the
         storage emulator reads an application/json body as the object's metadata, not its content."""
-        if uri.startswith("file:///"):
-            _put_local(uri[len("file://"):], data)
+        where = object_at(uri, UploadError, "uploaded to")
+        if where.local_path is not None:
+            _put_local(where.local_path, data)
             return
-        bucket, name = _split_upload(uri)
-        url = (f"{self.host}/upload/storage/v1/b/{quote(bucket, safe='')}/o?uploadType=media&"
-               f"name={quote(name, safe='')}")
+        url = (f"{self.host}/upload/storage/v1/b/{quote(where.bucket, safe='')}/o?uploadType=media&"
+               f"name={quote(where.path, safe='')}")
         self._send(uri, "POST", url, data, self._headers(uri, **{"Content-Type": "application/octet-stream"}))
 
     def open(self, uri: str, interrupted: Callable[[], bool]) -> "UploadStream":
         """A writable stream for `uri`: write(), then commit() (the object appears) or abort()."""
-        if uri.startswith("file:///"):
-            return _LocalStream(uri, interrupted)
-        bucket, name = _split_upload(uri)
-        url = (f"{self.host}/upload/storage/v1/b/{quote(bucket, safe='')}/o?uploadType=resumable&"
-               f"name={quote(name, safe='')}")
+        where = object_at(uri, UploadError, "uploaded to")
+        if where.local_path is not None:
+            return _LocalStream(uri, where.local_path, interrupted)
+        url = (f"{self.host}/upload/storage/v1/b/{quote(where.bucket, safe='')}/o?uploadType=resumable&"
+               f"name={quote(where.path, safe='')}")
         resp = self._send(uri, "POST", url, b"", self._headers(uri, **{
             "Content-Type": "application/json; charset=UTF-8", "X-Upload-Content-Type": "application/x-tar"}))
         session = resp.getheader("Location")
         if not session:
             raise UploadError(f"uploading {uri}: Cloud Storage started no resumable upload (no Location header)")
         return _ResumableStream(self, uri, session, interrupted)
-
-
-def _split_upload(uri: str) -> tuple[str, str]:
-    if not uri.startswith("gs://"):
-        raise UploadError(f"{uri}: only gs:// and file:/// URIs can be uploaded to")
-    try:
-        return split_gs(uri)
-    except FetchError as exc:
-        raise UploadError(str(exc)) from None
 
 
 def _upload_failure(uri: str, status: int, body: str) -> UploadError:
@@ -275,9 +279,8 @@ def _upload_failure(uri: str, status: int, body: str) -> UploadError:
         pass
     detail = body.strip().replace("\n", " ")[:200]
     if status in (401, 403):
-        bucket = uri[len("gs://"):].split("/", 1)[0]
         return UploadError(f"the node's service account may not write {uri} (HTTP {status}: {detail}): it needs "
-                           f"storage.objects.create on gs://{bucket} under the job's checkpoint_uri")
+                           f"storage.objects.create on gs://{_bucket_of(uri)} under the job's checkpoint_uri")
     return UploadError(f"uploading {uri} failed with HTTP {status}: {detail}")
 
 
@@ -326,9 +329,9 @@ class UploadStream(abc.ABC):
 
 
 class _LocalStream(UploadStream):
-    def __init__(self, uri: str, interrupted: Callable[[], bool]):
+    def __init__(self, uri: str, path: str, interrupted: Callable[[], bool]):
         super().__init__(uri, interrupted)
-        self.path = uri[len("file://"):]
+        self.path = path
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self.tmp = f"{self.path}.partial-{os.getpid()}"
         self._file = open(self.tmp, "wb")

@@ -309,8 +309,87 @@ DEFAULT_INTERPRETER = "python3"  # the image's own, found on PATH
 # One setup command may run this long before it is stopped and the job fails: a hung `pip install` must not hold a
 # paid node forever (the node heartbeats "preparing", so the controller sees it alive).
 DEFAULT_SETUP_TIMEOUT_SECONDS = 3600.0
-CHECKPOINT_SCHEMES = ("gs://", "file:///")
-WORKDIR_SCHEMES = ("gs://", "file:///")
+
+# ---- store URIs -----------------------------------------------------------------------------------------------
+
+STORE_SCHEMES = ("gs://", "file:///")  # what StoreUri.parse accepts: Cloud Storage, or a local directory (local runs)
+CHECKPOINT_SCHEMES = STORE_SCHEMES
+WORKDIR_SCHEMES = STORE_SCHEMES
+STORE_URI_SHAPES = "gs://BUCKET/PREFIX, or file:///ABSOLUTE/PATH for local runs"
+
+
+@dataclass(frozen=True)
+class StoreUri:
+    """Where checkpoints, logs and workdir archives are: gs://BUCKET/PATH (Cloud Storage) or file:///PATH (a local
+    directory: local runs, the demo). The one parser of such URIs; str() gives the canonical text back (the text
+    parsed, except that a bare bucket's trailing slash goes: gs://b/ is gs://b).
+
+    scheme: GS or FILE. bucket: the Cloud Storage bucket (GS), "" for FILE. path: for GS the object name or prefix
+    below the bucket as written ("" for the bucket itself; a trailing / is kept, as a listing prefix needs it); for
+    FILE the absolute path. Only the structure is checked: Cloud Storage's bucket naming rules are the job spec's
+    (respawn.schema), so a node or a test may use any non-empty bucket name."""
+
+    GS = "gs"
+    FILE = "file"
+
+    scheme: str
+    bucket: str
+    path: str
+
+    def __post_init__(self) -> None:
+        problem = _store_uri_problem(self.scheme, self.bucket, self.path)
+        if problem:
+            raise ValueError(f"{self!r} {problem}")  # built from parts, not parsed: name the parts
+
+    @classmethod
+    def parse(cls, text: Any) -> "StoreUri":
+        """gs://BUCKET[/PATH] or file:///PATH → its StoreUri; ValueError (one line naming `text` and what a valid
+        URI looks like) for anything else: another scheme, no bucket, a relative file:// path, a non-string."""
+        scheme = bucket = path = ""
+        if isinstance(text, str) and text.startswith("gs://"):
+            scheme = cls.GS
+            bucket, _, path = text[len("gs://"):].partition("/")
+        elif isinstance(text, str) and text.startswith("file://"):
+            scheme, path = cls.FILE, text[len("file://"):]
+        problem = _store_uri_problem(scheme, bucket, path)
+        if problem:
+            raise ValueError(f"{text!r} {problem}")
+        return cls(scheme, bucket, path)
+
+    @property
+    def local_path(self) -> Optional[str]:
+        """A file:/// URI's path, as written; None for gs://."""
+        return self.path if self.scheme == self.FILE else None
+
+    def join(self, child: str) -> "StoreUri":
+        """The URI of `child` (a name, or names joined by /) below this one: one / between them, whatever this
+        one ends with."""
+        base = self.path.rstrip("/")
+        return StoreUri(self.scheme, self.bucket, f"{base}/{child}" if base or self.scheme == self.FILE else child)
+
+    def __str__(self) -> str:
+        if self.scheme == self.FILE:
+            return "file://" + self.path
+        return f"gs://{self.bucket}/{self.path}" if self.path else f"gs://{self.bucket}"
+
+
+def _store_uri_problem(scheme: str, bucket: str, path: str) -> str:
+    """What is wrong with these parts of a StoreUri, for the end of a message naming the URI; "" if nothing."""
+    if scheme == StoreUri.GS:
+        if not bucket:
+            return "names no bucket: expected gs://BUCKET/PREFIX"
+        if "/" in bucket:
+            return "has a / in its bucket name: expected gs://BUCKET/PREFIX"
+        return ""
+    if scheme == StoreUri.FILE:
+        if bucket:
+            return "has a bucket: a file:/// URI names a local path"
+        if not path.startswith("/"):
+            return "is not an absolute path: expected file:///ABSOLUTE/PATH (three slashes)"
+        return ""
+    return f"is not a store URI: expected {STORE_URI_SHAPES}"
+
+
 # A workdir archive is named by its content: .../sha256-<64 hex>.tar.gz (respawn.app.workdir packs it).
 WORKDIR_SUFFIX = ".tar.gz"
 
@@ -437,8 +516,10 @@ def split_artifact(value: str) -> Tuple[str, str]:
     uri, sep, fragment = value.strip().partition("#sha256=")
     if not sep or len(fragment) != 64 or any(c not in "0123456789abcdef" for c in fragment):
         raise ValueError(f"expected URI#sha256=<64 lowercase hex>, got {value!r}")
-    if not uri.startswith(("gs://", "file:///")):
-        raise ValueError(f"expected a gs:// or file:/// URI, got {uri!r}")
+    try:
+        StoreUri.parse(uri)
+    except ValueError:
+        raise ValueError(f"expected a gs:// or file:/// URI, got {uri!r}") from None
     return uri, fragment
 
 
@@ -539,9 +620,11 @@ class NodeSettings:
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SettingsError("env must be an object of string values")
         object.__setattr__(self, "env", dict(env))
-        uri = self.checkpoint_uri
-        if not isinstance(uri, str) or not uri.startswith(CHECKPOINT_SCHEMES):
-            raise SettingsError(f"checkpoint_uri must be gs://BUCKET/PREFIX or file:///PATH, got {uri!r}")
+        try:
+            StoreUri.parse(self.checkpoint_uri)
+        except ValueError:
+            raise SettingsError(f"checkpoint_uri must be gs://BUCKET/PREFIX or file:///PATH, "
+                                f"got {self.checkpoint_uri!r}") from None
         for key in ("heartbeat_seconds", "notice_budget_seconds", "metadata_wait_seconds", "setup_timeout_seconds"):
             object.__setattr__(self, key, _seconds(key, getattr(self, key)))
         notice = self.notice_seconds
@@ -550,8 +633,10 @@ class NodeSettings:
                                 f"({self.notice_budget_seconds:g}), got {notice!r}")
         object.__setattr__(self, "notice_seconds", float(notice))
         if self.workdir is not None:
-            if not isinstance(self.workdir, str) or not self.workdir.startswith(WORKDIR_SCHEMES):
-                raise SettingsError(f"workdir must be gs://BUCKET/… or file:///PATH, got {self.workdir!r}")
+            try:
+                StoreUri.parse(self.workdir)
+            except ValueError:
+                raise SettingsError(f"workdir must be gs://BUCKET/… or file:///PATH, got {self.workdir!r}") from None
             workdir_digest(self.workdir)
         setup = self.setup
         if isinstance(setup, (str, bytes)) or not isinstance(setup, (list, tuple)) or not all(

@@ -25,8 +25,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 # The node side of the layout (the heartbeat collection, node names and states) is the node contract's: the agent
 # runs without pydantic, so it is defined there, in the standard library, and used here.
 from respawn.contract import LABEL_ATTEMPT, LABEL_JOB, MAX_ATTEMPT, NodeState, node_name  # noqa: F401 - re-exported
-from respawn.contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS, RESPAWN_LABELS, WORKDIR_SCHEMES,
-                              SettingsError, check_cache_paths, workdir_digest)
+from respawn.contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS, RESPAWN_LABELS, STORE_URI_SHAPES,
+                              SettingsError, StoreUri, check_cache_paths, workdir_digest)
 from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
 from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
 from respawn.contract import LOG_RETENTION_DAYS
@@ -237,9 +237,11 @@ class Trainer(_Strict):
     def _workdir(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if not v.startswith(WORKDIR_SCHEMES):
+        try:
+            StoreUri.parse(v)
+        except ValueError:
             raise ValueError("must be a gs:// (or file:/// for local runs) archive written by "
-                             "`respawn jobs register --workdir DIR`")
+                             "`respawn jobs register --workdir DIR`") from None
         try:
             workdir_digest(v)
         except SettingsError as exc:
@@ -681,17 +683,18 @@ class JobSpec(_Strict):
     @field_validator("checkpoint_uri")
     @classmethod
     def _checkpoint_uri(cls, v: str) -> str:
-        if v.startswith("gs://"):
-            bucket, _, path = v[5:].partition("/")
-            if not _BUCKET.match(bucket):
-                raise ValueError(f"{bucket!r} is not a valid Cloud Storage bucket name")
-            if (path.rstrip("/") + "/").startswith(RESPAWN_PREFIX + "/"):
-                raise ValueError(f"gs://{bucket}/{RESPAWN_PREFIX}/ is Respawn's own folder (the release and the workdir "
-                                 "archives, which nodes may only read): put the checkpoints under another prefix")
-            return v.rstrip("/")
-        if v.startswith("file:///"):
-            return v.rstrip("/")
-        raise ValueError("must be gs://BUCKET/PREFIX, or file:///ABSOLUTE/PATH for local runs")
+        try:
+            uri = StoreUri.parse(v)
+        except ValueError:
+            raise ValueError(f"must be {STORE_URI_SHAPES}") from None
+        if uri.scheme == StoreUri.GS:
+            if not _BUCKET.match(uri.bucket):
+                raise ValueError(f"{uri.bucket!r} is not a valid Cloud Storage bucket name")
+            if (uri.path.rstrip("/") + "/").startswith(RESPAWN_PREFIX + "/"):
+                raise ValueError(f"gs://{uri.bucket}/{RESPAWN_PREFIX}/ is Respawn's own folder (the release and the "
+                                 "workdir archives, which nodes may only read): put the checkpoints under another "
+                                 "prefix")
+        return v.rstrip("/")
 
     @field_validator("labels")
     @classmethod

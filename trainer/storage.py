@@ -21,7 +21,9 @@ import os
 import shutil
 import threading
 import time
-from urllib.parse import quote, urlparse, urlsplit
+from urllib.parse import quote, urlsplit
+
+from respawn.contract import StoreUri
 
 from . import format as fmt
 from .commit import manifest_bytes, marker_bytes, seal, seal_dir, write_file_durable
@@ -131,7 +133,7 @@ class LocalStore(_Store):
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
-        self.uri = "file://" + self.root
+        self.uri = str(StoreUri(StoreUri.FILE, "", self.root))
 
     def __repr__(self) -> str:
         return f"LocalStore({self.root})"
@@ -214,12 +216,15 @@ class GCSStore(_Store):
     """gs://bucket/prefix through google-cloud-storage (STORAGE_EMULATOR_HOST is honoured)."""
 
     def __init__(self, uri: str, client=None, workers: int = UPLOAD_WORKERS) -> None:
-        parsed = urlparse(uri)
-        if parsed.scheme != "gs" or not parsed.netloc:
+        try:
+            where = StoreUri.parse(uri)
+        except ValueError:
+            where = None
+        if where is None or where.scheme != StoreUri.GS:
             raise ValueError(f"not a gs:// URI: {uri!r} (expected gs://bucket/prefix)")
         self.uri = uri.rstrip("/")
-        self.bucket_name = parsed.netloc
-        self.prefix = parsed.path.strip("/")
+        self.bucket_name = where.bucket
+        self.prefix = where.path.strip("/")
         self.workers = workers
         self._client = client
         self._bucket = None
@@ -499,16 +504,13 @@ class _Transient(Exception):
 
 def open_store(uri: str):
     """A store for `gs://...`, `file:///abs/path` or a plain local path."""
-    if uri.startswith("gs://"):
-        return GCSStore(uri)
-    if uri.startswith("file://"):
-        path = urlparse(uri).path
-        if not path.startswith("/"):
-            raise ValueError(f"file:// checkpoint URI must be absolute: {uri!r} (e.g. file:///var/ckpt)")
-        return LocalStore(path)
-    if "://" in uri:
-        raise ValueError(f"unsupported checkpoint URI {uri!r}: use gs://bucket/prefix or file:///abs/path")
-    return LocalStore(uri)
+    if "://" not in uri:
+        return LocalStore(uri)
+    try:
+        where = StoreUri.parse(uri)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint URI {exc}") from None
+    return GCSStore(uri) if where.local_path is None else LocalStore(where.local_path)
 
 
 __all__ = ["LocalStore", "GCSStore", "open_store"]

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from google.api_core import exceptions as gexc
 
 from respawn import contract, joblogs
+from respawn.contract import StoreUri
 from respawn.control.adapters.managed_folders import StorageJsonApi
 
 
@@ -42,33 +43,32 @@ class LogRetention:
         self.clients = clients
 
     def listed(self, checkpoint_uri: str) -> list[joblogs.Listed]:
-        base = contract.logs_uri(checkpoint_uri)
-        if base.startswith("file://"):
-            return joblogs.list_local(base[len("file://"):])
+        base = StoreUri.parse(contract.logs_uri(checkpoint_uri))
+        if base.local_path is not None:
+            return joblogs.list_local(base.local_path)
         from datetime import datetime
 
-        bucket, _, under = base[len("gs://"):].partition("/")
+        under = base.path
         api = self.clients.log_objects()
         return [joblogs.Listed(item["name"][len(under):], 0, datetime.fromisoformat(
-            item["updated"].replace("Z", "+00:00")).timestamp()) for item in api.list(bucket, under)]
+            item["updated"].replace("Z", "+00:00")).timestamp()) for item in api.list(base.bucket, under)]
 
     def expire(self, checkpoint_uri: str, retention_days: int, now: float) -> int:
         """Delete the job's chunks older than `retention_days`; how many went. An object already gone is not an
         error (two sweeps at once)."""
-        base = contract.logs_uri(checkpoint_uri)
+        base = StoreUri.parse(contract.logs_uri(checkpoint_uri))
         names = joblogs.expired(self.listed(checkpoint_uri), now, retention_days)
-        if base.startswith("file://"):
+        if base.local_path is not None:
             for name in names:
                 try:
-                    os.unlink(os.path.join(base[len("file://"):], name))
+                    os.unlink(os.path.join(base.local_path, name))
                 except FileNotFoundError:
                     pass
             return len(names)
-        bucket, _, under = base[len("gs://"):].partition("/")
         api = self.clients.log_objects()
         for name in names:
             try:
-                api.delete(bucket, under + name)
+                api.delete(base.bucket, base.path + name)
             except gexc.NotFound:
                 pass
         return len(names)

@@ -14,6 +14,7 @@ from urllib.parse import quote
 from google.api_core import exceptions as gexc
 
 from respawn import deployment
+from respawn.contract import StoreUri
 from respawn.control.adapters.jsonapi import checked
 
 PRODUCTION = "https://storage.googleapis.com"
@@ -53,8 +54,8 @@ class ManagedFoldersApi(StorageJsonApi):
 
 def split(folder: str) -> tuple[str, str]:
     """gs://BUCKET/PREFIX/ → (BUCKET, PREFIX/)."""
-    bucket, _, prefix = folder.removeprefix("gs://").partition("/")
-    return bucket, prefix.rstrip("/") + "/"
+    uri = StoreUri.parse(folder)
+    return uri.bucket, uri.path.rstrip("/") + "/"
 
 
 class FolderGrants:

@@ -653,8 +653,10 @@ def logs(
         from respawn.app import codestore
 
         uri = (_store(project).job_document(job_id).get("spec") or {}).get("checkpoint_uri")
-        if not isinstance(uri, str) or not uri.startswith(contract.CHECKPOINT_SCHEMES):
-            raise CliError(f"job {job_id!r} has no usable checkpoint_uri ({uri!r}), where its logs would be")
+        try:
+            contract.StoreUri.parse(uri)
+        except ValueError:
+            raise CliError(f"job {job_id!r} has no usable checkpoint_uri ({uri!r}), where its logs would be") from None
         base = contract.logs_uri(uri)
         prefix = contract.log_attempt_prefix(attempt) if attempt is not None else ""
         streams = (*joblogs.DEFAULT_STREAMS, "agent") if agent else joblogs.DEFAULT_STREAMS

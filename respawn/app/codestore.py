@@ -28,6 +28,7 @@ from google.cloud.storage.retry import DEFAULT_RETRY
 from requests import Timeout
 
 from respawn.app import endpoints
+from respawn.contract import StoreUri
 from respawn.joblogs import Listed, list_local
 from respawn.app.workdir import PackedWorkdir, human_bytes, workdir_uri
 
@@ -59,15 +60,15 @@ def upload(packed: PackedWorkdir, checkpoint_uri: str, project: str | None = Non
            progress: Progress | None = None) -> Uploaded:
     """Put the archive at workdir_uri(checkpoint_uri, …) unless it is there already. Raises CodeStoreError."""
     uri = workdir_uri(checkpoint_uri, packed.sha256)
-    if uri.startswith("file://"):
-        return _put_local(uri, packed, progress)
-    return _put_gcs(uri, packed, project, progress)
+    where = StoreUri.parse(uri)
+    if where.local_path is not None:
+        return _put_local(uri, where.local_path, packed, progress)
+    return _put_gcs(uri, where, packed, project, progress)
 
 
 # ---- a local directory (file:/// checkpoint URIs: the demo and local runs) -----------------------------------
 
-def _put_local(uri: str, packed: PackedWorkdir, progress: Progress | None) -> Uploaded:
-    path = uri[len("file://"):]
+def _put_local(uri: str, path: str, packed: PackedWorkdir, progress: Progress | None) -> Uploaded:
     directory = os.path.dirname(path)
     if os.path.exists(path):
         _check_size(uri, os.path.getsize(path), packed.size, f"rm {path}")
@@ -145,9 +146,10 @@ class _Reporting(io.RawIOBase):
         return chunk
 
 
-def _put_gcs(uri: str, packed: PackedWorkdir, project: str | None, progress: Progress | None) -> Uploaded:
-    bucket_name, name = uri[len("gs://"):].split("/", 1)
-    blob = client(project).bucket(bucket_name).blob(name)
+def _put_gcs(uri: str, where: StoreUri, packed: PackedWorkdir, project: str | None,
+             progress: Progress | None) -> Uploaded:
+    bucket_name = where.bucket
+    blob = client(project).bucket(bucket_name).blob(where.path)
     try:
         try:
             blob.reload(**CALL)
@@ -217,9 +219,10 @@ def _log_client(project: str | None) -> storage.Client:
 def list_logs(base: str, prefix: str = "", project: str | None = None) -> list[Listed]:
     """Every object below `base` (contract.logs_uri(checkpoint_uri)) whose name there starts with `prefix`, named
     relative to `base`. Raises CodeStoreError."""
-    if base.startswith("file://"):
-        return list_local(base[len("file://"):], prefix)
-    bucket, _, under = base[len("gs://"):].partition("/")
+    where = StoreUri.parse(base)
+    if where.local_path is not None:
+        return list_local(where.local_path, prefix)
+    bucket, under = where.bucket, where.path
     try:
         return [Listed(b.name[len(under):], b.size or 0, b.updated.timestamp() if b.updated else 0.0)
                 for b in _log_client(project).list_blobs(bucket, prefix=under + prefix, **CALL)]
@@ -238,15 +241,16 @@ def list_logs(base: str, prefix: str = "", project: str | None = None) -> list[L
 
 def log_attempts(base: str, project: str | None = None) -> list[int]:
     """The attempts that have logs below `base`: its folders, listed with a delimiter (one entry per attempt)."""
-    if base.startswith("file://"):
+    where = StoreUri.parse(base)
+    if where.local_path is not None:
         try:
-            names = os.listdir(base[len("file://"):])
+            names = os.listdir(where.local_path)
         except FileNotFoundError:
             return []
     else:
-        bucket, _, under = base[len("gs://"):].partition("/")
+        under = where.path
         try:
-            pages = _log_client(project).list_blobs(bucket, prefix=under, delimiter="/", **CALL)
+            pages = _log_client(project).list_blobs(where.bucket, prefix=under, delimiter="/", **CALL)
             for _ in pages:
                 pass  # the prefixes are known once every page was read
             names = [p[len(under):].rstrip("/") for p in pages.prefixes]
@@ -259,15 +263,16 @@ def log_attempts(base: str, project: str | None = None) -> list[int]:
 
 def read_log(base: str, name: str, project: str | None = None) -> bytes:
     """The object `name` below `base`. Raises CodeStoreError."""
-    if base.startswith("file://"):
+    where = StoreUri.parse(base)
+    if where.local_path is not None:
         try:
-            with open(os.path.join(base[len("file://"):], name), "rb") as f:
+            with open(os.path.join(where.local_path, name), "rb") as f:
                 return f.read()
         except OSError as exc:
             raise CodeStoreError(f"cannot read {base}{name}: {exc.strerror}") from None
-    bucket, _, under = base[len("gs://"):].partition("/")
+    bucket = where.bucket
     try:
-        return _log_client(project).bucket(bucket).blob(under + name).download_as_bytes(**CALL)
+        return _log_client(project).bucket(bucket).blob(where.path + name).download_as_bytes(**CALL)
     except UNANSWERED:
         raise CodeStoreError(_unanswered()) from None
     except gexc.Forbidden as exc:

@@ -31,7 +31,7 @@ import tarfile
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Literal
 
-from respawn.contract import WORKDIR_SUFFIX
+from respawn.contract import WORKDIR_SUFFIX, StoreUri
 from respawn.deployment import RESPAWN_PREFIX
 
 IGNORE_FILE = ".gitignore"
@@ -438,15 +438,14 @@ def workdir_uri(checkpoint_uri: str, digest: str) -> str:
     checkpoint bucket (whatever its prefix), or file:///DIR/respawn-workdirs/sha256-HEX.tar.gz where
     file:///DIR/NAME is the checkpoint_uri (beside the job's checkpoint directory)."""
     name = f"sha256-{digest}{WORKDIR_SUFFIX}"
-    if checkpoint_uri.startswith("gs://"):
-        bucket = checkpoint_uri[len("gs://"):].split("/", 1)[0]
-        if not bucket:
-            raise WorkdirError(f"checkpoint_uri {checkpoint_uri!r} names no bucket")
-        return f"gs://{bucket}/{GCS_PREFIX}/{name}"
-    if checkpoint_uri.startswith("file:///"):
-        path = posixpath.normpath(checkpoint_uri[len("file://"):])
-        return "file://" + posixpath.join(posixpath.dirname(path), LOCAL_DIR, name)
-    raise WorkdirError(f"checkpoint_uri {checkpoint_uri!r} is neither gs://BUCKET/… nor file:///PATH")
+    try:
+        where = StoreUri.parse(checkpoint_uri)
+    except ValueError as exc:
+        raise WorkdirError(f"checkpoint_uri {exc}") from None
+    if where.local_path is None:
+        return str(StoreUri(StoreUri.GS, where.bucket, f"{GCS_PREFIX}/{name}"))
+    beside = posixpath.dirname(posixpath.normpath(where.local_path))
+    return str(StoreUri(StoreUri.FILE, "", beside).join(f"{LOCAL_DIR}/{name}"))
 
 
 def human_bytes(n: float) -> str:
