@@ -214,7 +214,7 @@ def control_plane(stack: ExitStack, name: str, scale: float, *, metadata_s: floa
     from respawn.control import clients
     from respawn.control.adapters.compute import ComputeProvider
     from respawn.control.adapters.firestore_store import Store
-    from respawn.control.decide import Settings
+    from respawn.control.observation import Settings
     from respawn.control.reconcile import Config, Deps
     from respawn.control.settings import ControlSettings
 

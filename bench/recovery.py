@@ -299,7 +299,7 @@ class Run:
             reconcile(self.job, hint, deps=self.env.deps)
 
     def _respawn(self) -> dict[str, Any]:
-        from respawn.control.decide import NOTICE, Hint
+        from respawn.control.observation import NOTICE, Hint
 
         db, spec = self.env.db, _spec(self.job, self.n, spares=self.spares)
         db.collection(JOBS).document(self.job).set({"spec": spec.to_doc(), "status": {"state": "PENDING"},

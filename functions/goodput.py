@@ -39,7 +39,7 @@ ENDS = {s.value.lower() for s in State if s.terminal}
 class Life:
     """One run of a node: a VM from its create (or its restart in place) until it was lost or the job ended, and
     what its trainer did, as the node's heartbeat said (its last heartbeat for the node's newest run, the loss
-    event's `lost` for an earlier one: decide.lost_life)."""
+    event's `lost` for an earlier one: losses.lost_life)."""
 
     slot: int
     node: str

@@ -39,7 +39,7 @@ def log_event(entry: Any) -> None:
     except events.Undecodable as exc:
         logs.info(f"log entry ignored: {exc}")
         return
-    from respawn.control.decide import Hint
+    from respawn.control.observation import Hint
     from respawn.control.reconcile import Deps, reconcile
 
     if not sig.tpu_worker:
@@ -98,11 +98,11 @@ def sweep(message: Any) -> None:
 
 
 def _notice_hint(job_id: str, notice: Any) -> Any:
-    """The decide.Hint of an agent's notice message; None without one, or (logged) when it is malformed."""
+    """The observation.Hint of an agent's notice message; None without one, or (logged) when it is malformed."""
     from datetime import datetime
 
     from respawn.contract import NOTICE_RUN_ENDING
-    from respawn.control.decide import NOTICE, RUN_END_NOTICE, Hint
+    from respawn.control.observation import NOTICE, RUN_END_NOTICE, Hint
 
     if notice is None:
         return None

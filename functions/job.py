@@ -33,8 +33,10 @@ from typing import Any, Sequence
 
 from respawn import losswords, prices
 from respawn.contract import EXITS_ON_NOTICE, SOFT_OFF_SECONDS, Generation, Handover
-from respawn.control import alerts, costs, decide as core, membership, recovery_time
-from respawn.control.decide import ABSENT, NONE, POLL, Act, Action, Decision, NodeObs, Observation, Outcome, Phase
+from respawn.control import alerts, costs, decide as core, losses, membership, outcomes, recovery_time
+from respawn.control.actions import NONE, POLL, Act, Action, Decision
+from respawn.control.observation import ABSENT, NodeObs, Observation, Phase, current_heartbeat, noticed
+from respawn.control.outcomes import Followup, Outcome, OutcomeKind
 from respawn.schema import (Heartbeat, JobCounters, JobEvent, JobSpec, JobStatus, MemberStatus, NodeState, SlotStatus,
                             State)
 
@@ -47,7 +49,7 @@ _SUMMARY = tuple(k for k in JobStatus.model_fields if k in MemberStatus.model_fi
 
 
 class JobAct(str, enum.Enum):
-    """The job's own actions (the slots' are decide.Act's)."""
+    """The job's own actions (the slots' are actions.Act's)."""
 
     SET_GENERATION = "set_generation"
     DELETE_NODES = "delete_nodes"
@@ -241,8 +243,8 @@ def _padded(seen: Sequence[MemberObs], nodes: int) -> list[MemberObs]:
 
 
 def _beats(s: JobStatus, seen: Sequence[MemberObs], nodes: int) -> list[Heartbeat | None]:
-    """Each member slot's heartbeat of its current node's current life (decide.current_heartbeat), else None."""
-    return [core.current_heartbeat(ob.heartbeat, m) for m, ob in zip(slots(s, nodes), _padded(seen, nodes))]
+    """Each member slot's heartbeat of its current node's current life (observation.current_heartbeat), else None."""
+    return [current_heartbeat(ob.heartbeat, m) for m, ob in zip(slots(s, nodes), _padded(seen, nodes))]
 
 
 def _progressed(o: Observation, seen: Sequence[MemberObs], d: Decision) -> Decision:
@@ -302,7 +304,7 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
             st = st.model_copy(update={"steps_lost": told["steps_lost"], "message": st.message + words})
         alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0 on every node; nodes deleted" + words,
                             zone=s.zone, restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told,
-                            **(core.loss_words(s, "emergency") if told else {}))  # the save of the loss it tells
+                            **(losses.loss_words(s, "emergency") if told else {}))  # the save of the loss it tells
         return Decision(a, st, "trainer_succeeded", alert, told)
 
     if s.moving:
@@ -486,7 +488,7 @@ def _handover(o: Observation, spec: JobSpec, members: Sequence[MemberStatus], se
         gone = m.leaving
         if gone is not None and gone.node in previous.members and gone.node not in g.members and o.now < gone.until:
             out.append(Handover(gone.node, gone.until.isoformat()))
-        elif (m.node in previous.members and m.node not in g.members and hb is not None and core.noticed(hb)
+        elif (m.node in previous.members and m.node not in g.members and hb is not None and noticed(hb)
               and ob.node.phase in (Phase.RUNNING, Phase.STOPPING)):
             out.append(Handover(m.node, (o.now + window).isoformat()))
     return tuple(out)
@@ -528,9 +530,9 @@ def _recovered(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Ge
                         + alerts.breakdown_text(back.cause, {}, back.seconds), old_zone=s.preempted_zone, new_zone=s.zone,
                         committed_step=back.resumed_from, restarts=s.restarts, failures=s.failures,
                         preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields(),
-                        **core.loss_words(s, "last_error", "emergency"))
+                        **losses.loss_words(s, "last_error", "emergency"))
     return Decision(NONE, _upd(s, now, members=members, recovering=False, steps_lost=back.steps_lost), "recovered",
-                    alert, {"generation": g.number, **back.fields(), **core.loss_words(s, "emergency")})
+                    alert, {"generation": g.number, **back.fields(), **losses.loss_words(s, "emergency")})
 
 
 def _new_generation(o: Observation, members: list[MemberStatus], g: Generation, reason: str, cause: str,
@@ -584,7 +586,7 @@ def _restart_failed(o: Observation, spec: JobSpec, members: list[MemberStatus], 
     words = {"last_error": error} if error else {}
     if counts["failures"] > spec.max_failures:
         # The count the status records (this failure included): the message and `failures` say one number.
-        msg = (f"gave up after {core.counted(counts['failures'], 'failure')}, more than max_failures "
+        msg = (f"gave up after {losses.counted(counts['failures'], 'failure')}, more than max_failures "
                f"({spec.max_failures}) (last cause: {cause}: {why}{'; last error: ' + error if error else ''}); "
                "preemptions are not counted")
         st = _upd(s, now, members=members, state=State.FAILED, message=msg[:1000], exit_code=exit_code,
@@ -673,21 +675,21 @@ def _move(o: Observation, members: list[MemberStatus], seen: Sequence[MemberObs]
 
 
 def followup(spec: JobSpec | None, a: Action | SetGeneration | DeleteNodes, out: Outcome, now: datetime
-             ) -> core.Followup:
-    """decide.followup for a slot's action. A generation written is recorded on its members; a member gone
+             ) -> Followup:
+    """outcomes.followup for a slot's action. A generation written is recorded on its members; a member gone
     meanwhile (404) records nothing (the next pass observes it absent); any other failure is retried by
     redelivery."""
     if isinstance(a, SetGeneration):
         k = out.kind
-        return core.Followup(propagate=k not in (core.OutcomeKind.DONE, core.OutcomeKind.NOT_FOUND),
-                             record=k is core.OutcomeKind.DONE)
+        return Followup(propagate=k not in (OutcomeKind.DONE, OutcomeKind.NOT_FOUND),
+                        record=k is OutcomeKind.DONE)
     if isinstance(a, DeleteNodes):  # as a slot's delete: 404 is done, any other failure is retried by redelivery
-        return core.Followup(propagate=out.kind not in (core.OutcomeKind.DONE, core.OutcomeKind.NOT_FOUND))
-    return core.followup(spec, a, out, now)
+        return Followup(propagate=out.kind not in (OutcomeKind.DONE, OutcomeKind.NOT_FOUND))
+    return outcomes.followup(spec, a, out, now)
 
 
 def after_act(job_id: str, s: JobStatus, a: Action | SetGeneration, out: Outcome, now: datetime) -> Decision:
-    """decide.after_act for an action on member slot `a.slot`: the slot's one-node outcome, lifted to the job; a
+    """outcomes.after_act for an action on member slot `a.slot`: the slot's one-node outcome, lifted to the job; a
     generation written is recorded on each of its members (unless the slot holds another node now)."""
     nodes = len(s.members)
     if isinstance(a, SetGeneration):
@@ -700,7 +702,7 @@ def after_act(job_id: str, s: JobStatus, a: Action | SetGeneration, out: Outcome
     i = a.slot
     if i is None or not 0 <= i < nodes:
         return Decision(NONE)
-    d = _lift(core.after_act(job_id, project(s, i), a, out, now), s, i, nodes)
+    d = _lift(outcomes.after_act(job_id, project(s, i), a, out, now), s, i, nodes)
     return replace(d, status=costs.account(s, d.status, now, None)) if d.status is not None else d
 
 

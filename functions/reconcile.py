@@ -2,16 +2,16 @@
 
 Observe: the job document, each member slot's node as the Compute Engine or Cloud TPU API shows it and its
 heartbeat (job.MemberObs; a one-node job is one slot) and the node it replaced during its notice (while recorded),
-the zones under a capacity cooldown (only when decide may place a node: decide.needs_capacity), the tail of a node's
-serial console (only when decide may call it a boot failure: decide.needs_console), a member's address (only when
-the job forms generations: job.needs_address).
+the zones under a capacity cooldown (only when decide may place a node: observation.needs_capacity), the tail of a
+node's serial console (only when decide may call it a boot failure: observation.needs_console), a member's address
+(only when the job forms generations: job.needs_address).
 Decide: functions/job.py, the one entry of the pure core (each slot through functions/decide.py). Record: the new
 status (and its lifecycle event) is committed atomically, conditional on the job document being unchanged since it
 was observed (an optimistic transaction, see adapters/firestore_store.py), *before* the side effect; if it changed
 (a concurrent delivery got there first, the user cancelled) nothing is written and the loop observes again. Act:
 create (409 → adopt), start, delete (404 → done; every node a job leaves at once: job.DeleteNodes): all idempotent.
 
-Outcomes: _act performs the call and classifies how it ended (decide.Outcome, from placement.classify); what that
+Outcomes: _act performs the call and classifies how it ended (outcomes.Outcome, from placement.classify); what that
 means is pure policy: job.followup() (re-raise, cool the zone down) and job.after_act() (what to commit on the
 job's status read again, the alert, the delete of a node made for a placement the job has left). So capacity/quota
 refusals are recorded (capacity/{zone}~{accel}, and the job's round) and placement goes on; a request that no zone
@@ -32,10 +32,10 @@ from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
-from respawn.control import decide as core
-from respawn.control import composition, costs, identities, job, placement, stats
+from respawn.control import composition, costs, identities, job, observation, outcomes, placement, stats
 from respawn.control.models import queued
-from respawn.control.decide import Act, Action, Decision, Hint, NodeObs, Observation, Settings
+from respawn.control.actions import NONE, Act, Action, Decision
+from respawn.control.observation import Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
 from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, NodeProvider, PriceSource
 from respawn.control.settings import ControlSettings
@@ -149,7 +149,7 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
     members = job.slots(status, spec.slots if spec else len(status.members))
     seen = _observe_members(deps, job_id, spec, members, hint, now, consoles)
     blocked, ranks = {}, {}
-    if spec is not None and any(core.needs_capacity(m, ob.node, ob.hint) for m, ob in zip(members, seen)):
+    if spec is not None and any(observation.needs_capacity(m, ob.node, ob.hint) for m, ob in zip(members, seen)):
         blocked = deps.store.blocked(spec.zones, placement.accelerator_key(spec))
         ranks = _zone_advice(deps, job_id, spec, now)
     cancel_requested = bool(doc.get("cancel_requested"))
@@ -158,7 +158,7 @@ def observe(deps: Deps, job_id: str, hint: Hint | None, image_checks: dict[str, 
         image = _check_image(deps, job_id, spec, {} if image_checks is None else image_checks)
     quote = _quote(deps, spec, status, now) if spec is not None and costs.needs_quote(status) else None
     o = Observation(job_id=job_id, spec=spec, spec_errors=errors, status=status, cancel_requested=cancel_requested,
-                    node=core.ABSENT, heartbeat=None, now=now, blocked=blocked, settings=deps.config.settings,
+                    node=observation.ABSENT, heartbeat=None, now=now, blocked=blocked, settings=deps.config.settings,
                     image=image, consoles=consoles, advice=ranks, quote=quote)
     return o, spec, version, seen
 
@@ -226,20 +226,20 @@ def _observe_members(deps: Deps, job_id: str, spec: JobSpec | None, members: lis
             seen.append(job.MemberObs())
             continue
         raw = provider.get(m.zone, m.node)
-        node = NodeObs(core.phase_of(kind, raw), raw)
+        node = NodeObs(observation.phase_of(kind, raw), raw)
         leaving = leaving_hb = None
         if m.leaving is not None:  # whether it is off yet: then decide deletes it at once (decide.decide)
             gone = provider.get(m.leaving.zone, m.leaving.node)
-            leaving = NodeObs(core.phase_of(kind, gone), gone)
+            leaving = NodeObs(observation.phase_of(kind, gone), gone)
             # Its final heartbeat says how its emergency save ended, after the loss was recorded at the notice.
-            leaving_hb = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(m.leaving.node, w),
-                                                          database) for w in range(_workers(spec))])
+            leaving_hb = observation.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(m.leaving.node, w),
+                                                                 database) for w in range(_workers(spec))])
         address = m.address
         if job.needs_address(spec, m, node):
             address = provider.address(m.zone, m.node)
-        heartbeat = core.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(m.node, w), database)
-                                          for w in range(_workers(spec))])
-        if core.needs_console(m, node, heartbeat, deps.config.settings, now):
+        heartbeat = observation.slice_heartbeat([_heartbeat(deps, job_id, contract.heartbeat_id(m.node, w), database)
+                                                 for w in range(_workers(spec))])
+        if observation.needs_console(m, node, heartbeat, deps.config.settings, now):
             consoles[m.node] = _console(deps, job_id, kind, m.zone, m.node)
         seen.append(job.MemberObs(node, heartbeat, address, hint.about(m.node, m.node_started_at) if hint else None,
                                   leaving, leaving_hb))
@@ -401,7 +401,7 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
     try:
         outcome = _perform(deps, o, spec, a, provider)
     except Exception as exc:  # noqa: BLE001 - classified; what the policy says to retry is re-raised below
-        error, outcome = exc, core.Outcome.of(placement.classify(exc))
+        error, outcome = exc, outcomes.Outcome.of(placement.classify(exc))
     f = job.followup(spec, a, outcome, deps.now())
     if f.propagate and error is not None:
         raise error
@@ -412,7 +412,7 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         logs.warning(f"{a.zone} refused {a.node}: {outcome.kind.value} ({outcome.code}); the zone cools down for "
                      f"{spec.placement.cooldown_seconds if spec else '?'} s", job_id=o.job_id, zone=a.zone,
                      code=outcome.code)
-    elif error is not None and f.record and outcome.kind is not core.OutcomeKind.EXISTS:
+    elif error is not None and f.record and outcome.kind is not outcomes.OutcomeKind.EXISTS:
         logs.error(f"{a.kind.value} of {a.node} in {a.zone} failed and no other zone can fix it: {outcome.code}: "
                    f"{outcome.message}", job_id=o.job_id)
     if not f.record:
@@ -427,23 +427,23 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
 
 
 def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action | job.SetGeneration | job.DeleteNodes,
-             provider: NodeProvider) -> core.Outcome:
+             provider: NodeProvider) -> outcomes.Outcome:
     """The provider call of a create, start or delete; raises what the provider raised."""
     if a.kind is Act.DELETE:
         provider.delete(a.zone, a.node)
         logs.info(f"deleted {a.node} in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
-        return core.DONE
+        return outcomes.DONE
     if isinstance(a, job.DeleteNodes):  # every node the job leaves at once (a failure re-raises after the others ended)
         with ThreadPoolExecutor(len(a.targets)) as pool:
             list(pool.map(lambda t: provider.delete(t[1], t[2]), a.targets))
         logs.info(f"deleted {', '.join(t[2] for t in a.targets)}", job_id=o.job_id, nodes=[t[2] for t in a.targets])
-        return core.DONE
+        return outcomes.DONE
     if isinstance(a, job.SetGeneration):  # every member behind at once (a failure re-raises after the others ended)
         with ThreadPoolExecutor(len(a.targets)) as pool:
             list(pool.map(lambda t: provider.set_attributes(t[1], t[2], {contract.ATTR_GENERATION: a.value}),
                           a.targets))
         logs.info(f"gave {', '.join(t[2] for t in a.targets)} generation {a.value}", job_id=o.job_id)
-        return core.DONE
+        return outcomes.DONE
     assert spec is not None  # decide only creates or starts for a valid spec
     if a.kind is Act.CREATE:
         identity = identities.identity_for(o.job_id, spec, deps.identities, deps.store, deps.grants,  # type: ignore[arg-type]
@@ -452,10 +452,10 @@ def _perform(deps: Deps, o: Observation, spec: JobSpec | None, a: Action | job.S
                                   slot=a.slot or 0, service_account=identity, handover=a.handover)
         logs.info(f"{'created' if created else 'adopted existing'} {a.node} in {a.zone} ({a.provisioning})",
                   job_id=o.job_id, node=a.node, zone=a.zone, attempt=a.attempt)
-        return core.DONE if created else core.EXISTS
+        return outcomes.DONE if created else outcomes.EXISTS
     provider.start(a.zone, a.node)
     logs.info(f"started {a.node} in place in {a.zone}", job_id=o.job_id, node=a.node, zone=a.zone)
-    return core.DONE
+    return outcomes.DONE
 
 
 def _nodes_left(deps: Deps, doc: dict[str, Any] | None) -> bool:
@@ -467,15 +467,15 @@ def _nodes_left(deps: Deps, doc: dict[str, Any] | None) -> bool:
                for p in providers)
 
 
-def _record_outcome(deps: Deps, job_id: str, a: Action | job.SetGeneration, outcome: core.Outcome
+def _record_outcome(deps: Deps, job_id: str, a: Action | job.SetGeneration, outcome: outcomes.Outcome
                     ) -> tuple[Decision, bool, JobStatus]:
-    """Commit decide.after_act() on the job's current status: (that decision, whether it was committed, the status
+    """Commit outcomes.after_act() on the job's current status: (that decision, whether it was committed, the status
     read last). A conflicting write in between: read and decide again (the next pass does, after 5)."""
-    after, current = Decision(core.NONE), JobStatus()
+    after, current = Decision(NONE), JobStatus()
     for _ in range(5):
         found = deps.store.job(job_id)
         if found is None:
-            return Decision(core.NONE), False, JobStatus()
+            return Decision(NONE), False, JobStatus()
         doc, version = found
         current = JobStatus.model_validate(doc.get("status") or {})
         after = job.after_act(job_id, current, a, outcome, deps.now())

@@ -19,7 +19,7 @@ from respawn.schema import JobSpec, SlotStatus, Tier, ZoneOrder
 
 
 # A run that ended as its model planned (models.RUN_ENDED): a planned stop
-# (decide.loss_kind), which says nothing against its zone.
+# (losses.loss_kind), which says nothing against its zone.
 RUN_ENDED = models.RUN_ENDED
 
 

@@ -33,11 +33,11 @@ PREEMPTED = "preempted"  # the platform took the node: Spot/preemptible preempti
 # deleted or gone from outside
 RUN_ENDED = models.RUN_ENDED  # a run ended as its model planned (a flex-start VM's max run duration)
 NO_HEARTBEAT = "no_heartbeat"  # a boot whose agent never reported
-FAILURES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # the job's own (decide.FAILURE_CAUSES)
+FAILURES = ("trainer_crashed", "stale_heartbeat", "unreachable")  # the job's own (losses.FAILURE_CAUSES)
 
 
 def loss_cause(signal: str, noticed: bool = False) -> str:
-    """The cause a loss is told by, from the signal it came by (decide._lose), as decide.loss_kind counts it: a
+    """The cause a loss is told by, from the signal it came by (decide._lose), as losses.loss_kind counts it: a
     failure's signal after the agent saw a notice (`noticed`) is the platform's doing. A request that failed
     (queued_resource_failed: functions/models/queued.py) is no node taken, and keeps its own name."""
     if signal in (RUN_ENDED, NO_HEARTBEAT) or signal.startswith("queued_resource_"):

@@ -18,7 +18,7 @@ from typing import Mapping
 
 from respawn import deployment
 from respawn.contract import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_NOTICE_BUDGET_SECONDS
-from respawn.control.decide import Settings as Policy
+from respawn.control.observation import Settings as Policy
 
 # The variable names (functions/README.md's table lists them with their defaults; deploy/ sets those that
 # respawn.deployment names).
@@ -28,7 +28,7 @@ TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"
 STORAGE_ENDPOINT = "RESPAWN_STORAGE_ENDPOINT"  # local runs only: the sim's Cloud Storage managed folders
 MONITORING_ENDPOINT = "RESPAWN_MONITORING_ENDPOINT"  # local runs only: the sim's Cloud Monitoring (goodput series)
 BILLING_ENDPOINT = "RESPAWN_BILLING_ENDPOINT"  # local runs only: the sim's Cloud Billing Catalog (gcp-facts §24)
-BUDGET_LOOKAHEAD = "RESPAWN_BUDGET_LOOKAHEAD_SECONDS"  # decide.Settings.budget_lookahead_seconds
+BUDGET_LOOKAHEAD = "RESPAWN_BUDGET_LOOKAHEAD_SECONDS"  # observation.Settings.budget_lookahead_seconds
 BILLING_API_KEY = "RESPAWN_BILLING_API_KEY"  # an API key for the Catalog API; unset: the function's own credentials
 ALERTS_TOPIC = deployment.ENV_ALERTS_TOPIC
 ALERT_PUBLISH_TIMEOUT = "RESPAWN_ALERT_PUBLISH_TIMEOUT_SECONDS"
@@ -41,7 +41,7 @@ STALE_HEARTBEAT = "RESPAWN_STALE_HEARTBEAT_SECONDS"
 BOOT_GRACE = "RESPAWN_BOOT_GRACE_SECONDS"
 BACKOFF_BASE = "RESPAWN_BACKOFF_BASE_SECONDS"
 MAX_IN_PLACE_RESTARTS = "RESPAWN_MAX_IN_PLACE_RESTARTS"
-PROGRESS_TIMEOUT = "RESPAWN_PROGRESS_TIMEOUT_SECONDS"  # decide.Settings.progress_timeout_seconds; 0: off
+PROGRESS_TIMEOUT = "RESPAWN_PROGRESS_TIMEOUT_SECONDS"  # observation.Settings.progress_timeout_seconds; 0: off
 POLL = "RESPAWN_POLL_SECONDS"
 POLL_BUDGET = "RESPAWN_POLL_BUDGET_SECONDS"
 OP_TIMEOUT = "RESPAWN_OP_TIMEOUT_SECONDS"
@@ -102,7 +102,7 @@ class ControlSettings:
     # projects/P/topics/T), all published at once and waited for together at most this long.
     sweep_topic: str = deployment.SWEEP_TOPIC
     sweep_publish_timeout_seconds: float = 60.0
-    # Recovery policy (decide.Settings) and the reconcile loop (reconcile.Config).
+    # Recovery policy (observation.Settings) and the reconcile loop (reconcile.Config).
     stale_heartbeat_seconds: float = Policy.stale_heartbeat_seconds
     boot_grace_seconds: float = Policy.boot_grace_seconds
     backoff_base_seconds: float = Policy.backoff_base_seconds

@@ -9,7 +9,9 @@ import pytest
 
 from respawn import ledger
 from respawn.control import alerts, costs, job
-from respawn.control.decide import ABSENT, Act, NodeObs, Observation, Outcome, OutcomeKind, Phase
+from respawn.control.actions import Act
+from respawn.control.observation import ABSENT, NodeObs, Observation, Phase
+from respawn.control.outcomes import Outcome, OutcomeKind
 from respawn.control.job import MemberObs
 from respawn.prices import Quote, Rate
 from respawn.schema import (BilledLife, CostLedger, Heartbeat, JobStatus, Leaving, MemberStatus, NodeState, SpecError,

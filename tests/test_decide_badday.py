@@ -13,6 +13,7 @@ import pytest
 from respawn import losswords
 from respawn.control import alerts, job
 from respawn.control import decide as core
+from respawn.control import actions, observation
 from respawn.schema import Leaving, State
 from test_decide_table import GPU_DELETE, NOW, _job_of, hb, make_spec, obs
 
@@ -65,8 +66,9 @@ def test_a_crash_is_a_failure_in_every_word_the_record_holds():
     assert "last error: ValueError: bad learning rate" in _slack_lines(d.alert)
     # The replacement follows once the node is gone and the backoff is over: RESTARTING → PROVISIONING.
     slot = job.project(d.status, 0)
-    after = core.decide(replace(o, status=slot, node=core.ABSENT, heartbeat=None, now=slot.next_attempt_at))
-    assert (after.action.kind, after.status.state, after.cause) == (core.Act.CREATE, State.PROVISIONING, "replacement")
+    after = core.decide(replace(o, status=slot, node=observation.ABSENT, heartbeat=None, now=slot.next_attempt_at))
+    assert (after.action.kind, after.status.state, after.cause) == (actions.Act.CREATE, State.PROVISIONING,
+                                                                     "replacement")
 
 
 def test_a_crash_past_max_failures_says_the_number_the_counter_holds():
@@ -168,16 +170,16 @@ def test_a_loss_without_a_notice_tells_no_save():
 def test_a_save_still_under_way_at_the_notice_is_told_by_the_leaving_nodes_final_heartbeat():
     saving = hb("preempting", notice="preempted", step=131, committed_step=100,
                 emergency={"state": "saving", "step": 131, "reason": None})
-    d = core.decide(replace(obs("RUNNING", spec=GPU_DELETE, hint=core.NOTICE), heartbeat=saving))
+    d = core.decide(replace(obs("RUNNING", spec=GPU_DELETE, hint=observation.NOTICE), heartbeat=saving))
     assert d.status.leaving is not None and d.status.emergency is None  # not an outcome yet: nothing said
     # Passes later, job-3's final heartbeat: its save failed. The record holds it, with or without anything else.
     final = hb("exited", exit_code=1, notice="preempted", step=131, committed_step=100, emergency=FAILED_SAVE)
     later = replace(obs("PROVISIONING", raw="STAGING", heartbeat="none", spec=GPU_DELETE), status=d.status,
-                    leaving_heartbeat=final, leaving=core.NodeObs(core.Phase.RUNNING, "RUNNING"),
+                    leaving_heartbeat=final, leaving=observation.NodeObs(observation.Phase.RUNNING, "RUNNING"),
                     now=NOW + timedelta(seconds=5))
     told = core.decide(later)
     assert told.status.emergency == FAILED_SAVE and told.status.revision == d.status.revision + 1
-    assert told.action == core.POLL  # what the pass does besides is unchanged
+    assert told.action == actions.POLL  # what the pass does besides is unchanged
     # Told once: the next pass writes nothing more; an older life's heartbeat of that name tells nothing.
     assert core.decide(replace(later, status=told.status)).status is None
     older = final.model_copy(update={"attempt": 2})
@@ -190,7 +192,8 @@ def test_a_save_told_by_a_leaving_member_reaches_the_jobs_record():
             node="job-4", create_state="created", recovering=True, last_cause="preempted", preempted_at=NOW)
     jo, seen = _job_of(o, 1)
     final = hb("exited", exit_code=1, notice="preempted", step=131, emergency=FAILED_SAVE)
-    seen = [replace(seen[0], leaving=core.NodeObs(core.Phase.RUNNING, "RUNNING"), leaving_heartbeat=final)]
+    seen = [replace(seen[0], leaving=observation.NodeObs(observation.Phase.RUNNING, "RUNNING"),
+                    leaving_heartbeat=final)]
     d = job.decide(jo, seen)
     assert d.status.emergency == d.status.members[0].emergency == FAILED_SAVE
 
@@ -210,5 +213,5 @@ def test_a_slices_save_is_its_worst_workers():
     committed = {"state": "committed", "step": 131, "reason": None}
     workers = [hb("preempting", notice="preempted", step=131, emergency=committed),
                hb("preempting", worker=1, notice="preempted", step=131, emergency=FAILED_SAVE)]
-    assert core.slice_heartbeat(workers).emergency == FAILED_SAVE
-    assert core.slice_heartbeat([workers[0], workers[0]]).emergency == committed
+    assert observation.slice_heartbeat(workers).emergency == FAILED_SAVE
+    assert observation.slice_heartbeat([workers[0], workers[0]]).emergency == committed

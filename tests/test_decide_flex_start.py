@@ -9,7 +9,9 @@ from dataclasses import replace
 from datetime import timedelta
 
 from respawn.control import decide as core
-from respawn.control.decide import Act, NodeObs, Phase
+from respawn.control import actions, losses, observation
+from respawn.control.actions import Act
+from respawn.control.observation import NodeObs, Phase
 from respawn.schema import State
 from test_decide_table import NOW, ZONES, decide_job, hb, make_spec, obs
 
@@ -31,7 +33,7 @@ def test_spot_refused_in_a_row_moves_the_next_node_to_flex_start_and_says_why():
 def test_a_flex_start_request_waiting_for_capacity_is_polled_not_judged():
     d = core.decide(obs("PROVISIONING", raw="PENDING", heartbeat="none", node_started_at=NOW - timedelta(hours=1),
                         **FLEX))
-    assert d.action == core.POLL and d.status is None
+    assert d.action == actions.POLL and d.status is None
 
 
 def test_a_flex_start_request_whose_wait_ran_out_is_a_refusal_and_the_next_zone_is_tried():
@@ -54,12 +56,12 @@ def test_running_starts_the_flex_start_nodes_life_and_its_run_clock():
 def test_the_end_of_the_run_is_a_planned_stop_and_the_next_node_tries_spot_again():
     ended = dict(run_ends_at=NOW - timedelta(seconds=30), preemptions=4, failures=1, restarts=5, **FLEX)
     d = core.decide(obs("RUNNING", raw=None, **ended))
-    assert d.cause == core.RUN_ENDED and d.status.last_cause == core.RUN_ENDED
+    assert d.cause == losses.RUN_ENDED and d.status.last_cause == losses.RUN_ENDED
     assert (d.status.preemptions, d.status.failures, d.status.restarts) == (4, 1, 6)
     assert (d.action.kind, d.action.provisioning) == (Act.CREATE, "spot")  # every round starts at the first tier
     assert d.alert is None
     deleting = core.decide(obs("RUNNING", raw="STOPPING", **ended))
-    assert deleting.cause == core.RUN_ENDED and deleting.action.kind is Act.DELETE
+    assert deleting.cause == losses.RUN_ENDED and deleting.action.kind is Act.DELETE
 
 
 def test_a_flex_start_node_lost_long_before_its_end_is_a_preemption():
@@ -69,28 +71,28 @@ def test_a_flex_start_node_lost_long_before_its_end_is_a_preemption():
 
 
 def test_the_agents_run_ending_notice_gets_the_next_node_made_during_it_as_a_planned_stop():
-    o = obs("RUNNING", hint=core.NOTICE, heartbeat="none", run_ends_at=NOW + timedelta(minutes=2), preemptions=4,
+    o = obs("RUNNING", hint=observation.NOTICE, heartbeat="none", run_ends_at=NOW + timedelta(minutes=2), preemptions=4,
             **FLEX)
     d = core.decide(o)
     assert d.action.kind is Act.CREATE and d.action.handover is not None and d.status.leaving.node == "job-3"
-    assert d.cause == core.RUN_ENDED and d.status.preemptions == 4
+    assert d.cause == losses.RUN_ENDED and d.status.preemptions == 4
     far = replace(o, heartbeat=hb("preempting", notice="run-ending"),
                   status=o.status.model_copy(update={"run_ends_at": NOW + timedelta(hours=5)}))
-    assert core.decide(far).cause == core.RUN_ENDED  # the agent said so, whatever the controller's clock says
+    assert core.decide(far).cause == losses.RUN_ENDED  # the agent said so, whatever the controller's clock says
 
 
 def test_the_run_ending_notice_message_is_a_planned_stop_before_any_heartbeat_says_so():
     """The agent's message (kind run-ending) may come before its `preempting` beat, and the controller's own idea of
     the end may be far (a clock of its own): the message's kind decides."""
-    o = obs("RUNNING", hint=core.RUN_END_NOTICE, heartbeat="fresh", run_ends_at=NOW + timedelta(hours=5),
+    o = obs("RUNNING", hint=observation.RUN_END_NOTICE, heartbeat="fresh", run_ends_at=NOW + timedelta(hours=5),
             preemptions=4, **FLEX)
     d = core.decide(o)
     assert d.action.kind is Act.CREATE and d.status.leaving.node == "job-3"
-    assert d.cause == core.RUN_ENDED and d.status.preemptions == 4 and d.alert is None
-    assert core.decide(replace(o, hint=core.NOTICE)).cause == "preempted"  # a preemption notice stays one
+    assert d.cause == losses.RUN_ENDED and d.status.preemptions == 4 and d.alert is None
+    assert core.decide(replace(o, hint=observation.NOTICE)).cause == "preempted"  # a preemption notice stays one
     # No head start (the message came after the node went): the loss is still the planned stop, not a preemption.
     gone = core.decide(replace(o, node=NodeObs(Phase.ABSENT, None)))
-    assert gone.cause == core.RUN_ENDED and gone.status.preemptions == 4 and gone.action.kind is Act.CREATE
+    assert gone.cause == losses.RUN_ENDED and gone.status.preemptions == 4 and gone.action.kind is Act.CREATE
 
 
 def test_after_a_planned_stop_the_zone_that_served_is_not_avoided():
@@ -109,7 +111,7 @@ def test_a_run_end_the_agent_handled_is_a_planned_stop_however_late_the_controll
     final = hb("exited", age=600, exit_code=143, notice="run-ending", step=400, committed_step=400)
     o = obs("RUNNING", raw="RUNNING", run_ends_at=NOW + timedelta(hours=5), preemptions=4, **FLEX)
     d = decide_job(replace(o, heartbeat=final))  # the job's progress (its committed step) is the job's to write
-    assert d.cause == core.RUN_ENDED and d.status.last_cause == core.RUN_ENDED
+    assert d.cause == losses.RUN_ENDED and d.status.last_cause == losses.RUN_ENDED
     assert (d.status.preemptions, d.status.failures) == (4, 0) and d.details["counted_as"] == "planned"
     assert d.status.last_committed_step == 400 and d.action.kind is Act.DELETE
     # A Spot node's agent that went silent after a preemption notice is still a preemption, and told as one.

@@ -1,4 +1,4 @@
-"""Acting on the notice (issue #25), in the pure core: a node agent's notice message (decide.NOTICE) makes the slot
+"""Acting on the notice (issue #25), in the pure core: a node agent's notice message (observation.NOTICE) makes the slot
 create its replacement while the noticed node saves its emergency checkpoint, unless a restart in place would serve
 sooner; the noticed node is recorded as `leaving` (never an orphan while it saves) and deleted once its notice is
 over. No fakes: Observations in, Decisions out."""
@@ -13,7 +13,9 @@ import pytest
 from respawn.contract import Handover
 from respawn.control import job, orphans
 from respawn.control import decide as core
-from respawn.control.decide import Act, Action, Outcome, OutcomeKind, after_act, followup
+from respawn.control import actions, observation
+from respawn.control.actions import Act, Action
+from respawn.control.outcomes import Outcome, OutcomeKind, after_act, followup
 from respawn.control.recovery import Timings, fresh_beats_in_place
 from respawn.schema import JobStatus, Leaving, MemberStatus, State
 from test_decide_table import GPU_DELETE, GPU_STOP, NOW, RATE_BACKOFF, TPU, ZONES, hb, make_spec, obs
@@ -33,7 +35,7 @@ def test_a_fresh_node_beats_a_restart_in_place_only_when_it_serves_sooner(window
 
 
 def _notice(spec=GPU_DELETE, state="RUNNING", raw="RUNNING", **kw):
-    return obs(state, raw=raw, spec=spec, hint=core.NOTICE, **kw)
+    return obs(state, raw=raw, spec=spec, hint=observation.NOTICE, **kw)
 
 
 def test_a_notice_creates_the_replacement_beside_the_noticed_node_and_records_it_leaving():
@@ -49,7 +51,7 @@ def test_a_notice_creates_the_replacement_beside_the_noticed_node_and_records_it
     assert (st.preemptions, st.restarts, st.last_cause, st.preempted_at, st.recovering) == (1, 2, "preempted", NOW,
                                                                                             True)
     assert d.cause == "preempted" and d.details["during_notice"] is True and d.details["leaving"] == "job-3"
-    assert core.Hint("preempted", "job-3").about(st.node, st.node_started_at) is None
+    assert observation.Hint("preempted", "job-3").about(st.node, st.node_started_at) is None
 
 
 def test_a_notice_while_the_api_already_says_stopping_still_gets_its_head_start():
@@ -59,7 +61,7 @@ def test_a_notice_while_the_api_already_says_stopping_still_gets_its_head_start(
 
 def test_with_the_default_notice_a_stop_spot_vm_waits_to_be_restarted_in_place():
     d = core.decide(_notice(spec=GPU_STOP))
-    assert (d.action, d.status) == (core.POLL, None)
+    assert (d.action, d.status) == (actions.POLL, None)
 
 
 def test_with_a_120_s_notice_a_fresh_node_beats_the_restart_in_place():
@@ -117,16 +119,16 @@ def test_a_leaving_node_the_api_shows_off_is_deleted_by_the_pass_that_sees_it():
     leaving = Leaving(node="job-3", zone=ZONES[0], attempt=3, until=NOW + timedelta(seconds=20))
     booting = obs("PROVISIONING", raw="CREATING", spec=TPU, heartbeat="none", attempt=4, node="job-4", zone=ZONES[1],
                   leaving=leaving, create_state="created")
-    saving = core.decide(replace(booting, leaving=core.NodeObs(core.Phase.RUNNING, "READY")))
+    saving = core.decide(replace(booting, leaving=observation.NodeObs(observation.Phase.RUNNING, "READY")))
     assert saving.action.kind is Act.POLL and (saving.status is None or saving.status.leaving == leaving)
     for raw in ("PREEMPTED", None):
-        d = core.decide(replace(booting, leaving=core.NodeObs(core.phase_of("tpu", raw), raw)))
+        d = core.decide(replace(booting, leaving=observation.NodeObs(observation.phase_of("tpu", raw), raw)))
         assert d.action == Action(Act.DELETE, zone=ZONES[0], node="job-3", attempt=3), raw
         assert d.status.leaving is None and d.status.node == "job-4"
     # Through the job: the slot's MemberObs carries what reconcile saw of its leaving node.
     status = JobStatus(state=State.PROVISIONING, attempt=4, node="job-4", zone=ZONES[1], members=[MemberStatus(**{k: getattr(booting.status, k) for k in MemberStatus.model_fields})])
     o = replace(booting, status=status)
-    seen = job.MemberObs(booting.node, None, leaving=core.NodeObs(core.Phase.DEAD, "PREEMPTED"))
+    seen = job.MemberObs(booting.node, None, leaving=observation.NodeObs(observation.Phase.DEAD, "PREEMPTED"))
     d = job.decide(o, [seen])
     assert d.action == Action(Act.DELETE, zone=ZONES[0], node="job-3", attempt=3, slot=0)
     assert d.status.members[0].leaving is None
@@ -156,9 +158,9 @@ def test_a_member_slot_gets_its_head_start_in_the_jobs_zone():
     status = JobStatus(state=State.RUNNING, attempt=3, zone=ZONES[0], members=members, revision=5,
                        generation={"number": 1, "members": ["job-1", "job-2", "job-3"], "master_addr": "10.0.0.0"})
     o = replace(obs("RUNNING", spec=spec), status=status)
-    seen = [job.MemberObs(core.NodeObs(core.Phase.RUNNING, "RUNNING"),
+    seen = [job.MemberObs(observation.NodeObs(observation.Phase.RUNNING, "RUNNING"),
                           hb(attempt=i + 1, step=50, committed_step=40, generation=1), f"10.0.0.{i}",
-                          core.NOTICE if i == 1 else None) for i in range(3)]
+                          observation.NOTICE if i == 1 else None) for i in range(3)]
     d = job.decide(o, seen)
     assert d.action.kind is Act.CREATE and d.action.slot == 1 and d.action.zone == ZONES[0]
     assert d.action.handover.node == "job-2" and d.action.node == "job-4"
@@ -171,11 +173,11 @@ def test_a_finished_job_deletes_a_leaving_node_too_and_forgets_it():
     status = JobStatus(state=State.CANCELLED, attempt=4, members=[MemberStatus(
         state=State.CANCELLED, attempt=4, node="job-4", zone=ZONES[1], leaving=leaving)], revision=9)
     o = replace(obs("CANCELLED", spec=GPU_DELETE), status=status)
-    d = job.decide(o, [job.MemberObs(core.ABSENT)])
+    d = job.decide(o, [job.MemberObs(observation.ABSENT)])
     assert d.action == Action(Act.DELETE, zone=ZONES[0], node="job-3", attempt=3, slot=0)
     assert d.status.members[0].leaving is None and d.status.state is State.CANCELLED
     again = replace(o, status=d.status)
-    assert job.decide(again, [job.MemberObs(core.ABSENT)]).action.kind is Act.NONE
+    assert job.decide(again, [job.MemberObs(observation.ABSENT)]).action.kind is Act.NONE
 
 
 def test_the_orphan_scan_leaves_a_node_saving_in_its_notice_alone():

@@ -10,8 +10,10 @@ from datetime import timedelta
 import pytest
 
 from respawn.control import decide as core
+from respawn.control import actions
 from respawn.control.models import queued
-from respawn.control.decide import Act, Phase, phase_of
+from respawn.control.actions import Act
+from respawn.control.observation import Phase, phase_of
 from respawn.schema import State
 from test_decide_table import NOW, TPU, TPU_QUEUED, ZONES, make_spec, obs
 
@@ -57,7 +59,7 @@ def test_every_request_state_of_the_client_has_a_phase():
 def test_a_request_waiting_within_its_limit_is_polled():
     d = core.decide(obs("PROVISIONING", raw="queued:WAITING_FOR_RESOURCES", node_started_at=NOW - timedelta(minutes=9),
                         **Q))
-    assert d.action == core.POLL and d.status is None
+    assert d.action == actions.POLL and d.status is None
 
 
 @pytest.mark.parametrize("raw,started", [("queued:WAITING_FOR_RESOURCES", WAITED), ("queued:ACCEPTED", WAITED),
@@ -72,7 +74,7 @@ def test_a_request_the_zone_did_not_serve_is_deleted_as_a_refusal_then_the_next_
     assert (st.preemptions, st.failures, st.restarts) == (2, 0, 1)  # a refusal: neither a preemption nor a failure
     assert d.cause == "zone_refused_queued" and "deleting it, then the next zone" in st.message
     # While its delete runs, wait; once it is gone, the next zone.
-    assert core.decide(obs("PROVISIONING", raw="queued:DELETING", create_state="failed", **Q)).action == core.POLL
+    assert core.decide(obs("PROVISIONING", raw="queued:DELETING", create_state="failed", **Q)).action == actions.POLL
     after = core.decide(obs("PROVISIONING", raw=None, create_state="failed", tried_zones=[ZONES[0]],
                             consecutive_failures=2, **Q))
     assert (after.action.kind, after.action.zone, after.action.node) == (Act.CREATE, ZONES[1], "job-4")
@@ -109,7 +111,7 @@ def test_an_active_request_whose_node_runs_starts_the_nodes_life_now():
 def test_a_node_of_a_direct_tpu_job_never_reads_as_a_request():
     # The same words in a node's state (CREATING, DELETING) are the node's: no refusal, whatever the wait.
     d = core.decide(obs("PROVISIONING", raw="CREATING", node_started_at=WAITED, **Q))
-    assert d.action == core.POLL
+    assert d.action == actions.POLL
 
 
 def test_a_create_refused_for_the_leaving_requests_quota_deletes_that_request_before_asking_again():

@@ -15,10 +15,14 @@ import pytest
 
 from respawn.control import alerts, job, placement
 from respawn.control import decide as core
-from respawn.control.decide import (
-    Act, Action, Hint, NodeObs, Observation, Outcome, OutcomeKind, Phase, Settings, after_act, after_create_failed,
-    after_create_refused, after_created, after_start_refused, followup, loss_kind, needs_capacity,
-    needs_console, phase_of,
+from respawn.control.actions import Act, Action
+from respawn.control.losses import loss_kind
+from respawn.control.observation import (
+    NOTICE, Hint, NodeObs, Observation, Phase, Settings, needs_capacity, needs_console, phase_of,
+)
+from respawn.control.outcomes import (
+    Outcome, OutcomeKind, after_act, after_create_failed, after_create_refused, after_created, after_start_refused,
+    followup,
 )
 from respawn.schema import Heartbeat, JobCounters, JobStatus, MemberStatus, NodeState, SlotStatus, State, node_name, parse_spec
 
@@ -352,7 +356,7 @@ def test_outcome_records_ignore_stale_attempts():
     assert started.state is State.PREEMPTED and ZONES[0] in started.tried_zones
 
 
-# What an action's outcome means (decide.followup, decide.after_act): reconcile._act performs the call, classifies
+# What an action's outcome means (outcomes.followup, outcomes.after_act): reconcile._act performs the call, classifies
 # how it ended, and carries out exactly this. Each row: the action, its outcome, the status read after it → whether
 # the error is re-raised, the capacity record, whether the job is read again; and what is committed on it.
 CREATE = Action(Act.CREATE, zone=ZONES[0], node="job-3", attempt=3, provisioning="spot")
@@ -505,7 +509,7 @@ GRID = [
     for raw in RAW_STATES[{"tpu": "tpu", "tpu_queued": "tpu_queued"}.get(spec_name, "gpu")]
     for hbk in HEARTBEATS
     for cancel in (False, True)
-    for hint in (None, "preempted", core.NOTICE)
+    for hint in (None, "preempted", NOTICE)
     for create_state in ("pending", "starting", "created", "failed")
     if state is not State.PENDING or raw is None  # a pending job has no node name yet, so nothing to observe
 ]
@@ -562,7 +566,7 @@ def test_invariants_over_every_observation(state):
         # the new node (the handover).
         if d.action.kind is Act.CREATE:
             if o.node.present:
-                assert hint == core.NOTICE and o.node.phase in (Phase.RUNNING, Phase.STOPPING), where
+                assert hint == NOTICE and o.node.phase in (Phase.RUNNING, Phase.STOPPING), where
                 leaving = (d.status or o.status).leaving
                 assert leaving is not None and (leaving.node, leaving.zone) == (o.status.node, o.status.zone), where
                 assert d.action.handover is not None and d.action.handover.node == o.status.node, where
@@ -703,7 +707,7 @@ def test_the_recovered_alert_comes_when_the_replacement_trains_and_says_what_it_
 # ---- a multi-host TPU slice: one heartbeat from its workers' -----------------------------------------------------
 
 def test_slice_heartbeat_serves_only_while_every_worker_beats():
-    from respawn.control.decide import slice_heartbeat
+    from respawn.control.observation import slice_heartbeat
 
     w0, w1 = hb(age=5, step=50, committed_step=40), hb(age=50, step=48, committed_step=45, worker=1)
     got = slice_heartbeat([w0, w1])
@@ -723,7 +727,7 @@ def test_slice_heartbeat_serves_only_while_every_worker_beats():
     ([("exited", 75, "sigterm"), ("exited", 75, "sigterm")], "exited", 75, "sigterm"),  # stopped on the notice
 ])
 def test_slice_heartbeat_lets_a_failing_or_noticed_worker_speak_for_the_slice(workers, state, exit_code, notice):
-    from respawn.control.decide import slice_heartbeat
+    from respawn.control.observation import slice_heartbeat
 
     hbs = [hb(st, worker=i, exit_code=code, notice=note) for i, (st, code, note) in enumerate(workers)]
     got = slice_heartbeat(hbs)

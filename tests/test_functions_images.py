@@ -22,7 +22,10 @@ from functions_fixtures import ZONES, controller, gpu_spec, tpu_spec  # noqa: F4
 from respawn.control import clients as factory
 from respawn.control.adapters.compute import ComputeProvider
 from respawn.control.adapters.tpu import TpuProvider
-from respawn.control.decide import ABSENT, Act, Action, Observation, Outcome, OutcomeKind, after_act, decide
+from respawn.control.actions import Act, Action
+from respawn.control.decide import decide
+from respawn.control.observation import ABSENT, Observation
+from respawn.control.outcomes import Outcome, OutcomeKind, after_act
 from respawn.images import ImageCheck, ImageVerdict, image_help
 from respawn.schema import GpuAccelerator, SlotStatus, State, parse_spec
 from sim import compute as sim_compute

@@ -6,7 +6,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from respawn.control import job
-from respawn.control.decide import Act, Action, NodeObs, Observation, Outcome, OutcomeKind, Phase
+from respawn.control.actions import Act, Action
+from respawn.control.observation import NodeObs, Observation, Phase
+from respawn.control.outcomes import Outcome, OutcomeKind
 from respawn.control.job import MemberObs
 from respawn.contract import EXIT_PREEMPTED, Generation
 from respawn.schema import Heartbeat, JobStatus, MemberStatus, NodeState, State, parse_spec
@@ -291,7 +293,7 @@ def test_a_move_records_what_the_survivors_committed_before_their_nodes_go():
 
 def test_writing_a_generation_is_the_jobs_own_action_with_its_own_outcomes():
     # Written: recorded on its members. A member gone meanwhile (404): nothing recorded, the next pass sees it gone.
-    # Anything else (5xx, the network): retried by redelivery. decide.followup knows nothing of generations.
+    # Anything else (5xx, the network): retried by redelivery. outcomes.followup knows nothing of generations.
     write = job.SetGeneration(Generation(2, ("job-1", "job-2"), "10.0.0.1").to_json(), ((0, ZONES[0], "job-1"),))
     done, gone, flaky = (job.followup(SPEC, write, Outcome(k), NOW) for k in
                          (OutcomeKind.DONE, OutcomeKind.NOT_FOUND, OutcomeKind.TRANSIENT))

@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 
 from respawn.control import job
-from respawn.control.decide import Act, Settings
+from respawn.control.actions import Act
+from respawn.control.observation import Settings
 from respawn.control.job import MemberObs
 from respawn.schema import State
 from test_job_table import GEN1, NOW, RUNNING, beat, observe, running_job

@@ -107,7 +107,7 @@ def test_the_import_contracts_hold_and_a_violation_fails_them(tmp_path):
 
     src = _copy_source(tmp_path / "violating")
     plant = {
-        "functions/decide.py": "from respawn.control.adapters import compute  # planted\n",
+        "functions/observation.py": "from respawn.control.adapters import compute  # planted\n",
         "node_agent/heartbeat.py": "import numpy  # planted\n",
         "respawn/app/cli.py": "import sim.core  # planted\n",
         "respawn/schema.py": "from google.cloud import firestore  # planted\n",
@@ -123,7 +123,7 @@ def test_the_import_contracts_hold_and_a_violation_fails_them(tmp_path):
                      "the node agent imports only the standard library, the contract and logs",
                      "nothing installable imports the local stand-ins or the benchmarks",
                      "google.* is imported only by the adapters and the checkpoint storage module",
-                     # decide -> adapters.compute -> ... -> decide: the planted import closes a cycle too
+                     # observation -> adapters.compute -> settings -> observation: the planted import closes a cycle too
                      "no import cycle between the modules and subpackages of any package"):
         assert f"{contract} BROKEN" in broken.stdout, broken.stdout
     assert "5 broken" in broken.stdout

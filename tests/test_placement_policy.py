@@ -9,7 +9,8 @@ from google.cloud import compute_v1
 from google.rpc import error_details_pb2
 
 from respawn.control import placement
-from respawn.control.decide import Act, Action, Outcome, followup
+from respawn.control.actions import Act, Action
+from respawn.control.outcomes import Outcome, followup
 from respawn.schema import SlotStatus, parse_spec
 
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)

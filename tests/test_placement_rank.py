@@ -72,7 +72,7 @@ def test_rank_takes_advice_alone():
 # Decision rows: the whole job's decision (functions/job.py, one slot per node) with the advice reconcile observed.
 def _decide(state: str, advice, nodes: int = 1, **status):
     from respawn.control import job
-    from respawn.control.decide import Observation
+    from respawn.control.observation import Observation
     from respawn.schema import JobStatus, MemberStatus, State
 
     s = spec(nodes=nodes) if nodes > 1 else spec()

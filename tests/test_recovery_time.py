@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from respawn.control import alerts, recovery_time
-from respawn.control.decide import slice_heartbeat
+from respawn.control.observation import slice_heartbeat
 from respawn.schema import Heartbeat, NodeState
 
 NOTICE = datetime(2026, 11, 28, 4, 0, tzinfo=timezone.utc)
@@ -33,7 +33,7 @@ def rank(first_at: float | None, step: int, committed: int | None, first: int | 
     ("single node, emergency save", 107, [rank(31.5, 113, 110)], 31.5, 0, 110),
     # No emergency save (the notice came too late): the replacement restored the periodic step 100.
     ("single node, periodic checkpoint", 107, [rank(31.5, 113, 100)], 31.5, 7, 100),
-    # A TPU slice of 2 workers: its heartbeat is its workers' (decide.slice_heartbeat), stepping once the last has.
+    # A TPU slice of 2 workers: its heartbeat is its workers' (observation.slice_heartbeat), stepping once the last has.
     ("TPU slice, 2 workers", 60, [slice_heartbeat([rank(20, 62, 60), rank(24.26, 61, 60, worker=1)])], 24.3, 0, 60),
     # A multi-node job: every member of the new generation, the last member's first step is the job's.
     ("multi-node, 3 members", 58, [rank(12, 62, 60), rank(13, 61, 60), rank(19.96, 61, 60)], 20.0, 0, 60),

@@ -14,10 +14,11 @@ from google.api_core import exceptions as gexc
 
 from respawn.control import clients as factory
 from respawn.control import decide as core
+from respawn.control import losses
 from respawn.control import models, placement
 from respawn.control.adapters.compute import ComputeProvider
 from respawn.contract import ATTR_RUN_ENDS_AT
-from respawn.control.decide import Act
+from respawn.control.actions import Act
 from respawn.control.models import RUN_END_SLACK
 from respawn.schema import SpecError, parse_spec
 from functions_fixtures import T4, controller, gpu_spec, tpu_spec  # noqa: F401
@@ -118,13 +119,13 @@ def test_the_end_of_a_calendar_reservation_is_a_planned_stop_and_the_next_node_t
     assert running.status.run_ends_at == ends
     ended = core.decide(replace(obs("RUNNING", raw=None, spec=spec, provisioning="reservation", preemptions=2,
                                     run_ends_at=ends), now=ends + timedelta(seconds=20)))
-    assert ended.cause == core.RUN_ENDED and ended.status.preemptions == 2 and ended.alert is None
+    assert ended.cause == losses.RUN_ENDED and ended.status.preemptions == 2 and ended.alert is None
     assert (ended.action.kind, ended.action.provisioning) == (Act.CREATE, "spot")
     assert ended.details["tier_why"] == f"reservation: its reservation my-res ends at {ends.isoformat()}"
     # Long before its end, a lost reservation node is a loss like an on-demand one's, and the reservation serves on.
     early = core.decide(obs("RUNNING", raw=None, spec=spec, provisioning="reservation", run_ends_at=ends,
                             preemptions=2))
-    assert early.cause != core.RUN_ENDED and early.action.provisioning == "reservation"
+    assert early.cause != losses.RUN_ENDED and early.action.provisioning == "reservation"
     with pytest.raises(SpecError, match="ends_at applies to reservation tiers only"):
         make_spec(provisioning=[{"model": "spot", "ends_at": ends.isoformat()}, "standard"])
     with pytest.raises(SpecError, match="has no UTC offset"):
@@ -212,6 +213,6 @@ def test_a_calendar_reservation_job_runs_reservation_bound_until_the_end_then_on
         assert time.monotonic() < deadline, f"{st.state.value}: {st.message}"
         assert controller.sweep(job) == 200
         time.sleep(0.2)
-    assert (st.provisioning, st.preemptions, st.failures, st.last_cause) == ("spot", 0, 0, core.RUN_ENDED)
+    assert (st.provisioning, st.preemptions, st.failures, st.last_cause) == ("spot", 0, 0, losses.RUN_ENDED)
     why = [e.get("details", {}).get("tier_why", "") for e in controller.events(job)]
     assert any(f"its reservation my-res ends at {ends.isoformat()}" in w for w in why), why

@@ -154,7 +154,7 @@ class Obtaining:
         return None
 
     def phase(self, raw: str | None) -> str | None:
-        """The decide.Phase name of a request's state; None: not a request's."""
+        """The observation.Phase name of a request's state; None: not a request's."""
         return None
 
     def refusal(self, spec: JobSpec, s: MemberStatus, raw: str | None, now: datetime) -> str | None:

@@ -23,7 +23,7 @@ PREFIX = "queued:"
 WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES")
 FAILED = "FAILED"  # the wait ran out (valid_until_duration) or a late-found problem: the zone did not serve it
 SUSPENDED = ("SUSPENDING", "SUSPENDED")  # its node was taken (a Spot preemption) or deleted: never queued again
-# A request's state, until it is ACTIVE, as a decide.Phase name. PROVISIONING and ACTIVE: its node is being made
+# A request's state, until it is ACTIVE, as an observation.Phase name. PROVISIONING and ACTIVE: its node is being made
 # (ACTIVE before the node shows). FAILED, SUSPENDED: it holds quota and never serves again: deleted. SUSPENDING:
 # its node is being taken.
 PHASES = {
