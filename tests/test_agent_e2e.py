@@ -32,9 +32,13 @@ def _start(env, node: str, extra_args: list[str], **extra):
     return md, env.tmp / node, store
 
 
-def _training_past(env, node: str, step: int):
-    return wait_for(lambda: ((env.heartbeat(node) or {}).get("step") or 0) >= step, 120,
-                    f"{node} heartbeating past step {step}")
+def _training_past(env, node: str, step: int, agent=None):
+    try:
+        return wait_for(lambda: ((env.heartbeat(node) or {}).get("step") or 0) >= step, 120,
+                        f"{node} heartbeating past step {step}")
+    except AssertionError as exc:  # why it never got there: the agent's own account (the trainer's output is in it)
+        told = "" if agent is None else f"\nthe agent's output (end):\n{agent.output()[-4000:]}"
+        raise AssertionError(f"{exc}; last heartbeat {env.heartbeat(node)}{told}") from None
 
 
 @pytest.mark.parametrize("source", ["preempted", "maintenance-event", "sigterm"])
@@ -42,7 +46,7 @@ def test_notice_gets_emergency_checkpoint_committed_and_reported(agent_env, sour
     node = f"notice-{['preempted', 'maintenance-event', 'sigterm'].index(source) + 1}"
     md, node_dir, store = _start(agent_env, node, ["--steps", "100000", "--step-seconds", "0.01"])
     agent = agent_env.agent(md, node_dir)
-    _training_past(agent_env, node, 60)
+    _training_past(agent_env, node, 60, agent)
     if source == "preempted":
         md.set("instance/preempted", "TRUE")
     elif source == "maintenance-event":

@@ -34,6 +34,7 @@ OFFLINE = [
      ["Invalid value for '--attempt': Input should be greater than or equal to 1", "--help"]),
     ("events limit", ["jobs", "events", "j", "--limit", "0"], ["Invalid value for '--limit'"]),
     ("chaos timeout", ["chaos", "j", "--timeout", "0"], ["Invalid value for '--timeout'"]),
+    ("doctor timeout", ["doctor", "--timeout", "0"], ["Invalid value for '--timeout'"]),
     ("report option value missing", ["jobs", "report", "j", "--output"], ["requires an argument"]),
     ("cancel extra argument", ["jobs", "cancel", "a", "b"], ["unexpected extra argument(s) (b)"]),
     # Spec files: validate and register read them the same way, before any cloud call.
@@ -178,7 +179,7 @@ def test_help_is_readable_at_80_columns(workspace, tmp_path):
     from respawn.app.cli import app
 
     root = get_command(app)
-    argvs = [["plan"], ["zones"], ["chaos"], *(["jobs", n] for n in root.commands["jobs"].commands)]
+    argvs = [["plan"], ["zones"], ["chaos"], ["doctor"], *(["jobs", n] for n in root.commands["jobs"].commands)]
     for argv, r in zip(argvs, respawn_each([[*argv, "--help"] for argv in argvs], workspace, env)):
         assert r.returncode == 0, r.stderr
         assert "…" not in r.stdout, r.stdout  # an option name cut short
