@@ -934,7 +934,7 @@ class MemberStatus(_Loss):
     # (when still there) once `until` has passed, and never an orphan before.
     leaving: Leaving | None = None
     # A flex-start node: when its run duration ends (seen running + max_run_hours, so at most a poll late): a loss
-    # near it is the planned end of the run (decide.RUN_ENDED), not a preemption.
+    # near it is the planned end of the run (losses.RUN_ENDED), not a preemption.
     run_ends_at: datetime | None = None
     running_at: datetime | None = None  # when the API first said the current node runs (a recovery's breakdown)
     billing: BilledLife | None = None  # the node's life as the cost ledger prices it (functions/costs.py)
