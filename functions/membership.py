@@ -34,7 +34,7 @@ from typing import Sequence
 
 from respawn.contract import Generation
 from respawn.control import models
-from respawn.schema import JobSpec, Tier
+from respawn.schema import DEFAULT_MODEL, JobSpec, Tier
 
 
 def forms_generations(slots: int) -> bool:
@@ -69,7 +69,7 @@ class Slot:
 
     def tier(self, model: str | None) -> Tier | None:
         """The slot's tier of model `model` (None: it has none, e.g. a node of an older spec)."""
-        return next((t for t in self.tiers if t.model == (model or "spot")), None)
+        return next((t for t in self.tiers if t.model == (model or DEFAULT_MODEL)), None)
 
 
 def slot_of(spec: JobSpec, index: int, zone: str | None = None) -> Slot:
@@ -88,7 +88,7 @@ class SlotView:
     node: str | None  # the slot's node while the API shows one; None: the slot is empty (never filled, or gone)
     serving: bool  # the API says it runs and its agent (every worker of a TPU slice) beats
     address: str | None = None  # its internal IP, once the API shows it
-    provisioning: str = "spot"
+    provisioning: str = DEFAULT_MODEL
     refused: bool = False  # the zone refused this slot's replacement in the current round
 
 

@@ -41,8 +41,8 @@ from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, Node
 from respawn.control.settings import ControlSettings
 from respawn import advice, contract, deployment, logs, prices, topology
 from respawn.advice import ZoneAdvice
-from respawn.schema import (CONSOLE_TAIL_CHARS, AdviceRecord, Heartbeat, JobEvent, JobSpec, JobStatus, MemberStatus,
-                            SpecError, State)
+from respawn.schema import (CONSOLE_TAIL_CHARS, DEFAULT_MODEL, AdviceRecord, Heartbeat, JobEvent, JobSpec, JobStatus,
+                            MemberStatus, SpecError, State)
 
 
 @dataclass(frozen=True)
@@ -407,7 +407,7 @@ def _act(deps: Deps, o: Observation, spec: JobSpec | None, d: Decision) -> None:
         raise error
     if f.capacity is not None:
         deps.store.record_capacity(f.capacity)
-        _add_stats(deps, o.job_id, f.capacity.zone, f.capacity.accelerator_type, a.provisioning or "spot",
+        _add_stats(deps, o.job_id, f.capacity.zone, f.capacity.accelerator_type, a.provisioning or DEFAULT_MODEL,
                    {"refusals": 1})
         logs.warning(f"{a.zone} refused {a.node}: {outcome.kind.value} ({outcome.code}); the zone cools down for "
                      f"{spec.placement.cooldown_seconds if spec else '?'} s", job_id=o.job_id, zone=a.zone,

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 from respawn.advice import ZoneAdvice
 from respawn.control import models, placement
 from respawn.control.placement import cooldowns
-from respawn.schema import JobSpec, SlotStatus, Tier, ZoneOrder
+from respawn.schema import DEFAULT_MODEL, JobSpec, SlotStatus, Tier, ZoneOrder
 
 
 # A run that ended as its model planned (models.RUN_ENDED): a planned stop
@@ -53,7 +53,7 @@ class Choice:
 class Strategy:
     order: ZoneOrder
     restart_in_place: bool  # a STOP-terminated node of a model that restarts in place (Spot GPU VMs) is started again
-    tiers: tuple[Tier, ...] = (Tier(model="spot"),)  # JobSpec.provisioning_tiers
+    tiers: tuple[Tier, ...] = (Tier(model=DEFAULT_MODEL),)  # JobSpec.provisioning_tiers
     by_advice: bool = False  # placement.rank: advice: an advised model's zones ordered by capacity advice first
 
     @property
@@ -101,7 +101,7 @@ class Strategy:
         (Spot), its zone not under a capacity cooldown, restarted in place fewer than `max_restarts` times."""
         if not self.restart_in_place or not models.of(status.provisioning).restarts_in_place:
             return False
-        until = cooldowns(blocked, status.provisioning or "spot").get(status.zone or "")
+        until = cooldowns(blocked, status.provisioning or DEFAULT_MODEL).get(status.zone or "")
         return (until is None or until <= now) and status.in_place_restarts < max_restarts
 
     def choose(self, zones: Sequence[str], status: SlotStatus, blocked: Mapping[str, datetime], now: datetime,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from respawn.schema import JobStatus, State
+from respawn.schema import DEFAULT_MODEL, JobStatus, State
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def observed(before: JobStatus, after: JobStatus, now: datetime) -> list[Observe
     for b, a in zip(before.members or [before], after.members or [after]):
         if not (b.node and b.zone and b.node_started_at):
             continue
-        model = b.provisioning or "spot"
+        model = b.provisioning or DEFAULT_MODEL
         age = max((now - b.node_started_at).total_seconds(), 0.0)
         if b.state is State.PROVISIONING and a.state is State.RUNNING and a.node == b.node:
             out.append(Observed(b.zone, model, {"nodes": 1, "obtain_seconds": age}))

@@ -339,6 +339,7 @@ class PreemptionRate(Preemptions):
 
 
 Model = Literal["spot", "preemptible", "flex-start", "standard", "reservation"]
+DEFAULT_MODEL: Model = "spot"  # a spec's, and a status's that names none (written before tiers existed)
 # The machine series a flex-start VM may be: "all accelerator-optimized machine types (except A4X and G4) and H4D"
 # (Google's "About flex-start VMs", gcp-facts §18).
 FLEX_START_SERIES = frozenset({"a2", "a3", "a4", "g2", "h4d"})
@@ -465,7 +466,7 @@ class JobSpec(_Strict):
     id: str = Field(min_length=1, max_length=MAX_JOB_ID_LEN)
     accelerator: Annotated[GpuAccelerator | TpuAccelerator, Field(discriminator="kind")]
     provisioning: Model = Field(
-        default="spot", description="the model of the job's nodes; a list (tiers) names the ways it accepts capacity, "
+        default=DEFAULT_MODEL, description="the model of the job's nodes; a list (tiers) names the ways it accepts capacity, "
                                     "in order, and is stored here as its first model and in tiers")
     tiers: list[Tier] | None = Field(
         default=None, min_length=1, max_length=4,

@@ -161,7 +161,7 @@ class ComputeProvider:
         body = self.instance(spec, zone, name, attempt, provisioning, startup_script, slot, service_account, handover)
         try:
             op = self.clients.instances().insert_unary(project=self.project, zone=zone, instance_resource=body)
-            if body.scheduling.provisioning_model == "FLEX_START":
+            if models.of(provisioning).insert_waits_for_capacity:
                 self._wait_unless_pending(zone, name, op)
             else:
                 self._wait(zone, op)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable
 
 from respawn.contract import NOTICE_RUN_ENDING
-from respawn.schema import Heartbeat, JobSpec, MemberStatus, Tier
+from respawn.schema import DEFAULT_MODEL, Heartbeat, JobSpec, MemberStatus, Tier
 
 # A planned stop: the node's model ended it as it said it would (a flex-start run's end, a calendar reservation's).
 # The next node is made as after a loss, but it counts as neither a preemption nor a failure, and its zone is not
@@ -55,6 +55,9 @@ class Model:
     restarts_in_place: bool = False  # a node its preemption STOPs may be started again where it stands
     advised: bool = False  # capacity advice scores nodes of this model (placement.rank: advice)
     unanswered_cause: str = "node_gone"  # the event cause of unanswered()'s refusal
+    # Its insert stays open while the request waits for capacity: the create returns once the VM is PENDING, and the
+    # wait is observed on the next passes, as a queued resource's is (adapters/compute.py).
+    insert_waits_for_capacity: bool = False
 
     def compute(self, spec: JobSpec, tier: Tier | None) -> ComputeFields:
         """The instance's scheduling (and other fields) for a node of this model. Restarts stay with the control
@@ -115,7 +118,7 @@ def register(model: Model) -> Model:
 def of(name: str | None) -> Model:
     """The model registered under `name` (None: a node recorded before models were: Spot)."""
     try:
-        return _REGISTRY[name or "spot"]
+        return _REGISTRY[name or DEFAULT_MODEL]
     except KeyError:
         raise ValueError(f"{name} is not a provisioning model: one of {', '.join(_REGISTRY)}") from None
 
@@ -132,7 +135,7 @@ def tier_of(spec: JobSpec | None, name: str | None) -> Tier | None:
     """The job's tier of model `name` (None: the job has none, e.g. a node of an older spec)."""
     if spec is None:
         return None
-    return next((t for t in spec.provisioning_tiers if t.model == (name or "spot")), None)
+    return next((t for t in spec.provisioning_tiers if t.model == (name or DEFAULT_MODEL)), None)
 
 
 def capacity_phrases() -> tuple[str, ...]:

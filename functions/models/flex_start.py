@@ -22,6 +22,7 @@ class FlexStart(Model):
     price_key = "flex-start"
     tpu = queued = False
     unanswered_cause = "flex_start_unanswered"
+    insert_waits_for_capacity = True
 
     def compute(self, spec: JobSpec, tier: Tier | None) -> ComputeFields:
         assert tier is not None, "a flex-start node is one of its job's tiers"
