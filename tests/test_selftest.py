@@ -53,6 +53,17 @@ def deployment_stand_ins(firestore_emulator, pubsub_emulator, sim_factory, tmp_p
         slack.stop()
 
 
+def test_without_firestore_the_doctor_says_so_and_sends_no_probe(tmp_path, pubsub_emulator):
+    env = {**os.environ, "GOOGLE_CLOUD_PROJECT": PROJECT, "FIRESTORE_EMULATOR_HOST": f"127.0.0.1:{emulators.free_port()}"}
+    done = subprocess.run([sys.executable, "-m", "respawn", "doctor", "--timeout", "5"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "✗ the Firestore emulator at 127.0.0.1:" in done.stdout and "does not answer" in done.stdout
+    assert "✗ the self-test's probes were not sent: they need Firestore (above)" in done.stdout
+    assert "self-test " not in done.stdout.replace("the self-test's probes", "")  # nothing was sent
+    assert "doctor: " in done.stderr and "Traceback" not in done.stderr
+
+
 def _doctor(sim, timeout: float = BROKEN_WAIT_S) -> list[doctor.Check]:
     send = selftest_run.senders(PROJECT, None, sim.endpoint)  # the sim's Cloud Logging; the scheduler's own ticks
     return [doctor.firestore_check(PROJECT), *doctor.topic_checks(PROJECT),
@@ -119,6 +130,14 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
     slack.fail(status=404, count=-1)
     broken(["✗ Slack: Slack refused the message"])
     slack.recover()
+
+    # A probe that cannot leave (the caller may not write logs) is that path's failure, in one line; the rest answer.
+    def refused(entry):
+        raise PermissionError("403 Permission 'logging.logEntries.create' denied")
+
+    checks = doctor.probe_checks(PROJECT, selftest_run.Senders(refused, None), BROKEN_WAIT_S, lambda line: None)
+    assert _failed(checks) == ["✗ the probe for on_log_event could not be sent: 403 Permission "
+                               "'logging.logEntries.create' denied (the caller needs logging.logEntries.create)"]
 
     # Mended, it passes again; the probes left nothing behind (the job document, the probe's record).
     assert not _failed(_doctor(sim, timeout=30))

@@ -1237,7 +1237,10 @@ def doctor_cmd(
         if job is not None:
             checks.append(_doctor_job(job, name))
             out.print(checks[-1].line, highlight=False)
-        if probes:
+        if probes and not checks[0].ok:
+            checks.append(doctor.Check(False, "✗ the self-test's probes were not sent: they need Firestore (above)"))
+            out.print(checks[-1].line, highlight=False)
+        elif probes:
             checks += doctor.probe_checks(name, selftest_run.senders(name, region), timeout,
                                           lambda line: out.print(line, highlight=False))
         failed = [c for c in checks if not c.ok]

@@ -37,7 +37,8 @@ def firestore_check(project: str) -> Check:
     except endpoints.Unreachable as exc:
         return _mark(False, str(exc))
     except Exception as exc:  # noqa: BLE001 - any refusal is the check's answer, in one line
-        return _mark(False, f"Firestore's (default) database cannot be read ({_said(exc)}): create it once with "
+        return _mark(False, f"Firestore's (default) database cannot be read ({selftest_run.one_line(exc)}): create it "
+                            "once with "
                             "gcloud firestore databases create --location=nam5 (docs/deploy.md, step 2)")
     return _mark(True, f"Firestore: the jobs' database answers ({endpoints.where(endpoints.FIRESTORE, project)})")
 
@@ -64,7 +65,7 @@ def topic_checks(project: str) -> list[Check]:
             checks.append(_mark(False, f"topic {topic} does not exist: redeploy (cloudbuild.yaml, step topics)"))
             continue
         except Exception as exc:  # noqa: BLE001
-            checks.append(_mark(False, f"topic {topic} cannot be read ({_said(exc)}): the caller needs "
+            checks.append(_mark(False, f"topic {topic} cannot be read ({selftest_run.one_line(exc)}): the caller needs "
                                        "pubsub.topics.get and pubsub.topics.listSubscriptions"))
             continue
         if subscriptions:
@@ -84,6 +85,3 @@ def probe_checks(project: str, send: selftest_run.Senders, timeout: float,
         checks.append(Check(*selftest_run.slack_line(alert)))
     return checks
 
-
-def _said(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__

@@ -29,7 +29,7 @@ SCHEDULER_HOST = "https://cloudscheduler.googleapis.com"
 class Answer:
     link: selftest.Link
     seconds: float | None  # None: no answer in time
-    detail: str = ""
+    detail: str = ""  # on_alert's word on Slack; for a probe that could not be sent, why
 
     @property
     def ok(self) -> bool:
@@ -38,6 +38,8 @@ class Answer:
     def line(self, timeout: float) -> str:
         if self.ok:
             return f"✓ {self.link.function} answered in {self.seconds:.1f} s ({self.link.path})"
+        if self.detail:
+            return f"✗ the probe for {self.link.function} could not be sent: {self.detail}"
         return (f"✗ {self.link.function} did not answer in {timeout:.0f} s ({self.link.path}): check that "
                 f"{self.link.cause}")
 
@@ -100,29 +102,50 @@ def run(project: str, send: Senders, *, timeout: float = TIMEOUT_S, say: Callabl
     job = firestore.Client(project=project).collection(JOBS).document(selftest.probe_job_id(probe))
     publisher = pubsub_v1.PublisherClient()
     say(f"self-test {probe}: a probe down each of {len(selftest.LINKS)} paths, waiting up to {timeout:.0f} s")
+    if send.tick is None:
+        say(f"self-test: waiting for the scheduler's next tick (every {deployment.SWEEP_PERIOD_S:.0f} s in a "
+            "deployment)")
+    sends = {
+        selftest.LOG_EVENT: (lambda: send.write_log(selftest.probe_entry(project, probe)),
+                             "the caller needs logging.logEntries.create"),
+        selftest.SWEEP: (send.tick or (lambda: None), f"the caller needs cloudscheduler.jobs.run on "
+                                                      f"{deployment.SCHEDULER_JOB}"),
+        selftest.JOB_CREATED: (lambda: job.set({"selftest": probe, "created_at": started}),
+                               "the caller needs to write Firestore's (default) database"),
+        selftest.ALERT: (lambda: publisher.publish(publisher.topic_path(project, deployment.ALERTS_TOPIC),
+                                                   json.dumps(selftest.probe_alert(probe)).encode()).result(timeout=30),
+                         f"the caller needs pubsub.topics.publish on {deployment.ALERTS_TOPIC}"),
+    }
+    unsent = {}
     try:
-        send.write_log(selftest.probe_entry(project, probe))
-        if send.tick is not None:
-            send.tick()
-        else:
-            say(f"self-test: waiting for the scheduler's next tick (every {deployment.SWEEP_PERIOD_S:.0f} s in a "
-                "deployment)")
-        job.set({"selftest": probe, "created_at": started})
-        publisher.publish(publisher.topic_path(project, deployment.ALERTS_TOPIC),
-                          json.dumps(selftest.probe_alert(probe)).encode()).result(timeout=30)
-        answers = _wait(acks, probe, started, timeout, say)
+        for link, (act, needs) in sends.items():
+            try:
+                act()
+            except Exception as exc:  # noqa: BLE001 - a probe that cannot leave is that link's answer, in one line
+                unsent[link.key] = Answer(link, None, f"{one_line(exc)} ({needs})")
+                say(unsent[link.key].line(timeout))
+        answers = _wait(acks, probe, started, timeout, say, unsent)
         alert = next(a for a in answers if a.link is selftest.ALERT)
         if alert.ok:
             say(slack_line(alert)[1])
         return answers
     finally:
-        job.delete()
-        acks.document(probe).delete()
+        for what, remove in ((f"the probe job {job.path}", job.delete),
+                             (f"the probe's answers {selftest.DATABASE}/{acks.id}/{probe}", acks.document(probe).delete)):
+            try:
+                remove()
+            except Exception as exc:  # noqa: BLE001 - said, and the answers stand
+                say(f"self-test: {what} was not deleted ({one_line(exc)}); delete it by hand")
         publisher.stop()
 
 
-def _wait(acks, probe: str, started: float, timeout: float, say) -> list[Answer]:
-    answers: dict[str, Answer] = {}
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def _wait(acks, probe: str, started: float, timeout: float, say, unsent: dict[str, Answer]) -> list[Answer]:
+    """Each sent probe's answer, or its absence at the timeout; `unsent` (by link key) as they are."""
+    answers: dict[str, Answer] = dict(unsent)
     deadline, next_word = time.monotonic() + timeout, time.monotonic() + PROGRESS_EVERY_S
     while True:
         got = acks.document(probe).get().to_dict() or {}
@@ -141,10 +164,11 @@ def _wait(acks, probe: str, started: float, timeout: float, say) -> list[Answer]
                 f"{timeout:.0f} s)")
             next_word += PROGRESS_EVERY_S
         time.sleep(POLL_S)
-    missing = [Answer(link, None) for link in selftest.LINKS if link.key not in answers]
-    for answer in missing:
-        say(answer.line(timeout))
-    return [answers.get(link.key) or next(a for a in missing if a.link is link) for link in selftest.LINKS]
+    for link in selftest.LINKS:
+        if link.key not in answers:
+            answers[link.key] = Answer(link, None)
+            say(answers[link.key].line(timeout))
+    return [answers[link.key] for link in selftest.LINKS]
 
 
 def verdict(answers: list[Answer], timeout: float) -> tuple[bool, list[str]]:
