@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from google.api_core import exceptions as gexc
 
+from respawn.control import alerts
 from respawn.control import clients as factory
 from respawn.control import decide as core
 from respawn.control import losses
@@ -216,3 +217,42 @@ def test_a_calendar_reservation_job_runs_reservation_bound_until_the_end_then_on
     assert (st.provisioning, st.preemptions, st.failures, st.last_cause) == ("spot", 0, 0, losses.RUN_ENDED)
     why = [e.get("details", {}).get("tier_why", "") for e in controller.events(job)]
     assert any(f"its reservation my-res ends at {ends.isoformat()}" in w for w in why), why
+
+
+def test_a_full_reservation_sends_the_node_to_spot_and_after_its_preemption_the_job_comes_back(controller):
+    """Through the control plane's entry points (what the reservation demo scenario showed, moved down from
+    tests/test_demo_scenarios.py): the reservation's VMs all in use, its insert is refused and that one refusal moves
+    the node to Spot in the same zone, with no wait for capacity; the Spot node is preempted once the reservation
+    serves again (its cooldown over) and the next placement round starts at the reservation."""
+    controller.sim.set_capacity(ZONE, T4, 0, provisioning_model="RESERVATION")
+    job = controller.register(gpu_spec("resfb", termination_action=None, provisioning=RESERVED_FIRST,
+                                       placement={"cooldown_seconds": 2}))
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "RUNNING")
+    assert (st.provisioning, st.zone) == ("spot", ZONE)
+    steps = [(e["to_state"], e["cause"], e["details"].get("provisioning")) for e in controller.events(job)
+             if e.get("details", {}).get("provisioning")]
+    assert steps[:2] == [("PROVISIONING", "job_created", "reservation"), ("PROVISIONING", "zone_refused", "spot")]
+    # A VM of the reservation is free again and its refusal's cooldown is over; then the Spot node is preempted.
+    controller.sim.set_capacity(ZONE, T4, 1, provisioning_model="RESERVATION")
+    ends = [r["until"] for r in controller.capacity().values() if isinstance(r.get("until"), datetime)]
+    assert ends, controller.capacity()
+    controller.sim.wait_for(lambda: datetime.now(timezone.utc) > max(ends), 10, "the reservation's cooldown over")
+    controller.heartbeat(st.node, step=200, committed_step=200)
+    controller.sim.preempt(st.zone, st.node)
+    assert controller.log_event(controller.wait_system_event(st.node)) == 200
+    deadline = time.monotonic() + 30
+    while (after := controller.status(job)).node == st.node or after.state.value != "RUNNING":
+        assert time.monotonic() < deadline, f"{after.state.value}: {after.message}"
+        assert controller.sweep(job) == 200
+        time.sleep(0.2)
+    assert (after.provisioning, after.zone, after.preemptions) == ("reservation", ZONE, 1)
+    [node] = controller.live(job)
+    assert node["name"] == after.node
+    controller.heartbeat(after.node, step=202, committed_step=200, first_step=201,
+                         started_at=datetime.now(timezone.utc))
+    assert controller.sweep(job) == 200
+    assert "WAITING_FOR_CAPACITY" not in [e["to_state"] for e in controller.events(job)]
+    heard = controller.alerts(want=1)
+    [recovered] = [a for a in heard if a["type"] == "recovered"]
+    assert "preemptions: 1" in alerts.to_slack(recovered)["text"]
