@@ -5,6 +5,7 @@ broken image's startup script does; heartbeats are written by the test as the ag
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -124,3 +125,42 @@ def test_a_trainer_that_crashes_at_every_start_is_a_failure_in_every_word(contro
         [payload] = slack.wait_for(1)
     lines = [b["text"]["text"] for b in payload["blocks"] if b["type"] == "section" and "text" in b]
     assert "last error: ValueError: bad learning rate" in lines and "failures: 2" in payload["text"]
+
+
+def test_a_failed_setup_ends_the_job_failed_at_once_naming_the_command_and_no_node_is_made_again(controller,
+                                                                                                 monkeypatch):
+    """The agent's setup-failed heartbeat (tests/test_agent_prepare.py writes it from a real agent) through the entry
+    points (what the setup-fails demo scenario showed, moved down from tests/test_demo_scenarios.py): not a
+    preemption and not retried, whatever max_failures allows; FAILED at the first failure, the command and its
+    output named in the status, the event and Slack; the node deleted and none made again."""
+    from respawn.control import alerts
+    from sim.slack import SlackReceiver
+
+    command = [sys.executable, "-m", "pip", "install", "--no-index", "--quiet", "torch==9.9"]
+    tail = "ERROR: Could not find a version that satisfies the requirement torch==9.9 (from versions: none)\n" \
+           "ERROR: No matching distribution found for torch==9.9"
+    job = controller.register(_spec("setupbad", termination_action="DELETE"))  # max_failures 3
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "RUNNING")
+    controller.heartbeat(st.node, state="setup-failed", step=None, committed_step=None, exit_code=1,
+                         failed_command=command, output_tail=tail)
+    st = _sweep_until(controller, job, {"FAILED"})
+    assert (st.restarts, st.failures, st.preemptions, st.last_cause) == (0, 1, 0, "setup_failed")
+    said = " ".join(command[1:])
+    assert said in st.message and "torch==9.9" in st.message, st.message
+    events = controller.events(job)
+    assert [e["to_state"] for e in events] == ["PROVISIONING", "RUNNING", "FAILED"], events
+    details = events[-1]["details"]
+    assert events[-1]["cause"] == "setup_failed" and details["failed_command"] == command
+    assert details["exit_code"] == 1 and "torch==9.9" in details["output_tail"]
+    controller.sim.wait_for(lambda: controller.live(job) == [], 30, "the node deleted")
+    assert [r["name"] for r in controller.sim.history() if r["labels"].get("respawn-job") == job] == [st.node]
+    assert controller.sweep(job) == 200 and controller.status(job).state.value == "FAILED"  # it stays so
+    assert [r["name"] for r in controller.sim.history() if r["labels"].get("respawn-job") == job] == [st.node]
+    [failed] = [a for a in controller.alerts(want=1) if a["type"] == "failed"]
+    with SlackReceiver() as slack:
+        monkeypatch.setenv("SLACK_WEBHOOK_URL", slack.url)
+        assert controller.alert(failed) == 200
+        [payload] = slack.wait_for(1)
+    assert payload["text"].startswith(f"Job {job} failed") and said in payload["text"], payload["text"]
+    assert alerts.to_slack(failed)["text"] == payload["text"]
