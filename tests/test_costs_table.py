@@ -130,6 +130,9 @@ def test_budget_alerts_at_50_and_80_percent_once_each(spent_hours, cap, sent, du
         assert d.alert["type"] == "budget" and d.alert["percent"] == due
         assert d.status.cost.alerted_percent == due and d.status.revision == s.revision + 1
         assert d.alert["cost_usd"] == pytest.approx(spent_hours * SPOT)
+        # Slack's words (the budget demo scenario's, moved down from tests/test_demo_scenarios.py).
+        said = alerts.to_slack(d.alert)["text"]
+        assert said.startswith("Job job has spent part of its budget") and f"{due} % of the budget" in said, said
 
 
 def test_at_the_cap_every_node_is_deleted_and_the_job_stops_budget_exhausted():
@@ -139,6 +142,7 @@ def test_at_the_cap_every_node_is_deleted_and_the_job_stops_budget_exhausted():
     assert d.status.state is State.BUDGET_EXHAUSTED and d.cause == "budget_exhausted"
     assert (d.action.kind, d.action.node) == (Act.DELETE, "job-1")  # the cancel's delete: the guest's soft-off
     assert d.alert["type"] == "budget_exhausted" and d.alert["percent"] == 100 and "respawn jobs resume job --budget" in d.alert["message"]
+    assert alerts.to_slack(d.alert)["text"].startswith("Job job reached its budget: checkpointed and stopped")
     assert d.status.members[0].billing is None and d.status.cost.closed_usd == pytest.approx(1.0)
     assert d.status.cost.stopped_at_budget_usd == 1.01
     # With more than the look-ahead left, it runs on.

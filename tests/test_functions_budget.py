@@ -67,6 +67,8 @@ def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(
     alerts = controller.alerts(want=1)
     stop = [a for a in alerts if a["type"] == "budget_exhausted"]
     assert stop and stop[0]["cost_usd"] == pytest.approx(spent) and "respawn jobs resume capped" in stop[0]["message"]
+    causes = [e["cause"] for e in controller.events(job)]
+    assert causes[-1] == "budget_exhausted" and "budget_raised" not in causes, causes
     # Stopped, it stays stopped: the sweep leaves it (terminal) and a nudge changes nothing.
     assert controller.sweep(job) == 200 and controller.status(job).state.value == "BUDGET_EXHAUSTED"
     # describe and list show the cost; resume refuses a cap the job has spent already, then raises it.
@@ -76,6 +78,7 @@ def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(
     assert prices.usd(spent) in listed.stdout, listed.stdout
     refused = _respawn("jobs", "resume", job, "--budget", "0.001", "--project", controller.project)
     assert refused.returncode != 0 and "would stop it again at once" in refused.stderr
+    assert [e["cause"] for e in controller.events(job)] == causes  # nothing happened to it while stopped
     resumed = _respawn("jobs", "resume", job, "--budget", "5", "--project", controller.project,
                        "--sweep-topic", controller.sweep_topic)
     assert resumed.returncode == 0, resumed.stderr
@@ -143,3 +146,17 @@ def test_the_ledger_prices_a_known_job_from_a_recorded_catalog_answer(controller
     # An hour of this life is its price an hour: the ledger's running cost at any moment.
     spent, on_demand = costs.spent(st, life.since + timedelta(hours=1))
     assert spent == pytest.approx(hourly, rel=1e-6) and on_demand == pytest.approx(hourly, rel=1e-6)
+
+
+def test_a_job_in_a_region_the_catalog_does_not_price_is_priced_from_the_offline_table(controller):
+    """The catalog answers with no SKU Respawn prices (what the sim serves unless a test sets one, as in the budget demo
+    scenario): the ledger prices the node from the dated offline table, and the note says so (moved down from
+    tests/test_demo_scenarios.py)."""
+    controller.db.collection(PRICES).document("us-central1").delete()  # another test's cached book: read again
+    spec = gpu_spec("offline", accelerator={"kind": "gpu", "machine_type": "g2-standard-8"}, budget={"max_usd": 5})
+    job = controller.register(spec)
+    assert controller.job_created(job) == 200
+    st = controller.wait_state(job, "RUNNING")
+    life = st.members[0].billing
+    assert 0 < life.usd_per_hour < life.on_demand_usd_per_hour
+    assert st.cost.note == f"offline table of {prices.OFFLINE_DATE} (us-central1)", st.cost.note
