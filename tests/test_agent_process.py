@@ -266,6 +266,24 @@ def test_workers_of_a_slice_beat_to_their_own_documents_and_each_takes_the_notic
     assert agent_env.heartbeat("slice-4-w0") is None  # worker 0 has no document of its own
 
 
+def test_a_single_host_tpu_vm_gives_its_trainer_the_loopback_as_master(agent_env):
+    # One host (v5litepod-8, the tpu-queued demo scenario's node; moved down from tests/test_demo_scenarios.py): the
+    # agent reads Cloud TPU's worker attributes as a slice's workers do, and a single host's master is its loopback.
+    s = settings([sys.executable, "-c", HOSTS_TRAINER, str(agent_env.tiny_trainer), "--steps", "20"],
+                 f"file://{agent_env.tmp}/store")
+    attrs = {**attributes("single", 2, agent_env.project, s), "agent-worker-number": "0",
+             "worker-network-endpoints": "t1v-n-0badc0de-w-0", "accelerator-type": "v5litepod-8"}
+    node_dir = agent_env.tmp / "single-2"
+    agent = agent_env.agent(agent_env.metadata("t1v-n-0badc0de-w-0", attrs), node_dir)
+    assert agent.wait(60) == 0
+    [seen] = [e for e in agent.events() if e["message"] == "TPU worker metadata"]
+    assert (seen["worker"], seen["workers"], seen["master_addr"]) == (0, 1, "127.0.0.1"), seen
+    hosts = json.loads((node_dir / "hosts.json").read_text())
+    assert hosts == {"RESPAWN_NODE_RANK": "0", "RESPAWN_NUM_NODES": "1", "RESPAWN_MASTER_ADDR": "127.0.0.1"}
+    hb = agent_env.heartbeat("single-2")
+    assert (hb["state"], hb["exit_code"], hb["worker"]) == ("exited", 0, 0)
+
+
 def test_a_malformed_worker_attribute_is_named_and_exits_non_zero(agent_env):
     s = settings(_tiny(agent_env), f"file://{agent_env.tmp}/store")
     attrs = {**attributes("badw", 1, agent_env.project, s), "agent-worker-number": "1",

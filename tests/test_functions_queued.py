@@ -144,3 +144,28 @@ def test_a_dropped_preemption_event_is_recovered_by_the_sweep(controller):
     assert (after.attempt, after.preemptions) == (2, 1)
     settled(controller, job, after.node, after.zone)
     assert requests(controller, job)[0]["state"] == tpu_v2.QueuedResourceState.State.ACTIVE.name
+
+
+def test_a_single_host_through_a_request_is_asked_again_in_the_next_zone_and_none_is_left_at_the_end(controller):
+    """A single-host Spot TPU VM through a queued resource (what the tpu-queued demo scenario showed, moved down from
+    tests/test_demo_scenarios.py): its preemption's SUSPENDED request is deleted and a new one asked in the next zone,
+    one request at a time; the job succeeds and no request is left."""
+    job, st = running(controller, tpu_spec("qone", accelerator={
+        "kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite",
+        "queued_resource": True, "queue_wait_minutes": 10}, zones=ZONES[:2]))
+    assert st.zone == ZONES[0] and requests(controller, job)[0]["state"] == "ACTIVE"
+    controller.heartbeat(st.node, step=100, committed_step=100)
+    controller.sim.preempt(st.zone, st.node)
+    entry = controller.wait_system_event(st.node)
+    assert controller.log_event(entry) == 200
+    after = controller.wait_state(job, "RUNNING")
+    assert (after.zone, after.attempt, after.preemptions, after.failures) == (ZONES[1], 2, 1, 0)
+    settled(controller, job, after.node, after.zone)
+    controller.heartbeat(after.node, state="exited", exit_code=0, step=300, committed_step=300)
+    assert controller.sweep() == 200
+    done = controller.wait_state(job, "SUCCEEDED")
+    assert done.last_committed_step == 300
+    controller.sim.wait_for(lambda: requests(controller, job) == [] and controller.live(job) == [], 30,
+                            "no request or node of the job left")
+    assert controller.sim.max_requests(job) == 1 and controller.sim.max_live(job) <= 1
+    assert [q["zone"] for q in controller.sim.request_history()] == ZONES[:2]
