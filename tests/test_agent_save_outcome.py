@@ -35,6 +35,12 @@ CASES = {
     "killed at the deadline while saving (a state too large for the budget)": (
         status("saving", 165), [saver(None)], dict(exit_code=137, killed=True),
         ("failed", 165, "rank 0: killed at the notice deadline while saving step 165", ["failed"])),
+    "the deadline reached while writing (the large-state demo scenario's, moved down): abandoned, named": (
+        status("abandoned", 162, "deadline reached while writing step 162 (83886080 of 167855780 bytes)"),
+        [saver(0, "abandoned", 162, "deadline reached while writing step 162 (83886080 of 167855780 bytes)")],
+        dict(exit_code=76),
+        ("abandoned", 162, "rank 0: deadline reached while writing step 162 (83886080 of 167855780 bytes)",
+         ["abandoned"])),
     "rank 1 ended before its save; rank 0 committed": (
         status("committed", 40), [saver(0, "committed", 40), saver(1)], dict(exit_code=1),
         ("committed", 40, None, ["committed", contract.NOT_STARTED])),

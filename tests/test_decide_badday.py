@@ -106,6 +106,11 @@ def test_a_failed_setup_ends_the_job_as_one_failure_with_its_last_error():
      "emergency save not started: the trainer had not started its first step"),
     ({"state": "abandoned", "step": 40, "reason": "the notice budget ran out"}, 30, 1,
      "emergency save abandoned: the notice budget ran out — resumed from step 30, 1 step lost"),
+    # The large-state demo scenario's (moved down from tests/test_demo_scenarios.py): a state too large for the budget.
+    ({"state": "abandoned", "step": 162, "reason": "rank 0: deadline reached while writing step 162 (83886080 of "
+                                                   "167855780 bytes)"}, 100, 62,
+     "emergency save abandoned on rank 0: deadline reached while writing step 162 (83886080 of 167855780 bytes) — "
+     "resumed from step 100, 62 steps lost"),
     ({"state": "saving", "step": 40, "reason": None}, None, None, "emergency save did not finish before the node went"),
     (None, 30, 2, None), ({"state": "mystery"}, None, None, None),
 ])
