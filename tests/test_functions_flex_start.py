@@ -73,6 +73,8 @@ def test_spot_dry_everywhere_flex_start_trains_and_its_run_end_brings_the_job_ba
     st = _sweep_until(controller, job, lambda s: any(e["cause"] == "recovered" for e in controller.events(job)),
                       "the recovery")
     assert (st.node, st.provisioning, st.zone, st.preemptions, st.restarts) == (spot, "spot", ZONES[0], 0, 1)
+    [recovery] = [e["details"] for e in controller.events(job) if e["cause"] == "recovered"]
+    assert recovery["recovery_seconds"] > 0 and recovery["steps_lost"] == 0, recovery
     assert "WAITING_FOR_CAPACITY" not in [e["to_state"] for e in controller.events(job)]
     [recovered] = [a for a in controller.alerts(want=1) if a["type"] == "recovered"]
     said = alerts.to_slack(recovered)["text"]
