@@ -34,7 +34,7 @@ from sim.compute_global import GlobalResources
 from sim.compute_instance import (BASE, LIVE, NAME_RE, RESERVATION, Instance, check_notice_duration,
                                   check_run_duration, duration_seconds, last, match_filter, quota_model)
 from sim.compute_operations import Operation, ZoneOperations
-from sim.core import NodeRecord, compute_error, rfc3339
+from sim.core import NodeRecord, compute_error, compute_found, rfc3339
 from sim.runtime import SimRuntime
 
 SERIAL_BUFFER = 1 << 20  # bytes of serial port output Compute Engine keeps (getSerialPortOutput: "the last 1 MB")
@@ -57,10 +57,7 @@ class ComputeService:
         return f"projects/{self.rt.project}/zones/{zone}/instances/{name}"
 
     def find(self, zone: str, name: str) -> Instance:
-        inst = self.instances.get((zone, name))
-        if inst is None:
-            raise compute_error(404, "notFound", f"The resource '{self.path(zone, name)}' was not found")
-        return inst
+        return compute_found(self.instances, (zone, name), self.path(zone, name))
 
     def _new_id(self) -> str:
         return str(self._ids.randrange(10**18, 10**19))

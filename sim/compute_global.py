@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sim.compute_instance import BASE, NAME_RE
-from sim.core import SimError, compute_error
+from sim.core import SimError, compute_error, compute_found
 from sim.runtime import SimRuntime
 
 DLVM_PROJECT = "deeplearning-platform-release"
@@ -95,18 +95,11 @@ class GlobalResources:
 
     def get_firewall(self, project: str, name: str) -> dict:
         with self.rt.cond:
-            rule = self.firewalls.get((project, name))
-            if rule is None:
-                raise compute_error(404, "notFound",
-                                    f"The resource 'projects/{project}/global/firewalls/{name}' was not found")
-            return dict(rule)
+            return dict(compute_found(self.firewalls, (project, name), f"projects/{project}/global/firewalls/{name}"))
 
     def get_image(self, project: str, name: str) -> dict:
         with self.rt.cond:
-            image = self.images.get((project, name))
-            if image is None:
-                raise compute_error(404, "notFound", f"The resource 'projects/{project}/global/images/{name}' was not found")
-            return image.resource()
+            return compute_found(self.images, (project, name), f"projects/{project}/global/images/{name}").resource()
 
     def get_image_from_family(self, project: str, family: str) -> dict:
         """The newest image of the family that is not deprecated (images.getFromFamily)."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sim.compute_instance import BASE, match_filter
-from sim.core import compute_error, rfc3339
+from sim.core import compute_found, rfc3339
 from sim.runtime import SimRuntime
 
 
@@ -55,11 +55,8 @@ class ZoneOperations:
 
     def get(self, zone: str, name: str) -> dict:
         with self.rt.cond:
-            op = self.operations.get((zone, name))
-            if op is None:
-                raise compute_error(404, "notFound",
-                                    f"The resource 'projects/{self.rt.project}/zones/{zone}/operations/{name}' was not found")
-            return dict(op.body)
+            path = f"projects/{self.rt.project}/zones/{zone}/operations/{name}"
+            return dict(compute_found(self.operations, (zone, name), path).body)
 
     def wait(self, zone: str, name: str, timeout: float = 120) -> dict:
         self.get(zone, name)

@@ -31,7 +31,7 @@ from sim.storage_folders import StorageFolders
 from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES, TpuService
 
 LABEL_JOB = "respawn-job"
-CAPACITY_MODELS = ("SPOT", "STANDARD", "FLEX_START", "RESERVATION")  # RESERVATION: the zone's reservation (sim/compute.py)
+CAPACITY_MODELS = ("SPOT", "STANDARD", "FLEX_START", "RESERVATION")  # RESERVATION: the zone's reservation (sim/compute_capacity.py)
 QUOTA_MODELS = ("SPOT", "STANDARD")  # flex-start is charged to the preemptible ("SPOT") quota (gcp-facts §18)
 
 
@@ -216,7 +216,7 @@ class SimServer:
 
     def set_reservation_end(self, zone: str, accelerator_type: str, ends_at: float) -> None:
         """The zone's reservation of `accelerator_type` (set_capacity(..., provisioning_model="RESERVATION")) is in
-        calendar mode and ends at `ends_at` (wall clock, seconds since the epoch): sim/compute.py."""
+        calendar mode and ends at `ends_at` (wall clock, seconds since the epoch): sim/compute_capacity.py."""
         with self.cond:
             self.compute.checks.reservation_ends[(zone, accelerator_type)] = float(ends_at)
 

@@ -28,7 +28,7 @@ from respawn.control.observation import ABSENT, Observation
 from respawn.control.outcomes import Outcome, OutcomeKind, after_act
 from respawn.images import ImageCheck, ImageVerdict, image_help
 from respawn.schema import GpuAccelerator, SlotStatus, State, parse_spec
-from sim import compute as sim_compute
+from sim import compute_global as sim_compute
 from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory, sim_server  # noqa: F401
 from tests.deploy_fixtures import check_against_cli, cli_tree
 
@@ -72,7 +72,7 @@ def test_the_sims_image_table_is_the_facts_table():
     table = facts_table()
     documented = {f: ("ACTIVE" if state == "current" else "DEPRECATED") for f, state in table.items()
                   if state in ("current", "deprecated")}
-    assert sim_compute.IMAGE_FAMILIES == documented, "sim/compute.py IMAGE_FAMILIES differs from docs/gcp-facts.md §12"
+    assert sim_compute.IMAGE_FAMILIES == documented, "sim/compute_global.py IMAGE_FAMILIES differs from docs/gcp-facts.md §12"
     assert any(state == "retired" for state in table.values())
 
 
