@@ -31,15 +31,13 @@ import threading
 import zlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from respawn.advice import ADVICE_MODEL, gpu_of, quota_metric, zone_name
 from sim.capacity import region_of
-from sim.compute import BASE
+from sim.compute_instance import BASE
 from sim.core import compute_error
-
-if TYPE_CHECKING:
-    from sim.server import SimServer
+from sim.runtime import SimRuntime
 
 DEFAULT_OBTAINABILITY = 0.9
 LIMITED_OBTAINABILITY = 0.6
@@ -80,8 +78,8 @@ def _spot(model: str) -> None:
 
 
 class AdviceService:
-    def __init__(self, sim: "SimServer") -> None:
-        self.sim = sim
+    def __init__(self, rt: SimRuntime) -> None:
+        self.rt = rt
         self._lock = threading.Lock()
         self._set: dict[tuple[str, str], Setting] = {}
 
@@ -128,7 +126,7 @@ class AdviceService:
         for zone in zones or self._zones(region):
             obtainability, uptime = self.scores(zone, machine_type, accelerator, size)
             recs.append({"scores": {"obtainability": obtainability, "estimatedUptime": f"{uptime:g}s"},
-                         "shards": [{"zone": f"{BASE}/projects/{self.sim.project}/zones/{zone}",
+                         "shards": [{"zone": f"{BASE}/projects/{self.rt.project}/zones/{zone}",
                                      "machineType": machine_type, "provisioningModel": ADVICE_MODEL,
                                      "instanceCount": size}]})
         recs.sort(key=lambda r: -r["scores"]["obtainability"])
@@ -137,9 +135,9 @@ class AdviceService:
     def scores(self, zone: str, machine_type: str, accelerator: str, size: int = 1) -> tuple[float, float]:
         """(obtainability, estimated uptime in seconds): what was set, else what the capacity timeline says now."""
         s = self._setting(zone, machine_type)
-        t = self.sim.now()
-        limit, specific = self.sim.capacity.limit(zone, accelerator, "SPOT", t)
-        used = self.sim.usage("capacity", zone, accelerator, "SPOT" if specific else None)
+        t = self.rt.now()
+        limit, specific = self.rt.capacity.limit(zone, accelerator, "SPOT", t)
+        used = self.rt.usage("capacity", zone, accelerator, "SPOT" if specific else None)
         if s.obtainability is not None:
             obtainability = s.obtainability
         elif limit is None:
@@ -157,13 +155,13 @@ class AdviceService:
 
     def _spot_steps(self, zone: str, accelerator: str) -> list[tuple[float, int | None]]:
         """The capacity steps that bind Spot VMs of `accelerator` in `zone` (its SPOT steps, else those for all)."""
-        steps = [s for s in self.sim.capacity.snapshot() if s["scope"] == zone and s["acceleratorType"] == accelerator]
+        steps = [s for s in self.rt.capacity.snapshot() if s["scope"] == zone and s["acceleratorType"] == accelerator]
         spot = ([s for s in steps if s["provisioningModel"] == "SPOT"]
                 or [s for s in steps if s["provisioningModel"] is None])
         return [(s["at"], s["limit"]) for s in spot]
 
     def _zones(self, region: str) -> list[str]:
-        scopes = {s["scope"] for s in self.sim.capacity.snapshot()} | {z for z, _ in self._set}
+        scopes = {s["scope"] for s in self.rt.capacity.snapshot()} | {z for z, _ in self._set}
         return sorted(z for z in scopes if region_of(z) == region) or [f"{region}-a", f"{region}-b", f"{region}-c"]
 
     # --- advice.capacityHistory --------------------------------------------------------------------------------
@@ -190,7 +188,7 @@ class AdviceService:
         days = [(end - timedelta(days=HISTORY_DAYS - i), end - timedelta(days=HISTORY_DAYS - i - 1))
                 for i in range(HISTORY_DAYS)]
         types = body.get("types") or ["PREEMPTION", "PRICE"]
-        out: dict[str, Any] = {"location": f"{BASE}/projects/{self.sim.project}/zones/{zone}",
+        out: dict[str, Any] = {"location": f"{BASE}/projects/{self.rt.project}/zones/{zone}",
                                "machineType": machine_type}
         if "PREEMPTION" in types:
             out["preemptionHistory"] = [{"interval": {"startTime": _rfc3339(a), "endTime": _rfc3339(b)},
@@ -203,17 +201,17 @@ class AdviceService:
     # --- regions.get -------------------------------------------------------------------------------------------
 
     def region(self, region: str) -> dict:
-        t = self.sim.now()
+        t = self.rt.now()
         quotas = []
-        for accelerator in sorted({s["acceleratorType"] for s in self.sim.quota.snapshot() if s["scope"] == region}):
+        for accelerator in sorted({s["acceleratorType"] for s in self.rt.quota.snapshot() if s["scope"] == region}):
             for model, pool in (("spot", "SPOT"), ("standard", "STANDARD")):
                 metric = quota_metric(gpu_of(accelerator), model)
-                limit, specific = self.sim.quota.limit(region, accelerator, pool, t)
+                limit, specific = self.rt.quota.limit(region, accelerator, pool, t)
                 if metric is None or limit is None:
                     continue
-                used = self.sim.usage("quota", region, accelerator, pool if specific else None)
+                used = self.rt.usage("quota", region, accelerator, pool if specific else None)
                 quotas.append({"metric": metric, "limit": float(limit), "usage": float(used)})
         return {"kind": "compute#region", "id": str(zlib.crc32(region.encode())), "name": region, "status": "UP",
-                "description": region, "selfLink": f"{BASE}/projects/{self.sim.project}/regions/{region}",
-                "zones": [f"{BASE}/projects/{self.sim.project}/zones/{z}" for z in self._zones(region)],
+                "description": region, "selfLink": f"{BASE}/projects/{self.rt.project}/regions/{region}",
+                "zones": [f"{BASE}/projects/{self.rt.project}/zones/{z}" for z in self._zones(region)],
                 "quotas": quotas}

@@ -10,7 +10,7 @@ A step set for a provisioning model ("SPOT", "STANDARD" or, for capacity, "FLEX_
 all models (None), so a test can stock out Spot while on-demand or flex-start stays available. Flex-start VMs have
 capacity of their own but the preemptible quota: their quota steps are the "SPOT" ones (sim.compute.quota_model).
 A PENDING flex-start VM holds neither. "RESERVATION" steps are the size of the zone's specific reservation (the
-sim holds one per zone and accelerator, sim/compute.py): VMs consuming it count against them alone, and no step in
+sim holds one per zone and accelerator, sim/compute_capacity.py): VMs consuming it count against them alone, and no step in
 the zone means it has none; they are charged to no quota (the reservation holds it).
 """
 

@@ -43,6 +43,14 @@ def rpc_error(status: int, message: str, grpc_status: str | None = None) -> ApiE
                                        "status": grpc_status or GRPC_STATUS.get(status, "UNKNOWN")}})
 
 
+def compute_found(table: dict, key: tuple, path: str):
+    """table[key], or Compute Engine's 404 notFound naming `path`."""
+    item = table.get(key)
+    if item is None:
+        raise compute_error(404, "notFound", f"The resource '{path}' was not found")
+    return item
+
+
 def found(table: dict, zone: str, name: str, path: str):
     """table[(zone, name)], or the Cloud TPU API's 404 naming `path`."""
     item = table.get((zone, name))

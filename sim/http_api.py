@@ -186,7 +186,7 @@ def make_handler(sim: "SimServer"):
             return sim.compute.set_metadata(zone, name, body)
 
         def c_simulate_maintenance(self, zone, name, body, query):
-            return sim.compute.simulate_maintenance_event(zone, name)
+            return sim.compute.events.simulate_maintenance_event(zone, name)
 
         def c_serial(self, zone, name, body, query):
             return sim.compute.serial_port_output(zone, name, int(query.get("port", 1)), int(query.get("start", 0)))
@@ -205,22 +205,22 @@ def make_handler(sim: "SimServer"):
             return machine_catalog.tpu_type(sim.project, zone, accelerator_type)
 
         def c_ops(self, zone, body, query):
-            return sim.compute.list_operations(zone, query.get("filter"))
+            return sim.compute.operations.list(zone, query.get("filter"))
 
         def c_op(self, zone, op, body, query):
-            return sim.compute.get_operation(zone, op)
+            return sim.compute.operations.get(zone, op)
 
         def c_wait(self, zone, op, body, query):
-            return sim.compute.wait_operation(zone, op)
+            return sim.compute.operations.wait(zone, op)
 
         def c_image(self, image_project, image, body, query):
-            return sim.compute.get_image(image_project, image)
+            return sim.compute.global_resources.get_image(image_project, image)
 
         def c_image_family(self, image_project, family, body, query):
-            return sim.compute.get_image_from_family(image_project, family)
+            return sim.compute.global_resources.get_image_from_family(image_project, family)
 
         def c_firewall(self, fw_project, firewall, body, query):
-            return sim.compute.get_firewall(fw_project, firewall)
+            return sim.compute.global_resources.get_firewall(fw_project, firewall)
 
         def c_advice_capacity(self, region, body, query):
             return sim.advice.capacity(region, body)
@@ -322,13 +322,13 @@ def make_handler(sim: "SimServer"):
             return {}
 
         def s_images(self, body, query):
-            sim.compute.add_image(body["project"], body["name"], family=body.get("family"),
-                                  deprecated=body.get("deprecated", "ACTIVE"))
+            sim.compute.global_resources.add_image(body["project"], body["name"], family=body.get("family"),
+                                                   deprecated=body.get("deprecated", "ACTIVE"))
             return {}
 
         def s_firewalls(self, body, query):
-            sim.compute.add_firewall(body["project"], body["name"], service_account=body["service_account"],
-                                     network=body.get("network", "default"), disabled=bool(body.get("disabled")))
+            sim.compute.global_resources.add_firewall(body["project"], body["name"], service_account=body["service_account"],
+                                                      network=body.get("network", "default"), disabled=bool(body.get("disabled")))
             return {}
 
         def s_advice(self, body, query):
@@ -338,7 +338,7 @@ def make_handler(sim: "SimServer"):
             return {}
 
         def b_skus(self, service, body, query):
-            return sim.catalog_page(service, int(query.get("pageSize", 5000)), query.get("pageToken", ""))
+            return sim.catalog.page(service, int(query.get("pageSize", 5000)), query.get("pageToken", ""))
 
         def s_catalog(self, body, query):
             sim.set_catalog(body["service"], body["skus"])

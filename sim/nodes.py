@@ -79,6 +79,13 @@ class NodeRuntime:
         self.boot_id: str | None = None
         self._lock = threading.Lock()
 
+    def snapshot(self, kind: str, zone: str, name: str, status: str, labels: dict, attributes: dict) -> dict:
+        """What SimServer.instances() lists of the node this runtime is (a TPU node's: of one of its workers)."""
+        return {"kind": kind, "zone": zone, "name": name, "status": status, "labels": dict(labels),
+                "attributes": attributes, "nodeDir": str(self.directory),
+                "metadataHost": self.metadata.host if self.metadata else None,
+                "pid": self.pid, "processRunning": self.running()}
+
     def set_attributes(self, removed: set[str], values: dict[str, str]) -> None:
         """The node's metadata attributes changed: `removed` gone, `values` set. A running node's metadata server
         serves them at once (waking its hanging GETs); a node not booted yet gets them at boot."""

@@ -12,30 +12,26 @@ See sim/README.md for the whole surface, the HTTP control API and the Compute cl
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from sim.advice import AdviceService
-from sim.capacity import Timeline
+from sim.billing_catalog import BillingCatalog
 from sim.compute import ComputeService
-from sim.core import NodeAddresses, NodeRecord, Scheduler, SimError
+from sim.core import SimError
 from sim.http_api import make_handler
 from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
 from sim.cloud_logging import CloudLogging
 from sim.monitoring import Monitoring
-from sim.netns import Host, Network
 from sim.node_containers import NodeContainers
-from sim.nodes import NodeRuntime
+from sim.runtime import SimRuntime, on_runtime
 from sim.storage_folders import StorageFolders
 from sim.tpu import ENDPOINT_FORMATS, ENDPOINTS_HOSTNAMES, TpuService
 
 LABEL_JOB = "respawn-job"
-CAPACITY_MODELS = ("SPOT", "STANDARD", "FLEX_START", "RESERVATION")  # RESERVATION: the zone's reservation (sim/compute.py)
+CAPACITY_MODELS = ("SPOT", "STANDARD", "FLEX_START", "RESERVATION")  # RESERVATION: the zone's reservation (sim/compute_capacity.py)
 QUOTA_MODELS = ("SPOT", "STANDARD")  # flex-start is charged to the preemptible ("SPOT") quota (gcp-facts §18)
 
 
@@ -47,6 +43,12 @@ def _check_model(model: str | None, allowed: tuple[str, ...], what: str) -> None
 
 
 class SimServer:
+    # The runtime's state and settings (sim/runtime.py), as the server's own attributes: read and written there.
+    project, cond, capacity, quota, records, audit_log, audit_sink, scheduler, addresses = on_runtime(9)
+    notice_seconds, op_delay, metadata_op_delay, delete_grace, audit_timing, run_duration_scale = on_runtime(6)
+    flex_start_insert, tpu_endpoints, boot_command, node_env, node_containers, metadata_servers = on_runtime(6)
+    nodes_root, network, network_mode = on_runtime(3)
+
     def __init__(
         self,
         project: str,
@@ -110,58 +112,39 @@ class SimServer:
             raise ValueError(f"run_duration_scale must be > 0, not {run_duration_scale!r}")
         if audit_timing not in ("start", "end"):
             raise ValueError(f"audit_timing must be 'start' or 'end', not {audit_timing!r}")
-        self.project = project
-        self.metadata_servers = metadata_servers
-        self.notice_seconds = float(notice_seconds)
-        self.op_delay = float(op_delay)
-        self.metadata_op_delay = self.op_delay if metadata_op_delay is None else float(metadata_op_delay)
-        self.boot_command = list(boot_command) if boot_command else None
-        self.node_env = dict(node_env or {})
-        self.node_containers = node_containers
-        self._own_root = nodes_root is None
-        self.nodes_root = Path(nodes_root).resolve() if nodes_root is not None else None  # nodes run in their own cwd
-        self.audit_sink = audit_sink
-        self.delete_grace = float(delete_grace) if delete_grace is not None else min(self.notice_seconds, 5.0)
-        self.audit_timing = audit_timing
-        self.run_duration_scale = float(run_duration_scale)
-        self.flex_start_insert = flex_start_insert
-        self.network_mode = network
-        self.tpu_endpoints = tpu_endpoints
-        self.network: Network | None = None  # netns mode, from start() to stop()
+        notice_seconds, op_delay = float(notice_seconds), float(op_delay)
+        # What the services share of the sim, and all they know of it (sim/runtime.py): they hold no SimServer.
+        self.runtime = SimRuntime(
+            project, notice_seconds=notice_seconds, op_delay=op_delay,
+            metadata_op_delay=op_delay if metadata_op_delay is None else float(metadata_op_delay),
+            delete_grace=float(delete_grace) if delete_grace is not None else min(notice_seconds, 5.0),
+            audit_timing=audit_timing, run_duration_scale=float(run_duration_scale),
+            flex_start_insert=flex_start_insert, tpu_endpoints=tpu_endpoints,
+            boot_command=list(boot_command) if boot_command else None, node_env=dict(node_env or {}),
+            nodes_root=nodes_root, audit_sink=audit_sink, network_mode=network, metadata_servers=metadata_servers,
+            node_containers=node_containers)
         self._port = port
-        self.cond = threading.Condition(threading.RLock())
-        self.capacity = Timeline()
-        self.quota = Timeline()
-        self.records: list[NodeRecord] = []
-        self.audit_log: list[dict] = []
         self.api_faults = {"rate": 0.0, "count": 0, "status": 503, "methods": (), "nodes": (), "after": False}
-        self._held: dict[str, list[tuple[float, Any, tuple]]] = {}  # zone → its operations' steps waiting
         self._rng = random.Random(seed)
-        self.addresses = NodeAddresses()
-        self.compute = ComputeService(self)
-        self.tpu = TpuService(self)
-        self.storage_folders = StorageFolders(self)
-        self.advice = AdviceService(self)
+        self.compute = ComputeService(self.runtime)
+        self.tpu = TpuService(self.runtime)
+        self.runtime.count_usage(self.compute.usage)
+        self.runtime.count_usage(self.tpu.usage)
+        self.storage_folders = StorageFolders()
+        self.advice = AdviceService(self.runtime)
         self.monitoring = Monitoring()  # Cloud Monitoring's timeSeries.create: what the controller wrote
         # Cloud Logging's entries.write: what the node agents (and the self-test) wrote, routed through the sink
         self.cloud_logging = CloudLogging(sink=audit_sink)
-        self.catalog: dict[str, list[dict]] = {}  # Cloud Billing Catalog: service id → its SKUs (set_catalog)
-        self._t0 = time.monotonic()
+        self.catalog = BillingCatalog()  # Cloud Billing Catalog: service id → its SKUs (set_catalog)
         self._http: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self.scheduler: Scheduler | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     def start(self) -> "SimServer":
-        if self._own_root:
-            self.nodes_root = Path(tempfile.mkdtemp(prefix="respawn-sim-nodes-"))
-        self.nodes_root.mkdir(parents=True, exist_ok=True)
-        if self.network_mode == "netns":
-            self.network = Network()
-        self.scheduler = Scheduler()
-        self._t0 = time.monotonic()
+        self.runtime.start()
         self._http = LoopbackHTTPServer(self._port, make_handler(self))
+        self.runtime.endpoint = self.endpoint
         self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, name="sim-http", daemon=True)
         self._thread.start()
         return self
@@ -173,18 +156,14 @@ class SimServer:
             self._http.server_close()
             self._thread.join(timeout=5)
             self._http = None
-        if self.scheduler is not None:
-            self.scheduler.stop()
+            self.runtime.endpoint = None
+        self.runtime.stop_scheduler()
         with self.cond:
             runtimes = [i.runtime for i in self.compute.instances.values()] + [
                 r for n in self.tpu.nodes.values() for r in n.runtimes]
         for runtime in runtimes:
             runtime.crash()
-        if self.network is not None:  # every namespace, veth, relay and the bridge
-            self.network.close()
-            self.network = None
-        if self._own_root and self.nodes_root is not None:
-            shutil.rmtree(self.nodes_root, ignore_errors=True)
+        self.runtime.close()
 
     def __enter__(self) -> "SimServer":
         return self.start()
@@ -204,49 +183,9 @@ class SimServer:
 
     def now(self) -> float:
         """Seconds on the sim clock (since start()); capacity timelines and node history use it."""
-        return time.monotonic() - self._t0
+        return self.runtime.now()
 
-    # --- used by the services -------------------------------------------------------------------------------
-
-    def new_hosts(self, name: str, count: int = 1, hostnames: list[str] | None = None) -> list[tuple[str, Host | None]]:
-        """The address of each of a new node's `count` VMs (host 0 first), with its namespace in netns mode, where
-        each VM's hostname (`hostnames[i]`; default the node's name) resolves to its address on every VM of the
-        node, as a VPC's internal DNS resolves VM names."""
-        if self.network is None:
-            return [(a, None) for a in self.addresses.take(count)]
-        names = hostnames or [name if count == 1 else f"{name}-w{i}" for i in range(count)]
-        hosts = [self.network.add_host(n) for n in names]
-        self.network.resolve_each_other(hosts)
-        return [(h.address, h) for h in hosts]
-
-    def make_runtime(self, kind: str, zone: str, name: str, metadata_kwargs: dict, *,
-                     directory_name: str | None = None, host: Host | None = None) -> NodeRuntime:
-        # Its agent writes Cloud Logging entries here (node_agent/cloudlog.py), as it would to logging.googleapis.com.
-        env = {"RESPAWN_LOGGING_HOST": self.endpoint, **self.node_env}
-        return NodeRuntime(directory=self.nodes_root / kind / zone / (directory_name or name), boot_command=self.boot_command,
-                           node_env=env, metadata_kwargs=metadata_kwargs, network=self.network, host=host,
-                           metadata_server=self.metadata_servers, containers=self.node_containers)
-
-    def usage(self, what: str, scope: str, accelerator: str, model: str | None) -> int:
-        by_region = what == "quota"
-        return (self.compute.usage(scope, accelerator, model, by_region)
-                + self.tpu.usage(scope, accelerator, model, by_region))
-
-    def emit(self, entry: dict) -> None:
-        """Write one LogEntry: kept in `audit_log` and handed to the audit sink (never under the state lock)."""
-        with self.cond:
-            self.audit_log.append(entry)
-        if self.audit_sink is not None:
-            self.audit_sink(entry)
-
-    def op_step(self, zone: str, delay: float, fn, *args) -> None:
-        """The next step of a create or start operation in `zone` (a refusal's too), `delay` seconds from now, or
-        when hold_operations(zone) is lifted."""
-        with self.cond:
-            if zone in self._held:
-                self._held[zone].append((delay, fn, args))
-                return
-        self.scheduler.call_later(delay, fn, *args)
+    # --- the HTTP API's faults --------------------------------------------------------------------------------
 
     def take_api_fault(self, method: str, node: str | None = None) -> bool:
         with self.cond:
@@ -277,9 +216,9 @@ class SimServer:
 
     def set_reservation_end(self, zone: str, accelerator_type: str, ends_at: float) -> None:
         """The zone's reservation of `accelerator_type` (set_capacity(..., provisioning_model="RESERVATION")) is in
-        calendar mode and ends at `ends_at` (wall clock, seconds since the epoch): sim/compute.py."""
+        calendar mode and ends at `ends_at` (wall clock, seconds since the epoch): sim/compute_capacity.py."""
         with self.cond:
-            self.compute.reservation_ends[(zone, accelerator_type)] = float(ends_at)
+            self.compute.checks.reservation_ends[(zone, accelerator_type)] = float(ends_at)
 
     def set_quota(self, region: str, accelerator_type: str, limit: int | None = None, at: float | None = None,
                   provisioning_model: str | None = None) -> None:
@@ -298,18 +237,7 @@ class SimServer:
     def set_catalog(self, service: str, skus: list[dict]) -> None:
         """The SKUs the Cloud Billing Catalog serves for `service` (e.g. respawn.prices.COMPUTE_SERVICE), in the
         documented shape (respawn.prices.catalog_skus makes them); none set: an empty list."""
-        with self.cond:
-            self.catalog[service] = list(skus)
-
-    def catalog_page(self, service: str, page_size: int, token: str) -> dict:
-        """services.skus.list: one page of `page_size` SKUs from `token` (an offset), with nextPageToken while more
-        are left (gcp-facts §24)."""
-        with self.cond:
-            skus = self.catalog.get(service, [])
-        start = int(token or 0)
-        page = skus[start:start + max(page_size, 1)]
-        end = start + len(page)
-        return {"skus": page, "nextPageToken": str(end) if end < len(skus) else ""}
+        self.catalog.set(service, skus)
 
     def set_api_faults(self, rate: float = 0.0, count: int = 0, status: int = 503,
                        methods: tuple[str, ...] = ("insert", "create"), nodes: tuple[str, ...] = (),
@@ -325,15 +253,11 @@ class SimServer:
     def hold_operations(self, zone: str) -> None:
         """Create and start operations in `zone` (Compute and TPU) stop where they are: the node stays PROVISIONING
         or CREATING and the operation pending, as a slow create does, until release_operations(zone)."""
-        with self.cond:
-            self._held.setdefault(zone, [])
+        self.runtime.hold(zone)
 
     def release_operations(self, zone: str) -> None:
         """Let the held operations of `zone` go on, each step its own delay from now."""
-        with self.cond:
-            steps = self._held.pop(zone, [])
-        for delay, fn, args in steps:
-            self.scheduler.call_later(delay, fn, *args)
+        self.runtime.release(zone)
 
     def _kind(self, zone: str, name: str) -> str:
         with self.cond:
@@ -349,7 +273,7 @@ class SimServer:
         TERMINATED (termination action STOP), deleted (DELETE), or PREEMPTED (TPU); audit entries follow.
         A FLEX_START VM is never preempted: SimError."""
         if self._kind(zone, name) == "instance":
-            self.compute.preempt(zone, name)
+            self.compute.events.preempt(zone, name)
         else:
             self.tpu.preempt(zone, name)
 
@@ -358,7 +282,7 @@ class SimServer:
         restarted, for a non-Spot instance with automaticRestart)."""
         if self._kind(zone, name) != "instance":
             raise SimError(f"host_error applies to Compute instances; {zone}/{name} is a TPU node: use preempt()")
-        self.compute.host_error(zone, name)
+        self.compute.events.host_error(zone, name)
 
     def partition(self, zone: str, name: str, heal: bool = False) -> None:
         """Cut the node (every worker of a TPU slice) off from every other node while it keeps running and
@@ -377,7 +301,7 @@ class SimServer:
 
     def maintenance_event(self, zone: str, name: str, value: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
         if self._kind(zone, name) == "instance":
-            self.compute.maintenance_event(zone, name, value)
+            self.compute.events.maintenance_event(zone, name, value)
         else:
             self.tpu.maintenance_event(zone, name, value)
 
@@ -387,30 +311,7 @@ class SimServer:
         """Every existing Compute instance and TPU node: kind, zone, name, status, labels, attributes, node dir,
         metadata host, process id and the service account it runs as."""
         with self.cond:
-            out = []
-            for i in self.compute.instances.values():
-                snap = self._snap("instance", i.zone, i.name, i.status, i.body.get("labels", {}), i.runtime,
-                                  {it["key"]: it.get("value", "") for it in i.body["metadata"]["items"]})
-                snap.update(id=i.id, address=i.body["networkInterfaces"][0]["networkIP"],
-                            service_account=(i.body.get("serviceAccounts") or [{}])[0].get("email"))
-                out.append(snap)
-            for n in self.tpu.nodes.values():
-                snap = self._snap("tpu", n.zone, n.name, n.state, n.body.get("labels", {}), n.runtime,
-                                  dict(n.body.get("metadata", {})))
-                snap["service_account"] = (n.body.get("serviceAccount") or {}).get("email")
-                # The top-level fields are worker 0's; every worker VM of the slice, worker 0 first:
-                snap["workers"] = [{**self._snap("worker", n.zone, w, n.state, {}, r, {}), "worker": i,
-                                    "ipAddress": ip}
-                                   for i, (w, r, ip) in enumerate(zip(n.workers, n.runtimes, n.addresses))]
-                out.append(snap)
-            return out
-
-    @staticmethod
-    def _snap(kind, zone, name, status, labels, runtime: NodeRuntime, attributes) -> dict:
-        return {"kind": kind, "zone": zone, "name": name, "status": status, "labels": dict(labels),
-                "attributes": attributes, "nodeDir": str(runtime.directory),
-                "metadataHost": runtime.metadata.host if runtime.metadata else None,
-                "pid": runtime.pid, "processRunning": runtime.running()}
+            return self.compute.snapshots() + self.tpu.snapshots()
 
     def live_nodes(self, job: str | None = None, label: str = LABEL_JOB) -> list[dict]:
         """Nodes holding hardware now (PROVISIONING..STOPPING, CREATING/READY/DELETING), optionally of one job."""
@@ -430,9 +331,7 @@ class SimServer:
         """Every Cloud TPU queued resource that exists now (any state: each holds quota), optionally of one job (by
         its node's label): zone, name, state, stateInitiator, nodeId, labels."""
         with self.cond:
-            out = [{"zone": r.zone, "name": r.name, "state": r.state, "nodeId": r.node_id,
-                    "stateInitiator": r.body["state"].get("stateInitiator"), "labels": dict(r.record.labels)}
-                   for r in self.tpu.queued.requests.values()]
+            out = self.tpu.queued.snapshots()
         return [q for q in out if job is None or q["labels"].get(label) == job]
 
     def request_history(self) -> list[dict]:
@@ -448,7 +347,7 @@ class SimServer:
         """The node's disk; for a multi-host TPU node, worker `worker`'s (worker 0's is the node's)."""
         if self._kind(zone, name) == "instance":
             return self.nodes_root / "compute" / zone / name
-        return self._tpu_runtime(zone, name, worker).directory
+        return self.tpu.worker_runtime(zone, name, worker).directory
 
     def metadata_server(self, zone: str, name: str, worker: int = 0) -> MetadataServer | None:
         """The running node's metadata server (None while it is not running); a TPU node's worker `worker`'s."""
@@ -456,24 +355,9 @@ class SimServer:
             node = self.compute.instances.get((zone, name))
             if node is not None:
                 return node.runtime.metadata
-            return self._tpu_runtime(zone, name, worker).metadata
+            return self.tpu.worker_runtime(zone, name, worker).metadata
 
-    def _tpu_runtime(self, zone: str, name: str, worker: int):
-        with self.cond:
-            node = self.tpu.nodes.get((zone, name))
-            if node is None:
-                raise SimError(f"no instance or TPU node named {name!r} in zone {zone}")
-            if not 0 <= worker < len(node.runtimes):
-                raise SimError(f"TPU node {zone}/{name} has {len(node.runtimes)} worker(s); there is no worker {worker}")
-            return node.runtimes[worker]
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
-        """Poll `predicate` until true; raises TimeoutError naming `what` (for tests and the demo)."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"sim: {what} did not happen within {timeout} s")
-            time.sleep(0.02)
+    wait_for = staticmethod(SimRuntime.wait_for)  # poll a predicate until true (for tests and the demo)
 
     def status_of(self, zone: str, name: str) -> str | None:
         """The current status/state of an instance or TPU node; None if it does not exist."""

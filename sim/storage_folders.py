@@ -8,17 +8,12 @@ that has one is read only at optionsRequestedPolicyVersion 3 and set only as ver
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 from sim.core import ApiError, compute_error, rfc3339
 
-if TYPE_CHECKING:
-    from sim.server import SimServer
-
 
 class StorageFolders:
-    def __init__(self, sim: "SimServer") -> None:
-        self.sim = sim
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.folders: dict[tuple[str, str], dict] = {}  # (bucket, folder name "a/b/") → {"policy": {...}, "etag": n}
         self.forbidden: set[str] = set()  # buckets the controller holds no grant on (forbid())

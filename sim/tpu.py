@@ -26,7 +26,6 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from respawn import contract
 from respawn.topology import tpu_hosts
@@ -35,10 +34,8 @@ from sim import audit_entries
 from sim.capacity import region_of
 from sim.core import NodeRecord, SimError, found, rfc3339, rpc_error
 from sim.nodes import NodeRuntime
+from sim.runtime import SimRuntime
 from sim.tpu_queued import QueuedResources
-
-if TYPE_CHECKING:
-    from sim.server import SimServer
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 LIVE = ("CREATING", "READY", "DELETING")
@@ -120,30 +117,30 @@ class Operation:
 
 
 class TpuService:
-    def __init__(self, sim: "SimServer") -> None:
-        self.sim = sim
+    def __init__(self, rt: SimRuntime) -> None:
+        self.rt = rt
         self.nodes: dict[tuple[str, str], Node] = {}
         self.operations: dict[str, Operation] = {}
         self._ids = random.Random(2)
-        self.queued = QueuedResources(self)
+        self.queued = QueuedResources(rt, self)
 
     def _path(self, zone: str, name: str) -> str:
-        return f"projects/{self.sim.project}/locations/{zone}/nodes/{name}"
+        return f"projects/{self.rt.project}/locations/{zone}/nodes/{name}"
 
     def _get(self, zone: str, name: str) -> Node:
         return found(self.nodes, zone, name, self._path(zone, name))
 
-    def _new_op(self, zone: str, verb: str, target: str) -> Operation:
-        name = f"projects/{self.sim.project}/locations/{zone}/operations/operation-{int(time.time() * 1000)}-{self._ids.getrandbits(48):012x}"
+    def new_op(self, zone: str, verb: str, target: str) -> Operation:
+        name = f"projects/{self.rt.project}/locations/{zone}/operations/operation-{int(time.time() * 1000)}-{self._ids.getrandbits(48):012x}"
         op = Operation({"name": name, "done": False, "metadata": {
             "@type": METADATA_TYPE, "createTime": rfc3339(), "target": target, "verb": verb, "apiVersion": "v2"}})
         self.operations[name] = op
         return op
 
-    def _finish(self, op: Operation | None, *, response: dict | None = None, error: dict | None = None) -> None:
+    def finish(self, op: Operation | None, *, response: dict | None = None, error: dict | None = None) -> None:
         if op is None:  # a queued resource's node: its request has no operation of its own for it
             return
-        with self.sim.cond:
+        with self.rt.cond:
             op.body["done"] = True
             op.body["metadata"]["endTime"] = rfc3339()
             if error is not None:
@@ -151,7 +148,7 @@ class TpuService:
             else:
                 op.body["response"] = response or {"@type": "type.googleapis.com/google.protobuf.Empty"}
             op.done.set()
-            self.sim.cond.notify_all()
+            self.rt.cond.notify_all()
 
     def _set_state(self, node: Node, state: str) -> None:
         # Deleting holds what the node held: nothing after PREEMPTED or STOPPED, and a second delete changes nothing.
@@ -159,7 +156,7 @@ class TpuService:
         live = held if state == "DELETING" else state in LIVE
         node.body["state"] = state
         node.gen += 1
-        node.record.transition(self.sim.now(), state, live)
+        node.record.transition(self.rt.now(), state, live)
 
     def _refusal(self, zone: str, accelerator: str, model: str) -> dict | None:
         return self.quota_refusal(zone, accelerator, model) or self.capacity_refusal(zone, accelerator, model)
@@ -167,8 +164,8 @@ class TpuService:
     def quota_refusal(self, zone: str, accelerator: str, model: str) -> dict | None:
         """The operation error of a create that would go past the region's quota (None: within it)."""
         region = region_of(zone)
-        limit, specific = self.sim.quota.limit(region, accelerator, model, self.sim.now())
-        if limit is not None and self.sim.usage("quota", region, accelerator, model if specific else None) + 1 > limit:
+        limit, specific = self.rt.quota.limit(region, accelerator, model, self.rt.now())
+        if limit is not None and self.rt.usage("quota", region, accelerator, model if specific else None) + 1 > limit:
             kind = "Preemptible" if model == "SPOT" else ""
             return {"code": 8, "message": f"Quota 'TPU{kind}PerProjectPerRegionForTPUAPI' exhausted. "
                                           f"Limit {limit} in region {region}"}
@@ -176,8 +173,8 @@ class TpuService:
 
     def capacity_refusal(self, zone: str, accelerator: str, model: str) -> dict | None:
         """The operation error of a create the zone has no hardware for now (None: it has)."""
-        limit, specific = self.sim.capacity.limit(zone, accelerator, model, self.sim.now())
-        if limit is not None and self.sim.usage("capacity", zone, accelerator, model if specific else None) + 1 > limit:
+        limit, specific = self.rt.capacity.limit(zone, accelerator, model, self.rt.now())
+        if limit is not None and self.rt.usage("capacity", zone, accelerator, model if specific else None) + 1 > limit:
             eid = f"0x{self._ids.getrandbits(64):016x}"
             return {"code": 8, "message": f'There is no more capacity in the zone "{zone}"; you can try in another '
                                           "zone where Cloud TPU Nodes are offered (see "
@@ -208,19 +205,19 @@ class TpuService:
 
     def create(self, zone: str, node_id: str, body: dict) -> dict:
         accelerator, hosts = self.validate(node_id, body)
-        with self.sim.cond:
+        with self.rt.cond:
             if (zone, node_id) in self.nodes:
                 raise rpc_error(409, f"Resource '{self._path(zone, node_id)}' already exists")
             sched = body.get("schedulingConfig") or {}
             model = "SPOT" if sched.get("spot") or sched.get("preemptible") else "STANDARD"
-            op = self._new_op(zone, "create", self._path(zone, node_id))
+            op = self.new_op(zone, "create", self._path(zone, node_id))
             refusal = self._refusal(zone, accelerator, model)
             if refusal:
-                self.sim.op_step(zone, self.sim.op_delay, lambda: self._finish(op, error=refusal))
+                self.rt.op_step(zone, self.rt.op_delay, lambda: self.finish(op, error=refusal))
                 return dict(op.body)
             self.make_node(zone, node_id, body, accelerator, hosts, model, op)
-        self.sim.emit(audit_entries.activity("google.cloud.tpu.v2.Tpu.CreateNode", project=self.sim.project,
-                                             resource_name=self._path(zone, node_id), service="tpu.googleapis.com"))
+        self.rt.emit(audit_entries.activity("google.cloud.tpu.v2.Tpu.CreateNode", project=self.rt.project,
+                                            resource_name=self._path(zone, node_id), service="tpu.googleapis.com"))
         return dict(op.body)
 
     def make_node(self, zone: str, node_id: str, body: dict, accelerator: str, hosts: int, model: str,
@@ -237,34 +234,34 @@ class TpuService:
         })
         if request is not None:
             resource["queuedResource"] = request
-        workers = [worker_name(self.sim.project, zone, node_id, w) for w in range(hosts)]
+        workers = [worker_name(self.rt.project, zone, node_id, w) for w in range(hosts)]
         worker_ids = [str(self._ids.randrange(10**18, 10**19)) for _ in range(hosts)]
-        addresses, vms = map(list, zip(*self.sim.new_hosts(node_id, hosts, workers)))
-        fmt = self.sim.tpu_endpoints
-        names = workers if self.sim.network is not None or fmt == ENDPOINTS_TRIPLES else addresses
+        addresses, vms = map(list, zip(*self.rt.new_hosts(node_id, hosts, workers)))
+        fmt = self.rt.tpu_endpoints
+        names = workers if self.rt.network is not None or fmt == ENDPOINTS_TRIPLES else addresses
         endpoints = format_worker_endpoints(list(zip(names, worker_ids, addresses)), fmt)
-        record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.sim.now())
+        record = NodeRecord("tpu", zone, node_id, dict(resource["labels"]), accelerator, model, self.rt.now())
         runtimes = []
         for w in range(hosts):
             # What Cloud TPU adds to each worker VM's metadata, a single host's too (worker 0 of one endpoint).
             attributes = dict(resource["metadata"])
             attributes.update({contract.ATTR_ACCELERATOR_TYPE: accelerator, contract.ATTR_WORKER_NUMBER: str(w),
                                contract.ATTR_WORKER_ENDPOINTS: endpoints})
-            runtimes.append(self.sim.make_runtime("tpu", zone, node_id, {
-                "name": workers[w], "zone": zone, "project": self.sim.project, "instance_id": worker_ids[w],
+            runtimes.append(self.rt.node_runtime("tpu", zone, node_id, {
+                "name": workers[w], "zone": zone, "project": self.rt.project, "instance_id": worker_ids[w],
                 "machine_type": "tpu-vm", "attributes": attributes}, directory_name=_worker_dir(node_id, w), host=vms[w]))
         node = Node(zone, node_id, resource, record, runtimes, accelerator, model, workers, worker_ids, addresses,
                     request=request)
         self.nodes[(zone, node_id)] = node
-        self.sim.records.append(record)
+        self.rt.records.append(record)
         self._set_state(node, "CREATING")
-        self.sim.op_step(zone, self.sim.op_delay * 2, self._to_ready, node, node.gen, op)
+        self.rt.op_step(zone, self.rt.op_delay * 2, self._to_ready, node, node.gen, op)
         return node
 
     def _to_ready(self, node: Node, gen: int, op: Operation | None) -> None:
-        with self.sim.cond:
+        with self.rt.cond:
             if node.gen != gen or self.nodes.get((node.zone, node.name)) is not node:
-                self._finish(op, error={"code": 10, "message": "The node was deleted while it was being created"})
+                self.finish(op, error={"code": 10, "message": "The node was deleted while it was being created"})
                 return
             self._set_state(node, "READY")
             node.body["networkEndpoints"] = [{"ipAddress": ip, "port": ENDPOINT_PORT} for ip in node.addresses]
@@ -274,10 +271,10 @@ class TpuService:
             response = {"@type": NODE_TYPE, **node.body}
             if node.request is not None:
                 self.queued.node_ready(node)
-        self._finish(op, response=response)
+        self.finish(op, response=response)
 
     def get(self, zone: str, name: str) -> dict:
-        with self.sim.cond:
+        with self.rt.cond:
             return dict(self._get(zone, name).body)
 
     def update(self, zone: str, name: str, body: dict, mask: str) -> dict:
@@ -286,49 +283,49 @@ class TpuService:
         fields = {f.strip() for f in mask.split(",") if f.strip()}
         if fields != {"metadata"}:
             raise rpc_error(400, f"Invalid update mask {mask!r}: the sim updates metadata only")
-        with self.sim.cond:
+        with self.rt.cond:
             node = self._get(zone, name)
             before, after = dict(node.body.get("metadata") or {}), dict(body.get("metadata") or {})
             node.body["metadata"] = after
             for runtime in node.runtimes:  # each keeps what Cloud TPU adds (worker number, endpoints)
                 runtime.set_attributes(before.keys() - after.keys(), after)
-            op = self._new_op(zone, "update", self._path(zone, name))
-            self.sim.op_step(zone, self.sim.op_delay, lambda: self._finish(op, response={"@type": NODE_TYPE,
-                                                                                        **node.body}))
+            op = self.new_op(zone, "update", self._path(zone, name))
+            self.rt.op_step(zone, self.rt.op_delay, lambda: self.finish(op, response={"@type": NODE_TYPE,
+                                                                                      **node.body}))
         return dict(op.body)
 
     def list(self, zone: str) -> dict:
-        with self.sim.cond:
+        with self.rt.cond:
             return {"nodes": [dict(n.body) for (z, _), n in sorted(self.nodes.items()) if z == zone]}
 
     def delete(self, zone: str, name: str) -> dict:
-        with self.sim.cond:
+        with self.rt.cond:
             node = self._get(zone, name)
-            op = self._new_op(zone, "delete", self._path(zone, name))
+            op = self.new_op(zone, "delete", self._path(zone, name))
             self._set_state(node, "DELETING")
             pending = node.shutdown
             threading.Thread(target=self._delete, args=(node, op, pending), name=f"tpu-delete-{name}", daemon=True).start()
-        self.sim.emit(audit_entries.activity("google.cloud.tpu.v2.Tpu.DeleteNode", project=self.sim.project,
-                                             resource_name=self._path(zone, name), service="tpu.googleapis.com"))
+        self.rt.emit(audit_entries.activity("google.cloud.tpu.v2.Tpu.DeleteNode", project=self.rt.project,
+                                            resource_name=self._path(zone, name), service="tpu.googleapis.com"))
         return dict(op.body)
 
     def _delete(self, node: Node, op: Operation, pending: threading.Thread | None) -> None:
         if pending is not None:
             pending.join()
-        _each(node.runtimes, NodeRuntime.power_off, self.sim.delete_grace)
+        _each(node.runtimes, NodeRuntime.power_off, self.rt.delete_grace)
         _each(node.runtimes, NodeRuntime.destroy)
-        time.sleep(self.sim.op_delay)
-        with self.sim.cond:
+        time.sleep(self.rt.op_delay)
+        with self.rt.cond:
             if self.nodes.get((node.zone, node.name)) is node:
                 del self.nodes[(node.zone, node.name)]
                 node.gen += 1
-                node.record.deleted(self.sim.now())
+                node.record.deleted(self.rt.now())
                 if node.request is not None:
                     self.queued.node_deleted(node)
-        self._finish(op)
+        self.finish(op)
 
     def get_operation(self, name: str) -> dict:
-        with self.sim.cond:
+        with self.rt.cond:
             op = self.operations.get(name)
             if op is None:
                 raise rpc_error(404, f"Operation '{name}' was not found")
@@ -337,7 +334,7 @@ class TpuService:
     # --- system events ----------------------------------------------------------------------------------------
 
     def preempt(self, zone: str, name: str, reason: str = "PREEMPTED") -> None:
-        with self.sim.cond:
+        with self.rt.cond:
             node = self.nodes.get((zone, name))
             if node is None or node.state not in ("CREATING", "READY"):
                 raise SimError(f"cannot preempt TPU node {zone}/{name}: it is "
@@ -348,19 +345,19 @@ class TpuService:
             gen = node.gen
             # One tpu.nodes.terminate for the node, one compute.instances.preempted per worker VM (as on Google Cloud).
             entries = [
-                audit_entries.tpu_node_terminate(project=self.sim.project, zone=zone, node_name=name, reason=reason),
-                *(audit_entries.compute_system_event("compute.instances.preempted", project=self.sim.project,
+                audit_entries.tpu_node_terminate(project=self.rt.project, zone=zone, node_name=name, reason=reason),
+                *(audit_entries.compute_system_event("compute.instances.preempted", project=self.rt.project,
                                                      zone=zone, instance_name=w, instance_id=i)
                   for w, i in zip(node.workers, node.worker_ids)),
             ]
-            early = self.sim.audit_timing == "start"
+            early = self.rt.audit_timing == "start"
         if early:
             for e in entries:
-                self.sim.emit(e)
+                self.rt.emit(e)
 
         def run():
-            _each(node.runtimes, NodeRuntime.power_off, self.sim.notice_seconds)
-            with self.sim.cond:
+            _each(node.runtimes, NodeRuntime.power_off, self.rt.notice_seconds)
+            with self.rt.cond:
                 if self.nodes.get((zone, name)) is node and node.gen == gen:
                     self._set_state(node, "PREEMPTED")
                     node.body.pop("networkEndpoints", None)
@@ -369,13 +366,13 @@ class TpuService:
                     self.queued.node_preempted(node)
             if not early:
                 for e in entries:
-                    self.sim.emit(e)
+                    self.rt.emit(e)
 
         node.shutdown = threading.Thread(target=run, name=f"tpu-preempt-{name}", daemon=True)
         node.shutdown.start()
 
     def maintenance_event(self, zone: str, name: str, value: str) -> None:
-        with self.sim.cond:
+        with self.rt.cond:
             node = self.nodes.get((zone, name))
             if node is None or node.runtime.metadata is None:
                 raise SimError(f"TPU node {zone}/{name} is not running, so it has no metadata server to notify")
@@ -384,6 +381,29 @@ class TpuService:
                     runtime.metadata.set("instance/maintenance-event", value)
             if value != "NONE":
                 node.body["health"] = "UNHEALTHY_MAINTENANCE"
+
+    def snapshots(self) -> list[dict]:
+        """Every node, as SimServer.instances() lists it (under the lock)."""
+        out = []
+        for n in self.nodes.values():
+            snap = n.runtime.snapshot("tpu", n.zone, n.name, n.state, n.body.get("labels", {}),
+                                      dict(n.body.get("metadata", {})))
+            snap["service_account"] = (n.body.get("serviceAccount") or {}).get("email")
+            # The top-level fields are worker 0's; every worker VM of the slice, worker 0 first:
+            snap["workers"] = [{**r.snapshot("worker", n.zone, w, n.state, {}, {}), "worker": i, "ipAddress": ip}
+                               for i, (w, r, ip) in enumerate(zip(n.workers, n.runtimes, n.addresses))]
+            out.append(snap)
+        return out
+
+    def worker_runtime(self, zone: str, name: str, worker: int) -> NodeRuntime:
+        """Worker `worker`'s runtime of node `name` (SimError when there is no such node or worker)."""
+        with self.rt.cond:
+            node = self.nodes.get((zone, name))
+            if node is None:
+                raise SimError(f"no instance or TPU node named {name!r} in zone {zone}")
+            if not 0 <= worker < len(node.runtimes):
+                raise SimError(f"TPU node {zone}/{name} has {len(node.runtimes)} worker(s); there is no worker {worker}")
+            return node.runtimes[worker]
 
     def usage(self, scope: str, accelerator: str, model: str | None, by_region: bool) -> int:
         # a PREEMPTED node no longer holds hardware, but it holds quota until deleted; a queued resource's node is

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from sim.capacity import region_of
 from sim.core import ApiError, NodeRecord, found, rfc3339, rpc_error
+from sim.runtime import SimRuntime
 
 if TYPE_CHECKING:
     from sim.tpu import Node, Operation, TpuService
@@ -58,16 +59,16 @@ class Request:
 
 
 class QueuedResources:
-    def __init__(self, tpu: "TpuService") -> None:
+    def __init__(self, rt: SimRuntime, tpu: "TpuService") -> None:
+        self.rt = rt
         self.tpu = tpu
-        self.sim = tpu.sim
         self.requests: dict[tuple[str, str], Request] = {}
         self.records: list[NodeRecord] = []
         self.queue: list[Request] = []  # waiting, first asked first served
         self._serving = False
 
     def _path(self, zone: str, name: str) -> str:
-        return f"projects/{self.sim.project}/locations/{zone}/queuedResources/{name}"
+        return f"projects/{self.rt.project}/locations/{zone}/queuedResources/{name}"
 
     def _get(self, zone: str, name: str) -> Request:
         return found(self.requests, zone, name, self._path(zone, name))
@@ -83,7 +84,7 @@ class QueuedResources:
             body["stateInitiator"] = initiator
         req.body["state"] = body
         req.gen += 1
-        req.record.transition(self.sim.now(), state, True)
+        req.record.transition(self.rt.now(), state, True)
 
     # --- API ------------------------------------------------------------------------------------------------
 
@@ -94,7 +95,7 @@ class QueuedResources:
         if len(specs) != 1:
             raise rpc_error(400, f"Invalid queued resource: tpu.node_spec has {len(specs)} entries; the sim serves one")
         spec = specs[0]
-        parent = f"projects/{self.sim.project}/locations/{zone}"
+        parent = f"projects/{self.rt.project}/locations/{zone}"
         if spec.get("parent") != parent:
             raise rpc_error(400, f"Invalid node spec: parent is {spec.get('parent')!r}, not the request's {parent!r}")
         if spec.get("multisliceParams") or not spec.get("nodeId"):
@@ -113,45 +114,45 @@ class QueuedResources:
             if m is None:
                 raise rpc_error(400, f"Invalid queueing_policy.valid_until_duration {policy['validUntilDuration']!r}")
             wait = float(m.group(1))
-        with self.sim.cond:
+        with self.rt.cond:
             if (zone, qr_id) in self.requests:
                 raise rpc_error(409, f"Resource '{self._path(zone, qr_id)}' already exists")
-            op = self.tpu._new_op(zone, "create", self._path(zone, qr_id))
+            op = self.tpu.new_op(zone, "create", self._path(zone, qr_id))
             refusal = self.tpu.quota_refusal(zone, accelerator, model)
             if refusal:
-                self.sim.op_step(zone, self.sim.op_delay, lambda: self.tpu._finish(op, error=refusal))
+                self.rt.op_step(zone, self.rt.op_delay, lambda: self.tpu.finish(op, error=refusal))
                 return dict(op.body)
             served = {k: v for k, v in body.items() if k in ("tpu", "spot", "guaranteed", "queueingPolicy",
                                                              "reservationName")}
             served.update(name=self._path(zone, qr_id), createTime=rfc3339())
             labels = dict(node_body.get("labels") or {})
-            record = NodeRecord("queued-resource", zone, qr_id, labels, accelerator, model, self.sim.now())
+            record = NodeRecord("queued-resource", zone, qr_id, labels, accelerator, model, self.rt.now())
             req = Request(zone, qr_id, served, spec["nodeId"], node_body, accelerator, hosts, model, record)
             self.requests[(zone, qr_id)] = req
             self.records.append(record)
             self._set_state(req, "CREATING")
-            self.sim.op_step(zone, self.sim.op_delay, self._queued, req, req.gen, op)
+            self.rt.op_step(zone, self.rt.op_delay, self._queued, req, req.gen, op)
             if wait is not None:
-                self.sim.scheduler.call_later(wait * self.sim.run_duration_scale, self._expire, req, wait)
+                self.rt.scheduler.call_later(wait * self.rt.run_duration_scale, self._expire, req, wait)
         return dict(op.body)
 
     def _queued(self, req: Request, gen: int, op: "Operation") -> None:
-        with self.sim.cond:
+        with self.rt.cond:
             if req.gen == gen and self.requests.get((req.zone, req.name)) is req:
                 self._set_state(req, "WAITING_FOR_RESOURCES")
                 self.queue.append(req)
                 if not self._serving:
                     self._serving = True
-                    self.sim.scheduler.call_later(self._interval(), self._serve)
+                    self.rt.scheduler.call_later(self._interval(), self._serve)
             response = {"@type": QR_TYPE, **req.body}
-        self.tpu._finish(op, response=response)
+        self.tpu.finish(op, response=response)
 
     def _interval(self) -> float:
-        return max(self.sim.op_delay, 0.05)
+        return max(self.rt.op_delay, 0.05)
 
     def _serve(self) -> None:
         """Give the zone's free hardware to the waiting requests, first asked first; again while any waits."""
-        with self.sim.cond:
+        with self.rt.cond:
             for req in list(self.queue):
                 if self.requests.get((req.zone, req.name)) is not req or req.state not in WAITING:
                     self.queue.remove(req)
@@ -168,25 +169,25 @@ class QueuedResources:
                                    request=self._path(req.zone, req.name))
             self._serving = bool(self.queue)
             if self._serving:
-                self.sim.scheduler.call_later(self._interval(), self._serve)
+                self.rt.scheduler.call_later(self._interval(), self._serve)
 
     def _expire(self, req: Request, wait: float) -> None:
-        with self.sim.cond:
+        with self.rt.cond:
             if self.requests.get((req.zone, req.name)) is req and req.state in WAITING:
                 self._set_state(req, "FAILED", "SERVICE", {
                     "code": 4, "message": f"The queued resource was not provisioned within its valid_until_duration "
                                           f"({wait:g}s): no capacity in {req.zone}"})
 
     def get(self, zone: str, name: str) -> dict:
-        with self.sim.cond:
+        with self.rt.cond:
             return dict(self._get(zone, name).body)
 
     def list(self, zone: str) -> dict:
-        with self.sim.cond:
+        with self.rt.cond:
             return {"queuedResources": [dict(r.body) for (z, _), r in sorted(self.requests.items()) if z == zone]}
 
     def delete(self, zone: str, name: str, force: bool) -> dict:
-        with self.sim.cond:
+        with self.rt.cond:
             req = self._get(zone, name)
             node = self.tpu.nodes.get((zone, req.node_id))
             mine = node is not None and node.request == self._path(zone, name)
@@ -194,7 +195,7 @@ class QueuedResources:
                 raise rpc_error(400, f"Queued resource '{self._path(zone, name)}' is {req.state}: it can be deleted "
                                      "only in ACCEPTED, WAITING_FOR_RESOURCES, FAILED or SUSPENDED, or with force",
                                 grpc_status="FAILED_PRECONDITION")
-            op = self.tpu._new_op(zone, "delete", self._path(zone, name))
+            op = self.tpu.new_op(zone, "delete", self._path(zone, name))
             if req.state != "DELETING":
                 self._set_state(req, "DELETING")
             threading.Thread(target=self._delete, args=(req, node if mine else None, op),
@@ -203,24 +204,24 @@ class QueuedResources:
 
     def _delete(self, req: Request, node: "Node | None", op: "Operation") -> None:
         if node is not None:
-            with self.sim.cond:
+            with self.rt.cond:
                 present = self.tpu.nodes.get((node.zone, node.name)) is node and node.state != "DELETING"
-            if present:  # outside the lock: the delete writes an audit entry (SimServer.emit)
+            if present:  # outside the lock: the delete writes an audit entry (SimRuntime.emit)
                 try:
                     self.tpu.delete(node.zone, node.name)
                 except ApiError:  # gone meanwhile (the service's delete after a preemption)
                     pass
-            self.sim.wait_for(lambda: self.tpu.nodes.get((node.zone, node.name)) is not node,
-                              timeout=max(60.0, self.sim.delete_grace * 4), what=f"{node.name} deleted")
-        time.sleep(self.sim.op_delay)
-        with self.sim.cond:
+            self.rt.wait_for(lambda: self.tpu.nodes.get((node.zone, node.name)) is not node,
+                             timeout=max(60.0, self.rt.delete_grace * 4), what=f"{node.name} deleted")
+        time.sleep(self.rt.op_delay)
+        with self.rt.cond:
             if self.requests.get((req.zone, req.name)) is req:
                 del self.requests[(req.zone, req.name)]
                 if req in self.queue:
                     self.queue.remove(req)
                 req.gen += 1
-                req.record.deleted(self.sim.now())
-        self.tpu._finish(op)
+                req.record.deleted(self.rt.now())
+        self.tpu.finish(op)
 
     # --- what the request's node tells it (under the lock) --------------------------------------------------
 
@@ -249,6 +250,12 @@ class QueuedResources:
             return
         initiator = "SERVICE" if req.state == "SUSPENDING" else "USER"
         self._set_state(req, "SUSPENDED", initiator)
+
+    def snapshots(self) -> list[dict]:
+        """Every request that exists now, as SimServer.queued_resources() lists it (under the lock)."""
+        return [{"zone": r.zone, "name": r.name, "state": r.state, "nodeId": r.node_id,
+                 "stateInitiator": r.body["state"].get("stateInitiator"), "labels": dict(r.record.labels)}
+                for r in self.requests.values()]
 
     def usage(self, region: str, accelerator: str, model: str | None) -> int:
         """Quota held: every request in the region, whatever its state."""

@@ -187,11 +187,11 @@ def test_register_warns_when_a_multi_host_jobs_members_cannot_reach_each_other(f
     node = deployment.service_account_email(deployment.node_identity(1), project)
     assert f"--source-service-accounts={node} --target-service-accounts={node}" in said
     assert "warning" not in register("one-vm")  # one host: nothing to reach
-    sim_server.compute.add_firewall(project, rule, service_account=node, disabled=True)
+    sim_server.compute.global_resources.add_firewall(project, rule, service_account=node, disabled=True)
     slice_spec = {"accelerator": {"kind": "tpu", "accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"},
                   "zones": ["us-central2-b"]}
     assert f"{rule} in project {project} is disabled" in register("slice", **slice_spec)
-    sim_server.compute.add_firewall(project, rule, service_account=node)
+    sim_server.compute.global_resources.add_firewall(project, rule, service_account=node)
     assert "warning" not in register("two-vms-again", nodes=2, zones=["us-central1-a"])
 
 

@@ -136,7 +136,7 @@ def drive_compute(sim: SimServer, made: factory.Clients) -> None:
     assert gce.get(ZONE, "vm-spot") == "RUNNING" and gce.address(ZONE, "vm-spot")
     assert len(gce.list_labelled(ZONE)) == len(specs)
     gce.console_tail(ZONE, "vm-spot", 2000)
-    sim.compute.add_image(PROJECT, "my-image", family="my-family")
+    sim.compute.global_resources.add_image(PROJECT, "my-image", family="my-family")
     for image in (specs["spot"].accelerator.boot_image, f"projects/{PROJECT}/global/images/my-image"):
         spec = parse_spec(gpu_spec("vm", accelerator={"kind": "gpu", "machine_type": "n1-standard-8",
                                                       "accelerator_type": T4, "boot_image": image}))
@@ -212,7 +212,7 @@ def drive_cli(sim: SimServer, endpoint: str) -> None:
                    preemption_rates=[0.5], prices=[0.3])
     for shape in (advice.Shape("g2-standard-8"), advice.Shape("n1-standard-8", T4, 2)):
         zonereport.report(look, shape, zones, 2)
-    sim.compute.add_firewall(PROJECT, deployment.node_firewall_rule(1),
+    sim.compute.global_resources.add_firewall(PROJECT, deployment.node_firewall_rule(1),
                              service_account=deployment.service_account_email(deployment.node_identity(1), PROJECT))
     with pytest.MonkeyPatch.context() as env:
         env.setenv(deployment.ENV_COMPUTE_ENDPOINT, endpoint)

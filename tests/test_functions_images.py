@@ -28,7 +28,7 @@ from respawn.control.observation import ABSENT, Observation
 from respawn.control.outcomes import Outcome, OutcomeKind, after_act
 from respawn.images import ImageCheck, ImageVerdict, image_help
 from respawn.schema import GpuAccelerator, SlotStatus, State, parse_spec
-from sim import compute as sim_compute
+from sim import compute_global as sim_compute
 from sim_fixtures import PROJECT, compute_clients, compute_result, sim_factory, sim_server  # noqa: F401
 from tests.deploy_fixtures import check_against_cli, cli_tree
 
@@ -72,7 +72,7 @@ def test_the_sims_image_table_is_the_facts_table():
     table = facts_table()
     documented = {f: ("ACTIVE" if state == "current" else "DEPRECATED") for f, state in table.items()
                   if state in ("current", "deprecated")}
-    assert sim_compute.IMAGE_FAMILIES == documented, "sim/compute.py IMAGE_FAMILIES differs from docs/gcp-facts.md §12"
+    assert sim_compute.IMAGE_FAMILIES == documented, "sim/compute_global.py IMAGE_FAMILIES differs from docs/gcp-facts.md §12"
     assert any(state == "retired" for state in table.values())
 
 
@@ -90,7 +90,7 @@ def test_images_answer_like_compute_engine(sim_server):
     with pytest.raises(gexc.NotFound):
         images.get(project=DLVM, image="common-cu129-ubuntu-2404-nvidia-580-v19990101")
     # Images of the job's own project exist once made.
-    sim_server.compute.add_image(PROJECT, "my-trainer-image", family="my-trainer")
+    sim_server.compute.global_resources.add_image(PROJECT, "my-trainer-image", family="my-trainer")
     assert images.get_from_family(project=PROJECT, family="my-trainer").name == "my-trainer-image"
 
 
@@ -132,7 +132,7 @@ def test_the_check_finds_families_names_and_own_images_and_says_what_it_could_no
     deprecated_name = f"projects/{DLVM}/global/images/pytorch-2-7-cu128-ubuntu-2204-nvidia-570-{sim_compute.SIM_IMAGE_VERSION}"
     usable = gpu.check_image(_spec(deprecated_name))
     assert usable.verdict is ImageVerdict.FOUND and usable.detail.endswith("(DEPRECATED)")
-    sim_server.compute.add_image(PROJECT, "frozen", deprecated="OBSOLETE")
+    sim_server.compute.global_resources.add_image(PROJECT, "frozen", deprecated="OBSOLETE")
     obsolete = gpu.check_image(_spec("frozen"))  # a bare name: an image of the job's project
     assert obsolete.image == f"projects/{PROJECT}/global/images/frozen"
     assert obsolete.verdict is ImageVerdict.MISSING and "OBSOLETE" in obsolete.detail
@@ -209,7 +209,7 @@ def test_a_job_whose_family_does_not_exist_is_invalid_and_no_node_is_made(contro
 
 
 def test_jobs_with_existing_images_provision_as_before(controller):
-    controller.sim.compute.add_image(controller.project, "team-image-v3", family="team-image")
+    controller.sim.compute.global_resources.add_image(controller.project, "team-image-v3", family="team-image")
     for job_id, image in (("pytorch", f"projects/{DLVM}/global/images/family/pytorch-2-9-cu129-ubuntu-2204-nvidia-580"),
                           ("custom", "team-image-v3")):
         job = controller.register(gpu_spec(job_id, accelerator={"kind": "gpu", "machine_type": "g2-standard-8",

@@ -63,7 +63,7 @@ def test_a_reservation_node_names_its_reservation_and_is_standard(made, sim_serv
     assert gce.create(reserved_spec(), ZONE, "res-4", 4, "spot", "#!/bin/bash\n") is True
     from sim.core import SimError
     with pytest.raises(SimError, match="never preempted"):
-        sim_server.compute.preempt(ZONE, "res-3")
+        sim_server.compute.events.preempt(ZONE, "res-3")
 
 
 def test_a_shared_reservation_is_named_by_its_path_and_a_missing_one_fails_the_create(made, sim_server):
