@@ -81,11 +81,9 @@ def probe_entry(project: str, probe: str) -> dict:
             "jsonPayload": {"selftest": probe, "message": "Respawn self-test probe"}, "severity": "NOTICE"}
 
 
-def probe_of_entry(entry: object, project: str | None = None) -> str | None:
-    """The probe a routed LogEntry carries, or None for any other entry."""
+def probe_of_entry(entry: object) -> str | None:
+    """The probe a routed LogEntry carries, or None for any other entry (the sink routes this project's only)."""
     if not isinstance(entry, dict) or not str(entry.get("logName", "")).endswith(f"/logs/{LOG_ID}"):
-        return None
-    if project is not None and entry.get("logName") != log_name(project):
         return None
     probe = (entry.get("jsonPayload") or {}).get("selftest")
     return probe if valid_probe(probe) else None
