@@ -35,8 +35,8 @@ from respawn.agent.heartbeat import compose_heartbeat
 from respawn.agent.metadata import MetadataClient
 from respawn.agent.nudge import Nudger
 from respawn.agent.storage import Fetcher, Uploader
-from respawn import advice, contract, deployment, prices
-from respawn.app import catalogcheck, firewallcheck, imagecheck, quotacheck, zonereport
+from respawn import advice, contract, deployment, prices, selftest
+from respawn.app import catalogcheck, firewallcheck, imagecheck, quotacheck, selftest_run, zonereport
 from respawn.app.compute_read import Reader
 from respawn.control import clients as factory
 from respawn.control import goodput_metrics
@@ -60,6 +60,7 @@ from test_sim_fidelity import Exchange, RecordingProxy
 ROOT = Path(__file__).resolve().parents[1]
 ZONE = "us-central1-a"
 REGION = "us-central1"
+PROBE = "0123456789abcdef"  # a self-test probe (respawn.selftest)
 SCRIPT = "#!/bin/bash\ntrue\n"
 
 # Each Google API route of sim/http_api.py → the discovery method it serves.
@@ -96,6 +97,7 @@ HAND_CALLERS = {
     "respawn/app/firewallcheck.py": "drive_cli", "respawn/app/imagecheck.py": "drive_cli",
     "respawn/app/quotacheck.py": "drive_cli",
     "respawn/app/zonereport.py": "drive_cli",
+    "respawn/app/selftest_run.py": "test_the_self_tests_probes_to_logging_and_the_scheduler",
     "functions/adapters/managed_folders.py": "drive_controller_rest",
     "functions/adapters/monitoring.py": "drive_controller_rest",
     "functions/adapters/prices.py": "drive_controller_rest",
@@ -274,6 +276,7 @@ def through_sim(tmp_path_factory) -> list[Exchange]:
         drive_cli(sim, proxy.endpoint)
         drive_controller_rest(sim, proxy.endpoint, made)
         drive_agent_logs(proxy.endpoint)
+        selftest_run.senders(PROJECT, None, proxy.endpoint).write_log(selftest.probe_entry(PROJECT, PROBE))
         return list(proxy.exchanges)
     finally:
         proxy.close()
@@ -359,6 +362,8 @@ class StandIn:
                 "name": path.removeprefix("/v1/"), "fields": {"state": {"stringValue": "training"}},
                 "createTime": at, "updateTime": at},
             "pubsub.projects.topics.publish": {"messageIds": ["17"]},
+            "logging.entries.write": {},
+            "cloudscheduler.projects.locations.jobs.run": {"name": path.removeprefix("/v1/"), "state": "ENABLED"},
             "storage.objects.list": {"kind": "storage#objects",
                                      "items": [{"name": "a/.respawn-logs/x", "updated": at}]},
             "storage.objects.delete": None,
@@ -437,6 +442,25 @@ def test_agent_and_trainer_requests(tmp_path):
     assert used == {"firestore.projects.databases.documents.commit", "firestore.projects.databases.documents.get",
                     "pubsub.projects.topics.publish", "storage.objects.get", "storage.objects.insert",
                     "storage.objects.list", "storage.objects.delete"}, used
+
+
+def test_the_self_tests_probes_to_logging_and_the_scheduler():
+    """`respawn doctor`'s two calls to Google APIs by hand (the local run's log write goes through the sim: above)."""
+    standin = StandIn()
+    try:
+        host = f"http://{standin.host}"
+        send = selftest_run.google_senders(PROJECT, REGION, requests.Session(), logging_host=host, scheduler_host=host)
+        send.write_log(selftest.probe_entry(PROJECT, PROBE))
+        send.tick()
+    finally:
+        standin.close()
+    problems, used = [], []
+    for e in standin.exchanges:
+        (m,) = discovery.resolve(e.method, e.url)
+        used.append(m.id)
+        problems += _problems(m, e)
+    assert not problems, "\n".join(problems)
+    assert used == ["logging.entries.write", "cloudscheduler.projects.locations.jobs.run"], used
 
 
 def test_the_files_the_build_hands_gcloud_are_their_methods_bodies():
@@ -521,4 +545,5 @@ def test_the_vendored_documents_are_the_revisions_the_audit_read():
     assert {name: api.revision for name, api in discovery.apis().items()} == {
         "compute.v1": "20261106", "tpu.v2": "20261001", "storage.v1": "20261009", "logging.v2": "20260911",
         "cloudbilling.v1": "20260901", "monitoring.v3": "20260129", "pubsub.v1": "20261027",
-        "firestore.v1": "20260928", "iam.v1": "20261023", "monitoring.v1": "20260903"}
+        "firestore.v1": "20260928", "iam.v1": "20261023", "monitoring.v1": "20260903",
+        "cloudscheduler.v1": "20261106"}  # the self-test's jobs.run (respawn/app/selftest_run.py), vendored 2026-12-07

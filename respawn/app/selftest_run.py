@@ -79,14 +79,19 @@ def senders(project: str, region: str | None, local: str | None = None) -> Sende
     from google.auth.transport.requests import AuthorizedSession
 
     credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-    session = AuthorizedSession(credentials)
+    return google_senders(project, region, AuthorizedSession(credentials))
 
+
+def google_senders(project: str, region: str | None, session, logging_host: str = LOGGING_HOST,
+                   scheduler_host: str = SCHEDULER_HOST) -> Senders:
+    """Cloud Logging's entries.write and Cloud Scheduler's jobs.run (the scheduler job of `region`; none without
+    one), through `session` (an authorized requests session)."""
     def write(entry: dict) -> None:
-        session.post(f"{LOGGING_HOST}/v2/entries:write", json={"entries": [entry]}, timeout=30).raise_for_status()
+        session.post(f"{logging_host}/v2/entries:write", json={"entries": [entry]}, timeout=30).raise_for_status()
 
     def tick() -> None:
         job = f"projects/{project}/locations/{region}/jobs/{deployment.SCHEDULER_JOB}"
-        session.post(f"{SCHEDULER_HOST}/v1/{job}:run", json={}, timeout=30).raise_for_status()
+        session.post(f"{scheduler_host}/v1/{job}:run", json={}, timeout=30).raise_for_status()
 
     return Senders(write, tick if region else None)
 

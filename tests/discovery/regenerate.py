@@ -44,6 +44,7 @@ METHODS = {
         "storage.objects.get", "storage.objects.insert", "storage.objects.list", "storage.objects.delete",
     ],
     "logging.v2": ["logging.entries.write"],
+    "cloudscheduler.v1": ["cloudscheduler.projects.locations.jobs.run"],
     "cloudbilling.v1": ["cloudbilling.services.skus.list"],
     "monitoring.v3": ["monitoring.projects.timeSeries.create"],
     "pubsub.v1": ["pubsub.projects.topics.publish"],
