@@ -104,6 +104,7 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
     publisher.delete_topic(topic=topic)
     broken([f"topic {deployment.LOG_EVENTS_TOPIC} does not exist",
             "on_log_event did not answer in 8 s (a log entry → the Logging sink"])
+    assert sim.cloud_logging.sink_errors, "the sink's publish to the deleted topic did not fail"
     emulators.delete_pubsub(pubsub_emulator, PROJECT, "subscriptions")
     functions_host.subscribe(PROJECT, parts["urls"])  # redeployed: the topic and every trigger again
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from respawn import deployment, selftest
+from respawn import deployment
 from respawn.app import endpoints, selftest_run
 
 # Each Pub/Sub-triggered function, by the topic its trigger subscribes to.
@@ -79,9 +79,5 @@ def topic_checks(project: str) -> list[Check]:
 def probe_checks(project: str, send: selftest_run.Senders, timeout: float,
                  say: Callable[[str], None]) -> list[Check]:
     answers = selftest_run.run(project, send, timeout=timeout, say=say)
-    checks = [Check(a.ok, a.line(timeout)) for a in answers]
-    alert = next(a for a in answers if a.link is selftest.ALERT)
-    if alert.ok:
-        checks.append(Check(*selftest_run.slack_line(alert)))
-    return checks
+    return [Check(ok, line) for ok, line in selftest_run.results(answers, timeout)]
 

@@ -176,12 +176,8 @@ def _wait(acks, probe: str, started: float, timeout: float, say, unsent: dict[st
     return [answers[link.key] for link in selftest.LINKS]
 
 
-def verdict(answers: list[Answer], timeout: float) -> tuple[bool, list[str]]:
-    """Whether the deployment passed, and the lines of its failures (the first one names the first broken link)."""
-    failed = [a.line(timeout) for a in answers if not a.ok]
+def results(answers: list[Answer], timeout: float) -> list[tuple[bool, str]]:
+    """(ok, line) for each path, in selftest.LINKS' order, then for Slack once on_alert answered."""
+    out = [(a.ok, a.line(timeout)) for a in answers]
     alert = next(a for a in answers if a.link is selftest.ALERT)
-    if alert.ok:
-        ok, line = slack_line(alert)
-        if not ok:
-            failed.append(line)
-    return not failed, failed
+    return out + [slack_line(alert)] if alert.ok else out
