@@ -44,6 +44,7 @@ from respawn import contract
 from respawn.contract import Heartbeat, NodeState
 from respawn.logs import labels, log
 
+from . import next_generation
 from .cloudlog import CloudLog
 from .config import AgentConfig
 from .firestore_rest import FirestoreWriter
@@ -68,14 +69,6 @@ FINAL_WRITE_GRACE_S = 3.0
 PREEMPTING_WRITE_S = 3.0
 DETACH_LOG_SEND_S = 10.0  # SIGHUP: how long a log send in flight may take to finish before the agent exits
 SETUP_FAILED_WRITE_S = 30.0  # the first setup-failed write; the periodic heartbeat keeps writing it afterwards
-# A generation of the same members restarts the world because a member's trainer crashed. A trainer blocked in a
-# collective with the crashed one cannot run its SIGTERM handler (the signal is only noted until the collective
-# returns: at the process group's timeout) and no emergency save is possible without that rank, so the agent kills
-# its process group after this grace; the next generation resumes from the newest committed step.
-RESTART_STOP_GRACE_S = 5.0
-# A trainer handed a generation to rejoin in its process (contract.REJOIN_FILE) first stops at a step boundary with
-# an emergency save, as on a notice (notice_budget_seconds); this long more for it to say it has left its world.
-REJOIN_ACK_GRACE_S = 5.0
 # How long the controller's wake-up (nudge.py) waits for the heartbeat that reports the failure to land first; it is
 # sent after this even if none did. An agent about to exit waits this long at most for it to be sent.
 NUDGE_AFTER_BEAT_S = 60.0
@@ -86,10 +79,11 @@ LOG_EXIT_FLUSH_S = 30.0
 
 
 class Agent:
-    """Orchestrates the node's parts: the notice (notice.py), the generation it trains in (membership.py), the
-    handovers before a trainer starts (handover.py), the preparation (preparation.py), the trainer's lifecycle
-    (lifecycle.py), the heartbeat (heartbeat.py; its progress fields, reach.py), the log shipping (logship.py) and
-    the controller's wake-up (nudge.py). What it owns itself is the node's `state`, which every heartbeat says."""
+    """Orchestrates the node's parts: the notice (notice.py), the generation it trains in (membership.py) and the
+    trainer's move into a newer one (next_generation.py), the handovers before a trainer starts (handover.py), the
+    preparation (preparation.py), the trainer's lifecycle (lifecycle.py), the heartbeat (heartbeat.py; its progress
+    fields, reach.py), the log shipping (logship.py) and the controller's wake-up (nudge.py). What it owns itself is
+    the node's `state`, which every heartbeat says."""
 
     def __init__(self, cfg: AgentConfig, md: MetadataClient, writer: FirestoreWriter,
                  membership: Membership | None = None, *,
@@ -269,76 +263,14 @@ class Agent:
             self.heartbeater.nudge()
 
     def _stop_for_generation(self) -> None:
-        """A newer generation: the trainer stops and the main loop starts it again with the new ranks. New members
-        (a node joined or left): a trainer that can rejoin is handed the generation and goes on in its process
-        (_hand_over); otherwise SIGTERM, the emergency save as on a notice, bounded by the notice budget, then its
-        process group is killed. The same members (a member's trainer crashed): SIGTERM, killed after
-        RESTART_STOP_GRACE_S."""
-        generation, trainer = self.membership.newest, self.life.process
-        assert trainer is not None and generation is not None
-        restart = generation.members == self.membership.members
-        if not restart and self._hand_over(generation):
-            return
-        log("WARNING", "new generation: stopping the trainer to restart it with the new membership",
-            running=self.membership.running, newer=generation.number, pid=trainer.pid,
-            same_members=restart)
-        trainer.notify()
-        if restart:
-            code = self.life.wait(time.monotonic() + RESTART_STOP_GRACE_S, why=(
-                f"the trainer did not stop within {RESTART_STOP_GRACE_S:g} s of its generation's restart (a member's "
-                "trainer crashed; this one is most likely blocked in a collective with it); killing its process "
-                "group: the next generation resumes from the newest committed checkpoint"))
-        else:
-            code = self.life.wait(time.monotonic() + self.settings.notice_budget_seconds)
-        self._between_generations(code)
-
-    def _hand_over(self, generation: contract.Generation) -> bool:
-        """Hand `generation` to a trainer that said it can rejoin (its status file: contract.REJOIN_STATES) in its
-        own process: write it into REJOIN_FILE, signal the trainer and wait for it to say it left its world for
-        this generation (its status's `generation`). True when it did (the same trainer now runs the new
-        generation), when it exited meanwhile (handled as any exit: the main loop starts it again), or when a notice
-        came (handled next); False to stop it the old way: it cannot rejoin, or did not answer in time."""
-        trainer = self.life.process
-        assert trainer is not None
-        status = contract.read_status(self.status_path) or {}
-        pid = status.get("pid")
-        can_leave = status.get("rejoin") in (contract.REJOIN_READY, contract.REJOIN_WAITING)
-        if (self.cfg.node not in generation.members or not can_leave
-                or status.get("generation") != self.membership.running or not trainer.owns(pid)):
-            return False
-        path = os.path.join(self.cfg.node_dir, contract.REJOIN_FILE)
-        try:
-            with open(path + ".tmp", "w") as f:
-                f.write(contract.Rejoin(generation.number, self.membership.trainer_env(generation)).to_json())
-            os.replace(path + ".tmp", path)
-            os.kill(pid, getattr(signal, contract.REJOIN_SIGNAL))
-        except OSError as exc:
-            log("WARNING", "cannot hand the new generation to the trainer; restarting it instead", path=path,
-                pid=pid, error=str(exc))
-            return False
-        log("INFO", "new generation: handing it to the trainer, which rejoins in its process",
-            running=self.membership.running, newer=generation.number, pid=pid, trainer_state=status.get("rejoin"))
-        deadline = time.monotonic() + self.settings.notice_budget_seconds + REJOIN_ACK_GRACE_S
-        while time.monotonic() < deadline:
-            ended, code = trainer.poll()
-            if ended:
-                self._between_generations(code)
-                return True
-            if self.notice.kind is not None:
-                return True
-            status = contract.read_status(self.status_path) or {}
-            if status.get("pid") == pid and status.get("generation") == generation.number:
-                self.membership.entered(generation)
-                self.life.joined(generation.number, list(generation.members))
-                self.heartbeater.nudge()
-                log("INFO", "the trainer left its world and joins the new generation in its process",
-                    generation=generation.number, pid=pid, step=status.get("step"))
-                return True
-            time.sleep(0.05)
-        log("WARNING", "the trainer did not take the new generation in time; stopping it to start it again",
-            generation=generation.number, pid=pid,
-            waited_s=round(self.settings.notice_budget_seconds + REJOIN_ACK_GRACE_S, 1))
-        return False
+        """A newer generation: the running trainer moves into it (next_generation.py)."""
+        how, code = next_generation.move(self.life, self.membership, node=self.cfg.node,
+                                         budget_s=self.settings.notice_budget_seconds,
+                                         noticed=lambda: self.notice.kind is not None)
+        if how == next_generation.JOINED:
+            self.heartbeater.nudge()
+        elif how == next_generation.ENDED:
+            self._between_generations(code)
 
     def _between_generations(self, code: int | None, on_its_own: bool = False) -> None:
         """The trainer of this generation ended (stopped for a newer one, or, `on_its_own`, it exited: an error, or
