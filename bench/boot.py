@@ -73,6 +73,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -86,6 +87,7 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 ROOT = Path(__file__).resolve().parent.parent
+LEGACY_EXEC_START = "ExecStart=/opt/respawn/venv/bin/python -m respawn.agent"  # the old unit's one different line
 PROJECT = "respawn-bench"
 BUCKET = "respawn-bench"
 JOB = "boot-bench"
@@ -116,6 +118,17 @@ PIP_ENV = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_NO_CACHE_DIR
 
 class BenchError(RuntimeError):
     pass
+
+
+def _legacy_startup(directory: Path) -> Path:
+    """The baseline script with its unit filled in: today's node unit (deploy/vm/startup.sh) with that day's
+    ExecStart, since the unit is defined once."""
+    from respawn import deployment
+
+    unit = re.sub(r"^ExecStart=.*$", LEGACY_EXEC_START, deployment.agent_unit(), count=1, flags=re.M)
+    script = directory / LEGACY_STARTUP.name
+    script.write_text(re.sub(r"^@AGENT_UNIT@\n", lambda _: unit, LEGACY_STARTUP.read_text(), count=1, flags=re.M))
+    return script
 
 
 def _epoch(stamp: str) -> float:
@@ -616,8 +629,9 @@ class Bench:
         log = directory / ("fresh.log" if fresh else "in-place.log")
         with open(log, "wb") as out:
             t0 = time.time()
-            proc = subprocess.Popen(["bash", str(LEGACY_STARTUP)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=directory)
+            proc = subprocess.Popen(["bash", str(_legacy_startup(directory))], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    cwd=directory)
             self.children.append(proc)
             try:
                 rc = proc.wait(timeout=LEGACY_TIMEOUT)

@@ -1,7 +1,8 @@
 #!/bin/bash
 # bench/boot.py's baseline: deploy/vm/startup.sh as it was before the agent zipapp (git show 7a90d43^:deploy/vm/startup.sh),
-# kept verbatim below this header so that the benchmark runs without the repository's history. It created a venv
-# and ran `pip install respawn[agent,...]` at every fresh boot. Not used by any node: only the benchmark runs it.
+# kept verbatim below this header so that the benchmark runs without the repository's history, but for its unit: the
+# line @AGENT_UNIT@ is the node's unit (deploy/vm/startup.sh) with that day's ExecStart, filled in by bench/boot.py.
+# It created a venv and ran `pip install respawn[agent,...]` at every fresh boot. Not used by any node.
 #
 # Respawn VM startup script (the instance's `startup-script` metadata; runs as root on every boot).
 #
@@ -84,42 +85,7 @@ fi
 
 mkdir -p "$UNIT_DIR"
 cat > "$UNIT_DIR/$UNIT.tmp" <<'UNIT_FILE'
-# Respawn node agent. Installed and started by deploy/vm/startup.sh (which embeds this file verbatim).
-[Unit]
-Description=Respawn node agent: heartbeat, preemption notice, emergency checkpoint, trainer supervision
-Documentation=https://github.com/respawn-ml/respawn/blob/main/node_agent/README.md
-# Stopped before the network goes down at shutdown, so the final heartbeat can still reach Firestore.
-Wants=network-online.target
-After=network-online.target
-StartLimitIntervalSec=0
-
-[Service]
-Type=simple
-Environment=RESPAWN_NODE_DIR=/var/lib/respawn
-Environment=PYTHONUNBUFFERED=1
-EnvironmentFile=-/etc/respawn/agent.env
-StateDirectory=respawn
-WorkingDirectory=/var/lib/respawn
-ExecStart=/opt/respawn/venv/bin/python -m respawn.agent
-# SIGTERM (shutdown, preemption) is a notice: the agent tells the trainer, waits for its emergency checkpoint
-# and writes the final heartbeat. Only the agent gets the signal: the trainer is told by the agent, and when
-# the agent crashes or is restarted the trainer keeps running and the next agent adopts it.
-KillMode=process
-KillSignal=SIGTERM
-# Must exceed notice_budget_seconds (default 25) + 3 s for the final heartbeat; the hardware cut-off comes
-# first anyway (30 s after the soft-off for Spot VMs, 120 s for standard VMs).
-TimeoutStopSec=150
-Restart=on-failure
-RestartSec=2
-# 2: missing or invalid respawn-* metadata attributes; restarting cannot fix that.
-RestartPreventExitStatus=2
-# The trainer takes the memory; if something must go under memory pressure, it is not the agent.
-OOMScoreAdjust=-900
-StandardOutput=journal
-StandardError=journal
-
-[Install]
-WantedBy=multi-user.target
+@AGENT_UNIT@
 UNIT_FILE
 mv -f "$UNIT_DIR/$UNIT.tmp" "$UNIT_DIR/$UNIT"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from respawn import deployment
 
 CONTROL = "respawn.control"  # goes up whole; of the rest of respawn.* only the modules it imports (not the CLI)
-# The node startup script and unit travel with the control plane, which puts the script into node metadata.
-# respawn/deployment.py reads the script from there (deployment.startup_script()), so it always goes up too.
-FILES = (deployment.STARTUP_SCRIPT, deployment.AGENT_UNIT)
+# The node startup script (the agent's unit inside it) travels with the control plane, which puts it into node
+# metadata. respawn/deployment.py reads the script from there (deployment.startup_script()), so it always goes up too.
+FILES = (deployment.STARTUP_SCRIPT,)
 
 
 class StageError(RuntimeError):

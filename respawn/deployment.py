@@ -94,7 +94,6 @@ JOB_CREATED_EVENT = "google.cloud.firestore.document.v1.created"
 
 # The VM side (owned by node_agent; deploy/vm/): what the control plane puts into node metadata `startup-script`.
 STARTUP_SCRIPT = "deploy/vm/startup.sh"
-AGENT_UNIT = "deploy/vm/respawn-agent.service"
 
 
 def node_identity(index: int) -> str:
@@ -137,6 +136,15 @@ def startup_script() -> str:
             f"{path}: the node startup script is missing; deploy/stage.py copies {STARTUP_SCRIPT} into the "
             "function source, so redeploy with cloudbuild.yaml (or run from a full checkout)"
         ) from None
+
+
+def agent_unit(script: str | None = None) -> str:
+    """The agent's systemd unit: defined once, inside the startup script that writes it on the node."""
+    text = startup_script() if script is None else script
+    found = re.search(r"<<'UNIT_FILE'\n(.*?\n)UNIT_FILE\n", text, re.S)
+    if found is None:
+        raise ValueError(f"{STARTUP_SCRIPT}: no unit between <<'UNIT_FILE' and UNIT_FILE")
+    return found.group(1)
 
 
 def release_artifact(bucket: str, build_id: str, name: str, sha256: str) -> str:

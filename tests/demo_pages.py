@@ -150,7 +150,9 @@ def assert_pages_agree(out_dir: Path, summary: dict, figures: dict | None = None
     if "cost" in h:
         assert d.facts["cost"] == h["cost"] and s["cost"].startswith(h["cost"].removesuffix(")") + ";"), (
             h["cost"], d.facts["cost"], s["cost"])
-        last = [a for a in s["alerts"] if "cost so far: " in a]
+        # The job's last word (Slack delivers in no set order: a `recovered` may arrive after `succeeded`).
+        last = [a for a in s["alerts"] if "cost so far: " in a
+                and re.match(r"Job \S+ (succeeded|failed|reached its budget)", a)]
         if last and s["state"] in ("SUCCEEDED", "FAILED", "BUDGET_EXHAUSTED", "CANCELLED"):
             assert re.search(r"cost so far: (\$[\d.]+) \(on demand: (\$[\d.]+)\)", last[-1]).groups() == re.match(
                 r"(\$[\d.]+) \(on demand (\$[\d.]+)\)", h["cost"]).groups(), (last[-1], h["cost"])

@@ -22,6 +22,7 @@ import pytest
 import system_packages
 from agent_fixtures import attributes, find_python, node_image_python, settings, wait_for
 from deploy import agent_zipapp
+from respawn import deployment
 from respawn.agent.agent import FINAL_WRITE_GRACE_S
 from respawn.contract import (ATTR_AGENT, DEFAULT_NOTICE_BUDGET_SECONDS, EXIT_AGENT_DETACH, EXIT_CONFIG_ERROR,
                               split_artifact)
@@ -34,8 +35,8 @@ from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 VM = REPO / "deploy" / "vm"
-UNIT = VM / "respawn-agent.service"
 STARTUP = VM / "startup.sh"
+UNIT = deployment.agent_unit(STARTUP.read_text())  # the unit's one definition, in the startup script
 UNIT_NAME = "respawn-agent.service"
 
 
@@ -59,7 +60,7 @@ def _unit_entries(text: str) -> dict[str, list[str]]:
 
 
 def test_unit_has_what_the_agent_relies_on():
-    u = _unit_entries(UNIT.read_text())
+    u = _unit_entries(UNIT)
     # The image's own interpreter (a link the startup script makes) runs the verified zipapp.
     assert u["Service.ExecStart"] == ["/opt/respawn/python /opt/respawn/respawn-agent.pyz"]
     assert "RESPAWN_NODE_DIR=/var/lib/respawn" in u["Service.Environment"]
@@ -76,7 +77,7 @@ def test_unit_has_what_the_agent_relies_on():
 def test_unit_passes_systemd_analyze_verify(tmp_path):
     # verify checks that ExecStart's program exists: point it at this interpreter, keep everything else as shipped.
     unit = tmp_path / UNIT_NAME
-    unit.write_text(UNIT.read_text().replace("/opt/respawn/python ", f"{sys.executable} "))
+    unit.write_text(UNIT.replace("/opt/respawn/python ", f"{sys.executable} "))
     system_packages.wait_installed()
     tool = shutil.which("systemd-analyze")
     assert tool, "systemd-analyze is needed for this test (apt-get install systemd)"
@@ -85,10 +86,8 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     assert r.returncode == 0 and not problems, r.stdout + r.stderr
 
 
-def test_startup_script_is_valid_bash_and_embeds_the_unit_verbatim():
+def test_startup_script_is_valid_bash():
     subprocess.run(["bash", "-n", str(STARTUP)], check=True)
-    embedded = re.search(r"<<'UNIT_FILE'\n(.*?)\nUNIT_FILE\n", STARTUP.read_text(), re.S).group(1)
-    assert embedded + "\n" == UNIT.read_text()
 
 
 # ------------------------------------------------------------------------------------------------ the zipapp
@@ -205,7 +204,7 @@ def test_startup_script_fetches_checks_and_reuses_the_zipapp_without_pip(tmp_pat
         assert os.readlink(root / "python") == real
         python_calls = (tmp_path / "python.calls").read_text()
         assert not re.search(r"\b(pip|ensurepip|venv|virtualenv)\b", python_calls), python_calls
-        assert (tmp_path / "units" / UNIT_NAME).read_text() == UNIT.read_text()
+        assert (tmp_path / "units" / UNIT_NAME).read_text() == UNIT
         assert [c for c in calls if not c.startswith("is-active")] == ["daemon-reload", f"enable --now {UNIT_NAME}"]
 
         # Next boot (restart in place), agent running: the object is gone, so any download would fail.

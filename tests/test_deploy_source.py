@@ -55,7 +55,7 @@ def _serve(staged: Path, target: str, body: dict, env: dict[str, str], cwd: Path
 
 def test_staged_layout(staged):
     assert (staged / "main.py").is_file() and (staged / "requirements.txt").is_file()
-    for rel in ("respawn/control/main.py", "respawn/control/adapters/compute.py", "respawn/schema.py", deployment.STARTUP_SCRIPT, deployment.AGENT_UNIT):
+    for rel in ("respawn/control/main.py", "respawn/control/adapters/compute.py", "respawn/schema.py", deployment.STARTUP_SCRIPT):
         assert (staged / rel).is_file(), rel
     assert not list(staged.rglob("__pycache__"))
     # The node side and the CLI are not part of the control plane's upload.

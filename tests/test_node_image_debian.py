@@ -115,7 +115,7 @@ def test_a_debian_11_node_image_boots_the_startup_script_and_its_agent_trains(
     assert python_link == "/usr/bin/python3" and opt == ["python", "respawn-agent.pyz"]
     fetched = [e for e in console if e.get("stage") == "agent_fetch"]
     assert [e["downloaded"] for e in fetched] == [True, False], console_text[-3000:]
-    assert unit == UNIT.read_text()
+    assert unit == UNIT
     started = [e for e in console if e["message"] == "node agent starting"]
     assert len(started) == 2 and all(e["python"].startswith("3.9.") for e in started), started
     # Setup ran in the unpacked workdir on the image's python3 before the trainer, which read what it wrote.

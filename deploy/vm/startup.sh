@@ -167,7 +167,7 @@ say INFO "agent interpreter: $LINK -> $PY_EXE (Python $PY_VERSION)" python="$PY_
 
 mkdir -p "$UNIT_DIR"
 cat > "$UNIT_DIR/$UNIT.tmp" <<'UNIT_FILE'
-# Respawn node agent. Installed and started by deploy/vm/startup.sh (which embeds this file verbatim).
+# Respawn node agent. Written and started by deploy/vm/startup.sh, the one place it is defined.
 [Unit]
 Description=Respawn node agent: heartbeat, preemption notice, emergency checkpoint, trainer supervision
 Documentation=https://github.com/respawn-ml/respawn/blob/main/node_agent/README.md

@@ -771,12 +771,17 @@ class DemoRun:
                           "details": e.get("details") or {}})
         return fresh
 
-    def _drain_alerts(self, job_id: str, state: schema.State, quiet: float = 2.0, cap: float = 20.0) -> None:
+    def _drain_alerts(self, job_id: str, state: schema.State, quiet: float = 2.0, cap: float = 90.0) -> None:
         """Give on_alert (and its Slack retries) time to deliver the last alerts: the one that says how the job ended
-        (sent after the status is written and the node's delete is done), then whatever is quiet for `quiet` s."""
+        (sent after the status is written and the nodes' deletes are done: a container node's delete took 26 s on
+        a loaded machine), then whatever is quiet for `quiet` s."""
         final = f"Job {job_id} {TERMINAL_ALERTS[state]}" if state in TERMINAL_ALERTS else None
-        deadline, last_count, last_change = time.monotonic() + cap, -1, time.monotonic()
+        start = time.monotonic()
+        deadline, last_count, last_change, told = start + cap, -1, start, False
         while time.monotonic() < deadline:
+            if not told and time.monotonic() - start > 5:
+                told = True
+                self.say("waiting for the last Slack alert (sent once the nodes' deletes are done)")
             count = len(self.slack.payloads)
             if count != last_count:
                 last_count, last_change = count, time.monotonic()
