@@ -1,5 +1,5 @@
-"""docs/architecture.md's list of the pure control core is the import contract's (pyproject.toml): a module added to
-one and not the other is either unchecked or undocumented."""
+"""docs/architecture.md stays true to the tree: its list of the pure control core is the import contract's
+(pyproject.toml), and every file, folder and module it names exists (one named with a class or function defines it)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,53 @@ def test_the_documented_pure_core_is_the_contracts():
     for where, documented in _documented().items():
         assert documented == modules, f"docs/architecture.md ({where}) lists {sorted(documented)}; the contract " \
                                       f"checks {sorted(modules)}"
+
+
+# The folders a path in the design may name; a token with a placeholder ({zone}, <framework>) is a pattern, not a path.
+_FOLDERS = ("functions/", "node_agent/", "trainer/", "respawn/", "sim/", "deploy/", "bench/", "tests/", "docs/",
+            "examples/", ".ci/")
+_PRODUCT = ("functions", "node_agent", "trainer", "respawn", "sim", "deploy", "bench")
+
+
+def _quoted() -> list[str]:
+    return re.findall(r"`([^`\s]+)`", (ROOT / "docs" / "architecture.md").read_text())
+
+
+def _defines(path, name: str) -> bool:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return any(getattr(n, "name", None) == name or isinstance(n, ast.Assign) and any(
+        getattr(t, "id", None) == name for t in n.targets) for n in ast.walk(tree))
+
+
+def test_every_file_and_folder_the_design_names_exists():
+    named = {t.rstrip(".,;:") for t in _quoted() if t.startswith(_FOLDERS) and not re.search(r"[{<*]", t)}
+    missing = []
+    for token in sorted(named):
+        path, _, attr = token.partition(".py.") if ".py." in token else (token, "", "")
+        path = path if not attr else path + ".py"
+        if re.fullmatch(r"[\w/]+\.[A-Z]\w*", path):  # folder/module.Class
+            path, attr = path.rsplit(".", 1)[0] + ".py", path.rsplit(".", 1)[1]
+        target = ROOT / path
+        if not target.exists() or attr and not _defines(target, attr):
+            missing.append(token)
+    assert len(named) > 40 and not missing, f"docs/architecture.md names what is not in the tree: {missing}"
+
+
+def test_every_module_the_design_names_exists():
+    from deploy.stage import package_dirs, source_file
+
+    dirs = package_dirs(ROOT)
+    modules = {t.rstrip(".,;:") for t in _quoted() if re.fullmatch(r"respawn(\.\w+)+", t.rstrip(".,;:"))}
+    missing = []
+    for name in sorted(modules):
+        if source_file(dirs, name) is not None:
+            continue
+        owner, _, attr = name.rpartition(".")
+        found = source_file(dirs, owner)
+        if found is None or not _defines(found, attr):
+            missing.append(name)
+    bare = {t for t in _quoted() if re.fullmatch(r"\w+\.py", t)}  # a module named by its file alone
+    missing += [f for f in sorted(bare) if not any(any((ROOT / d).rglob(f)) for d in _PRODUCT)]
+    assert len(modules) > 10 and not missing, f"docs/architecture.md names modules that do not exist: {missing}"
