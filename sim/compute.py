@@ -52,6 +52,7 @@ class ComputeService:
         self.events = SystemEvents(self)
         self.queue: list[Instance] = []  # PENDING flex-start instances, first asked first served
         self._serving = False  # a pass over the queue is scheduled
+        self.queue_passes = 0  # passes over the queue so far (a test waits for some instead of sleeping)
 
     def path(self, zone: str, name: str) -> str:
         return f"projects/{self.rt.project}/zones/{zone}/instances/{name}"
@@ -185,6 +186,7 @@ class ComputeService:
     def _serve_queue(self) -> None:
         """Give freed capacity (and quota) to the PENDING instances, first asked first; again while any waits."""
         with self.rt.cond:
+            self.queue_passes += 1
             for inst in list(self.queue):
                 if inst.deleting or self.instances.get((inst.zone, inst.name)) is not inst or inst.status != "PENDING":
                     self.queue.remove(inst)

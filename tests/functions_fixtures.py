@@ -10,6 +10,7 @@ the Firestore and Pub/Sub emulators, and a SimServer reached through the real Co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -85,6 +86,18 @@ def firestore_created_event(project: str, job_id: str, *, data: bytes | None = N
 
 
 class Controller:
+    # The control plane's clock: every entry point's Deps.now, and the times this helper writes as an agent's, run
+    # `ahead` seconds past the real one once a test advance()d it (a heartbeat going stale without a sleep).
+    ahead: float = 0.0
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc) + timedelta(seconds=self.ahead)
+
+    def advance(self, seconds: float) -> None:
+        """Move the control plane's clock `seconds` forward for the rest of the test: what a sweep then reads is
+        `seconds` older, as if the test had slept that long."""
+        self.ahead += seconds
+
     def __init__(self, project: str, db, nodes_db, sim, alerts_sub: str, sweep_topic: str):
         import functions_framework
 
@@ -122,8 +135,7 @@ class Controller:
         """The node agent's message on a notice (node_agent/nudge.py), as the sweep topic's push delivers it."""
         from respawn.contract import notice_nudge
 
-        return self.deliver("on_sweep", *pubsub_event(notice_nudge(job_id, node, kind,
-                                                                   datetime.now(timezone.utc).isoformat())))
+        return self.deliver("on_sweep", *pubsub_event(notice_nudge(job_id, node, kind, self.now().isoformat())))
 
     def alert(self, alert: Any) -> int:
         return self.deliver("on_alert", *pubsub_event(alert))
@@ -173,7 +185,7 @@ class Controller:
 
         job, _, attempt = node.rpartition("-")
         db = self.nodes_db if database is None else firestore.Client(project=self.project, database=database)
-        at = datetime.now(timezone.utc) - timedelta(seconds=age)
+        at = self.now() - timedelta(seconds=age)
         if state == "training" and step is not None and step > (committed_step or 0):
             kw = {"first_step": step, "first_step_at": at, **kw}
         db.collection(NODES).document(heartbeat_id(node, worker)).set({
@@ -255,5 +267,11 @@ def controller(monkeypatch, firestore_db, nodes_db, pubsub_emulator, project, si
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
     ctl = Controller(project, firestore_db, nodes_db, sim_server, sub, sweep_topic)
+    # The entry points build their dependencies with Deps.default(): each reads the controller's clock.
+    from respawn.control.reconcile import Deps
+
+    default = Deps.default.__func__
+    monkeypatch.setattr(Deps, "default", classmethod(
+        lambda cls, settings=None: dataclasses.replace(default(cls, settings), now=ctl.now)))
     yield ctl
     ctl.sweep_relay.close()

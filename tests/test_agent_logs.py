@@ -215,24 +215,26 @@ def sending_to_the_slow_store(agent_env, slow_log_store, job: str):
     return agent, md, node
 
 
-def test_the_final_flush_never_delays_the_emergency_save_or_the_final_heartbeat(agent_env, slow_log_store):
-    """Every log send takes 4 s: the emergency save still commits at the trainer's next step after the notice, the
-    final heartbeat lands right after it, and the final flush gives up within its bound."""
-    agent, md, node = sending_to_the_slow_store(agent_env, slow_log_store, "slowlogs")
-    noticed = time.time()
+@pytest.fixture
+def stalled_log_store(tmp_path):
+    """tests/gcs_standin.py accepting every upload, but answering no one-request upload (a log chunk) while the test
+    runs: a send begun never ends."""
+    with gcs_standin(tmp_path, "--get", "404", "--upload", "200", "--media-seconds", "3600") as standin:
+        yield standin
+
+
+def test_the_final_flush_never_delays_the_emergency_save_or_the_final_heartbeat(agent_env, stalled_log_store):
+    """A log send in flight at the notice never ends: the emergency save still commits, the final heartbeat lands
+    (exited, preempted) and the final flush gives up at its bound, so the agent exits. Had any of them waited for
+    the logs, none would have happened (no duration is asserted: what waits on the send never gets past it)."""
+    agent, md, node = sending_to_the_slow_store(agent_env, stalled_log_store, "slowlogs")
     md.set("instance/preempted", "TRUE")
     assert agent.wait(30) == 0, agent.output()[-3000:]
-    exited = time.time()
     status = json.loads((node / contract.STATUS_FILE).read_text())
+    assert status["emergency"]["state"] == "committed" and status["committed_kind"] == "emergency", status
     hb = agent_env.heartbeat("slowlogs-1")
-    save_s = status["committed_at"] - noticed
-    report_s = hb["heartbeat_at"].timestamp() - noticed
-    print(f"\nslow log store (4 s a send): emergency save committed {save_s:.2f} s after the notice, final heartbeat "
-          f"{report_s:.2f} s, agent exited {exited - noticed:.2f} s")
     assert hb["state"] == "exited" and hb["exit_code"] == contract.EXIT_PREEMPTED
-    assert save_s < 1.5, "the emergency save waited for the logs"
-    assert report_s < 2.5, "the final heartbeat waited for the logs"
-    assert exited - noticed < 2.5 + contract.LOG_FINAL_FLUSH_S + 2, "the final flush ran past its bound"
+    assert hb["committed_step"] == status["committed_step"], hb
     flush = [e for e in agent.events() if e["message"].startswith("final log flush")]
     assert flush and flush[0]["severity"] == "WARNING", agent.messages()[-10:]
 

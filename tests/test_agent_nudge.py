@@ -166,6 +166,13 @@ def test_a_single_nodes_trainer_error_a_failed_setup_and_the_end_each_wake_it(ag
     assert pull() == [{"task": "sweep", "job_id": "done"}]
 
 
+def _beats(agent_env, node: str, n: int) -> None:
+    """Wait for `n` more heartbeats of `node` (what a sleep of n beat periods stood for): the agent has looked
+    again that many times."""
+    seen = {agent_env.heartbeat(node)["heartbeat_at"]}
+    wait_for(lambda: seen.add(agent_env.heartbeat(node)["heartbeat_at"]) or len(seen) > n, 30, f"{n} more beats of {node}")
+
+
 def test_the_trainers_first_step_wakes_the_controller_once(agent_env, sweep):
     # A recovery ends at the replacement's first step: the controller hears it now, not at its next sweep, and only
     # once however many beats see the trainer stepping after it.
@@ -177,7 +184,7 @@ def test_the_trainers_first_step_wakes_the_controller_once(agent_env, sweep):
     hb = agent_env.heartbeat("fs-2")
     assert hb["state"] == "training" and isinstance(hb["first_step"], int) and hb["first_step_at"]
     assert wait_for(pull, 10, "the first step's wake-up") == [{"task": "sweep", "job_id": "fs"}]
-    time.sleep(2.0)  # four beats more, each seeing the trainer stepping
+    _beats(agent_env, "fs-2", 4)  # four beats more, each seeing the trainer stepping
     assert pull() == [] and len(_woken(agent)) == 1 and agent.proc.poll() is None
 
 

@@ -85,6 +85,13 @@ def test_flex_start_runs_on_its_own_capacity_and_reports_its_run_end(sim_factory
     assert sim.history()[-1]["provisioningModel"] == "FLEX_START"
 
 
+def passes_after(sim, n: int) -> None:
+    """Wait until the sim has passed over its flex-start queue `n` more times (what a sleep stood for)."""
+    compute = sim.compute
+    first = compute.queue_passes
+    sim.wait_for(lambda: compute.queue_passes >= first + n, timeout=10, what=f"{n} passes over the queue")
+
+
 def test_no_capacity_waits_pending_not_live_until_capacity_comes_first_asked_first(sim_factory):
     sim = sim_factory(run_duration_scale=SCALE)
     sim.set_capacity(ZONE, G2, 0, provisioning_model="FLEX_START")
@@ -95,12 +102,12 @@ def test_no_capacity_waits_pending_not_live_until_capacity_comes_first_asked_fir
         assert ops.get(project=PROJECT, zone=ZONE, operation=op.name).status == compute_v1.Operation.Status.DONE
         got = instances.get(project=PROJECT, zone=ZONE, instance=name)
         assert got.status == "PENDING" and not got.resource_status.scheduling.termination_timestamp
-    time.sleep(0.3)  # several passes over the queue with no capacity
+    passes_after(sim, 3)  # several passes over the queue with no capacity
     assert [sim.status_of(ZONE, n) for n in ("flex-1", "flex-2")] == ["PENDING", "PENDING"]
     assert sim.live_nodes() == [] and sim.max_live() == 0  # PENDING holds no hardware
     sim.set_capacity(ZONE, G2, 1, provisioning_model="FLEX_START")
     sim.wait_for(lambda: sim.status_of(ZONE, "flex-1") == "RUNNING", timeout=10, what="flex-1 running")
-    time.sleep(0.3)
+    passes_after(sim, 3)
     assert sim.status_of(ZONE, "flex-2") == "PENDING"  # one slot: the first request got it
     assert states(sim, "flex-1") == ["PENDING", "PROVISIONING", "STAGING", "RUNNING"]
     assert sim.max_live() == 1
@@ -119,8 +126,8 @@ def test_an_expired_request_is_deleted_by_compute(sim_factory):
     record = sim.history()[0]
     assert record["live"] == [] and record["deletedAt"] - record["createdAt"] == pytest.approx(90 * SLOW, abs=0.3)
     sim.set_capacity(ZONE, G2, None, provisioning_model="FLEX_START")
-    time.sleep(0.2)
-    assert sim.status_of(ZONE, "flex-1") is None  # capacity after the expiry brings nothing back
+    # Capacity after the expiry brings nothing back: nothing waits for it.
+    assert sim.status_of(ZONE, "flex-1") is None and sim.compute.queue == []
 
 
 def test_with_flex_start_insert_wait_the_insert_ends_when_the_vm_runs_or_the_request_expires(sim_factory):
@@ -133,7 +140,7 @@ def test_with_flex_start_insert_wait_the_insert_ends_when_the_vm_runs_or_the_req
     assert info.value.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
     assert sim.status_of(ZONE, "flex-1") is None
     waiting = insert_op(instances, flex_instance("flex-2"))
-    time.sleep(0.3)
+    passes_after(sim, 3)
     assert ops.get(project=PROJECT, zone=ZONE, operation=waiting.name).status != compute_v1.Operation.Status.DONE
     sim.set_capacity(ZONE, G2, 1, provisioning_model="FLEX_START")
     compute_result(ops, PROJECT, ZONE, waiting)
@@ -149,8 +156,8 @@ def test_a_pending_request_can_be_withdrawn(sim_factory):
         instances.stop_unary(project=PROJECT, zone=ZONE, instance="flex-1")
     compute_result(ops, PROJECT, ZONE, instances.delete_unary(project=PROJECT, zone=ZONE, instance="flex-1"))
     sim.set_capacity(ZONE, G2, None, provisioning_model="FLEX_START")
-    time.sleep(0.3)
-    assert sim.status_of(ZONE, "flex-1") is None and sim.max_live() == 0
+    # Withdrawn: nothing waits for the capacity, so none serves it.
+    assert sim.status_of(ZONE, "flex-1") is None and sim.compute.queue == [] and sim.max_live() == 0
 
 
 def test_the_run_end_deletes_the_vm_without_a_preemption(sim_factory):

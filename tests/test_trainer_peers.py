@@ -6,7 +6,6 @@ state. The store stays the truth: its manifest is what every byte is checked aga
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -105,14 +104,14 @@ def test_a_survivor_without_the_step_or_down_costs_only_a_fallback(survivor, tmp
     uri, local, peer = survivor
     (local / fmt.step_dirname(2) / fmt.MARKER).unlink()  # its copy of step 2 is not committed: not served
     dead = contract.peer_endpoint("127.0.0.1", free_port())  # nothing listens there
-    started = time.monotonic()
     step, restored = replacement(tmp_path, uri, "node2", monkeypatch, f"{dead},{peer}")
-    assert time.monotonic() - started < 10
     assert step == 2 and same(restored, state(2))
     err = capfd.readouterr().err
     assert [e["source"] for e in restored_lines(err)] == [uri]
     reasons = [json.loads(line)["reason"] for line in err.splitlines() if "a peer could not serve" in line]
-    assert len(reasons) == 2 and "Connection" in reasons[0] and "HTTP 404" in reasons[1], reasons
+    # The peer that is down refused the connection at once (no timeout waited out), the other had no copy: each a
+    # fallback to the next source, the store last.
+    assert len(reasons) == 2 and "Connection refused" in reasons[0] and "HTTP 404" in reasons[1], reasons
 
 
 def test_malformed_peers_are_ignored(survivor, tmp_path, monkeypatch, capfd):
