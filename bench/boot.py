@@ -95,7 +95,6 @@ WORKDIR = ROOT / "examples" / "workdir"
 LEGACY_STARTUP = ROOT / "bench" / "pip_boot_startup.sh"
 IMAGE_PACKAGES = ("pip", "torch", "numpy", "google-cloud-storage")  # a Deep Learning VM's python3, roughly
 LEGACY_EXTRAS = ("agent", "storage")  # what the old control plane asked nodes to install
-WHEEL_PARTS = ("pyproject.toml", "README.md", "respawn", "functions", "node_agent", "trainer")
 
 RESPAWN_STAGES = ("agent_fetch", "startup_other", "agent_start", "workdir_download", "workdir_unpack",
                   "library_download", "library_install", "previous_life_upload", "prepare_other")
@@ -282,8 +281,10 @@ def reset_image(site: Path) -> None:
 def build_wheel(out: Path) -> Path:
     """The respawn wheel of this checkout, built from a copy of its sources (offline: no build isolation)."""
     src = out / "src"
+    from deploy import layout
+
     src.mkdir(parents=True)
-    for part in WHEEL_PARTS:
+    for part in layout.wheel_sources(ROOT):
         if (ROOT / part).is_dir():
             shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
         else:

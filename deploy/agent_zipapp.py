@@ -20,6 +20,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from deploy import layout
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "respawn.agent"
 # The modules of the respawn package the agent imports, besides its own (pyproject.toml's import contract).
@@ -52,11 +54,14 @@ def version(root: Path = ROOT) -> str:
 
 def _folders(root: Path) -> tuple[Path, Path]:
     """The checkout folders pyproject.toml maps to respawn and respawn.agent (respawn/, node_agent/)."""
-    mapping = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    if PACKAGE not in mapping or "respawn" not in mapping:
-        raise ZipappError(f"{root / 'pyproject.toml'}: [tool.setuptools.package-dir] maps no {PACKAGE!r} or 'respawn'; "
-                          "the zipapp follows that mapping, so restore it")
-    return root / mapping["respawn"], root / mapping[PACKAGE]
+    try:
+        dirs = layout.package_dirs(root)
+    except layout.LayoutError as exc:
+        raise ZipappError(str(exc)) from None
+    if PACKAGE not in dirs:
+        raise ZipappError(f"{root / 'pyproject.toml'}: [tool.setuptools.package-dir] maps no {PACKAGE!r}; the zipapp "
+                          "follows that mapping, so restore it")
+    return dirs["respawn"], dirs[PACKAGE]
 
 
 def entries(root: Path = ROOT) -> dict[str, bytes]:

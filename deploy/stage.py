@@ -15,6 +15,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
+from deploy import layout
 from respawn import deployment
 
 CONTROL = "respawn.control"  # goes up whole; of the rest of respawn.* only the modules it imports (not the CLI)
@@ -35,11 +36,14 @@ def _pyproject(root: Path) -> dict:
 
 
 def package_dirs(root: Path) -> dict[str, Path]:
-    """Import package → folder in the checkout (pyproject.toml [tool.setuptools.package-dir])."""
-    mapping = _pyproject(root).get("tool", {}).get("setuptools", {}).get("package-dir", {})
-    if CONTROL not in mapping:
+    """Import package → folder in the checkout (deploy/layout.py)."""
+    try:
+        dirs = layout.package_dirs(root)
+    except layout.LayoutError as exc:
+        raise StageError(str(exc)) from None
+    if CONTROL not in dirs:
         raise StageError(f"{root / 'pyproject.toml'}: [tool.setuptools.package-dir] does not map {CONTROL}")
-    return {name: root / folder for name, folder in mapping.items()}
+    return dirs
 
 
 def source_file(dirs: dict[str, Path], module: str) -> Path | None:

@@ -18,12 +18,12 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
 import pytest
 
+from deploy import layout
 from respawn.agent.supervisor import TrainerRecord
 from respawn.contract import ENV_PEER_PORT, NODES_COLLECTION
 from sim.emulators import free_port
@@ -57,9 +57,8 @@ def installed_tree(dest: Path) -> Path:
     it: respawn/, respawn/agent/ (node_agent/), respawn/control/ (functions/), respawn/ckpt/ (trainer/). An old
     interpreter with only this on its path has no pydantic, NumPy or Google libraries, so the agent runs there only
     if importing respawn.agent touches nothing but the standard library, respawn.contract and respawn.logs."""
-    mapping = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    for package, folder in sorted(mapping.items()):  # respawn first: the subpackages go inside it
-        shutil.copytree(REPO / folder, dest.joinpath(*package.split(".")),
+    for package, folder in layout.package_dirs().items():  # respawn first: the subpackages go inside it
+        shutil.copytree(folder, dest.joinpath(*package.split(".")),
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
     return dest
 

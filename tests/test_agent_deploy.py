@@ -21,7 +21,7 @@ import pytest
 
 import system_packages
 from agent_fixtures import attributes, find_python, node_image_python, settings, wait_for
-from deploy import agent_zipapp
+from deploy import agent_zipapp, layout
 from respawn import deployment
 from respawn.agent.agent import FINAL_WRITE_GRACE_S
 from respawn.contract import (ATTR_AGENT, DEFAULT_NOTICE_BUDGET_SECONDS, EXIT_AGENT_DETACH, EXIT_CONFIG_ERROR,
@@ -110,7 +110,7 @@ def test_zipapp_is_reproducible_and_holds_the_agent_and_nothing_else(tmp_path, z
     assert re.fullmatch(r"respawn-agent-\d+\.\d+\.\d+\.pyz", zipapp.name)
 
     sources = {f"respawn/{n}": REPO / "respawn" / n for n in ("__init__.py", "contract.py", "logs.py")}
-    sources.update({f"respawn/agent/{p.name}": p for p in (REPO / "node_agent").glob("*.py")})
+    sources.update({f"respawn/agent/{p.name}": p for p in layout.package_dirs()["respawn.agent"].glob("*.py")})
     with zipfile.ZipFile(zipapp) as z:
         assert sorted(z.namelist()) == sorted([*sources, "__main__.py"])
         assert z.namelist() == sorted(z.namelist())

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import ast
 import sys
-import tomllib
 from pathlib import Path
+
+from deploy import layout
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT_PACKAGES = {"bench": "bench"}  # never installed, but product code all the same (docs/performance.md)
@@ -18,17 +19,7 @@ CHECKOUT_PACKAGES = {"bench": "bench"}  # never installed, but product code all 
 
 def _modules() -> dict[str, Path]:
     """Every product module's import name -> its file (a package is its __init__.py)."""
-    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    folders = {**folders, **CHECKOUT_PACKAGES}
-    modules: dict[str, Path] = {}
-    for package, folder in folders.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            if "__pycache__" in path.parts:
-                continue
-            parts = [*package.split("."), *path.relative_to(ROOT / folder).with_suffix("").parts]
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            modules.setdefault(name, path)  # respawn.control's folder is respawn's package-dir entry's, not a child
-    return modules
+    return layout.module_files({**layout.package_dirs(ROOT), **{p: ROOT / f for p, f in CHECKOUT_PACKAGES.items()}})
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:

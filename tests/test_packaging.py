@@ -8,14 +8,15 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from deploy import layout
+
 ROOT = Path(__file__).resolve().parent.parent
-WHEEL_PARTS = ("pyproject.toml", "README.md", "respawn", "functions", "node_agent", "trainer")
+WHEEL_PARTS = layout.wheel_sources(ROOT)
 NOT_INSTALLED = ("functions", "node_agent", "trainer", "sim", "bench", "deploy", "tests")
 
 
@@ -39,10 +40,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def _expected_files() -> set[str]:
     """Every module of the installable folders, under its import path (pyproject.toml package-dir)."""
-    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    return {"/".join([*package.split("."), *path.relative_to(ROOT / folder).parts])
-            for package, folder in mapping.items() for path in (ROOT / folder).rglob("*.py")
-            if "__pycache__" not in path.parts}
+    return {"/".join(name.split(".")) + ("/__init__.py" if path.name == "__init__.py" else ".py")
+            for name, path in layout.module_files(layout.package_dirs(ROOT)).items()}
 
 
 def test_the_wheel_holds_the_respawn_namespace_and_nothing_else(wheel):
