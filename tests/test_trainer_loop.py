@@ -129,9 +129,9 @@ def test_signal_handler_only_inside_the_loop(tmp_path, sigterm_restored):
     m = manager(tmp_path)  # the constructor installs nothing by default
     assert signal.getsignal(signal.SIGTERM) is previous
     with TrainingLoop(3, every=0, manager=m, data=fresh_data()) as loop:
-        assert signal.getsignal(signal.SIGTERM) == m._on_signal
+        assert signal.getsignal(signal.SIGTERM) == m._notice.on_signal
         for _ in loop:
-            assert signal.getsignal(signal.SIGTERM) == m._on_signal
+            assert signal.getsignal(signal.SIGTERM) == m._notice.on_signal
     assert signal.getsignal(signal.SIGTERM) is previous
     os.kill(os.getpid(), signal.SIGTERM)  # after the loop: the previous handler gets it
     deadline = time.monotonic() + 5
@@ -142,7 +142,7 @@ def test_signal_handler_only_inside_the_loop(tmp_path, sigterm_restored):
     # Without `with`, the iteration is the scope.
     m2 = manager(tmp_path / "b")
     for _ in TrainingLoop(2, every=0, manager=m2, data=fresh_data()):
-        assert signal.getsignal(signal.SIGTERM) == m2._on_signal
+        assert signal.getsignal(signal.SIGTERM) == m2._notice.on_signal
     assert signal.getsignal(signal.SIGTERM) is previous
 
 

@@ -21,7 +21,7 @@ _EXPORTS = {
     "SaveState": ".manager",
     "TrainingLoop": ".loop",
     "collective_timeout": ".collectives",
-    "plan_retention": ".manager",
+    "plan_retention": ".retention",
     "read_status": "respawn.contract",
     "upload_pending": ".manager",
 }

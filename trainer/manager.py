@@ -1,7 +1,8 @@
-"""CheckpointManager: periodic asynchronous saves, the preemption notice and the deadline-bound emergency save,
-restore with fallback, retention, progress reporting. Framework-neutral: the state is any nesting of
-dicts/lists/tuples holding PyTorch tensors, JAX arrays, NumPy arrays and picklable objects (see serialize.py);
-respawn.ckpt.torch_state and respawn.ckpt.jax_state build such states from models, optimizers and RNGs.
+"""CheckpointManager: periodic asynchronous saves and their upload, the deadline-bound emergency save, restore and
+progress reporting, delegating the preemption notice (notice.py), the restore's search with its fallback
+(restore.py) and retention (retention.py). Framework-neutral: the state is any nesting of dicts/lists/tuples holding
+PyTorch tensors, JAX arrays, NumPy arrays and picklable objects (see serialize.py); respawn.ckpt.torch_state and
+respawn.ckpt.jax_state build such states from models, optimizers and RNGs.
 ShardedManager: the same for one member of a job whose members all write a part of each step (torch_sharded,
 jax_distributed, framework_files). How either commits a step: respawn.ckpt.commit.
 """
@@ -22,8 +23,9 @@ from typing import Any, Callable, Iterator, Protocol
 
 from respawn import contract
 
-from . import _log, commit, format as fmt, hosts, peers as peer_reads
+from . import _log, commit, format as fmt, hosts, peers as peer_reads, restore, retention
 from .commit import SaveOutcome, SaveState, Seam
+from .notice import Notice, ignore_children
 from .serialize import SnapshotBuffers, flatten
 from .status import StatusWriter
 from .storage import LocalStore, open_store
@@ -31,17 +33,6 @@ from .storage import LocalStore, open_store
 PREEMPTED_EXIT_CODE = contract.EXIT_PREEMPTED  # stopped on a preemption notice, training not finished; restart me
 DEFAULT_NOTICE_BUDGET_S = contract.DEFAULT_NOTICE_BUDGET_SECONDS
 DEFAULT_KEEP = 3
-
-
-def plan_retention(steps: dict[int, bool], kinds: dict[int, str], keep: int, protect: set[int]) -> list[int]:
-    """Steps to delete: keep the newest `keep` committed, the newest committed emergency one, and anything in
-    `protect`; delete the other committed steps and every uncommitted leftover."""
-    committed = sorted((s for s, c in steps.items() if c), reverse=True)
-    keep_set = set(committed[:max(keep, 1)]) | set(protect)
-    emergencies = [s for s in committed if kinds.get(s) == "emergency"]
-    if emergencies:
-        keep_set.add(emergencies[0])
-    return sorted(s for s in steps if s not in keep_set)
 
 
 class Manager(Protocol):
@@ -96,7 +87,7 @@ class CheckpointManager:
         self.remote = None if isinstance(remote, LocalStore) and remote.root == self.local.root else remote
         os.makedirs(self.local.root, exist_ok=True)
         self.keep = keep
-        self.notice_budget_s = DEFAULT_NOTICE_BUDGET_S if notice_budget_s is None else float(notice_budget_s)
+        self._notice = Notice(DEFAULT_NOTICE_BUDGET_S if notice_budget_s is None else float(notice_budget_s))
         self.shard_bytes = shard_bytes
         self.job_id, self.attempt = job_id, attempt
         self.status = StatusWriter(status_file, total_steps)
@@ -110,10 +101,6 @@ class CheckpointManager:
         # A step restored from the remote store is read into memory only; True also writes it into local_dir (a
         # DDP job's rank 0, so that the node's other ranks read it from there: TorchJob.restore).
         self.keep_restored_copy = False
-        self._notice_at: float | None = None
-        self._notice_reason: str | None = None
-        self._notice_logged = False
-        self._notice_dir = os.environ.get(contract.ENV_NOTICE_DIR) or None
         self._step = 0
         self.last_error: str | None = None
         # Until one save reaches every store, a failed write or upload says the store cannot be written at all (no
@@ -149,70 +136,35 @@ class CheckpointManager:
 
     def install_notice_handler(self, signals=(signal.SIGTERM,)) -> dict | None:
         """SIGTERM only sets a flag; the loop acts on it at the next step boundary. Main thread only. Returns the
-        previous handlers {signal: handler} (a None handler: one not installed from Python), or None when not in
-        the main thread (nothing installed: deliver the notice with request_preemption()). Under the node agent or
-        respawn.ckpt.launch this process registers as one that saves (contract.Saver): the notice comes to it, not
-        to its loader workers; one delivered before it registered is taken now."""
-        if threading.current_thread() is not threading.main_thread():
-            _log.warning("not in the main thread: SIGTERM handler not installed; call request_preemption()")
-            return None
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
-        self._saver(None)
-        if self._notice_dir and contract.notice_marked(self._notice_dir):
-            self.request_preemption("notice delivered before this process listened")
-        return previous
-
-    def _saver(self, outcome: SaveOutcome | None) -> None:
-        """Register this process in the run's notice directory (when it has one), with its emergency save's outcome
-        once it ended."""
-        if not self._notice_dir:
-            return
-        rank = os.environ.get("RANK", "")
-        record = contract.Saver(os.getpid(), contract.process_start_time(os.getpid()),
-                                int(rank) if rank.isdigit() else None,
-                                None if outcome is None else {"state": outcome.state.value, "step": outcome.step,
-                                                              "reason": outcome.reason})
-        try:
-            record.write(self._notice_dir)
-        except OSError as exc:
-            _log.warning("cannot register for the notice; it reaches this process on its process group instead",
-                         dir=self._notice_dir, error=str(exc))
-
-    def _on_signal(self, signum, frame) -> None:
-        # Python runs it in the main thread: record, and nothing that may block or fail (no logging, no I/O).
-        if self._notice_at is None:
-            self._notice_at = time.monotonic()
-            self._notice_reason = f"signal {signal.Signals(signum).name}"
-        _ignore_children()
+        previous handlers {signal: handler}, or None when not in the main thread (nothing installed: deliver the
+        notice with request_preemption()). Registers this process as one that saves (notice.py)."""
+        return self._notice.install(signals)
 
     def request_preemption(self, reason: str = "requested", notice_at: float | None = None) -> None:
         """The in-process way to deliver the notice (what the SIGTERM handler does). notice_at is a
         time.monotonic() value; the deadline is notice_at + notice_budget_s."""
-        if self._notice_at is None:
-            self._notice_at = time.monotonic() if notice_at is None else notice_at
-            self._notice_reason = reason
+        self._notice.request(reason, notice_at)
 
     def clear_preemption(self) -> None:
         """Forget a notice (e.g. a maintenance event that passed without stopping the VM)."""
-        self._notice_at, self._notice_reason, self._notice_logged = None, None, False
+        self._notice.clear()
 
     @property
     def notice_at(self) -> float | None:
         """When the notice came (time.monotonic()), or None."""
-        return self._notice_at
+        return self._notice.at
+
+    @property
+    def notice_budget_s(self) -> float:
+        return self._notice.budget_s
 
     @property
     def preemption_requested(self) -> bool:
-        if self._notice_at is not None and not self._notice_logged:
-            self._notice_logged = True
-            _log.warning("preemption notice received; emergency checkpoint at this step boundary",
-                         reason=self._notice_reason, step=self._step, budget_s=self.notice_budget_s)
-        return self._notice_at is not None
+        return self._notice.requested(self._step)
 
     def deadline(self) -> float:
         """The emergency save's deadline (time.monotonic())."""
-        start = self._notice_at if self._notice_at is not None else time.monotonic()
-        return start + self.notice_budget_s
+        return self._notice.deadline()
 
     # ---- progress ---------------------------------------------------------------------------------------------
 
@@ -370,7 +322,7 @@ class CheckpointManager:
         deadline = self.deadline()
         self._step = max(self._step, step)
         if threading.current_thread() is threading.main_thread():
-            _ignore_children()  # for a notice given by request_preemption()
+            ignore_children()  # for a notice given by request_preemption()
         self.status.update(step=step, emergency={"state": "saving", "step": step})
         _log.info("emergency checkpoint started", step=step, seconds_left=round(deadline - time.monotonic(), 3))
         started = time.monotonic()
@@ -403,7 +355,7 @@ class CheckpointManager:
                 outcome = self._write_and_ship(step, "emergency", payload, control, retention=False)
         outcome = replace(outcome, seconds=round(time.monotonic() - started, 3))
         self.status.update(emergency={"state": outcome.state.value, "step": step, "reason": outcome.reason})
-        self._saver(outcome)
+        self._notice.register(outcome)
         log = _log.info if outcome.committed else _log.error
         log(f"emergency checkpoint {outcome.state.value}", **asdict(outcome),
             newest_committed=self.status.snapshot()["committed_step"])
@@ -416,7 +368,7 @@ class CheckpointManager:
         if kind == "emergency":
             self.status.update(emergency={"state": outcome.state.value, "step": outcome.step,
                                           "reason": outcome.reason})
-            self._saver(outcome)
+            self._notice.register(outcome)
 
     def exit_preempted(self) -> None:
         """Leave the process after an emergency save: SystemExit(PREEMPTED_EXIT_CODE) when it committed, else
@@ -460,31 +412,12 @@ class CheckpointManager:
         return None
 
     def _verified_steps(self, open_step: Callable[[Any, int], Any], only: int | None = None) -> Iterator[tuple]:
-        """The one search for the newest verified step, which every manager's restore runs: (step, store,
-        open_step(store, step)) for each committed step that opens, newest first, the local copy before the remote
-        one (`only`: that step alone). A step that does not open (torn, corrupt, unreadable) is logged and the next
-        older one tried. Past the last: NotRestorable if a committed step failed to open (training must not start
-        over at step 0 unnoticed), else a log line that there was none."""
+        """The one search for the newest verified step, which every manager's restore runs (restore.py:
+        verified_steps); the remote store's committed steps, as listed, are remembered as its own."""
         started = time.monotonic()
-        local, remote = self._committed_steps()
-        failed: dict[int, str] = {}
-        for step in sorted((s for s in local | remote if only is None or s == only), reverse=True):
-            for store in ([self.local] if step in local else []) + ([self.remote] if step in remote else []):
-                try:
-                    opened = open_step(store, step)
-                except fmt.NotRestorable:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - corrupt, torn or unreadable: the next copy or step
-                    failed[step] = str(exc) if isinstance(exc, fmt.CorruptCheckpoint) else f"{type(exc).__name__}: {exc}"
-                    _log.warning("checkpoint unusable; falling back to an older one", step=step, store=store.uri,
-                                 reason=failed[step])
-                    continue
-                yield step, store, opened
-                break
-        if failed:
-            raise unrestorable(failed, self.local.uri, self.remote.uri if self.remote else None)
-        _log.info("no committed checkpoint found; starting from scratch", local=self.local.uri,
-                  remote=self.remote.uri if self.remote else None, seconds=round(time.monotonic() - started, 3))
+        local, remote = restore.committed_steps(self.local, self.remote)
+        self._remote_committed = set(remote)
+        yield from restore.verified_steps(self.local, self.remote, (local, remote), open_step, only, started)
 
     def _restored(self, step: int, manifest: dict, **fields: Any) -> None:
         """Record a restored step: this life starts there (status file and log)."""
@@ -496,60 +429,15 @@ class CheckpointManager:
 
     # ---- retention ------------------------------------------------------------------------------------------
 
-    def _committed_steps(self) -> tuple[set[int], set[int]]:
-        """The committed steps on the local disk and in the remote store, remembered as the remote's; a remote
-        store that cannot be listed counts as empty (the local copies may still do). Uncommitted steps newer than
-        all of them are logged: a torn or interrupted save."""
-        listing = {self.local: self.local.steps()}
-        if self.remote is not None:
-            try:
-                listing[self.remote] = self.remote.steps()
-            except Exception as exc:  # noqa: BLE001 - local copies may still do
-                _log.error("cannot list the remote checkpoint store; trying local copies only",
-                           remote=self.remote.uri, error=f"{type(exc).__name__}: {exc}")
-        committed = {store: {s for s, c in steps.items() if c} for store, steps in listing.items()}
-        newest = max(set().union(*committed.values()), default=-1)
-        for store, steps in listing.items():
-            for s in sorted((s for s, c in steps.items() if not c and s > newest), reverse=True):
-                _log.warning("checkpoint has no commit marker (torn or interrupted save); falling back to an "
-                             "older one", step=s, store=store.uri)
-        self._remote_committed = set(committed.get(self.remote, ()))
-        return committed[self.local], set(self._remote_committed)
-
-    def _kind(self, store, step: int) -> str | None:
-        key = (store.uri, step)
-        if key not in self._kinds:
-            try:
-                self._kinds[key] = json.loads(store.read(step, fmt.MANIFEST))["kind"]
-            except Exception:  # noqa: BLE001 - unknown kind counts as periodic
-                return None
-        return self._kinds[key]
-
     def apply_retention(self, protect: set[int] = frozenset()) -> list[tuple[str, int]]:
-        """Delete old committed checkpoints and uncommitted leftovers (see plan_retention) in both stores.
-        Local copies that are newer than everything committed remotely are kept (not uploaded yet)."""
-        removed = []
+        """Delete old committed checkpoints and uncommitted leftovers (retention.plan_retention) in both stores,
+        never the step an unfinished save writes. Local copies that are newer than everything committed remotely are
+        kept (not uploaded yet)."""
         protect = set(protect)
         job = self._inflight
         if job is not None and job["thread"].is_alive() and job["thread"] is not threading.current_thread():
             protect.add(job["step"])
-        stores = [self.local] + ([self.remote] if self.remote is not None else [])
-        remote_newest = max(self._remote_committed, default=-1)
-        for store in stores:
-            try:
-                steps = store.steps()
-                kinds = {s: self._kind(store, s) for s, c in steps.items() if c}
-                extra = set()
-                if store is self.local and self.remote is not None:
-                    extra = {s for s, c in steps.items() if c and s > remote_newest}
-                for s in plan_retention(steps, kinds, self.keep, protect | extra):
-                    store.delete_step(s)
-                    removed.append((store.uri, s))
-            except Exception as exc:  # noqa: BLE001 - retention is housekeeping; report and go on
-                _log.warning("retention failed", store=store.uri, error=f"{type(exc).__name__}: {exc}")
-        if removed:
-            _log.info("retention removed checkpoints", removed=[f"{u}#{s}" for u, s in removed])
-        return removed
+        return retention.apply(self.local, self.remote, self._remote_committed, self.keep, protect, self._kinds)
 
     def close(self) -> None:
         self.wait()
@@ -708,7 +596,7 @@ class ShardedManager(CheckpointManager):
             s = offered["step"]
             if s < 0:
                 if failed:
-                    raise unrestorable(failed, self.local.uri, self.remote.uri if self.remote else None)
+                    raise restore.unrestorable(failed, self.local.uri, self.remote.uri if self.remote else None)
                 return None
             try:
                 manifest, state = self._load_part(s, offered["dir"], like)
@@ -726,25 +614,6 @@ class ShardedManager(CheckpointManager):
             self._restored(s, manifest, members=self._seam.size, dir=offered["dir"],
                            seconds=round(time.monotonic() - started, 3))
             return s, state
-
-
-def _ignore_children() -> None:
-    """From the notice on, a child's death raises nothing in this process: torch's DataLoader installs a SIGCHLD
-    handler that raises RuntimeError in the main thread wherever it is when a loader worker dies (an OOM kill, a
-    user's bug), which would cost the emergency save of the state already in memory. A worker that is needed still
-    fails its fetch. Main thread only (signal.signal)."""
-    if callable(signal.getsignal(signal.SIGCHLD)):
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-
-
-def unrestorable(failed: dict[int, str], local: str, remote: str | None) -> fmt.NotRestorable:
-    """The error for committed steps none of which restored: training must not start over at step 0 unnoticed."""
-    newest = max(failed)
-    return fmt.NotRestorable(
-        f"no committed checkpoint could be restored (newest: step {newest}: {failed[newest]}; also tried steps "
-        f"{sorted(failed, reverse=True)[1:] or 'none'}) in {local}" + (f" and {remote}" if remote else "") +
-        "; starting at step 0 would lose them: fix the store (a transient read error: just restart), or move those "
-        "step directories away to start over")
 
 
 def prefetch(local_dir: str, checkpoint_uri: str) -> int | None:
