@@ -15,7 +15,9 @@ message those deliveries publish there in turn, each as `pubsub_cloudevent` shap
 serves the functions on ports and uses the emulator's own push subscriptions instead.
 
 SweepScheduler: publishes `{"task": "sweep"}` to a Pub/Sub topic every `interval` seconds, as the
-`gcloud scheduler jobs create pubsub sweep` job does; `fire()` publishes one at once.
+`gcloud scheduler jobs create pubsub sweep` job does; `fire()` publishes one at once. While it runs, its job
+(`region`, respawn.deployment.SCHEDULER_JOB) is Cloud Scheduler's to the sims of this process (sim/cloud_scheduler.py):
+jobs.get describes it, jobs.pause stops its ticks, jobs.resume starts them again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import uuid
 import requests
 from google.events.cloud import firestore as events
 from google.protobuf import timestamp_pb2
+
+from sim import cloud_scheduler
 
 EVENT_TYPE = "google.cloud.firestore.document.v1.created"
 DATA_SCHEMA = "https://github.com/googleapis/google-cloudevents/blob/main/proto/google/events/cloud/firestore/v1/data.proto"
@@ -268,13 +272,14 @@ class PushRelay:
 
 class SweepScheduler:
     def __init__(self, project: str, topic: str = "sweep", *, interval: float = 300,
-                 message: dict | None = None, create_topic: bool = True) -> None:
+                 message: dict | None = None, create_topic: bool = True, region: str = "us-central1") -> None:
         from google.cloud import pubsub_v1
 
         self.publisher = pubsub_v1.PublisherClient()
         self.topic_path = self.publisher.topic_path(project, topic)
         self.interval = interval
         self.data = json.dumps(message or {"task": "sweep"}).encode()
+        self.job = cloud_scheduler.SchedulerJob(cloud_scheduler.job_name(project, region), self.topic_path, self.data)
         self.fired = 0
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -293,15 +298,19 @@ class SweepScheduler:
     def _run(self) -> None:
         next_at = time.monotonic() + self.interval
         while not self._stopped.wait(max(0.0, next_at - time.monotonic())):
-            self.fire()
+            if self.job.state == cloud_scheduler.ENABLED:
+                self.fire()
             next_at += self.interval
 
     def start(self) -> "SweepScheduler":
+        cloud_scheduler.register(self.job)
         self._thread = threading.Thread(target=self._run, name="sweep-scheduler", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """The scheduler gone: no tick, and its job deleted."""
+        cloud_scheduler.unregister(self.job)
         self._stopped.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from sim import machine_catalog
+from sim import cloud_scheduler, machine_catalog
 from sim.core import ApiError, SimError, compute_error, rpc_error
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ _C = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
 _I = r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images"
 _R = r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)"
 _T = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+_S = r"/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/jobs"  # Cloud Scheduler
 
 ROUTES = [
     ("POST", _C + r"/instances", "c_insert"),
@@ -44,6 +45,13 @@ ROUTES = [
     ("GET", _R, "c_region"),
     ("POST", r"/v3/projects/(?P<project>[^/]+)/timeSeries", "m_time_series"),
     ("POST", r"/v2/entries:write", "l_entries_write"),
+    ("POST", r"/v2/projects/(?P<project>[^/]+)/sinks", "l_sink_create"),
+    ("GET", r"/v2/projects/(?P<project>[^/]+)/sinks/(?P<sink>[^/]+)", "l_sink_get"),
+    ("PUT", r"/v2/projects/(?P<project>[^/]+)/sinks/(?P<sink>[^/]+)", "l_sink_update"),
+    ("DELETE", r"/v2/projects/(?P<project>[^/]+)/sinks/(?P<sink>[^/]+)", "l_sink_delete"),
+    ("GET", _S + r"/(?P<job>[^/:]+)", "j_get"),
+    ("POST", _S + r"/(?P<job>[^/:]+):pause", "j_pause"),
+    ("POST", _S + r"/(?P<job>[^/:]+):resume", "j_resume"),
     ("GET", r"/compute/v1/projects/(?P<fw_project>[^/]+)/global/firewalls/(?P<firewall>[^/]+)", "c_firewall"),
     ("POST", _T + r"/nodes", "t_create"),
     ("GET", _T + r"/nodes", "t_list"),
@@ -236,6 +244,33 @@ def make_handler(sim: "SimServer"):
 
         def l_entries_write(self, body, query):
             return sim.cloud_logging.write(body)
+
+        # --- the deployment's Logging sink (sim/cloud_logging.py) and Cloud Scheduler job (sim/cloud_scheduler.py) ---
+        def _log_sink(self):
+            if sim.log_sink is None:
+                raise rpc_error(404, "this sim routes no logs: it was made with no audit_sink")
+            return sim.log_sink
+
+        def l_sink_create(self, body, query):
+            return self._log_sink().create(body)
+
+        def l_sink_get(self, sink, body, query):
+            return self._log_sink().get(sink)
+
+        def l_sink_update(self, sink, body, query):
+            return self._log_sink().update(sink, body, query.get("updateMask"))
+
+        def l_sink_delete(self, sink, body, query):
+            return self._log_sink().delete(sink)
+
+        def j_get(self, location, job, body, query):
+            return sim.cloud_scheduler.get(location, job)
+
+        def j_pause(self, location, job, body, query):
+            return sim.cloud_scheduler.set_state(location, job, cloud_scheduler.PAUSED)
+
+        def j_resume(self, location, job, body, query):
+            return sim.cloud_scheduler.set_state(location, job, cloud_scheduler.ENABLED)
 
         # --- Cloud Storage managed folders (the folder name comes URL-encoded: a/b/ is a%2Fb%2F) ---
         def g_folder_insert(self, bucket, body, query):

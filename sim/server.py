@@ -23,7 +23,8 @@ from sim.core import SimError
 from sim.http_api import make_handler
 from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
-from sim.cloud_logging import CloudLogging
+from sim.cloud_logging import CloudLogging, LogSink
+from sim.cloud_scheduler import CloudScheduler
 from sim.monitoring import Monitoring
 from sim.node_containers import NodeContainers
 from sim.runtime import SimRuntime, on_runtime
@@ -78,7 +79,8 @@ class SimServer:
         boot_command: what the node's systemd unit runs (the node agent); None boots nodes with no process.
         node_env: extra environment for node processes (`{node_dir}` in a value: the node's directory).
         nodes_root: where node directories live (default: a temporary directory removed at stop()).
-        audit_sink: called with every LogEntry dict the sim writes (e.g. an AuditRouter).
+        audit_sink: called with every LogEntry dict the sim writes (e.g. an AuditRouter), through the deployment's
+            Logging sink (`log_sink`, sim/cloud_logging.py: deleted or changed, it routes nothing).
         port: 0 = a free port.
         delete_grace: SIGTERM..SIGKILL grace on delete (default: min(notice_seconds, 5)).
         audit_timing: "end" writes a system event when the node is down (TERMINATED/PREEMPTED/deleted);
@@ -113,6 +115,9 @@ class SimServer:
         if audit_timing not in ("start", "end"):
             raise ValueError(f"audit_timing must be 'start' or 'end', not {audit_timing!r}")
         notice_seconds, op_delay = float(notice_seconds), float(op_delay)
+        # The deployment's Logging sink (projects.sinks.*), in front of what plays its routing; none without one.
+        self.log_sink = LogSink(project, audit_sink) if audit_sink is not None else None
+        audit_sink = self.log_sink
         # What the services share of the sim, and all they know of it (sim/runtime.py): they hold no SimServer.
         self.runtime = SimRuntime(
             project, notice_seconds=notice_seconds, op_delay=op_delay,
@@ -135,6 +140,7 @@ class SimServer:
         self.monitoring = Monitoring()  # Cloud Monitoring's timeSeries.create: what the controller wrote
         # Cloud Logging's entries.write: what the node agents (and the self-test) wrote, routed through the sink
         self.cloud_logging = CloudLogging(sink=audit_sink)
+        self.cloud_scheduler = CloudScheduler(project)  # the jobs this process's SweepSchedulers play
         self.catalog = BillingCatalog()  # Cloud Billing Catalog: service id → its SKUs (set_catalog)
         self._http: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None

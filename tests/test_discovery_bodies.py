@@ -35,8 +35,8 @@ from respawn.agent.heartbeat import compose_heartbeat
 from respawn.agent.metadata import MetadataClient
 from respawn.agent.nudge import Nudger
 from respawn.agent.storage import Fetcher, Uploader
-from respawn import advice, contract, deployment, prices, selftest
-from respawn.app import catalogcheck, firewallcheck, imagecheck, quotacheck, selftest_run, zonereport
+from respawn import advice, audit, contract, deployment, prices, selftest
+from respawn.app import catalogcheck, doctor, firewallcheck, imagecheck, quotacheck, selftest_run, zonereport
 from respawn.app.compute_read import Reader
 from respawn.control import clients as factory
 from respawn.control import goodput_metrics
@@ -50,6 +50,7 @@ from respawn.control.adapters.tpu import QueuedTpuProvider, TpuProvider
 from respawn.control.settings import NodeOptions
 from respawn.logs import LABELS_FIELD, labels, set_labels
 from respawn.schema import parse_spec
+from sim import cloud_scheduler
 from sim.http_api import ROUTES
 from sim.metadata import MetadataServer
 from sim.server import SimServer
@@ -86,6 +87,10 @@ ROUTE_METHODS = {
     "t_qr_delete": "tpu.projects.locations.queuedResources.delete",
     "g_folder_insert": "storage.managedFolders.insert", "g_folder_policy": "storage.managedFolders.getIamPolicy",
     "g_folder_set_policy": "storage.managedFolders.setIamPolicy", "b_skus": "cloudbilling.services.skus.list",
+    "l_sink_create": "logging.projects.sinks.create", "l_sink_get": "logging.projects.sinks.get",
+    "l_sink_update": "logging.projects.sinks.update", "l_sink_delete": "logging.projects.sinks.delete",
+    "j_get": "cloudscheduler.projects.locations.jobs.get", "j_pause": "cloudscheduler.projects.locations.jobs.pause",
+    "j_resume": "cloudscheduler.projects.locations.jobs.resume",
 }
 # Routes with no Google counterpart: the sim's own control surface (sim/README.md), which tests and the demo call.
 CONTROL_PREFIX = "/sim/"
@@ -263,10 +268,35 @@ def drive_agent_logs(endpoint: str) -> None:
         md.stop()
 
 
+def drive_doctor(endpoint: str) -> None:
+    """`respawn doctor`'s reads of the Logging sink and the scheduler job, and the calls tests/test_selftest.py
+    breaks and mends them with (as `gcloud logging sinks create|update|delete` and `gcloud scheduler jobs
+    pause|resume` would)."""
+    job = cloud_scheduler.SchedulerJob(cloud_scheduler.job_name(PROJECT, REGION),
+                                       f"projects/{PROJECT}/topics/{deployment.SWEEP_TOPIC}",
+                                       deployment.SWEEP_MESSAGE.encode())
+    cloud_scheduler.register(job)
+    try:
+        checks = doctor.deployment_checks(PROJECT, REGION, endpoint)
+        assert all(c.ok for c in checks), [c.line for c in checks]
+        http, sinks = requests.Session(), f"{endpoint}/v2/projects/{PROJECT}/sinks"
+        for verb in ("pause", "resume"):
+            http.post(f"{endpoint}/v1/{job.name}:{verb}", json={}, timeout=10).raise_for_status()
+        sink = http.put(f"{sinks}/{deployment.SINK}", params={"updateMask": "filter"},
+                        json={"filter": "severity>=ERROR"}, timeout=10)
+        sink.raise_for_status()
+        http.delete(f"{sinks}/{deployment.SINK}", timeout=10).raise_for_status()
+        made = {k: sink.json()[k] for k in ("name", "destination")} | {"filter": audit.sink_filter(PROJECT)}
+        http.post(sinks, params={"uniqueWriterIdentity": "true"}, json=made, timeout=10).raise_for_status()
+    finally:
+        cloud_scheduler.unregister(job)
+
+
 @pytest.fixture(scope="module")
 def through_sim(tmp_path_factory) -> list[Exchange]:
     """Every exchange of the drives above, through the recording proxy in front of one sim."""
-    sim = SimServer(PROJECT, **FAST, nodes_root=tmp_path_factory.mktemp("nodes"))
+    routed: list[dict] = []  # what the Logging sink routes (sim/cloud_logging.py's LogSink serves it)
+    sim = SimServer(PROJECT, **FAST, nodes_root=tmp_path_factory.mktemp("nodes"), audit_sink=routed.append)
     sim.start()
     proxy = RecordingProxy(sim.endpoint)
     try:
@@ -277,6 +307,7 @@ def through_sim(tmp_path_factory) -> list[Exchange]:
         drive_controller_rest(sim, proxy.endpoint, made)
         drive_agent_logs(proxy.endpoint)
         selftest_run.senders(PROJECT, None, proxy.endpoint).write_log(selftest.probe_entry(PROJECT, PROBE))
+        drive_doctor(proxy.endpoint)
         return list(proxy.exchanges)
     finally:
         proxy.close()

@@ -1,6 +1,8 @@
-"""The deployment's self-test and `respawn doctor` on a deployment to the local stand-ins: whole, every path answers;
-with one link broken at a time (a topic gone, a function's trigger gone, the scheduler stopped, Eventarc stopped,
-Slack refusing the webhook), that link and only that one is found and named."""
+"""The deployment's self-test and `respawn doctor` on a deployment to the local stand-ins: whole, every check passes
+and every path answers; with one link broken at a time (a topic gone, a function's trigger gone, the Logging sink's
+filter changed, the sink deleted, the scheduler job paused, the scheduler gone, Eventarc stopped, Slack refusing the
+webhook), that link and only that one is found and named: by its static check where `respawn doctor` has one, and
+by its probe."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import sys
 
 import pytest
 
-from respawn import deployment, selftest
+import requests
+
+from respawn import audit, deployment, selftest
 from respawn.app import doctor, selftest_run
-from sim import emulators, functions_host
+from sim import cloud_scheduler, emulators, functions_host
 from sim.audit_router import AuditRouter
 from sim.bridges import EventarcBridge, SweepScheduler
 from sim.slack import SlackReceiver
@@ -67,6 +71,7 @@ def test_without_firestore_the_doctor_says_so_and_sends_no_probe(tmp_path, pubsu
 def _doctor(sim, timeout: float = BROKEN_WAIT_S) -> list[doctor.Check]:
     send = selftest_run.senders(PROJECT, None, sim.endpoint)  # the sim's Cloud Logging; the scheduler's own ticks
     return [doctor.firestore_check(PROJECT), *doctor.topic_checks(PROJECT),
+            *doctor.deployment_checks(PROJECT, None, sim.endpoint),
             *doctor.probe_checks(PROJECT, send, timeout, lambda line: None)]
 
 
@@ -86,6 +91,11 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
     for link in selftest.LINKS:
         assert f"✓ {link.function} answered in" in done.stdout, done.stdout
     assert '✓ Slack took the message "Respawn is deployed"' in done.stdout
+    sink = requests.get(f"{sim.endpoint}/v2/projects/{PROJECT}/sinks/{deployment.SINK}", timeout=10).json()
+    assert (f"✓ Logging sink {deployment.SINK} routes respawn/audit.py's filter to {deployment.LOG_EVENTS_TOPIC}; "
+            f"its writer {sink['writerIdentity']} needs roles/pubsub.publisher there") in done.stdout, done.stdout
+    assert (f"✓ scheduler job {deployment.SCHEDULER_JOB} (us-central1) is enabled: {deployment.SWEEP_SCHEDULE} "
+            f"(Etc/UTC) to {deployment.SWEEP_TOPIC}") in done.stdout, done.stdout
     assert done.stdout.rstrip().endswith("checks passed"), done.stdout
     assert [p["text"] for p in slack.payloads] == [selftest.SLACK_DEPLOYED]
     assert "Traceback" not in done.stderr
@@ -117,9 +127,32 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
     emulators.delete_pubsub(pubsub_emulator, PROJECT, "subscriptions")
     functions_host.subscribe(PROJECT, parts["urls"])
 
-    # The scheduler stopped: no tick reaches on_sweep.
+    # The sink's filter changed (as `gcloud logging sinks update --log-filter` would), then the sink deleted: no
+    # probe reaches on_log_event, and the sink's line says which.
+    sinks = f"{sim.endpoint}/v2/projects/{PROJECT}/sinks"
+    requests.put(f"{sinks}/{deployment.SINK}", params={"updateMask": "filter"}, json={"filter": "severity>=ERROR"},
+                 timeout=10).raise_for_status()
+    broken([f"✗ Logging sink {deployment.SINK} has another filter than respawn/audit.py builds",
+            "on_log_event did not answer in 8 s (a log entry → the Logging sink"])
+    requests.delete(f"{sinks}/{deployment.SINK}", timeout=10).raise_for_status()
+    broken([f"✗ Logging sink {deployment.SINK} does not exist: no audit event reaches on_log_event",
+            "on_log_event did not answer in 8 s (a log entry → the Logging sink"])
+    made = {"name": deployment.SINK, "filter": audit.sink_filter(PROJECT),
+            "destination": f"pubsub.googleapis.com/projects/{PROJECT}/topics/{deployment.LOG_EVENTS_TOPIC}"}
+    requests.post(sinks, params={"uniqueWriterIdentity": "true"}, json=made, timeout=10).raise_for_status()
+
+    # The scheduler job paused (`gcloud scheduler jobs pause`): no tick reaches on_sweep.
+    job = cloud_scheduler.job_name(PROJECT, "us-central1")
+    requests.post(f"{sim.endpoint}/v1/{job}:pause", json={}, timeout=10).raise_for_status()
+    broken([f"✗ scheduler job {deployment.SCHEDULER_JOB} (us-central1) is PAUSED: gcloud scheduler jobs resume "
+            f"{deployment.SCHEDULER_JOB} --location=us-central1",
+            "on_sweep did not answer in 8 s (a Cloud Scheduler tick"])
+    requests.post(f"{sim.endpoint}/v1/{job}:resume", json={}, timeout=10).raise_for_status()
+
+    # The scheduler gone (its job deleted): the same path, and the job's line says it does not exist.
     parts["scheduler"].stop()
-    broken(["on_sweep did not answer in 8 s (a Cloud Scheduler tick"])
+    broken([f"✗ scheduler job {deployment.SCHEDULER_JOB} does not exist in us-central1",
+            "on_sweep did not answer in 8 s (a Cloud Scheduler tick"])
     parts["scheduler"] = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=1.0).start()
 
     # Eventarc's Firestore trigger stopped: the job document reaches no one.

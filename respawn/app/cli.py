@@ -1219,8 +1219,9 @@ def _seen(row: Any) -> str:
 def doctor_cmd(
     project: Optional[str] = ProjectOpt,
     region: Optional[str] = typer.Option(None, "--region", envvar="RESPAWN_REGION",
-                                         help="the functions' region: the self-test runs the scheduler job there "
-                                              "(without it, the next tick is waited for)"),
+                                         help="the functions' region: the scheduler job is checked there (without "
+                                              "it, in us-central1) and the self-test runs it (without it, the next "
+                                              "tick is waited for)"),
     job: Optional[Path] = typer.Option(None, "--job", help="a job spec: its machines, zones and quotas are checked"),
     timeout: float = typer.Option(SELFTEST_TIMEOUT_S, "--timeout", min=1,
                                   help="seconds each probe's answer is waited for"),
@@ -1231,7 +1232,7 @@ def doctor_cmd(
 
     def go() -> None:
         name = project or _store(None).project
-        checks = [doctor.firestore_check(name), *doctor.topic_checks(name)]
+        checks = [doctor.firestore_check(name), *doctor.topic_checks(name), *doctor.deployment_checks(name, region)]
         for check in checks:
             out.print(check.line, highlight=False)
         if job is not None:

@@ -75,11 +75,17 @@ def senders(project: str, region: str | None, local: str | None = None) -> Sende
             r.raise_for_status()
 
         return Senders(write_local, None)
+    return google_senders(project, region, google_session())
+
+
+def google_session():
+    """A requests session authorized with this machine's credentials (google.auth's DefaultCredentialsError where
+    it has none)."""
     import google.auth
     from google.auth.transport.requests import AuthorizedSession
 
     credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-    return google_senders(project, region, AuthorizedSession(credentials))
+    return AuthorizedSession(credentials)
 
 
 def google_senders(project: str, region: str | None, session, logging_host: str = LOGGING_HOST,
