@@ -165,8 +165,13 @@ def _decide(o: Observation) -> Decision:
         if phase is Phase.ABSENT:
             if s.create_state == "pending":
                 # Committed but never confirmed: the create call may not have happened (a crash). Re-issue it:
-                # same name, same zone, so a create that did happen answers 409 and is adopted.
-                return Decision(Action(Act.CREATE, zone=s.zone, node=s.node, attempt=s.attempt, provisioning=s.provisioning))
+                # same name, same zone, so a create that did happen answers 409 and is adopted. (Also the create a
+                # job left to this pass while a warm spare took the lost member's place: job._spare_first.) A node
+                # it replaces during its notice is named again (ATTR_HANDOVER), as at the first ask.
+                gone = s.leaving
+                handover = Handover(gone.node, gone.until.isoformat()) if gone is not None else None
+                return Decision(Action(Act.CREATE, zone=s.zone, node=s.node, attempt=s.attempt,
+                                       provisioning=s.provisioning, handover=handover))
             if s.create_state == "failed":
                 if s.next_attempt_at is not None and now < s.next_attempt_at:
                     return Decision(Action(Act.WAIT, until=s.next_attempt_at))

@@ -22,6 +22,11 @@ way, continues on fewer nodes when the zone refused and min_nodes allows, or mov
 committed, every member is deleted, and slot 0 places the job again outside the zones tried. Such a job ends
 SUCCEEDED when a member's trainer exited 0 with the last step committed (or every member of its generation exited
 0).
+
+A member's loss that leaves enough slots serving for a new generation (a warm spare in its place) is committed with
+that generation, written to its members at once, in the pass that sees it (_spare_first); the slot's own action (the
+replacement's create, the lost node's delete) follows in the next pass, derived again from what was committed. So
+the spare steps again within the lost member's notice instead of waiting for its own replacement's create.
 """
 
 from __future__ import annotations
@@ -320,8 +325,54 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         if d.status is None and d.action.kind in (Act.NONE, Act.WAIT, Act.POLL):
             waits.append(d.action)
             continue
-        return _lift(d, s, i, nodes)
+        return _spare_first(o, spec, members, seen, beats, i, d)
     return _membership(o, spec, members, seen, beats, waits)
+
+
+# A slot's decisions after a loss that the next pass derives again from what it observes, unchanged: the create of
+# the node committed `pending` (same name, same attempt: a create that did happen answers 409 and is adopted), the
+# delete of the lost node, the start of a node restarted in place, the wait of a backoff.
+_DEFERRABLE = (Act.CREATE, Act.DELETE, Act.START, Act.WAIT)
+
+
+def _spare_first(o: Observation, spec: JobSpec, members: list[MemberStatus], seen: Sequence[MemberObs],
+                 beats: Sequence[Heartbeat | None], i: int, d: Decision) -> Decision:
+    """Slot `i`'s decision `d` as the job's; when it is the loss of a member of the generation and the slots left
+    serving form a new generation (a warm spare in the lost member's place, or an elastic job's survivors), that
+    generation is committed with the loss in this same pass and written to its members (SetGeneration, its
+    Handover naming the member still saving during its notice), and the slot's own action (the replacement's
+    create, the lost node's delete) is left to the next pass, which derives it again from the status committed
+    here: the replacement's name and attempt are committed once, its create is issued once (a repeat answers 409).
+    So a spare never waits for its own replacement's create."""
+    s = o.status
+    lifted = _lift(d, s, i, len(members))
+    old, previous = members[i], generation(s)
+    after = lifted.status
+    if (after is None or d.status is None or previous is None or s.moving or old.node not in previous.members
+            or d.action.kind not in _DEFERRABLE or after.state.terminal or not d.status.recovering
+            or d.status.preempted_at == old.preempted_at):
+        return lifted
+    left = slots(after, len(members))
+    views = [membership.SlotView(j, m.node if ob.node.present and j != i else None,
+                                 j != i and _serving(m, ob, hb, o), m.address,
+                                 m.provisioning or membership.slot_provisioning(spec, j),
+                                 m.state is State.WAITING_FOR_CAPACITY)
+             for j, (m, ob, hb) in enumerate(zip(left, seen, beats))]
+    p = membership.plan(spec, views, previous)
+    g = p.generation
+    if p.step is not membership.Step.RUN or g is None or g.number == previous.number or old.node in g.members:
+        return lifted
+    reached = {**after.model_dump(include=set(_PROGRESS)), **progress(after, beats)}
+    step, committed = reached["last_step"] or 0, reached["last_committed_step"] or 0
+    g = replace(g, handover=_handover(o, spec, left, seen, beats, previous, g))
+    message = f"{_running_message(g, s.zone)} ({p.reason}); then slot {i}: {left[i].message}"
+    st = _aggregate(after.model_copy(update={"generation": _as_data(g), "steps_lost": max(step - committed, 0)}))
+    st = st.model_copy(update={"message": message[:1000]})
+    targets = tuple((j, m.zone, m.node) for j, m in enumerate(left) if m.node in g.members and m.zone)
+    details = {**lifted.details, "generation": g.number, "members": list(g.members), "master_addr": g.master_addr,
+               "then": d.action.kind.value}
+    write = SetGeneration(g.to_json(), targets)
+    return Decision(write, st, lifted.cause, lifted.alert, details)  # type: ignore[arg-type]
 
 
 def _exhausted(o: Observation, cap: float, members: list[MemberStatus], seen: Sequence[MemberObs]) -> Decision:
@@ -653,7 +704,7 @@ def _unstick(o: Observation, spec: JobSpec, members: list[MemberStatus], seen: S
         i = next(i for i, m in enumerate(members) if m.node == blamed[0])
         view = _slot_observation(o, spec, members, i, seen[i])
         d = core._lose(view, view.spec, beats[i], UNREACHABLE)
-        lifted = _lift(d, o.status, i, len(members))
+        lifted = _spare_first(o, spec, members, seen, beats, i, d)
         return replace(lifted, details={**lifted.details, "stalled_seconds": round(idle, 1), "cut_off": blamed})
     d = _restart_failed(o, spec, members, g, STALLED,
                         f"generation {g.number} made no step for {idle:.0f} s while every member trains and beats")

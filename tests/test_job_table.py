@@ -328,17 +328,39 @@ def test_a_spare_slot_is_created_with_the_others_and_named_by_no_generation():
     assert [t[2] for t in d.action.targets] == ["job-1", "job-2", "job-3"]  # the spare is never written to
 
 
-def test_a_lost_member_is_replaced_by_the_ready_spare_at_once_and_its_slots_new_node_becomes_the_spare():
+def _written(status: JobStatus, d) -> JobStatus:
+    """The job's status once decision `d`'s SetGeneration was written (reconcile's after_act, DONE)."""
+    assert d.action.kind is job.JobAct.SET_GENERATION
+    return job.after_act("job", d.status, d.action, Outcome(OutcomeKind.DONE), NOW).status
+
+
+def test_a_lost_member_is_replaced_by_the_ready_spare_in_the_pass_that_sees_the_loss_before_its_slots_create():
     status, seen = spared_job()
-    seen[1] = MemberObs()  # job-2 is gone (404): its slot's replacement job-5 is created...
+    seen[1] = MemberObs()  # job-2 is gone (404)
     d = job.decide(observe(status, seen, spec=SPARED), seen)
-    assert (d.action.kind, d.action.node, d.action.slot) == (Act.CREATE, "job-5", 1)
+    # The pass that sees the loss: the spare job-4 takes job-2's place (the survivors keep their ranks), committed
+    # with the loss and written to generation 2's members at once; nothing of job-2 is left to wait for.
+    assert d.action.kind is job.JobAct.SET_GENERATION and d.details["then"] == "create"
+    assert d.status.generation == {"number": 2, "members": ["job-1", "job-3", "job-4"], "master_addr": "10.0.0.1"}
+    assert [t[2] for t in d.action.targets] == ["job-1", "job-3", "job-4"]
+    assert d.status.recovering and d.status.preempted_at == NOW and d.status.restarts == 1
+    assert d.status.state is State.RUNNING  # seen from outside, the job trains on
+    # The slot's loss is committed with it: its replacement's name and attempt, once; the create is not asked yet.
+    m1 = d.status.members[1]
+    assert (m1.node, m1.attempt, m1.create_state, m1.state) == ("job-5", 5, "pending", State.PROVISIONING)
+    assert d.status.attempt == 5
+    written = _written(status, d)
+    assert [m.generation_sent for m in written.members] == [2, 0, 2, 2]
+    # The next pass creates the replacement: the same name and attempt, derived again from what was committed.
+    d = job.decide(observe(written, seen, spec=SPARED), seen)
+    assert (d.action.kind, d.action.node, d.action.attempt, d.action.slot) == (Act.CREATE, "job-5", 5, 1)
+    assert d.status is None or d.status.attempt == 5
+    created = job.after_act("job", written, d.action, Outcome(OutcomeKind.DONE), NOW).status
     booting = [seen[0], MemberObs(NodeObs(Phase.BOOTING, "STAGING")), *seen[2:]]
-    # ...and, without waiting for it, the spare job-4 takes job-2's place: the survivors keep their ranks.
-    formed, _ = settle(d.status, booting, spec=SPARED)
-    assert formed.generation["members"] == ["job-1", "job-3", "job-4"] and formed.generation["number"] == 2
-    assert "handover" not in formed.generation  # job-2 is gone: nothing of it to wait for
-    assert [m.generation_sent for m in formed.members] == [2, 0, 2, 2]
+    d = job.decide(observe(created, booting, spec=SPARED), booting)
+    assert d.action.kind is not Act.CREATE  # never a second create, nor a new attempt
+    formed, _ = settle(created, booting, spec=SPARED)
+    assert formed.attempt == 5 and formed.generation["number"] == 2
     # job-5 serves: it is the next spare, and generation 2 stays.
     job5 = formed.members[1].model_copy(update={"state": State.RUNNING, "create_state": "created",
                                                "address": "10.0.0.5"})
@@ -347,18 +369,57 @@ def test_a_lost_member_is_replaced_by_the_ready_spare_at_once_and_its_slots_new_
     assert settle(ready, now_serving, spec=SPARED)[0].generation["number"] == 2
 
 
-def test_a_member_in_its_notice_is_replaced_by_the_spare_which_waits_for_its_emergency_save():
+def test_a_member_in_its_notice_is_replaced_by_the_spare_in_that_pass_which_waits_for_its_emergency_save():
     status, seen = spared_job()
     noticed = [seen[0], MemberObs(RUNNING, beat(2, "preempting", generation=1, notice="preempted"), "10.0.0.2",
                                   hint="notice"), *seen[2:]]
     d = job.decide(observe(status, noticed, spec=SPARED), noticed)
+    leaving = d.status.members[1].leaving
+    assert leaving.node == "job-2" and d.status.members[1].node == "job-5"
+    # The pass that sees the notice writes generation 2 with the spare in job-2's place and the handover of job-2's
+    # save; the replacement job-5 is created by the next pass.
+    assert d.action.kind is job.JobAct.SET_GENERATION and d.details["then"] == "create"
+    assert d.status.generation["members"] == ["job-1", "job-3", "job-4"]
+    assert d.status.generation["handover"] == [{"node": "job-2", "until": leaving.until.isoformat()}]
+    g = job.Generation.from_json(d.action.value)
+    assert g.number == 2 and g.handover[0].node == "job-2"
+    # The next pass: slot 1's node (job-5) is not there yet, job-2 still saves beside it; the create names job-2
+    # as the node it takes over from (ATTR_HANDOVER), as the first ask would have.
+    written = _written(status, d)
+    after = [seen[0], MemberObs(leaving=RUNNING, leaving_heartbeat=noticed[1].heartbeat), *seen[2:]]
+    d = job.decide(observe(written, after, spec=SPARED), after)
+    assert (d.action.kind, d.action.node, d.action.attempt, d.action.slot) == (Act.CREATE, "job-5", 5, 1)
+    assert d.action.handover == job.Handover("job-2", leaving.until.isoformat())
+    formed, _ = settle(job.after_act("job", written, d.action, Outcome(OutcomeKind.DONE), NOW).status,
+                       [seen[0], MemberObs(NodeObs(Phase.BOOTING, "STAGING"), leaving=RUNNING), *seen[2:]],
+                       spec=SPARED)
+    assert formed.generation["number"] == 2 and formed.attempt == 5
+
+
+def test_a_dead_member_is_replaced_by_the_spare_before_its_delete_and_the_delete_before_the_create():
+    status, seen = spared_job()
+    dead = [seen[0], MemberObs(NodeObs(Phase.DEAD, "TERMINATED"), beat(2, "training", generation=1), "10.0.0.2"),
+            *seen[2:]]
+    d = job.decide(observe(status, dead, spec=SPARED), dead)
+    assert d.action.kind is job.JobAct.SET_GENERATION and d.details["then"] == "delete"
+    assert d.status.generation["members"] == ["job-1", "job-3", "job-4"] and "handover" not in d.status.generation
+    assert d.status.members[1].state is State.PREEMPTED and d.status.members[1].node == "job-2"
+    written = _written(status, d)
+    d = job.decide(observe(written, dead, spec=SPARED), dead)
+    assert (d.action.kind, d.action.node, d.action.slot) == (Act.DELETE, "job-2", 1)
+    gone = [seen[0], MemberObs(), *seen[2:]]
+    d = job.decide(observe(written, gone, spec=SPARED), gone)
+    assert (d.action.kind, d.action.node, d.action.attempt) == (Act.CREATE, "job-5", 5)
+    assert d.status.generation["number"] == 2
+
+
+def test_a_loss_with_no_spare_serving_creates_the_replacement_first_and_the_survivors_hold():
+    status, seen = spared_job()
+    seen[3] = MemberObs(NodeObs(Phase.BOOTING, "STAGING"))  # the spare still boots
+    seen[1] = MemberObs()
+    d = job.decide(observe(status, seen, spec=SPARED), seen)
     assert (d.action.kind, d.action.node, d.action.slot) == (Act.CREATE, "job-5", 1)
-    assert d.status.members[1].leaving.node == "job-2"
-    booting = [seen[0], MemberObs(NodeObs(Phase.BOOTING, "STAGING")), *seen[2:]]
-    formed, _ = settle(d.status, booting, spec=SPARED)
-    assert formed.generation["members"] == ["job-1", "job-3", "job-4"]
-    assert formed.generation["handover"] == [{"node": "job-2", "until": d.status.members[1].leaving.until.isoformat()}]
-    assert Generation.from_json(job.generation(formed).to_json()).handover[0].node == "job-2"
+    assert d.status.generation == GEN1
 
 
 def test_a_member_whose_heartbeat_says_notice_is_left_out_for_the_spare_with_a_handover_of_its_window():
