@@ -409,7 +409,11 @@ def test_multi_node_job_file_scenario(tmp_path, name):
 # TPU through a queued resource (tpu-queued.yaml: test_functions_queued, test_agent_process), a state too large for
 # the notice (large-state.yaml: test_agent_save_outcome, test_decide_badday, test_functions_save_outcome,
 # test_trainer_checkpoint), the HF Trainer on one node (hf.yaml: test_integration_transformers; hf-multi-node runs the
-# HF Trainer end to end below), a setup that fails (setup-fails.yaml: test_functions_failures, test_agent_prepare).
+# HF Trainer end to end below), a setup that fails (setup-fails.yaml: test_functions_failures, test_agent_prepare),
+# a replacement lost as it joins, again and again (rejoin-preempted.yaml: move-master-lost below loses its new
+# master's replacement too; the hybrid job test_functions_multinode), the trainer image on one node
+# (container.yaml: container-multi-node below runs under sh -c without exec; the restart in place with the layers on
+# the disk test_agent_container and test_sim_containers).
 @pytest.mark.parametrize("name", ["jax", "ddp-8", "tpu-slice", "lightning"])
 def test_scenario(tmp_path, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
@@ -461,11 +465,12 @@ def grown_back_share(text: str, nodes: int, sc) -> float:
     return (sc.trainer.steps - regrown) / (sc.trainer.steps - first_loss)
 
 
-@pytest.mark.parametrize("name", ["rejoin-preempted", "elastic-two-lost", "move-master-lost"])
+@pytest.mark.parametrize("name", ["elastic-two-lost", "move-master-lost"])
 def test_harder_multi_node_scenario(tmp_path, name):
-    """Losses the plain scenario does not reach: a replacement lost as it joins (again and again), two members lost
-    while the zone is dry (an elastic world of one, grown back), a move to the next zone whose new master is lost as
-    it joins. The multi-node invariants hold, and Slack hears one true alert per recovery."""
+    """Losses the plain scenario does not reach: two members lost while the zone is dry (an elastic world of one,
+    grown back), a move to the next zone whose new master is lost as it joins, and its replacement too (a replacement
+    lost as it joins, again: rejoin-preempted.yaml's path, whose run this one took over; tests/README.md "Moved out
+    of the demo runs"). The multi-node invariants hold, and Slack hears one true alert per recovery."""
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
     nodes = sc.job["nodes"]
@@ -481,6 +486,9 @@ def test_harder_multi_node_scenario(tmp_path, name):
     assert not [a for a in out["alerts"] if "waiting for capacity" in a], out["alerts"]
     if moved:
         assert f"all {nodes} nodes in {sc.zones[1].name}" in recovered[-1]
+        # The move made every member anew; each later loss, a replacement lost as it joined, made one node: the
+        # survivor kept its VM.
+        assert len(out["workers"]) == 2 * nodes + len(sc.preemptions) - 1, out["workers"]
     # Every stop and every start is one step for every rank of its world (ranks 0..k-1 together, never apart).
     text = "".join(p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log"))
     for what in ("preempted at", "starting at"):
