@@ -343,7 +343,9 @@ def _spare_first(o: Observation, spec: JobSpec, members: list[MemberStatus], see
     Handover naming the member still saving during its notice), and the slot's own action (the replacement's
     create, the lost node's delete) is left to the next pass, which derives it again from the status committed
     here: the replacement's name and attempt are committed once, its create is issued once (a repeat answers 409).
-    So a spare never waits for its own replacement's create."""
+    So a spare never waits for its own replacement's create. Only for a lost node that is gone, off, or in its notice
+    (the generation's handover waits for its save): one still up without a notice (cut off, stopping) is deleted
+    first, as before, its soft-off saving before any spare restores."""
     s = o.status
     lifted = _lift(d, s, i, len(members))
     old, previous = members[i], generation(s)
@@ -365,6 +367,8 @@ def _spare_first(o: Observation, spec: JobSpec, members: list[MemberStatus], see
     reached = {**after.model_dump(include=set(_PROGRESS)), **progress(after, beats)}
     step, committed = reached["last_step"] or 0, reached["last_committed_step"] or 0
     g = replace(g, handover=_handover(o, spec, left, seen, beats, previous, g))
+    if seen[i].node.phase not in (Phase.ABSENT, Phase.DEAD) and old.node not in {h.node for h in g.handover}:
+        return lifted  # a live node no handover waits for (cut off, stopping): its delete's soft-off saves first
     message = f"{_running_message(g, s.zone)} ({p.reason}); then slot {i}: {left[i].message}"
     st = _aggregate(after.model_copy(update={"generation": _as_data(g), "steps_lost": max(step - committed, 0)}))
     st = st.model_copy(update={"message": message[:1000]})

@@ -14,7 +14,7 @@ from respawn.control.actions import Act
 from respawn.control.observation import Settings
 from respawn.control.job import MemberObs
 from respawn.schema import State
-from test_job_table import GEN1, NOW, RUNNING, beat, observe, running_job
+from test_job_table import GEN1, NOW, RUNNING, SPARED, beat, member, observe, running_job
 
 TIMEOUT = 60.0
 
@@ -55,6 +55,17 @@ def test_the_member_that_cannot_reach_the_master_while_the_other_can_is_replaced
     again = decide(d.status, seen)
     assert again.cause != job.UNREACHABLE and again.action.kind in (Act.WAIT, Act.CREATE)
     assert again.action.kind is Act.WAIT or again.action.slot == 2
+
+
+def test_a_member_cut_off_is_deleted_before_a_warm_spare_joins_its_soft_off_saving_first():
+    # The member cut off still runs, with no notice: no handover would wait for what it writes, so the spare does
+    # not take its place in the pass that blames it (job._spare_first); its delete (the soft-off's save) comes first.
+    status, seen = training(TIMEOUT, [None, True, False])
+    status = status.model_copy(update={"members": [*status.members, member(3, 4)], "attempt": 4})
+    seen = [*seen, MemberObs(RUNNING, beat(4), "10.0.0.4")]
+    d = job.decide(observe(status, seen, spec=SPARED, settings=Settings(progress_timeout_seconds=TIMEOUT)), seen)
+    assert d.cause == job.UNREACHABLE and (d.action.kind, d.action.node, d.action.slot) == (Act.DELETE, "job-3", 2)
+    assert d.status.generation == GEN1
 
 
 def test_a_master_no_member_reaches_is_the_one_replaced():
