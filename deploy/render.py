@@ -91,6 +91,7 @@ def names(project: str, region: str, bucket: str, slack_secret: str, wheel: Path
         "JOB_DOCUMENT_PATTERN": deployment.JOB_DOCUMENT_PATTERN, "JOB_CREATED_EVENT": deployment.JOB_CREATED_EVENT,
         "WHEEL": str(wheel), "WHEEL_URI": wheel_uri, "AGENT": str(agent), "AGENT_URI": agent_uri,
         "ROLES": " ".join(r.id for r in iam.roles()),
+        "APIS": " ".join(deployment.APIS), "PUBSUB_AGENT_ROLE": deployment.PUBSUB_AGENT_ROLE,
     }
 
 
@@ -143,6 +144,24 @@ def bindings(project: str, bucket: str, slack_secret: str,
         # each-function and log-events-topic are bound in their own build steps, the Pub/Sub agent in bindings'
         if p["scope"] in resource and p["member"] in sa:
             out.append((*resource[p["scope"]], f"serviceAccount:{sa[p['member']]}", p["role"], "None"))
+    return out
+
+
+def project_bindings(project: str, identities: int = deployment.DEFAULT_NODE_IDENTITIES
+                     ) -> list[tuple[str, str, dict | None]]:
+    """(member, role, the condition's body or None) of every role bindings() binds on the project: what `respawn
+    doctor` looks for in the project's IAM policy and what the sim's record of the build holds. The Pub/Sub service
+    agent's grant, named by the project's number, is the `bindings` step's own (respawn.deployment.PUBSUB_AGENT_ROLE).
+    No project binding depends on the bucket or the secret, so none is asked for."""
+    out = []
+    for kind, _, member, role, condition in bindings(project, "", "", identities):
+        if kind != "project":
+            continue
+        made = None
+        if condition != "None":
+            name, _, identity = condition.partition("@")
+            made = iam.CONDITIONS[name](project, "", identity or None).definition()
+        out.append((member, role, made))
     return out
 
 

@@ -19,6 +19,16 @@ ALERTS_TOPIC = "respawn-alerts"  # the core publishes alert JSON here; on_alert 
 # back to it (each job's reconcile on an invocation of its own); the CLI nudges one job there on cancel.
 SWEEP_TOPIC = "respawn-sweep"
 
+# The Google APIs the deployment uses: the build's `apis` step enables these (deploy/render.py writes them as APIS),
+# `respawn doctor` checks that each is enabled.
+APIS: tuple[str, ...] = (
+    "compute.googleapis.com", "tpu.googleapis.com", "firestore.googleapis.com", "pubsub.googleapis.com",
+    "logging.googleapis.com", "cloudfunctions.googleapis.com", "run.googleapis.com", "eventarc.googleapis.com",
+    "cloudscheduler.googleapis.com", "secretmanager.googleapis.com", "artifactregistry.googleapis.com",
+    "cloudbuild.googleapis.com", "iam.googleapis.com", "storage.googleapis.com", "monitoring.googleapis.com",
+    "cloudbilling.googleapis.com",
+)
+
 SINK = "respawn-system-events"  # the Logging sink that routes respawn.audit.sink_filter() to LOG_EVENTS_TOPIC
 SCHEDULER_JOB = "respawn-sweep"
 SWEEP_SCHEDULE = "*/2 * * * *"  # a lost audit event delays recovery by at most this period
@@ -72,6 +82,9 @@ ENV_SUBNETWORK = "RESPAWN_SUBNETWORK"  # its subnetwork in the nodes' region, fo
 ENV_COMPUTE_ENDPOINT = "RESPAWN_COMPUTE_ENDPOINT"  # local runs only: the sim's Compute Engine (functions and CLI)
 ENV_VERSION = "RESPAWN_VERSION"  # the Cloud Build ID that deployed this code
 ENV_SLACK_WEBHOOK_URL = "SLACK_WEBHOOK_URL"  # on_alert only, from Secret Manager
+# The Secret Manager secret that holds the Slack webhook URL: the build's _SLACK_SECRET by default (on_alert gets its
+# latest version as SLACK_WEBHOOK_URL).
+DEFAULT_SLACK_SECRET = "respawn-slack-webhook"
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,21 @@ def node_identity(index: int) -> str:
 
 def node_identities(count: int) -> list[str]:
     return [node_identity(i) for i in range(1, count + 1)]
+
+
+def service_accounts(identities: int = DEFAULT_NODE_IDENTITIES) -> list[str]:
+    """The IDs of every service account the build makes: the controller's, the notifier's, the trigger's, and the
+    node pool's `identities`."""
+    return [CONTROLLER_SA, NOTIFIER_SA, TRIGGER_SA, *node_identities(identities)]
+
+
+PUBSUB_AGENT_ROLE = "roles/iam.serviceAccountTokenCreator"
+
+
+def pubsub_service_agent(project_number: str) -> str:
+    """The email of the project's Pub/Sub service agent, which mints the trigger identity's tokens for Eventarc's
+    Pub/Sub triggers (the build's `bindings` step grants it roles/iam.serviceAccountTokenCreator)."""
+    return f"service-{project_number}@gcp-sa-pubsub.iam.gserviceaccount.com"
 
 
 def heartbeat_database(identity: str | None) -> str:

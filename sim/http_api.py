@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from sim import cloud_scheduler, machine_catalog
+from sim import project as sim_project
 from sim.core import ApiError, SimError, compute_error, rpc_error
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ _I = r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images"
 _R = r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)"
 _T = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 _S = r"/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/jobs"  # Cloud Scheduler
+_P = r"/v1/projects/(?P<project>[^/:]+)"  # Service Usage, IAM, Resource Manager, Secret Manager (sim/project.py)
 
 ROUTES = [
     ("POST", _C + r"/instances", "c_insert"),
@@ -52,6 +54,18 @@ ROUTES = [
     ("GET", _S + r"/(?P<job>[^/:]+)", "j_get"),
     ("POST", _S + r"/(?P<job>[^/:]+):pause", "j_pause"),
     ("POST", _S + r"/(?P<job>[^/:]+):resume", "j_resume"),
+    ("GET", _P + r"/services", "u_list"),
+    ("POST", _P + r"/services/(?P<service>[^/:]+):enable", "u_enable"),
+    ("POST", _P + r"/services/(?P<service>[^/:]+):disable", "u_disable"),
+    ("GET", _P + r"/serviceAccounts/(?P<account>[^/:]+)", "i_account_get"),
+    ("POST", _P + r"/serviceAccounts", "i_account_create"),
+    ("DELETE", _P + r"/serviceAccounts/(?P<account>[^/:]+)", "i_account_delete"),
+    ("GET", _P, "r_project"),
+    ("POST", _P + r":getIamPolicy", "r_get_policy"),
+    ("POST", _P + r":setIamPolicy", "r_set_policy"),
+    ("GET", _P + r"/secrets/(?P<secret>[^/]+)/versions/(?P<version>[^/:]+)", "k_version_get"),
+    ("POST", _P + r"/secrets/(?P<secret>[^/]+)/versions/(?P<version>[^/:]+):enable", "k_version_enable"),
+    ("POST", _P + r"/secrets/(?P<secret>[^/]+)/versions/(?P<version>[^/:]+):disable", "k_version_disable"),
     ("GET", r"/compute/v1/projects/(?P<fw_project>[^/]+)/global/firewalls/(?P<firewall>[^/]+)", "c_firewall"),
     ("POST", _T + r"/nodes", "t_create"),
     ("GET", _T + r"/nodes", "t_list"),
@@ -271,6 +285,44 @@ def make_handler(sim: "SimServer"):
 
         def j_resume(self, location, job, body, query):
             return sim.cloud_scheduler.set_state(location, job, cloud_scheduler.ENABLED)
+
+        # --- what the build made in the project (sim/project.py): APIs, service accounts, IAM policy, the secret ---
+        def u_list(self, body, query):
+            return sim.project_record.list_services(query.get("filter"), int(query.get("pageSize", 50)),
+                                                    query.get("pageToken"))
+
+        def u_enable(self, service, body, query):
+            return sim.project_record.set_service(service, sim_project.ENABLED)
+
+        def u_disable(self, service, body, query):
+            return sim.project_record.set_service(service, sim_project.DISABLED)
+
+        def i_account_get(self, account, body, query):
+            return sim.project_record.get_account(unquote(account))
+
+        def i_account_create(self, body, query):
+            return sim.project_record.create_account(body)
+
+        def i_account_delete(self, account, body, query):
+            return sim.project_record.delete_account(unquote(account))
+
+        def r_project(self, body, query):
+            return sim.project_record.get_project()
+
+        def r_get_policy(self, body, query):
+            return sim.project_record.get_policy()
+
+        def r_set_policy(self, body, query):
+            return sim.project_record.set_policy(body)
+
+        def k_version_get(self, secret, version, body, query):
+            return sim.project_record.get_version(secret, version)
+
+        def k_version_enable(self, secret, version, body, query):
+            return sim.project_record.set_version(secret, version, sim_project.ENABLED)
+
+        def k_version_disable(self, secret, version, body, query):
+            return sim.project_record.set_version(secret, version, sim_project.DISABLED)
 
         # --- Cloud Storage managed folders (the folder name comes URL-encoded: a/b/ is a%2Fb%2F) ---
         def g_folder_insert(self, bucket, body, query):

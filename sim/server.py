@@ -25,6 +25,7 @@ from sim.loopback_http import LoopbackHTTPServer
 from sim.metadata import MetadataServer
 from sim.cloud_logging import CloudLogging, LogSink
 from sim.cloud_scheduler import CloudScheduler
+from sim.project import ProjectRecord
 from sim.monitoring import Monitoring
 from sim.node_containers import NodeContainers
 from sim.runtime import SimRuntime, on_runtime
@@ -141,6 +142,8 @@ class SimServer:
         # Cloud Logging's entries.write: what the node agents (and the self-test) wrote, routed through the sink
         self.cloud_logging = CloudLogging(sink=audit_sink)
         self.cloud_scheduler = CloudScheduler(project)  # the jobs this process's SweepSchedulers play
+        # What the build made in the project: enabled APIs, service accounts, the IAM policy, the Slack secret
+        self.project_record = ProjectRecord.as_built(project)
         self.catalog = BillingCatalog()  # Cloud Billing Catalog: service id → its SKUs (set_catalog)
         self._http: LoopbackHTTPServer | None = None
         self._thread: threading.Thread | None = None

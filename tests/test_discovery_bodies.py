@@ -91,6 +91,15 @@ ROUTE_METHODS = {
     "l_sink_update": "logging.projects.sinks.update", "l_sink_delete": "logging.projects.sinks.delete",
     "j_get": "cloudscheduler.projects.locations.jobs.get", "j_pause": "cloudscheduler.projects.locations.jobs.pause",
     "j_resume": "cloudscheduler.projects.locations.jobs.resume",
+    "u_list": "serviceusage.services.list", "u_enable": "serviceusage.services.enable",
+    "u_disable": "serviceusage.services.disable", "i_account_get": "iam.projects.serviceAccounts.get",
+    "i_account_create": "iam.projects.serviceAccounts.create",
+    "i_account_delete": "iam.projects.serviceAccounts.delete", "r_project": "cloudresourcemanager.projects.get",
+    "r_get_policy": "cloudresourcemanager.projects.getIamPolicy",
+    "r_set_policy": "cloudresourcemanager.projects.setIamPolicy",
+    "k_version_get": "secretmanager.projects.secrets.versions.get",
+    "k_version_enable": "secretmanager.projects.secrets.versions.enable",
+    "k_version_disable": "secretmanager.projects.secrets.versions.disable",
 }
 # Routes with no Google counterpart: the sim's own control surface (sim/README.md), which tests and the demo call.
 CONTROL_PREFIX = "/sim/"
@@ -103,6 +112,7 @@ HAND_CALLERS = {
     "respawn/app/quotacheck.py": "drive_cli",
     "respawn/app/zonereport.py": "drive_cli",
     "respawn/app/selftest_run.py": "test_the_self_tests_probes_to_logging_and_the_scheduler",
+    "respawn/app/doctor.py": "drive_doctor",
     "functions/adapters/managed_folders.py": "drive_controller_rest",
     "functions/adapters/monitoring.py": "drive_controller_rest",
     "functions/adapters/prices.py": "drive_controller_rest",
@@ -269,9 +279,11 @@ def drive_agent_logs(endpoint: str) -> None:
 
 
 def drive_doctor(endpoint: str) -> None:
-    """`respawn doctor`'s reads of the Logging sink and the scheduler job, and the calls tests/test_selftest.py
-    breaks and mends them with (as `gcloud logging sinks create|update|delete` and `gcloud scheduler jobs
-    pause|resume` would)."""
+    """`respawn doctor`'s reads of what the build made (the enabled APIs, the service accounts, the project and its
+    IAM policy, the Slack secret's latest version, the Logging sink, the scheduler job), and the calls
+    tests/test_selftest.py breaks and mends them with (as `gcloud services disable|enable`, `gcloud iam
+    service-accounts delete|create`, `gcloud projects set-iam-policy`, `gcloud secrets versions disable|enable`,
+    `gcloud logging sinks create|update|delete` and `gcloud scheduler jobs pause|resume` would)."""
     job = cloud_scheduler.SchedulerJob(cloud_scheduler.job_name(PROJECT, REGION),
                                        f"projects/{PROJECT}/topics/{deployment.SWEEP_TOPIC}",
                                        deployment.SWEEP_MESSAGE.encode())
@@ -288,6 +300,22 @@ def drive_doctor(endpoint: str) -> None:
         http.delete(f"{sinks}/{deployment.SINK}", timeout=10).raise_for_status()
         made = {k: sink.json()[k] for k in ("name", "destination")} | {"filter": audit.sink_filter(PROJECT)}
         http.post(sinks, params={"uniqueWriterIdentity": "true"}, json=made, timeout=10).raise_for_status()
+        v1 = f"{endpoint}/v1/projects/{PROJECT}"
+        for verb in ("disable", "enable"):
+            http.post(f"{v1}/services/pubsub.googleapis.com:{verb}",
+                      json={"disableDependentServices": False} if verb == "disable" else {},
+                      timeout=10).raise_for_status()
+            http.post(f"{v1}/secrets/{deployment.DEFAULT_SLACK_SECRET}/versions/1:{verb}", json={},
+                      timeout=10).raise_for_status()
+        policy = http.post(f"{v1}:getIamPolicy", json={"options": {"requestedPolicyVersion": 3}}, timeout=10)
+        policy.raise_for_status()
+        http.post(f"{v1}:setIamPolicy", json={"policy": policy.json(), "updateMask": "bindings,etag"},
+                  timeout=10).raise_for_status()
+        node = deployment.service_account_email(deployment.node_identity(1), PROJECT)
+        http.delete(f"{v1}/serviceAccounts/{node}", timeout=10).raise_for_status()
+        http.post(f"{v1}/serviceAccounts", json={"accountId": deployment.node_identity(1),
+                                                 "serviceAccount": {"displayName": "Respawn respawn-node-1"}},
+                  timeout=10).raise_for_status()
     finally:
         cloud_scheduler.unregister(job)
 
@@ -577,4 +605,6 @@ def test_the_vendored_documents_are_the_revisions_the_audit_read():
         "compute.v1": "20261106", "tpu.v2": "20261001", "storage.v1": "20261009", "logging.v2": "20260911",
         "cloudbilling.v1": "20260901", "monitoring.v3": "20260129", "pubsub.v1": "20261027",
         "firestore.v1": "20260928", "iam.v1": "20261023", "monitoring.v1": "20260903",
-        "cloudscheduler.v1": "20261106"}  # the self-test's jobs.run (respawn/app/selftest_run.py), vendored 2026-12-07
+        "cloudscheduler.v1": "20261106",  # the self-test's jobs.run (respawn/app/selftest_run.py), vendored 2026-12-07
+        # `respawn doctor`'s reads of what the build made (respawn/app/doctor.py), vendored 2026-12-07
+        "serviceusage.v1": "20260921", "cloudresourcemanager.v1": "20261107", "secretmanager.v1": "20261021"}

@@ -1,12 +1,15 @@
 """The deployment's self-test and `respawn doctor` on a deployment to the local stand-ins: whole, every check passes
 and every path answers; with one link broken at a time (a topic gone, a function's trigger gone, the Logging sink's
-filter changed, the sink deleted, the scheduler job paused, the scheduler gone, Eventarc stopped, Slack refusing the
-webhook), that link and only that one is found and named: by its static check where `respawn doctor` has one, and
-by its probe."""
+filter changed, the sink deleted, the scheduler job paused, the scheduler gone, an API disabled, a role binding and
+the Pub/Sub service agent's grant removed, a node service account deleted, the Slack secret's version disabled,
+Eventarc stopped, Slack refusing the webhook), that link and only that one is found and named: by its static check
+where `respawn doctor` has one, and by its probe where the stand-ins play the link (they do not obey the record of
+the APIs, accounts, policy and secret: sim/project.py)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -96,6 +99,13 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
             f"its writer {sink['writerIdentity']} needs roles/pubsub.publisher there") in done.stdout, done.stdout
     assert (f"✓ scheduler job {deployment.SCHEDULER_JOB} (us-central1) is enabled: {deployment.SWEEP_SCHEDULE} "
             f"(Etc/UTC) to {deployment.SWEEP_TOPIC}") in done.stdout, done.stdout
+    for line in (f"✓ the {len(deployment.APIS)} APIs the deployment uses are enabled",
+                 f"✓ service accounts: {deployment.CONTROLLER_SA}, {deployment.NOTIFIER_SA}, {deployment.TRIGGER_SA} "
+                 f"and the {deployment.DEFAULT_NODE_IDENTITIES} node identities exist",
+                 "✓ the Pub/Sub service agent holds roles/iam.serviceAccountTokenCreator",
+                 f"✓ Slack secret {deployment.DEFAULT_SLACK_SECRET}: its latest version (1) is enabled"):
+        assert line in done.stdout, done.stdout
+    assert re.search(r"✓ the \d+ role bindings the deployment makes on the project are there", done.stdout)
     assert done.stdout.rstrip().endswith("checks passed"), done.stdout
     assert [p["text"] for p in slack.payloads] == [selftest.SLACK_DEPLOYED]
     assert "Traceback" not in done.stderr
@@ -154,6 +164,47 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
     broken([f"✗ scheduler job {deployment.SCHEDULER_JOB} does not exist in us-central1",
             "on_sweep did not answer in 8 s (a Cloud Scheduler tick"])
     parts["scheduler"] = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=1.0).start()
+
+    # What the build made in the project, each broken through its API as gcloud would break it: that check's line
+    # alone names it (every probe still answers: the stand-ins do not obey this record, sim/project.py).
+    v1 = f"{sim.endpoint}/v1/projects/{PROJECT}"
+    requests.post(f"{v1}/services/eventarc.googleapis.com:disable", json={}, timeout=10).raise_for_status()
+    broken(["✗ APIs not enabled: eventarc.googleapis.com: gcloud services enable eventarc.googleapis.com"])
+    requests.post(f"{v1}/services/eventarc.googleapis.com:enable", json={}, timeout=10).raise_for_status()
+
+    def set_policy(bindings: list[dict]) -> None:  # `gcloud projects set-iam-policy`, the etag of the policy read
+        policy = requests.post(f"{v1}:getIamPolicy", json={"options": {"requestedPolicyVersion": 3}}, timeout=10)
+        requests.post(f"{v1}:setIamPolicy", json={"policy": {**policy.json(), "bindings": bindings}},
+                      timeout=10).raise_for_status()
+
+    built = requests.post(f"{v1}:getIamPolicy", json={"options": {"requestedPolicyVersion": 3}}, timeout=10).json()
+    controller = deployment.service_account_email(deployment.CONTROLLER_SA, PROJECT)
+    set_policy([b for b in built["bindings"] if not b["role"].endswith("/respawnController")])
+    broken([f"✗ roles not bound on the project: respawnController to {controller}: redeploy (cloudbuild.yaml, step "
+            "bindings)"])
+    agent = f"serviceAccount:{deployment.pubsub_service_agent(sim.project_record.number)}"
+    set_policy([{**b, "members": [m for m in b["members"] if m != agent]} for b in built["bindings"]])
+    broken(["✗ the Pub/Sub service agent lacks roles/iam.serviceAccountTokenCreator: in a project that enabled "
+            f"Pub/Sub on or before 2021-04-08, on_log_event, on_sweep and on_alert get no events: gcloud projects "
+            f"add-iam-policy-binding {PROJECT} --member={agent} --role=roles/iam.serviceAccountTokenCreator"])
+    set_policy(built["bindings"])
+
+    # A node identity deleted: its account is missing, and its bindings name a deleted principal now, so they are
+    # missing too; made again, it is bound to nothing until the build's bindings step runs again.
+    node = deployment.service_account_email(deployment.node_identity(2), PROJECT)
+    requests.delete(f"{v1}/serviceAccounts/{node}", timeout=10).raise_for_status()
+    broken([f"✗ service accounts: missing: {deployment.node_identity(2)}: redeploy",
+            f"✗ roles not bound on the project: respawnNode to {node}"])
+    requests.post(f"{v1}/serviceAccounts", json={"accountId": deployment.node_identity(2)},
+                  timeout=10).raise_for_status()
+    broken([f"✗ roles not bound on the project: respawnNode to {node}"])
+    set_policy(built["bindings"])
+
+    # The Slack secret's latest version disabled (`gcloud secrets versions disable`).
+    secret = f"{v1}/secrets/{deployment.DEFAULT_SLACK_SECRET}/versions/1"
+    requests.post(f"{secret}:disable", json={}, timeout=10).raise_for_status()
+    broken([f"✗ Slack secret {deployment.DEFAULT_SLACK_SECRET}: its latest version (1) is DISABLED"])
+    requests.post(f"{secret}:enable", json={}, timeout=10).raise_for_status()
 
     # Eventarc's Firestore trigger stopped: the job document reaches no one.
     parts["eventarc"].stop()

@@ -1225,6 +1225,11 @@ def doctor_cmd(
     job: Optional[Path] = typer.Option(None, "--job", help="a job spec: its machines, zones and quotas are checked"),
     timeout: float = typer.Option(SELFTEST_TIMEOUT_S, "--timeout", min=1,
                                   help="seconds each probe's answer is waited for"),
+    node_identities: int = typer.Option(deployment.DEFAULT_NODE_IDENTITIES, "--node-identities", min=1,
+                                        max=deployment.MAX_NODE_IDENTITIES,
+                                        help="the build's _NODE_IDENTITIES: the node service accounts checked"),
+    slack_secret: str = typer.Option(deployment.DEFAULT_SLACK_SECRET, "--slack-secret",
+                                     help="the build's _SLACK_SECRET: the secret whose latest version is checked"),
     probes: bool = typer.Option(True, "--probes/--no-probes", help="send the self-test's probes"),
 ) -> None:
     """Check a deployment (a project, or the demo's stand-ins) and prove every path it relies on, one line a check."""
@@ -1232,7 +1237,8 @@ def doctor_cmd(
 
     def go() -> None:
         name = project or _store(None).project
-        checks = [doctor.firestore_check(name), *doctor.topic_checks(name), *doctor.deployment_checks(name, region)]
+        checks = [doctor.firestore_check(name), *doctor.topic_checks(name), *doctor.deployment_checks(
+            name, region, identities=node_identities, slack_secret=slack_secret)]
         for check in checks:
             out.print(check.line, highlight=False)
         if job is not None:

@@ -2,10 +2,13 @@
 path it relies on (respawn/app/selftest_run.py). One line per check: ✓, or ✗ and what to do.
 
 The checks read what the caller's credentials may read: the Firestore database the jobs live in, the three topics, and
-a subscription (a function's trigger) on each; the Logging sink (its filter, destination and writer identity) and the
+a subscription (a function's trigger) on each; the APIs the build enables (respawn.deployment.APIS), the service
+accounts it makes (the controller's, the notifier's, the trigger's and the node pool's), the roles it binds on the
+project (deploy/render.py's project_bindings, from deploy/iam/permissions.yaml) and the Pub/Sub service agent's
+grant, the Slack secret's latest version; the Logging sink (its filter, destination and writer identity) and the
 scheduler job (enabled, its schedule, topic and message), as the build's `sink` and `scheduler` steps made them. The
-probes prove the rest end to end: the sink's writer's role, Eventarc's trigger and its service agents, the functions,
-the Slack secret.
+probes prove the rest end to end: the sink's writer's role, Eventarc's trigger, the functions, what Slack makes of
+the secret's URL.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from typing import Any, Callable
 from respawn import audit, deployment
 from respawn.app import endpoints, selftest_run
 
+SERVICE_USAGE_HOST = "https://serviceusage.googleapis.com"
+IAM_HOST = "https://iam.googleapis.com"
+RESOURCE_MANAGER_HOST = "https://cloudresourcemanager.googleapis.com"
+SECRET_MANAGER_HOST = "https://secretmanager.googleapis.com"
 REGION = "us-central1"  # the build's default _REGION (cloudbuild.yaml): where the scheduler job is looked for
 
 # Each Pub/Sub-triggered function, by the topic its trigger subscribes to.
@@ -95,11 +102,16 @@ def probe_checks(project: str, send: selftest_run.Senders, timeout: float,
 
 @dataclass(frozen=True)
 class Rest:
-    """Cloud Logging's and Cloud Scheduler's REST APIs: Google's with this machine's credentials, or the sim's."""
+    """The REST APIs the checks read (Cloud Logging, Cloud Scheduler, Service Usage, IAM, Resource Manager, Secret
+    Manager): Google's with this machine's credentials, or the sim's."""
 
     session: Any  # a requests.Session (authorized for Google's APIs)
     logging_host: str
     scheduler_host: str
+    service_usage_host: str = SERVICE_USAGE_HOST
+    iam_host: str = IAM_HOST
+    resource_manager_host: str = RESOURCE_MANAGER_HOST
+    secret_manager_host: str = SECRET_MANAGER_HOST
 
 
 def rest(local: str | None = None) -> Rest:
@@ -109,14 +121,20 @@ def rest(local: str | None = None) -> Rest:
     if local:
         import requests
 
-        return Rest(requests.Session(), local.rstrip("/"), local.rstrip("/"))
+        base = local.rstrip("/")
+        return Rest(requests.Session(), base, base, base, base, base, base)
     return Rest(selftest_run.google_session(), selftest_run.LOGGING_HOST, selftest_run.SCHEDULER_HOST)
 
 
-def _read(api: Rest, url: str, what: str, needs: str) -> tuple[dict | None, str]:
-    """(the resource, "") or (None, why not in words: "not found", or the refusal and the permission it needs)."""
+def _read(api: Rest, url: str, what: str, needs: str, body: dict | None = None,
+          params: dict | None = None) -> tuple[dict | None, str]:
+    """(the resource, "") or (None, why not in words: "not found", or the refusal and the permission it needs); a
+    POST of `body` where one is given (Resource Manager's getIamPolicy)."""
     try:
-        r = api.session.get(url, timeout=endpoints.CALL_DEADLINE_S)
+        if body is None:
+            r = api.session.get(url, params=params, timeout=endpoints.CALL_DEADLINE_S)
+        else:
+            r = api.session.post(url, json=body, params=params, timeout=endpoints.CALL_DEADLINE_S)
     except Exception as exc:  # noqa: BLE001 - an endpoint that does not answer is the check's answer, in one line
         base = "/".join(url.split("/")[:3])
         return None, (f"{what} cannot be read: {base} does not answer ({type(exc).__name__}); check this machine's "
@@ -208,18 +226,142 @@ def _message(data: object) -> object:
         return None
 
 
-def deployment_checks(project: str, region: str | None, local: str | None = None) -> list[Check]:
-    """The sink and the scheduler job, each one line; without credentials for Google's APIs, that, for both."""
+def _some(items: list[str], most: int = 4) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def apis_check(project: str, api: Rest) -> Check:
+    """Every API the build's `apis` step enables (respawn.deployment.APIS) is enabled."""
+    enabled: set[str] = set()
+    params = {"filter": "state:ENABLED", "pageSize": 200}
+    while True:
+        page, why = _read(api, f"{api.service_usage_host}/v1/projects/{project}/services", "the enabled APIs",
+                          "serviceusage.services.list", params=params)
+        if page is None:
+            return _mark(False, f"the APIs of project {project} cannot be listed: Service Usage answers not found"
+                         if why == "not found" else why)
+        enabled |= {str(s.get("config", {}).get("name") or s.get("name", "").rsplit("/", 1)[-1])
+                    for s in page.get("services", []) if s.get("state") == "ENABLED"}
+        if not page.get("nextPageToken"):
+            break
+        params = {**params, "pageToken": page["nextPageToken"]}
+    missing = [a for a in deployment.APIS if a not in enabled]
+    if missing:
+        return _mark(False, f"APIs not enabled: {', '.join(missing)}: gcloud services enable {' '.join(missing)} "
+                            f"--project={project} (cloudbuild.yaml, step apis)")
+    return _mark(True, f"the {len(deployment.APIS)} APIs the deployment uses are enabled")
+
+
+def service_account_check(project: str, identities: int, api: Rest) -> Check:
+    """The service accounts the build's `service-accounts` step makes exist and are enabled."""
+    missing, disabled = [], []
+    for account in deployment.service_accounts(identities):
+        email = deployment.service_account_email(account, project)
+        found, why = _read(api, f"{api.iam_host}/v1/projects/{project}/serviceAccounts/{email}",
+                           f"service account {email}", "iam.serviceAccounts.get")
+        if found is None and why != "not found":
+            return _mark(False, why)
+        if found is None:
+            missing.append(account)
+        elif found.get("disabled"):
+            disabled.append(email)
+    problems = []
+    if missing:
+        problems.append(f"missing: {_some(missing)}: redeploy (cloudbuild.yaml, steps service-accounts and "
+                        "bindings: an account made again is a new principal, bound to nothing)")
+    if disabled:
+        problems.append(f"disabled: {_some(disabled)}: gcloud iam service-accounts enable EMAIL")
+    if problems:
+        return _mark(False, "service accounts: " + "; ".join(problems))
+    return _mark(True, f"service accounts: {deployment.CONTROLLER_SA}, {deployment.NOTIFIER_SA}, "
+                       f"{deployment.TRIGGER_SA} and the {identities} node identities exist")
+
+
+def _bound(policy: dict, member: str, role: str, condition: dict | None) -> bool:
+    def same(found: dict | None) -> bool:
+        if condition is None or found is None:
+            return condition is None and found is None
+        return " ".join(str(found.get("expression", "")).split()) == " ".join(condition["expression"].split())
+
+    return any(b.get("role") == role and member in b.get("members", []) and same(b.get("condition"))
+               for b in policy.get("bindings", []))
+
+
+def binding_checks(project: str, identities: int, api: Rest) -> list[Check]:
+    """The roles the build's `bindings` step binds on the project (deploy/render.py's project_bindings, from
+    deploy/iam/permissions.yaml), and the Pub/Sub service agent's roles/iam.serviceAccountTokenCreator."""
+    base = f"{api.resource_manager_host}/v1/projects/{project}"
+    found, why = _read(api, base, f"project {project}", "resourcemanager.projects.get")
+    policy, why_policy = _read(api, f"{base}:getIamPolicy", f"the IAM policy of project {project}",
+                               "resourcemanager.projects.getIamPolicy", body={"options": {"requestedPolicyVersion": 3}})
+    if found is None or policy is None:
+        return [_mark(False, (why if found is None else why_policy).replace("not found", f"project {project} not "
+                                                                                         "found"))]
+    checks = []
+    try:
+        from deploy import render  # a checkout's: deploy/iam/permissions.yaml is not installed with respawn
+    except ImportError:
+        checks.append(_mark(False, "the roles bound on the project were not checked: they are read from "
+                                   "deploy/iam/permissions.yaml, which a Respawn checkout has and an installed "
+                                   "respawn does not: run `python -m respawn doctor` in the checkout"))
+    else:
+        wanted = render.project_bindings(project, identities)
+        missing = [f"{role.rsplit('/', 1)[-1]} to {member.split(':', 1)[-1]}"
+                   + (f" (condition {condition['title']!r})" if condition else "")
+                   for member, role, condition in wanted if not _bound(policy, member, role, condition)]
+        if missing:
+            checks.append(_mark(False, f"roles not bound on the project: {_some(missing, 3)}: redeploy "
+                                       "(cloudbuild.yaml, step bindings)"))
+        else:
+            checks.append(_mark(True, f"the {len(wanted)} role bindings the deployment makes on the project are there"))
+    agent = f"serviceAccount:{deployment.pubsub_service_agent(str(found.get('projectNumber')))}"
+    role = deployment.PUBSUB_AGENT_ROLE
+    if _bound(policy, agent, role, None):
+        checks.append(_mark(True, f"the Pub/Sub service agent holds {role} (Eventarc's Pub/Sub triggers)"))
+    else:
+        checks.append(_mark(False, f"the Pub/Sub service agent lacks {role}: in a project that enabled Pub/Sub on or "
+                                   "before 2021-04-08, on_log_event, on_sweep and on_alert get no events: gcloud "
+                                   f"projects add-iam-policy-binding {project} --member={agent} --role={role} "
+                                   "--condition=None"))
+    return checks
+
+
+def secret_check(project: str, secret: str, api: Rest) -> Check:
+    """The Slack secret on_alert reads (`--set-secrets SLACK_WEBHOOK_URL=SECRET:latest`) has an enabled latest
+    version."""
+    add = (f"printf %s \"$WEBHOOK_URL\" | gcloud secrets versions add {secret} --data-file=- (docs/deploy.md, step "
+           "3), then redeploy")
+    version, why = _read(api, f"{api.secret_manager_host}/v1/projects/{project}/secrets/{secret}/versions/latest",
+                         f"Slack secret {secret}", "secretmanager.versions.get")
+    if version is None:
+        return _mark(False, f"Slack secret {secret} does not exist or has no version: on_alert cannot start; {add}"
+                     if why == "not found" else why)
+    number, state = str(version.get("name", "")).rsplit("/", 1)[-1], version.get("state")
+    if state != "ENABLED":
+        return _mark(False, f"Slack secret {secret}: its latest version ({number}) is {state}: an on_alert instance "
+                            f"that starts cannot read it; gcloud secrets versions enable {number} --secret={secret}, "
+                            f"or {add}")
+    return _mark(True, f"Slack secret {secret}: its latest version ({number}) is enabled (what Slack makes of its URL, "
+                       "the alert's probe shows)")
+
+
+def deployment_checks(project: str, region: str | None, local: str | None = None,
+                      identities: int = deployment.DEFAULT_NODE_IDENTITIES,
+                      slack_secret: str = deployment.DEFAULT_SLACK_SECRET) -> list[Check]:
+    """The APIs, the service accounts, the project's role bindings and the Pub/Sub service agent's, the Slack secret,
+    the sink and the scheduler job, each one line; without credentials for Google's APIs, that, for all."""
     local = local or os.environ.get(deployment.ENV_COMPUTE_ENDPOINT)
     emulated = [s.emulator_var for s in (endpoints.FIRESTORE, endpoints.PUBSUB) if os.environ.get(s.emulator_var)]
     if not local and emulated:
-        return [_mark(False, f"the Logging sink and the scheduler job of the stand-ins cannot be read: {emulated[0]} "
+        return [_mark(False, f"what the build made in the stand-ins' project cannot be read: {emulated[0]} "
                              f"is set but not {deployment.ENV_COMPUTE_ENDPOINT}, where the sim serves them (a demo's "
                              "--keep exports both)")]
     try:
         api = rest(local)
     except Exception as exc:  # noqa: BLE001 - no credentials: one line for both checks
-        why = (f"the Logging sink and the scheduler job cannot be read: no Google credentials here "
+        why = (f"what the build made in the project cannot be read: no Google credentials here "
                f"({selftest_run.one_line(exc)}): gcloud auth application-default login")
         return [_mark(False, why)]
-    return [sink_check(project, api), scheduler_check(project, region, api)]
+    return [apis_check(project, api), service_account_check(project, identities, api),
+            *binding_checks(project, identities, api), secret_check(project, slack_secret, api),
+            sink_check(project, api), scheduler_check(project, region, api)]

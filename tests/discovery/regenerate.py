@@ -52,9 +52,18 @@ METHODS = {
     "monitoring.v3": ["monitoring.projects.timeSeries.create"],
     "pubsub.v1": ["pubsub.projects.topics.publish"],
     "firestore.v1": ["firestore.projects.databases.documents.commit", "firestore.projects.databases.documents.get"],
-    # What the build hands gcloud as files: the custom roles (`gcloud iam roles create|update --file`) and the
+    # What the build hands gcloud as files: the custom roles (`gcloud iam roles create|update --file`; the service
+    # accounts are `respawn doctor`'s reads, below) and the
     # goodput dashboard (`gcloud monitoring dashboards create|update --config-from-file`).
-    "iam.v1": ["iam.projects.roles.create", "iam.projects.roles.patch"],
+    "iam.v1": ["iam.projects.roles.create", "iam.projects.roles.patch", "iam.projects.serviceAccounts.get",
+               "iam.projects.serviceAccounts.create", "iam.projects.serviceAccounts.delete"],
+    "serviceusage.v1": ["serviceusage.services.list", "serviceusage.services.enable",
+                        "serviceusage.services.disable"],
+    "cloudresourcemanager.v1": ["cloudresourcemanager.projects.get", "cloudresourcemanager.projects.getIamPolicy",
+                                "cloudresourcemanager.projects.setIamPolicy"],
+    "secretmanager.v1": ["secretmanager.projects.secrets.versions.get",
+                         "secretmanager.projects.secrets.versions.enable",
+                         "secretmanager.projects.secrets.versions.disable"],
     "monitoring.v1": ["monitoring.projects.dashboards.create", "monitoring.projects.dashboards.patch"],
 }
 TOP_LEVEL = ("kind", "id", "name", "version", "revision", "title", "rootUrl", "servicePath", "basePath", "parameters")
