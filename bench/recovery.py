@@ -579,11 +579,10 @@ class Run:
         last = "spare" if st.get("joined", -1) > t0 else "survivor"
         stages["start_and_restore"] = done - begin
         # The control plane's own time in the stages it ends (measured, real seconds): the create call ends
-        # `detect`; the generation's setMetadata ends `wait` unless a handover (a played save) ended it later.
-        own = {"detect": self.watch.own(("create", slowest.name), t0) or 0.0} if fresh else {}
-        own["wait"] = self._own_wait(slowest, st["env"] if fresh else t0)
-        own = {k: min(v, stages.get(k, 0.0)) for k, v in own.items() if k in stages}
+        # `detect`; the generation's setMetadata, or a handover (a played save) when that ends later, ends `wait`.
+        own = {"detect": min(self.watch.own(("create", slowest.name), t0) or 0.0, stages["detect"])} if fresh else {}
         cloud = {k: (v - own.get(k, 0.0)) / scale + own.get(k, 0.0) for k, v in stages.items()}
+        cloud["wait"], own["wait"] = self._wait_stage(slowest, st["env"] if fresh else t0, stages["wait"])
         return {"variant": self.variant, "nodes": self.n,
                 "notice_to_step_seconds": round(sum(cloud.values()), 1),
                 "control_plane_seconds": round(sum(own.values()), 2),
@@ -596,21 +595,26 @@ class Run:
         """The job's VMs created since `t0`."""
         return [h for h in self.env.sim.history() if h["labels"].get(LABEL_JOB) == self.job and h["createdAt"] > t0]
 
-    def _own_wait(self, n: Node, since: float) -> float:
-        """The control plane's measured seconds in node n's wait for the generation it steps in (from `since`): none
-        when a handover (a played save) ended after the generation was written, or when nothing wrote one."""
-        st, number = n.stages, n.stages.get("stepping_generation")
+    def _wait_stage(self, n: Node, since: float, real: float) -> tuple[float, float]:
+        """Node n's wait for the generation it steps in, from `since` (real seconds `real`), as reported: (seconds,
+        the control plane's measured part of them). Two branches end it, whichever is later once each is scaled
+        back: a handover (the played save of the node it takes over from) and the generation's setMetadata (the
+        played wake-up, the control plane's measured time, the played operation). Played alone (÷ scale) when no
+        generation was written to it, or when the handover ended after the write."""
+        scale, st, number = self.env.scale, n.stages, n.stages.get("stepping_generation")
         set_at = self.watch.at(("set", n.name, number)) if number is not None else None
-        if set_at is None or st.get("handover_end", -1.0) >= set_at:
-            return 0.0
+        handover_end = st.get("handover_end", -1.0)
+        if set_at is None or handover_end >= set_at:
+            return real / scale, 0.0
         own = self.watch.own(("set", n.name, number), since)
         if own is None:  # written on a thread of its reconcile's SetGeneration: its commit's actor, then the call
             commit, commit_at = self.watch.own(("commit", number), since), self.watch.at(("commit", number))
-            if commit is None or commit_at is None:
-                return 0.0
-            own = commit + max(0.0, set_at - max(commit_at, since))
-        return own
-
+            own = commit + max(0.0, set_at - max(commit_at, since)) if commit is not None and commit_at else 0.0
+        to_set = max(0.0, set_at - since)
+        own = min(own, to_set)
+        written = (to_set - own) / scale + own + max(0.0, real - to_set) / scale  # then the node's next look
+        saved = max(0.0, handover_end - since) / scale
+        return (written, own) if written >= saved else (saved, 0.0)
 
 @dataclass
 class Env:
