@@ -236,6 +236,13 @@ def test_the_last_step_proves_every_path_the_build_made_with_respawn_doctor(depl
     # The build's own wheel, in an environment of its own; then the doctor, its probes waited for long enough.
     assert re.search(r"pip install .*\.respawn-build/dist/\*\.whl", script)
     assert re.search(rf"respawn doctor --project='{PROJECT}' --region='us-central1' --timeout=(\d+)", script)
+    # …checking the pool and the secret this build made; the project's roles it reads from the checkout's deploy/.
+    assert f"--node-identities='{deployment.DEFAULT_NODE_IDENTITIES}'" in script
+    assert f"--slack-secret='{deployment.DEFAULT_SLACK_SECRET}'" in script
+    assert "cp -r deploy /tmp/definitions/" in script and "PYTHONPATH=/tmp/definitions " in script
+    # The APIs it checks are the ones the apis step enabled: respawn.deployment.APIS, the one list.
+    [enabled] = [c["argv"] for c in run1 if c["group"] == "services" and c["verb"] == "enable"]
+    assert [a for a in enabled if a.endswith(".googleapis.com")] == list(deployment.APIS)
     assert "--no-probes" not in script
     # Where the functions acknowledge: the self-test's database, which the notifier may write and nothing else.
     _one(run1, "firestore databases", "create", selftest.DATABASE)

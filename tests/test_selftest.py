@@ -71,6 +71,25 @@ def test_without_firestore_the_doctor_says_so_and_sends_no_probe(tmp_path, pubsu
     assert "doctor: " in done.stderr and "Traceback" not in done.stderr
 
 
+def test_the_project_checks_follow_the_pool_and_say_what_they_could_not_check(sim_factory, monkeypatch):  # noqa: F811
+    """--node-identities is the pool checked (the stand-ins' build made the default 8); without the checkout's
+    deploy/, the project's roles are not checked, and the line says so and how, while the rest are."""
+    sim = sim_factory(project=PROJECT, boot_command=None)
+    api = doctor.rest(sim.endpoint)
+    assert doctor.service_account_check(PROJECT, 3, api).ok
+    missing = doctor.service_account_check(PROJECT, 10, api)
+    assert missing.line.startswith("✗ service accounts: missing: respawn-node-9, respawn-node-10: redeploy"), missing
+    [roles, agent] = doctor.binding_checks(PROJECT, 10, api)
+    assert roles.line.startswith("✗ roles not bound on the project: respawnNode to respawn-node-9@"), roles
+    assert agent.ok, agent
+    monkeypatch.setattr(doctor, "_render", lambda: None)
+    [roles, agent] = doctor.binding_checks(PROJECT, 3, api)
+    assert roles.line.startswith("✗ the roles bound on the project were not checked: they are read from "
+                                 "deploy/iam/permissions.yaml"), roles
+    assert agent.line == ("✓ the Pub/Sub service agent holds roles/iam.serviceAccountTokenCreator (Eventarc's "
+                          "Pub/Sub triggers)")
+
+
 def _doctor(sim, timeout: float = BROKEN_WAIT_S) -> list[doctor.Check]:
     send = selftest_run.senders(PROJECT, None, sim.endpoint)  # the sim's Cloud Logging; the scheduler's own ticks
     return [doctor.firestore_check(PROJECT), *doctor.topic_checks(PROJECT),

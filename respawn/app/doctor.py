@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -287,6 +288,24 @@ def _bound(policy: dict, member: str, role: str, condition: dict | None) -> bool
                for b in policy.get("bindings", []))
 
 
+def _render() -> Any:
+    """deploy/render.py, whose project_bindings() says which roles the build binds on the project: importable where
+    PYTHONPATH names the checkout's deploy/ (the build's last step), or found beside this respawn when it runs from a
+    checkout (an editable install, as `respawn demo` finds sim/); None where neither."""
+    try:
+        from deploy import render
+    except ImportError:
+        checkout = deployment.source_root()
+        if not (checkout / "deploy" / "render.py").is_file():
+            return None
+        sys.path.append(str(checkout))  # after the installed packages: it adds deploy, and shadows nothing imported
+        try:
+            from deploy import render
+        except ImportError:
+            return None
+    return render
+
+
 def binding_checks(project: str, identities: int, api: Rest) -> list[Check]:
     """The roles the build's `bindings` step binds on the project (deploy/render.py's project_bindings, from
     deploy/iam/permissions.yaml), and the Pub/Sub service agent's roles/iam.serviceAccountTokenCreator."""
@@ -298,12 +317,12 @@ def binding_checks(project: str, identities: int, api: Rest) -> list[Check]:
         return [_mark(False, (why if found is None else why_policy).replace("not found", f"project {project} not "
                                                                                          "found"))]
     checks = []
-    try:
-        from deploy import render  # a checkout's: deploy/iam/permissions.yaml is not installed with respawn
-    except ImportError:
+    render = _render()
+    if render is None:
         checks.append(_mark(False, "the roles bound on the project were not checked: they are read from "
                                    "deploy/iam/permissions.yaml, which a Respawn checkout has and an installed "
-                                   "respawn does not: run `python -m respawn doctor` in the checkout"))
+                                   "respawn does not: run respawn doctor from a checkout's editable install, or "
+                                   "with PYTHONPATH naming a folder that holds the checkout's deploy/"))
     else:
         wanted = render.project_bindings(project, identities)
         missing = [f"{role.rsplit('/', 1)[-1]} to {member.split(':', 1)[-1]}"
