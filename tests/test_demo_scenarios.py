@@ -21,8 +21,6 @@ import pytest
 import yaml
 
 import demo_pages
-from browser_fixtures import browser, open_page  # noqa: F401 - fixture
-from respawn.control.goodput import BUCKETS
 from respawn.agent.supervisor import processes_with
 from sim.demo.scenario import default_scenario, parse_scenario
 from test_demo_summary import assert_each_line_rises
@@ -118,73 +116,6 @@ def check_recoveries(out) -> list[dict]:
     said = sorted((re.search(r"recovery time: ([\d.]+) s", a)[1], re.search(r"steps lost: (\w+)", a)[1]) for a in slack)
     assert said == sorted((f"{d['recovery_seconds']:.1f}", str(d["steps_lost"])) for d in told), (said, told)
     return told
-
-
-def check_default_run(tmp_path: Path, out: dict, browser) -> None:
-    """What a run of the default scenario (a PyTorch job of examples/workdir over three zones, preempted twice, the
-    first zone stocking out after the first) must show, whoever wrote the job file."""
-    job = out["job_id"]
-    # The page `respawn jobs report` writes, from what the control plane recorded, in a real browser; its
-    # screenshot is kept (test-artifacts/). Its buckets cover the job's time: registration to its end.
-    buckets = out["goodput_buckets"]
-    assert set(buckets) == set(BUCKETS) and buckets["productive_training"] > 0
-    assert abs(sum(buckets.values()) - out["wall_seconds"]) < 1.0
-    page, errors = open_page(browser, Path(out["report"]), screenshot="report-default-demo.png")
-    assert errors == []
-    assert [page.locator("rect.life").nth(i).get_attribute("data-node") for i in range(3)] == [
-        f"{job}-1", f"{job}-2", f"{job}-2"]  # moved once, then restarted in place
-    summary = dict(zip(page.locator("table.summary th").all_inner_texts(),
-                       page.locator("table.summary td").all_inner_texts()))
-    assert summary["state"] == "SUCCEEDED" and summary["lives"] == "3"
-    assert summary["cost"].startswith("$") and "(on demand $" in summary["cost"]  # the controller's ledger
-    # Its headline, from the same record: the job's steps, preemptions, the recovered events' figures, the ledger.
-    headline = {f.get_attribute("data-figure"): f.locator(".value").inner_text()
-                for f in page.locator(".headline .figure").all()}
-    assert (headline["state"], headline["steps"], headline["preemptions"], headline["steps_lost"]) == (
-        "succeeded", f"{out['final_step']} of {out['total_steps']}", "2", "0")
-    assert headline["recoveries"] == ", ".join(f"{x:.1f} s" for x in out["recovery_seconds"])
-    assert out["cost"].startswith(headline["cost"].removesuffix(")") + ";"), (headline["cost"], out["cost"])
-    assert out["restarts"] == 2 and out["lost_steps"] == 0
-    # The preempted first node's logs, read back by `respawn jobs logs` after its replacement ran (docs/watching.md):
-    # its setup's output and the trainer's last words, said during the notice, each line naming its node.
-    said = (tmp_path / "out" / "logs.txt").read_text().splitlines()
-    first = [line for line in said if line.startswith(f"[{job}-1] ")]
-    assert any("prepare.py: " in line for line in first) and any("preempted at step" in line for line in first), first[-5:]
-    assert [row.split(":")[0] for row in out["logs"][:2]] == [f"{job}-1", f"{job}-2"], out["logs"]
-    # Each preemption's recovery, from its notice to every rank stepping again: the same figure in the summary, the
-    # events, Slack, describe and the report page (check_common); nothing lost, the emergency save committed before
-    # the resume (the figure is taken after it).
-    told = check_recoveries(out)
-    assert len(out["recovery_seconds"]) == 2 and all(x > 0 for x in out["recovery_seconds"])
-    assert [d["steps_lost"] for d in told] == [0, 0] and [d["loss_cause"] for d in told] == ["preempted"] * 2
-    shown = page.content()
-    for x in out["recovery_seconds"]:
-        assert f"{x:.1f} s after the notice (recovery time)" in shown
-    # The same preemption is told with the same cause, however the controller heard of it first.
-    losses = [t for t in out["transitions"] if t["details"].get("lost")]
-    assert [t["cause"] for t in losses] == ["preempted", "preempted"], losses
-    # The first zone stocked out after the first preemption: the job moved down its list.
-    assert out["zones"][:2] == ["us-central1-a", "us-central1-b"]
-    assert sum("recovered" in a for a in out["alerts"]) == 2
-    # The real path: every node booted deploy/vm/startup.sh, which fetched the agent from the storage emulator; the
-    # agent fetched the packed examples/workdir from it and ran the setup command and the trainer on the spec's
-    # interpreter; the restart in place (the second preemption) reused both and skipped setup.
-    logs = {p.name.split(".")[0]: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
-            for p in (tmp_path / "out" / "nodes").rglob("*.console.log")}
-    assert len(logs) == 2, sorted(logs)
-    for node, lines in logs.items():
-        fetches = [e for e in lines if e.get("stage") == "agent_fetch"]
-        assert fetches[0]["downloaded"] is True and fetches[0]["uri"].startswith("gs://respawn-demo/"), node
-        stages = [e for e in lines if e["message"] == "prepare stage"]
-        downloads = [e for e in stages if e["stage"] == "workdir_download"]
-        assert len(downloads) == 1 and downloads[0]["uri"].startswith("gs://respawn-demo/respawn/workdirs/sha256-")
-        [setup] = [e for e in stages if e["stage"] == "setup_command"]
-        assert setup["argv"] == [sys.executable, "prepare.py", "--framework", "torch"] and setup["exit_code"] == 0
-    boots = {node: [e["downloaded"] for e in lines if e.get("stage") == "agent_fetch"] for node, lines in logs.items()}
-    assert sorted(boots.values()) == [[True], [True, False]], boots
-    restarted = next(logs[node] for node, fetched in boots.items() if len(fetched) == 2)
-    assert any(e.get("stage") == "workdir_reuse" for e in restarted)
-    assert any(e.get("stage") == "setup" and e.get("skipped") for e in restarted)
 
 
 def test_default_scenario_file_matches_the_built_in_default():
@@ -574,48 +505,6 @@ def test_partition_scenario(tmp_path):
     finals = re.findall(r"torch_ddp\[rank (\d+)\]: done, final step (\d+)", text)
     assert {rank for rank, _ in finals} == {str(i) for i in range(nodes * sc.trainer.ranks)}, finals
     assert {step for _, step in finals} == {str(sc.trainer.steps)}, finals
-
-
-def test_default_scenario_on_an_own_job_kept_for_the_cli(tmp_path, browser):
-    """`respawn demo --job`: a job file of the user's own (examples/jobs/gpu-spot-small.yaml, its trainer.workdir a
-    directory: examples/workdir, the default example's) packed, uploaded and run through the default scenario, its
-    own step count in the summary; the run shows what the default scenario must (check_default_run). With --keep the
-    stand-ins outlive the job: `respawn jobs describe` and `events`, pointed at them by the printed export lines, see
-    it; Ctrl-C then stops every process the demo started. (The README's first command runs the built-in default
-    scenario itself, and .ci/check-demo reads its output.)"""
-    import signal
-
-    import kept_demo
-    from respawn.app.workdir import pack
-
-    job = SCENARIOS.parent / "jobs" / "gpu-spot-small.yaml"
-    token = uuid.uuid4().hex
-    proc, out, exports = kept_demo.start(tmp_path, token, "--job", str(job))
-    try:
-        assert exports == out["kept"]["env"] and exports["GOOGLE_CLOUD_PROJECT"] == "respawn-local"
-        kept = out["kept"]["pids"]
-        assert kept and not [pid for pid in kept if pid not in leftovers(token)], "--keep stopped the stand-ins"
-        cli = {**os.environ, **exports, "COLUMNS": "200"}
-        described = subprocess.run([sys.executable, "-m", "respawn", "jobs", "describe", "gpu-spot-small", "--json"],
-                                   env=cli, capture_output=True, text=True, timeout=120)
-        assert described.returncode == 0, described.stderr
-        doc = json.loads(described.stdout)
-        assert doc["status"]["state"] == "SUCCEEDED" and doc["status"]["restarts"] == 2
-        # The directory, packed as `respawn jobs register` packs it and uploaded to the storage emulator.
-        assert doc["spec"]["trainer"]["workdir"].endswith(f"/sha256-{pack(job.parent / '../workdir').sha256}.tar.gz")
-        events = subprocess.run([sys.executable, "-m", "respawn", "jobs", "events", "gpu-spot-small"], env=cli,
-                                capture_output=True, text=True, timeout=120)
-        assert events.returncode == 0, events.stderr
-        assert events.stdout.count("recovered") == 2 and "trainer_succeeded" in events.stdout, events.stdout
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-    said = (tmp_path / "stderr").read_text()
-    assert "demo: stopped everything it started" in said.splitlines()[-1], said[-2000:]
-    assert leftovers(token) == [] and not [pid for pid in kept if os.path.exists(f"/proc/{pid}")]
-    check_common(subprocess.CompletedProcess(proc.args, proc.returncode, json.dumps(out), said), out, tmp_path)
-    assert out["job_id"] == "gpu-spot-small" and out["total_steps"] == 240  # the job's own, not the example's 300
-    check_default_run(tmp_path, out, browser)
 
 
 def test_a_scenario_names_a_job_file_of_its_own(tmp_path):
