@@ -17,14 +17,17 @@ def _key(collection_group: str, fields: list[tuple[str, str]]) -> tuple:
     return collection_group, tuple((f, o.upper()) for f, o in fields if f != "__name__")
 
 
+def listed_key(ix: dict) -> tuple:
+    """The key of a listed Index resource (Firestore Admin v1): its collection group and its fields but `__name__`,
+    each with its order or array config."""
+    # name: projects/P/databases/(default)/collectionGroups/GROUP/indexes/ID
+    group = ix.get("name", "").split("/collectionGroups/")[-1].split("/")[0]
+    fields = [(f.get("fieldPath", ""), f.get("order") or f.get("arrayConfig") or "") for f in ix.get("fields", [])]
+    return _key(group, fields)
+
+
 def existing_keys(listed: list[dict]) -> set[tuple]:
-    out = set()
-    for ix in listed:
-        # name: projects/P/databases/(default)/collectionGroups/GROUP/indexes/ID
-        group = ix.get("name", "").split("/collectionGroups/")[-1].split("/")[0]
-        fields = [(f.get("fieldPath", ""), f.get("order") or f.get("arrayConfig") or "") for f in ix.get("fields", [])]
-        out.add(_key(group, fields))
-    return out
+    return {listed_key(ix) for ix in listed}
 
 
 def wanted_key(ix: dict) -> tuple:
@@ -35,10 +38,14 @@ def wanted_key(ix: dict) -> tuple:
     return _key(ix["collection_group"], fields)
 
 
+def create_args(ix: dict) -> list[str]:
+    """The `gcloud firestore indexes composite create` arguments of a wanted index (deploy/render.py's indexes())."""
+    return [f"--collection-group={ix['collection_group']}", *(f"--field-config={c}" for c in ix["field_config"])]
+
+
 def missing(wanted: list[dict], listed: list[dict]) -> list[list[str]]:
     have = existing_keys(listed)
-    return [[f"--collection-group={ix['collection_group']}", *(f"--field-config={c}" for c in ix["field_config"])]
-            for ix in wanted if wanted_key(ix) not in have]
+    return [create_args(ix) for ix in wanted if wanted_key(ix) not in have]
 
 
 def main(argv: list[str]) -> int:

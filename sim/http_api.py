@@ -23,6 +23,8 @@ _R = r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)"
 _T = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 _S = r"/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/jobs"  # Cloud Scheduler
 _P = r"/v1/projects/(?P<project>[^/:]+)"  # Service Usage, IAM, Resource Manager, Secret Manager (sim/project.py)
+# The Firestore Admin API's composite indexes (sim/project.py): the emulator does not serve them
+_F = _P + r"/databases/(?P<database>[^/]+)/collectionGroups/(?P<group>[^/]+)/indexes"
 
 ROUTES = [
     ("POST", _C + r"/instances", "c_insert"),
@@ -66,6 +68,10 @@ ROUTES = [
     ("GET", _P + r"/secrets/(?P<secret>[^/]+)/versions/(?P<version>[^/:]+)", "k_version_get"),
     ("POST", _P + r"/secrets/(?P<secret>[^/]+)/versions/(?P<version>[^/:]+):enable", "k_version_enable"),
     ("POST", _P + r"/secrets/(?P<secret>[^/]+)/versions/(?P<version>[^/:]+):disable", "k_version_disable"),
+    ("GET", _F, "f_index_list"),
+    ("POST", _F, "f_index_create"),
+    ("GET", _F + r"/(?P<index>[^/]+)", "f_index_get"),
+    ("DELETE", _F + r"/(?P<index>[^/]+)", "f_index_delete"),
     ("GET", r"/compute/v1/projects/(?P<fw_project>[^/]+)/global/firewalls/(?P<firewall>[^/]+)", "c_firewall"),
     ("POST", _T + r"/nodes", "t_create"),
     ("GET", _T + r"/nodes", "t_list"),
@@ -286,7 +292,7 @@ def make_handler(sim: "SimServer"):
         def j_resume(self, location, job, body, query):
             return sim.cloud_scheduler.set_state(location, job, cloud_scheduler.ENABLED)
 
-        # --- what the build made in the project (sim/project.py): APIs, service accounts, IAM policy, the secret ---
+        # --- what the build made in the project (sim/project.py): APIs, accounts, IAM policy, secret, indexes ---
         def u_list(self, body, query):
             return sim.project_record.list_services(query.get("filter"), int(query.get("pageSize", 50)),
                                                     query.get("pageToken"))
@@ -323,6 +329,19 @@ def make_handler(sim: "SimServer"):
 
         def k_version_disable(self, secret, version, body, query):
             return sim.project_record.set_version(secret, version, sim_project.DISABLED)
+
+        def f_index_list(self, database, group, body, query):
+            return sim.project_record.list_indexes(unquote(database), unquote(group), int(query.get("pageSize", 100)),
+                                                   query.get("pageToken"))
+
+        def f_index_create(self, database, group, body, query):
+            return sim.project_record.create_index(unquote(database), unquote(group), body)
+
+        def f_index_get(self, database, group, index, body, query):
+            return sim.project_record.get_index(unquote(database), unquote(group), index)
+
+        def f_index_delete(self, database, group, index, body, query):
+            return sim.project_record.delete_index(unquote(database), unquote(group), index)
 
         # --- Cloud Storage managed folders (the folder name comes URL-encoded: a/b/ is a%2Fb%2F) ---
         def g_folder_insert(self, bucket, body, query):

@@ -1,17 +1,21 @@
 """What the build makes in the project beyond what the other modules play: Service Usage's enabled APIs, IAM's
-service accounts, Resource Manager's project (its number and IAM policy) and Secret Manager's Slack secret — REST
-v1 services.list/enable/disable; projects.serviceAccounts.get/create/delete; projects.get/getIamPolicy/setIamPolicy;
-projects.secrets.versions.get/enable/disable.
+service accounts, Resource Manager's project (its number and IAM policy), Secret Manager's Slack secret and the
+Firestore Admin API's composite indexes — REST v1 services.list/enable/disable;
+projects.serviceAccounts.get/create/delete; projects.get/getIamPolicy/setIamPolicy;
+projects.secrets.versions.get/enable/disable; projects.databases.collectionGroups.indexes.list/create/get/delete.
 
 `ProjectRecord.as_built` records what the build would have made, from the definitions the build reads itself:
 respawn.deployment.APIS (the `apis` step), respawn.deployment.service_accounts (`service-accounts`),
-deploy.render.project_bindings and the Pub/Sub service agent's grant (`bindings`), and the Slack secret with one
-enabled version (what docs/deploy.md step 3 makes and the `preconditions` step requires). Breaking one through these
-methods is what `respawn doctor` finds (tests/test_selftest.py).
+deploy.render.project_bindings and the Pub/Sub service agent's grant (`bindings`), the Slack secret with one
+enabled version (what docs/deploy.md step 3 makes and the `preconditions` step requires), and the composite indexes
+of deploy/firestore/indexes.yaml (deploy.render.indexes, the `firestore` step), READY in the jobs' database
+`(default)`. Breaking one through these methods is what `respawn doctor` finds (tests/test_selftest.py).
 
 A record only: the stand-ins do not obey it. A disabled API still answers, a deleted service account's nodes still
 run, a binding removed refuses nothing, and the functions get the Slack webhook from their environment, not from
-the secret. Deleting a service account turns its members in the policy into `deleted:serviceAccount:EMAIL?uid=ID`,
+the secret. The Firestore emulator neither serves the Admin API nor enforces composite indexes (a query that
+would need a missing one is answered all the same), so an index deleted here, or one still CREATING, fails no
+query: only `respawn doctor` sees it (docs/gcp-facts.md §32). Deleting a service account turns its members in the policy into `deleted:serviceAccount:EMAIL?uid=ID`,
 and an account made again with the same email is another principal, bound to nothing, as IAM does
 (docs/gcp-facts.md §31).
 """
@@ -29,6 +33,8 @@ from sim.core import rfc3339, rpc_error
 
 PROJECT_NUMBER = "123456789012"  # the sim's project number (as sim/metadata.py's numeric-project-id)
 ENABLED, DISABLED = "ENABLED", "DISABLED"
+CREATING, READY = "CREATING", "READY"  # an index's states the sim plays (Google's also has NEEDS_REPAIR)
+JOBS_DATABASE = "(default)"  # where the build's `firestore` step creates the composite indexes
 
 
 class ProjectRecord:
@@ -40,14 +46,22 @@ class ProjectRecord:
         self.accounts: dict[str, dict] = {}  # email → ServiceAccount
         self.bindings: list[dict] = []  # the policy's bindings (version 3: a condition makes a binding of its own)
         self.secrets: dict[str, list[dict]] = {}  # secret id → its versions, oldest first
+        # database → index id → {"group", "scope", "fields" (with __name__ last), "ready_at"}
+        self.indexes: dict[str, dict[str, dict]] = {}
+        # How long an index made through indexes.create stays CREATING, in seconds; read when it is listed, so
+        # setting it to 0 finishes every build (Google's take minutes, and longer the more documents there are).
+        self.index_build_s = 0.0
+        self._index_ids = itertools.count(1)
         self._etag = 1
         self._ids = itertools.count(int(number) * 10**9 + 1)
         self._lock = threading.Lock()
 
     @classmethod
     def as_built(cls, project: str, identities: int = deployment.DEFAULT_NODE_IDENTITIES,
-                 slack_secret: str = deployment.DEFAULT_SLACK_SECRET) -> "ProjectRecord":
-        """What cloudbuild.yaml's steps make, from the same definitions."""
+                 slack_secret: str = deployment.DEFAULT_SLACK_SECRET,
+                 indexes: list[dict] | None = None) -> "ProjectRecord":
+        """What cloudbuild.yaml's steps make, from the same definitions (`indexes`: deploy.render.indexes()'s form,
+        deploy/firestore/indexes.yaml's by default)."""
         from deploy import render  # the checkout's: the build's bindings come from deploy/iam/permissions.yaml
 
         made = cls(project)
@@ -59,6 +73,13 @@ class ProjectRecord:
         made._bind(f"serviceAccount:{deployment.pubsub_service_agent(made.number)}", deployment.PUBSUB_AGENT_ROLE,
                    None)
         made.secrets[slack_secret] = [{"state": ENABLED, "created": time.time()}]
+        for ix in render.indexes() if indexes is None else indexes:
+            fields = []
+            for config in ix["field_config"]:  # field-path=F,order=O (deploy/render.py)
+                parts = dict(p.split("=", 1) for p in config.split(","))
+                fields.append({"fieldPath": parts["field-path"], "order": parts.get("order", "ascending").upper()})
+            made._create_index(JOBS_DATABASE, ix["collection_group"], {"queryScope": "COLLECTION", "fields": fields},
+                               ready_at=0.0)
         return made
 
     # --- Service Usage ---
@@ -191,3 +212,66 @@ class ProjectRecord:
             n, v = self._version(secret, version)
             v["state"] = state
             return self._version_resource(secret, n, v)
+
+    # --- the Firestore Admin API's composite indexes ---
+    def _index_resource(self, database: str, index_id: str, ix: dict) -> dict:
+        return {"name": f"projects/{self.project}/databases/{database}/collectionGroups/{ix['group']}/indexes/"
+                        f"{index_id}",
+                "queryScope": ix["scope"], "apiScope": "ANY_API", "density": "SPARSE_ALL",
+                "fields": copy.deepcopy(ix["fields"]),
+                "state": READY if time.time() >= ix["ready_at"] + self.index_build_s else CREATING}
+
+    def _create_index(self, database: str, group: str, body: dict, ready_at: float | None = None) -> str:
+        fields = [dict(f) for f in body.get("fields") or []]
+        if not fields or any(not f.get("fieldPath") for f in fields):
+            raise rpc_error(400, "An index must have at least one field, each with a fieldPath.")
+        if fields[-1]["fieldPath"] != "__name__":  # added with the last field's direction (the Index resource's doc)
+            fields.append({"fieldPath": "__name__", "order": fields[-1].get("order") or "ASCENDING"})
+        scope = body.get("queryScope") or "COLLECTION"
+        made = self.indexes.setdefault(database, {})
+        for ix in made.values():
+            if (ix["group"], ix["scope"], ix["fields"]) == (group, scope, fields):
+                raise rpc_error(409, "index already exists", "ALREADY_EXISTS")
+        index_id = "CICAgJ" + base64.b32encode(next(self._index_ids).to_bytes(5, "big")).decode()  # Google's: CICAgJim14AK
+        made[index_id] = {"group": group, "scope": scope, "fields": fields,
+                          "ready_at": time.time() if ready_at is None else ready_at}
+        return index_id
+
+    def _index(self, database: str, group: str, index_id: str) -> dict:
+        found = self.indexes.get(database, {}).get(index_id)
+        if found is None or group not in ("-", found["group"]):
+            raise rpc_error(404, f"Index projects/{self.project}/databases/{database}/collectionGroups/{group}/"
+                                 f"indexes/{index_id} not found.", "NOT_FOUND")
+        return found
+
+    def list_indexes(self, database: str, group: str, page_size: int, page_token: str | None) -> dict:
+        """A collection group's composite indexes; `-` for every group (as gcloud lists them)."""
+        with self._lock:
+            found = [self._index_resource(database, i, ix) for i, ix in sorted(self.indexes.get(database, {}).items())
+                     if group in ("-", ix["group"])]
+        start = int(page_token or 0)
+        out: dict = {"indexes": found[start:start + page_size]}
+        if start + page_size < len(found):
+            out["nextPageToken"] = str(start + page_size)
+        return out
+
+    def create_index(self, database: str, group: str, body: dict) -> dict:
+        """`gcloud firestore indexes composite create`: a long-running operation; the index is CREATING for
+        index_build_s, then READY."""
+        with self._lock:
+            index_id = self._create_index(database, group, body)
+            index = self._index_resource(database, index_id, self.indexes[database][index_id])
+        return {"name": f"projects/{self.project}/databases/{database}/operations/{index_id}op",
+                "metadata": {"@type": "type.googleapis.com/google.firestore.admin.v1.IndexOperationMetadata",
+                             "startTime": rfc3339(time.time()), "index": index["name"], "state": "PROCESSING"}}
+
+    def get_index(self, database: str, group: str, index_id: str) -> dict:
+        with self._lock:
+            return self._index_resource(database, index_id, self._index(database, group, index_id))
+
+    def delete_index(self, database: str, group: str, index_id: str) -> dict:
+        """`gcloud firestore indexes composite delete ID`."""
+        with self._lock:
+            self._index(database, group, index_id)
+            del self.indexes[database][index_id]
+        return {}

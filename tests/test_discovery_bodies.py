@@ -100,6 +100,10 @@ ROUTE_METHODS = {
     "k_version_get": "secretmanager.projects.secrets.versions.get",
     "k_version_enable": "secretmanager.projects.secrets.versions.enable",
     "k_version_disable": "secretmanager.projects.secrets.versions.disable",
+    "f_index_list": "firestore.projects.databases.collectionGroups.indexes.list",
+    "f_index_create": "firestore.projects.databases.collectionGroups.indexes.create",
+    "f_index_get": "firestore.projects.databases.collectionGroups.indexes.get",
+    "f_index_delete": "firestore.projects.databases.collectionGroups.indexes.delete",
 }
 # Routes with no Google counterpart: the sim's own control surface (sim/README.md), which tests and the demo call.
 CONTROL_PREFIX = "/sim/"
@@ -280,18 +284,29 @@ def drive_agent_logs(endpoint: str) -> None:
 
 def drive_doctor(endpoint: str) -> None:
     """`respawn doctor`'s reads of what the build made (the enabled APIs, the service accounts, the project and its
-    IAM policy, the Slack secret's latest version, the Logging sink, the scheduler job), and the calls
-    tests/test_selftest.py breaks and mends them with (as `gcloud services disable|enable`, `gcloud iam
-    service-accounts delete|create`, `gcloud projects set-iam-policy`, `gcloud secrets versions disable|enable`,
-    `gcloud logging sinks create|update|delete` and `gcloud scheduler jobs pause|resume` would)."""
+    IAM policy, the Slack secret's latest version, the Firestore composite indexes, the Logging sink, the scheduler
+    job), and the calls tests/test_selftest.py breaks and mends them with (as `gcloud services disable|enable`,
+    `gcloud iam service-accounts delete|create`, `gcloud projects set-iam-policy`, `gcloud secrets versions
+    disable|enable`, `gcloud firestore indexes composite create|describe|delete`, `gcloud logging sinks
+    create|update|delete` and `gcloud scheduler jobs pause|resume` would)."""
     job = cloud_scheduler.SchedulerJob(cloud_scheduler.job_name(PROJECT, REGION),
                                        f"projects/{PROJECT}/topics/{deployment.SWEEP_TOPIC}",
                                        deployment.SWEEP_MESSAGE.encode())
     cloud_scheduler.register(job)
     try:
+        http, sinks = requests.Session(), f"{endpoint}/v2/projects/{PROJECT}/sinks"
+        # an index the build's `firestore` step would make (deploy/firestore/indexes.yaml wants none today), so the
+        # doctor's list answers one
+        indexes = f"{endpoint}/v1/projects/{PROJECT}/databases/(default)/collectionGroups/jobs/indexes"
+        operation = http.post(indexes, json={"queryScope": "COLLECTION", "fields": [
+            {"fieldPath": "status.state", "order": "ASCENDING"},
+            {"fieldPath": "status.next_attempt_at", "order": "ASCENDING"}]}, timeout=10)
+        operation.raise_for_status()
         checks = doctor.deployment_checks(PROJECT, REGION, endpoint)
         assert all(c.ok for c in checks), [c.line for c in checks]
-        http, sinks = requests.Session(), f"{endpoint}/v2/projects/{PROJECT}/sinks"
+        index = f"{endpoint}/v1/{operation.json()['metadata']['index']}"
+        assert http.get(index, timeout=10).json()["state"] == "READY"
+        http.delete(index, timeout=10).raise_for_status()
         for verb in ("pause", "resume"):
             http.post(f"{endpoint}/v1/{job.name}:{verb}", json={}, timeout=10).raise_for_status()
         sink = http.put(f"{sinks}/{deployment.SINK}", params={"updateMask": "filter"},

@@ -1230,6 +1230,9 @@ def doctor_cmd(
                                         help="the build's _NODE_IDENTITIES: the node service accounts checked"),
     slack_secret: str = typer.Option(deployment.DEFAULT_SLACK_SECRET, "--slack-secret",
                                      help="the build's _SLACK_SECRET: the secret whose latest version is checked"),
+    indexes: Optional[Path] = typer.Option(None, "--indexes", exists=True, dir_okay=False,
+                                           help="the composite indexes file the build read (without it, the "
+                                                "checkout's deploy/firestore/indexes.yaml): each is checked READY"),
     probes: bool = typer.Option(True, "--probes/--no-probes", help="send the self-test's probes"),
 ) -> None:
     """Check a deployment (a project, or the demo's stand-ins) and prove every path it relies on, one line a check."""
@@ -1238,7 +1241,7 @@ def doctor_cmd(
     def go() -> None:
         name = project or _store(None).project
         checks = [doctor.firestore_check(name), *doctor.topic_checks(name), *doctor.deployment_checks(
-            name, region, identities=node_identities, slack_secret=slack_secret)]
+            name, region, identities=node_identities, slack_secret=slack_secret, indexes=indexes)]
         for check in checks:
             out.print(check.line, highlight=False)
         if job is not None:

@@ -5,7 +5,8 @@ The checks read what the caller's credentials may read: the Firestore database t
 a subscription (a function's trigger) on each; the APIs the build enables (respawn.deployment.APIS), the service
 accounts it makes (the controller's, the notifier's, the trigger's and the node pool's), the roles it binds on the
 project (deploy/render.py's project_bindings, from deploy/iam/permissions.yaml) and the Pub/Sub service agent's
-grant, the Slack secret's latest version; the Logging sink (its filter, destination and writer identity) and the
+grant, the Slack secret's latest version, the composite indexes of deploy/firestore/indexes.yaml in the jobs'
+database (READY); the Logging sink (its filter, destination and writer identity) and the
 scheduler job (enabled, its schedule, topic and message), as the build's `sink` and `scheduler` steps made them. The
 probes prove the rest end to end: the sink's writer's role, Eventarc's trigger, the functions, what Slack makes of
 the secret's URL.
@@ -18,6 +19,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from respawn import audit, deployment
@@ -27,6 +29,8 @@ SERVICE_USAGE_HOST = "https://serviceusage.googleapis.com"
 IAM_HOST = "https://iam.googleapis.com"
 RESOURCE_MANAGER_HOST = "https://cloudresourcemanager.googleapis.com"
 SECRET_MANAGER_HOST = "https://secretmanager.googleapis.com"
+FIRESTORE_ADMIN_HOST = "https://firestore.googleapis.com"
+JOBS_DATABASE = "(default)"  # the jobs' Firestore database, where the build's `firestore` step creates the indexes
 REGION = "us-central1"  # the build's default _REGION (cloudbuild.yaml): where the scheduler job is looked for
 
 # Each Pub/Sub-triggered function, by the topic its trigger subscribes to.
@@ -104,7 +108,7 @@ def probe_checks(project: str, send: selftest_run.Senders, timeout: float,
 @dataclass(frozen=True)
 class Rest:
     """The REST APIs the checks read (Cloud Logging, Cloud Scheduler, Service Usage, IAM, Resource Manager, Secret
-    Manager): Google's with this machine's credentials, or the sim's."""
+    Manager, the Firestore Admin API): Google's with this machine's credentials, or the sim's."""
 
     session: Any  # a requests.Session (authorized for Google's APIs)
     logging_host: str
@@ -113,6 +117,7 @@ class Rest:
     iam_host: str = IAM_HOST
     resource_manager_host: str = RESOURCE_MANAGER_HOST
     secret_manager_host: str = SECRET_MANAGER_HOST
+    firestore_admin_host: str = FIRESTORE_ADMIN_HOST
 
 
 def rest(local: str | None = None) -> Rest:
@@ -123,7 +128,7 @@ def rest(local: str | None = None) -> Rest:
         import requests
 
         base = local.rstrip("/")
-        return Rest(requests.Session(), base, base, base, base, base, base)
+        return Rest(requests.Session(), base, base, base, base, base, base, base)
     return Rest(selftest_run.google_session(), selftest_run.LOGGING_HOST, selftest_run.SCHEDULER_HOST)
 
 
@@ -364,11 +369,74 @@ def secret_check(project: str, secret: str, api: Rest) -> Check:
                        "the alert's probe shows)")
 
 
+def _index_text(ix: dict) -> str:
+    fields = [c.split(",") for c in ix["field_config"]]  # field-path=F,order=O (deploy/render.py's indexes())
+    return f"{ix['collection_group']} (" + ", ".join(
+        " ".join(p.split("=", 1)[1] for p in parts) for parts in fields) + ")"
+
+
+def index_check(project: str, api: Rest, indexes: Path | None = None) -> Check:
+    """The composite indexes the build's `firestore` step creates in the jobs' database (deploy/firestore/indexes.yaml,
+    or `indexes`, through deploy/render.py's indexes()) are there and READY (Firestore Admin v1 indexes.list:
+    docs/gcp-facts.md §32)."""
+    render = _render()
+    source = str(indexes) if indexes else "deploy/firestore/indexes.yaml"
+    if render is None:
+        return _mark(False, f"the Firestore composite indexes were not checked: they are read from {source}, which a "
+                            "Respawn checkout has and an installed respawn does not: run respawn doctor from a "
+                            "checkout's editable install, or with PYTHONPATH naming a folder that holds the checkout's "
+                            "deploy/")
+    from deploy import firestore_indexes  # beside render: the build's own diff of wanted and listed indexes
+
+    wanted = render.indexes(indexes) if indexes else render.indexes()
+    listed: list[dict] = []
+    url = f"{api.firestore_admin_host}/v1/projects/{project}/databases/{JOBS_DATABASE}/collectionGroups/-/indexes"
+    params: dict = {"pageSize": 100}
+    while True:
+        page, why = _read(api, url, f"the composite indexes of Firestore database {JOBS_DATABASE}",
+                          "datastore.indexes.list", params=params)
+        if page is None:
+            return _mark(False, f"the composite indexes of Firestore database {JOBS_DATABASE} cannot be listed: the "
+                                "database was not found (docs/deploy.md, step 2)" if why == "not found" else why)
+        listed += page.get("indexes", [])
+        if not page.get("nextPageToken"):
+            break
+        params = {**params, "pageToken": page["nextPageToken"]}
+    states: dict[tuple, list[tuple[str, str]]] = {}
+    for ix in listed:
+        states.setdefault(firestore_indexes.listed_key(ix), []).append(
+            (str(ix.get("state") or "STATE_UNSPECIFIED"), str(ix.get("name", "")).rsplit("/", 1)[-1]))
+    where = f"--database='{JOBS_DATABASE}' --project={project}"
+    problems = []
+    for ix in wanted:
+        found = states.get(firestore_indexes.wanted_key(ix), [])
+        have = {state for state, _ in found}
+        create = f"gcloud firestore indexes composite create {where} {' '.join(firestore_indexes.create_args(ix))}"
+        if "READY" in have:
+            continue
+        if "CREATING" in have:
+            problems.append(f"{_index_text(ix)} is still building (CREATING; a query that needs it fails until it "
+                            "is READY): wait, and run respawn doctor again")
+        elif found:
+            state, index_id = found[0]
+            problems.append(f"{_index_text(ix)} is {state}: gcloud firestore indexes composite delete {index_id} "
+                            f"{where}, then {create}")
+        else:
+            problems.append(f"{_index_text(ix)} is missing: {create} (or redeploy: cloudbuild.yaml, step firestore)")
+    if problems:
+        return _mark(False, f"Firestore composite indexes of {JOBS_DATABASE} ({source}): " + "; ".join(problems))
+    if not wanted:
+        return _mark(True, f"Firestore composite indexes: {source} wants none ({len(listed)} in {JOBS_DATABASE})")
+    return _mark(True, f"Firestore composite indexes: all {len(wanted)} of {source} are READY in {JOBS_DATABASE}")
+
+
 def deployment_checks(project: str, region: str | None, local: str | None = None,
                       identities: int = deployment.DEFAULT_NODE_IDENTITIES,
-                      slack_secret: str = deployment.DEFAULT_SLACK_SECRET) -> list[Check]:
+                      slack_secret: str = deployment.DEFAULT_SLACK_SECRET,
+                      indexes: Path | None = None) -> list[Check]:
     """The APIs, the service accounts, the project's role bindings and the Pub/Sub service agent's, the Slack secret,
-    the sink and the scheduler job, each one line; without credentials for Google's APIs, that, for all."""
+    the Firestore composite indexes (those of `indexes`, deploy/firestore/indexes.yaml by default), the sink and the
+    scheduler job, each one line; without credentials for Google's APIs, that, for all."""
     local = local or os.environ.get(deployment.ENV_COMPUTE_ENDPOINT)
     emulated = [s.emulator_var for s in (endpoints.FIRESTORE, endpoints.PUBSUB) if os.environ.get(s.emulator_var)]
     if not local and emulated:
@@ -383,4 +451,4 @@ def deployment_checks(project: str, region: str | None, local: str | None = None
         return [_mark(False, why)]
     return [apis_check(project, api), service_account_check(project, identities, api),
             *binding_checks(project, identities, api), secret_check(project, slack_secret, api),
-            sink_check(project, api), scheduler_check(project, region, api)]
+            index_check(project, api, indexes), sink_check(project, api), scheduler_check(project, region, api)]

@@ -51,7 +51,12 @@ METHODS = {
     "cloudbilling.v1": ["cloudbilling.services.skus.list"],
     "monitoring.v3": ["monitoring.projects.timeSeries.create"],
     "pubsub.v1": ["pubsub.projects.topics.publish"],
-    "firestore.v1": ["firestore.projects.databases.documents.commit", "firestore.projects.databases.documents.get"],
+    "firestore.v1": ["firestore.projects.databases.documents.commit", "firestore.projects.databases.documents.get",
+                     # `respawn doctor`'s list of the composite indexes, and the calls that break and mend them
+                     "firestore.projects.databases.collectionGroups.indexes.list",
+                     "firestore.projects.databases.collectionGroups.indexes.create",
+                     "firestore.projects.databases.collectionGroups.indexes.get",
+                     "firestore.projects.databases.collectionGroups.indexes.delete"],
     # What the build hands gcloud as files: the custom roles (`gcloud iam roles create|update --file`; the service
     # accounts are `respawn doctor`'s reads, below) and the
     # goodput dashboard (`gcloud monitoring dashboards create|update --config-from-file`).
