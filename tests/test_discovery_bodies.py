@@ -36,7 +36,7 @@ from respawn.agent.metadata import MetadataClient
 from respawn.agent.nudge import Nudger
 from respawn.agent.storage import Fetcher, Uploader
 from respawn import advice, audit, contract, deployment, prices, selftest
-from respawn.app import catalogcheck, doctor, firewallcheck, imagecheck, quotacheck, selftest_run, zonereport
+from respawn.app import catalogcheck, firewallcheck, imagecheck, project_checks, quotacheck, selftest_run, zonereport
 from respawn.app.compute_read import Reader
 from respawn.control import clients as factory
 from respawn.control import goodput_metrics
@@ -116,7 +116,7 @@ HAND_CALLERS = {
     "respawn/app/quotacheck.py": "drive_cli",
     "respawn/app/zonereport.py": "drive_cli",
     "respawn/app/selftest_run.py": "test_the_self_tests_probes_to_logging_and_the_scheduler",
-    "respawn/app/doctor.py": "drive_doctor",
+    "respawn/app/project_checks.py": "drive_doctor",
     "functions/adapters/managed_folders.py": "drive_controller_rest",
     "functions/adapters/monitoring.py": "drive_controller_rest",
     "functions/adapters/prices.py": "drive_controller_rest",
@@ -302,7 +302,7 @@ def drive_doctor(endpoint: str) -> None:
             {"fieldPath": "status.state", "order": "ASCENDING"},
             {"fieldPath": "status.next_attempt_at", "order": "ASCENDING"}]}, timeout=10)
         operation.raise_for_status()
-        checks = doctor.deployment_checks(PROJECT, REGION, endpoint)
+        checks = project_checks.deployment_checks(PROJECT, REGION, endpoint)
         assert all(c.ok for c in checks), [c.line for c in checks]
         index = f"{endpoint}/v1/{operation.json()['metadata']['index']}"
         assert http.get(index, timeout=10).json()["state"] == "READY"
@@ -621,5 +621,5 @@ def test_the_vendored_documents_are_the_revisions_the_audit_read():
         "cloudbilling.v1": "20260901", "monitoring.v3": "20260129", "pubsub.v1": "20261027",
         "firestore.v1": "20260928", "iam.v1": "20261023", "monitoring.v1": "20260903",
         "cloudscheduler.v1": "20261106",  # the self-test's jobs.run (respawn/app/selftest_run.py), vendored 2026-12-07
-        # `respawn doctor`'s reads of what the build made (respawn/app/doctor.py), vendored 2026-12-07
+        # `respawn doctor`'s reads of what the build made (respawn/app/project_checks.py), vendored 2026-12-07
         "serviceusage.v1": "20260921", "cloudresourcemanager.v1": "20261107", "secretmanager.v1": "20261021"}

@@ -21,7 +21,7 @@ import requests
 
 from deploy import firestore_indexes, render
 from respawn import audit, deployment, selftest
-from respawn.app import doctor, selftest_run
+from respawn.app import doctor, project_checks, selftest_run
 from sim import cloud_scheduler, emulators, functions_host
 from sim.audit_router import AuditRouter
 from sim.bridges import EventarcBridge, SweepScheduler
@@ -78,20 +78,20 @@ def test_the_project_checks_follow_the_pool_and_say_what_they_could_not_check(si
     """--node-identities is the pool checked (the stand-ins' build made the default 8); without the checkout's
     deploy/, the project's roles are not checked, and the line says so and how, while the rest are."""
     sim = sim_factory(project=PROJECT, boot_command=None)
-    api = doctor.rest(sim.endpoint)
-    assert doctor.service_account_check(PROJECT, 3, api).ok
-    missing = doctor.service_account_check(PROJECT, 10, api)
+    api = project_checks.rest(sim.endpoint)
+    assert project_checks.service_account_check(PROJECT, 3, api).ok
+    missing = project_checks.service_account_check(PROJECT, 10, api)
     assert missing.line.startswith("✗ service accounts: missing: respawn-node-9, respawn-node-10: redeploy"), missing
-    [roles, agent] = doctor.binding_checks(PROJECT, 10, api)
+    [roles, agent] = project_checks.binding_checks(PROJECT, 10, api)
     assert roles.line.startswith("✗ roles not bound on the project: respawnNode to respawn-node-9@"), roles
     assert agent.ok, agent
-    monkeypatch.setattr(doctor, "_render", lambda: None)
-    [roles, agent] = doctor.binding_checks(PROJECT, 3, api)
+    monkeypatch.setattr(project_checks, "_render", lambda: None)
+    [roles, agent] = project_checks.binding_checks(PROJECT, 3, api)
     assert roles.line.startswith("✗ the roles bound on the project were not checked: they are read from "
                                  "deploy/iam/permissions.yaml"), roles
     assert agent.line == ("✓ the Pub/Sub service agent holds roles/iam.serviceAccountTokenCreator (Eventarc's "
                           "Pub/Sub triggers)")
-    assert doctor.index_check(PROJECT, api).line.startswith(
+    assert project_checks.index_check(PROJECT, api).line.startswith(
         "✗ the Firestore composite indexes were not checked: they are read from deploy/firestore/indexes.yaml")
 
 
@@ -118,7 +118,7 @@ def _create_index(sim, ix: dict) -> requests.Response:
 def _doctor(sim, timeout: float = BROKEN_WAIT_S, indexes: Path | None = None) -> list[doctor.Check]:
     send = selftest_run.senders(PROJECT, None, sim.endpoint)  # the sim's Cloud Logging; the scheduler's own ticks
     return [doctor.firestore_check(PROJECT), *doctor.topic_checks(PROJECT),
-            *doctor.deployment_checks(PROJECT, None, sim.endpoint, indexes=indexes),
+            *project_checks.deployment_checks(PROJECT, None, sim.endpoint, indexes=indexes),
             *doctor.probe_checks(PROJECT, send, timeout, lambda line: None)]
 
 

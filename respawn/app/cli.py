@@ -1236,11 +1236,11 @@ def doctor_cmd(
     probes: bool = typer.Option(True, "--probes/--no-probes", help="send the self-test's probes"),
 ) -> None:
     """Check a deployment (a project, or the demo's stand-ins) and prove every path it relies on, one line a check."""
-    from respawn.app import doctor, selftest_run
+    from respawn.app import doctor, project_checks, selftest_run
 
     def go() -> None:
         name = project or _store(None).project
-        checks = [doctor.firestore_check(name), *doctor.topic_checks(name), *doctor.deployment_checks(
+        checks = [doctor.firestore_check(name), *doctor.topic_checks(name), *project_checks.deployment_checks(
             name, region, identities=node_identities, slack_secret=slack_secret, indexes=indexes)]
         for check in checks:
             out.print(check.line, highlight=False)
