@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from respawn import logs
 from respawn.contract import StoreUri
-from respawn.control.ports import ControlStore, FolderGrants
+from respawn.control.ports import ControlStore, FolderGrants, Jobs
 from respawn.schema import JobSpec, JobStatus, State
 
 
@@ -72,7 +72,7 @@ def _granted(grants: FolderGrants, folder: str | None, identity: str) -> str:
     return identity
 
 
-def _over(store: ControlStore, job_id: str, nodes_left: Callable[[dict[str, Any] | None], bool]) -> bool:
+def _over(store: Jobs, job_id: str, nodes_left: Callable[[dict[str, Any] | None], bool]) -> bool:
     """The job is gone or terminal, and none of its nodes exists."""
     found = store.job(job_id)
     doc = found[0] if found else None

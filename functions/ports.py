@@ -16,9 +16,9 @@ from respawn.prices import Book
 from respawn.schema import AdviceRecord, CapacityRecord, JobEvent, JobSpec
 
 
-@runtime_checkable
-class ControlStore(Protocol):
-    """The job documents, the node heartbeats and the shared capacity records (layout: respawn/schema.py)."""
+class Jobs(Protocol):
+    """The job documents: read one, commit its status, list them (the sweep, the orphan scan, a TPU worker's
+    event)."""
 
     reads: int  # document reads made so far (reconcile logs the difference per invocation)
     writes: int  # document writes made so far
@@ -27,34 +27,8 @@ class ControlStore(Protocol):
         """(the job document, its version: what a commit is conditional on), or None when there is no such job."""
         ...
 
-    def heartbeat(self, node: str, database: str) -> dict[str, Any] | None:
-        """nodes/{node} in `database` (deployment.heartbeat_database of the job's identity) as the agent wrote it,
-        or None."""
-        ...
-
-    def blocked(self, zones: Iterable[str], accelerator: str) -> Mapping[str, datetime]:
-        """zone → the end of its capacity/quota cooldown for `accelerator`."""
-        ...
-
     def commit(self, job_id: str, version: Any, status: dict[str, Any], event: JobEvent | None) -> bool:
         """Write `status` (and `event`) atomically iff the job is still at `version`; False: it changed meanwhile."""
-        ...
-
-    def record_capacity(self, record: CapacityRecord) -> None:
-        """Record a zone's refusal for every job that asks for the same accelerator."""
-        ...
-
-    def record_stats(self, zone: str, accelerator: str, model: str, counts: dict[str, float]) -> None:
-        """Add `counts` (schema.ZoneStats fields) to what every job saw of `model` nodes of `accelerator` in
-        `zone` (functions/stats.py)."""
-        ...
-
-    def zone_advice(self, zones: Iterable[str], shape: str) -> Mapping[str, AdviceRecord]:
-        """zone → the capacity advice cached for the machine shape `shape` (respawn.advice.Shape.key), stale or not."""
-        ...
-
-    def record_advice(self, record: AdviceRecord) -> None:
-        """Cache one zone × shape's advice (or why there is none) for every job."""
         ...
 
     def active_jobs(self) -> list[str]:
@@ -68,6 +42,48 @@ class ControlStore(Protocol):
     def jobs_in_zone(self, zone: str) -> list[tuple[str, dict[str, Any]]]:
         """(job id, document) of the jobs whose current node is in `zone` (a TPU worker VM's event)."""
         ...
+
+
+class Heartbeats(Protocol):
+    """What the nodes' agents write."""
+
+    def heartbeat(self, node: str, database: str) -> dict[str, Any] | None:
+        """nodes/{node} in `database` (deployment.heartbeat_database of the job's identity) as the agent wrote it,
+        or None."""
+        ...
+
+
+class CapacityRecords(Protocol):
+    """The zones' refusals and what every job saw of them, shared by the jobs that ask for the same accelerator."""
+
+    def blocked(self, zones: Iterable[str], accelerator: str) -> Mapping[str, datetime]:
+        """zone → the end of its capacity/quota cooldown for `accelerator`."""
+        ...
+
+    def record_capacity(self, record: CapacityRecord) -> None:
+        """Record a zone's refusal for every job that asks for the same accelerator."""
+        ...
+
+    def record_stats(self, zone: str, accelerator: str, model: str, counts: dict[str, float]) -> None:
+        """Add `counts` (schema.ZoneStats fields) to what every job saw of `model` nodes of `accelerator` in
+        `zone` (functions/stats.py)."""
+        ...
+
+
+class AdviceCache(Protocol):
+    """Compute Engine's capacity advice, cached for every job."""
+
+    def zone_advice(self, zones: Iterable[str], shape: str) -> Mapping[str, AdviceRecord]:
+        """zone → the capacity advice cached for the machine shape `shape` (respawn.advice.Shape.key), stale or not."""
+        ...
+
+    def record_advice(self, record: AdviceRecord) -> None:
+        """Cache one zone × shape's advice (or why there is none) for every job."""
+        ...
+
+
+class IdentityLeases(Protocol):
+    """The node identities of the pool, each leased to one job at a time (identities.py)."""
 
     def leases(self) -> Mapping[str, tuple[str, str | None, Any]]:
         """Node identity → (the job holding it, the checkpoint folder it was granted, the lease's version)."""
@@ -84,6 +100,12 @@ class ControlStore(Protocol):
     def identity_of(self, job_id: str) -> str | None:
         """The node identity `job_id` holds, if any."""
         ...
+
+
+@runtime_checkable
+class ControlStore(Jobs, Heartbeats, CapacityRecords, AdviceCache, IdentityLeases, Protocol):
+    """Everything reconcile needs of the store, as one adapter serves it (adapters/firestore_store.Store; layout:
+    respawn/schema.py). A part that needs less names the port of its concern."""
 
 
 @runtime_checkable

@@ -248,8 +248,8 @@ def test_the_adapters_satisfy_the_control_planes_ports(made):
     for impl, port in ((Store(None, None), ports.ControlStore), (ComputeProvider(made), ports.NodeProvider),
                        (TpuProvider(made), ports.NodeProvider), (QueuedTpuProvider(made), ports.NodeProvider)):
         assert isinstance(impl, port), (type(impl).__name__, port.__name__)
-        for name, member in vars(port).items():
-            if inspect.isfunction(member) and not name.startswith("_"):
+        for name, member in inspect.getmembers(port, inspect.isfunction):  # the port's own and its parts'
+            if not name.startswith("_"):
                 want = list(inspect.signature(member).parameters)
                 got = list(inspect.signature(getattr(type(impl), name)).parameters)
                 assert got[:len(want)] == want, (type(impl).__name__, name, got, want)
