@@ -12,7 +12,7 @@ import time
 
 from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (agent_env: a fixture)
 from respawn.agent.supervisor import processes_with
-from respawn.contract import Generation
+from respawn.contract import ENV_CHECKPOINT_URI, ENV_GENERATION, Generation
 from sim.emulators import free_port
 
 # Rank 0 is the agent's trainer; rank 1, the peer, is started by the test and stops taking part at HANG_AT_STEP
@@ -44,9 +44,11 @@ for step in range(1, 1000000):
 '''
 
 
-def generation_processes(number: str) -> list[int]:
-    """The live processes started for generation `number` (the agent puts RESPAWN_GENERATION in their environment)."""
-    return processes_with(f"RESPAWN_GENERATION={number}".encode())
+def generation_processes(number: str, store: str) -> list[int]:
+    """The live processes this test's agent started for generation `number` (the agent puts RESPAWN_GENERATION and the
+    job's checkpoint URI in their environment; other tests' trainers run meanwhile, in their own generation 1)."""
+    mine = set(processes_with(f"{ENV_CHECKPOINT_URI}={store}".encode()))
+    return sorted(mine.intersection(processes_with(f"{ENV_GENERATION}={number}".encode())))
 
 
 def test_a_generation_restarted_for_a_peers_crash_kills_the_trainer_blocked_in_a_collective(agent_env, tmp_path):
@@ -55,7 +57,8 @@ def test_a_generation_restarted_for_a_peers_crash_kills_the_trainer_blocked_in_a
     script.write_text(COLLECTIVE_TRAINER)
     launch = [sys.executable, "-m", "respawn.ckpt.launch", sys.executable, "-m", "torch.distributed.run",
               "--nproc-per-node", "1", "--master-port", str(port), str(script)]
-    s = settings(launch, f"file://{tmp_path}/store", env={"GLOO_SOCKET_IFNAME": "lo"})
+    store = f"file://{tmp_path}/store"
+    s = settings(launch, store, env={"GLOO_SOCKET_IFNAME": "lo"})
     md = agent_env.metadata("mc-1", {**attributes("mc", 1, agent_env.project, s), "respawn-generation": ""})
     node_dir = tmp_path / "mc-1"
     agent = agent_env.agent(md, node_dir)
@@ -99,9 +102,9 @@ def test_a_generation_restarted_for_a_peers_crash_kills_the_trainer_blocked_in_a
         # SIGKILLed at once, each is gone once the kernel has torn it down: seconds for a process holding torch's
         # memory on a loaded machine (CI: 10 s were not always enough), never for one the kill missed.
         try:
-            wait_for(lambda: not generation_processes("1"), 30, "generation 1's processes gone", interval=0.2)
+            wait_for(lambda: not generation_processes("1", store), 30, "generation 1's processes gone", interval=0.2)
         except AssertionError:
-            left = subprocess.run(["ps", "-o", "pid,stat,etime,args", "-p", ",".join(map(str, generation_processes("1")))
+            left = subprocess.run(["ps", "-o", "pid,stat,etime,args", "-p", ",".join(map(str, generation_processes("1", store)))
                                    or "1"], capture_output=True, text=True).stdout
             raise AssertionError(f"generation 1's processes outlived its kill: {left}") from None
     finally:

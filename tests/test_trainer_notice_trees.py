@@ -106,8 +106,11 @@ def run_wrapped(tmp_path: Path, name: str, *extra: str, second_signal: bool = Fa
         proc = subprocess.Popen([sys.executable, "-m", "respawn.ckpt.launch", *command(run), *extra], cwd=run,
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: reached(log.read_text(errors="replace")) or proc.poll() is not None,
-                 120, f"{name}: step {SIGNAL_AT}")
+        try:  # torchrun with 2 ranks and their 4 loader workers took over 120 s to step 8 in a loaded CI run
+            wait_for(lambda: reached(log.read_text(errors="replace")) or proc.poll() is not None,
+                     240, f"{name}: step {SIGNAL_AT}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its output:\n{log.read_text(errors='replace')[-3000:]}") from None
         proc.send_signal(signal.SIGTERM)  # `kill PID`, `docker stop`
         if second_signal:
             time.sleep(1)
