@@ -172,9 +172,11 @@ def recoveries(all_lives: list[Life], events: Iterable[JobEvent]) -> list[Recove
 
 
 def training_end(life: Life, end: datetime) -> datetime:
-    """When this life stopped stepping: its last heartbeat, within the life."""
+    """When this life stopped stepping: its last heartbeat, within the life, and never before its first step (a node
+    lost as it joins: its end recorded while its first step's heartbeat was on its way)."""
     assert life.last_beat_at is not None
-    return min(life.last_beat_at, end)
+    stop = min(life.last_beat_at, end)
+    return stop if life.first_step_at is None else max(stop, life.first_step_at)
 
 
 def buckets(started_at: datetime, ended_at: datetime, all_lives: list[Life]) -> dict[str, float]:

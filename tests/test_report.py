@@ -304,3 +304,18 @@ def test_downtime_is_drawn_where_no_trainer_stepped():
     page = report.render(r, ["z-a", "z-b"], EVENTS)
     assert re.findall(r"<title>downtime ([\d.]+) s</title>", page) == ["41.0", "91.0"]
     assert report.downtime([], 10) == []
+
+
+def test_a_life_lost_as_its_first_step_is_told_stops_at_that_step_not_before():
+    """Its end was recorded 0.1 s before its first step's heartbeat (move-master-lost: a new master lost as it joins):
+    the page's step line for it must not go back in time."""
+    from respawn.control.goodput import Life, training_end
+
+    t0 = datetime(2026, 12, 7, tzinfo=timezone.utc)
+    end, first = t0 + timedelta(seconds=10), t0 + timedelta(seconds=10.1)
+    life = Life(slot=0, node="j-7", attempt=7, zone="us-central1-b", model="spot", created_at=t0, ended_at=end,
+                first_step=235, first_step_at=first, step=235, last_beat_at=first)
+    assert training_end(life, end) == first
+    later = Life(slot=0, node="j-8", attempt=8, zone="us-central1-b", model="spot", created_at=t0, ended_at=end,
+                 first_step=235, first_step_at=t0 + timedelta(seconds=2), step=240, last_beat_at=first)
+    assert training_end(later, end) == end  # the usual case: the last beat within the life
