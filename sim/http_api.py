@@ -21,6 +21,7 @@ _C = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
 _I = r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images"
 _R = r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)"
 _T = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+_L = r"/v2/projects/(?P<project>[^/]+)/sinks"  # Cloud Logging's sinks
 _S = r"/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/jobs"  # Cloud Scheduler
 _P = r"/v1/projects/(?P<project>[^/:]+)"  # Service Usage, IAM, Resource Manager, Secret Manager (sim/project.py)
 # The Firestore Admin API's composite indexes (sim/project.py): the emulator does not serve them
@@ -49,10 +50,10 @@ ROUTES = [
     ("GET", _R, "c_region"),
     ("POST", r"/v3/projects/(?P<project>[^/]+)/timeSeries", "m_time_series"),
     ("POST", r"/v2/entries:write", "l_entries_write"),
-    ("POST", r"/v2/projects/(?P<project>[^/]+)/sinks", "l_sink_create"),
-    ("GET", r"/v2/projects/(?P<project>[^/]+)/sinks/(?P<sink>[^/]+)", "l_sink_get"),
-    ("PUT", r"/v2/projects/(?P<project>[^/]+)/sinks/(?P<sink>[^/]+)", "l_sink_update"),
-    ("DELETE", r"/v2/projects/(?P<project>[^/]+)/sinks/(?P<sink>[^/]+)", "l_sink_delete"),
+    ("POST", _L, "l_sink_create"),
+    ("GET", _L + r"/(?P<sink>[^/]+)", "l_sink_get"),
+    ("PUT", _L + r"/(?P<sink>[^/]+)", "l_sink_update"),
+    ("DELETE", _L + r"/(?P<sink>[^/]+)", "l_sink_delete"),
     ("GET", _S + r"/(?P<job>[^/:]+)", "j_get"),
     ("POST", _S + r"/(?P<job>[^/:]+):pause", "j_pause"),
     ("POST", _S + r"/(?P<job>[^/:]+):resume", "j_resume"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 
@@ -44,8 +45,6 @@ def _quoted() -> list[str]:
 
 
 def _defines(path, name: str) -> bool:
-    import ast
-
     tree = ast.parse(path.read_text())
     return any(getattr(n, "name", None) == name or isinstance(n, ast.Assign) and any(
         getattr(t, "id", None) == name for t in n.targets) for n in ast.walk(tree))
@@ -55,11 +54,10 @@ def test_every_file_and_folder_the_design_names_exists():
     named = {t.rstrip(".,;:") for t in _quoted() if t.startswith(_FOLDERS) and not re.search(r"[{<*]", t)}
     missing = []
     for token in sorted(named):
-        path, _, attr = token.partition(".py.") if ".py." in token else (token, "", "")
-        path = path if not attr else path + ".py"
-        if re.fullmatch(r"[\w/]+\.[A-Z]\w*", path):  # folder/module.Class
-            path, attr = path.rsplit(".", 1)[0] + ".py", path.rsplit(".", 1)[1]
-        target = ROOT / path
+        module, dot, attr = token.partition(".py.")  # folder/module.py.name
+        if not dot and (m := re.fullmatch(r"([\w/]+)\.([A-Z]\w*)", token)):  # folder/module.Class
+            module, attr = m.groups()
+        target = ROOT / (module + ".py" if attr else token)
         if not target.exists() or attr and not _defines(target, attr):
             missing.append(token)
     assert len(named) > 40 and not missing, f"docs/architecture.md names what is not in the tree: {missing}"
