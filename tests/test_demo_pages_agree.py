@@ -63,16 +63,14 @@ def pages(tmp_path_factory) -> Pages:
             assert r.returncode == 0, r.stderr
             return r.stdout
 
-        out = Pages(summary, json.loads(respawn("describe", job, "--json")), respawn("describe", job),
-                    respawn("events", job), json.loads(respawn("report", job, "-o", str(tmp / "report.html"), "--json")),
-                    Path(summary["report"]), tmp, exports, kept, None)  # type: ignore[arg-type]
+        read = (json.loads(respawn("describe", job, "--json")), respawn("describe", job), respawn("events", job),
+                json.loads(respawn("report", job, "-o", str(tmp / "report.html"), "--json")))
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
-    out.stopped = subprocess.CompletedProcess(proc.args, proc.returncode, json.dumps(summary),
-                                              (tmp / "stderr").read_text())
+    stopped = subprocess.CompletedProcess(proc.args, proc.returncode, json.dumps(summary), (tmp / "stderr").read_text())
     assert processes_with(f"RESPAWN_DEMO_TEST={token}".encode()) == []
-    return out
+    return Pages(summary, *read, Path(summary["report"]), tmp, exports, kept, stopped)
 
 
 def test_a_job_of_the_users_own_kept_for_the_cli(pages, browser):
