@@ -79,3 +79,27 @@ def test_every_module_the_design_names_exists():
     bare = {t for t in _quoted() if re.fullmatch(r"\w+\.py", t)}  # a module named by its file alone
     missing += [f for f in sorted(bare) if not any(any((ROOT / d).rglob(f)) for d in _PRODUCT)]
     assert len(modules) > 10 and not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+def _class_lengths(folder: str) -> dict[str, int]:
+    """`file.py:Class` → its lines, for every class in the folder's modules."""
+    found = {}
+    for path in (ROOT / folder).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                found[f"{path.relative_to(ROOT)}:{node.name}"] = node.end_lineno - node.lineno + 1
+    return found
+
+
+def test_no_room_outgrows_the_limit_the_design_sets():
+    text = " ".join((ROOT / "docs" / "architecture.md").read_text().split())
+    limits = {what: int(m.group(1)) for what, pattern in {
+        "decide": r"`functions/decide.py` stays under (\d+) lines", "sim": r"no class in `sim/` over (\d+) lines",
+        "agent": r"`Agent` under (\d+) lines"}.items() if (m := re.search(pattern, text))}
+    assert set(limits) == {"decide", "sim", "agent"}, f"docs/architecture.md's room sizes not found: {limits}"
+    decide = len((ROOT / "functions" / "decide.py").read_text().splitlines())
+    assert decide < limits["decide"], f"functions/decide.py has {decide} lines"
+    big = {name: n for name, n in _class_lengths("sim").items() if n > limits["sim"]}
+    assert not big, f"classes in sim/ over {limits['sim']} lines: {big}"
+    agent = _class_lengths("node_agent")["node_agent/agent.py:Agent"]
+    assert agent < limits["agent"], f"Agent has {agent} lines"

@@ -107,7 +107,7 @@ def demo(
                     raise CliError(f"demo {problem}; everything it started has been stopped; {_kept_where(base)}",
                                    code=130)
                 if keep:
-                    result["kept"] = {"env": run.cli_env, "pids": run.pids()}
+                    result["kept"] = {"env": run.standins.cli_env, "pids": run.pids()}
                 _print_summary(sc, result)
                 if keep:
                     _say_how_to_reach(run, result)
@@ -240,7 +240,7 @@ def _say_how_to_reach(run: DemoRun, result: dict) -> None:
     """--keep: the lines that point `respawn jobs …` in another shell at the stand-ins, plain, to copy."""
     job = result["job_id"]
     lines = ["demo: --keep: the emulators, functions and sim go on. In another shell, point respawn at them:",
-             *(f"export {k}={shlex.quote(v)}" for k, v in run.cli_env.items()),
+             *(f"export {k}={shlex.quote(v)}" for k, v in run.standins.cli_env.items()),
              "; ".join(f"{command()} jobs {what} {job}" for what in ("describe", "events", "logs", "report")),
              f"demo: Ctrl-C stops everything (processes {' '.join(map(str, result['kept']['pids']))}, and the sim)."]
     print("\n".join(lines), file=sys.stderr, flush=True)

@@ -1,18 +1,12 @@
 """`respawn demo`: the whole flow on one machine.
 
-Starts the Firestore, Pub/Sub and Cloud Storage emulators, the sim (Compute Engine, Cloud TPU, metadata servers,
-the audit-log sink), the real function code served by the Functions Framework behind Pub/Sub push subscriptions, the
-Eventarc and Scheduler bridges and a Slack receiver; publishes the agent zipapp as the build does; packs the example
-workdir (examples/workdir, or the trainer.workdir directory of the user's own job file) and uploads it, and
-registers the scenario's job, as `respawn jobs register` does. Each node boots the real deploy/vm/startup.sh
+On the stand-ins (sim/demo/standins.py: the emulators, the sim, the real functions, the bridges, a Slack receiver),
+packs the example workdir (examples/workdir, or the trainer.workdir directory of the user's own job file), uploads it
+and registers the scenario's job, as `respawn jobs register` does. Each node boots the real deploy/vm/startup.sh
 (sim/node_image.py), whose agent downloads the workdir, runs the setup commands and starts the trainer on the
 interpreter the spec names. The runner injects what the scenario says and ends with a summary and the report page.
-Everything it started is stopped on the way out, also on Ctrl-C (once the record of what ran is written: summary,
+Everything started is stopped on the way out, also on Ctrl-C (once the record of what ran is written: summary,
 report, logs); with keep, not before close().
-
-Firestore and Pub/Sub emulators already running (a test session's) may be given instead: the run then keeps to a
-project of its own on them, deletes that project's documents, topics and subscriptions on the way out and leaves
-the emulators running.
 """
 
 from __future__ import annotations
@@ -23,8 +17,6 @@ import json
 import os
 import re
 import shlex
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,32 +25,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from respawn import contract, deployment, losswords, schema
+from respawn import contract, losswords, schema
 from respawn.app import codestore, report
 from respawn.control import recovery_time
-from respawn.app.workdir import WorkdirError, human_bytes, pack
-from sim import emulators, functions_host, netns, node_image, registry, trainer_image
-from sim.node_containers import NodeContainers
+from sim import emulators
 from sim.demo.jobfile import JobFile
 from sim.demo.scenario import SIM_MODELS, Preemption, Scenario
+from sim.demo.standins import REPO, DemoError, Standins
 from sim.demo.summary import HeartbeatSample, Lifetime, RunRecord, from_record, max_live, serving, summarize
-from sim.tpu import ENDPOINTS_HOSTNAMES
 
 # The CLI's emulator project: `respawn jobs …` with FIRESTORE_EMULATOR_HOST set and no --project sees the demo.
 PROJECT = codestore.EMULATOR_PROJECT
-REPO = Path(__file__).resolve().parents[2]
 GPU_MACHINE = "g2-standard-8"  # one L4 built in: the sim keys its capacity by the machine type
 TPU_TYPE = "v5litepod-8"
 WORKDIR = REPO / "examples" / "workdir"  # the user's code the demo's job runs
-BUCKET = "respawn-demo"  # on the storage emulator: the agent's release and the job's code
-SELF_TEST_TIMEOUT_S = 60.0  # every function answers in seconds; a loaded machine starts the host slowly
 # How the Slack alert of each terminal state begins after "Job ID " (functions/alerts.py's titles).
 TERMINAL_ALERTS = {schema.State.SUCCEEDED: "succeeded", schema.State.FAILED: "failed",
                    schema.State.INVALID: "has an invalid spec", schema.State.BUDGET_EXHAUSTED: "reached its budget"}
-
-
-class DemoError(RuntimeError):
-    """A part of the demo could not start or run; the message says which and where its log is."""
 
 
 @dataclass
@@ -80,29 +63,6 @@ class Progress:
     members: list[tuple[int, str, str, int | None]] = field(default_factory=list)  # several nodes: slot, node, state, step
     events: list[str] = field(default_factory=list)
     alerts: int = 0
-
-
-class Stack:
-    """Stops what was started, newest first; a failing stop is reported, the others still run."""
-
-    def __init__(self, say: Callable[[str], None]):
-        self._items: list[tuple[str, Callable[[], None]]] = []
-        self._say = say
-        self.pids: list[int] = []  # the processes (group leaders) the stops end
-
-    def push(self, name: str, stop: Callable[[], None], pid: int | None = None) -> None:
-        self._items.append((name, stop))
-        if pid is not None:
-            self.pids.append(pid)
-
-    def close(self) -> None:
-        while self._items:
-            name, stop = self._items.pop()
-            try:
-                stop()
-            except Exception as exc:  # keep stopping the rest
-                self._say(f"stopping {name} failed: {exc}")
-        self.pids.clear()
 
 
 SPEC_MODELS = {sim: spec for spec, sim in SIM_MODELS.items()}  # a node record's provisioningModel → the spec's name
@@ -240,226 +200,32 @@ def _victims(p: Preemption, status: schema.JobStatus, beats: dict[str, dict[int,
 
 
 class DemoRun:
+    """A scenario's job on the stand-ins (sim/demo/standins.py): registered, its faults injected when due, watched
+    to its end, and its record written (summary.json, the report page, describe.txt, logs.txt)."""
+
     def __init__(self, sc: Scenario, out_dir: Path, *, on_progress: Callable[[Progress], None],
                  say: Callable[[str], None], job: JobFile | None = None, project: str = PROJECT,
                  firestore_host: str | None = None, pubsub_host: str | None = None):
         self.sc = sc
         self.job = job  # the user's own job file (sim/demo/jobfile.py); None: the demo's example job
         self.project = project  # every document, topic and subscription of the run is this project's
-        # Emulators already running (HOST:PORT), shared with others: used, emptied of this project, never stopped.
-        self.firestore_host, self.pubsub_host = firestore_host, pubsub_host
         self.out = out_dir.resolve()  # children run elsewhere: every path handed to them must be absolute
         self.on_progress = on_progress
         self.say = say
-        self.stack = Stack(say)
-        self.env: dict[str, str] = {}
-        self.cli_env: dict[str, str] = {}  # what points `respawn jobs …` in another shell at these stand-ins
+        # The trainer's image is the demo example's (a user's own job names its own, which the stand-ins cannot pull).
+        self.standins = Standins(sc, self.out, say, project=project, with_image=bool(sc.trainer.image) and job is None,
+                                 firestore_host=firestore_host, pubsub_host=pubsub_host)
         self.partitions: list[dict[str, Any]] = []  # the partition fault as injected, and its recovery
         self.noticed: dict[str, float] = {}  # node → when its preemption (or host error) was injected
         self.total_steps: int | None = None  # the job's steps: what its trainer reports (the summary's total_steps)
-        self.library: str | None = None  # the respawn wheel's respawn-library value (a trainer in an image)
-        self.image: str | None = None  # the trainer's image in the local registry, pinned (a scenario's trainer.image)
 
-    # --- start-up -----------------------------------------------------------------------------------------------
+    @property
+    def sim(self):
+        return self.standins.sim
 
-    def _emulators(self) -> None:
-        fs_host, ps_host = self.firestore_host, self.pubsub_host
-        given = {"Firestore": fs_host, "Pub/Sub": ps_host}
-        for name, host in given.items():
-            if host:
-                emulators.check_running(name, host)
-        own = [name for name, host in given.items() if not host] + ["Cloud Storage"]
-        starting = (f"starting the {', '.join(own[:-1])} and {own[-1]} emulators" if len(own) > 1
-                    else f"starting the {own[0]} emulator")
-        shared = " and ".join(f"the {name} emulator at {host}" for name, host in given.items() if host)
-        self.say(f"using {shared} (project {self.project}); {starting}" if shared else starting)
-        if fs_host:
-            # Pushed first, so done last: once nothing of the run can write any more.
-            self.stack.push("the project's Firestore documents",
-                            lambda host=fs_host: emulators.reset_firestore(host, self.project))
-        else:
-            fs = emulators.start_firestore(log_dir=self.out)
-            self.stack.push("Firestore emulator", fs.stop, fs.proc.pid)
-            fs_host = fs.host
-        if ps_host:
-            self.stack.push("the project's Pub/Sub topics",
-                            lambda host=ps_host: emulators.delete_pubsub(host, self.project, "topics"))
-        else:
-            ps = emulators.start_pubsub(log_dir=self.out)
-            self.stack.push("Pub/Sub emulator", ps.stop, ps.proc.pid)
-            ps_host = ps.host
-        gcs = emulators.start_storage(BUCKET, log_dir=self.out)
-        self.stack.push("Cloud Storage emulator", gcs.stop, gcs.proc.pid)
-        os.environ["FIRESTORE_EMULATOR_HOST"] = fs_host
-        os.environ["PUBSUB_EMULATOR_HOST"] = ps_host
-        os.environ["STORAGE_EMULATOR_HOST"] = gcs.url  # `respawn jobs register --workdir` uploads through it
-        self.env.update(FIRESTORE_EMULATOR_HOST=fs_host, PUBSUB_EMULATOR_HOST=ps_host)
-        self.cli_env.update(self.env, STORAGE_EMULATOR_HOST=gcs.url, GOOGLE_CLOUD_PROJECT=self.project)
-        self.storage = node_image.Storage(gcs.url, BUCKET)
-
-    def _sim(self) -> None:
-        from sim.audit_router import AuditRouter
-        from sim.server import SimServer
-        from sim.slack import SlackReceiver
-
-        sc = self.sc
-        self.slack = SlackReceiver().start()
-        self.stack.push("Slack receiver", self.slack.stop)
-        self.router = AuditRouter(self.project, topic=deployment.LOG_EVENTS_TOPIC,
-                                  duplicates=sc.faults.duplicate_events)
-        self.stack.push("audit router", self.router.close)
-        if sc.faults.drop_events:
-            self.router.drop_next(sc.faults.drop_events)
-        containers = self._trainer_image() if sc.trainer.image and self.job is None else None
-        self.say("publishing the agent zipapp to the storage emulator, as the build does")
-        self.agent = node_image.publish_agent(self.out / "release", self.storage)
-        if containers is not None:  # the image's python gets the checkpoint library from the node, as in production
-            self.say("publishing the respawn wheel to the storage emulator, as the build does")
-            try:
-                self.library = node_image.publish_library(self.out / "release", self.storage)
-            except RuntimeError as exc:
-                raise DemoError(str(exc)) from None
-        # The node image's python3 is this interpreter; a node boots the real startup script.
-        boot_command, boot_env = node_image.boot(sys.executable, self.storage)
-        node_env = {**self.env, **boot_env, "PYTHONUNBUFFERED": "1"}
-        # Each node in a network namespace of its own where this process may make them (root): a lost node's
-        # traffic stops as on a VPC, and a partition can be played. Else they share this machine's loopback.
-        why_not = netns.available()
-        if why_not is not None:
-            self.say(f"nodes share this machine's network ({why_not})")
-        if sc.accelerator == "tpu":
-            names = ("the workers' hostnames" if why_not is None else "the workers' addresses (a hostname cannot be "
-                     "made to resolve on a shared network)")
-            self.say(f"TPU workers' worker-network-endpoints: {sc.tpu_endpoints}, "
-                     + (names if sc.tpu_endpoints == ENDPOINTS_HOSTNAMES else "name:uid:IP"))
-        self.sim = SimServer(self.project, notice_seconds=sc.notice_seconds, op_delay=0.3,
-                             boot_command=boot_command, node_env=node_env, network="loopback" if why_not else "netns",
-                             nodes_root=self.out / "nodes", audit_sink=self.router,
-                             tpu_endpoints=sc.tpu_endpoints, run_duration_scale=sc.run_duration_scale,
-                             node_containers=containers).start()
-        self.stack.push("sim", self.sim.stop)
-        self.cli_env[deployment.ENV_COMPUTE_ENDPOINT] = self.sim.endpoint  # `respawn doctor` writes its probe there
-        if sc.faults.api_error_rate:
-            self.sim.set_api_faults(rate=sc.faults.api_error_rate, methods=("insert", "create"))
-
-    def _trainer_image(self) -> NodeContainers:
-        """The trainer's image in a local registry (Artifact Registry's stand-in), built first if not cached; the
-        nodes' podman configuration that pulls from it."""
-        missing = [p for p in ("podman", "runc") if shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}")]
-        if missing or os.geteuid() != 0:
-            raise DemoError(f"the scenario runs the trainer in an image, which needs root and podman with runc "
-                            f"(missing: {', '.join(missing) or 'root'}): apt-get install podman runc docker-registry")
-        try:
-            reg = registry.start(self.out / "registry")
-        except registry.RegistryError as exc:
-            raise DemoError(str(exc)) from None
-        def stop() -> None:  # its blobs are copies of the cached image's: not part of the run's record
-            reg.stop()
-            shutil.rmtree(reg.root / "storage", ignore_errors=True)
-
-        self.stack.push("registry", stop, reg.proc.pid)
-        self.say(f"Artifact Registry's stand-in on {reg.host}; the trainer image: "
-                 + ("cached" if trainer_image.cached() else "building it (a few minutes, once)"))
-        started = time.monotonic()
-        try:
-            image = trainer_image.build(lambda line: self.say(f"trainer image: {line}"))
-            self.image = trainer_image.push(image, reg.host, say=lambda line: self.say(f"trainer image: {line}"))
-        except trainer_image.ImageError as exc:
-            raise DemoError(str(exc)) from None
-        self.say(f"trainer image {self.image} ({image.size / 1e6:.0f} MB) ready in {time.monotonic() - started:.0f} s")
-        return NodeContainers(registries=(reg.host,))
-
-    def _functions(self) -> dict[str, str]:
-        """Serve the entry points with the Functions Framework, in one process (sim/functions_host.py); returns target
-        → URL."""
-        sc = self.sc
-        env = {
-            **os.environ, **self.env,
-            "RESPAWN_PROJECT": self.project,
-            "RESPAWN_COMPUTE_ENDPOINT": self.sim.endpoint,
-            "RESPAWN_MONITORING_ENDPOINT": self.sim.endpoint,  # the job's goodput series, as in production
-            "RESPAWN_TPU_ENDPOINT": self.sim.endpoint,
-            "RESPAWN_BILLING_ENDPOINT": self.sim.endpoint,  # no SKUs set: the offline table prices the demo
-            "RESPAWN_ALERTS_TOPIC": deployment.ALERTS_TOPIC,
-            "RESPAWN_AGENT": self.agent,
-            **({deployment.ENV_LIBRARY: self.library} if self.library else {}),
-            "SLACK_WEBHOOK_URL": self.slack.url,
-            "RESPAWN_SLACK_BACKOFF_SECONDS": "0.5",
-            "RESPAWN_HEARTBEAT_SECONDS": str(sc.heartbeat_seconds),
-            "RESPAWN_NOTICE_BUDGET_SECONDS": str(sc.notice_budget_seconds),
-            "RESPAWN_STALE_HEARTBEAT_SECONDS": str(sc.stale_after_seconds),
-            # A node boots, installs the agent and its library and beats well within this even on a loaded 2-core
-            # machine running two demos (30 s was not: a slow first boot counted as a boot failure).
-            "RESPAWN_BOOT_GRACE_SECONDS": "90",
-            "RESPAWN_PROGRESS_TIMEOUT_SECONDS": str(sc.progress_timeout_seconds),
-            # A budget's look-ahead, as in production: the sweep's period and a soft-off.
-            "RESPAWN_BUDGET_LOOKAHEAD_SECONDS": str(sc.sweep_seconds + sc.notice_seconds),
-            "RESPAWN_BACKOFF_BASE_SECONDS": "2",
-            "RESPAWN_POLL_SECONDS": "0.5",
-            "RESPAWN_POLL_BUDGET_SECONDS": "30",
-            "RESPAWN_OP_TIMEOUT_SECONDS": "60",
-            "PYTHONUNBUFFERED": "1",
-        }
-        port = emulators.free_port()
-        log = self.out / "functions.log"
-        handle = open(log, "wb")
-
-        def stop() -> None:
-            # Killed: the run is over and its alerts delivered, and the functions keep no state (their logs are
-            # written line by line). A graceful stop waits for a request in flight (a sweep's pass): seconds of
-            # each demo's teardown.
-            emulators.stop_groups([proc], first=signal.SIGKILL)
-            handle.close()
-
-        self.say("starting the four functions with the Functions Framework")
-        try:
-            proc, urls = functions_host.start(env, port, handle, log)
-        except functions_host.HostError as exc:
-            handle.close()
-            raise DemoError(str(exc)) from None
-        self.stack.push("the functions", stop)
-        self.stack.pids.append(proc.pid)
-        if self.pubsub_host:  # before the functions stop: no push of the run's may reach another's on a reused port
-            self.stack.push("the project's Pub/Sub subscriptions",
-                            lambda: emulators.delete_pubsub(self.pubsub_host, self.project, "subscriptions"))
-        functions_host.subscribe(self.project, urls)
-        return urls
-
-    def _bridges(self, urls: dict[str, str]) -> None:
-        from sim.bridges import EventarcBridge, SweepScheduler
-
-        bridge = EventarcBridge(self.project, urls["on_job_created"]).start()
-        self.stack.push("Eventarc bridge", bridge.stop)
-        sweep = SweepScheduler(self.project, topic=deployment.SWEEP_TOPIC, interval=self.sc.sweep_seconds).start()
-        self.stack.push("sweep scheduler", sweep.stop)
-        self._self_test(sweep.fire)
-
-    def _self_test(self, tick) -> None:
-        """The deployment's self-test, as the build's last step runs it: a probe down every path, each answered."""
-        from respawn.app import selftest_run
-
-        send = selftest_run.Senders(selftest_run.senders(self.project, None, self.sim.endpoint).write_log, tick)
-        answers = selftest_run.run(self.project, send, timeout=SELF_TEST_TIMEOUT_S, say=self.say)
-        failed = [line for ok, line in selftest_run.results(answers, SELF_TEST_TIMEOUT_S) if not ok]
-        if failed:
-            raise DemoError(f"the stand-ins' deployment failed its self-test: {failed[0][2:]}")
-        self.slack.forget()
-        if self.sc.faults.slack:  # armed now: the self-test's message is not one of the scenario's alerts
-            self.slack.fail(status=self.sc.faults.slack.status, count=self.sc.faults.slack.count, retry_after=1)
-
-    def _upload_workdir(self, directory: Path) -> str:
-        """Pack the directory and put it on the storage emulator, as `respawn jobs register` does."""
-        try:
-            packed = pack(directory)
-        except WorkdirError as exc:
-            raise DemoError(f"cannot pack trainer.workdir: {exc}") from None
-        if warning := packed.size_warning():
-            self.say(warning)
-        sent = codestore.upload(packed, f"gs://{BUCKET}/demo", self.project)
-        shown = directory.relative_to(REPO) if directory.is_relative_to(REPO) else directory
-        self.say(f"packed {shown} ({packed.files} files, {human_bytes(packed.size)}) and uploaded it: "
-                 f"trainer.workdir = {sent.uri}")
-        return sent.uri
+    @property
+    def slack(self):
+        return self.standins.slack
 
     # --- the run ------------------------------------------------------------------------------------------------
 
@@ -480,13 +246,10 @@ class DemoRun:
                     self.close()
 
     def pids(self) -> list[int]:
-        """The processes the demo started that run now, each to be stopped by its PID: the emulators, the functions
-        and the nodes (the sim, the bridges and the Slack receiver are threads of this process)."""
-        nodes = [n["pid"] for n in self.sim.live_nodes() if n.get("pid")] if hasattr(self, "sim") else []
-        return [*self.stack.pids, *nodes]
+        return self.standins.pids()
 
     def close(self) -> None:
-        self.stack.close()
+        self.standins.close()
 
     def _run(self) -> dict[str, Any]:
         from google.cloud import firestore
@@ -495,14 +258,11 @@ class DemoRun:
         from respawn.app.jobstore import JobStore
 
         sc = self.sc
-        self._emulators()
-        self._sim()
-        urls = self._functions()
-        self._bridges(urls)
+        self.standins.start()
 
         directory = self.job.workdir if self.job is not None else WORKDIR
-        spec = job_spec(sc, self.out / "checkpoints", directory and self._upload_workdir(directory), self.job,
-                        self.image)
+        spec = job_spec(sc, self.out / "checkpoints", directory and self.standins.upload_workdir(directory), self.job,
+                        self.standins.image)
         if self.job is not None:
             self.say(f"{self.job.path.name} on the stand-ins: checkpoint_uri {spec['checkpoint_uri']}, "
                      f"trainer.interpreter {sys.executable}, zones {', '.join(spec['zones'])}")
@@ -518,9 +278,9 @@ class DemoRun:
                     self.sim.set_capacity(zone.name, key, change.count, at=self.sim.now() + change.at_seconds,
                                           provisioning_model=change.sim_model)
         db = firestore.Client(project=self.project)
-        self.stack.push("Firestore client", db.close)
+        self.standins.stack.push("Firestore client", db.close)
         nodes_db = firestore.Client(project=self.project, database=schema.NODES_DATABASE)
-        self.stack.push("Firestore client (heartbeats)", nodes_db.close)
+        self.standins.stack.push("Firestore client (heartbeats)", nodes_db.close)
         self.say(f"registering job {job_id} (a Firestore document, as `respawn jobs register` writes it)")
         sim_t0 = self.sim.now()
         t0 = time.monotonic()
@@ -571,31 +331,9 @@ class DemoRun:
                     last_poll_events = now
                     transitions += self._new_events(job_ref, seen_events, progress)
 
-                # Inject the next preemption when its moment has come and its targets are ready (see Preemption).
-                victims = _victims(pending[0], status, beats, known) if pending and status.node else None
-                if victims:
-                    p = pending[0]
-                    step = current.get("step") or 0
-                    due = (p.at_step is not None and step >= p.at_step) or (p.at_seconds is not None and now >= p.at_seconds)
-                    if due:
-                        pending.pop(0)
-                        injected += 1
-                        known.update(m.node for m in status.members if m.node)
-                        for zone, victim in victims:  # one moment: nothing is awaited in between
-                            self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
-                            try:
-                                (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
-                                self.noticed[victim] = now
-                            except Exception as exc:
-                                self.say(f"could not inject {p.kind} of {victim}: {exc}")
-                        for z in sc.zones:
-                            for change in z.capacity:
-                                if change.after_preemption == injected:
-                                    self.sim.set_capacity(z.name, key, change.count, at=self.sim.now() + change.delay_seconds,
-                                                          provisioning_model=change.sim_model)
-                                    when = f"in {change.delay_seconds:g} s" if change.delay_seconds else "now"
-                                    self.say(f"capacity of {z.name} {when}: {change.count if change.count is not None else 'unlimited'}")
-
+                if pending and status.node:
+                    injected += self._inject_due(pending, known, status, beats, current.get("step") or 0, now,
+                                                 key, injected)
                 self._partition(status, beats, now)
                 progress.t, progress.state, progress.total_steps = now, status.state.value, self.total_steps
                 progress.zone, progress.node, progress.restarts = status.zone, status.node, status.restarts
@@ -657,6 +395,34 @@ class DemoRun:
         if stopped not in (None, "interrupted"):
             raise DemoError(f"the run stopped: {stopped}")
         return result
+
+    def _inject_due(self, pending: list[Preemption], known: set[str], status: schema.JobStatus,
+                    beats: dict[str, dict[int, dict]], step: int, now: float, key: str, injected: int) -> int:
+        """The next preemption, once its moment has come and its targets are ready (see Preemption), and the
+        capacity changes that follow it; how many were injected (0 or 1)."""
+        p = pending[0]
+        victims = _victims(p, status, beats, known)
+        due = (p.at_step is not None and step >= p.at_step) or (p.at_seconds is not None and now >= p.at_seconds)
+        if not victims or not due:
+            return 0
+        pending.pop(0)
+        known.update(m.node for m in status.members if m.node)
+        for zone, victim in victims:  # one moment: nothing is awaited in between
+            self.say(f"injecting {p.kind} of {victim} in {zone} at step {step}")
+            try:
+                (self.sim.host_error if p.kind == "host_error" else self.sim.preempt)(zone, victim)
+                self.noticed[victim] = now
+            except Exception as exc:
+                self.say(f"could not inject {p.kind} of {victim}: {exc}")
+        for z in self.sc.zones:
+            for change in z.capacity:
+                if change.after_preemption == injected + 1:
+                    self.sim.set_capacity(z.name, key, change.count, at=self.sim.now() + change.delay_seconds,
+                                          provisioning_model=change.sim_model)
+                    when = f"in {change.delay_seconds:g} s" if change.delay_seconds else "now"
+                    self.say(f"capacity of {z.name} {when}: "
+                             f"{change.count if change.count is not None else 'unlimited'}")
+        return 1
 
     def _describe(self, job_id: str) -> subprocess.Popen | str:
         """`respawn jobs describe JOB`, started: what it prints goes to describe.txt (the job for a person, as a
