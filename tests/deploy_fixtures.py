@@ -1,10 +1,10 @@
 """Running cloudbuild.yaml without a cloud: a recording stand-in for `gcloud`, and a runner for the build's steps.
 
-The stand-in (this file run as a script, through a `gcloud` wrapper put first on PATH) appends each invocation to a
-JSON-lines log, and keeps a small state file so that `describe`/`list` answer from what earlier calls created: a
-second build run sees what the first made. `create` of something that exists fails with ALREADY_EXISTS, like the
-real API. The runner reads cloudbuild.yaml, applies Cloud Build's substitutions (`$$` is a literal `$`, any other
-`$NAME` must be a known substitution), and runs each step's entrypoint and args with the step's environment.
+The stand-in (tests/gcloud_standin.py run as a script, through a `gcloud` wrapper put first on PATH) appends each
+invocation to a JSON-lines log, and keeps a small state file so that `describe`/`list` answer from what earlier calls
+created: a second build run sees what the first made. `create` of something that exists fails with ALREADY_EXISTS,
+like the real API. The runner reads cloudbuild.yaml, applies Cloud Build's substitutions (`$$` is a literal `$`, any
+other `$NAME` must be a known substitution), and runs each step's entrypoint and args with the step's environment.
 """
 
 from __future__ import annotations
@@ -15,145 +15,15 @@ import re
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from tests.gcloud_standin import PROJECT_NUMBER, SINK_WRITER  # noqa: F401 - the tests' too
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOUDBUILD = ROOT / "cloudbuild.yaml"
-SINK_WRITER = "serviceAccount:service-123456789@gcp-sa-logging.iam.gserviceaccount.com"
-PROJECT_NUMBER = "123456789"  # the stand-in project's number (Cloud Build's $PROJECT_NUMBER too)
+STANDIN = ROOT / "tests" / "gcloud_standin.py"
 SELF_TEST_STEP = "self-test"
-
-# The verbs the stand-in understands. A verb that changes nothing is "read"; the rest are recorded as mutations.
-READ_VERBS = {"describe", "list"}
-CREATE_OR_UPDATE_VERBS = {"deploy", "update", "enable", "undelete", "add-iam-policy-binding",
-                          "add-invoker-policy-binding", "cp"}
-VERBS = READ_VERBS | CREATE_OR_UPDATE_VERBS | {"create", "delete", "remove-iam-policy-binding"}
-
-
-# ---------------------------------------------------------------------------------------------- the stand-in
-
-
-@dataclass
-class Call:
-    argv: list[str]
-    group: str  # e.g. "pubsub topics"
-    verb: str
-    name: str  # the resource the call is about
-    flags: dict[str, list[str]] = field(default_factory=dict)
-    positionals: list[str] = field(default_factory=list)
-
-
-def parse(argv: list[str]) -> Call:
-    positionals = [a for a in argv if not a.startswith("-")]
-    flags: dict[str, list[str]] = {}
-    for a in argv:
-        if a.startswith("--"):
-            key, _, value = a[2:].partition("=")
-            flags.setdefault(key, []).append(value)
-    verb_at = next((i for i, a in enumerate(positionals) if a in VERBS), None)
-    if verb_at is None:
-        raise SystemExit(f"gcloud stand-in: no known verb in {argv}")
-    group, verb, rest = " ".join(positionals[:verb_at]), positionals[verb_at], positionals[verb_at + 1:]
-    if group == "scheduler jobs" and verb in ("create", "update") and rest[:1] == ["pubsub"]:
-        rest = rest[1:]
-    name = rest[0] if rest else ""
-    if group == "iam service-accounts":
-        name = name.split("@")[0]
-    if group == "firestore databases":
-        name = (flags.get("database") or ["(default)"])[0]
-    if group == "firestore indexes composite" and verb == "create":
-        name = json.dumps([flags.get("collection-group", [""])[0], flags.get("field-config", [])])
-    if group == "monitoring dashboards" and verb == "create":  # Cloud Monitoring names it; the stand-in by its title
-        name = json.loads(Path(flags["config-from-file"][-1]).read_text())["displayName"]
-    return Call(argv, group, verb, name, flags, rest)
-
-
-def _value(resource: dict, fmt: str) -> str:
-    m = re.fullmatch(r"value\((\w+)\)", fmt)
-    if not m:
-        return json.dumps(resource)
-    value = resource.get(m.group(1), "")
-    return str(value) if value not in (None, False) else ""
-
-
-def standin(argv: list[str]) -> int:
-    state_path, log_path = Path(os.environ["STANDIN_STATE"]), Path(os.environ["STANDIN_LOG"])
-    state = json.loads(state_path.read_text()) if state_path.exists() else {}
-    call = parse(argv)
-    kind = state.setdefault(call.group, {})
-    existed = call.name in kind and not kind[call.name].get("deleted")
-    with open(log_path, "a") as log:
-        log.write(json.dumps({"argv": argv, "group": call.group, "verb": call.verb, "name": call.name,
-                              "existed": existed}) + "\n")
-    rc, out, err = 0, "", ""
-    flags = {k: v[-1] for k, v in call.flags.items()}
-    if call.verb == "describe":
-        if call.name in kind:
-            out = _value(kind[call.name], flags.get("format", ""))
-        else:
-            rc, err = 1, f"ERROR: (gcloud.{call.group.replace(' ', '.')}.describe) NOT_FOUND: {call.name}"
-    elif call.verb == "list":
-        if call.group == "firestore indexes composite":
-            out = json.dumps([{"name": f"projects/p/databases/(default)/collectionGroups/{json.loads(n)[0]}/indexes/i{i}",
-                               "fields": r["fields"]} for i, (n, r) in enumerate(kind.items())])
-        elif flags.get("format") == "value(name)":
-            out = "\n".join(n for n, r in kind.items() if not r.get("deleted"))
-        else:
-            out = json.dumps(list(kind))
-    elif call.verb == "create":
-        if existed or call.name in kind:
-            rc, err = 1, f"ERROR: (gcloud.{call.group.replace(' ', '.')}.create) ALREADY_EXISTS: {call.name}"
-        else:
-            kind[call.name] = {"flags": flags}
-            if call.group == "firestore indexes composite":
-                kind[call.name]["fields"] = [
-                    {"fieldPath": c["field-path"], "order": c.get("order", "ascending").upper()}
-                    for c in (dict(kv.split("=", 1) for kv in fc.split(",")) for fc in call.flags["field-config"])]
-            if call.group == "logging sinks":
-                kind[call.name]["writerIdentity"] = SINK_WRITER
-    elif call.verb == "delete":
-        kind.pop(call.name, None)
-    elif call.verb == "cp":
-        src, dst = call.positionals[0], call.positionals[1]
-        if not Path(src).is_file():
-            rc, err = 1, f"ERROR: (gcloud.storage.cp) {src} not found"
-        else:
-            state.setdefault("storage objects", {})[dst] = {"size": Path(src).stat().st_size}
-    elif call.verb in ("update", "undelete") and call.group in ("iam roles", "logging sinks", "scheduler jobs") \
-            and call.name not in kind:
-        rc, err = 1, f"ERROR: (gcloud.{call.group.replace(' ', '.')}.{call.verb}) NOT_FOUND: {call.name}"
-    elif call.verb == "undelete":
-        kind[call.name]["deleted"] = False
-    elif call.verb in ("add-iam-policy-binding", "add-invoker-policy-binding"):
-        if call.group not in ("projects",) and call.name not in kind and call.group != "functions":
-            rc, err = 1, f"ERROR: (gcloud.{call.group.replace(' ', '.')}.{call.verb}) NOT_FOUND: {call.name}"
-        else:
-            bindings = state.setdefault("bindings", [])
-            entry = [call.group, call.name, flags.get("member", ""), flags.get("role", "roles/run.invoker")]
-            if flags.get("condition-from-file"):  # a conditioned binding: the condition's expression goes with it
-                entry.append(yaml.safe_load(Path(flags["condition-from-file"]).read_text())["expression"])
-            if entry not in bindings:
-                bindings.append(entry)
-    elif call.verb == "remove-iam-policy-binding":
-        entry = [call.group, call.name, flags.get("member", ""), flags.get("role", "")]
-        bindings = state.setdefault("bindings", [])
-        if entry in bindings:  # --condition=None: the unconditioned binding only
-            bindings.remove(entry)
-        else:
-            rc, err = 1, "ERROR: Policy binding with the specified principal, role, and condition not found!"
-    else:  # deploy, update, enable, ttls update: create or update
-        kind.setdefault(call.name, {})["flags"] = flags
-    state_path.write_text(json.dumps(state, indent=1))
-    if out:
-        print(out)
-    if err:
-        print(err, file=sys.stderr)
-    return rc
-
 
 # ------------------------------------------------------------------------------------------------ the runner
 
@@ -226,7 +96,7 @@ class Standin:
         self.bin.mkdir(parents=True, exist_ok=True)
         self.state_path.write_text(json.dumps(state if state is not None else seeded_state()))
         wrapper = self.bin / "gcloud"
-        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
+        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
         wrapper.chmod(0o755)
 
     def _at(self, tmp: Path) -> None:
@@ -350,33 +220,69 @@ def check_against_cli(argv: list[str], tree: dict) -> list[str]:
     return problems
 
 
+# Run by the real `gcloud` wrapper in place of its lib/gcloud.py (CLOUDSDK_PYTHON_ARGS="-S -m ..."): the same
+# interpreter, flags and environment the wrapper gives gcloud, and gcloud's own main() once per command line, in one
+# process (each command's surface is loaded once, not once per call). Each command's stderr follows its marker line.
+_PARSE_DRIVER = """import json, runpy, sys
+gcloud_py, todo = sys.argv[1], sys.argv[2]
+sys.argv = [gcloud_py]
+g = runpy.run_path(gcloud_py, run_name="gcloud")  # its module body: sys.path as gcloud.py sets it
+sys.path = g["reorder_sys_path"](sys.path)
+g["_fix_google_module"]()
+from googlecloudsdk import gcloud_main
+cli = gcloud_main.CreateCLI([])
+codes = []
+for i, argv in enumerate(json.loads(open(todo).read())):
+    sys.stdout.flush()
+    sys.stderr.write(MARK.format(i))
+    sys.stderr.flush()
+    sys.argv = [gcloud_py, *argv]
+    try:
+        gcloud_main.main(gcloud_cli=cli)
+        codes.append(0)
+    except SystemExit as exc:
+        codes.append(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
+    sys.stdout.flush()
+    sys.stderr.flush()
+print(MARK.format("codes") + json.dumps(codes))
+"""
+_PARSE_MARK = "\n@@gcloud-parse {}@@\n"
+
+
 def gcloud_parse_errors(argvs: list[list[str]], config_dir: Path, cwd: Path | None = None) -> list[str]:
     """Each invocation through the real gcloud's own argument parsing, offline: with no account and no metadata
     server to ask, a command whose arguments parse stops at the missing credentials (exit 1) before any request;
     one that does not parse exits 2 naming the argument (a -from-file flag's file is read while parsing). One line
-    per invocation that does not parse."""
+    per invocation that does not parse. All of them in one gcloud process (_PARSE_DRIVER)."""
     gcloud = shutil.which("gcloud")
     if not gcloud:
         raise RuntimeError("gcloud is not on PATH: install the Google Cloud CLI (google-cloud-cli) to check the build")
+    config_dir.mkdir(parents=True, exist_ok=True)
+    driver = config_dir / "parse-driver"
+    driver.mkdir(exist_ok=True)
+    (driver / "gcloud_parse_driver.py").write_text(f"MARK = {_PARSE_MARK!r}\n{_PARSE_DRIVER}")
+    todo = driver / "argvs.json"
+    todo.write_text(json.dumps(argvs))
     env = {**os.environ, "CLOUDSDK_CONFIG": str(config_dir), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
            "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false", "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1",
-           "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1"}
+           "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1",
+           "CLOUDSDK_PYTHON_ARGS": "-S -m gcloud_parse_driver", "PYTHONPATH": str(driver)}
     for name in ("CLOUDSDK_CORE_ACCOUNT", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", "GOOGLE_APPLICATION_CREDENTIALS"):
         env.pop(name, None)
-    config_dir.mkdir(parents=True, exist_ok=True)
     work = cwd or config_dir  # where the calls' relative paths (--config-from-file, --source) are read
-
-    def parse(argv: list[str]) -> str | None:
-        p = subprocess.run([gcloud, *argv], cwd=work, env=env, capture_output=True, text=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
-        if p.returncode != 2:
-            return None
-        error = next((ln for ln in p.stderr.splitlines() if ln.startswith("ERROR:")), p.stderr.strip()[-300:])
-        return f"gcloud {' '.join(argv)}: {error}"
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return [e for e in pool.map(parse, argvs) if e]
-
-
-if __name__ == "__main__":
-    sys.exit(standin(sys.argv[1:]))
+    p = subprocess.run([gcloud, str(todo)], cwd=work, env=env, capture_output=True, text=True,
+                       timeout=120 + 10 * len(argvs), stdin=subprocess.DEVNULL)
+    done = p.stdout.rpartition(_PARSE_MARK.format("codes"))[2]
+    if p.returncode != 0 or not done.strip():
+        raise RuntimeError(f"the gcloud parse driver failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
+    codes = json.loads(done)
+    told = p.stderr.split("@@gcloud-parse ")
+    stderrs = {int(part.split("@@", 1)[0]): part.split("@@\n", 1)[1] for part in told[1:]}
+    assert len(codes) == len(argvs) == len(stderrs), (len(codes), len(argvs), len(stderrs))
+    problems = []
+    for i, (argv, code) in enumerate(zip(argvs, codes)):
+        if code == 2:
+            lines = stderrs[i].splitlines()
+            error = next((ln for ln in lines if ln.startswith("ERROR:")), stderrs[i].strip()[-300:])
+            problems.append(f"gcloud {' '.join(argv)}: {error}")
+    return problems
