@@ -1,11 +1,11 @@
 """The notice on the process trees real trainers make (issue #45): DataLoader workers under fork, spawn and
-forkserver, persistent workers, torchdata's StatefulDataLoader, torchrun with workers in every rank, a shell script
-that starts python without `exec`, a helper process of the trainer's own, a second SIGTERM a second after the first,
-loader workers that die during the notice, and a save that fails. Each tree runs tests/notice_tree_trainer.py (a
-tiny model, synthetic data, gloo on CPU) as real processes, under the launch wrapper as by hand (SIGTERM to the
-wrapper) and under the real node agent (a preemption notice on its metadata server), and must stop with a committed
-emergency checkpoint of the step every rank reached, its loader workers alive at the notice, and exit 75 — or 76 and
-the reason, per rank, when the save failed.
+forkserver, persistent workers, torchdata's StatefulDataLoader and a helper process of the trainer's own, all in one
+trainer started by a shell script that runs python without `exec`; torchrun with workers in every rank, and a second
+SIGTERM a second after the first; loader workers that die during the notice, and a save that fails. Each tree runs
+tests/notice_tree_trainer.py (a tiny model, synthetic data, gloo on CPU) as real processes, under the launch wrapper
+as by hand (SIGTERM to the wrapper) and under the real node agent (a preemption notice on its metadata server), and
+must stop with a committed emergency checkpoint of the step every rank reached, its loader workers (of every kind)
+alive at the notice, and exit 75 — or 76 and the reason, per rank, when the save failed.
 
 Before the notice went to the processes that save (contract.deliver_notice), it went to the trainer's whole process
 group: the loader workers died of it (torch's worker handler), then torch's SIGCHLD handler raised in the main
@@ -51,15 +51,18 @@ def shell_without_exec(run: Path, args: list[str]) -> list[str]:
     return ["bash", str(script), *args]
 
 
+# Every kind of loader worker in one trainer (each loader read every step and saved under a key of its own), with a
+# helper process, started by bash without exec: the notice must reach none of them but the trainer. One tree for all
+# (each kind of its own cost a trainer's start, seconds of torch imports); the trainer prints each kind's count.
+KINDS = ["fork", "spawn", "forkserver", "persistent", "stateful"]
+EVERY_KIND = [arg for kind in KINDS for arg in ("--loader", kind)]
+
+EVERY_KIND_TREE = "every kind of worker, a helper, bash without exec"
+
 # name: (the trainer's command in `run`, ranks)
 TREES = {
     "fork workers": (lambda run: [*TRAINER, "--workers", "2"], 1),
-    "spawn workers": (lambda run: [*TRAINER, "--workers", "2", "--start-method", "spawn"], 1),
-    "forkserver workers": (lambda run: [*TRAINER, "--workers", "2", "--start-method", "forkserver"], 1),
-    "persistent workers": (lambda run: [*TRAINER, "--workers", "2", "--persistent"], 1),
-    "StatefulDataLoader": (lambda run: [*TRAINER, "--workers", "2", "--stateful"], 1),
-    "a helper process": (lambda run: [*TRAINER, "--workers", "2", "--helper"], 1),
-    "bash without exec": (lambda run: shell_without_exec(run, ["--workers", "2"]), 1),
+    EVERY_KIND_TREE: (lambda run: shell_without_exec(run, ["--workers", "2", *EVERY_KIND, "--helper"]), 1),
     "torchrun, workers in every rank": (lambda run: [*torchrun(2), *TRAINER[1:], "--workers", "2"], 2),
 }
 
@@ -82,7 +85,8 @@ def steps_reached(output: str, ranks: int) -> set[int]:
     return set(last.values())
 
 
-def assert_saved_where_it_stopped(output: str, store: Path, ranks: int) -> int:
+def assert_saved_where_it_stopped(output: str, store: Path, name: str) -> int:
+    ranks = TREES[name][1]
     reached = steps_reached(output, ranks)
     assert len(reached) == 1, f"the ranks stopped at different steps: {reached}"
     step = reached.pop()
@@ -90,6 +94,9 @@ def assert_saved_where_it_stopped(output: str, store: Path, ranks: int) -> int:
     assert newest_committed(store) == (step, "emergency"), output[-3000:]
     alive = re.findall(r"loader workers alive at the notice: (\d+)/(\d+) rank \d", output)
     assert len(alive) == ranks and all(a == n != "0" for a, n in alive), alive  # the notice did not reach them
+    if name == EVERY_KIND_TREE:  # each kind's workers, by name
+        kinds = re.findall(r"loader workers alive at the notice: \d+/\d+ rank 0 \((.*)\)", output)
+        assert kinds == [" ".join(f"{kind} 2/2" for kind in KINDS)], (kinds, output[-3000:])
     return step
 
 
@@ -122,17 +129,20 @@ def run_wrapped(tmp_path: Path, name: str, *extra: str, second_signal: bool = Fa
     return code, log.read_text(errors="replace"), run / "respawn-checkpoints"
 
 
-@pytest.mark.parametrize("name", list(TREES))
-def test_the_notice_to_the_wrapper_becomes_a_committed_emergency_checkpoint(tmp_path, name):
-    code, output, store = run_wrapped(tmp_path, name)
+def test_the_notice_to_the_wrapper_becomes_a_committed_emergency_checkpoint(tmp_path):
+    code, output, store = run_wrapped(tmp_path, EVERY_KIND_TREE)
     assert code == contract.EXIT_PREEMPTED, output[-3000:]
-    assert_saved_where_it_stopped(output, store, TREES[name][1])
+    assert_saved_where_it_stopped(output, store, EVERY_KIND_TREE)
+    assert "starting the trainer" in output  # the shell ran, and did not exec
 
 
 def test_a_second_sigterm_a_second_later_changes_nothing(tmp_path):
-    code, output, store = run_wrapped(tmp_path, "torchrun, workers in every rank", second_signal=True)
+    # torchrun under the wrapper: one SIGTERM alone to this tree is test_trainer_launch_signals.py's (torch_ddp, whose
+    # ranks read with loader workers) and the agent's below; this one proves that tree's save and exit as well.
+    name = "torchrun, workers in every rank"
+    code, output, store = run_wrapped(tmp_path, name, second_signal=True)
     assert code == contract.EXIT_PREEMPTED, output[-3000:]
-    assert_saved_where_it_stopped(output, store, 2)
+    assert_saved_where_it_stopped(output, store, name)
     assert "SignalException" not in output  # torchrun itself never got a notice
 
 
@@ -153,7 +163,7 @@ def test_a_failed_emergency_save_exits_76_never_75(tmp_path):
 
 # ---- under the node agent ---------------------------------------------------------------------------------------
 
-AGENT_TREES = ["spawn workers", "bash without exec", "torchrun, workers in every rank"]
+AGENT_TREES = [EVERY_KIND_TREE, "torchrun, workers in every rank"]
 
 
 def run_under_agent(env, node: str, name: str, *extra: str) -> tuple[dict, str, Path]:
@@ -186,8 +196,11 @@ def test_the_agents_notice_becomes_a_committed_emergency_checkpoint_in_every_ran
     node = f"tree-{AGENT_TREES.index(name) + 1}"
     hb, output, store = run_under_agent(agent_env, node, name)
     ranks = TREES[name][1]
-    step = assert_saved_where_it_stopped(output, store, ranks)
-    assert hb["exit_code"] == contract.EXIT_PREEMPTED, output[-3000:]
+    step = assert_saved_where_it_stopped(output, store, name)
+    # The agent's heartbeat reads rank 0's status file: the job's committed step, its notice and its exit.
+    assert (hb["state"], hb["notice"], hb["exit_code"]) == ("exited", "preempted", contract.EXIT_PREEMPTED), \
+        output[-3000:]
+    assert hb["committed_step"] == hb["step"] == step, hb
     emergency = hb["emergency"]
     assert (emergency["state"], emergency["step"]) == ("committed", step), emergency
     assert [(r["rank"] or 0, r["state"], r["step"]) for r in emergency["ranks"]] == \
