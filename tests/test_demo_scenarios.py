@@ -135,9 +135,41 @@ def test_every_example_scenario_reads_and_fits_its_job():
             with_job_file(sc, read_job(Path(sc.job_file)))
 
 
-def uninterrupted_slice_state(tmp_path: Path, sc, processes: int) -> Path:
-    """The final step directory of the scenario's JAX trainer run without interruption, as `processes` hosts of a
-    slice (the node agent's variables, no flags) with one directory: what a run that was never preempted commits."""
+@pytest.fixture
+def background():
+    """Processes a test starts beside its demo run (an uninterrupted reference run, which then costs no time of its
+    own: the demo mostly waits); each one's whole session is killed if it still runs when the test ends."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+
+
+def _started(background: list, tmp_path: Path, cmds: list[tuple[list[str], dict]], result: Path) -> Callable[[], Path]:
+    """Start each (command, environment) in tmp_path, in a session of its own, its output in tmp_path/reference-N.log;
+    returns the function that waits for all of them, asserts each exited 0, and gives `result`."""
+    procs = []
+    for i, (cmd, env) in enumerate(cmds):
+        with open(tmp_path / f"reference-{i}.log", "w") as log:
+            procs.append(subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        background.append(procs[-1])
+
+    def wait() -> Path:
+        codes = [p.wait(timeout=300) for p in procs]
+        logs = [(tmp_path / f"reference-{i}.log").read_text()[-2000:] for i in range(len(procs))]
+        assert codes == [0] * len(procs), "\n".join(logs)
+        return result
+
+    return wait
+
+
+def uninterrupted_slice_state(background: list, tmp_path: Path, sc, processes: int) -> Callable[[], Path]:
+    """Starts the scenario's JAX trainer without interruption, as `processes` hosts of a slice (the node agent's
+    variables, no flags) with one directory; returns the function that waits for it and gives its final step
+    directory: what a run that was never preempted commits."""
     t = sc.trainer
     master = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}.1"  # away from the sim's 127.1.x.y
     env = {**os.environ, "RESPAWN_NUM_NODES": str(processes), "RESPAWN_MASTER_ADDR": master,
@@ -146,14 +178,11 @@ def uninterrupted_slice_state(tmp_path: Path, sc, processes: int) -> Path:
         env.pop(name, None)
     cmd = [sys.executable, "-m", "respawn.ckpt.examples.jax_multiprocess", "--steps", str(t.steps),
            "--checkpoint-every", str(t.checkpoint_every), "--seed", str(t.seed), "--log-every", "1000"]
-    procs = [subprocess.Popen(cmd, env={**env, "RESPAWN_NODE_RANK": str(i)}, cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(processes)]
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-2000:] for o in outs)
-    return tmp_path / "reference" / f"step_{t.steps:012d}"
+    return _started(background, tmp_path, [(cmd, {**env, "RESPAWN_NODE_RANK": str(i)}) for i in range(processes)],
+                    tmp_path / "reference" / f"step_{t.steps:012d}")
 
 
-def check_tpu_slice(tmp_path: Path, sc, out: dict) -> None:
+def check_tpu_slice(tmp_path: Path, sc, out: dict, reference: Callable[[], Path]) -> None:
     """Every worker of every slice ran its process; each preemption stopped both at one step, whose emergency
     checkpoint was committed in the remote store (the workers' disks are their own) with both processes' files; the
     next slice's processes both started from it; the final state is bit-identical to an uninterrupted run."""
@@ -192,9 +221,9 @@ def check_tpu_slice(tmp_path: Path, sc, out: dict) -> None:
         text = logs[slices[-1] if w == 0 else f"{slices[-1]}.w{w}"]
         assert f"jax_multiprocess[process {w}]: done, final step {sc.trainer.steps}" in text
     final = tmp_path / "out" / "checkpoints" / f"step_{sc.trainer.steps:012d}"
-    reference = uninterrupted_slice_state(tmp_path, sc, workers)
+    uninterrupted = reference()
     for w in range(workers):  # every shard of every array (parameters, Adam moments, the dropout key)
-        assert (final / f"p{w:05d}.bin").read_bytes() == (reference / f"p{w:05d}.bin").read_bytes(), w
+        assert (final / f"p{w:05d}.bin").read_bytes() == (uninterrupted / f"p{w:05d}.bin").read_bytes(), w
 
 
 def check_worker_endpoints(tmp_path: Path, sc) -> None:
@@ -223,9 +252,10 @@ def check_worker_endpoints(tmp_path: Path, sc) -> None:
         assert e["master_addr"] == (master if workers > 1 else "127.0.0.1"), e
 
 
-def uninterrupted_ddp_state(tmp_path: Path, sc, world: int) -> Path:
-    """The final step directory of the scenario's DDP trainer run without interruption as `world` ranks on one
-    host: what a job of that many nodes that was never preempted commits."""
+def uninterrupted_ddp_state(background: list, tmp_path: Path, sc, world: int) -> Callable[[], Path]:
+    """Starts the scenario's DDP trainer without interruption as `world` ranks on one host; returns the function
+    that waits for it and gives its final step directory: what a job of that many nodes that was never preempted
+    commits."""
     t = sc.trainer
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
@@ -233,10 +263,8 @@ def uninterrupted_ddp_state(tmp_path: Path, sc, world: int) -> Path:
            "-m", "respawn.ckpt.examples.torch_ddp", "--steps", str(t.steps), "--checkpoint-every",
            str(t.checkpoint_every), "--seed", str(t.seed), "--state-mb", str(t.state_mb), "--log-every", "1000",
            "--checkpoint-dir", str(tmp_path / "reference")]
-    r = subprocess.run(cmd, env={**env, "GLOO_SOCKET_IFNAME": "lo"}, cwd=tmp_path, capture_output=True, text=True,
-                       timeout=180)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    return tmp_path / "reference" / f"step_{t.steps:012d}"
+    return _started(background, tmp_path, [(cmd, {**env, "GLOO_SOCKET_IFNAME": "lo"})],
+                    tmp_path / "reference" / f"step_{t.steps:012d}")
 
 
 def trained_state(step_dir: Path) -> dict[str, bytes]:
@@ -281,13 +309,14 @@ def check_members(tmp_path: Path, sc, out: dict) -> None:
         assert starts >= min(len(by_step[step]), world_after), (step, starts)
 
 
-def test_multi_node_scenario(tmp_path):
-    """A member, then the master, then two members at once (multi-node.yaml): each loss replaced alone in the job's
-    zone, every rank stopped at one step and restarted from it, one true alert per recovery, and the final state
-    bit-identical to an uninterrupted run."""
+def test_multi_node_scenario(tmp_path, background):
+    """The master, then two members at once (multi-node.yaml; a member alone: test_container_scenario,
+    test_multi_node_job_file_scenario): each loss replaced alone in the job's zone, every rank stopped at one step and
+    restarted from it, one true alert per recovery, and the final state bit-identical to an uninterrupted run."""
     sc = parse_scenario(yaml.safe_load((SCENARIOS / "multi-node.yaml").read_text()))
-    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "multi-node.yaml"))
     nodes = sc.job["nodes"]
+    reference = uninterrupted_ddp_state(background, tmp_path, sc, nodes * sc.trainer.ranks)  # beside the demo
+    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "multi-node.yaml"))
     check_common(r, out, tmp_path, nodes=nodes)
     assert out["max_live_per_slot"] == 1  # never two nodes for one slot
     assert out["lost_steps"] == 0
@@ -300,7 +329,7 @@ def test_multi_node_scenario(tmp_path):
     assert len(recovered) == len(sc.preemptions) and all("training again" in a for a in recovered), recovered
     check_members(tmp_path, sc, out)
     final = tmp_path / "out" / "checkpoints" / f"step_{sc.trainer.steps:012d}"
-    assert trained_state(final) == trained_state(uninterrupted_ddp_state(tmp_path, sc, nodes * sc.trainer.ranks))
+    assert trained_state(final) == trained_state(reference())
 
 
 @pytest.mark.parametrize("name", ["hf-multi-node"])
@@ -345,10 +374,18 @@ def test_multi_node_job_file_scenario(tmp_path, name):
 # master's replacement too; the hybrid job test_functions_multinode), the trainer image on one node
 # (container.yaml: container-multi-node below runs under sh -c without exec; the restart in place with the layers on
 # the disk test_agent_container and test_sim_containers), the JAX example on one GPU VM with a notice and a host error
-# (jax.yaml: test_agent_e2e, test_functions_lifecycle, test_decide_badday; tpu-slice runs JAX under agents below).
+# (jax.yaml: test_agent_e2e, test_functions_lifecycle, test_decide_badday; tpu-slice runs JAX under agents below),
+# a member's trainer that raises (member-crash.yaml: partition.yaml's run below has its replacement member's trainer
+# raise after the partition, test_member_fault_scenario; the agents' side test_agent_member_crash, the nudge
+# test_agent_nudge).
 @pytest.mark.parametrize("name", ["ddp-8", "tpu-slice", "lightning"])
-def test_scenario(tmp_path, name):
+def test_scenario(tmp_path, background, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
+    if name.startswith("tpu-slice"):  # the uninterrupted run its final state must equal, beside the demo
+        from respawn.topology import tpu_hosts
+
+        reference = uninterrupted_slice_state(background, tmp_path, sc,
+                                              tpu_hosts(sc.job["accelerator"]["accelerator_type"]))
     r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / f"{name}.yaml"))
     check_common(r, out, tmp_path)
     with_notice = [p for p in sc.preemptions if p.kind == "preempted"]
@@ -367,7 +404,7 @@ def test_scenario(tmp_path, name):
         # Each preemption of the slice is one recovery, its figure once both workers step again, nothing lost.
         assert len(out["recovery_seconds"]) == len(sc.preemptions)
         assert [d["steps_lost"] for d in check_recoveries(out)] == [0] * len(sc.preemptions)
-        check_tpu_slice(tmp_path, sc, out)
+        check_tpu_slice(tmp_path, sc, out, reference)
     else:
         assert out["lost_steps"] == 0
     assert out["restarts"] == len(sc.preemptions) >= len(with_notice)
@@ -437,72 +474,73 @@ def _agent_log(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith('{"severity"')]
 
 
-def test_member_crash_scenario(tmp_path):
-    # One member's trainer raises after step 70 (its rank, once): the next generation starts as soon as its member
-    # reports the exit, every member's trainer restarts in it from the same committed step, no VM is replaced.
-    sc = parse_scenario(yaml.safe_load((SCENARIOS / "member-crash.yaml").read_text()))
-    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "member-crash.yaml"))
-    nodes = sc.job["nodes"]
-    rank = int(sc.job["trainer"]["env"]["EXAMPLE_FAIL_RANK"])
-    crashed = f"{out['job_id']}-{rank + 1}"  # one rank per node: the slot's first node, attempt = slot + 1
-    check_common(r, out, tmp_path, nodes=nodes)
-    assert out["restarts"] == 1 and len(out["workers"]) == nodes  # one recovery, no node made again
-    crashes = [t for t in out["transitions"] if t["cause"] == "trainer_crashed"]
-    assert len(crashes) == 1 and crashes[0]["details"]["generation"] == 2
-    alerts = [a for a in out["alerts"] if "trainer crashed" in a]
-    # It names the member that failed (and the others whose collectives broke with it, when the sweep came after
-    # they too reported their exit).
-    assert len(alerts) == 1 and crashed in alerts[0] and "in generation 1" in alerts[0], out["alerts"]
-    logs = {p.name.split(".")[0]: p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log")}
-    assert len(logs) == nodes
-    fail_at = int(sc.job["trainer"]["env"]["EXAMPLE_FAIL_AT_STEP"])
-    text = "".join(logs.values())
-    assert f"torch_ddp[rank {rank}]: failing after step {fail_at}" in text
-    crashed_at = min(e["time"] for e in _agent_log(logs[crashed])
-                     if e["message"] == "trainer ended; waiting for the next generation" and e["exit_code"] == 1)
-    restarted = [next(e["time"] for e in _agent_log(log) if e["message"] == "trainer started"
-                      and e.get("generation") == 2) for log in logs.values()]  # every member's trainer
-    seconds = (datetime.fromisoformat(max(restarted)) - datetime.fromisoformat(crashed_at)).total_seconds()
-    print(f"\nmember-crash: every member's trainer restarted in generation 2 within {seconds:.0f} s (log times, "
-          f"1 s resolution) of the crashed member's report, with a {sc.sweep_seconds:g} s sweep period; gloo's "
-          "collective timeout is 30 min")
-    # The crashed member woke the controller (one sweep message for the job, once its heartbeat said so) before
-    # every member restarted: with the scenario's sweep period far above the restart time, that is what did it.
-    # (It wakes it once more at the end, when its trainer exits 0; and once as it is first prepared.)
-    woken = [e["time"] for e in _agent_log(logs[crashed])
-             if e["message"] == "controller woken: sweep requested for this job" and e["why"].startswith("trainer")]
-    assert len([t for t in woken if t <= max(restarted)]) == 1, (crashed_at, woken, restarted)
-    assert crashed_at <= woken[0] <= max(restarted), (crashed_at, woken, restarted)
-    # Every rank of generation 2 resumed at one committed step before the failure, and the run ended as an
-    # uninterrupted one would have.
-    starts = re.findall(r"torch_ddp\[rank (\d)\]: starting at step (\d+) of", text)
-    resumed = {step for rank, step in starts if step != "0"} or {"0"}
-    assert len(starts) == 2 * nodes and len(resumed) == 1, starts
-    step = int(resumed.pop())
-    assert step < fail_at and (step == 0 or (tmp_path / "out" / "checkpoints" / f"step_{step:012d}" / "COMMITTED").exists())
-    final = tmp_path / "out" / "checkpoints" / f"step_{sc.trainer.steps:012d}"
-    assert trained_state(final) == trained_state(uninterrupted_ddp_state(tmp_path, sc, nodes * sc.trainer.ranks))
-
-
-def test_partition_scenario(tmp_path):
-    """A member cut off from its peers keeps beating while every collective hangs: the stall rule notices, the
-    member that cannot reach the master is replaced alone (counted once), and the job ends SUCCEEDED with every rank
-    at one step. How long the recovery took is printed, not asserted."""
+def test_member_fault_scenario(tmp_path, background):
+    """A member of the hybrid job fails twice without a preemption (partition.yaml; member-crash.yaml, the crash
+    alone, is the same process path, tests/README.md "Moved out of the demo runs"). Cut off from its peers, it keeps
+    beating while every collective hangs: the stall rule notices, the member that cannot reach the master is replaced
+    alone (counted once). Then the replacement's trainer raises: the next generation starts as soon as its member
+    reports the exit (its agent woke the controller), every member's trainer restarts in it from one committed step,
+    no VM is replaced. The job ends SUCCEEDED with every rank at one step, bit-identical to an uninterrupted run. How
+    long each recovery took is printed, not asserted."""
     sc = parse_scenario(yaml.safe_load((SCENARIOS / "partition.yaml").read_text()))
-    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "partition.yaml"))
     nodes = sc.job["nodes"]
+    reference = uninterrupted_ddp_state(background, tmp_path, sc, nodes * sc.trainer.ranks)  # beside the demo
+    r, out = run_demo(tmp_path, "--scenario", str(SCENARIOS / "partition.yaml"))
+    rank = int(sc.job["trainer"]["env"]["EXAMPLE_FAIL_RANK"])
+    fail_at = int(sc.job["trainer"]["env"]["EXAMPLE_FAIL_AT_STEP"])
     check_common(r, out, tmp_path, nodes=nodes)
+    # The partition: one member cut off, replaced alone; the crash: no VM made again.
     [cut] = out["partitions"]
     print(f"\npartition of {cut['node']} at step {cut['step']}: every rank stepping again after "
           f"{cut['recovery_seconds']} s")
     assert cut["recovery_seconds"] is not None, out["partitions"]
+    assert cut["node"] == f"{out['job_id']}-{sc.faults.partition.slot + 1}"  # the slot's first node
     losses = [t for t in out["transitions"] if t["cause"] == "unreachable" and t["to"] == "RESTARTING"]
     assert len(losses) == 1 and losses[0]["details"]["cut_off"] == [cut["node"]], losses
-    assert out["restarts"] == 1 and len(out["workers"]) == nodes + 1, out["workers"]
-    text = "".join(p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log"))
+    assert out["restarts"] == 2 and len(out["workers"]) == nodes + 1, out["workers"]
+    [crashed] = [n for n in out["workers"] if n != cut["node"] and int(n.rsplit("-", 1)[1]) > nodes]  # its replacement
+    crashes = [t for t in out["transitions"] if t["cause"] == "trainer_crashed"]
+    generation = crashes[0]["details"]["generation"] if crashes else None
+    assert len(crashes) == 1 and generation == cut["generation"] + 2, (crashes, cut)
+    alerts = [a for a in out["alerts"] if "trainer crashed" in a]
+    # It names the member that failed (and the others whose collectives broke with it, when the sweep came after
+    # they too reported their exit).
+    assert len(alerts) == 1 and crashed in alerts[0] and f"in generation {generation - 1}" in alerts[0], out["alerts"]
+    logs = {p.name.split(".")[0]: p.read_text() for p in (tmp_path / "out" / "nodes").rglob("*.console.log")}
+    assert len(logs) == nodes + 1, sorted(logs)
+    text = "".join(logs.values())
+    assert f"torch_ddp[rank {rank}]: failing after step {fail_at}" in text
+    crashed_at = min(e["time"] for e in _agent_log(logs[crashed])
+                     if e["message"] == "trainer ended; waiting for the next generation" and e["exit_code"] == 1)
+    restarted = {node: [e["time"] for e in _agent_log(log) if e["message"] == "trainer started"
+                        and e.get("generation") == generation] for node, log in logs.items()}
+    restarted = [times[0] for times in restarted.values() if times]  # every member's trainer
+    assert len(restarted) == nodes, restarted
+    seconds = (datetime.fromisoformat(max(restarted)) - datetime.fromisoformat(crashed_at)).total_seconds()
+    print(f"member crash: every member's trainer restarted in generation {generation} within {seconds:.0f} s (log "
+          f"times, 1 s resolution) of the crashed member's report, with a {sc.sweep_seconds:g} s sweep period; "
+          "gloo's collective timeout is 30 min")
+    # The crashed member woke the controller (one sweep message for the job, once its heartbeat said so) before
+    # every member restarted. (It wakes it once more at the end, when its trainer exits 0; and once as it is first
+    # prepared.)
+    woken = [e["time"] for e in _agent_log(logs[crashed])
+             if e["message"] == "controller woken: sweep requested for this job" and e["why"].startswith("trainer")]
+    assert len([t for t in woken if t <= max(restarted)]) == 1, (crashed_at, woken, restarted)
+    assert crashed_at <= woken[0] <= max(restarted), (crashed_at, woken, restarted)
+    # Each generation's ranks started at one step: after the partition at a committed step before the cut, after the
+    # crash at a committed step before the failure (the survivor's and the crashed member's last start).
+    starts = {node: [int(s) for s in re.findall(r"torch_ddp\[rank \d+\]: starting at step (\d+) of", log)]
+              for node, log in logs.items()}
+    survivor = next(n for n in logs if n not in (cut["node"], crashed))
+    assert starts[survivor][1:] == starts[crashed] and len(starts[crashed]) == 2, starts
+    after_cut, step = starts[crashed]
+    assert after_cut <= cut["step"] < step < fail_at, starts
+    assert (tmp_path / "out" / "checkpoints" / f"step_{step:012d}" / "COMMITTED").exists()
     finals = re.findall(r"torch_ddp\[rank (\d+)\]: done, final step (\d+)", text)
     assert {rank for rank, _ in finals} == {str(i) for i in range(nodes * sc.trainer.ranks)}, finals
     assert {step for _, step in finals} == {str(sc.trainer.steps)}, finals
+    final = tmp_path / "out" / "checkpoints" / f"step_{sc.trainer.steps:012d}"
+    assert trained_state(final) == trained_state(reference())
 
 
 def test_a_scenario_names_a_job_file_of_its_own(tmp_path):
