@@ -5,7 +5,8 @@ the Pub/Sub service agent's grant removed, a node service account deleted, the S
 Firestore composite index deleted and then still building, Eventarc stopped, Slack refusing the webhook), that link
 and only that one is found and named: by its static check where `respawn doctor` has one, and by its probe where the
 stand-ins play the link (they do not obey the record of the APIs, accounts, policy, secret and indexes:
-sim/project.py)."""
+sim/project.py). A probe that does not answer is waited for: links on separate probe paths are broken together, each
+named by its own lines and nothing else failing, a path still answering each time."""
 
 from __future__ import annotations
 
@@ -165,58 +166,61 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
     assert "Traceback" not in done.stderr
 
     def broken(expected: list[str]) -> None:
+        """The failed lines are the expected ones, each named once (in any order), and no other."""
         failed = _failed(_doctor(sim, indexes=indexes))
         assert len(failed) == len(expected), failed
-        for line, words in zip(failed, expected):
-            assert words in line, (words, failed)
+        for words in expected:
+            assert len([line for line in failed if words in line]) == 1, (words, failed)
 
-    # The log-events topic gone: the sink cannot publish; the static check and the probe both say so.
+    # A probe that does not answer is waited for BROKEN_WAIT_S: the links broken on separate paths (each has its
+    # own probe) are broken together, a path or two still answering each time, and each is named by its own lines.
+    # 1. The log-events topic gone: the sink cannot publish; the static check and the probe both say so. on_alert's
+    # trigger gone (the function not deployed): the alert path. Eventarc's Firestore trigger stopped: the job
+    # document reaches no one. The sweep still answers.
     from google.cloud import pubsub_v1
 
     publisher = pubsub_v1.PublisherClient()
     topic = publisher.topic_path(PROJECT, deployment.LOG_EVENTS_TOPIC)
     publisher.delete_topic(topic=topic)
-    broken([f"topic {deployment.LOG_EVENTS_TOPIC} does not exist",
-            "on_log_event did not answer in 8 s (a log entry → the Logging sink"])
-    assert sim.cloud_logging.sink_errors, "the sink's publish to the deleted topic did not fail"
-    emulators.delete_pubsub(pubsub_emulator, PROJECT, "subscriptions")
-    functions_host.subscribe(PROJECT, parts["urls"])  # redeployed: the topic and every trigger again
-
-    # on_alert's trigger gone (the function not deployed): the alert path, and only it.
     subscriber = pubsub_v1.SubscriberClient()
     alert_fn = next(fn for fn in deployment.FUNCTIONS if fn.entry_point == "on_alert")
     subscriber.delete_subscription(subscription=subscriber.subscription_path(PROJECT, f"{alert_fn.name}-push"))
-    broken([f"topic {deployment.ALERTS_TOPIC} has no subscription: {alert_fn.name} is not deployed",
-            "on_alert did not answer in 8 s"])
+    parts["eventarc"].stop()
+    broken([f"topic {deployment.LOG_EVENTS_TOPIC} does not exist",
+            "on_log_event did not answer in 8 s (a log entry → the Logging sink",
+            f"topic {deployment.ALERTS_TOPIC} has no subscription: {alert_fn.name} is not deployed",
+            "on_alert did not answer in 8 s",
+            "on_job_created did not answer in 8 s (a job document → Eventarc"])
+    assert sim.cloud_logging.sink_errors, "the sink's publish to the deleted topic did not fail"
     emulators.delete_pubsub(pubsub_emulator, PROJECT, "subscriptions")
-    functions_host.subscribe(PROJECT, parts["urls"])
+    functions_host.subscribe(PROJECT, parts["urls"])  # redeployed: the topic and every trigger again
+    parts["eventarc"] = EventarcBridge(PROJECT, parts["urls"]["on_job_created"]).start()
 
-    # The sink's filter changed (as `gcloud logging sinks update --log-filter` would), then the sink deleted: no
-    # probe reaches on_log_event, and the sink's line says which.
+    # 2. The sink's filter changed (as `gcloud logging sinks update --log-filter` would): no probe reaches
+    # on_log_event, and the sink's line says why; the scheduler job paused (`gcloud scheduler jobs pause`): no tick
+    # reaches on_sweep. The job document and the alert still answer.
     sinks = f"{sim.endpoint}/v2/projects/{PROJECT}/sinks"
     requests.put(f"{sinks}/{deployment.SINK}", params={"updateMask": "filter"}, json={"filter": "severity>=ERROR"},
                  timeout=10).raise_for_status()
-    broken([f"✗ Logging sink {deployment.SINK} has another filter than respawn/audit.py builds",
-            "on_log_event did not answer in 8 s (a log entry → the Logging sink"])
-    requests.delete(f"{sinks}/{deployment.SINK}", timeout=10).raise_for_status()
-    broken([f"✗ Logging sink {deployment.SINK} does not exist: no audit event reaches on_log_event",
-            "on_log_event did not answer in 8 s (a log entry → the Logging sink"])
-    made = {"name": deployment.SINK, "filter": audit.sink_filter(PROJECT),
-            "destination": f"pubsub.googleapis.com/projects/{PROJECT}/topics/{deployment.LOG_EVENTS_TOPIC}"}
-    requests.post(sinks, params={"uniqueWriterIdentity": "true"}, json=made, timeout=10).raise_for_status()
-
-    # The scheduler job paused (`gcloud scheduler jobs pause`): no tick reaches on_sweep.
     job = cloud_scheduler.job_name(PROJECT, "us-central1")
     requests.post(f"{sim.endpoint}/v1/{job}:pause", json={}, timeout=10).raise_for_status()
-    broken([f"✗ scheduler job {deployment.SCHEDULER_JOB} (us-central1) is PAUSED: gcloud scheduler jobs resume "
+    broken([f"✗ Logging sink {deployment.SINK} has another filter than respawn/audit.py builds",
+            "on_log_event did not answer in 8 s (a log entry → the Logging sink",
+            f"✗ scheduler job {deployment.SCHEDULER_JOB} (us-central1) is PAUSED: gcloud scheduler jobs resume "
             f"{deployment.SCHEDULER_JOB} --location=us-central1",
             "on_sweep did not answer in 8 s (a Cloud Scheduler tick"])
     requests.post(f"{sim.endpoint}/v1/{job}:resume", json={}, timeout=10).raise_for_status()
 
-    # The scheduler gone (its job deleted): the same path, and the job's line says it does not exist.
+    # 3. The sink deleted, and the scheduler gone (its job deleted): the same paths, and their lines say so.
+    requests.delete(f"{sinks}/{deployment.SINK}", timeout=10).raise_for_status()
     parts["scheduler"].stop()
-    broken([f"✗ scheduler job {deployment.SCHEDULER_JOB} does not exist in us-central1",
+    broken([f"✗ Logging sink {deployment.SINK} does not exist: no audit event reaches on_log_event",
+            "on_log_event did not answer in 8 s (a log entry → the Logging sink",
+            f"✗ scheduler job {deployment.SCHEDULER_JOB} does not exist in us-central1",
             "on_sweep did not answer in 8 s (a Cloud Scheduler tick"])
+    made = {"name": deployment.SINK, "filter": audit.sink_filter(PROJECT),
+            "destination": f"pubsub.googleapis.com/projects/{PROJECT}/topics/{deployment.LOG_EVENTS_TOPIC}"}
+    requests.post(sinks, params={"uniqueWriterIdentity": "true"}, json=made, timeout=10).raise_for_status()
     parts["scheduler"] = SweepScheduler(PROJECT, topic=deployment.SWEEP_TOPIC, interval=1.0).start()
 
     # What the build made in the project, each broken through its API as gcloud would break it: that check's line
@@ -275,11 +279,6 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
     broken([f"✗ Firestore composite indexes of (default) ({indexes}): jobs (status.state ascending, "
             "status.next_attempt_at ascending) is still building (CREATING"])
     sim.project_record.index_build_s = 0.0
-
-    # Eventarc's Firestore trigger stopped: the job document reaches no one.
-    parts["eventarc"].stop()
-    broken(["on_job_created did not answer in 8 s (a job document → Eventarc"])
-    parts["eventarc"] = EventarcBridge(PROJECT, parts["urls"]["on_job_created"]).start()
 
     # A wrong Slack secret: Slack refuses the webhook; on_alert answers and says so.
     slack.fail(status=404, count=-1)
