@@ -34,7 +34,8 @@ from datetime import datetime
 from typing import Any
 
 from respawn import losswords, prices
-from respawn.control import recovery_time
+
+from . import recovery_time
 
 TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed", "boot_failed",
          "preemption_rate", "budget", "budget_exhausted", "save_outcome")

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from respawn.control.settings import ControlSettings
+from .settings import ControlSettings
 
 
 def _loopback(endpoint: str | None) -> bool:
@@ -148,7 +148,7 @@ class Clients:
         """Cloud Storage managed folders and their IAM policies (the JSON API: google-cloud-storage has no call for
         them)."""
         def build():
-            from respawn.control.adapters.managed_folders import ManagedFoldersApi
+            from .adapters.managed_folders import ManagedFoldersApi
 
             return ManagedFoldersApi(self._storage_session(), self.endpoints.storage)
 
@@ -157,7 +157,7 @@ class Clients:
     def monitoring(self, endpoint: str | None = None):
         """Cloud Monitoring's timeSeries.create (adapters/monitoring.py; `endpoint`: the sim's in local runs)."""
         def build():
-            from respawn.control.adapters.monitoring import PRODUCTION, MonitoringApi
+            from .adapters.monitoring import PRODUCTION, MonitoringApi
 
             return MonitoringApi(self._storage_session(endpoint or PRODUCTION), endpoint)
 
@@ -166,7 +166,7 @@ class Clients:
     def log_objects(self):
         """Cloud Storage objects.list and objects.delete for the jobs' log retention (adapters/logstore.py)."""
         def build():
-            from respawn.control.adapters.logstore import LogObjectsApi
+            from .adapters.logstore import LogObjectsApi
 
             return LogObjectsApi(self._storage_session(), self.endpoints.storage)
 
@@ -176,7 +176,7 @@ class Clients:
         """The Cloud Billing Catalog API's services.skus.list (adapters/prices.py, gcp-facts §24): with the API key
         when one is set, else with the function's own credentials."""
         def build():
-            from respawn.control.adapters.prices import CatalogApi
+            from .adapters.prices import CatalogApi
 
             key = self.endpoints.billing_api_key
             if key:

@@ -17,10 +17,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from respawn.control import models
 from respawn.ledger import hours, spent
 from respawn.prices import Quote
 from respawn.schema import BilledLife, JobStatus, MemberStatus, State
+
+from . import models
 
 LIVE = (State.PROVISIONING, State.RUNNING, State.PREEMPTED, State.RESTARTING)
 # Budget alerts below the cap, in percent, each sent once per cap; at 100 % the job stops (BUDGET_EXHAUSTED).

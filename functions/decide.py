@@ -34,12 +34,13 @@ from typing import Any, Sequence
 
 from respawn import losswords
 from respawn.contract import SOFT_OFF_SECONDS, Handover
-from respawn.control import alerts, losses, membership, models, placement, recovery, recovery_time
-from respawn.control.actions import NONE, POLL, Act, Action, Decision, upd
-from respawn.control.observation import (NOTICES, RUN_END_NOTICE, Observation, Phase, age_of, current_heartbeat,
-                                          noticed)
 from respawn.images import ImageVerdict, missing_error
 from respawn.schema import Heartbeat, JobSpec, Leaving, MemberStatus, NodeState, SlotStatus, State, node_name
+
+from . import alerts, losses, membership, models, placement, recovery, recovery_time
+from .actions import NONE, POLL, Act, Action, Decision, upd
+from .observation import (NOTICES, RUN_END_NOTICE, Observation, Phase, age_of, current_heartbeat,
+                          noticed)
 
 
 def _slot(o: Observation) -> membership.Slot:

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable
 
-from respawn.control import recovery_time
 from respawn.schema import Heartbeat, JobEvent, JobStatus, State
+
+from . import recovery_time
 
 BUCKETS = ("productive_training", "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption",
            "program_startup", "training_prep", "other")

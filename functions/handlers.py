@@ -11,18 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 from respawn.contract import LABEL_JOB
 from respawn.deployment import ENV_SWEEP_TOPIC as SWEEP_TOPIC_VAR
-from respawn.control import events
 from respawn import contract, logs, selftest
 from respawn.schema import State
 
+from . import events
+
 if TYPE_CHECKING:
-    from respawn.control.reconcile import Deps
+    from .reconcile import Deps
 
 ACTIVE = {s.value for s in State if not s.terminal}
 
 
 def job_created(job_id: str) -> None:
-    from respawn.control.reconcile import reconcile
+    from .reconcile import reconcile
 
     if (probe := selftest.probe_of_job(job_id)) is not None:
         _ack(probe, selftest.JOB_CREATED)  # the prober deletes the document
@@ -39,8 +40,8 @@ def log_event(entry: Any) -> None:
     except events.Undecodable as exc:
         logs.info(f"log entry ignored: {exc}")
         return
-    from respawn.control.observation import Hint
-    from respawn.control.reconcile import Deps, reconcile
+    from .observation import Hint
+    from .reconcile import Deps, reconcile
 
     if not sig.tpu_worker:
         result = reconcile(sig.job_id, Hint(sig.cause, sig.node, sig.at))
@@ -66,7 +67,7 @@ def sweep(message: Any) -> None:
     ID, "swept_at": T} per job to the sweep topic, then scan for orphans. Each such message comes back to this
     function as an invocation of its own that reconciles that one job, so no job's slow operation holds back the
     others (docs/architecture.md, "The sweep"). {"task": "sweep", "job_id": ID} without swept_at: the CLI's nudge."""
-    from respawn.control.reconcile import reconcile
+    from .reconcile import reconcile
 
     if not isinstance(message, dict) or message.get("task") != "sweep":
         logs.warning(f"sweep message ignored: expected {{'task': 'sweep'}}, got {message!r}")
@@ -102,7 +103,7 @@ def _notice_hint(job_id: str, notice: Any) -> Any:
     from datetime import datetime
 
     from respawn.contract import NOTICE_RUN_ENDING
-    from respawn.control.observation import NOTICE, RUN_END_NOTICE, Hint
+    from .observation import NOTICE, RUN_END_NOTICE, Hint
 
     if notice is None:
         return None
@@ -119,10 +120,10 @@ def _notice_hint(job_id: str, notice: Any) -> Any:
 
 
 def _fan_out() -> None:
-    from respawn.control import clients
-    from respawn.control.adapters import pubsub
-    from respawn.control.reconcile import Deps
-    from respawn.control.settings import ControlSettings
+    from . import clients
+    from .adapters import pubsub
+    from .reconcile import Deps
+    from .settings import ControlSettings
 
     settings = ControlSettings.from_env()
     deps = Deps.default(settings)
@@ -154,7 +155,7 @@ def expire_logs(deps: Deps, c: Any, jobs: dict[str, dict] | None = None) -> None
     document as the orphan scan read it (None: read them here). A failure is logged and the job waits for its next
     day."""
     from respawn import deployment, joblogs
-    from respawn.control.adapters.logstore import LogRetention
+    from .adapters.logstore import LogRetention
 
     retention, now = LogRetention(c), deps.now().timestamp()
     for job_id, doc in sorted((deps.store.all_jobs() if jobs is None else jobs).items()):
@@ -180,8 +181,8 @@ def expire_logs(deps: Deps, c: Any, jobs: dict[str, dict] | None = None) -> None
 def delete_orphans(deps: Deps) -> dict[str, dict]:
     """List the labelled nodes in every zone any job uses, then read the jobs, then delete what no placement owns.
     Returns every job's document as first read (the log retention goes through them next)."""
-    from respawn.control.models import queued
-    from respawn.control.orphans import Seen, orphans
+    from .models import queued
+    from .orphans import Seen, orphans
 
     before = deps.store.all_jobs()
     scan = {(((doc.get("spec") or {}).get("accelerator") or {}).get("kind") or "gpu", zone)
@@ -206,9 +207,9 @@ def delete_orphans(deps: Deps) -> dict[str, dict]:
 
 
 def alert(message: Any) -> None:
-    from respawn.control import alerts
-    from respawn.control.adapters import slack
-    from respawn.control.settings import ControlSettings
+    from . import alerts
+    from .adapters import slack
+    from .settings import ControlSettings
 
     if (probe := selftest.probe_of_alert(message)) is not None:
         _probe_alert(probe)
@@ -228,9 +229,9 @@ def alert(message: Any) -> None:
 
 
 def _ack(doc: str, link: selftest.Link, detail: str = "", told: bool = True) -> None:
-    from respawn.control import clients
-    from respawn.control.adapters import selftest_acks
-    from respawn.control.settings import ControlSettings
+    from . import clients
+    from .adapters import selftest_acks
+    from .settings import ControlSettings
 
     selftest_acks.ack(clients.default(ControlSettings.from_env()), doc, link, detail)
     if told:
@@ -240,8 +241,8 @@ def _ack(doc: str, link: selftest.Link, detail: str = "", told: bool = True) -> 
 def _probe_alert(probe: str) -> None:
     """The self-test's alert: one "Respawn is deployed" message to Slack when it is configured, then the
     acknowledgement, which says what Slack answered."""
-    from respawn.control.adapters import slack
-    from respawn.control.settings import ControlSettings
+    from .adapters import slack
+    from .settings import ControlSettings
 
     settings = ControlSettings.from_env()
     detail = selftest.SLACK_UNSET

@@ -15,8 +15,9 @@ from typing import Any, Callable, Mapping
 
 from respawn import logs
 from respawn.contract import StoreUri
-from respawn.control.ports import ControlStore, FolderGrants, Jobs
 from respawn.schema import JobSpec, JobStatus, State
+
+from .ports import ControlStore, FolderGrants, Jobs
 
 
 class NoIdentity(RuntimeError):

@@ -38,12 +38,13 @@ from typing import Any, Sequence
 
 from respawn import losswords, prices
 from respawn.contract import EXITS_ON_NOTICE, SOFT_OFF_SECONDS, Generation, Handover
-from respawn.control import alerts, costs, decide as core, losses, membership, outcomes, recovery_time
-from respawn.control.actions import NONE, POLL, Act, Action, Decision
-from respawn.control.observation import ABSENT, NodeObs, Observation, Phase, current_heartbeat, noticed
-from respawn.control.outcomes import Followup, Outcome, OutcomeKind
 from respawn.schema import (Heartbeat, JobCounters, JobEvent, JobSpec, JobStatus, MemberStatus, NodeState, SlotStatus,
                             State)
+
+from . import alerts, costs, decide as core, losses, membership, outcomes, recovery_time
+from .actions import NONE, POLL, Act, Action, Decision
+from .observation import ABSENT, NodeObs, Observation, Phase, current_heartbeat, noticed
+from .outcomes import Followup, Outcome, OutcomeKind
 
 _COUNTERS = tuple(JobCounters.model_fields)  # the job's, whichever slot's decision changed them
 _MEMBER = tuple(MemberStatus.model_fields)

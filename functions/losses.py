@@ -9,10 +9,11 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping
 
 from respawn import losswords
-from respawn.control import models, recovery_time
-from respawn.control.observation import Observation, noticed
 from respawn.schema import (CONSOLE_TAIL_CHARS, MAX_PREEMPTION_TIMES, Heartbeat, JobSpec, Leaving, MemberStatus,
                             SlotStatus)
+
+from . import models, recovery_time
+from .observation import Observation, noticed
 
 
 # Why a node was lost → what it counts as. A failure is the job's own doing: its trainer crashed, or its agent

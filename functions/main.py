@@ -14,6 +14,8 @@ from __future__ import annotations
 import functions_framework
 
 from respawn import logs
+# Absolute, unlike the package's other imports: the Functions Framework loads this file by its path (the deployed
+# source's main.py, the tests' functions/main.py), outside the package.
 from respawn.control import handlers, triggers
 
 

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from respawn.contract import Generation
-from respawn.control import models
 from respawn.schema import DEFAULT_MODEL, JobSpec, Tier
+
+from . import models
 
 
 def forms_generations(slots: int) -> bool:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from respawn.contract import ATTR_HANDOVER, ATTR_RUN_ENDS_AT, ATTR_RUN_SECONDS, Handover
-from respawn.control.composition import node_labels, node_metadata, node_settings
-from respawn.control.settings import NodeOptions
 from respawn.deployment import heartbeat_database
 from respawn.schema import JobSpec
+
+from .composition import node_labels, node_metadata, node_settings
+from .settings import NodeOptions
 
 DEFAULTS = NodeOptions()
 

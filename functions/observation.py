@@ -12,10 +12,11 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 from respawn.advice import ZoneAdvice
-from respawn.control import membership, models, recovery
 from respawn.images import ImageCheck
 from respawn.prices import Quote
 from respawn.schema import Heartbeat, JobSpec, JobStatus, MemberStatus, NodeState, SlotStatus, State
+
+from . import membership, models, recovery
 
 
 class Phase(str, enum.Enum):

@@ -9,10 +9,11 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
-from respawn.control import alerts, placement
-from respawn.control.actions import NONE, Act, Action, Decision, upd
 from respawn.images import IMAGE_MENTION, REQUEST_PREFIX, image_help
 from respawn.schema import CapacityRecord, JobSpec, SlotStatus, State
+
+from . import alerts, placement
+from .actions import NONE, Act, Action, Decision, upd
 
 
 class OutcomeKind(str, enum.Enum):

@@ -11,8 +11,9 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, Sequence
 
 from respawn.advice import ZoneAdvice, shape_of
-from respawn.control import models
 from respawn.schema import JobSpec, SlotStatus
+
+from . import models
 
 Kind = Literal["capacity", "quota", "exists", "not_found", "fatal", "transient"]
 

@@ -32,17 +32,18 @@ from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
-from respawn.control import composition, costs, identities, job, observation, outcomes, placement, stats
-from respawn.control.models import queued
-from respawn.control.actions import NONE, Act, Action, Decision
-from respawn.control.observation import Hint, NodeObs, Observation, Settings
 from respawn.images import ImageCheck, ImageVerdict
-from respawn.control.ports import AdviceSource, ControlStore, FolderGrants, NodeProvider, PriceSource
-from respawn.control.settings import ControlSettings
 from respawn import advice, contract, deployment, logs, prices, topology
 from respawn.advice import ZoneAdvice
 from respawn.schema import (CONSOLE_TAIL_CHARS, DEFAULT_MODEL, AdviceRecord, Heartbeat, JobEvent, JobSpec, JobStatus,
                             MemberStatus, SpecError, State)
+
+from . import composition, costs, identities, job, observation, outcomes, placement, stats
+from .models import queued
+from .actions import NONE, Act, Action, Decision
+from .observation import Hint, NodeObs, Observation, Settings
+from .ports import AdviceSource, ControlStore, FolderGrants, NodeProvider, PriceSource
+from .settings import ControlSettings
 
 
 @dataclass(frozen=True)
@@ -85,15 +86,15 @@ class Deps:
     @classmethod
     def default(cls, settings: ControlSettings | None = None) -> "Deps":
         """The production dependencies, configured by `settings` (default: read from the environment now)."""
-        from respawn.control import clients
-        from respawn.control.adapters import pubsub
-        from respawn.control.adapters.advice import AdviceReader
-        from respawn.control.adapters.compute import ComputeProvider
-        from respawn.control.adapters.firestore_store import Store
-        from respawn.control.adapters.managed_folders import FolderGrants as StorageFolderGrants
-        from respawn.control.adapters.monitoring import write_goodput
-        from respawn.control.adapters.prices import CatalogPrices
-        from respawn.control.adapters.tpu import QueuedTpuProvider, TpuProvider
+        from . import clients
+        from .adapters import pubsub
+        from .adapters.advice import AdviceReader
+        from .adapters.compute import ComputeProvider
+        from .adapters.firestore_store import Store
+        from .adapters.managed_folders import FolderGrants as StorageFolderGrants
+        from .adapters.monitoring import write_goodput
+        from .adapters.prices import CatalogPrices
+        from .adapters.tpu import QueuedTpuProvider, TpuProvider
 
         s = settings if settings is not None else ControlSettings.from_env()
         c = clients.default(s)

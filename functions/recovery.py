@@ -13,9 +13,10 @@ from datetime import datetime
 from typing import Mapping, Sequence
 
 from respawn.advice import ZoneAdvice
-from respawn.control import models, placement
-from respawn.control.placement import cooldowns
 from respawn.schema import DEFAULT_MODEL, JobSpec, SlotStatus, Tier, ZoneOrder
+
+from . import models, placement
+from .placement import cooldowns
 
 
 # A run that ended as its model planned (models.RUN_ENDED): a planned stop

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from respawn.control import models
 from respawn.schema import Heartbeat
+
+from . import models
 
 # The one vocabulary of loss causes (a loss event's cause, an alert's `cause`, the status's last_cause): the same
 # fault gives the same cause however Respawn learned of it. The platform taking a node reads as a Spot preemption

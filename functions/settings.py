@@ -18,7 +18,8 @@ from typing import Mapping
 
 from respawn import deployment
 from respawn.contract import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_NOTICE_BUDGET_SECONDS
-from respawn.control.observation import Settings as Policy
+
+from .observation import Settings as Policy
 
 # The variable names (functions/README.md's table lists them with their defaults; deploy/ sets those that
 # respawn.deployment names).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from respawn import selftest
+from . import selftest
 
 SYSTEM_EVENT_LOG_ID = "cloudaudit.googleapis.com/system_event"
 

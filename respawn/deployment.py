@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from respawn.contract import NODES_DATABASE
+from .contract import NODES_DATABASE
 
 # Pub/Sub topics.
 LOG_EVENTS_TOPIC = "respawn-log-events"  # fed by the Logging sink (audit system events)

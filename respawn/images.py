@@ -12,7 +12,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from respawn.schema import GpuAccelerator
+from .schema import GpuAccelerator
 
 # projects/P/global/images/family/F or projects/P/global/images/NAME (gcp-facts §12).
 IMAGE_PATH = re.compile(r"^projects/(?P<project>[^/]+)/global/images/(?:family/(?P<family>[^/]+)|(?P<name>[^/]+))$")

@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from respawn import contract
+from . import contract
 
 DEFAULT_STREAMS = ("setup", "trainer")  # what the user's code said; the agent's own lines on request
 

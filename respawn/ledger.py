@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from respawn.schema import JobStatus
+from .schema import JobStatus
 
 
 def hours(since: datetime, now: datetime) -> float:

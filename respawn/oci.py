@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from respawn.contract import IMAGE_PINNED
+from .contract import IMAGE_PINNED
 
 DEFAULT_REGISTRY = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's registry API answers

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from respawn.catalog import load
+from .catalog import load
 
 # Services of the Cloud Billing Catalog (gcp-facts §24): Compute Engine's SKUs hold the VMs, the GPUs, the disks and
 # the newer TPUs (v5e, v5p, v6e); Cloud TPU's the older TPUs (v2-v4).

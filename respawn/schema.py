@@ -24,15 +24,15 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 # The node side of the layout (the heartbeat collection, node names and states) is the node contract's: the agent
 # runs without pydantic, so it is defined there, in the standard library, and used here.
-from respawn.contract import LABEL_ATTEMPT, LABEL_JOB, MAX_ATTEMPT, NodeState, node_name  # noqa: F401 - re-exported
-from respawn.contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS, RESPAWN_LABELS, STORE_URI_SHAPES,
-                              SettingsError, StoreUri, check_cache_paths, workdir_digest)
-from respawn.contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
-from respawn.contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
-from respawn.contract import LOG_RETENTION_DAYS
-from respawn import oci
-from respawn.deployment import RESPAWN_PREFIX
-from respawn.prices import shape_of
+from .contract import LABEL_ATTEMPT, LABEL_JOB, MAX_ATTEMPT, NodeState, node_name  # noqa: F401 - re-exported
+from .contract import (DEFAULT_INTERPRETER, DEFAULT_SETUP_TIMEOUT_SECONDS, RESPAWN_LABELS, STORE_URI_SHAPES,
+                       SettingsError, StoreUri, check_cache_paths, workdir_digest)
+from .contract import NODES_COLLECTION as NODES  # noqa: F401 - re-exported: the layout's collection names
+from .contract import NODES_DATABASE  # noqa: F401 - re-exported: where NODES lives
+from .contract import LOG_RETENTION_DAYS
+from . import oci
+from .deployment import RESPAWN_PREFIX
+from .prices import shape_of
 
 JOBS = "jobs"
 EVENTS = "events"

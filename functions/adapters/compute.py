@@ -16,10 +16,11 @@ from google.api_core import extended_operation
 from google.cloud import compute_v1
 
 from respawn.contract import LABEL_JOB, Handover
-from respawn.control import models, nodespec
 from respawn.images import IMAGE_PATH, REQUEST_PREFIX, ImageCheck, ImageVerdict, found, image_path
-from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
+
+from .. import models, nodespec
+from ..settings import ControlSettings, NodeOptions
 
 OP_TIMEOUT = ControlSettings.compute_op_timeout_seconds  # the default; Deps.default() passes RESPAWN_OP_TIMEOUT_SECONDS
 DEFAULT_NETWORK = "global/networks/default"

@@ -22,9 +22,10 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
-from respawn.control.placement import pool_key
 from respawn.schema import (ADVICE, CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, NODES_DATABASE, AdviceRecord,
                             STATS, CapacityRecord, Heartbeat, JobEvent, State, capacity_doc_id)
+
+from ..placement import pool_key
 
 ACTIVE_STATES = [s.value for s in State if not s.terminal]
 

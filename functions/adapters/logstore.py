@@ -17,7 +17,8 @@ from google.api_core import exceptions as gexc
 
 from respawn import contract, joblogs
 from respawn.contract import StoreUri
-from respawn.control.adapters.managed_folders import StorageJsonApi
+
+from .managed_folders import StorageJsonApi
 
 
 class LogObjectsApi(StorageJsonApi):

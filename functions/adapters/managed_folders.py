@@ -15,7 +15,8 @@ from google.api_core import exceptions as gexc
 
 from respawn import deployment
 from respawn.contract import StoreUri
-from respawn.control.adapters.jsonapi import checked
+
+from .jsonapi import checked
 
 PRODUCTION = "https://storage.googleapis.com"
 # The IAM policy version read and written: a policy with a conditional binding is read only at 3 (an older version

@@ -9,11 +9,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from respawn.control import goodput, goodput_metrics, placement
-from respawn.control.adapters.firestore_store import Store
-from respawn.control.adapters.jsonapi import checked
 from respawn.deployment import heartbeat_database
 from respawn.schema import JobSpec
+
+from .. import goodput, goodput_metrics, placement
+from .firestore_store import Store
+from .jsonapi import checked
 
 PRODUCTION = "https://monitoring.googleapis.com"
 TIMEOUT_S = 30

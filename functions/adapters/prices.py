@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from respawn import logs, prices
-from respawn.control.adapters.jsonapi import checked
+
+from .jsonapi import checked
 
 PRODUCTION = "https://cloudbilling.googleapis.com"
 TIMEOUT_S = 30

@@ -9,7 +9,8 @@ from typing import Any, Iterable
 
 from respawn import logs
 from respawn.contract import sweep_nudge
-from respawn.control.settings import ControlSettings
+
+from ..settings import ControlSettings
 
 PUBLISH_TIMEOUT = ControlSettings.alert_publish_timeout_seconds  # the default; Deps.default() passes the setting
 SWEEP_PUBLISH_TIMEOUT = ControlSettings.sweep_publish_timeout_seconds

@@ -14,10 +14,11 @@ from google.cloud import tpu_v2
 from google.protobuf import duration_pb2, field_mask_pb2
 
 from respawn.contract import LABEL_JOB, Handover
-from respawn.control import models, nodespec
-from respawn.control.models import queued
-from respawn.control.settings import ControlSettings, NodeOptions
 from respawn.schema import JobSpec
+
+from .. import models, nodespec
+from ..models import queued
+from ..settings import ControlSettings, NodeOptions
 
 OP_TIMEOUT = ControlSettings.tpu_op_timeout_seconds  # the default; Deps.default() passes RESPAWN_OP_TIMEOUT_SECONDS
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 # The base and registries live in base.py, which each model imports: this package's __init__ imports the models (to
 # register them), so a model importing the package would be an import cycle.
-from respawn.control.models.base import (DIRECT, RUN_END_SLACK, RUN_ENDED, ComputeFields, Model, Obtaining, all_models,
-                                         capacity_phrases, names, obtaining, of, register, register_way, request_way,
-                                         tier_of)
-from respawn.control.models import flex_start, preemptible, queued, reservation, spot, standard  # noqa: F401 - register
+from .base import (DIRECT, RUN_END_SLACK, RUN_ENDED, ComputeFields, Model, Obtaining, all_models,
+                   capacity_phrases, names, obtaining, of, register, register_way, request_way,
+                   tier_of)
+from . import flex_start, preemptible, queued, reservation, spot, standard  # noqa: F401 - register
 
 __all__ = ["DIRECT", "RUN_END_SLACK", "RUN_ENDED", "ComputeFields", "Model", "Obtaining", "all_models", "capacity_phrases", "names",
            "obtaining", "of", "register", "register_way", "request_way", "tier_of"]

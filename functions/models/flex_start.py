@@ -10,8 +10,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from respawn.control.models.base import ComputeFields, Model, register
 from respawn.schema import JobSpec, MemberStatus, Tier
+
+from .base import ComputeFields, Model, register
 
 
 class FlexStart(Model):

@@ -3,8 +3,9 @@ same spare capacity and quota, at most 24 h. A Cloud TPU queued resource has no 
 
 from __future__ import annotations
 
-from respawn.control.models.base import ComputeFields, Model, register
 from respawn.schema import JobSpec, Tier
+
+from .base import ComputeFields, Model, register
 
 
 class Preemptible(Model):

@@ -12,9 +12,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from respawn.control.models import base
 from respawn.schema import JobSpec, MemberStatus
 from respawn.topology import tpu_hosts
+
+from . import base
 
 PROVIDER = "tpu-queued"  # its key in reconcile.Deps.providers (beside "gpu" and "tpu")
 PREFIX = "queued:"

@@ -23,8 +23,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from respawn.control.models.base import ComputeFields, Model, register
 from respawn.schema import JobSpec, Tier
+
+from .base import ComputeFields, Model, register
 
 AFFINITY_KEY = "compute.googleapis.com/reservation-name"
 

@@ -4,8 +4,9 @@ a 30 s notice (or the longer preemptionNoticeDuration, gcp-facts §17). A preemp
 
 from __future__ import annotations
 
-from respawn.control.models.base import ComputeFields, Model, register
 from respawn.schema import JobSpec, Tier
+
+from .base import ComputeFields, Model, register
 
 
 class Spot(Model):

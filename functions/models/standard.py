@@ -3,7 +3,7 @@ Through a Cloud TPU queued resource it is the on-demand request: no tier field (
 
 from __future__ import annotations
 
-from respawn.control.models.base import Model, register
+from .base import Model, register
 
 
 class Standard(Model):

@@ -10,9 +10,10 @@ import os
 from typing import Optional
 
 from respawn.catalog import Live
-from respawn.app import endpoints
-from respawn.app.compute_read import Reader, reader
 from respawn.deployment import ENV_COMPUTE_ENDPOINT
+
+from . import endpoints
+from .compute_read import Reader, reader
 
 TPU_PRODUCTION = "https://tpu.googleapis.com"
 ENV_TPU_ENDPOINT = "RESPAWN_TPU_ENDPOINT"  # local runs: the sim's Cloud TPU API (functions/settings.py's too)

@@ -18,8 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from respawn import deployment, schema
-from respawn.app.selftest_run import TIMEOUT_S as SELFTEST_TIMEOUT_S
-from respawn.app.workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
+
+from .selftest_run import TIMEOUT_S as SELFTEST_TIMEOUT_S
+from .workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
 
 class _Commands(typer.core.TyperGroup):
     """The top-level commands; a `jobs` subcommand given at the top (`respawn validate`) is pointed at."""
@@ -99,7 +100,7 @@ class CliError(Exception):
 
 def _store(project: str | None):
     """The job store (imported here: `respawn --help` and `jobs validate` load no Google client)."""
-    from respawn.app.jobstore import JobStore, StoreError
+    from .jobstore import JobStore, StoreError
 
     try:
         return JobStore.open(project)
@@ -157,7 +158,7 @@ def _parse_spec(path: Path, data: Any, live: Any = None) -> schema.JobSpec:
 def _live_catalog(project: str | None) -> Any:
     """The APIs' answers to what exists (respawn.app.catalogcheck), or None where none can be asked (then the offline
     catalog alone decides, and a note says why)."""
-    from respawn.app.catalogcheck import live
+    from .catalogcheck import live
 
     answer, why = live(project)
     if why:
@@ -178,13 +179,13 @@ def run_reporting_errors(fn, *args) -> None:
         say("error", str(exc))
         raise typer.Exit(exc.code) from None
     except Exception as exc:  # a cloud error: name it, without a traceback
-        from respawn.app.jobstore import NoSuchJob, is_api_error, is_unanswered
+        from .jobstore import NoSuchJob, is_api_error, is_unanswered
 
         if isinstance(exc, NoSuchJob):
             say("error", str(_no_such_job(str(exc))))
             raise typer.Exit(1) from None
         if is_unanswered(exc):  # it answered the probe, then a call ran past its deadline (or was refused)
-            from respawn.app.endpoints import FIRESTORE, late, unanswered
+            from .endpoints import FIRESTORE, late, unanswered
 
             said = f"{late()}: {_one_line(exc)[:200]}"
             say("error", unanswered(FIRESTORE, said, os.environ.get("GOOGLE_CLOUD_PROJECT")))
@@ -248,7 +249,7 @@ def register(
             out.print(Text.assemble(f"would upload {uri} and register ", (spec.id, "bold"),
                                     " with trainer.workdir set to it (dry run: nothing written)"), highlight=False)
             return
-        from respawn.app.codestore import CodeStoreError, upload
+        from .codestore import CodeStoreError, upload
 
         with closing(_Meter(f"uploading {uri}")) as meter:
             try:
@@ -267,7 +268,7 @@ def _check_image(spec: schema.JobSpec, project: str | None) -> None:
     (the controller looks again when it first handles the job, and the create's 404 says the same)."""
     if spec.accelerator.kind != "gpu":
         return
-    from respawn.app.imagecheck import check
+    from .imagecheck import check
     from respawn.images import ImageVerdict, missing_error
 
     found = check(spec.accelerator.boot_image, project)
@@ -287,7 +288,7 @@ def _pin_trainer_image(spec: schema.JobSpec, trainer: dict | None) -> schema.Job
     exist and to run on the VMs' architecture), written into `trainer` too; a failure refuses the job (exit 2)."""
     if spec.trainer.image is None:
         return spec
-    from respawn.app.registry import RegistryError, pin
+    from .registry import RegistryError, pin
 
     try:
         pinned, found = pin(spec)
@@ -307,7 +308,7 @@ def _check_network(spec: schema.JobSpec, project: str | None) -> None:
     hosts = tpu_hosts(spec.accelerator.accelerator_type) if spec.accelerator.kind == "tpu" else spec.nodes
     if hosts < 2:
         return
-    from respawn.app.firewallcheck import missing_rule
+    from .firewallcheck import missing_rule
 
     problem = missing_rule(project)
     if problem:
@@ -317,7 +318,7 @@ def _check_network(spec: schema.JobSpec, project: str | None) -> None:
 def _check_quota(spec: schema.JobSpec, project: str | None) -> None:
     """Refuse a GPU job that no listed zone's region has quota for on any tier it may use; warn about the rest
     (respawn.advice.quota_verdict). A look that cannot be made says one line and blocks nothing."""
-    from respawn.app.quotacheck import check
+    from .quotacheck import check
 
     verdict = check(spec, project)
     if verdict is None or not verdict.lines:
@@ -346,7 +347,7 @@ def _local_workdir(file: Path, written: Any) -> Path | None:
 
 
 def _register(store, spec: schema.JobSpec, file: Path) -> None:
-    from respawn.app.jobstore import JobExists
+    from .jobstore import JobExists
 
     try:
         store.register(spec.id, spec.to_doc(), source=str(file))
@@ -362,7 +363,7 @@ def _exists(job_id: str) -> CliError:
 
 def _refuse_existing(store, job_id: str) -> None:
     """Refuse a taken job id before packing and uploading (register itself refuses it again, atomically)."""
-    from respawn.app.jobstore import NoSuchJob
+    from .jobstore import NoSuchJob
 
     try:
         store.job_document(job_id)
@@ -507,9 +508,9 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt,
     what it saved against on demand, and where its time went (goodput); --json: the record behind them."""
 
     def go() -> None:
-        from respawn.app import report
+        from . import report
         from respawn.control.recovery import strategy_for
-        from respawn.app.jobstore import NoSuchJob
+        from .jobstore import NoSuchJob
 
         try:
             r, doc, _ = report.load(_store(project), job_id)
@@ -534,7 +535,7 @@ def describe(job_id: str, project: Optional[str] = ProjectOpt,
 
 
 def _describe_for_a_person(job_id: str, status: schema.JobStatus, recovery: str | None, f: dict[str, Any]) -> None:
-    from respawn.app import report
+    from . import report
     from respawn.control.recovery_time import text as recovery_time_text
     from respawn.prices import usd
 
@@ -590,8 +591,8 @@ def report_cmd(
     recoveries, the goodput buckets and every event (docs/watching.md)."""
 
     def go() -> None:
-        from respawn.app import report
-        from respawn.app.jobstore import NoSuchJob
+        from . import report
+        from .jobstore import NoSuchJob
 
         try:
             page, r = report.write(_store(project), job_id, output, heartbeats_database)
@@ -650,7 +651,7 @@ def logs(
         import time
 
         from respawn import contract, joblogs
-        from respawn.app import codestore
+        from . import codestore
 
         uri = (_store(project).job_document(job_id).get("spec") or {}).get("checkpoint_uri")
         try:
@@ -721,7 +722,7 @@ def cancel(job_id: str, project: Optional[str] = ProjectOpt, sweep_topic: str = 
     """Ask the controller to delete the job's node and mark it CANCELLED."""
 
     def go() -> None:
-        from respawn.app.jobstore import JobFinished
+        from .jobstore import JobFinished
 
         store = _store(project)
         try:
@@ -743,7 +744,7 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
 
     def go() -> None:
         from respawn import ledger, prices
-        from respawn.app.jobstore import JobFinished, NoSuchJob
+        from .jobstore import JobFinished, NoSuchJob
 
         store = _store(project)
         try:
@@ -771,13 +772,13 @@ def resume(job_id: str, budget: float = typer.Option(..., "--budget", help="the 
 
 def _wake_controller(project: str, topic: str, job_id: str) -> bool:
     """Nudge the controller's sweep for one job; without it the scheduled sweep acts within its period."""
-    from respawn.app.jobstore import nudge_sweep
+    from .jobstore import nudge_sweep
 
     try:
         nudge_sweep(project, topic, job_id)
         return True
     except Exception as exc:  # noqa: BLE001 - the cancel itself is recorded; only the nudge failed
-        from respawn.app.endpoints import Unreachable
+        from .endpoints import Unreachable
 
         said = str(exc) if isinstance(exc, Unreachable) else exc.__class__.__name__
         say("note", f"could not publish to topic {topic!r} ({said})")
@@ -824,7 +825,7 @@ def _observed_mtbp_hours(accelerator: str, project: str | None) -> float:
 def _parse_settings(pairs: list[str]) -> dict[str, float]:
     from dataclasses import fields
 
-    from respawn.app.plan import PlanInputs
+    from .plan import PlanInputs
 
     known = {f.name: f.type for f in fields(PlanInputs)}
     settings: dict[str, float] = {}
@@ -845,7 +846,7 @@ def _parse_settings(pairs: list[str]) -> dict[str, float]:
 def _plan_inputs_of(ctx: typer.Context, file: Path) -> dict[str, Any]:
     """What the job spec at `file` gives the plan (respawn.app.plan.from_spec), less what an option given on the
     command line sets (it overrides); each source said on stderr."""
-    from respawn.app.plan import from_spec
+    from .plan import from_spec
 
     data = _read_spec_data(file)
     trainer, written = _trainer_workdir(data)
@@ -904,8 +905,8 @@ def plan_cmd(
     flex-start, Spot then on-demand, all on-demand), by Monte Carlo simulation."""
 
     def go() -> None:
-        from respawn.app.plan import PlanInputs, plan, svg_chart, with_bench
-        from respawn.app.plan_model import max_emergency_state_gb
+        from .plan import PlanInputs, plan, svg_chart, with_bench
+        from .plan_model import max_emergency_state_gb
 
         if on_demand_nodes > nodes:
             raise CliError(f"--on-demand-nodes {on_demand_nodes} is more than --nodes ({nodes}): the on-demand nodes "
@@ -1033,7 +1034,7 @@ def chaos(
         import subprocess
         import time
 
-        from respawn.app.jobstore import NoSuchJob
+        from .jobstore import NoSuchJob
 
         store = _store(project)
         try:
@@ -1105,8 +1106,8 @@ def zones_cmd(
 
     def go() -> None:
         from respawn import advice
-        from respawn.app.compute_read import Reader, reader
-        from respawn.app.zonereport import Report, ZoneRow, add_seen, region_zones, report
+        from .compute_read import Reader, reader
+        from .zonereport import Report, ZoneRow, add_seen, region_zones, report
 
         built_in = advice.Shape(machine_type).gpu
         if built_in is not None and built_in != accelerator:
@@ -1159,7 +1160,7 @@ def _not_asked(look: Any) -> str:
 def _say_offline_prices(shape: Any, regions: list[str]) -> None:
     """Offline, the dated offline table's price of the VM in each region (what Compute Engine's Spot price column
     would say), or that the table has none."""
-    from respawn.app.zonereport import offline_price
+    from .zonereport import offline_price
 
     for region in regions:
         found = offline_price(shape, region)
@@ -1169,7 +1170,7 @@ def _say_offline_prices(shape: Any, regions: list[str]) -> None:
 
 def _zones_table(rep: Any, shape: Any) -> Table:
     from respawn import advice
-    from respawn.app.zonereport import offline_spot
+    from .zonereport import offline_spot
 
     spot, standard = (advice.quota_metric(shape.gpu, m) for m in ("spot", "standard"))
     table = Table("zone", f"{spot or 'Spot quota'} used/limit", f"{standard or 'on-demand quota'} used/limit",
@@ -1236,7 +1237,7 @@ def doctor_cmd(
     probes: bool = typer.Option(True, "--probes/--no-probes", help="send the self-test's probes"),
 ) -> None:
     """Check a deployment (a project, or the demo's stand-ins) and prove every path it relies on, one line a check."""
-    from respawn.app import doctor, project_checks, selftest_run
+    from . import doctor, project_checks, selftest_run
 
     def go() -> None:
         name = project or _store(None).project
@@ -1263,7 +1264,7 @@ def doctor_cmd(
 
 def _doctor_job(file: Path, project: str) -> Any:
     """The checks `jobs register` makes of a spec (its catalog, boot image, network and quotas), as one line."""
-    from respawn.app.doctor import Check
+    from .doctor import Check
 
     try:
         spec = _parse_spec(file, _read_spec_data(file), _live_catalog(project))

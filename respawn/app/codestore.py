@@ -27,10 +27,11 @@ from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 from requests import Timeout
 
-from respawn.app import endpoints
 from respawn.contract import StoreUri
 from respawn.joblogs import Listed, list_local
-from respawn.app.workdir import PackedWorkdir, human_bytes, workdir_uri
+
+from . import endpoints
+from .workdir import PackedWorkdir, human_bytes, workdir_uri
 
 # Above this the upload goes in resumable chunks of this size (a multiple of 256 KiB), so progress can be shown.
 CHUNK_BYTES = 8 * 1024 * 1024

@@ -14,8 +14,9 @@ import requests
 from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
 from google.auth.transport.requests import AuthorizedSession
 
-from respawn.app import endpoints
 from respawn.deployment import ENV_COMPUTE_ENDPOINT
+
+from . import endpoints
 
 PRODUCTION = "https://compute.googleapis.com"
 # advice.capacity and advice.capacityHistory accept only cloud-platform or compute, not compute.readonly

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from respawn import deployment
-from respawn.app import endpoints, selftest_run
+
+from . import endpoints, selftest_run
 
 # Each Pub/Sub-triggered function, by the topic its trigger subscribes to.
 TRIGGERED = {fn.trigger: fn for fn in deployment.FUNCTIONS if fn.trigger != "firestore"}

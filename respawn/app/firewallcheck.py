@@ -6,8 +6,9 @@ the first identity's rule (the build makes them all or none) through respawn.app
 
 from __future__ import annotations
 
-from respawn.app.compute_read import Reader, reader
 from respawn.deployment import node_firewall_rule, node_identity, service_account_email
+
+from .compute_read import Reader, reader
 
 
 def missing_rule(project: str | None) -> str | None:

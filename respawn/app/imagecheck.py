@@ -5,8 +5,9 @@ images.get for projects/P/global/images/NAME — through respawn.app.compute_rea
 
 from __future__ import annotations
 
-from respawn.app.compute_read import Reader, reader
 from respawn.images import IMAGE_PATH, ImageCheck, ImageVerdict, found, image_path
+
+from .compute_read import Reader, reader
 
 
 def check(boot_image: str, project: str | None) -> ImageCheck | None:

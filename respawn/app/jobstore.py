@@ -18,9 +18,10 @@ from google.cloud.firestore_v1.base_query import FieldFilter
 
 from respawn.contract import sweep_nudge
 from respawn import deployment
-from respawn.app import endpoints
 from respawn.schema import (CAPACITY, EVENTS, IDENTITIES, JOBS, NODES, STATS, Heartbeat, JobEvent, JobStatus, State,
                             capacity_doc_id)
+
+from . import endpoints
 
 # With the emulator any project id works; this one is the demo's.
 EMULATOR_PROJECT = "respawn-local"

@@ -56,8 +56,8 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from respawn.app import plan_tiers
-from respawn.app.plan_model import PlanInputs, emergency_fits, recovery_s, save_s, sync_save_s
+from . import plan_tiers
+from .plan_model import PlanInputs, emergency_fits, recovery_s, save_s, sync_save_s
 
 ALL_SPOT = ("poll-and-restart", "polling", "respawn")
 STRATEGIES = (*ALL_SPOT, "hybrid", "elastic", "spares")

@@ -24,7 +24,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from respawn.app.plan_model import PlanInputs, emergency_fits, recovery_s, sync_save_s
+from .plan_model import PlanInputs, emergency_fits, recovery_s, sync_save_s
 
 POLICIES = ("spot", "spot-flex-start", "spot-on-demand", "on-demand")
 

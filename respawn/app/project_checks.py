@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from respawn import audit, deployment
-from respawn.app import endpoints, selftest_run
-from respawn.app.doctor import Check, mark
+
+from . import endpoints, selftest_run
+from .doctor import Check, mark
 
 SERVICE_USAGE_HOST = "https://serviceusage.googleapis.com"
 IAM_HOST = "https://iam.googleapis.com"

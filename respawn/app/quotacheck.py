@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from respawn import advice
-from respawn.app.compute_read import Reader, reader
+
+from .compute_read import Reader, reader
 
 
 def region_quotas(look: Reader, regions: list[str]) -> tuple[dict[str, dict[str, advice.Quota] | None], str]:

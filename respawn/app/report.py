@@ -27,7 +27,8 @@ from respawn.control import goodput, recovery_time
 from respawn.control.goodput import Life, Recovery
 from respawn.schema import Heartbeat, JobEvent
 from respawn.prices import usd
-from respawn.app.timeline import Mark, NodeSpan, Timeline, render_html
+
+from .timeline import Mark, NodeSpan, Timeline, render_html
 
 # The buckets in a user's words: (label, what it holds). The keys stay ml-goodput-measurement's (describe, metrics).
 BUCKET_WORDS = {

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from respawn import advice, prices
-from respawn.app.compute_read import Answer, Reader
 from respawn.schema import STATS, ZoneStats
+
+from .compute_read import Answer, Reader
 
 
 @dataclass
