@@ -1,6 +1,6 @@
 """Restore benchmark: CheckpointManager.restore (find the newest committed step, check every checksum, load into
 PyTorch tensors) against a raw read of the same bytes, from the local disk and from a Cloud Storage emulator.
-`python -m bench.restore [--size-mb 2048] [--quick] [--json] [--dir DIR] [--repeats 3]`.
+`python -m bench.restore [--size-mb 2048] [--quick] [--json] [--dir DIR] [--repeats 3] [--warm]`.
 
 The state: --size-mb of float32 tensors (8 of them) saved once by CheckpointManager (256 MiB data files). In the
 same run, each pair interleaved --repeats times, medians reported:
@@ -17,7 +17,8 @@ same run, each pair interleaved --repeats times, medians reported:
   gcs.restore_fresh  the same without like=, for reference
   restore_vs_raw_read  raw read seconds / restore seconds (goal >= 0.8, issue #25)
 The page cache is dropped before every local read (`echo 3 > /proc/sys/vm/drop_caches`, root only); where that is
-refused, `cache` says "warm" and both local reads run from the page cache. The emulator is gcp-storage-emulator
+refused, or with --warm (what --quick does: a CI run shares the machine, and a dropped page cache makes every
+other test's next import read from the disk), `cache` says "warm" and both local reads run from the page cache. The emulator is gcp-storage-emulator
 (in memory) on this machine's loopback, sharing its cores with the benchmark. Every restore is compared with the
 saved tensors (`same_bytes`); the live tensors are zeroed before each restore into them.
 """
@@ -127,9 +128,11 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--dir", default=None, help="directory on the disk to measure (default: system temp dir)")
     p.add_argument("--repeats", type=int, default=3, help="raw read / restore pairs per store (default 3)")
+    p.add_argument("--warm", action="store_true", help="keep the page cache (--quick does): local reads from it")
     args = p.parse_args(argv)
     size = (64 if args.quick else args.size_mb) << 20
     repeats = 1 if args.quick else args.repeats
+    drop = not (args.warm or args.quick)
 
     import torch
     from respawn.ckpt import CheckpointManager
@@ -173,11 +176,12 @@ def main(argv=None) -> int:
         dropped = True
         raw_s, restore_s, fresh_s = [], [], []
         for _ in range(repeats):
-            dropped = drop_caches() and dropped
+            dropped = drop and drop_caches() and dropped
             nbytes, dt = raw_local(step_dir, files)
             raw_s.append(dt)
             for into, runs in ((live, restore_s), (None, fresh_s)):
-                drop_caches()
+                if drop:
+                    drop_caches()
                 runs.append(timed_restore(CheckpointManager(local_dir=local_dir, keep=1), into))
         local = figures(nbytes, raw_s, restore_s, fresh_s)
 
