@@ -4,10 +4,10 @@ every rank writes its shards through DCP and rank 0 commits the step after every
 - A rank that exits in the middle of a periodic save (after its DCP write, before its vote) leaves that step
   uncommitted; the next run restores the previous step and repeats the lost steps with the same losses. Without the
   two-phase commit rank 0 would commit the step and the next run would start there: the test fails.
-- SIGTERM to the job's process group: every rank stops after one step, that step commits (and rank 0 uploads it to
-  the file:// store), the launch wrapper exits 75; the checkpoint written by 4 ranks restores on 2 ranks (from the
-  remote store alone, DCP resharding), and the first losses after the restore are the ones the uninterrupted run
-  had at those steps within float rounding (the global batch's loss is reduced over another split).
+- SIGTERM to that next run's process group: every rank stops after one step, that step commits (and rank 0 uploads
+  it to the file:// store), the launch wrapper exits 75; the checkpoint written by 4 ranks restores on 2 ranks (from
+  the remote store alone, DCP resharding), and the first losses after the restore are the ones the uninterrupted
+  run had at those steps within float rounding (the global batch's loss is reduced over another split).
 - A notice deadline too short for the state: every rank abandons the step by itself and exits 75; only the
   previous step is committed.
 """
@@ -108,7 +108,7 @@ def killed(tmp_path_factory):
     return tmp, code, text
 
 
-def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_one_restores(killed):
+def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_a_notice_there_restores_at_2_ranks(tmp_path, killed):
     tmp, code, text = killed
     assert code not in (0, PREEMPTED_EXIT_CODE), text[-3000:]
     reference = losses(text)
@@ -119,33 +119,27 @@ def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_and_the_previous_one
     assert not (step_dir / "COMMITTED").exists()
     assert committed(tmp / "ckpt" / "local") == committed(tmp / "ckpt" / "remote") == [EVERY], text[-3000:]
 
-    proc = start(tmp / "resumed", 4, tmp / "ckpt", "--steps", str(2 * EVERY))
-    code, text = finish(proc, tmp / "resumed")
-    assert code == 0, text[-3000:]
-    assert f"torch_fsdp[rank 0]: starting at step {EVERY} of {2 * EVERY}" in text
-    assert f"torch_fsdp[rank 3]: starting at step {EVERY} of {2 * EVERY}" in text
-    again = losses(text)
-    assert again == {s: reference[s] for s in range(EVERY + 1, 2 * EVERY + 1)}  # same world size: bit-exact
-
-
-def test_preempted_at_4_ranks_commits_one_step_and_restores_at_2_ranks(tmp_path, killed):
-    reference = losses(killed[2])
-    proc = start(tmp_path / "first", 4, tmp_path / "ckpt", "--steps", str(STEPS), "--step-seconds", "0.05")
+    # The next run at the same 4 ranks restores the previous step and repeats the lost steps with the same losses,
+    # bit-exact; SIGTERM to its process group then stops every rank after one step, which commits.
+    proc = start(tmp / "resumed", 4, tmp / "ckpt", "--steps", str(STEPS), "--step-seconds", "0.05")
     at = random.randint(EVERY + 2, 2 * EVERY - 10)  # room for the notice's latency: the reference ends at 2 * EVERY
-    code, text, stopped = preempt(proc, tmp_path / "first", at)
+    code, text, stopped = preempt(proc, tmp / "resumed", at)
+    assert f"torch_fsdp[rank 0]: starting at step {EVERY} of {STEPS}" in text, text[-3000:]
+    assert f"torch_fsdp[rank 3]: starting at step {EVERY} of {STEPS}" in text
     assert code == PREEMPTED_EXIT_CODE, text[-3000:]
     assert sorted(stopped) == [0, 1, 2, 3] and len(set(stopped.values())) == 1, text[-3000:]
     step, state = stopped[0]
     assert state == "committed" and at <= step <= 2 * EVERY - 2, (at, step)
-    status = read_status(str(tmp_path / "first" / "status.json"))
+    again = losses(text)
+    assert again == {s: reference[s] for s in range(EVERY + 1, step + 1)}, (again, reference)  # same world size
+    status = read_status(str(tmp / "resumed" / "status.json"))
     assert status["emergency"]["state"] == "committed" and status["committed_step"] == step
-    assert committed(tmp_path / "ckpt" / "local")[-1] == committed(tmp_path / "ckpt" / "remote")[-1] == step
+    assert committed(tmp / "ckpt" / "local")[-1] == committed(tmp / "ckpt" / "remote")[-1] == step
 
     # At 2 ranks from the remote store alone (a new node: rank 0 copies the step in), DCP resharding 4 ranks'
-    # shards. An emergency step restored at the same 4 ranks, bit-exact, is the two-host test's resume below; a
-    # local copy restored at 4 ranks, bit-exact, is the killed run's resume above.
+    # shards. An emergency step restored at the same 4 ranks, bit-exact, is the two-host test's resume below.
     ckpt = tmp_path / "ckpt-2"
-    shutil.copytree(tmp_path / "ckpt" / "remote", ckpt / "remote")
+    shutil.copytree(tmp / "ckpt" / "remote", ckpt / "remote")
     proc = start(tmp_path / "at-2", 2, ckpt, "--steps", str(step + 2))
     code, text = finish(proc, tmp_path / "at-2")
     assert code == 0, text[-3000:]
