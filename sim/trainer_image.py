@@ -201,7 +201,12 @@ def _base_root(partial: Path, log: Path, say: Callable[[str], None]) -> Path:
         raise ImageError("building the trainer image's base root needs root (debootstrap)")
     root = partial / "root"
     say(f"debootstrap {' '.join(DEBOOTSTRAP)} from {MIRROR} (about a minute)")
-    _run([debootstrap, *DEBOOTSTRAP, str(root), MIRROR], log, "debootstrap of the trainer image's base")
+    # dpkg in the chroot without its fsync per unpacked file (the root is packed into a layer, never booted as
+    # it is; a build cut short is removed whole). The same files; on the loaded 2-core VM (2026-12-07) a plain and
+    # an unsafe-io debootstrap run side by side took 144 s and 119 s (dpkg's phases 93 s and 70 s). DPKG_FORCE
+    # replaces dpkg's default force flags: they are kept (downgrade, security-mac).
+    env = {**os.environ, "DPKG_FORCE": "unsafe-io,downgrade,security-mac"}
+    _run([debootstrap, *DEBOOTSTRAP, str(root), MIRROR], log, "debootstrap of the trainer image's base", env=env)
     return root
 
 
