@@ -458,12 +458,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="events in flight: the deployed max instances x concurrency (default 10 x 8 = 80)")
     p.add_argument("--duplicate-rate", type=float, default=0.1, help="share of events delivered twice (default 0.1)")
     p.add_argument("--baseline-wait", type=float, default=60, help="the seeds' wait per event in seconds (default 60)")
-    p.add_argument("--quick", action="store_true", help="CI smoke size: 10 events, a storm of 20 jobs, 1 s wait")
+    p.add_argument("--quick", action="store_true", help="CI smoke size: 5 events, a storm of 10 jobs, 1 s wait")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
     if args.quick:
-        args.events, args.warmup, args.latency_jobs, args.jobs = 10, 2, 3, 20
-        args.rooms, args.concurrency, args.baseline_wait = "0,15,10", 8, 1.0
+        args.events, args.warmup, args.latency_jobs, args.jobs = 5, 1, 3, 10
+        args.rooms, args.concurrency, args.baseline_wait = "0,6,5", 8, 1.0
     try:
         rooms = [int(x) for x in args.rooms.split(",")]
         if len(rooms) != 3 or min(rooms) < 0:

@@ -7,7 +7,7 @@ after every third write, and a query over the collection every 50. The CPU is th
 compiling and the garbage collector's threads.
 
     python -m bench.emulator_jit            # 3,000 writes a variant (about 1 min)
-    python -m bench.emulator_jit --quick    # 300 writes, CI's smoke size
+    python -m bench.emulator_jit --quick    # 100 writes, CI's smoke size
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ def measure(jvm_options: str, writes: int, idle_tail_s: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="300 writes a variant (CI's size)")
+    parser.add_argument("--quick", action="store_true", help="100 writes a variant (CI's size)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    writes = 300 if args.quick else 3000
+    writes = 100 if args.quick else 3000
     rows = []
     for options in ("", emulators.JVM_OPTIONS):
         print(f"Firestore emulator, {writes} writes, JAVA_TOOL_OPTIONS={options!r} ...", file=sys.stderr, flush=True)

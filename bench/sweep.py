@@ -281,14 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=80,
                    help="deliveries in flight: the deployed max instances x concurrency (default 10 x 8 = 80)")
     p.add_argument("--quick", action="store_true",
-                   help="CI smoke size: 30 jobs, 8 in flight; the fanned-out hang ends once every other job is "
+                   help="CI smoke size: 10 jobs, 8 in flight; the fanned-out hang ends once every other job is "
                         "reconciled (at most 20 s), the serial one after 2 s")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
     if args.quick:
-        # The fanned-out hang lasts until the other 30 reconciles end (a fixed 5 s did not outlast them on a loaded
+        # The fanned-out hang lasts until the other 10 reconciles end (a fixed 5 s did not outlast 30 on a loaded
         # 2-core machine, at load 8; 20 s is its cap): the test asserts every other job ended before it.
-        args.jobs, args.slow_seconds, args.concurrency = 30, 20.0, 8
+        args.jobs, args.slow_seconds, args.concurrency = 10, 20.0, 8
     if args.jobs < 3 or args.concurrency < 1 or args.slow_seconds <= 0:
         p.error("--jobs must be at least 3, --concurrency at least 1, --slow-seconds above 0")
     started = time.monotonic()

@@ -26,12 +26,12 @@ def test_quick_run_reconciles_every_job_and_none_waits_on_the_hung_operation():
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     fan, serial = out["fanned_out"], out["serial"]
-    assert out["jobs"] == 31 and out["mix"] == {"running": 18, "preempted": 10, "waiting": 3}
+    assert out["jobs"] == 11 and out["mix"] == {"running": 6, "preempted": 4, "waiting": 1}
     # Every job reconciled once by each sweep, and left as it should be (bench.sweep.check raised otherwise).
-    assert fan["reconciled"] == serial["reconciled"] == 31
-    assert fan["outcome"] == serial["outcome"] == {"running": 28, "waiting": 3}
-    assert fan["published"] == fan["deliveries"] == 31  # one message per active job, each delivered once
+    assert fan["reconciled"] == serial["reconciled"] == 11
+    assert fan["outcome"] == serial["outcome"] == {"running": 10, "waiting": 1}
+    assert fan["published"] == fan["deliveries"] == 11  # one message per active job, each delivered once
     # Fanned out, every other job is reconciled while a-slow's operation hangs; in turn, none is (a-slow is first).
-    assert fan["before_slow_ended"] == 30 and serial["before_slow_ended"] == 0
+    assert fan["before_slow_ended"] == 10 and serial["before_slow_ended"] == 0
     assert serial["others_seconds"] >= serial["slow_ended_seconds"] > 0
     assert "fanned out: every job but a-slow reconciled" in r.stderr  # progress is shown
