@@ -1,9 +1,10 @@
 """A torchrun DDP job (2 ranks, gloo on CPU, real processes) survives the notice: the ranks agree on one step, rank 0
 alone writes the checkpoint and the status file, the launch wrapper exits 75, and the resumed run ends
 bit-identical to an uninterrupted one. The notice is delivered to one rank only and still stops every rank at one
-step: without the agreement rank 0 never stops, and that test fails. The same job under the real node agent on a
-sim node, which SIGTERMs the job's process group, stops every rank at one step and reports the committed step and
-exit 75."""
+step: without the agreement rank 0 never stops, and that test fails. The same job shape under the real node agent on
+a sim node (the launch wrapper around torchrun, 2 ranks with loader workers), which stops every rank at one step and
+reports the committed step and exit 75 in its heartbeat, is test_trainer_notice_trees.py's
+test_the_agents_notice_becomes_a_committed_emergency_checkpoint_in_every_rank[torchrun, workers in every rank]."""
 
 from __future__ import annotations
 
@@ -18,11 +19,10 @@ import time
 import numpy as np
 import pytest
 
-from agent_fixtures import agent_env, attributes, settings, wait_for  # noqa: F401  (agent_env: a fixture)
 from respawn.ckpt import PREEMPTED_EXIT_CODE, CheckpointManager, read_status
 from trainer_helpers import free_port
 
-STEPS, EVERY = 150, 40
+STEPS, EVERY = 90, 40
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -95,8 +95,8 @@ def reference(tmp_path_factory):
 
 
 def test_notice_to_one_rank_stops_every_rank_at_one_step_and_resumes_bit_identical(tmp_path, reference):
-    # SIGTERM to the job's process group (torchrun forwarding it to its workers) is the node agent test's below.
-    at = random.randint(10, 90)
+    # The notice to the job's savers under the node agent is test_trainer_notice_trees.py's.
+    at = random.randint(10, 60)
     proc = start(tmp_path, "first", "--step-seconds", "0.03")
     wait_for_step(proc, tmp_path, "first", at)
     os.kill(pids(output(tmp_path, "first"))[1], signal.SIGTERM)  # rank 1 only: rank 0 learns it from the agreement
@@ -123,25 +123,6 @@ def test_notice_to_one_rank_stops_every_rank_at_one_step_and_resumes_bit_identic
     assert sorted(final.files) == sorted(reference.files)
     for key in reference.files:
         np.testing.assert_array_equal(final[key], reference[key], err_msg=key)
-
-
-def test_the_node_agent_reports_the_jobs_committed_step_and_exit_75(agent_env):
-    # The real agent on a sim node: its heartbeat reads rank 0's status file, its notice SIGTERMs the trainer's
-    # process group (the sh wrapper, respawn.ckpt.launch and torchrun; torchrun forwards it to its workers).
-    s = settings(torchrun("--step-seconds", "0.03"), f"file://{agent_env.tmp}/store",
-                 env={"GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": ROOT})
-    md = agent_env.metadata("ddp-1", attributes("ddp", 1, agent_env.project, s))
-    agent = agent_env.agent(md, agent_env.tmp / "ddp-1")
-    at = random.randint(10, 90)
-    wait_for(lambda: ((agent_env.heartbeat("ddp-1") or {}).get("step") or 0) >= at, 90,
-             f"the job's heartbeat past step {at}")
-    md.set("instance/preempted", "TRUE")
-    assert agent.wait(90) == 0, agent.output()[-4000:]
-    hb = agent_env.heartbeat("ddp-1")
-    stopped = preempted_steps(agent.output())
-    assert sorted(stopped) == [0, 1] and len(set(stopped.values())) == 1, agent.output()[-4000:]
-    assert hb["state"] == "exited" and hb["notice"] == "preempted" and hb["exit_code"] == PREEMPTED_EXIT_CODE
-    assert hb["committed_step"] == stopped[0] and hb["emergency"]["state"] == "committed"
 
 
 def test_only_rank_0_gets_the_status_file(tmp_path, monkeypatch):
