@@ -51,18 +51,25 @@ def shell_without_exec(run: Path, args: list[str]) -> list[str]:
     return ["bash", str(script), *args]
 
 
-# Every kind of loader worker in one trainer (each loader read every step and saved under a key of its own), with a
-# helper process, started by bash without exec: the notice must reach none of them but the trainer. One tree for all
-# (each kind of its own cost a trainer's start, seconds of torch imports); the trainer prints each kind's count.
-KINDS = ["fork", "spawn", "forkserver", "persistent", "stateful"]
-EVERY_KIND = [arg for kind in KINDS for arg in ("--loader", kind)]
+def loaders(*kinds: str) -> list[str]:
+    """A loader of each kind in one trainer (each read every step, each saved under a key of its own); the trainer
+    prints each kind's count of workers alive at the notice."""
+    return [arg for kind in kinds for arg in ("--loader", kind)]
 
+
+# Every kind of loader worker in one trainer, with a helper process, started by bash without exec: the notice must
+# reach none of them but the trainer. One tree for all (each kind of its own cost a trainer's start, seconds of torch
+# imports). Under the agent, spawn workers (they import torch anew) in the same shell.
+KINDS = ["fork", "spawn", "forkserver", "persistent", "stateful"]
 EVERY_KIND_TREE = "every kind of worker, a helper, bash without exec"
+SPAWN_TREE = "spawn workers, bash without exec"
+KINDS_OF = {EVERY_KIND_TREE: KINDS, SPAWN_TREE: ["spawn"]}
 
 # name: (the trainer's command in `run`, ranks)
 TREES = {
     "fork workers": (lambda run: [*TRAINER, "--workers", "2"], 1),
-    EVERY_KIND_TREE: (lambda run: shell_without_exec(run, ["--workers", "2", *EVERY_KIND, "--helper"]), 1),
+    EVERY_KIND_TREE: (lambda run: shell_without_exec(run, ["--workers", "2", *loaders(*KINDS), "--helper"]), 1),
+    SPAWN_TREE: (lambda run: shell_without_exec(run, ["--workers", "2", *loaders("spawn")]), 1),
     "torchrun, workers in every rank": (lambda run: [*torchrun(2), *TRAINER[1:], "--workers", "2"], 2),
 }
 
@@ -94,9 +101,9 @@ def assert_saved_where_it_stopped(output: str, store: Path, name: str) -> int:
     assert newest_committed(store) == (step, "emergency"), output[-3000:]
     alive = re.findall(r"loader workers alive at the notice: (\d+)/(\d+) rank \d", output)
     assert len(alive) == ranks and all(a == n != "0" for a, n in alive), alive  # the notice did not reach them
-    if name == EVERY_KIND_TREE:  # each kind's workers, by name
+    if name in KINDS_OF:  # each kind's workers, by name
         kinds = re.findall(r"loader workers alive at the notice: \d+/\d+ rank 0 \((.*)\)", output)
-        assert kinds == [" ".join(f"{kind} 2/2" for kind in KINDS)], (kinds, output[-3000:])
+        assert kinds == [" ".join(f"{kind} 2/2" for kind in KINDS_OF[name])], (kinds, output[-3000:])
     return step
 
 
@@ -163,7 +170,7 @@ def test_a_failed_emergency_save_exits_76_never_75(tmp_path):
 
 # ---- under the node agent ---------------------------------------------------------------------------------------
 
-AGENT_TREES = [EVERY_KIND_TREE, "torchrun, workers in every rank"]
+AGENT_TREES = [SPAWN_TREE, "torchrun, workers in every rank"]
 
 
 def run_under_agent(env, node: str, name: str, *extra: str) -> tuple[dict, str, Path]:
