@@ -1,4 +1,5 @@
-"""The `respawn jobs` CLI, run as a real process against the Firestore emulator."""
+"""The `respawn jobs` CLI, run as a real process against the Firestore emulator: `python -m respawn` itself in the
+round trip, elsewhere a process forked from one that has imported the CLI (tests/respawn_forks.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from respawn import schema
+from tests import respawn_forks
 from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
 
 SPEC = {
@@ -25,9 +27,13 @@ SPEC = {
 
 def respawn(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "respawn", *args], capture_output=True, text=True, env=env, timeout=60
-    )
+    return respawn_forks.run(list(args), Path.cwd(), env, timeout=60)
+
+
+def real_respawn(*args: str) -> subprocess.CompletedProcess:
+    """`python -m respawn ARGS` itself."""
+    return subprocess.run([sys.executable, "-m", "respawn", *args], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"}, timeout=60)
 
 
 @pytest.fixture
@@ -38,7 +44,7 @@ def spec_file(tmp_path: Path) -> Path:
 
 
 def test_register_list_describe_cancel_round_trip(firestore_db, project, spec_file):
-    r = respawn("jobs", "register", str(spec_file), "--project", project)
+    r = real_respawn("jobs", "register", str(spec_file), "--project", project)
     assert r.returncode == 0, r.stderr
     assert "registered cli-job" in r.stdout
 
@@ -48,15 +54,15 @@ def test_register_list_describe_cancel_round_trip(firestore_db, project, spec_fi
     assert doc["status"]["state"] == "PENDING"
     assert doc["cancel_requested"] is False
 
-    r = respawn("jobs", "list", "--project", project)
+    r = real_respawn("jobs", "list", "--project", project)
     assert r.returncode == 0, r.stderr
     assert "cli-job" in r.stdout and "PENDING" in r.stdout
-    r = respawn("jobs", "list", "--json", "--project", project)
+    r = real_respawn("jobs", "list", "--json", "--project", project)
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [(row["id"], row["state"], row["restarts"], row["failures"], row["preemptions"]) for row in rows] == [
         ("cli-job", "PENDING", 0, 0, 0)]
 
-    r = respawn("jobs", "describe", "cli-job", "--project", project, "--json")
+    r = real_respawn("jobs", "describe", "cli-job", "--project", project, "--json")
     assert r.returncode == 0, r.stderr
     described = json.loads(r.stdout)
     assert described["status"]["state"] == "PENDING"
@@ -66,11 +72,11 @@ def test_register_list_describe_cancel_round_trip(firestore_db, project, spec_fi
     assert described["recovery"] == "restart_in_place → next_zone"  # a GPU Spot VM stopped by its preemption
 
     # The sweep topic does not exist on a bare project: cancel still records the request.
-    r = respawn("jobs", "cancel", "cli-job", "--project", project)
+    r = real_respawn("jobs", "cancel", "cli-job", "--project", project)
     assert r.returncode == 0, r.stderr
     assert firestore_db.collection(schema.JOBS).document("cli-job").get().get("cancel_requested") is True
 
-    r = respawn("jobs", "events", "cli-job", "--project", project)
+    r = real_respawn("jobs", "events", "cli-job", "--project", project)
     assert r.returncode == 0, r.stderr
     assert "registered" in r.stdout and "cancel requested" in r.stdout
 

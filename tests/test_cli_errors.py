@@ -1,6 +1,10 @@
 """Every `respawn` subcommand given bad arguments, paths and files, run as a real process: exit 2, a line (or a short
 list) naming what is wrong and what to do, the user's own words kept (no Rich markup eaten), never a traceback. A job
-id that names no job is a lookup that found nothing, not a malformed input: exit 1, as for a cloud call that failed."""
+id that names no job is a lookup that found nothing, not a malformed input: exit 1, as for a cloud call that failed.
+
+Most cases run as processes forked from one that has imported the CLI (tests/respawn_forks.py); a sample of every
+kind (click's usage errors, a spec file's, the top-level hint, the demo's own process, the emulator's lookups) also
+runs as `python -m respawn` itself, and must say exactly what the forked one said."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import pytest
 import yaml
 
 from respawn import schema
+from tests.respawn_forks import respawn_forks  # noqa: F401 - a fixture
 
 SPEC = {
     "id": "err-job",
@@ -135,10 +140,34 @@ def workspace(tmp_path_factory) -> Path:
     return where
 
 
+def forked_each(forks, argvs: list[list[str]], cwd: Path, env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """Each command line as a process forked from the fork server, a few at a time."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda argv: forks.run(argv, cwd, env), argvs))
+
+
 @pytest.fixture(scope="module")
-def offline_runs(workspace, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    runs = respawn_each([argv for _, argv, _ in OFFLINE], workspace, offline_env(tmp_path_factory.mktemp("home")))
+def offline_env_home(tmp_path_factory) -> dict[str, str]:
+    return offline_env(tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="module")
+def offline_runs(workspace, offline_env_home, respawn_forks) -> dict[str, subprocess.CompletedProcess]:  # noqa: F811
+    runs = forked_each(respawn_forks, [argv for _, argv, _ in OFFLINE], workspace, offline_env_home)
     return {case[0]: r for case, r in zip(OFFLINE, runs)}
+
+
+# One case of each kind, run as `python -m respawn` itself: a click usage error, a spec file's, the hint at the top,
+# the demo (a process of its own, sim.demo, that respawn execs), a rejected path.
+REAL = ["no subcommand argument", "validate schema error", "top-level validate", "demo bad scenario",
+        "pack output under a file"]
+
+
+def test_a_forked_run_says_what_python_m_respawn_says(offline_runs, workspace, offline_env_home):
+    for case, real in zip(REAL, respawn_each([next(c[1] for c in OFFLINE if c[0] == case) for case in REAL],
+                                             workspace, offline_env_home)):
+        forked = offline_runs[case]
+        assert (real.returncode, real.stdout, real.stderr) == (forked.returncode, forked.stdout, forked.stderr), case
 
 
 def assert_told(r: subprocess.CompletedProcess, said: list[str], code: int = 2) -> None:
@@ -172,7 +201,7 @@ def test_a_shell_string_command_keeps_its_example_when_registered_too(offline_ru
     assert "such as , not" not in offline_runs["register shell-string command"].stderr
 
 
-def test_help_is_readable_at_80_columns(workspace, tmp_path):
+def test_help_is_readable_at_80_columns(workspace, tmp_path, respawn_forks):  # noqa: F811
     env = {**offline_env(tmp_path), "COLUMNS": "80"}
     from typer.main import get_command
 
@@ -180,7 +209,7 @@ def test_help_is_readable_at_80_columns(workspace, tmp_path):
 
     root = get_command(app)
     argvs = [["plan"], ["zones"], ["chaos"], ["doctor"], *(["jobs", n] for n in root.commands["jobs"].commands)]
-    for argv, r in zip(argvs, respawn_each([[*argv, "--help"] for argv in argvs], workspace, env)):
+    for argv, r in zip(argvs, forked_each(respawn_forks, [[*argv, "--help"] for argv in argvs], workspace, env)):
         assert r.returncode == 0, r.stderr
         assert "…" not in r.stdout, r.stdout  # an option name cut short
         assert max(map(len, r.stdout.splitlines())) <= 80, r.stdout
@@ -215,30 +244,38 @@ def test_zones_offline_says_what_to_do_and_the_offline_price(workspace, tmp_path
     assert f"{price}/h (offline table)" in row, r.stdout
 
 
-def test_unknown_jobs_and_an_unwritable_report_on_the_emulator(firestore_db, project, workspace):
+def test_unknown_jobs_and_an_unwritable_report_on_the_emulator(firestore_db, project, workspace,
+                                                               respawn_forks):  # noqa: F811
     env = {**os.environ, "COLUMNS": "200"}
     argvs = [["jobs", "describe", "nope"], ["jobs", "events", "nope"], ["jobs", "cancel", "nope"],
              ["jobs", "report", "nope"], ["jobs", "logs", "nope"], ["jobs", "resume", "nope", "--budget", "5"],
              ["chaos", "nope", "--yes"]]
-    for r in respawn_each([[*argv, "--project", project] for argv in argvs], workspace, env):
+    runs = forked_each(respawn_forks, [[*argv, "--project", project] for argv in argvs], workspace, env)
+    for r in runs:
         # The hint names respawn as this test started it, so that it can be run as printed.
         assert_told(r, [f"no job 'nope'; `{sys.executable} -m respawn jobs list` shows the registered jobs"], code=1)
+    real = respawn([*argvs[0], "--project", project], workspace, env)  # a lookup as `python -m respawn` itself
+    assert (real.returncode, real.stdout, real.stderr) == (runs[0].returncode, runs[0].stdout, runs[0].stderr)
     (workspace / "job.yaml").write_text(yaml.safe_dump(SPEC))
-    assert respawn(["jobs", "register", "job.yaml", "--project", project], workspace, env).returncode == 0
-    assert_told(respawn(["jobs", "report", "err-job", "-o", "afile/report.html", "--project", project], workspace, env),
+
+    def forked(argv: list[str]) -> subprocess.CompletedProcess:
+        return respawn_forks.run([*argv, "--project", project], workspace, env)
+
+    assert forked(["jobs", "register", "job.yaml"]).returncode == 0
+    assert_told(forked(["jobs", "report", "err-job", "-o", "afile/report.html"]),
                 ["--output afile/report.html: cannot write it (Not a directory)"])
     # The default ./report.html: where it went, said whole.
-    r = respawn(["jobs", "report", "err-job", "--project", project], workspace, env)
+    r = forked(["jobs", "report", "err-job"])
     assert r.returncode == 0, r.stderr
     assert f"report written to {workspace / 'report.html'}\n" in r.stdout and (workspace / "report.html").is_file()
     assert firestore_db.collection(schema.JOBS).document("err-job").get().exists
 
 
-def test_describe_prints_real_characters(firestore_db, project, workspace):
+def test_describe_prints_real_characters(firestore_db, project, workspace, respawn_forks):  # noqa: F811
     env = {**os.environ, "COLUMNS": "200"}
     (workspace / "job.yaml").write_text(yaml.safe_dump(SPEC))
-    assert respawn(["jobs", "register", "job.yaml", "--project", project], workspace, env).returncode == 0
-    r = respawn(["jobs", "describe", "err-job", "--project", project], workspace, env)
+    assert respawn_forks.run(["jobs", "register", "job.yaml", "--project", project], workspace, env).returncode == 0
+    r = respawn_forks.run(["jobs", "describe", "err-job", "--project", project], workspace, env)
     assert r.returncode == 0, r.stderr
     assert re.search(r"^recovery strategy +restart_in_place → next_zone *$", r.stdout, re.M), r.stdout
     assert "\\u2192" not in r.stdout

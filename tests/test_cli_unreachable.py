@@ -3,7 +3,8 @@ listens on its port any more: a demo's `--keep` that ended, its `export` lines s
 connections and never answers) and one that answers the CLI's probe and then hangs on every call. Every command that
 talks to Firestore, Cloud Storage, Pub/Sub or Compute Engine ends with one line naming the endpoint and what to do,
 never a traceback (within 10 s: the probe's and each call's deadlines, respawn.app.endpoints; the processes run under
-a generous timeout, the seconds are not asserted); the other stores still work."""
+a generous timeout, the seconds are not asserted); the other stores still work. The commands run as processes forked
+from one that has imported the CLI (tests/respawn_forks.py), several at once; `zones` as `python -m respawn` itself."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ import yaml
 
 import test_cli_errors
 from respawn.app import endpoints
+from tests.respawn_forks import respawn_forks  # noqa: F401 - a fixture
 
 # A command that hangs is ended here and fails its test (the seconds it takes are not asserted).
 HUNG_S = 120
@@ -79,16 +82,22 @@ def answers_then_hangs():
         conn.close()
 
 
-def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+def timed(argv: list[str], cwd: Path, env: dict[str, str], forks=None) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -m respawn ARGV`, forked from the fork server when given, and the seconds it took (said on failure)."""
     started = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "respawn", *argv], capture_output=True, text=True, cwd=cwd, env=env,
-                       timeout=HUNG_S)
+    if forks is not None:
+        r = forks.run(argv, cwd, env, timeout=HUNG_S)
+    else:
+        r = subprocess.run([sys.executable, "-m", "respawn", *argv], capture_output=True, text=True, cwd=cwd,
+                           env=env, timeout=HUNG_S)
     return r, time.monotonic() - started
 
 
-def each(argvs: list[list[str]], cwd: Path, env: dict[str, str]) -> list[tuple[subprocess.CompletedProcess, float]]:
-    """One after another: each command's own time is what the bound is about, not that of several sharing a CPU."""
-    return [timed(argv, cwd, env) for argv in argvs]
+def each(forks, argvs: list[list[str]], cwd: Path,
+         env: dict[str, str]) -> list[tuple[subprocess.CompletedProcess, float]]:
+    """Several at once: each waits on its endpoint's deadlines, which are not asserted."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda argv: timed(argv, cwd, env, forks), argvs))
 
 
 def assert_one_line(r: subprocess.CompletedProcess, took: float, *said: str) -> None:
@@ -108,24 +117,24 @@ def kept_env(firestore: str, **more: str) -> dict[str, str]:
             **more}
 
 
-def test_every_firestore_command_fails_fast_on_a_stopped_emulator(tmp_path):
+def test_every_firestore_command_fails_fast_on_a_stopped_emulator(tmp_path, respawn_forks):  # noqa: F811
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(SPEC))
     port = dead_port()
     env = kept_env(f"127.0.0.1:{port}", STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{port}")
-    for r, took in each(FIRESTORE_COMMANDS, tmp_path, env):
+    for r, took in each(respawn_forks, FIRESTORE_COMMANDS, tmp_path, env):
         assert_one_line(r, took, f"the Firestore emulator at 127.0.0.1:{port} (FIRESTORE_EMULATOR_HOST) does not "
                                  "answer (connection refused", "a demo's `--keep`",
                         "unset FIRESTORE_EMULATOR_HOST STORAGE_EMULATOR_HOST GOOGLE_CLOUD_PROJECT")
 
 
 @pytest.mark.parametrize("server", ["hung_port", "answers_then_hangs"])
-def test_describe_list_and_cancel_end_on_a_hung_emulator(tmp_path, request, server):
+def test_describe_list_and_cancel_end_on_a_hung_emulator(tmp_path, request, server, respawn_forks):  # noqa: F811
     """Hung at the probe, or hung after it: the probe's deadline, or the call's (jobstore.RPC), ends the command."""
     port = request.getfixturevalue(server)
     env = kept_env(f"127.0.0.1:{port}")
     why = endpoints.late(endpoints.PROBE_TIMEOUT_S if server == "hung_port" else endpoints.CALL_DEADLINE_S)
-    for r, took in each([["jobs", "list"], ["jobs", "describe", "far-job"], ["jobs", "cancel", "far-job"]], tmp_path,
-                        env):
+    for r, took in each(respawn_forks, [["jobs", "list"], ["jobs", "describe", "far-job"], ["jobs", "cancel", "far-job"]],
+                        tmp_path, env):
         assert_one_line(r, took, f"the Firestore emulator at 127.0.0.1:{port} (FIRESTORE_EMULATOR_HOST) does not "
                                  f"answer ({why}", "unset FIRESTORE_EMULATOR_HOST GOOGLE_CLOUD_PROJECT")
 
@@ -148,7 +157,8 @@ def test_zones_names_a_compute_stand_in_that_does_not_answer(tmp_path, request, 
     assert "g2-standard-8 in us-central1: Spot $" in r.stderr
 
 
-def test_logs_name_a_stopped_storage_emulator_and_cancel_a_stopped_pubsub(firestore_db, project, tmp_path):
+def test_logs_name_a_stopped_storage_emulator_and_cancel_a_stopped_pubsub(firestore_db, project, tmp_path,
+                                                                          respawn_forks):  # noqa: F811
     """Firestore answers; the job's logs are on a Cloud Storage emulator that stopped, and the cancel's nudge goes to
     a Pub/Sub emulator that stopped: the logs fail in a line naming the storage emulator, the cancel is recorded and
     says in a note that the controller could not be woken, and why."""
@@ -160,10 +170,11 @@ def test_logs_name_a_stopped_storage_emulator_and_cancel_a_stopped_pubsub(firest
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(SPEC))
     env = {**os.environ, "STORAGE_EMULATOR_HOST": url, "PUBSUB_EMULATOR_HOST": f"127.0.0.1:{dead_port()}",
            "COLUMNS": "200"}
-    r, _ = timed(["jobs", "register", "job.yaml", "--project", project], tmp_path, env)
+    r, _ = timed(["jobs", "register", "job.yaml", "--project", project], tmp_path, env, respawn_forks)
     assert r.returncode == 0, r.stderr
-    (logs, took), (cancel, cancel_took) = each([["jobs", "logs", "far-job", "--project", project],
-                                                ["jobs", "cancel", "far-job", "--project", project]], tmp_path, env)
+    (logs, took), (cancel, cancel_took) = each(respawn_forks, [["jobs", "logs", "far-job", "--project", project],
+                                                               ["jobs", "cancel", "far-job", "--project", project]],
+                                               tmp_path, env)
     host = url.removeprefix("http://")
     assert_one_line(logs, took, f"the Cloud Storage emulator at {host} (STORAGE_EMULATOR_HOST) does not answer")
     assert cancel.returncode == 0, (cancel.stderr, cancel_took)

@@ -19,6 +19,7 @@ import yaml
 from respawn import schema
 from respawn.app import codestore
 from respawn.app.workdir import pack
+from tests import respawn_forks
 from trainer_helpers import BUCKET, gcs, gcs_emulator  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +33,9 @@ SPEC = {
 
 
 def respawn(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "respawn", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+    """`python -m respawn ARGS`, forked from one process that has imported the CLI (tests/respawn_forks.py);
+    test_no_credentials_say_how_to_log_in runs it as itself."""
+    return respawn_forks.run(list(args), Path.cwd(), {**os.environ, "COLUMNS": "200", **(env or {})})
 
 
 def write_spec(path: Path, **changes) -> Path:
