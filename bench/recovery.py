@@ -726,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="what setup installs: torch's CUDA wheel with its nvidia-* wheels (default 4 GB)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--quick", action="store_true",
-                   help="CI size: N = 2 (one member lost of two: the variants' VM counts differ), scale 0.02, "
+                   help="CI size: N = 2 (one member lost of two: the variants' VM counts differ), scale 0.01, "
                         "state and environment 0.5 GB each, the rates measured at small sizes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
@@ -739,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = tuple(v for v in args.variants.split(",") if v)
     if unknown := [v for v in variants if v not in VARIANTS]:
         p.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    scale = 0.02 if args.quick else args.scale
+    scale = 0.01 if args.quick else args.scale
     if not 0 < scale <= 1:
         p.error("--scale: must be in (0, 1]")
     say("measuring this machine's restore and unpack rates ...")
