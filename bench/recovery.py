@@ -29,11 +29,11 @@ member, `exited` when a noticed node's save ended, `training` once stepping) aft
 stages that run Respawn's code on this machine are measured in this run and scaled to the configured sizes: the
 restore against a raw read of the same bytes (bench.restore, 1 GiB; 16 MiB from the page cache with --quick: the
 restore_vs_raw_read figures, which set the +restore rate) and the unpack of a tar archive by the agent's own code
-(node_agent.envcache's unpack rate, which sets +cache's; 512 MB, 32 MB with --quick). The trainers' step time is left out (every variant pays one step). A preempted
-VM runs through its notice (the sim's preemption comes WINDOW_S after the notice), so the notice message finds it
-still running and a spare or replacement waits for its save (the handover); until 2026-12-07 the sim powered it off
-at the notice (its VMs have no guest process to wait for), and the noticed member was handled as one already gone,
-with no save to wait for.
+(node_agent.envcache's unpack rate, which sets +cache's; 512 MB, 32 MB with --quick). The trainers' step time is
+left out (every variant pays one step). A preempted VM runs through its notice (the sim's preemption comes WINDOW_S
+after the notice), so the notice message finds it still running and a spare or replacement waits for its save (the
+handover); until 2026-12-07 the sim powered it off at the notice (its VMs have no guest process to wait for), and the
+noticed member was handled as one already gone, with no save to wait for.
 
 How the figures are reported: the cloud's delays and the nodes' stages are played at --scale (real seconds per cloud
 second) and scaled back (÷ scale); the control plane's own time on the path (reconcile's passes against the Firestore

@@ -18,9 +18,10 @@ same run, each pair interleaved --repeats times, medians reported:
   restore_vs_raw_read  raw read seconds / restore seconds (goal >= 0.8, issue #25)
 The page cache is dropped before every local read (`echo 3 > /proc/sys/vm/drop_caches`, root only); where that is
 refused, or with --warm (what --quick does: a CI run shares the machine, and a dropped page cache makes every
-other test's next import read from the disk), `cache` says "warm" and both local reads run from the page cache. The emulator is gcp-storage-emulator
-(in memory) on this machine's loopback, sharing its cores with the benchmark. Every restore is compared with the
-saved tensors (`same_bytes`); the live tensors are zeroed before each restore into them.
+other test's next import read from the disk), `cache` says "warm" and both local reads run from the page cache. The
+emulator is gcp-storage-emulator (in memory) on this machine's loopback, sharing its cores with the benchmark.
+Every restore is compared with the saved tensors (`same_bytes`); the live tensors are zeroed before each restore
+into them.
 """
 
 from __future__ import annotations
