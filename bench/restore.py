@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.restore", description=__doc__.split("\n\n")[0])
     p.add_argument("--size-mb", type=int, default=2048, help="state size in MiB (default 2048: the 24 GiB VM holds "
                    "the state, its restored copy and the emulator's copy)")
-    p.add_argument("--quick", action="store_true", help="64 MiB, 1 repeat: the CI smoke run")
+    p.add_argument("--quick", action="store_true", help="64 MiB, 1 repeat, the page cache kept: the CI smoke run")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--dir", default=None, help="directory on the disk to measure (default: system temp dir)")
     p.add_argument("--repeats", type=int, default=3, help="raw read / restore pairs per store (default 3)")
