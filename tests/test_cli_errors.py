@@ -158,9 +158,9 @@ def offline_runs(workspace, offline_env_home, respawn_forks) -> dict[str, subpro
 
 
 # One case of each kind, run as `python -m respawn` itself: a click usage error, a spec file's, the hint at the top,
-# the demo (a process of its own, sim.demo, that respawn execs), a rejected path.
+# the demo (a process of its own, sim.demo, that respawn execs), a rejected path, plan's, chaos's and doctor's own.
 REAL = ["no subcommand argument", "validate schema error", "top-level validate", "demo bad scenario",
-        "pack output under a file"]
+        "pack output under a file", "plan nodes", "chaos timeout", "doctor timeout"]
 
 
 def test_a_forked_run_says_what_python_m_respawn_says(offline_runs, workspace, offline_env_home):
