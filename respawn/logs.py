@@ -61,3 +61,12 @@ def warning(message: str, **fields: Any) -> None:
 
 def error(message: str, **fields: Any) -> None:
     log("ERROR", message, **fields)
+
+
+def one_line(what: BaseException | str, limit: int = 400) -> str:
+    """An error's text on one line, as every failure is told (a library's message may span several lines; each is
+    kept, joined by "; "), cut at `limit` characters; an exception without text is named by its type."""
+    text = "; ".join(" ".join(line.split()) for line in str(what).splitlines() if line.strip())
+    if not text and isinstance(what, BaseException):
+        text = type(what).__name__
+    return text if len(text) <= limit else text[:limit] + "..."

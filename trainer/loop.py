@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from respawn import contract
+from respawn.logs import one_line
 
 from . import _log, distributed
 from .manager import CheckpointManager, Manager, SaveOutcome
@@ -223,7 +224,7 @@ class TrainingLoop:
                 except Exception as exc:  # noqa: BLE001 - any refusal of the saved state: one line, not a traceback
                     raise CheckpointError(
                         f"respawn.ckpt: the checkpoint of step {step} in {self.manager.where()} does not fit {name}= "
-                        f"({_one_line(f'{type(exc).__name__}: {exc}')}); it was written for another model or setup: "
+                        f"({one_line(f'{type(exc).__name__}: {exc}')}); it was written for another model or setup: "
                         f"{fresh}, or give this run another checkpoint folder") from exc
             if self.rng and "rng" in ckpt:
                 restore_rng(ckpt["rng"])
@@ -287,7 +288,7 @@ class TrainingLoop:
 
     def _unwritable(self, error: str) -> CheckpointError:
         return CheckpointError(f"respawn.ckpt: the first checkpoint of this run could not be written to "
-                               f"{_one_line(error)}; "
+                               f"{one_line(error)}; "
                                "check the store's credentials, permissions and space (or give another checkpoint "
                                "folder): without it a restart would lose every step")
 
@@ -335,7 +336,3 @@ class TrainingLoop:
         return outcome
 
 
-def _one_line(text: str, limit: int = 400) -> str:
-    """An error's text on one line (a library's message may span several), cut at `limit` characters."""
-    text = "; ".join(line.strip() for line in text.splitlines() if line.strip())
-    return text if len(text) <= limit else text[:limit] + "..."

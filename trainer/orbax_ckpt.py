@@ -26,10 +26,12 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from respawn.logs import one_line
+
 from . import _log
 from .distributed import current_job, stop_agreed
 from .framework_files import Files, FilesManager
-from .loop import CheckpointError, Preempted, _one_line
+from .loop import CheckpointError, Preempted
 from .manager import SaveOutcome
 
 FRAMEWORK = "orbax"
@@ -91,7 +93,7 @@ class OrbaxCheckpoints:
                 restored = orbax.restore(os.path.join(os.path.abspath(step_dir), ITEM), target)
         except Exception as exc:  # noqa: BLE001 - Orbax's refusal of the saved state: one line, not a traceback
             raise CheckpointError(f"respawn.ckpt: {where} does not fit the state "
-                                  f"({_one_line(f'{type(exc).__name__}: {exc}')}); it was written for another model "
+                                  f"({one_line(f'{type(exc).__name__}: {exc}')}); it was written for another model "
                                   f"or setup: {_FRESH}") from exc
         return step, restored
 

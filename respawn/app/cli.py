@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from respawn import deployment, schema
+from respawn.logs import one_line
 
 from .selftest_run import TIMEOUT_S as SELFTEST_TIMEOUT_S
 from .workdir import GCS_PREFIX, PackedWorkdir, WorkdirError, human_bytes, pack, workdir_uri
@@ -187,17 +188,13 @@ def run_reporting_errors(fn, *args) -> None:
         if is_unanswered(exc):  # it answered the probe, then a call ran past its deadline (or was refused)
             from .endpoints import FIRESTORE, late, unanswered
 
-            said = f"{late()}: {_one_line(exc)[:200]}"
+            said = f"{late()}: {one_line(exc, 200)}"
             say("error", unanswered(FIRESTORE, said, os.environ.get("GOOGLE_CLOUD_PROJECT")))
             raise typer.Exit(1) from None
         if is_api_error(exc):
-            say("error", f"Firestore call failed: {_one_line(exc)}")
+            say("error", f"Firestore call failed: {one_line(exc, 500)}")
             raise typer.Exit(1) from None
         raise
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:500]
 
 
 @jobs_app.command("register")

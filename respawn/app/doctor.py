@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from respawn import deployment
+from respawn.logs import one_line
 
 from . import endpoints, selftest_run
 
@@ -38,7 +39,7 @@ def firestore_check(project: str) -> Check:
     except endpoints.Unreachable as exc:
         return mark(False, str(exc))
     except Exception as exc:  # noqa: BLE001 - any refusal is the check's answer, in one line
-        return mark(False, f"Firestore's (default) database cannot be read ({selftest_run.one_line(exc)}): create it "
+        return mark(False, f"Firestore's (default) database cannot be read ({one_line(exc, 200)}): create it "
                             "once with "
                             "gcloud firestore databases create --location=nam5 (docs/deploy.md, step 2)")
     return mark(True, f"Firestore: the jobs' database answers ({endpoints.where(endpoints.FIRESTORE, project)})")
@@ -57,7 +58,7 @@ def topic_checks(project: str) -> list[Check]:
     except endpoints.Unreachable as exc:
         return [mark(False, str(exc))]
     except Exception as exc:  # noqa: BLE001 - no credentials: one line
-        return [mark(False, f"Pub/Sub cannot be asked ({selftest_run.one_line(exc)}): gcloud auth "
+        return [mark(False, f"Pub/Sub cannot be asked ({one_line(exc, 200)}): gcloud auth "
                              "application-default login")]
     for topic, fn in TRIGGERED.items():
         path = publisher.topic_path(project, topic)
@@ -69,7 +70,7 @@ def topic_checks(project: str) -> list[Check]:
             checks.append(mark(False, f"topic {topic} does not exist: redeploy (cloudbuild.yaml, step topics)"))
             continue
         except Exception as exc:  # noqa: BLE001
-            checks.append(mark(False, f"topic {topic} cannot be read ({selftest_run.one_line(exc)}): the caller needs "
+            checks.append(mark(False, f"topic {topic} cannot be read ({one_line(exc, 200)}): the caller needs "
                                        "pubsub.topics.get and pubsub.topics.listSubscriptions"))
             continue
         if subscriptions:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from respawn import audit, deployment
+from respawn.logs import one_line
 
 from . import endpoints, selftest_run
 from .doctor import Check, mark
@@ -80,7 +81,7 @@ def _read(api: Rest, url: str, what: str, needs: str, body: dict | None = None,
         except Exception:  # noqa: BLE001 - a body that is not Google's error: its text
             message = r.text
         needed = f": the caller needs {needs}" if r.status_code in (401, 403) else ""
-        return None, f"{what} cannot be read ({r.status_code} {selftest_run.one_line(Exception(message))}){needed}"
+        return None, f"{what} cannot be read ({r.status_code} {one_line(message, 200)}){needed}"
     return r.json(), ""
 
 
@@ -373,7 +374,7 @@ def deployment_checks(project: str, region: str | None, local: str | None = None
         api = rest(local)
     except Exception as exc:  # noqa: BLE001 - no credentials: one line for both checks
         why = (f"what the build made in the project cannot be read: no Google credentials here "
-               f"({selftest_run.one_line(exc)}): gcloud auth application-default login")
+               f"({one_line(exc, 200)}): gcloud auth application-default login")
         return [mark(False, why)]
     return [apis_check(project, api), service_account_check(project, identities, api),
             *binding_checks(project, identities, api), secret_check(project, slack_secret, api),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from respawn import deployment, selftest
+from respawn.logs import one_line
 from respawn.schema import JOBS
 
 TIMEOUT_S = 180.0  # a routed log entry can take a minute to reach its sink's topic; a function's cold start, seconds
@@ -133,7 +134,7 @@ def run(project: str, send: Senders, *, timeout: float = TIMEOUT_S, say: Callabl
             try:
                 act()
             except Exception as exc:  # noqa: BLE001 - a probe that cannot leave is that link's answer, in one line
-                unsent[link.key] = Answer(link, None, f"{one_line(exc)} ({needs})")
+                unsent[link.key] = Answer(link, None, f"{one_line(exc, 200)} ({needs})")
                 say(unsent[link.key].line(timeout))
         answers = _wait(acks, probe, started, timeout, say, unsent)
         alert = next(a for a in answers if a.link is selftest.ALERT)
@@ -146,12 +147,8 @@ def run(project: str, send: Senders, *, timeout: float = TIMEOUT_S, say: Callabl
             try:
                 remove()
             except Exception as exc:  # noqa: BLE001 - said, and the answers stand
-                say(f"self-test: {what} was not deleted ({one_line(exc)}); delete it by hand")
+                say(f"self-test: {what} was not deleted ({one_line(exc, 200)}); delete it by hand")
         publisher.stop()
-
-
-def one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def _wait(acks, probe: str, started: float, timeout: float, say, unsent: dict[str, Answer]) -> list[Answer]:
