@@ -101,10 +101,13 @@ def test_stop_groups_ends_every_group_and_kills_one_that_ignores_sigterm():
     import subprocess
 
     polite = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
-    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60 & wait; sleep 60"], start_new_session=True)
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait; sleep 60"],
+                                stdout=subprocess.PIPE, start_new_session=True)
+    assert stubborn.stdout.readline() == b"ready\n"  # its trap is set: a TERM sent before would end it (-15)
     done = subprocess.Popen(["true"], start_new_session=True)
     done.wait()
     emulators.stop_groups([polite, stubborn, done], timeout=2)
+    stubborn.stdout.close()
     assert [p.returncode for p in (polite, stubborn, done)] == [-15, -9, 0]
     assert not any(emulators.group_alive(p.pid) for p in (polite, stubborn))  # the sleeps too, not only the shells
 
