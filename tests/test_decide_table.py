@@ -510,8 +510,8 @@ GRID = [
     for hbk in HEARTBEATS
     for cancel in (False, True)
     for hint in (None, "preempted", NOTICE)
-    for create_state in ("pending", "starting", "created", "failed")
-    if state is not State.PENDING or raw is None  # a pending job has no node name yet, so nothing to observe
+    for create_state in (("pending", "starting", "created", "failed") if state is not State.PENDING else (None,))
+    if state is not State.PENDING or raw is None  # a pending job has no node name yet, so nothing to observe, nor a create
 ]
 SPECS = {"gpu_stop": GPU_STOP, "gpu_delete": GPU_DELETE, "tpu": TPU, "invalid": None, "gpu_flex": FLEX_ENDED,
          "tpu_queued": TPU_QUEUED}
@@ -549,15 +549,23 @@ def test_invariants_over_every_observation(state):
     when needs_console() says so: everywhere else the decision must be the same whether every zone is blocked or none
     is, and whatever the console says."""
     skipped = 0
+    # The status (and its one-node job) depends only on the spec and create_state: built once for each, shared by the
+    # observations that vary the node, heartbeat, cancel and hint; checked unchanged at the end (decide is pure).
+    statuses, base, invalid = {}, obs(state.value), obs(state.value, spec=None)
     for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
-        kw = dict(raw=raw, heartbeat=hbk, spec=SPECS[spec_name], cancel=cancel, hint=hint,
-                  create_state=create_state if state is not State.PENDING else None, **SLOT.get(spec_name, {}))
-        o = obs(state.value, **kw)
+        key = (spec_name, create_state)
+        if key not in statuses:
+            statuses[key] = status(state.value, create_state=create_state, **SLOT.get(spec_name, {}))
+            _WHOLE[id(statuses[key])] = (statuses[key], _job_of(replace(base, status=statuses[key]), 1)[0].status)
+        sp = SPECS[spec_name]
+        o = replace(base, spec=sp, spec_errors=() if sp is not None else invalid.spec_errors, status=statuses[key],
+                    cancel_requested=cancel, hint=hint, heartbeat=HEARTBEATS[hbk],
+                    node=NodeObs(phase_of(sp.accelerator.kind if sp is not None else "gpu", raw), raw))
         d = decide(o)
         where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
         if not needs_capacity(o.status, o.node, o.hint):
             skipped += 1
-            assert d == decide(obs(state.value, blocked=BLOCK_ALL, **kw)), where
+            assert d == decide(replace(o, blocked=BLOCK_ALL)), where
         if not needs_console(o.status, o.node, o.heartbeat, SETTINGS, NOW):
             assert d == decide(replace(o, consoles={"job-3": "kernel panic"})), where
         after = d.status.state if d.status else state
@@ -606,6 +614,9 @@ def test_invariants_over_every_observation(state):
             assert d.cause, where
         if d.action.kind is Act.WAIT:
             assert d.action.until is not None and d.action.until > NOW or after is State.WAITING_FOR_CAPACITY, where
+    for (spec_name, create_state), st in statuses.items():
+        assert st == status(state.value, create_state=create_state, **SLOT.get(spec_name, {}))
+        assert _WHOLE.pop(id(st))[1] == _job_of(replace(base, status=st.model_copy()), 1)[0].status
     # The reads are skipped on the polls of a healthy or booting node, the passes that dominate a recovery.
     assert skipped > 0 or state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED, State.RESTARTING)
 
@@ -761,11 +772,18 @@ _COUNTER_FIELDS = tuple(JobCounters.model_fields)
 _SUMMARY_FIELDS = tuple(k for k in JobStatus.model_fields if k in MemberStatus.model_fields)
 
 
+# The sweep's observations share one status per (spec, create_state): their one-node jobs, built once each, by the
+# status's identity (the status is held with its job, so the identity stays its own).
+_WHOLE: dict[int, tuple] = {}
+
+
 def _job_of(o, nodes):
     s = o.status
+    seen_row = job.MemberObs(o.node, o.heartbeat, None, o.hint)
+    if nodes == 1 and id(s) in _WHOLE:
+        return replace(o, status=_WHOLE[id(s)][1]), [seen_row]
     row = MemberStatus(**{k: getattr(s, k) for k in _MEMBER_FIELDS})
     counters = {k: getattr(s, k) for k in _COUNTER_FIELDS}
-    seen_row = job.MemberObs(o.node, o.heartbeat, None, o.hint)
     if nodes == 1:  # the top level of a one-node job's status is its slot's summary
         summary = {k: getattr(s, k) for k in _SUMMARY_FIELDS}
         whole = JobStatus(**counters, **summary, members=[row] if s.node else [])
