@@ -25,7 +25,10 @@ from respawn.ckpt.storage import LocalStore
 from exit_threads import reports as exit_threads_reports
 from trainer_helpers import free_port
 
-STEPS, SAVE = 24, 8  # train.py's 96 samples, 4 per rank and step: 12 steps an epoch under 2 ranks
+# train.py's 96 samples, 4 per rank and step: 12 steps an epoch under 2 ranks. STEPS ends inside the second epoch: the
+# Trainer checks max_steps only after a step, so a run resumed at max_steps inside an epoch trained step max_steps + 1
+# and committed it as the final step, past the total (#45).
+STEPS, SAVE = 18, 8
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "workdir-hf", "train.py")
 DIES = os.path.join(ROOT, "tests", "hf_dies_before_vote.py")
@@ -96,14 +99,31 @@ def assert_same_weights(path, reference) -> None:
     assert not different, f"weights differ from the uninterrupted run's: {different}"
 
 
+def with_exit_threads(cmd: list[str]) -> list[str]:
+    """The command with its script run under tests/exit_threads.py (each rank reports its gloo threads at exit)."""
+    at = next(i for i, arg in enumerate(cmd) if arg.endswith(".py"))
+    return [*cmd[:at], EXIT_THREADS, *cmd[at:]]
+
+
+def assert_no_group_of_ours_at_exit(text: str) -> None:
+    # Respawn's groups (the agreement's, the commit's) are gone by the exit: only the default group's worker threads,
+    # which the Trainer keeps, go into the interpreter's finalization.
+    threads = exit_threads_reports(text)
+    assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The 2-rank run from start to end: its final weights and every step's loss."""
+    """The 2-rank run from start to end: its final weights and every step's loss. It commits its periodic steps and
+    the last, STEPS, and trains no step past it; its ranks leave no group of Respawn's at exit."""
     run = tmp_path_factory.mktemp("uninterrupted")
-    proc = start(run, command(2, "--weights-out", str(run / "weights.pt")), run)
+    proc = start(run, with_exit_threads(command(2, "--weights-out", str(run / "weights.pt"))), run)
     assert finish(proc, run) == 0, output(run)[-3000:]
     text = output(run)
-    assert committed(run / "respawn-checkpoints") == [SAVE, 2 * SAVE, STEPS], text[-3000:]
+    ckpt = run / "respawn-checkpoints"
+    assert committed(ckpt) == [SAVE, 2 * SAVE, STEPS] and max(LocalStore(str(ckpt)).steps()) == STEPS, text[-3000:]
+    assert not re.search(rf"train\.py\[rank \d\]: step {STEPS + 1}/", text), text[-3000:]
+    assert_no_group_of_ours_at_exit(text)
     return run / "weights.pt", losses(text)
 
 
@@ -142,13 +162,36 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_resume_bit_identical_with_
             f"checkpoint-{step}/trainer_state.json", f"checkpoint-{step}/optimizer.pt",
             f"checkpoint-{step}/model.safetensors"} <= set(manifest["files"])
     seen.update(losses(text))
+
+    # A second notice inside the last step, STEPS (tests/hf_notice_at_last_step.py holds that step on every rank until
+    # its notice has come): the emergency step is STEPS itself.
     held = step
     run = tmp_path / "last"
-    proc = start(run, command(2, "--weights-out", str(tmp_path / "weights.pt")), tmp_path)
-    assert finish(proc, run) == 0, output(run)[-3000:]
+    proc = start(run, command(2, script=NOTICE_AT_LAST), tmp_path)
+    wait_for_output(proc, run, lambda text: all(f"train.py[rank {r}]: waiting for the notice at step {STEPS}\n" in text
+                                                for r in (0, 1)), f"the last step, {STEPS}, on both ranks")
+    os.kill(proc.pid, signal.SIGTERM)  # `kill PID` of the launcher: the notice for every rank
+    assert finish(proc, run) == PREEMPTED_EXIT_CODE, output(run)[-3000:]
     text = output(run)
     assert re.search(rf"train\.py\[rank 1\]: starting at step {held} of {STEPS}\n", text), text[-3000:]
+    stopped = {int(rank): int(step) for step, rank in re.findall(
+        r'"message": "preempted at step (\d+); emergency checkpoint committed".*?"rank": (\d+)', text)}
+    assert stopped == {0: STEPS, 1: STEPS}, text[-3000:]
+    assert committed(ckpt)[-1] == STEPS and max(LocalStore(str(ckpt)).steps()) == STEPS, committed(ckpt)
+    assert fmt.read_manifest(LocalStore(str(ckpt)).step_dir(STEPS))["kind"] == "emergency"
     seen.update(losses(text))
+
+    # The restart at max_steps restores STEPS and trains nothing (the "already complete" check: without it the
+    # Trainer, resumed inside an epoch, trained step STEPS + 1), and leaves no group of Respawn's at its exit.
+    run = tmp_path / "again"
+    proc = start(run, with_exit_threads(command(2, "--weights-out", str(tmp_path / "weights.pt"))), tmp_path)
+    assert finish(proc, run) == 0, output(run)[-3000:]
+    text = output(run)
+    assert re.search(rf"train\.py\[rank 1\]: starting at step {STEPS} of {STEPS}\n", text), text[-3000:]
+    assert f"the run is already complete at step {STEPS}" in text and f"train.py: done at step {STEPS}" in text
+    assert not re.search(rf"train\.py\[rank \d\]: step {STEPS + 1}/", text), text[-3000:]
+    assert committed(ckpt)[-1] == STEPS and max(LocalStore(str(ckpt)).steps()) == STEPS, committed(ckpt)
+    assert_no_group_of_ours_at_exit(text)
     # Each step after a resume trained on the uninterrupted run's batches (HF skips the epoch's consumed ones): its
     # loss (the mean of both ranks') is the same number, and so are the final weights.
     assert len(seen) >= STEPS - SAVE - 2, seen
@@ -171,7 +214,7 @@ def test_alone_without_a_node_it_saves_on_sigterm_locally_and_the_plain_trainer_
     assert finish(proc, run) == PREEMPTED_EXIT_CODE, output(run)[-3000:]
     text = output(run)
     ckpt = tmp_path / "respawn-checkpoints"
-    assert f'"message": "checkpoints", ' in text and str(ckpt) in text  # the folder in use, said at start
+    assert '"message": "checkpoints", ' in text and str(ckpt) in text  # the folder in use, said at start
     step = committed(ckpt)[-1]
     assert at <= step < SAVE and fmt.read_manifest(LocalStore(str(ckpt)).step_dir(step))["kind"] == "emergency"
 
@@ -200,66 +243,3 @@ def test_alone_without_a_node_it_saves_on_sigterm_locally_and_the_plain_trainer_
     trainer.train(resume_from_checkpoint=folder)
     assert loaded["step"] == step and trainer.state.global_step == step + 1
     assert all(torch.equal(loaded["weights"][k], v) for k, v in saved.items())
-
-
-def exit_threads(text: str) -> list[dict]:
-    """Each rank's gloo worker threads at exit, and one group's (tests/exit_threads.py)."""
-    return exit_threads_reports(text)
-
-
-def test_a_restart_at_max_steps_trains_nothing_and_a_finished_run_leaves_no_group_of_ours(tmp_path):
-    # 6 steps end inside the first epoch (12 steps an epoch under 2 ranks): the Trainer checks max_steps only after
-    # a step, so resumed at 6 it trained step 7 and committed it as the final step, past the total (#45). The restart
-    # restores the run's last step as it would an emergency step taken at the last step.
-    total, ckpt = 6, tmp_path / "respawn-checkpoints"
-    cmd = command(2, "--steps", str(total), "--save-steps", "4", script=EXIT_THREADS)
-    cmd.insert(cmd.index(EXIT_THREADS) + 1, TRAIN)
-    for name in ("first", "again"):
-        run = tmp_path / name
-        proc = start(run, cmd, tmp_path)
-        assert finish(proc, run) == 0, output(run)[-3000:]
-        text = output(run)
-        assert committed(ckpt) == [4, total] and max(LocalStore(str(ckpt)).steps()) == total, text[-3000:]
-        assert re.search(rf"train\.py\[rank 1\]: starting at step {0 if name == 'first' else total} of {total}\n",
-                         text), text[-3000:]
-        # Respawn's groups (the agreement's, the commit's) are gone by the exit: only the default group's worker
-        # threads, which the Trainer keeps, go into the interpreter's finalization.
-        threads = exit_threads(text)
-        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
-    assert "the run is already complete at step 6" in text and "train.py: done at step 6" in text, text[-3000:]
-    assert not re.search(rf"train\.py\[rank \d\]: step {total + 1}/", text), text[-3000:]
-
-
-def test_a_notice_at_the_last_step_commits_it_and_the_restart_ends_there_bit_identical(tmp_path):
-    # A real SIGTERM to the launch wrapper inside step max_steps of a 2-rank run (tests/hf_notice_at_last_step.py
-    # holds that step on every rank until its notice has come): the emergency step is max_steps itself, and the
-    # restart restores it and trains nothing. max_steps ends inside an epoch (12 steps an epoch under 2 ranks): the
-    # Trainer checks max_steps only after a step, so without the "already complete" check the restart trained step
-    # max_steps + 1 and committed it as the final step (#45).
-    last, ckpt = 18, tmp_path / "respawn-checkpoints"
-    run = tmp_path / "uninterrupted"
-    proc = start(run, command(2, "--steps", str(last), "--weights-out", str(run / "weights.pt")), run)
-    assert finish(proc, run) == 0, output(run)[-3000:]
-
-    run = tmp_path / "notice"
-    proc = start(run, command(2, "--steps", str(last), script=NOTICE_AT_LAST), tmp_path)
-    wait_for_output(proc, run, lambda text: all(f"train.py[rank {r}]: waiting for the notice at step {last}\n" in text
-                                                for r in (0, 1)), f"the last step, {last}, on both ranks")
-    os.kill(proc.pid, signal.SIGTERM)  # `kill PID` of the launcher: the notice for every rank
-    assert finish(proc, run) == PREEMPTED_EXIT_CODE, output(run)[-3000:]
-    text = output(run)
-    stopped = {int(rank): int(step) for step, rank in re.findall(
-        r'"message": "preempted at step (\d+); emergency checkpoint committed".*?"rank": (\d+)', text)}
-    assert stopped == {0: last, 1: last}, text[-3000:]
-    assert committed(ckpt)[-1] == last and max(LocalStore(str(ckpt)).steps()) == last, committed(ckpt)
-    assert fmt.read_manifest(LocalStore(str(ckpt)).step_dir(last))["kind"] == "emergency"
-
-    run = tmp_path / "again"
-    proc = start(run, command(2, "--steps", str(last), "--weights-out", str(tmp_path / "weights.pt")), tmp_path)
-    assert finish(proc, run) == 0, output(run)[-3000:]
-    text = output(run)
-    assert re.search(rf"train\.py\[rank 1\]: starting at step {last} of {last}\n", text), text[-3000:]
-    assert f"the run is already complete at step {last}" in text and f"train.py: done at step {last}" in text
-    assert not re.search(rf"train\.py\[rank \d\]: step {last + 1}/", text), text[-3000:]
-    assert committed(ckpt)[-1] == last and max(LocalStore(str(ckpt)).steps()) == last, committed(ckpt)
-    assert_same_weights(tmp_path / "weights.pt", tmp_path / "uninterrupted" / "weights.pt")
