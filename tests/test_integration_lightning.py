@@ -173,13 +173,31 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_to_the_launcher_resume_bit
     assert main["_sampler_iter_state"]["sampler_state"] == {"yielded": 8 * (step - BATCHES), "epoch": 1}, loader
     seen.update(losses(text))
 
-    proc = start(tmp_path, torchrun(TRAIN, "--weights-out", str(tmp_path / "weights.pt")), "last.log")
-    assert finish(proc) == 0, output(proc)[-3000:]
-    text = output(proc)
-    assert re.search(rf'"message": "resuming", .*"step": {step}, ', text), text[-3000:]
-    seen.update(losses(text))
+    # The last run, and a fit of the finished run (it restores the last step and trains nothing), each under
+    # tests/exit_threads.py: as the interpreter starts to exit, only the gloo worker threads of one group
+    # (Lightning's default group) may be alive. A fit already complete has no on_train_end, and kept Respawn's groups
+    # alive into the exit until teardown released them (#45).
+    for name in ("last", "again"):
+        proc = start(tmp_path, exit_threads_under(torchrun(TRAIN, "--weights-out", str(tmp_path / f"{name}.pt"))),
+                     f"{name}.log")
+        assert finish(proc) == 0, output(proc)[-3000:]
+        text = output(proc)
+        assert committed(ckpt)[-1] == STEPS and max(LocalStore(str(ckpt)).steps()) == STEPS, text[-3000:]
+        threads = exit_threads.reports(text)
+        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
+        if name == "last":
+            assert re.search(rf'"message": "resuming", .*"step": {step}, ', text), text[-3000:]
+            seen.update(losses(text))
+    assert f"the run is already complete at step {STEPS}" in text and not losses(text), text[-3000:]
     assert seen == expected  # every step's loss, the data order included, as without the stops
-    same_weights(tmp_path / "weights.pt", weights)
+    same_weights(tmp_path / "last.pt", weights)
+    same_weights(tmp_path / "again.pt", weights)
+
+
+def exit_threads_under(cmd: list[str]) -> list[str]:
+    """torchrun's command with its script run under tests/exit_threads.py."""
+    at = cmd.index(str(TRAIN))
+    return [*cmd[:at], str(ROOT / "tests" / "exit_threads.py"), *cmd[at:]]
 
 
 def test_outside_a_node_sigterm_saves_locally_and_plain_lightning_loads_it(tmp_path):
@@ -268,21 +286,3 @@ def test_in_process_a_loader_without_state_is_named_and_an_unfit_checkpoint_is_o
     assert signal.getsignal(signal.SIGTERM) is before
     monkeypatch.setenv("RESPAWN_FRESH", "1")  # and two batches per optimizer step: saves at optimizer steps only
     assert fit(16, accumulate_grad_batches=2).start == 0 and committed(tmp_path / "ckpt") == [2, 4]
-
-
-def test_a_finished_fit_and_a_fit_already_complete_exit_0_and_leave_no_group_of_ours(tmp_path):
-    # Both fits under tests/exit_threads.py: as the interpreter starts to exit, only the gloo worker threads of one
-    # group (Lightning's default group) may be alive. The second fit restores the last step and trains nothing; it
-    # has no on_train_end, and kept Respawn's groups alive into the exit until teardown released them (#45).
-    helper = ROOT / "tests" / "exit_threads.py"
-    ckpt = tmp_path / "respawn-checkpoints"
-    for name in ("first", "again"):
-        cmd = torchrun(helper, "--steps", "6", "--checkpoint-every", "4", "--samples", "64")
-        cmd.insert(cmd.index(str(helper)) + 1, str(TRAIN))
-        proc = start(tmp_path, cmd, log=f"{name}.log")
-        assert finish(proc) == 0, output(proc)[-3000:]
-        text = output(proc)
-        assert committed(ckpt) == [4, 6] and max(LocalStore(str(ckpt)).steps()) == 6, text[-3000:]
-        threads = exit_threads.reports(text)
-        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
-    assert "the run is already complete at step 6" in text, text[-3000:]
