@@ -236,10 +236,24 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_resume_bit_identical_to_a_
     at = stopped(log)
     assert wanted <= at < STEPS, (wanted, at)
     assert fmt.read_manifest(local.step_dir(at))["kind"] == "emergency"
-    log = tmp_path / "last.log"
-    assert finish(start(tmp_path, log.name, command()), log) == 0, log.read_text()[-3000:]
-    assert re.search(rf"accel\[rank 0\]: starting at step {at} of {STEPS}\n", log.read_text())
-    assert same(tmp_path / "weights.pt", reference), "the resumed runs' final weights differ from the plain run's"
+    # The last run, and a run again after it (already complete: it restores the last step and trains nothing), each
+    # under tests/exit_threads.py: as the interpreter starts to exit, only the gloo worker threads of one group
+    # (Accelerate's default group) may be alive, not those of Respawn's agreement and commit (#45).
+    for name in ("last", "again"):
+        log = tmp_path / f"{name}.log"
+        cmd = command()
+        cmd.insert(cmd.index(os.path.abspath(__file__)), os.path.join(ROOT, "tests", "exit_threads.py"))
+        assert finish(start(tmp_path, log.name, cmd), log) == 0, log.read_text()[-3000:]
+        text = log.read_text(errors="replace")
+        steps = local.steps()
+        assert steps.get(STEPS) is True and max(steps) == STEPS, text[-3000:]
+        threads = exit_threads.reports(text)
+        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
+        if name == "last":
+            assert re.search(rf"accel\[rank 0\]: starting at step {at} of {STEPS}\n", text), text[-3000:]
+        assert same(tmp_path / "weights.pt", reference), f"{name}: the final weights differ from the plain run's"
+    assert f"accel[rank 1]: starting at step {STEPS} of {STEPS}" in text, text[-3000:]
+    assert f"the run is already complete at step {STEPS}" in text, text[-3000:]
 
     # The emergency step, as Accelerate alone reads it (one process; AcceleratedScheduler steps the scheduler once
     # per process: 2 per step here).
@@ -286,24 +300,3 @@ def test_in_process_a_step_at_an_epochs_end_resumes_bit_identically(tmp_path, mo
     weights(tmp_path / "resumed", 24)
     resumed, plain = weights(tmp_path / "resumed", 30), weights(tmp_path / "plain", 30)
     assert all(torch.equal(resumed[k], plain[k]) for k in plain), "resumed at the epoch's end, the weights differ"
-
-
-def test_a_finished_run_and_a_run_already_complete_exit_0_and_leave_no_group_of_ours(tmp_path):
-    # Both runs under tests/exit_threads.py: as the interpreter starts to exit, only the gloo worker threads of one
-    # group (Accelerate's default group) may be alive, not those of Respawn's agreement and commit (#45).
-    from respawn.ckpt.storage import LocalStore
-
-    helper = os.path.join(ROOT, "tests", "exit_threads.py")
-    ckpt = tmp_path / "respawn-checkpoints"
-    for name in ("first", "again"):
-        cmd = command("--steps", "6", "--every", "4")
-        cmd.insert(cmd.index(os.path.abspath(__file__)), helper)
-        log = tmp_path / f"{name}.log"
-        proc = start(tmp_path, log.name, cmd)
-        assert finish(proc, log) == 0, log.read_text()[-3000:]
-        text = log.read_text(errors="replace")
-        steps = LocalStore(str(ckpt)).steps()
-        assert sorted(s for s, done in steps.items() if done) == [4, 6] and max(steps) == 6, text[-3000:]
-        threads = exit_threads.reports(text)
-        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
-    assert "accel[rank 1]: starting at step 6 of 6" in text and "the run is already complete at step 6" in text
