@@ -365,12 +365,12 @@ def check_member_crash(tmp_path: Path, out: dict, sc, cut: dict) -> None:
 
 
 def test_multi_node_scenario(tmp_path, background):
-    """A 3-node Spot job whose members fail four ways (multi-node.yaml; partition.yaml's and member-crash.yaml's
+    """A 3-node Spot job whose members fail three ways (multi-node.yaml; partition.yaml's and member-crash.yaml's
     paths run here, a member preempted alone in test_container_scenario and test_multi_node_job_file_scenario): a
-    member cut off from its peers, then its replacement's trainer raising, then the master preempted, then two members
-    at once. Each loss replaced alone in the job's zone (the crash none), every rank stopped at one step at each
-    notice and restarted from it, nothing lost to a notice, one true alert per recovery, and the final state
-    bit-identical to an uninterrupted run."""
+    member cut off from its peers, then its replacement's trainer raising, then the master and a member preempted at
+    once. Each lost node replaced in the job's zone (the crash none), every rank stopped at one step at the notice
+    and restarted from it, nothing lost to a notice, one true alert per recovery, and the final state bit-identical
+    to an uninterrupted run."""
     sc = parse_scenario(yaml.safe_load((SCENARIOS / "multi-node.yaml").read_text()))
     nodes = sc.job["nodes"]
     reference = uninterrupted_ddp_state(background, tmp_path, sc, nodes * sc.trainer.ranks)  # beside the demo
@@ -382,7 +382,7 @@ def test_multi_node_scenario(tmp_path, background):
     check_member_crash(tmp_path, out, sc, cut)
     # Every recovery has its figure, once every member of the new generation steps, nothing lost to a notice (the
     # partition redid the steps since the last periodic checkpoint), and Slack hears one true alert per recovery:
-    # the partition's, and one per preemption, one for the two members lost at once.
+    # the partition's, and one per preemption, one for the master and the member lost at once.
     told = check_recoveries(out)
     causes = [x["loss_cause"] for x in out["recoveries"]]
     assert len(told) == len(causes) == 1 + len(sc.preemptions), (told, causes)
