@@ -102,14 +102,36 @@ def _status(node_dir) -> dict:
     return contract.read_status(str(node_dir / contract.STATUS_FILE)) or {}
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run's final parameters, one run for both ways B leaves (the same script, seed and steps):
+    started as the first test starts, read once it has ended."""
+    tmp = tmp_path_factory.mktemp("rejoin-reference")
+    script = tmp / "rejoin_trainer.py"
+    script.write_text(TRAINER)
+    procs = _reference(tmp, script)
+    ended = []
+
+    def final() -> dict:
+        if not ended:
+            for proc, rank in zip(procs, (0, 1)):
+                assert proc.wait(60) == 0, (tmp / f"ref{rank}.log").read_text()[-3000:]
+            ended.append(dict(np.load(tmp / "ref.npz")))
+        return ended[0]
+
+    yield final
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("how", ["notice", "generation"])
-def test_a_survivor_rejoins_the_next_generation_in_its_process_bit_identical(agent_env, tmp_path, how):
+def test_a_survivor_rejoins_the_next_generation_in_its_process_bit_identical(agent_env, tmp_path, how, reference):
     """B leaves: `notice`, B is preempted (the world stops at B's notice, A waits in its process for the next
     generation); `generation`, the control plane writes a generation without B first (A's agent hands it to A's
     running trainer, B's agent stops B's)."""
     script = tmp_path / "rejoin_trainer.py"
     script.write_text(TRAINER)
-    reference = _reference(tmp_path, script)
     # The generations' ports: base + number (contract.generation_port), away from 29500 and other tests.
     s = settings(_trainer_argv(script, tmp_path / "got.npz", step_seconds=0.1), f"file://{tmp_path}/store",
                  env={"GLOO_SOCKET_IFNAME": "lo", "MASTER_PORT": str(free_ports(3))})  # generations 1, 2 free
@@ -119,39 +141,33 @@ def test_a_survivor_rejoins_the_next_generation_in_its_process_bit_identical(age
                                        contract.ATTR_GENERATION: ""})
         nodes[name] = (md, tmp_path / name, agent_env.agent(md, tmp_path / name))
     (md_a, dir_a, agent_a), (md_b, dir_b, agent_b), (md_c, dir_c, agent_c) = nodes.values()
-    try:
-        for name in nodes:
-            wait_for(lambda: (agent_env.heartbeat(name) or {}).get("state") == "waiting", 60, f"{name} waiting")
-        # Generation 1: B is the master (rank 0, the writer), A rank 1.
-        g1 = Generation(1, ("rj-2", "rj-1"), "127.0.0.1")
-        for md in (md_a, md_b):
-            md.set_attribute(contract.ATTR_GENERATION, g1.to_json())
-        wait_for(lambda: (_status(dir_a).get("step") or 0) >= 10, 60, "A training in generation 1")
-        before = _status(dir_a)
-        assert before["rejoin"] == "ready" and before["generation"] == 1, before
-        pid = before["pid"]
+    for name in nodes:
+        wait_for(lambda: (agent_env.heartbeat(name) or {}).get("state") == "waiting", 60, f"{name} waiting")
+    # Generation 1: B is the master (rank 0, the writer), A rank 1.
+    g1 = Generation(1, ("rj-2", "rj-1"), "127.0.0.1")
+    for md in (md_a, md_b):
+        md.set_attribute(contract.ATTR_GENERATION, g1.to_json())
+    wait_for(lambda: (_status(dir_a).get("step") or 0) >= 10, 60, "A training in generation 1")
+    before = _status(dir_a)
+    assert before["rejoin"] == "ready" and before["generation"] == 1, before
+    pid = before["pid"]
 
-        # Generation 2: A is the master now (rank 0, the writer), C, new, rank 1.
-        g2 = Generation(2, ("rj-1", "rj-3"), "127.0.0.1")
-        if how == "notice":
-            md_b.set("instance/preempted", "TRUE")  # the world stops at one step, B saves it and goes
-            assert agent_b.wait(60) == 0
-            wait_for(lambda: _status(dir_a).get("rejoin") == "waiting", 30, "A's trainer waiting, its world left")
-        for md in (md_a, md_c) if how == "notice" else (md_a, md_b, md_c):
-            md.set_attribute(contract.ATTR_GENERATION, g2.to_json())
-        saved = wait_for(lambda: (e := _status(dir_b).get("emergency") or {}).get("state") not in (None, "idle",
-                                                                                                  "saving") and e,
-                         60, "B's emergency save")
-        assert saved["state"] == "committed", saved
-        wait_for(lambda: (agent_env.heartbeat("rj-1") or {}).get("generation") == 2, 30, "A's beat in generation 2")
-        assert agent_a.wait(90) == 0, agent_a.output()[-3000:]
-        assert agent_c.wait(60) == 0, agent_c.output()[-3000:]
-        for proc, rank in zip(reference, (0, 1)):
-            assert proc.wait(60) == 0, (tmp_path / f"ref{rank}.log").read_text()[-3000:]
-    finally:
-        for proc in reference:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    # Generation 2: A is the master now (rank 0, the writer), C, new, rank 1.
+    g2 = Generation(2, ("rj-1", "rj-3"), "127.0.0.1")
+    if how == "notice":
+        md_b.set("instance/preempted", "TRUE")  # the world stops at one step, B saves it and goes
+        assert agent_b.wait(60) == 0
+        wait_for(lambda: _status(dir_a).get("rejoin") == "waiting", 30, "A's trainer waiting, its world left")
+    for md in (md_a, md_c) if how == "notice" else (md_a, md_b, md_c):
+        md.set_attribute(contract.ATTR_GENERATION, g2.to_json())
+    saved = wait_for(lambda: (e := _status(dir_b).get("emergency") or {}).get("state") not in (None, "idle",
+                                                                                              "saving") and e,
+                     60, "B's emergency save")
+    assert saved["state"] == "committed", saved
+    wait_for(lambda: (agent_env.heartbeat("rj-1") or {}).get("generation") == 2, 30, "A's beat in generation 2")
+    assert agent_a.wait(90) == 0, agent_a.output()[-3000:]
+    assert agent_c.wait(60) == 0, agent_c.output()[-3000:]
+    ref = reference()
 
     # A's trainer is one process from the first step to the last, through both generations.
     log_a = (dir_a / "trainer.log").read_text()
@@ -165,9 +181,9 @@ def test_a_survivor_rejoins_the_next_generation_in_its_process_bit_identical(age
     assert f"rejoin trainer: starting at step {saved['step']}" in (dir_c / "trainer.log").read_text()
     assert 0 < saved["step"] < STEPS
 
-    ref, got = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "got.npz")
-    assert sorted(ref.files) == sorted(got.files)
-    for k in ref.files:
+    got = np.load(tmp_path / "got.npz")
+    assert sorted(ref) == sorted(got.files)
+    for k in ref:
         assert ref[k].tobytes() == got[k].tobytes(), f"parameter {k} differs from the uninterrupted run"
 
 
