@@ -1,4 +1,5 @@
-"""Alert messages: the JSON the core publishes to the alerts topic, and its Slack rendering (Block Kit with a
+"""Alert messages: the JSON the core publishes to the alerts topic, made here alone from what a decision tells (`told`:
+an event and its facts; every message's words are this module's), and its Slack rendering (Block Kit with a
 plain-text fallback). Pure: no I/O.
 
 Alert JSON (one object per message; fields beyond these may appear and are shown as-is):
@@ -31,11 +32,12 @@ Alert JSON (one object per message; fields beyond these may appear and are shown
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 from respawn import losswords, prices
+from respawn.schema import MemberStatus
 
-from . import recovery_time
+from . import losses, recovery_time
 
 TYPES = ("recovered", "waiting_for_capacity", "failed", "invalid_spec", "succeeded", "crashed", "boot_failed",
          "preemption_rate", "budget", "budget_exhausted", "save_outcome")
@@ -57,11 +59,106 @@ class BadAlert(ValueError):
 
 
 def make(kind: str, job_id: str, at: datetime, message: str, **fields: Any) -> dict[str, Any]:
+    """The alert JSON of `kind`, said in `message`; the control plane's alerts are made through `told`."""
     if kind not in TYPES:
         raise ValueError(f"unknown alert type {kind!r}; one of {', '.join(TYPES)}")
     alert = {"type": kind, "severity": _SEVERITY[kind], "job_id": job_id, "at": at.isoformat(), "message": message}
     alert.update({k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in fields.items()})
     return alert
+
+
+def told(event: str, job_id: str, at: datetime, **facts: Any) -> dict[str, Any]:
+    """The alert of what a decision commits: `event` names what happened (one of EVENTS), `facts` are its data (the
+    numbers, node, zone, cause, exit code; the status it is told from). Its type, message and fields are made here
+    alone, never where the decision is (tests/test_alert_words.py). The only words a fact carries are the status
+    message's, written once where the status is made: `said`, the whole message, which an alert of an end or a wait
+    repeats; `why` and `words`, the part of it an alert quotes."""
+    if event not in EVENTS:
+        raise ValueError(f"unknown event {event!r}; one of {', '.join(EVENTS)}")
+    kind, message, fields = EVENTS[event](**facts)
+    return make(kind, job_id, at, message, **fields)
+
+
+Told = tuple[str, str, dict[str, Any]]  # an event's alert: (type, message, fields)
+
+
+def _repeating(kind: str, **fixed: Any) -> Callable[..., Told]:
+    """An alert whose message is the committed status's (`said`)."""
+    return lambda said, **fields: (kind, said, {**fixed, **fields})
+
+
+def _save_outcome(node: str, **fields: Any) -> Told:
+    return ("save_outcome", f"{node} said how its emergency save ended after its loss was recorded",
+            {"node": node, **fields})
+
+
+def _succeeded(s: MemberStatus, committed_step: int | None, recovery: dict[str, Any], words: str,
+               every_node: bool = False) -> Told:
+    """`recovery`: what the end tells of the recovery under way (decide.ended_recovery), with the save of its loss;
+    `words`: what its status message says of it."""
+    ended = "trainer exited 0 on every node; nodes deleted" if every_node else "trainer exited 0; node deleted"
+    return "succeeded", ended + words, {"zone": s.zone, "restarts": s.restarts, "attempt": s.attempt,
+                                        "committed_step": committed_step, **recovery,
+                                        **(losses.loss_words(s, "emergency") if recovery else {})}
+
+
+def _recovery(s: MemberStatus, back: recovery_time.Recovery) -> dict[str, Any]:
+    """A recovered alert's fields: where from and to, the counts, the recovery, the loss's words."""
+    return {"old_zone": s.preempted_zone, "new_zone": s.zone, "committed_step": back.resumed_from,
+            "restarts": s.restarts, "failures": s.failures, "preemptions": s.preemptions, "attempt": s.attempt,
+            "cause": s.last_cause, **back.fields(), **losses.loss_words(s, "last_error", "emergency")}
+
+
+def _recovered(s: MemberStatus, back: recovery_time.Recovery, stages: dict[str, float]) -> Told:
+    """One node trains again (decide._healthy); `stages`: where the recovery's time went."""
+    where = f"training again on {s.node} in {s.zone}"
+    if stages:
+        where += f"; {breakdown_text(s.last_cause, stages, back.seconds)}"
+    return "recovered", where, {"stages": stages, **_recovery(s, back),
+                                "in_place": s.in_place_restarts > 0 and s.preempted_zone == s.zone}
+
+
+def _generation_recovered(s: MemberStatus, back: recovery_time.Recovery, generation: int, world_size: int,
+                          nodes: int) -> Told:
+    """A job of several nodes trains again, `world_size` of its `nodes`, in `generation`."""
+    on = f"{world_size} of {nodes} nodes" if world_size < nodes else f"all {nodes} nodes"
+    return ("recovered", f"training again on {on} in {s.zone} (generation {generation}); "
+            + breakdown_text(back.cause, {}, back.seconds), _recovery(s, back))
+
+
+def _crashed(node: str, exit_code: int | None, **fields: Any) -> Told:
+    return "crashed", f"trainer exited {exit_code} on {node}; restarting", {"exit_code": exit_code, **fields}
+
+
+def _generation_crashed(generation: int, why: str, **fields: Any) -> Told:
+    return "crashed", f"{why} in generation {generation}; restarting it on every node", fields
+
+
+def _boot_failed(node: str, boot_grace_seconds: float, **fields: Any) -> Told:
+    return ("boot_failed", f"no agent heartbeat from {node} within {int(boot_grace_seconds)} s of its boot; replacing "
+            "it (a second such boot ends the job)", {"node": node, **fields})
+
+
+def _preemption_rate(in_window: int, delay: float, **fields: Any) -> Told:
+    """`in_window`: the preemptions within the rate's window; `delay`: the backoff it sets (its action's)."""
+    what = f"waiting {int(delay)} s before the next node" if fields["action"] == "backoff" else "recovering as usual"
+    return ("preemption_rate", f"{in_window} preemptions within {fields['window_hours']:g} h (more than "
+            f"{fields['max']}); {what}", fields)
+
+
+def _budget(spent_usd: float, **fields: Any) -> Told:
+    return ("budget", f"{prices.usd(spent_usd)} spent: {fields['percent']} % of the budget of "
+            f"{prices.usd(fields['budget_usd'])}; at 100 % the job is checkpointed and stopped", fields)
+
+
+# What a decision tells (told's `event`) → its alert.
+EVENTS: dict[str, Callable[..., Told]] = {
+    "failed": _repeating("failed"), "invalid_spec": _repeating("invalid_spec"),
+    "waiting_for_capacity": _repeating("waiting_for_capacity"),
+    "budget_exhausted": _repeating("budget_exhausted", percent=100), "budget": _budget,
+    "save_outcome": _save_outcome, "succeeded": _succeeded, "recovered": _recovered,
+    "generation_recovered": _generation_recovered, "crashed": _crashed, "generation_crashed": _generation_crashed,
+    "boot_failed": _boot_failed, "preemption_rate": _preemption_rate}
 
 
 # A recovery's stages (decide.recovery_stages), as the recovered alert names them.

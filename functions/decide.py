@@ -101,8 +101,7 @@ def _told_late(o: Observation, d: Decision, told: dict[str, Any]) -> Decision:
         return replace(d, details={"emergency": told, **d.details})
     where = {"node": node, "zone": gone.zone if gone is not None else o.status.zone,
              "attempt": gone.attempt if gone is not None else o.status.attempt}
-    alert = d.alert or alerts.make(SAVE_OUTCOME, o.job_id, o.now, f"{node} said how its emergency save ended after "
-                                   "its loss was recorded", **where, emergency=told, restarts=o.status.restarts)
+    alert = d.alert or alerts.told(SAVE_OUTCOME, o.job_id, o.now, **where, emergency=told, restarts=o.status.restarts)
     return Decision(d.action, d.status if d.status is not None else upd(o.status, o.now), SAVE_OUTCOME, alert,
                     {**d.details, **where, "emergency": told, "told_late": True})
 
@@ -117,9 +116,7 @@ def _decide(o: Observation) -> Decision:
         told, words = ended_recovery(s, [hb])
         st = upd(s, now, state=State.SUCCEEDED, message="trainer exited 0" + words, exit_code=0, recovering=False,
                   **({"steps_lost": told["steps_lost"]} if "steps_lost" in told else {}))
-        alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0; node deleted" + words, zone=s.zone,
-                            restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told,
-                            **(losses.loss_words(s, "emergency") if told else {}))  # the save of the loss it tells
+        alert = alerts.told("succeeded", o.job_id, now, s=s, committed_step=committed, recovery=told, words=words)
         return Decision(_delete(o) if o.node.present else NONE, st, "trainer_succeeded", alert, told)
     if hb is not None and hb.state is NodeState.SETUP_FAILED and not noticed(hb):
         return _setup_failed(o, s, hb)
@@ -275,8 +272,8 @@ def _setup_failed(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
     failures = s.failures + 1
     st = upd(s, o.now, state=State.FAILED, message=msg[:2000], exit_code=hb.exit_code, recovering=False,
               failures=failures, last_cause="setup_failed", last_error=error, emergency=None)
-    alert = alerts.make("failed", o.job_id, o.now, msg, restarts=s.restarts, attempt=s.attempt, cause="setup_failed",
-                        failures=failures, preemptions=s.preemptions, exit_code=hb.exit_code,
+    alert = alerts.told("failed", o.job_id, o.now, said=msg, restarts=s.restarts, attempt=s.attempt,
+                        cause="setup_failed", failures=failures, preemptions=s.preemptions, exit_code=hb.exit_code,
                         output_tail=hb.output_tail, failed_command=hb.failed_command, last_error=error)
     details = {"failed_command": hb.failed_command, "exit_code": hb.exit_code, "output_tail": hb.output_tail,
                "last_error": error}
@@ -322,15 +319,8 @@ def _healthy(o: Observation, s: SlotStatus, hb: Heartbeat) -> Decision:
             if s.recovering and hb.state is NodeState.TRAINING else None)
     if back is not None:  # every rank steps again: the recovery, measured once (recovery_time)
         changes.update(recovering=False, message=f"running on {s.node} in {s.zone}", steps_lost=back.steps_lost)
-        stages = recovery_stages(s, hb, back.stepping_at)
-        alert = alerts.make(
-            "recovered", o.job_id, o.now, f"training again on {s.node} in {s.zone}"
-            + (f"; {alerts.breakdown_text(s.last_cause, stages, back.seconds)}" if stages else ""), stages=stages,
-            old_zone=s.preempted_zone, new_zone=s.zone, committed_step=back.resumed_from, restarts=s.restarts,
-            failures=s.failures, preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields(),
-            in_place=s.in_place_restarts > 0 and s.preempted_zone == s.zone,
-            **losses.loss_words(s, "last_error", "emergency"),
-        )
+        alert = alerts.told("recovered", o.job_id, o.now, s=s, back=back,
+                            stages=recovery_stages(s, hb, back.stepping_at))
     if not changes:
         return Decision(NONE)
     return Decision(NONE, upd(s, o.now, **changes), "recovered" if alert else None, alert,
@@ -436,19 +426,17 @@ def _count_loss(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str,
         msg += f"; last error: {error}" if error else ""
         st = upd(s, now, state=State.FAILED, message=msg[:2000],
                   **{**lost, "restarts": s.restarts, "recovering": False})
-        alert = alerts.make("failed", o.job_id, now, msg, **{**tallies, "restarts": s.restarts},
+        alert = alerts.told("failed", o.job_id, now, said=msg, **{**tallies, "restarts": s.restarts},
                             **losses.tail_fields(kind, hb, counts))
         return Decision(_delete(o) if o.node.present else NONE, st, cause, alert, details)
 
     alert = None
     if kind == "failure" and cause == "trainer_crashed":
-        alert = alerts.make("crashed", o.job_id, now, f"trainer exited {exit_code} on {s.node}; restarting",
-                            exit_code=exit_code, output_tail=(hb.output_tail if hb else None), **tallies)
+        alert = alerts.told("crashed", o.job_id, now, node=s.node, exit_code=exit_code,
+                            output_tail=(hb.output_tail if hb else None), **tallies)
     elif kind == "boot_failure":
-        alert = alerts.make("boot_failed", o.job_id, now,
-                            f"no agent heartbeat from {s.node} within {int(o.settings.boot_grace_seconds)} s of its "
-                            f"boot; replacing it (a second such boot ends the job)",
-                            console_tail=counts["console_tail"], zone=s.zone, node=s.node, **tallies)
+        alert = alerts.told("boot_failed", o.job_id, now, node=s.node, zone=s.zone, console_tail=counts["console_tail"],
+                            boot_grace_seconds=o.settings.boot_grace_seconds, **tallies)
     elif kind == "preemption" and spec.preemption_rate is not None:
         rate = spec.preemption_rate
         over = len(counts["preempted_times"]) - rate.max
@@ -458,12 +446,9 @@ def _count_loss(o: Observation, spec: JobSpec, hb: Heartbeat | None, cause: str,
             window = timedelta(hours=rate.window_hours)
             if s.rate_exceeded_at is None or now - s.rate_exceeded_at >= window:
                 counts["rate_exceeded_at"] = lost["rate_exceeded_at"] = now
-                what = (f"waiting {int(delay)} s before the next node" if rate.action == "backoff"
-                        else "recovering as usual")
-                alert = alerts.make("preemption_rate", o.job_id, now,
-                                    f"{len(counts['preempted_times'])} preemptions within {rate.window_hours:g} h "
-                                    f"(more than {rate.max}); {what}", window_hours=rate.window_hours,
-                                    max=rate.max, action=rate.action, zone=s.zone, **tallies)
+                alert = alerts.told("preemption_rate", o.job_id, now, in_window=len(counts["preempted_times"]),
+                                    delay=delay, window_hours=rate.window_hours, max=rate.max, action=rate.action,
+                                    zone=s.zone, **tallies)
     until = now + timedelta(seconds=delay) if delay > 0 else None
     if until is not None:
         lost["next_attempt_at"] = until
@@ -507,7 +492,7 @@ def _provision(o: Observation, spec: JobSpec, s: SlotStatus, cause: str) -> Deci
                   consecutive_failures=failures, tried_zones=[], create_state=None)
         alert = None
         if s.state is not State.WAITING_FOR_CAPACITY:  # alert on entering the wait, not on every retry
-            alert = alerts.make("waiting_for_capacity", o.job_id, now, msg, next_attempt_at=until,
+            alert = alerts.told("waiting_for_capacity", o.job_id, now, said=msg, next_attempt_at=until,
                                 zones=list(slot.zones), restarts=s.restarts, attempt=s.attempt, cause=cause)
         return Decision(Action(Act.WAIT, until=until), st, "no_capacity", alert, {"skipped": list(choice.skipped)})
     attempt = o.next_attempt if o.next_attempt is not None else s.attempt + 1
@@ -543,6 +528,6 @@ def image_missing(o: Observation, s: SlotStatus) -> Decision:
     error = missing_error(o.image)
     msg = "invalid job spec: " + error
     st = upd(s, o.now, state=State.INVALID, message=msg)
-    alert = alerts.make("invalid_spec", o.job_id, o.now, msg, errors=[error], cause="image_not_found")
+    alert = alerts.told("invalid_spec", o.job_id, o.now, said=msg, errors=[error], cause="image_not_found")
     return Decision(_delete(o) if o.node.present else NONE, st, "image_not_found", alert,
                     {"image": o.image.image, "answer": o.image.detail[:500]})

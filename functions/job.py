@@ -229,9 +229,7 @@ def decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         due = costs.alert_due(after, budget.max_usd, now)
         if due is not None:
             usd = costs.spent(after, now)[0]
-            alert = alerts.make("budget", o.job_id, now, f"{prices.usd(usd)} spent: {due} % of the budget of "
-                                f"{prices.usd(budget.max_usd)}; at 100 % the job is checkpointed and stopped",
-                                percent=due, budget_usd=budget.max_usd)
+            alert = alerts.told("budget", o.job_id, now, spent_usd=usd, percent=due, budget_usd=budget.max_usd)
             ledger = after.cost.model_copy(update={"alerted_percent": due})
             status = (status.model_copy(update={"cost": ledger}) if status is not None
                       else _upd(after, now, cost=ledger))  # one revision per write
@@ -284,7 +282,7 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         base = _upd(s, now, members=left)
         if spec is None:
             msg = "invalid job spec: " + "; ".join(o.spec_errors)
-            alert = alerts.make("invalid_spec", o.job_id, now, msg, errors=list(o.spec_errors))
+            alert = alerts.told("invalid_spec", o.job_id, now, said=msg, errors=list(o.spec_errors))
             return Decision(a, base.model_copy(update={"state": State.INVALID, "message": msg}), "invalid_spec", alert)
         return Decision(a, base.model_copy(update={"state": State.CANCELLED, "message": "cancelled by the user"}),
                         "cancel_requested")
@@ -308,9 +306,8 @@ def _decide(o: Observation, seen: Sequence[MemberObs]) -> Decision:
         told, words = core.ended_recovery(s, ranks)
         if "steps_lost" in told:
             st = st.model_copy(update={"steps_lost": told["steps_lost"], "message": st.message + words})
-        alert = alerts.make("succeeded", o.job_id, now, "trainer exited 0 on every node; nodes deleted" + words,
-                            zone=s.zone, restarts=s.restarts, attempt=s.attempt, committed_step=committed, **told,
-                            **(losses.loss_words(s, "emergency") if told else {}))  # the save of the loss it tells
+        alert = alerts.told("succeeded", o.job_id, now, s=s, committed_step=committed, recovery=told, words=words,
+                            every_node=True)
         return Decision(a, st, "trainer_succeeded", alert, told)
 
     if s.moving:
@@ -392,7 +389,7 @@ def _exhausted(o: Observation, cap: float, members: list[MemberStatus], seen: Se
            f"jobs resume {o.job_id} --budget USD")
     st = _upd(s, now, members=left, state=State.BUDGET_EXHAUSTED, message=msg, recovering=False,
               cost=s.cost.model_copy(update={"alerted_percent": 100, "stopped_at_budget_usd": cap}))
-    alert = alerts.make("budget_exhausted", o.job_id, now, msg, percent=100, budget_usd=cap)
+    alert = alerts.told("budget_exhausted", o.job_id, now, said=msg, budget_usd=cap)
     return Decision(a, st, "budget_exhausted", alert, {"budget_usd": cap})
 
 
@@ -581,12 +578,8 @@ def _recovered(o: Observation, spec: JobSpec, members: list[MemberStatus], g: Ge
     """The job steps again after a loss (a member replaced, an elastic world formed, a move): one alert for the
     recovery, however many nodes it took, with its time and what the resumed generation lost (recovery_time)."""
     s, now = o.status, o.now
-    on = f"{g.world_size} of {spec.nodes} nodes" if g.world_size < spec.nodes else f"all {spec.nodes} nodes"
-    alert = alerts.make("recovered", o.job_id, now, f"training again on {on} in {s.zone} (generation {g.number}); "
-                        + alerts.breakdown_text(back.cause, {}, back.seconds), old_zone=s.preempted_zone, new_zone=s.zone,
-                        committed_step=back.resumed_from, restarts=s.restarts, failures=s.failures,
-                        preemptions=s.preemptions, attempt=s.attempt, cause=s.last_cause, **back.fields(),
-                        **losses.loss_words(s, "last_error", "emergency"))
+    alert = alerts.told("generation_recovered", o.job_id, now, s=s, back=back, generation=g.number,
+                        world_size=g.world_size, nodes=spec.nodes)
     return Decision(NONE, _upd(s, now, members=members, recovering=False, steps_lost=back.steps_lost), "recovered",
                     alert, {"generation": g.number, **back.fields(), **losses.loss_words(s, "emergency")})
 
@@ -647,10 +640,10 @@ def _restart_failed(o: Observation, spec: JobSpec, members: list[MemberStatus], 
                "preemptions are not counted")
         st = _upd(s, now, members=members, state=State.FAILED, message=msg[:1000], exit_code=exit_code,
                   recovering=False, failures=counts["failures"], last_cause=cause, last_error=error, emergency=None)
-        alert = alerts.make("failed", o.job_id, now, msg, restarts=s.restarts, **tallies)
+        alert = alerts.told("failed", o.job_id, now, said=msg, restarts=s.restarts, **tallies)
         return Decision(NONE, st, cause, alert, {"max_failures": spec.max_failures, **words})
-    alert = alerts.make("crashed", o.job_id, now, f"{why} in generation {g.number}; restarting it on every node",
-                        restarts=counts["restarts"], **tallies)
+    alert = alerts.told("generation_crashed", o.job_id, now, generation=g.number, why=why, restarts=counts["restarts"],
+                        **tallies)
     again = Generation(g.number + 1, g.members, g.master_addr)
     d = _new_generation(o, members, again, why + (f": {error}" if error else ""), cause=cause, exit_code=exit_code,
                         last_cause=cause, last_error=error, emergency=None, **counts)

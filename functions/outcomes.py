@@ -147,8 +147,8 @@ def after_create_failed(job_id: str, s: SlotStatus, attempt: int, message: str, 
         return None
     msg = f"creating {s.node} in {s.zone} failed: {message}"[:1000]
     st = upd(s, now, state=State.FAILED, message=msg, recovering=False)
-    return Decision(NONE, st, "create_failed",
-                    alerts.make("failed", job_id, now, msg, restarts=s.restarts, attempt=attempt, cause="create_failed"))
+    return Decision(NONE, st, "create_failed", alerts.told("failed", job_id, now, said=msg, restarts=s.restarts,
+                                                          attempt=attempt, cause="create_failed"))
 
 
 def after_created(s: SlotStatus, attempt: int, node: str, now: datetime) -> SlotStatus | None:
