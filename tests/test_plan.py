@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from dataclasses import replace
 
 import pytest
 
+from tests import respawn_forks
 from respawn.app.plan import PlanInputs, plan, with_bench
 from respawn.app.plan_model import max_emergency_state_gb
 
 FAST = dict(job_hours=12.0, runs=150, seed=7)
+
+
+def plan_cli(argv: list[str], *, capture_output=True, text=True, timeout: float = 60, env: dict | None = None):
+    """`python -m respawn ARGV` as subprocess.run(capture_output=True, text=True) would give it, forked from one process
+    that has imported the CLI (tests/respawn_forks.py: test_cli_errors.py checks that a forked run says what a real
+    one says)."""
+    assert capture_output and text
+    return respawn_forks.run(argv, Path.cwd(), dict(os.environ) if env is None else env, timeout)
 
 
 def by_name(result):
@@ -89,8 +96,8 @@ def test_bench_figures_feed_the_plan():
 
 def test_plan_command_prints_json_and_writes_a_chart(tmp_path):
     chart = tmp_path / "plan.svg"
-    r = subprocess.run(
-        [sys.executable, "-m", "respawn", "plan", "--runs", "40", "--json", "--plot", str(chart), "--set", "state_gb=3"],
+    r = plan_cli(
+        ["plan", "--runs", "40", "--json", "--plot", str(chart), "--set", "state_gb=3"],
         capture_output=True, text=True, timeout=60,
     )
     assert r.returncode == 0, r.stderr
@@ -102,7 +109,7 @@ def test_plan_command_prints_json_and_writes_a_chart(tmp_path):
 
 
 def test_plan_command_rejects_unknown_settings():
-    r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--set", "mtpb=3"], capture_output=True, text=True, timeout=60)
+    r = plan_cli(["plan", "--set", "mtpb=3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "expected NAME=VALUE with NAME one of" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -202,8 +209,8 @@ def test_bad_node_inputs_are_named(fields, message):
 
 
 def test_plan_command_plans_the_hybrid_and_elastic_layouts():
-    r = subprocess.run(
-        [sys.executable, "-m", "respawn", "plan", "--runs", "30", "--json", "--nodes", "3", "--on-demand-nodes", "1",
+    r = plan_cli(
+        ["plan", "--runs", "30", "--json", "--nodes", "3", "--on-demand-nodes", "1",
          "--min-nodes", "2"], capture_output=True, text=True, timeout=60,
     )
     assert r.returncode == 0, r.stderr
@@ -211,7 +218,7 @@ def test_plan_command_plans_the_hybrid_and_elastic_layouts():
     assert list(body["strategies"]) == ["poll-and-restart", "polling", "respawn", "hybrid", "elastic"]
     assert (body["inputs"]["nodes"], body["inputs"]["on_demand_nodes"], body["inputs"]["min_nodes"]) == (3, 1, 2)
     assert body["strategies"]["elastic"]["degraded_hours"] > 0
-    table = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10", "--nodes", "3", "--min-nodes", "2"],
+    table = plan_cli(["plan", "--runs", "10", "--nodes", "3", "--min-nodes", "2"],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "degraded h" in table.stdout and "3 nodes × 24 h" in table.stdout
 
@@ -227,7 +234,7 @@ def test_plan_command_plans_the_hybrid_and_elastic_layouts():
      (["--set", "spare_nodes=-2"], "spare_nodes must be a whole number of at least 0, got -2")],
 )
 def test_plan_command_names_the_bad_node_option(args, message):
-    r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "5", *args], capture_output=True, text=True,
+    r = plan_cli(["plan", "--runs", "5", *args], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
@@ -321,19 +328,19 @@ def test_no_spares_is_todays_model_draw_for_draw_and_spares_leave_the_other_rows
 
 
 def test_plan_command_shows_what_spares_cost_and_save():
-    r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "30", "--json", "--nodes", "4",
+    r = plan_cli(["plan", "--runs", "30", "--json", "--nodes", "4",
                         "--spare-nodes", "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout.strip().splitlines()[-1])
     assert body["inputs"]["spare_nodes"] == 1 and list(body["strategies"])[-1] == "spares"
     assert body["spares"]["against"] == "respawn" and body["spares"]["recovery_saved_s"] > 0
     assert body["spares"]["cost"] == pytest.approx(body["strategies"]["spares"]["wall_hours"] * 1.47, rel=1e-3)
-    table = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10", "--spare-nodes", "2"],
+    table = plan_cli(["plan", "--runs", "10", "--spare-nodes", "2"],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     assert "spares: 2 warm" in table.stdout and "spares: 2 Spot nodes all along: +$" in table.stdout
     assert "min per loss" in table.stdout and "against respawn" in table.stdout
-    plain = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10"], capture_output=True, text=True,
+    plain = plan_cli(["plan", "--runs", "10"], capture_output=True, text=True,
                            timeout=60)
     assert "spares" not in plain.stdout
 
@@ -377,13 +384,13 @@ def test_provisioning_inputs_are_checked(setting, message):
 
 
 def test_the_cli_prints_the_provisioning_comparison():
-    r = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "20", "--json"], capture_output=True,
+    r = plan_cli(["plan", "--runs", "20", "--json"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["provisioning"]
     assert list(rows) == ["spot", "spot-flex-start", "spot-on-demand", "on-demand"]
     assert {"wall_hours", "p90_wall_hours", "cost", "flex_start_hours"} <= set(rows["spot-flex-start"])
-    table = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "20", "--set", "spot_dry_probability=0.6",
+    table = plan_cli(["plan", "--runs", "20", "--set", "spot_dry_probability=0.6",
                             "--set", "spot_dry_hours=10"], capture_output=True, text=True, timeout=60)
     assert "ways of getting capacity" in table.stdout and "surest finish (p90)" in table.stdout
 
@@ -391,9 +398,9 @@ def test_the_cli_prints_the_provisioning_comparison():
 def test_the_plan_says_the_share_saved_against_on_demand_as_the_report_page_does():
     # "Saved against on demand" is 1 − cost ÷ on demand on every page (docs/watching.md): the plan's column too, not the
     # cost ratio (which read 41 % where the report page would say 59 % saved).
-    body = json.loads(subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10", "--json"],
+    body = json.loads(plan_cli(["plan", "--runs", "10", "--json"],
                                      capture_output=True, text=True, timeout=60).stdout)
-    table = subprocess.run([sys.executable, "-m", "respawn", "plan", "--runs", "10"], capture_output=True, text=True,
+    table = plan_cli(["plan", "--runs", "10"], capture_output=True, text=True,
                            timeout=60, env={**os.environ, "COLUMNS": "250"})
     assert table.returncode == 0, table.stderr
     assert "saved vs on-demand" in table.stdout
@@ -407,7 +414,7 @@ def test_plan_reads_a_job_spec_and_the_options_given_override_it():
     from respawn import prices, schema
 
     job = Path(__file__).resolve().parent.parent / "examples" / "jobs" / "hybrid-ddp.yaml"
-    r = subprocess.run([sys.executable, "-m", "respawn", "plan", str(job), "--runs", "5", "--json"],
+    r = plan_cli(["plan", str(job), "--runs", "5", "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)["inputs"]
@@ -418,7 +425,7 @@ def test_plan_reads_a_job_spec_and_the_options_given_override_it():
     assert f"spot ${rate.usd_per_hour:.4g}/h, on demand ${rate.on_demand_usd_per_hour:.4g}/h a node (offline table" in (
         r.stderr)
     # An option given on the command line wins, and the plan says which.
-    r = subprocess.run([sys.executable, "-m", "respawn", "plan", str(job), "--runs", "5", "--json", "--nodes", "4",
+    r = plan_cli(["plan", str(job), "--runs", "5", "--json", "--nodes", "4",
                         "--spot-price", "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)["inputs"]
