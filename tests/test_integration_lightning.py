@@ -4,8 +4,8 @@ variables). Under `python -m respawn.ckpt.launch torchrun --nproc-per-node 2` (L
 torchrun's ranks, gloo on CPU) a rank killed before its vote on a periodic step leaves that step uncommitted; the run
 resumed from the step before, stopped by SIGTERM to the launcher at a random step in the middle of the second epoch
 and resumed again, ends with the weights, and every step's loss, bit-identical to an uninterrupted run's. A committed
-step loads with plain `Trainer.fit(ckpt_path=...)`; alone, SIGTERM still saves into ./respawn-checkpoints; a train
-loader without state is named at start."""
+step loads with plain `Trainer.fit(ckpt_path=...)` (in this process); alone, SIGTERM still saves into
+./respawn-checkpoints; a train loader without state is named at start."""
 
 from __future__ import annotations
 
@@ -213,35 +213,42 @@ def test_outside_a_node_sigterm_saves_locally_and_plain_lightning_loads_it(tmp_p
     [step] = [int(s) for s in re.findall(r'"stopped for the notice at the agreed step".*?"step": (\d+)', text)]
     assert at <= step and committed(tmp_path / "respawn-checkpoints")[-1] == step
     path = Path(LocalStore(str(tmp_path / "respawn-checkpoints")).step_dir(step)) / "checkpoint.ckpt"
-    plain = subprocess.run([sys.executable, "-c", PLAIN_RESUME, str(path), str(step)], cwd=str(tmp_path),
-                           env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TRAIN.parent}"},
-                           capture_output=True, text=True, timeout=240)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    assert f"resumed at step {step}, ran to {STEPS}" in plain.stdout, plain.stdout + plain.stderr[-2000:]
+    assert plain_resume(path) == (step, STEPS)
 
 
-# Plain Lightning, no Respawn: the example's model and data, resumed from a .ckpt Respawn committed.
-PLAIN_RESUME = """
-import sys, torch, lightning as L
-from torch.utils.data import TensorDataset
-from torchdata.stateful_dataloader import StatefulDataLoader
-from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
-import train
-path, step = sys.argv[1], int(sys.argv[2])
-g = torch.Generator().manual_seed(3)
-x = torch.randn(256, 16, generator=g); y = (x @ torch.randn(16, 1, generator=g)).tanh()
-data = TensorDataset(x, y)
-model = train.MLP(32, lr=0.05, step_seconds=0, log_every=0)
-seen = []
-class Watch(L.Callback):
-    def on_train_batch_start(self, trainer, *a): seen.append(trainer.global_step)
-t = L.Trainer(max_steps=30, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-              enable_checkpointing=False, callbacks=[Watch()])
-sampler = StatefulDistributedSampler(data, num_replicas=1, rank=0, seed=3)
-t.fit(model, StatefulDataLoader(data, batch_size=8, sampler=sampler, num_workers=2), ckpt_path=path)
-assert seen[0] == step, seen[:3]
-print(f"resumed at step {seen[0]}, ran to {t.global_step}")
-"""
+def example():
+    """train.py by its path, under a name of its own: another test's `train` module may already be in sys.modules."""
+    spec = importlib.util.spec_from_file_location("respawn_lightning_example_train", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    return train
+
+
+def plain_resume(path: Path) -> tuple[int, int]:
+    """Plain Lightning in this process, no Respawn: the example's model and data, resumed from a .ckpt Respawn
+    committed; the step its first batch trains at and the step it ends at."""
+    import lightning as L
+    import torch
+    from torch.utils.data import TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(256, 16, generator=g)
+    y = (x @ torch.randn(16, 1, generator=g)).tanh()
+    data = TensorDataset(x, y)
+    model = example().MLP(32, lr=0.05, step_seconds=0, log_every=0)
+    seen = []
+
+    class Watch(L.Callback):
+        def on_train_batch_start(self, trainer, *a):
+            seen.append(trainer.global_step)
+
+    t = L.Trainer(max_steps=STEPS, accelerator="cpu", logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=False, callbacks=[Watch()])
+    sampler = StatefulDistributedSampler(data, num_replicas=1, rank=0, seed=3)
+    t.fit(model, StatefulDataLoader(data, batch_size=8, sampler=sampler, num_workers=2), ckpt_path=str(path))
+    return seen[0], t.global_step
 
 
 def test_in_process_a_loader_without_state_is_named_and_an_unfit_checkpoint_is_one_line(tmp_path, capfd,
@@ -252,10 +259,7 @@ def test_in_process_a_loader_without_state_is_named_and_an_unfit_checkpoint_is_o
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    # By its path, under a name of its own: another test's `train` module may already be in sys.modules.
-    spec = importlib.util.spec_from_file_location("respawn_lightning_example_train", TRAIN)
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    train = example()
     from respawn.ckpt.framework_files import FilesManager
     from respawn.ckpt.lightning import Respawn
     from respawn.ckpt.loop import CheckpointError
