@@ -590,8 +590,9 @@ def test_invariants_over_every_observation(state):
             unread["blocked"] = Unread()
         if not needs_console(statuses[key], node, HEARTBEATS[hbk], SETTINGS, NOW):
             unread["consoles"] = Unread()
-        o = replace(base, spec=sp, spec_errors=() if sp is not None else invalid.spec_errors, status=statuses[key],
-                    cancel_requested=cancel, hint=hint, heartbeat=HEARTBEATS[hbk], node=node, **unread)
+        o = Observation(job_id="job", spec=sp, spec_errors=() if sp is not None else invalid.spec_errors,
+                        status=statuses[key], cancel_requested=cancel, node=node, heartbeat=HEARTBEATS[hbk], now=NOW,
+                        hint=hint, settings=SETTINGS, **unread)
         d = decide(o)
         where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
         assert not [name for name, m in unread.items() if m.read], (where, [n for n, m in unread.items() if m.read])
