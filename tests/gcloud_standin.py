@@ -124,6 +124,10 @@ def standin(argv: list[str]) -> int:
             bindings = state.setdefault("bindings", [])
             entry = [call.group, call.name, flags.get("member", ""), flags.get("role", "roles/run.invoker")]
             if flags.get("condition-from-file"):  # a conditioned binding: the condition's expression goes with it
+                if sys.flags.no_site:  # run with -S (tests/deploy_fixtures.py's wrapper): the venv's packages
+                    import site
+
+                    site.main()
                 import yaml
 
                 entry.append(yaml.safe_load(_read(flags["condition-from-file"]))["expression"])
