@@ -41,20 +41,8 @@ def _training_past(env, node: str, step: int, agent=None):
         raise AssertionError(f"{exc}; last heartbeat {env.heartbeat(node)}{told}") from None
 
 
-@pytest.mark.parametrize("source", ["preempted", "maintenance-event", "sigterm"])
-def test_notice_gets_emergency_checkpoint_committed_and_reported(agent_env, source):
-    node = f"notice-{['preempted', 'maintenance-event', 'sigterm'].index(source) + 1}"
-    md, node_dir, store = _start(agent_env, node, ["--steps", "100000", "--step-seconds", "0.01"])
-    agent = agent_env.agent(md, node_dir)
-    _training_past(agent_env, node, 60, agent)
-    if source == "preempted":
-        md.set("instance/preempted", "TRUE")
-    elif source == "maintenance-event":
-        md.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
-    else:
-        os.kill(agent.proc.pid, signal.SIGTERM)  # systemd stopping the unit at shutdown
-    assert agent.wait(60) == 0
-
+def _notice_reported(agent_env, agent, node: str, node_dir: Path, source: str) -> None:
+    """What an agent preempted by a notice from `source` past step 60 reported, and left on the node's disk."""
     # `preempting` was recorded (in the background) before the final `exited` heartbeat.
     written = [e["state"] for e in agent.events() if e["message"].endswith("heartbeat written")]
     assert written == ["preempting", "exited"], written
@@ -72,8 +60,23 @@ def test_notice_gets_emergency_checkpoint_committed_and_reported(agent_env, sour
     assert "preempted at step" in agent.output()  # the trainer's own output, forwarded
 
 
+# The notice from instance/preempted: the first life of the restart-in-place test below (one process tree fewer).
+@pytest.mark.parametrize("source", ["maintenance-event", "sigterm"])
+def test_notice_gets_emergency_checkpoint_committed_and_reported(agent_env, source):
+    node = f"notice-{['preempted', 'maintenance-event', 'sigterm'].index(source) + 1}"
+    md, node_dir, store = _start(agent_env, node, ["--steps", "100000", "--step-seconds", "0.01"])
+    agent = agent_env.agent(md, node_dir)
+    _training_past(agent_env, node, 60, agent)
+    if source == "maintenance-event":
+        md.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
+    else:
+        os.kill(agent.proc.pid, signal.SIGTERM)  # systemd stopping the unit at shutdown
+    assert agent.wait(60) == 0
+    _notice_reported(agent_env, agent, node, node_dir, source)
+
+
 def test_flapping_metadata_server_does_not_lose_the_notice(agent_env):
-    md, node_dir, store = _start(agent_env, "flap-1", ["--steps", "100000", "--step-seconds", "0.01"],
+    md, node_dir, store = _start(agent_env, "flap-1", ["--steps", "100000", "--step-seconds", "0.03"],
                                  metadata_wait_seconds=1)
     agent = agent_env.agent(md, node_dir)
     _training_past(agent_env, "flap-1", 20)
@@ -103,9 +106,10 @@ def test_crash_is_reported_with_exit_code_and_output_tail(agent_env):
 def test_restart_in_place_uploads_local_only_checkpoint_then_resumes_and_succeeds(agent_env):
     md, node_dir, store = _start(agent_env, "life-1", ["--steps", "400", "--step-seconds", "0.01"])
     first = agent_env.agent(md, node_dir)
-    _training_past(agent_env, "life-1", 60)
+    _training_past(agent_env, "life-1", 60, first)
     md.set("instance/preempted", "TRUE")
     assert first.wait(60) == 0
+    _notice_reported(agent_env, first, "life-1", node_dir, "preempted")  # the notice from instance/preempted
     step = agent_env.heartbeat("life-1")["emergency"]["step"]
     # As if the emergency checkpoint had no time to reach the store: it exists only on the node's disk.
     shutil.rmtree(store / f"step_{step:012d}", ignore_errors=True)
