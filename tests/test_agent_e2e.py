@@ -41,12 +41,12 @@ def _training_past(env, node: str, step: int, agent=None):
         raise AssertionError(f"{exc}; last heartbeat {env.heartbeat(node)}{told}") from None
 
 
-def _notice_reported(agent_env, agent, node: str, node_dir: Path, source: str) -> None:
+def _notice_reported(env, agent, node: str, node_dir: Path, source: str) -> None:
     """What an agent preempted by a notice from `source` past step 60 reported, and left on the node's disk."""
     # `preempting` was recorded (in the background) before the final `exited` heartbeat.
     written = [e["state"] for e in agent.events() if e["message"].endswith("heartbeat written")]
     assert written == ["preempting", "exited"], written
-    hb = agent_env.heartbeat(node)
+    hb = env.heartbeat(node)
     assert hb["state"] == "exited" and hb["notice"] == source
     emergency = hb["emergency"]
     assert emergency["state"] == "committed", emergency
