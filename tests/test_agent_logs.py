@@ -23,6 +23,7 @@ from respawn import contract, joblogs, schema
 from respawn.contract import LogChunk
 from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
 from trainer_helpers import BUCKET, gcs_emulator  # noqa: F401  (fixture)
+from tests import respawn_forks
 
 
 
@@ -119,8 +120,9 @@ def test_a_cloud_logging_that_cannot_be_reached_is_one_warning_and_the_bucket_st
 
 
 def respawn_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "respawn", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200", **env})
+    """`python -m respawn ARGS`, forked from the shared fork server (tests/respawn_forks.py): the CLI's imports paid
+    once, not once a command."""
+    return respawn_forks.run(list(args), Path.cwd(), {**os.environ, "COLUMNS": "200", **env}, timeout=60)
 
 
 def test_a_preempted_nodes_logs_are_read_after_its_replacement_ran(agent_env, gcs_emulator):
