@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +23,7 @@ from respawn import prices
 from respawn.control import costs
 from sim_fixtures import sim_factory, sim_server  # noqa: F401 - fixtures
 from test_sim_nodes import GUEST
+from tests import respawn_forks
 
 # n1-standard-8 (8 vCPUs, 30 GiB) with one T4 and a 100 GB boot disk, Spot: 8 × 0.01 + 30 × 0.002 + 0.5 + 100 ×
 # 0.073 / 730 = $0.65 an hour; on demand 8 × 0.04 + 30 × 0.005 + 1.0 + 0.01 = $1.48 an hour.
@@ -39,8 +40,9 @@ def _spec(job_id: str, budget: float) -> dict:
 
 
 def _respawn(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "respawn", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200"})
+    """`python -m respawn ARGS`, forked from the shared fork server (tests/respawn_forks.py): the CLI's imports paid
+    once, not once a command."""
+    return respawn_forks.run(list(args), Path.cwd(), {**os.environ, "COLUMNS": "200"}, timeout=60)
 
 
 def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(controller):
@@ -56,6 +58,9 @@ def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(
     assert st.cost.note == f"Cloud Billing Catalog of {today} (us-central1)"
     controller.heartbeat(st.node, step=40, committed_step=30)
     # No event: the sweep alone finds the cap within reach and stops the job, deleting its node as a cancel does.
+    # The control plane's clock moves past the moment the spend plus the look-ahead reaches the cap ($0.003 more:
+    # 17 s at $0.65 an hour), as if the test had waited for it, sweeping.
+    controller.advance(20)
     deadline = time.monotonic() + 30
     while (st := controller.status(job)).state.value != "BUDGET_EXHAUSTED":
         assert time.monotonic() < deadline, st.message
