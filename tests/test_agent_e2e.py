@@ -1,6 +1,7 @@
 """The node agent with the real example trainer (respawn.ckpt.examples.torch_mlp), the sim metadata server and the
-Firestore emulator, all as real processes: the notice from each source, a flapping metadata server, a crash,
-success, and a restart in place that uploads the previous life's local-only emergency checkpoint."""
+Firestore emulator, all as real processes: the notice from each source, a flapping metadata server, a crash (the
+tests' tiny trainer's), success, and a restart in place that uploads the previous life's local-only emergency
+checkpoint."""
 
 from __future__ import annotations
 
@@ -94,8 +95,12 @@ def test_flapping_metadata_server_does_not_lose_the_notice(agent_env):
 
 
 def test_crash_is_reported_with_exit_code_and_output_tail(agent_env):
-    md, node_dir, _ = _start(agent_env, "crash-1", ["--steps", "not-a-number"])
-    agent = agent_env.agent(md, node_dir)
+    # The tests' tiny trainer (its argparse refuses the same way): what is reported does not depend on the trainer,
+    # and the example would import torch only to refuse its arguments.
+    s = settings([sys.executable, str(agent_env.tiny_trainer), "--steps", "not-a-number"],
+                 f"file://{agent_env.tmp / 'store'}")
+    md = agent_env.metadata("crash-1", attributes("crash", 1, agent_env.project, s))
+    agent = agent_env.agent(md, agent_env.tmp / "crash-1")
     assert agent.wait(120) == 0
     hb = agent_env.heartbeat("crash-1")
     assert hb["state"] == "exited" and hb["exit_code"] == 2 and hb["notice"] is None
