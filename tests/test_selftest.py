@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from sim import cloud_scheduler, emulators, functions_host
 from sim.audit_router import AuditRouter
 from sim.bridges import EventarcBridge, SweepScheduler
 from sim.slack import SlackReceiver
+from tests import respawn_forks
 from tests.sim_fixtures import sim_factory  # noqa: F401 - a fixture
 
 PROJECT = "respawn-selftest-stand-ins"  # a project of its own on the session's emulators
@@ -66,8 +65,7 @@ def deployment_stand_ins(firestore_emulator, pubsub_emulator, sim_factory, tmp_p
 
 def test_without_firestore_the_doctor_says_so_and_sends_no_probe(tmp_path, pubsub_emulator):
     env = {**os.environ, "GOOGLE_CLOUD_PROJECT": PROJECT, "FIRESTORE_EMULATOR_HOST": f"127.0.0.1:{emulators.free_port()}"}
-    done = subprocess.run([sys.executable, "-m", "respawn", "doctor", "--timeout", "5"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = respawn_forks.run(["doctor", "--timeout", "5"], Path.cwd(), env, timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "✗ the Firestore emulator at 127.0.0.1:" in done.stdout and "does not answer" in done.stdout
     assert "✗ the self-test's probes were not sent: they need Firestore (above)" in done.stdout
@@ -142,8 +140,7 @@ def test_a_whole_deployment_passes_and_each_broken_link_is_named(deployment_stan
 
     # Whole: `respawn doctor` itself, as a user runs it in a demo's --keep shell.
     env = {**os.environ, "GOOGLE_CLOUD_PROJECT": PROJECT, deployment.ENV_COMPUTE_ENDPOINT: sim.endpoint}
-    done = subprocess.run([sys.executable, "-m", "respawn", "doctor", "--timeout", "30", "--indexes", str(indexes)],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = respawn_forks.run(["doctor", "--timeout", "30", "--indexes", str(indexes)], Path.cwd(), env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     for link in selftest.LINKS:
         assert f"✓ {link.function} answered in" in done.stdout, done.stdout
