@@ -35,12 +35,28 @@ def test_emulator_that_dies_at_start_reports_its_log(monkeypatch, tmp_path):
     assert "exited with code 3" in str(info.value) and "OutOfMemoryError" in str(info.value)
 
 
-def test_two_firestore_emulators_run_side_by_side_and_stop_completely(project, monkeypatch):
+def test_two_firestore_emulators_run_side_by_side_and_stop_completely(project, monkeypatch, capsys):
+    import socket
+
     from google.cloud import firestore
 
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Drespawn.caller=kept")
-    first, second = emulators.start_firestore(), emulators.start_firestore()
+    # The first is given a port another process took after free_port() found it free (CI's parallel tests did, in
+    # the seconds before the JVM binds): its JVM fails to bind and exits, and the harness starts it again on another
+    # port (the Pub/Sub emulator's case, which lives on unbound, is the next test's).
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    real, ports = emulators.free_port, iter([port])
+    monkeypatch.setattr(emulators, "free_port", lambda: next(ports, None) or real())
     try:
+        first = emulators.start_firestore()
+    finally:
+        taken.close()
+    monkeypatch.setattr(emulators, "free_port", real)
+    second = emulators.start_firestore()
+    try:
+        assert first.host != f"127.0.0.1:{port}" and first.proc.poll() is None
+        assert f"port {port} was taken before it bound it" in capsys.readouterr().err
         assert first.host != second.host
         # Each JVM runs with the harness's JIT options after the caller's own (the JVM says what it picked up).
         for emu in (first, second):
@@ -84,7 +100,7 @@ def test_a_port_taken_before_the_emulator_binds_it_is_replaced_by_another(monkey
     port = taken.getsockname()[1]
     real = emulators.free_port
     try:
-        for start in (emulators.start_pubsub, emulators.start_firestore):  # one lives on unbound, one exits
+        for start in (emulators.start_pubsub,):  # it lives on unbound (Firestore's, which exits: the test above)
             ports = iter([port])
             monkeypatch.setattr(emulators, "free_port", lambda: next(ports, None) or real())
             emu = start()
