@@ -97,8 +97,7 @@ def main() -> int:
             if args.unsaveable_on_notice:  # a handler of the user's own, chained before the library's
                 signal.signal(signal.SIGTERM, lambda *a: (extra.update(lock=threading.Lock()), notice(*a)))
             if args.kill_workers_on_notice:  # after the library's: the workers die during the notice
-                signal.signal(signal.SIGTERM, lambda *a: (notice(*a), [os.kill(w.pid, signal.SIGKILL)
-                                                                       for w in workers(batches)]))
+                signal.signal(signal.SIGTERM, lambda *a: (notice(*a), KILL.on_notice(batches)))
             for step in loop:
                 train_step(args, model, opt, batches, step, rank, world)
     except Preempted:
@@ -118,11 +117,37 @@ def workers(batches: dict) -> list:
     return [w for it in batches.values() for w in getattr(it, "_workers", [])]
 
 
+class WorkerKill:
+    """--kill-workers-on-notice: the loader workers are SIGKILLed once the notice has come and before the save. A
+    notice that lands while the step reads a batch kills them once the read is done: a worker killed mid-read breaks
+    the user's own step (torch's fd handover fails), a crash whose restart is the last periodic checkpoint's."""
+
+    def __init__(self) -> None:
+        self.reading = self.due = False
+
+    def on_notice(self, batches: dict) -> None:
+        self.due = True
+        if not self.reading:
+            self.now(batches)
+
+    def now(self, batches: dict) -> None:
+        self.due = False
+        for w in workers(batches):
+            os.kill(w.pid, signal.SIGKILL)
+
+
+KILL = WorkerKill()
+
+
 def train_step(args, model, opt, batches, step, rank, world) -> None:
     first, *others = batches.values()
+    KILL.reading = True
     x, y = next(first)
     for it in others:  # every loader's workers serve a batch each step
         next(it)
+    KILL.reading = False
+    if KILL.due:
+        KILL.now(batches)
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     loss.backward()
