@@ -93,24 +93,23 @@ def test_firestore_is_empty_again(firestore_db):
 
 def test_a_port_taken_before_the_emulator_binds_it_is_replaced_by_another(monkeypatch, capsys):
     # free_port() finds a port free, then the JVM binds it seconds later: another process may take it in between
-    # (CI's parallel tests did). The emulator then fails to bind; the harness starts it again on another port.
+    # (CI's parallel tests did). The emulator then fails to bind; the harness starts it again on another port. The
+    # Pub/Sub emulator lives on unbound (Firestore's, which exits: the side-by-side test above).
     import socket
 
     taken = socket.create_server(("127.0.0.1", 0))
     port = taken.getsockname()[1]
-    real = emulators.free_port
+    real, ports = emulators.free_port, iter([port])
+    monkeypatch.setattr(emulators, "free_port", lambda: next(ports, None) or real())
     try:
-        for start in (emulators.start_pubsub,):  # it lives on unbound (Firestore's, which exits: the test above)
-            ports = iter([port])
-            monkeypatch.setattr(emulators, "free_port", lambda: next(ports, None) or real())
-            emu = start()
-            try:
-                assert emu.host != f"127.0.0.1:{port}" and emu.proc.poll() is None
-                assert f"port {port} was taken before it bound it" in capsys.readouterr().err
-            finally:
-                emu.stop()
+        emu = emulators.start_pubsub()
     finally:
         taken.close()
+    try:
+        assert emu.host != f"127.0.0.1:{port}" and emu.proc.poll() is None
+        assert f"port {port} was taken before it bound it" in capsys.readouterr().err
+    finally:
+        emu.stop()
 
 
 def test_stop_groups_ends_every_group_and_kills_one_that_ignores_sigterm():
