@@ -90,11 +90,12 @@ def obs(state, raw="RUNNING", heartbeat="fresh", spec=GPU_STOP, cancel=False, hi
     )
 
 
-def decide(o):
+def decide(o, whole=None):
     """The decision production makes of the row: a live job's slot by decide.decide; a job that ended, is cancelled
-    or has an invalid spec by functions/job.py, for the whole job (here of one node)."""
+    or has an invalid spec by functions/job.py, for the whole job (here of one node: `whole`, built from the row's
+    status when not given)."""
     if o.spec is None or o.status.state.terminal or o.cancel_requested:
-        return job.decide(*_job_of(o, 1))
+        return job.decide(*_job_of(o, 1, whole))
     return core.decide(o)
 
 
@@ -575,12 +576,12 @@ def test_invariants_over_every_observation(state):
     skipped = 0
     # The status (and its one-node job) depends only on the spec and create_state: built once for each, shared by the
     # observations that vary the node, heartbeat, cancel and hint; checked unchanged at the end (decide is pure).
-    statuses, base, invalid = {}, obs(state.value), obs(state.value, spec=None)
+    statuses, wholes, invalid = {}, {}, obs(state.value, spec=None)
     for _, spec_name, raw, hbk, cancel, hint, create_state in (g for g in GRID if g[0] is state):
         key = (spec_name, create_state)
         if key not in statuses:
             statuses[key] = status(state.value, create_state=create_state, **SLOT.get(spec_name, {}))
-            _WHOLE[id(statuses[key])] = (statuses[key], _job_of(replace(base, status=statuses[key]), 1)[0].status)
+            wholes[key] = _whole_of(statuses[key])
         sp = SPECS[spec_name]
         node = NodeObs(phase_of(sp.accelerator.kind if sp is not None else "gpu", raw), raw)
         # What observe() would not read is given as a mapping that records any read: the decision must make none.
@@ -593,7 +594,7 @@ def test_invariants_over_every_observation(state):
         o = Observation(job_id="job", spec=sp, spec_errors=() if sp is not None else invalid.spec_errors,
                         status=statuses[key], cancel_requested=cancel, node=node, heartbeat=HEARTBEATS[hbk], now=NOW,
                         hint=hint, settings=SETTINGS, **unread)
-        d = decide(o)
+        d = decide(o, wholes[key])
         where = f"{state.value}/{spec_name}/{raw}/{hbk}/cancel={cancel}/hint={hint}/{create_state}"
         assert not [name for name, m in unread.items() if m.read], (where, [n for n, m in unread.items() if m.read])
         after = d.status.state if d.status else state
@@ -644,7 +645,7 @@ def test_invariants_over_every_observation(state):
             assert d.action.until is not None and d.action.until > NOW or after is State.WAITING_FOR_CAPACITY, where
     for (spec_name, create_state), st in statuses.items():
         assert st == status(state.value, create_state=create_state, **SLOT.get(spec_name, {}))
-        assert _WHOLE.pop(id(st))[1] == _job_of(replace(base, status=st.model_copy()), 1)[0].status
+        assert wholes[spec_name, create_state] == _whole_of(st)
     # The reads are skipped on the polls of a healthy or booting node, the passes that dominate a recovery.
     assert skipped > 0 or state in (State.PENDING, State.WAITING_FOR_CAPACITY, State.PREEMPTED, State.RESTARTING)
 
@@ -800,22 +801,23 @@ _COUNTER_FIELDS = tuple(JobCounters.model_fields)
 _SUMMARY_FIELDS = tuple(k for k in JobStatus.model_fields if k in MemberStatus.model_fields)
 
 
-# The sweep's observations share one status per (spec, create_state): their one-node jobs, built once each, by the
-# status's identity (the status is held with its job, so the identity stays its own).
-_WHOLE: dict[int, tuple] = {}
+def _whole_of(s):
+    """A one-node job's status: its top level is its slot's summary."""
+    row = MemberStatus(**{k: getattr(s, k) for k in _MEMBER_FIELDS})
+    return JobStatus(**{k: getattr(s, k) for k in _COUNTER_FIELDS}, **{k: getattr(s, k) for k in _SUMMARY_FIELDS},
+                     members=[row] if s.node else [])
 
 
-def _job_of(o, nodes):
+def _job_of(o, nodes, whole=None):
+    """The row as the observation of a job of `nodes` (1, or 3 with the row's slot in the middle): the job's
+    observation and what was seen of each member; a one-node job's status is `whole` when given (a sweep builds it
+    once for many rows)."""
     s = o.status
     seen_row = job.MemberObs(o.node, o.heartbeat, None, o.hint)
-    if nodes == 1 and id(s) in _WHOLE:
-        return replace(o, status=_WHOLE[id(s)][1]), [seen_row]
+    if nodes == 1:
+        return replace(o, status=whole if whole is not None else _whole_of(s)), [seen_row]
     row = MemberStatus(**{k: getattr(s, k) for k in _MEMBER_FIELDS})
     counters = {k: getattr(s, k) for k in _COUNTER_FIELDS}
-    if nodes == 1:  # the top level of a one-node job's status is its slot's summary
-        summary = {k: getattr(s, k) for k in _SUMMARY_FIELDS}
-        whole = JobStatus(**counters, **summary, members=[row] if s.node else [])
-        return replace(o, status=whole), [seen_row]
     others = [MemberStatus(state=State.RUNNING, attempt=a, node=f"job-{a}", zone=s.zone, provisioning="spot",
                            create_state="created", node_started_at=NOW - timedelta(hours=1), address=f"10.0.0.{a}",
                            generation_sent=1) for a in (1, 2)]
