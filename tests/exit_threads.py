@@ -32,6 +32,19 @@ def reports(text: str) -> list[dict]:
     return [json.loads(m)["exit_threads"] for m in re.findall(r'\{"exit_threads": \{[^{}]*\}\}', text)]
 
 
+def under(cmd: list[str], script: str) -> list[str]:
+    """`cmd` (a launcher's command line) with its trainer `script` run under this file."""
+    at = cmd.index(str(script))
+    return [*cmd[:at], os.path.abspath(__file__), *cmd[at:]]
+
+
+def assert_only_the_default_group(text: str, ranks: int = 2) -> None:
+    """Every rank reported, and its gloo threads at exit were one group's: the default group, which the trainer keeps;
+    none of Respawn's (the agreement's, the commit's)."""
+    threads = reports(text)
+    assert len(threads) == ranks and all(t["at_exit"] == t["per_group"] for t in threads), threads
+
+
 def report() -> None:
     import torch.distributed as dist
 

@@ -238,14 +238,12 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_resume_bit_identical_to_a_
     # (Accelerate's default group) may be alive, not those of Respawn's agreement and commit (#45).
     for name in ("last", "again"):
         log = tmp_path / f"{name}.log"
-        cmd = command()
-        cmd.insert(cmd.index(os.path.abspath(__file__)), os.path.join(ROOT, "tests", "exit_threads.py"))
+        cmd = exit_threads.under(command(), os.path.abspath(__file__))
         assert finish(start(tmp_path, log.name, cmd), log) == 0, log.read_text()[-3000:]
         text = log.read_text(errors="replace")
         steps = local.steps()
         assert steps.get(STEPS) is True and max(steps) == STEPS, text[-3000:]
-        threads = exit_threads.reports(text)
-        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
+        exit_threads.assert_only_the_default_group(text)
         if name == "last":
             assert re.search(rf"accel\[rank 0\]: starting at step {at} of {STEPS}\n", text), text[-3000:]
         assert same(tmp_path / "weights.pt", reference), f"{name}: the final weights differ from the plain run's"

@@ -178,13 +178,12 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_to_the_launcher_resume_bit
     # (Lightning's default group) may be alive. A fit already complete has no on_train_end, and kept Respawn's groups
     # alive into the exit until teardown released them (#45).
     for name in ("last", "again"):
-        proc = start(tmp_path, exit_threads_under(torchrun(TRAIN, "--weights-out", str(tmp_path / f"{name}.pt"))),
-                     f"{name}.log")
+        cmd = exit_threads.under(torchrun(TRAIN, "--weights-out", str(tmp_path / f"{name}.pt")), TRAIN)
+        proc = start(tmp_path, cmd, f"{name}.log")
         assert finish(proc) == 0, output(proc)[-3000:]
         text = output(proc)
         assert committed(ckpt)[-1] == STEPS and max(LocalStore(str(ckpt)).steps()) == STEPS, text[-3000:]
-        threads = exit_threads.reports(text)
-        assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
+        exit_threads.assert_only_the_default_group(text)
         if name == "last":
             assert re.search(rf'"message": "resuming", .*"step": {step}, ', text), text[-3000:]
             seen.update(losses(text))
@@ -192,12 +191,6 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_to_the_launcher_resume_bit
     assert seen == expected  # every step's loss, the data order included, as without the stops
     same_weights(tmp_path / "last.pt", weights)
     same_weights(tmp_path / "again.pt", weights)
-
-
-def exit_threads_under(cmd: list[str]) -> list[str]:
-    """torchrun's command with its script run under tests/exit_threads.py."""
-    at = cmd.index(str(TRAIN))
-    return [*cmd[:at], str(ROOT / "tests" / "exit_threads.py"), *cmd[at:]]
 
 
 def test_outside_a_node_sigterm_saves_locally_and_plain_lightning_loads_it(tmp_path):

@@ -22,7 +22,7 @@ import torch
 from respawn.ckpt import PREEMPTED_EXIT_CODE
 from respawn.ckpt import format as fmt
 from respawn.ckpt.storage import LocalStore
-from exit_threads import reports as exit_threads_reports
+import exit_threads
 from trainer_helpers import free_port
 
 # train.py's 96 samples, 4 per rank and step: 12 steps an epoch under 2 ranks. STEPS ends inside the second epoch: the
@@ -32,7 +32,6 @@ STEPS, SAVE = 18, 8
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "workdir-hf", "train.py")
 DIES = os.path.join(ROOT, "tests", "hf_dies_before_vote.py")
-EXIT_THREADS = os.path.join(ROOT, "tests", "exit_threads.py")
 NOTICE_AT_LAST = os.path.join(ROOT, "tests", "hf_notice_at_last_step.py")
 
 
@@ -99,31 +98,18 @@ def assert_same_weights(path, reference) -> None:
     assert not different, f"weights differ from the uninterrupted run's: {different}"
 
 
-def with_exit_threads(cmd: list[str]) -> list[str]:
-    """The command with its script run under tests/exit_threads.py (each rank reports its gloo threads at exit)."""
-    at = next(i for i, arg in enumerate(cmd) if arg.endswith(".py"))
-    return [*cmd[:at], EXIT_THREADS, *cmd[at:]]
-
-
-def assert_no_group_of_ours_at_exit(text: str) -> None:
-    # Respawn's groups (the agreement's, the commit's) are gone by the exit: only the default group's worker threads,
-    # which the Trainer keeps, go into the interpreter's finalization.
-    threads = exit_threads_reports(text)
-    assert len(threads) == 2 and all(t["at_exit"] == t["per_group"] for t in threads), threads
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The 2-rank run from start to end: its final weights and every step's loss. It commits its periodic steps and
     the last, STEPS, and trains no step past it; its ranks leave no group of Respawn's at exit."""
     run = tmp_path_factory.mktemp("uninterrupted")
-    proc = start(run, with_exit_threads(command(2, "--weights-out", str(run / "weights.pt"))), run)
+    proc = start(run, exit_threads.under(command(2, "--weights-out", str(run / "weights.pt")), TRAIN), run)
     assert finish(proc, run) == 0, output(run)[-3000:]
     text = output(run)
     ckpt = run / "respawn-checkpoints"
     assert committed(ckpt) == [SAVE, 2 * SAVE, STEPS] and max(LocalStore(str(ckpt)).steps()) == STEPS, text[-3000:]
     assert not re.search(rf"train\.py\[rank \d\]: step {STEPS + 1}/", text), text[-3000:]
-    assert_no_group_of_ours_at_exit(text)
+    exit_threads.assert_only_the_default_group(text)
     return run / "weights.pt", losses(text)
 
 
@@ -184,14 +170,14 @@ def test_a_rank_killed_before_its_vote_then_a_sigterm_resume_bit_identical_with_
     # The restart at max_steps restores STEPS and trains nothing (the "already complete" check: without it the
     # Trainer, resumed inside an epoch, trained step STEPS + 1), and leaves no group of Respawn's at its exit.
     run = tmp_path / "again"
-    proc = start(run, with_exit_threads(command(2, "--weights-out", str(tmp_path / "weights.pt"))), tmp_path)
+    proc = start(run, exit_threads.under(command(2, "--weights-out", str(tmp_path / "weights.pt")), TRAIN), tmp_path)
     assert finish(proc, run) == 0, output(run)[-3000:]
     text = output(run)
     assert re.search(rf"train\.py\[rank 1\]: starting at step {STEPS} of {STEPS}\n", text), text[-3000:]
     assert f"the run is already complete at step {STEPS}" in text and f"train.py: done at step {STEPS}" in text
     assert not re.search(rf"train\.py\[rank \d\]: step {STEPS + 1}/", text), text[-3000:]
     assert committed(ckpt)[-1] == STEPS and max(LocalStore(str(ckpt)).steps()) == STEPS, committed(ckpt)
-    assert_no_group_of_ours_at_exit(text)
+    exit_threads.assert_only_the_default_group(text)
     # Each step after a resume trained on the uninterrupted run's batches (HF skips the epoch's consumed ones): its
     # loss (the mean of both ranks') is the same number, and so are the final weights.
     assert len(seen) >= STEPS - SAVE - 2, seen
