@@ -223,6 +223,12 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -
     return shared().run(argv, cwd, env, timeout)
 
 
+def respawn(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`python -m respawn ARGS` as a terminal 200 columns wide runs it here (this environment, `env` on top), forked
+    from the shared fork server."""
+    return run(list(args), Path.cwd(), {**os.environ, "COLUMNS": "200", **(env or {})}, timeout)
+
+
 if __name__ != "__main__":  # in the tests (the server imports no pytest)
     import pytest
 

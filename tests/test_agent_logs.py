@@ -6,7 +6,6 @@ save or the final heartbeat, however slow the store."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -119,10 +118,7 @@ def test_a_cloud_logging_that_cannot_be_reached_is_one_warning_and_the_bucket_st
     assert chunks(agent_env.tmp / "store")[(1, "deaf-1", "trainer")] == b"a\nb\n"
 
 
-def respawn_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    """`python -m respawn ARGS`, forked from the shared fork server (tests/respawn_forks.py): the CLI's imports paid
-    once, not once a command."""
-    return respawn_forks.run(list(args), Path.cwd(), {**os.environ, "COLUMNS": "200", **env}, timeout=60)
+respawn_cli = respawn_forks.respawn  # the CLI's imports paid once, not once a command
 
 
 def test_a_preempted_nodes_logs_are_read_after_its_replacement_ran(agent_env, gcs_emulator):
@@ -147,26 +143,26 @@ def test_a_preempted_nodes_logs_are_read_after_its_replacement_ran(agent_env, gc
     assert agent_env.agent(md2, agent_env.tmp / "logjob-2", STORAGE_EMULATOR_HOST=gcs_emulator).wait(60) == 0
 
     env = {"STORAGE_EMULATOR_HOST": gcs_emulator}
-    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "1", "--project", agent_env.project, **env)
+    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "1", "--project", agent_env.project, env=env)
     assert r.returncode == 0, r.stderr
     said = r.stdout.splitlines()
     assert said[0] == "setting up the environment" and "talking trainer up, attempt 1" in said
     assert "emergency checkpoint saved; bye" == said[-1], said[-5:]  # said during the notice: the final flush
     assert not any(line.startswith("[") for line in said)  # one node: no prefix
-    r = respawn_cli("jobs", "logs", "logjob", "--project", agent_env.project, **env)
+    r = respawn_cli("jobs", "logs", "logjob", "--project", agent_env.project, env=env)
     every = r.stdout.splitlines()
     assert r.returncode == 0 and "[logjob-1] talking trainer up, attempt 1" in every, r.stdout
     assert every.index("[logjob-1] emergency checkpoint saved; bye") < every.index(
         "[logjob-2] talking trainer up, attempt 2") and every[-1] == "[logjob-2] done", every
     r = respawn_cli("jobs", "logs", "logjob", "--node", "logjob-2", "--tail", "2", "--project", agent_env.project,
-                    **env)
+                    env=env)
     assert r.stdout.splitlines() == ["step 2 of 2", "done"], r.stdout
-    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "1", "--agent", "--project", agent_env.project, **env)
+    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "1", "--agent", "--project", agent_env.project, env=env)
     assert '"message": "notice handled; agent exiting"' in r.stdout
-    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "7", "--project", agent_env.project, **env)
+    r = respawn_cli("jobs", "logs", "logjob", "--attempt", "7", "--project", agent_env.project, env=env)
     assert r.returncode == 1 and "attempt 7 of job 'logjob' has no logs; attempts with logs: 1, 2" in r.stderr
     agent_env.db.collection(schema.JOBS).document("quiet").set({"spec": {"checkpoint_uri": uri + "-quiet"}})
-    r = respawn_cli("jobs", "logs", "quiet", "--project", agent_env.project, **env)
+    r = respawn_cli("jobs", "logs", "quiet", "--project", agent_env.project, env=env)
     assert r.returncode == 1 and "job 'quiet' has no logs under " in r.stderr, r.stderr
 
 

@@ -25,9 +25,7 @@ SPEC = {
 }
 
 
-def respawn(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
-    return respawn_forks.run(list(args), Path.cwd(), env, timeout=60)
+respawn = respawn_forks.respawn
 
 
 def real_respawn(*args: str) -> subprocess.CompletedProcess:
@@ -151,7 +149,7 @@ def test_register_refuses_a_boot_image_compute_engine_does_not_have(firestore_db
     retired = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**SPEC, "accelerator": {**SPEC["accelerator"], "boot_image": retired}}))
-    r = respawn("jobs", "register", str(path), "--project", project, env_extra=endpoint)
+    r = respawn("jobs", "register", str(path), "--project", project, env=endpoint)
     said = " ".join(r.stderr.split())
     assert r.returncode == 2, r.stderr
     assert f"cli-job: accelerator.boot_image: {retired} cannot boot a VM" in said
@@ -160,7 +158,7 @@ def test_register_refuses_a_boot_image_compute_engine_does_not_have(firestore_db
 
     default = tmp_path / "default.yaml"
     default.write_text(yaml.safe_dump(SPEC))
-    r = respawn("jobs", "register", str(default), "--project", project, env_extra=endpoint)
+    r = respawn("jobs", "register", str(default), "--project", project, env=endpoint)
     assert r.returncode == 0, r.stderr
     assert "boot image: projects/deeplearning-platform-release/global/images/family/common-cu129-ubuntu-2404-nvidia-580 " \
            "→ common-cu129-ubuntu-2404-nvidia-580-v" in " ".join(r.stdout.split())
@@ -169,7 +167,7 @@ def test_register_refuses_a_boot_image_compute_engine_does_not_have(firestore_db
     sim_server.set_api_faults(count=1, status=503, methods=("image",))
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump({**SPEC, "id": "cli-job-2"}))
-    r = respawn("jobs", "register", str(other), "--project", project, env_extra=endpoint)
+    r = respawn("jobs", "register", str(other), "--project", project, env=endpoint)
     assert r.returncode == 0, r.stderr
     assert "not checked (HTTP 503" in " ".join(r.stderr.split()) and "registered cli-job-2" in r.stdout
 
@@ -183,7 +181,7 @@ def test_register_warns_when_a_multi_host_jobs_members_cannot_reach_each_other(f
     def register(job_id: str, **fields) -> str:
         path = tmp_path / f"{job_id}.yaml"
         path.write_text(yaml.safe_dump({**SPEC, "id": job_id, **fields}))
-        r = respawn("jobs", "register", str(path), "--project", project, env_extra=endpoint)
+        r = respawn("jobs", "register", str(path), "--project", project, env=endpoint)
         assert r.returncode == 0 and f"registered {job_id}" in r.stdout, r.stderr  # a warning refuses nothing
         return " ".join(r.stderr.split())
 
@@ -220,7 +218,7 @@ def test_register_refuses_a_job_no_listed_region_has_quota_for_and_warns_of_a_pr
     def register(job_id: str, **fields) -> subprocess.CompletedProcess:
         path = tmp_path / f"{job_id}.yaml"
         path.write_text(yaml.safe_dump({**SPEC, "id": job_id, **fields}))
-        return respawn("jobs", "register", str(path), "--project", project, env_extra=endpoint)
+        return respawn("jobs", "register", str(path), "--project", project, env=endpoint)
 
     sim_server.set_quota("us-central1", "g2-standard-8", 0, provisioning_model="SPOT")
     r = register("spot-zero")  # the preemptible limit alone: a warning, registered
@@ -256,7 +254,7 @@ def test_zones_shows_quota_advice_history_and_what_respawn_saw(firestore_db, pro
                                                      "life_seconds": 7200, "preemptions": 1}}})
     env = {"RESPAWN_COMPUTE_ENDPOINT": sim.endpoint}
     r = respawn("zones", "--accelerator", "nvidia-l4", "--machine-type", "g2-standard-8", "--region", "us-central1",
-                "--project", project, env_extra=env)
+                "--project", project, env=env)
     assert r.returncode == 0, r.stderr
     rows = {line.split()[1]: " ".join(line.split()) for line in r.stdout.splitlines() if line.startswith("│ us-")}
     saw = {line.split()[3].rstrip(":"): line for line in r.stdout.splitlines() if line.startswith("Respawn saw in")}
@@ -269,12 +267,12 @@ def test_zones_shows_quota_advice_history_and_what_respawn_saw(firestore_db, pro
     # Advice refused: its columns stay empty, one note says why; the rest is shown.
     sim.set_api_faults(count=1, status=403, methods=("advice",))
     r = respawn("zones", "--accelerator", "nvidia-l4", "--machine-type", "g2-standard-8", "--zones", "us-central1-a",
-                "--project", project, env_extra=env)
+                "--project", project, env=env)
     assert r.returncode == 0 and "0/4" in r.stdout, r.stderr
     assert [x for x in r.stderr.splitlines() if "not read" in x] == [
         next(x for x in r.stderr.splitlines() if "capacity advice: HTTP 403" in x)]
     r = respawn("zones", "--accelerator", "nvidia-tesla-t4", "--machine-type", "g2-standard-8", "--zones",
-                "us-central1-a", "--project", project, env_extra=env)
+                "us-central1-a", "--project", project, env=env)
     assert r.returncode == 2 and "g2-standard-8 carries nvidia-l4, not nvidia-tesla-t4" in r.stderr
 
 

@@ -4,6 +4,7 @@ stand-in (tests/gcs_standin.py) that answers as Cloud Storage does."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -32,10 +33,8 @@ SPEC = {
 }
 
 
-def respawn(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m respawn ARGS`, forked from one process that has imported the CLI (tests/respawn_forks.py);
-    test_no_credentials_say_how_to_log_in runs it as itself."""
-    return respawn_forks.run(list(args), Path.cwd(), {**os.environ, "COLUMNS": "200", **(env or {})})
+# `python -m respawn ARGS`, forked (tests/respawn_forks.py); test_no_credentials_say_how_to_log_in runs it as itself.
+respawn = functools.partial(respawn_forks.respawn, timeout=120)
 
 
 def write_spec(path: Path, **changes) -> Path:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
@@ -39,10 +37,7 @@ def _spec(job_id: str, budget: float) -> dict:
     return spec
 
 
-def _respawn(*args: str) -> subprocess.CompletedProcess:
-    """`python -m respawn ARGS`, forked from the shared fork server (tests/respawn_forks.py): the CLI's imports paid
-    once, not once a command."""
-    return respawn_forks.run(list(args), Path.cwd(), {**os.environ, "COLUMNS": "200"}, timeout=60)
+_respawn = respawn_forks.respawn  # the CLI's imports paid once, not once a command
 
 
 def test_priced_from_the_catalog_stopped_by_the_sweep_at_its_budget_and_resumed(controller):

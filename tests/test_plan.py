@@ -16,12 +16,10 @@ from respawn.app.plan_model import max_emergency_state_gb
 FAST = dict(job_hours=12.0, runs=150, seed=7)
 
 
-def plan_cli(argv: list[str], *, capture_output=True, text=True, timeout: float = 60, env: dict | None = None):
-    """`python -m respawn ARGV` as subprocess.run(capture_output=True, text=True) would give it, forked from one process
-    that has imported the CLI (tests/respawn_forks.py: test_cli_errors.py checks that a forked run says what a real
-    one says)."""
-    assert capture_output and text
-    return respawn_forks.run(argv, Path.cwd(), dict(os.environ) if env is None else env, timeout)
+def plan_cli(argv: list[str], env: dict | None = None):
+    """`python -m respawn ARGV` with its output captured as text, forked from one process that has imported the CLI
+    (tests/respawn_forks.py: test_cli_errors.py checks that a forked run says what a real one says)."""
+    return respawn_forks.run(argv, Path.cwd(), dict(os.environ) if env is None else env, timeout=60)
 
 
 def by_name(result):
@@ -96,10 +94,7 @@ def test_bench_figures_feed_the_plan():
 
 def test_plan_command_prints_json_and_writes_a_chart(tmp_path):
     chart = tmp_path / "plan.svg"
-    r = plan_cli(
-        ["plan", "--runs", "40", "--json", "--plot", str(chart), "--set", "state_gb=3"],
-        capture_output=True, text=True, timeout=60,
-    )
+    r = plan_cli(["plan", "--runs", "40", "--json", "--plot", str(chart), "--set", "state_gb=3"])
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(body["strategies"]) == {"poll-and-restart", "polling", "respawn"}
@@ -109,7 +104,7 @@ def test_plan_command_prints_json_and_writes_a_chart(tmp_path):
 
 
 def test_plan_command_rejects_unknown_settings():
-    r = plan_cli(["plan", "--set", "mtpb=3"], capture_output=True, text=True, timeout=60)
+    r = plan_cli(["plan", "--set", "mtpb=3"])
     assert r.returncode == 2 and "expected NAME=VALUE with NAME one of" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -209,17 +204,13 @@ def test_bad_node_inputs_are_named(fields, message):
 
 
 def test_plan_command_plans_the_hybrid_and_elastic_layouts():
-    r = plan_cli(
-        ["plan", "--runs", "30", "--json", "--nodes", "3", "--on-demand-nodes", "1",
-         "--min-nodes", "2"], capture_output=True, text=True, timeout=60,
-    )
+    r = plan_cli(["plan", "--runs", "30", "--json", "--nodes", "3", "--on-demand-nodes", "1", "--min-nodes", "2"])
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout.strip().splitlines()[-1])
     assert list(body["strategies"]) == ["poll-and-restart", "polling", "respawn", "hybrid", "elastic"]
     assert (body["inputs"]["nodes"], body["inputs"]["on_demand_nodes"], body["inputs"]["min_nodes"]) == (3, 1, 2)
     assert body["strategies"]["elastic"]["degraded_hours"] > 0
-    table = plan_cli(["plan", "--runs", "10", "--nodes", "3", "--min-nodes", "2"],
-                           capture_output=True, text=True, timeout=60)
+    table = plan_cli(["plan", "--runs", "10", "--nodes", "3", "--min-nodes", "2"])
     assert table.returncode == 0 and "degraded h" in table.stdout and "3 nodes × 24 h" in table.stdout
 
 
@@ -234,8 +225,7 @@ def test_plan_command_plans_the_hybrid_and_elastic_layouts():
      (["--set", "spare_nodes=-2"], "spare_nodes must be a whole number of at least 0, got -2")],
 )
 def test_plan_command_names_the_bad_node_option(args, message):
-    r = plan_cli(["plan", "--runs", "5", *args], capture_output=True, text=True,
-                       timeout=60)
+    r = plan_cli(["plan", "--runs", "5", *args])
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -329,19 +319,17 @@ def test_no_spares_is_todays_model_draw_for_draw_and_spares_leave_the_other_rows
 
 def test_plan_command_shows_what_spares_cost_and_save():
     r = plan_cli(["plan", "--runs", "30", "--json", "--nodes", "4",
-                        "--spare-nodes", "1"], capture_output=True, text=True, timeout=60)
+                  "--spare-nodes", "1"])
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout.strip().splitlines()[-1])
     assert body["inputs"]["spare_nodes"] == 1 and list(body["strategies"])[-1] == "spares"
     assert body["spares"]["against"] == "respawn" and body["spares"]["recovery_saved_s"] > 0
     assert body["spares"]["cost"] == pytest.approx(body["strategies"]["spares"]["wall_hours"] * 1.47, rel=1e-3)
-    table = plan_cli(["plan", "--runs", "10", "--spare-nodes", "2"],
-                           capture_output=True, text=True, timeout=60)
+    table = plan_cli(["plan", "--runs", "10", "--spare-nodes", "2"])
     assert table.returncode == 0, table.stderr
     assert "spares: 2 warm" in table.stdout and "spares: 2 Spot nodes all along: +$" in table.stdout
     assert "min per loss" in table.stdout and "against respawn" in table.stdout
-    plain = plan_cli(["plan", "--runs", "10"], capture_output=True, text=True,
-                           timeout=60)
+    plain = plan_cli(["plan", "--runs", "10"])
     assert "spares" not in plain.stdout
 
 
@@ -384,24 +372,21 @@ def test_provisioning_inputs_are_checked(setting, message):
 
 
 def test_the_cli_prints_the_provisioning_comparison():
-    r = plan_cli(["plan", "--runs", "20", "--json"], capture_output=True,
-                       text=True, timeout=60)
+    r = plan_cli(["plan", "--runs", "20", "--json"])
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["provisioning"]
     assert list(rows) == ["spot", "spot-flex-start", "spot-on-demand", "on-demand"]
     assert {"wall_hours", "p90_wall_hours", "cost", "flex_start_hours"} <= set(rows["spot-flex-start"])
     table = plan_cli(["plan", "--runs", "20", "--set", "spot_dry_probability=0.6",
-                            "--set", "spot_dry_hours=10"], capture_output=True, text=True, timeout=60)
+                      "--set", "spot_dry_hours=10"])
     assert "ways of getting capacity" in table.stdout and "surest finish (p90)" in table.stdout
 
 
 def test_the_plan_says_the_share_saved_against_on_demand_as_the_report_page_does():
     # "Saved against on demand" is 1 − cost ÷ on demand on every page (docs/watching.md): the plan's column too, not the
     # cost ratio (which read 41 % where the report page would say 59 % saved).
-    body = json.loads(plan_cli(["plan", "--runs", "10", "--json"],
-                                     capture_output=True, text=True, timeout=60).stdout)
-    table = plan_cli(["plan", "--runs", "10"], capture_output=True, text=True,
-                           timeout=60, env={**os.environ, "COLUMNS": "250"})
+    body = json.loads(plan_cli(["plan", "--runs", "10", "--json"]).stdout)
+    table = plan_cli(["plan", "--runs", "10"], env={**os.environ, "COLUMNS": "250"})
     assert table.returncode == 0, table.stderr
     assert "saved vs on-demand" in table.stdout
     [row] = [line for line in table.stdout.splitlines() if line.startswith("│ respawn ")]
@@ -414,8 +399,7 @@ def test_plan_reads_a_job_spec_and_the_options_given_override_it():
     from respawn import prices, schema
 
     job = Path(__file__).resolve().parent.parent / "examples" / "jobs" / "hybrid-ddp.yaml"
-    r = plan_cli(["plan", str(job), "--runs", "5", "--json"],
-                       capture_output=True, text=True, timeout=60)
+    r = plan_cli(["plan", str(job), "--runs", "5", "--json"])
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)["inputs"]
     acc = schema.GpuAccelerator(kind="gpu", machine_type="g2-standard-24")
@@ -426,7 +410,7 @@ def test_plan_reads_a_job_spec_and_the_options_given_override_it():
         r.stderr)
     # An option given on the command line wins, and the plan says which.
     r = plan_cli(["plan", str(job), "--runs", "5", "--json", "--nodes", "4",
-                        "--spot-price", "1"], capture_output=True, text=True, timeout=60)
+                  "--spot-price", "1"])
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)["inputs"]
     assert (got["nodes"], got["on_demand_nodes"], got["spot_price"]) == (4, 1, 1.0)
