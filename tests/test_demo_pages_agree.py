@@ -97,6 +97,28 @@ def test_a_job_of_the_users_own_kept_for_the_cli(pages, browser):
     check_default_run(pages.folder, out, browser)
 
 
+def test_the_cli_fails_fast_once_the_kept_demo_has_ended(pages, tmp_path):
+    """The kept demo's `export` lines copied, then Ctrl-C (issue 46's case): the hints it printed name respawn as it
+    was started; with the exports still set, `jobs describe` and `jobs list` end in one line naming the stopped
+    emulator and the `unset` to run (within 10 s: the probe's deadline; not asserted), not minutes of retries."""
+    import shlex
+
+    from respawn.app import endpoints
+    from test_cli_unreachable import assert_one_line, timed
+
+    job = pages.summary["job_id"]
+    # `python -m respawn` as this test started it (its path as given, relative to the working directory under it).
+    hint = next(x for x in pages.stopped.stderr.splitlines() if f" -m respawn jobs describe {job}; " in x)
+    assert os.path.samefile(shlex.split(hint)[0], sys.executable), hint
+    shell = {k: v for k, v in os.environ.items() if k not in endpoints.DEMO_EXPORTS and k != "PUBSUB_EMULATOR_HOST"}
+    shell.update(pages.exports, COLUMNS="200")
+    for argv in (["jobs", "describe", job], ["jobs", "list"]):
+        r, took = timed(argv, tmp_path, shell)
+        assert_one_line(r, took, f"the Firestore emulator at {pages.exports['FIRESTORE_EMULATOR_HOST']} "
+                                 "(FIRESTORE_EMULATOR_HOST) does not answer",
+                        "unset FIRESTORE_EMULATOR_HOST PUBSUB_EMULATOR_HOST STORAGE_EMULATOR_HOST GOOGLE_CLOUD_PROJECT")
+
+
 def test_every_page_shows_the_records_figures(pages, browser):
     f = pages.described["figures"]
     # The default scenario: two preemptions, each recovered; the figures are the record's, computed once.
