@@ -121,7 +121,11 @@ def test_two_demos_started_at_once_from_one_folder_each_take_their_own(tmp_path)
     for s in range(90):
         (parent / f"invalid-spec-{now + timedelta(seconds=s):%Y%m%d-%H%M%S}").mkdir()
     taken = set(os.listdir(parent))
-    runs = [demo_argv(tmp_path, SCENARIOS / "invalid-spec.yaml") for _ in range(2)]
+    # With duplicate-events.yaml's audit faults too: they are armed after the stand-ins' self-test, whose probe would
+    # otherwise be the first entry dropped (the self-test failed, and with it the run).
+    scenario = {**yaml.safe_load((SCENARIOS / "invalid-spec.yaml").read_text()),
+                "faults": yaml.safe_load((SCENARIOS / "duplicate-events.yaml").read_text())["faults"]}
+    runs = [demo_argv(tmp_path, scenario) for _ in range(2)]
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
              for argv, env, _ in runs]
     outs = []

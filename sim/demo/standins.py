@@ -129,11 +129,8 @@ class Standins:
         sc = self.sc
         self.slack = SlackReceiver().start()
         self.stack.push("Slack receiver", self.slack.stop)
-        self.router = AuditRouter(self.project, topic=deployment.LOG_EVENTS_TOPIC,
-                                  duplicates=sc.faults.duplicate_events)
+        self.router = AuditRouter(self.project, topic=deployment.LOG_EVENTS_TOPIC)  # its faults: after the self-test
         self.stack.push("audit router", self.router.close)
-        if sc.faults.drop_events:
-            self.router.drop_next(sc.faults.drop_events)
         containers = self._trainer_image() if self.with_image else None
         self.say("publishing the agent zipapp to the storage emulator, as the build does")
         self.agent = node_image.publish_agent(self.out / "release", self.storage)
@@ -268,8 +265,14 @@ class Standins:
         if failed:
             raise DemoError(f"the stand-ins' deployment failed its self-test: {failed[0][2:]}")
         self.slack.forget()
-        if self.sc.faults.slack:  # armed now: the self-test's message is not one of the scenario's alerts
-            self.slack.fail(status=self.sc.faults.slack.status, count=self.sc.faults.slack.count, retry_after=1)
+        # The faults armed now: the self-test's probe is not one of the scenario's audit events (dropped, it would
+        # fail the self-test), nor its message one of the scenario's alerts.
+        faults = self.sc.faults
+        self.router.duplicates = faults.duplicate_events
+        if faults.drop_events:
+            self.router.drop_next(faults.drop_events)
+        if faults.slack:
+            self.slack.fail(status=faults.slack.status, count=faults.slack.count, retry_after=1)
 
     def upload_workdir(self, directory: Path) -> str:
         """Pack the directory and put it on the storage emulator, as `respawn jobs register` does."""
