@@ -15,6 +15,14 @@ LAST_ERROR_CHARS = 500  # one line, as Slack and a table cell show it
 # exception's type (dotted, named as Python's built-in ones are) and its message. Not "Traceback (most recent…)".
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault)(?::\s.*|:)?$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# torchrun's prefix on a rank's own lines ("[rank2]: ValueError: …"), and its own exception once any rank failed: it
+# says that a rank failed, never why, so a rank's error comes first.
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s*")
+_LAUNCHER = re.compile(r"^(?:[\w.]*\.)?ChildFailedError\b")
+# A rank's error when a peer's collective broke under it (the peer crashed or went away): gloo's "Connection closed
+# by peer", "… reset by peer", NCCL's aborted communicator or its watchdog. Not the error that started the failure.
+_BROKEN_COLLECTIVE = re.compile(r"Connection (?:closed|reset) by peer|NCCL communicator was aborted|"
+                                r"ProcessGroupNCCL's watchdog|DistNetworkError|DistBackendError")
 
 # The emergency save's states (respawn.contract.EMERGENCY_STATES, and "not-started": noticed, no save begun).
 FINAL = ("committed", "failed", "abandoned", "not-started")  # the save is over: nothing more will be said of it
@@ -23,15 +31,25 @@ _RANK = re.compile(r"^rank (\d+):\s*(.*)$", re.S)
 
 def last_error(output_tail: str | None) -> str | None:
     """The trainer's error in one line, from the end of its output: the last line that looks like an exception
-    (`SomeError: message`), else the last non-empty line; None without output."""
+    (`SomeError: message`; under torchrun a rank's own before the launcher's ChildFailedError), else the last
+    non-empty line; None without output."""
     if not output_tail:
         return None
-    lines = [line.strip() for line in _ANSI.sub("", output_tail).splitlines()]
+    lines = [_RANK_PREFIX.sub("", line.strip()) for line in _ANSI.sub("", output_tail).splitlines()]
     lines = [line for line in lines if line]
     if not lines:
         return None
-    line = next((x for x in reversed(lines) if _EXCEPTION.match(x)), lines[-1])
+    errors = [x for x in lines if _EXCEPTION.match(x)]
+    own = [x for x in errors if not _LAUNCHER.match(x)]
+    line = (own or errors or lines)[-1]
     return line[:LAST_ERROR_CHARS]
+
+
+def broken_collective(output_tail: str | None) -> bool:
+    """Whether a failed trainer's error (last_error) is a collective that broke under it: a peer's failure, not its
+    own. A member whose error is its own is the one to name when several fail together."""
+    error = last_error(output_tail)
+    return error is not None and bool(_BROKEN_COLLECTIVE.search(error))
 
 
 def emergency_sentence(emergency: Mapping[str, Any] | None, resumed_from: int | None = None,

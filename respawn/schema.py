@@ -959,6 +959,9 @@ class JobStatus(JobCounters, _Loss):
     members: list[MemberStatus] = Field(default_factory=list)
     generation: dict[str, Any] | None = None  # the newest generation (respawn.contract.Generation, as JSON data)
     moving: bool = False  # the whole job is leaving its zone: every member is deleted, then placed anew
+    # When the control plane first saw a member's trainer crash in the current generation while others still ran
+    # (functions/job.py: the generation restarts once every member has ended, or CRASH_SETTLE_SECONDS after this).
+    crash_seen_at: datetime | None = None
     cost: CostLedger = Field(default_factory=CostLedger)
 
     @model_validator(mode="before")

@@ -35,6 +35,18 @@ def _slack_lines(alert) -> list[str]:
     return [b["text"]["text"] for b in alerts.to_slack(alert)["blocks"] if b["type"] == "section" and "text" in b]
 
 
+GLOO_BROKE = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+              "[10.0.0.3]:5825. This is typically caused by a remote worker crashing.")
+TORCHRUN_TAIL = ("[rank2]: Traceback (most recent call last):\n[rank2]:   File \"train.py\", line 9, in <module>\n"
+                 "[rank2]: ValueError: bad learning rate\nE1207 13:28:35.370000 2953 api.py:1002] failed (exitcode: 1) "
+                 "local_rank: 0 (pid: 3244) of binary: python3\nTraceback (most recent call last):\n"
+                 "  File \"torchrun\", line 8, in <module>\n    raise ChildFailedError(\n"
+                 "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                 "============================================================\ntrain.py FAILED\n"
+                 "Root Cause (first observed failure):\n  rank      : 2 (local_rank: 0)\n"
+                 "============================================================\n")
+
+
 @pytest.mark.parametrize("tail,line", [
     (TRACEBACK, "ValueError: bad learning rate"),
     # A chained exception: the last one raised is the one the run died of.
@@ -45,10 +57,20 @@ def _slack_lines(alert) -> list[str]:
      "AssertionError"),
     ("step 3 done\nSegmentation fault (core dumped)\n  \n", "Segmentation fault (core dumped)"),  # no exception line
     ("\x1b[31mRuntimeError: NCCL error\x1b[0m\n", "RuntimeError: NCCL error"),
+    # Under torchrun: the rank's own error, without torchrun's prefix, not the launcher's ChildFailedError after it.
+    (TORCHRUN_TAIL, "ValueError: bad learning rate"),
+    (TORCHRUN_TAIL.replace("[rank2]: ValueError: bad learning rate", "[rank2]: " + GLOO_BROKE),
+     "RuntimeError: " + GLOO_BROKE.split("RuntimeError: ")[1]),
     ("", None), (None, None), ("\n  \n", None),
 ])
 def test_the_last_error_is_the_last_exception_line_else_the_last_line(tail, line):
     assert losswords.last_error(tail) == line
+
+
+def test_a_collective_broken_under_a_rank_is_told_apart_from_its_own_error():
+    assert not losswords.broken_collective(TORCHRUN_TAIL) and not losswords.broken_collective(None)
+    assert losswords.broken_collective(TORCHRUN_TAIL.replace("ValueError: bad learning rate", GLOO_BROKE))
+    assert losswords.broken_collective("RuntimeError: NCCL communicator was aborted on rank 3.\n")
 
 
 def test_a_crash_is_a_failure_in_every_word_the_record_holds():

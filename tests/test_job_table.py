@@ -3,6 +3,7 @@ MemberObs per slot in, a Decision out (the entry-point tests are tests/test_func
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from respawn.control import job
@@ -137,14 +138,25 @@ def training(i: int, generation: int = 1, **kw) -> MemberObs:
     return MemberObs(RUNNING, beat(i + 1, "training", generation=generation, **kw), f"10.0.0.{i + 1}")
 
 
+SETTLED = timedelta(seconds=job.CRASH_SETTLE_SECONDS)
+
+
 def test_one_members_crash_starts_the_next_generation_on_every_member_while_the_others_still_train():
     # job-3's trainer raised; job-1 and job-2 are blocked in the step's collective with it (they still say training).
     status, _ = running_job(GEN1, sent=1)
     seen = [training(0), training(1),
             MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1, output_tail="RuntimeError: boom"),
                       "10.0.0.3")]
+    # First their exits are waited for, polled, for CRASH_SETTLE_SECONDS from when the crash was first seen.
     d = job.decide(observe(status, seen), seen)
-    assert d.cause == "trainer_crashed" and d.action.kind is Act.NONE
+    assert d.action.kind is Act.POLL and d.alert is None and d.status.crash_seen_at == NOW
+    assert d.status.generation == GEN1 and d.status.failures == 0
+    status = d.status
+    d = job.decide(replace(observe(status, seen), now=NOW + SETTLED - timedelta(seconds=0.1)), seen)
+    assert d.action.kind is Act.POLL and d.status is None
+    # Still blocked when the time is up: every member restarts in the next generation.
+    d = job.decide(replace(observe(status, seen), now=NOW + SETTLED), seen)
+    assert d.cause == "trainer_crashed" and d.action.kind is Act.NONE and d.status.crash_seen_at is None
     assert d.status.generation == {**GEN1, "number": 2} and d.status.state is State.RUNNING
     assert (d.status.failures, d.status.restarts, d.status.preemptions) == (1, 1, 0)
     assert d.alert["type"] == "crashed" and d.alert["exit_code"] == 1 and d.alert["output_tail"] == "RuntimeError: boom"
@@ -159,6 +171,28 @@ def test_one_members_crash_starts_the_next_generation_on_every_member_while_the_
               for i in range(3)]
     d3 = job.decide(observe(after, failed), failed)
     assert d3.alert is None and (d3.status is None or (d3.status.failures, d3.status.generation["number"]) == (1, 2))
+
+
+def test_the_member_that_raised_is_named_with_its_error_though_a_peer_whose_collective_broke_reported_first():
+    # job-2's collective broke when job-3 raised, and job-2 reported first: the crash is seen, the others waited for.
+    broke = ("[rank1]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.3]:5825\n"
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    raised = "[rank2]: ValueError: bad learning rate\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    status, _ = running_job(GEN1, sent=1)
+    peer = MemberObs(RUNNING, beat(2, "waiting", generation=1, exit_code=1, output_tail=broke), "10.0.0.2")
+    seen = [training(0), peer, training(2)]
+    d = job.decide(observe(status, seen), seen)
+    assert d.action.kind is Act.POLL and d.alert is None
+    # 0.4 s later the member that raised reports, and job-1's collective broke too: every member has ended, so the
+    # generation restarts at once, naming the one that raised first, with its own error.
+    seen = [MemberObs(RUNNING, beat(1, "waiting", generation=1, exit_code=1, output_tail=broke), "10.0.0.1"), peer,
+            MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1, output_tail=raised), "10.0.0.3")]
+    d = job.decide(replace(observe(d.status, seen), now=NOW + timedelta(seconds=0.4)), seen)
+    assert d.cause == "trainer_crashed" and d.status.generation == {**GEN1, "number": 2}
+    assert d.alert["type"] == "crashed" and d.alert["exit_code"] == 1 and d.alert["output_tail"] == raised
+    assert d.status.last_error == d.alert["last_error"] == "ValueError: bad learning rate"
+    assert "trainer exited 1 on job-3, job-1, job-2" in d.alert["message"], d.alert["message"]
+    assert (d.status.failures, d.status.restarts) == (1, 1)
 
 
 def test_a_member_stopped_by_the_notice_or_done_waits_for_the_others():
@@ -187,6 +221,7 @@ def test_a_crash_past_max_failures_fails_the_job_and_preemptions_do_not_count():
     status, _ = running_job(GEN1, sent=1)
     seen = [training(0), training(1), MemberObs(RUNNING, beat(3, "waiting", generation=1, exit_code=1,
                                                               output_tail=TRACEBACK), "10.0.0.3")]
+    status = status.model_copy(update={"crash_seen_at": NOW - SETTLED})  # the others were waited for
     preempted = status.model_copy(update={"restarts": 40, "preemptions": 40})
     d = job.decide(observe(preempted, seen), seen)
     assert d.status.state is State.RUNNING and d.alert["type"] == "crashed" and d.status.failures == 1
