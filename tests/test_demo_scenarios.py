@@ -450,7 +450,8 @@ def test_multi_node_job_file_scenario(tmp_path, name):
 # (jax.yaml: test_agent_e2e, test_functions_lifecycle, test_decide_badday; tpu-slice runs JAX under agents below),
 # a member cut off from its peers and a member's trainer that raises (partition.yaml, member-crash.yaml: multi-node
 # below is cut off, then its replacement's trainer raises; the agents' side test_agent_member_crash, the nudge
-# test_agent_nudge).
+# test_agent_nudge), a Lightning job of the user's own (lightning.yaml: test_integration_lightning under the launch
+# wrapper; job files under agents in hf-multi-node below and test_demo_pages_agree).
 @pytest.mark.parametrize("name", ["ddp-8", "tpu-slice"])
 def test_scenario(tmp_path, background, name):
     sc = parse_scenario(yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()))
