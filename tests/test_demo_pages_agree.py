@@ -103,15 +103,13 @@ def test_the_cli_fails_fast_once_the_kept_demo_has_ended(pages, tmp_path):
     emulator and the `unset` to run (within 10 s: the probe's deadline; not asserted), not minutes of retries."""
     import shlex
 
-    from respawn.app import endpoints
-    from test_cli_unreachable import assert_one_line, timed
+    from test_cli_unreachable import assert_one_line, kept_env, timed
 
     job = pages.summary["job_id"]
     # `python -m respawn` as this test started it (its path as given, relative to the working directory under it).
     hint = next(x for x in pages.stopped.stderr.splitlines() if f" -m respawn jobs describe {job}; " in x)
     assert os.path.samefile(shlex.split(hint)[0], sys.executable), hint
-    shell = {k: v for k, v in os.environ.items() if k not in endpoints.DEMO_EXPORTS and k != "PUBSUB_EMULATOR_HOST"}
-    shell.update(pages.exports, COLUMNS="200")
+    shell = kept_env(pages.exports["FIRESTORE_EMULATOR_HOST"], **pages.exports)
     for argv in (["jobs", "describe", job], ["jobs", "list"]):
         r, took = timed(argv, tmp_path, shell)
         assert_one_line(r, took, f"the Firestore emulator at {pages.exports['FIRESTORE_EMULATOR_HOST']} "

@@ -351,7 +351,7 @@ def check_member_crash(tmp_path: Path, out: dict, sc, cut: dict) -> None:
     named = re.search(r"trainer exited \d+ on (.+?) in generation", alerts[0]).group(1).split(", ")
     assert named[0] == crashed and all(ended[node] and all(e["exit_code"] not in (0, 75, 76) for e in ended[node])
                                        for node in named), (named, ended)
-    assert f"last error: respawn.ckpt.examples._common.InjectedFailure: {failing.split(': ')[0]}: the failure" \
+    assert f"last error: respawn.ckpt.examples._common.InjectedFailure: torch_ddp[rank {rank}]: the failure" \
         in alerts[0], alerts[0]
     seconds = (datetime.fromisoformat(max(restarted)) - datetime.fromisoformat(crashed_at)).total_seconds()
     print(f"member crash: every member's trainer restarted in generation {generation} within {seconds:.0f} s (log "
