@@ -362,12 +362,17 @@ def check_member_crash(tmp_path: Path, out: dict, sc, cut: dict) -> None:
     woken = [e["time"] for e in _agent_log(logs[crashed]) if e["message"] == WOKEN and e["why"].startswith("trainer")]
     assert len([t for t in woken if t <= max(restarted)]) == 1, (crashed_at, woken, restarted)
     assert crashed_at <= woken[0] <= max(restarted), (crashed_at, woken, restarted)
-    # After the partition every rank started at one step up to the cut, after the crash at one periodic step before
-    # the failure (the crashed member's second start).
+    # After the partition every rank started at one step, the one the recovery resumed from, at or before the
+    # furthest step the job reached before it stalled; after the crash at one periodic step before the failure (the
+    # crashed member's second start). (The cut's own step is the runner's heartbeat view when it cut the link, up to
+    # a beat behind the ranks: they may commit one more periodic step before the cut takes hold.)
     starts = [int(s) for s in re.findall(r"torch_ddp\[rank \d+\]: starting at step (\d+) of", logs[crashed])]
     groups = rank_groups("".join(logs.values()), "starting at")
     world = set(range(sc.job["nodes"] * sc.trainer.ranks))
-    assert len(starts) >= 2 and starts[0] <= cut["step"] < starts[1] < fail_at, starts
+    [stall] = [x for x in out["recoveries"] if x["loss_cause"] == "unreachable"]
+    assert len(starts) >= 2 and starts[0] == stall["resumed_from"] <= stall["furthest_step"] < starts[1] < fail_at, (
+        starts, stall)
+    assert cut["step"] <= stall["furthest_step"] and starts[0] % sc.trainer.checkpoint_every == 0, (cut, stall)
     assert starts[1] % sc.trainer.checkpoint_every == 0 and groups[starts[0]] == groups[starts[1]] == world, groups
 
 
