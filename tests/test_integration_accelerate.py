@@ -27,6 +27,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---- the trainer ------------------------------------------------------------------------------------------------
 
+def say(line: str) -> None:
+    """One line in one write: the ranks share the output, and print() sends the text and the newline apart when
+    stdout is unbuffered (two ranks' lines then join: "…committedaccel[rank 1]: …")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def build(seed: int, seedable: bool = True):
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
@@ -66,7 +73,7 @@ def train(argv: list[str]) -> int:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
-        print(f"{name}: step {step + 1}/{args.steps} ", flush=True)
+        say(f"{name}: step {step + 1}/{args.steps} ")
         time.sleep(args.step_seconds)
 
     if args.plain:
@@ -85,13 +92,12 @@ def train(argv: list[str]) -> int:
         if args.dies_before_vote is not None:
             manager = dying_manager(args.dies_before_vote, args.steps)
         run = RespawnAccelerate(accelerator, args.steps, every=args.every, manager=manager)
-        print(f"{name}: starting at step {run.start} of {args.steps}", flush=True)
+        say(f"{name}: starting at step {run.start} of {args.steps}")
         try:
             for step, batch in run.steps(loader):
                 body(step, batch)
         except Preempted as stop:
-            print(f"{name}: preempted at step {run.step}; emergency checkpoint {stop.outcome.state.value}",
-                  flush=True)
+            say(f"{name}: preempted at step {run.step}; emergency checkpoint {stop.outcome.state.value}")
             raise
     if accelerator.is_main_process:
         torch.save(accelerator.unwrap_model(model).state_dict(), args.out)
@@ -106,7 +112,7 @@ def load(accelerator, model, scheduler, step_dir: str) -> int:
     saved = load_file(os.path.join(step_dir, "model.safetensors"))
     live = accelerator.unwrap_model(model).state_dict()
     assert saved.keys() == live.keys() and all(torch.equal(saved[k], live[k]) for k in saved)
-    print(f"plain load_state: scheduler at {scheduler.scheduler.last_epoch}, weights as saved", flush=True)
+    say(f"plain load_state: scheduler at {scheduler.scheduler.last_epoch}, weights as saved")
     return 0
 
 
