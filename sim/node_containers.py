@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -67,6 +68,23 @@ def forget(node_dir: Path) -> None:
     shutil.rmtree(run_dir(node_dir), ignore_errors=True)
 
 
+def _emptied(run: Path, wait_s: float = 10.0) -> None:
+    """`run` made anew and empty, as a boot finds its tmpfs. A podman of the last boot may still write there for a
+    moment (conmon's cleanup after a `run --rm`, late under load: seen once in CI, the directory back before the
+    mkdir): removed again until it stays removed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        shutil.rmtree(run, ignore_errors=True)
+        try:
+            run.mkdir(parents=True)
+            return
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{run}, a sim node's /run, cannot be emptied: a process still writes there "
+                                   f"(stop the node's podman processes)") from None
+            time.sleep(0.1)
+
+
 # The highest limits runc can set here (higher ones fail with "error setting rlimit type 7/6").
 ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
 
@@ -87,8 +105,7 @@ class NodeContainers:
         relay on the bridge), which registries.conf names as the registry's mirror: the image's reference (and the
         token's host) stay the registry's own, as on Google Cloud, and a pull by digest goes to the mirror."""
         etc, run = node_dir / "etc" / "containers", run_dir(node_dir)
-        shutil.rmtree(run, ignore_errors=True)
-        run.mkdir(parents=True)
+        _emptied(run)
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "containers.conf").write_text(
             "[containers]\n"

@@ -115,3 +115,29 @@ def test_a_power_off_takes_the_nodes_containers(base_image_ref, registry, tmp_pa
         subprocess.run(["podman", "rm", "-f", "-t", "0", "held"], capture_output=True,
                        env={**os.environ, **NodeContainers().prepare(tmp_path / "node")})
         node_containers.forget(tmp_path / "node")
+
+
+def test_a_boot_empties_its_run_though_a_late_podman_of_the_last_boot_still_writes_there(tmp_path, monkeypatch):
+    """prepare() empties the node's /run as a reboot does, while a straggler of the last boot (conmon's cleanup after
+    a `run --rm`, late under load) writes there for a moment; one that never stops is named."""
+    import shutil
+
+    node = tmp_path / "node"
+    run = node_containers.run_dir(node)
+    rmtree, writes = shutil.rmtree, iter([True])  # the straggler writes once, right after the first removal
+
+    def removed_then_written(path, ignore_errors=False):
+        rmtree(path, ignore_errors=ignore_errors)
+        if next(writes, False):
+            (run / "storage" / "overlay-layers").mkdir(parents=True)
+
+    monkeypatch.setattr(node_containers.shutil, "rmtree", removed_then_written)
+    try:
+        NodeContainers().prepare(node)
+        assert list(run.iterdir()) == []
+        writes = iter(lambda: True, None)  # for ever
+        with pytest.raises(RuntimeError, match="a sim node's /run, cannot be emptied: a process still writes there"):
+            node_containers._emptied(run, wait_s=0.3)
+    finally:
+        monkeypatch.undo()
+        node_containers.forget(node)
