@@ -81,7 +81,7 @@ def _emptied(run: Path, wait_s: float = 10.0) -> None:
         except FileExistsError:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{run}, a sim node's /run, cannot be emptied: a process still writes there "
-                                   f"(stop the node's podman processes)") from None
+                                   "(stop the node's podman processes)") from None
             time.sleep(0.1)
 
 
