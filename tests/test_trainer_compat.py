@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from trainer_helpers import free_port
+
 # Every private name outside the compat modules would escape these tests: the save paths reach none themselves.
 PRIVATE = ("torch.distributed._", "torch.distributed.checkpoint._", "_init_optim_state", "jax._src")
 
@@ -43,10 +45,11 @@ def test_the_private_jax_client_is_where_jax_compat_reads_it():
     jc = compat("jax_compat")
     why = f"jax {jax.__version__}; respawn.ckpt.jax_compat was checked with {jc.CHECKED_WITH}"
     assert jc.coordination_client() is None, why  # not initialized in this process
-    # The client jax.distributed.initialize connects: one process of a job of one, in a fresh interpreter.
-    code = ("import jax, socket\n"
-            "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
-            "jax.distributed.initialize(f'127.0.0.1:{port}', 1, 0)\n"
+    # The client jax.distributed.initialize connects: one process of a job of one, in a fresh interpreter. Its port
+    # is free_port()'s, outside the ephemeral range: one a bind to port 0 found was taken again before JAX bound it
+    # (CI: "Failed to add port to server", and the process died of SIGSEGV).
+    code = ("import jax\n"
+            f"jax.distributed.initialize('127.0.0.1:{free_port()}', 1, 0)\n"
             "from respawn.ckpt.jax_compat import coordination_client\n"
             "c = coordination_client()\n"
             "c.key_value_set('k', 'v')\n"
